@@ -1,0 +1,3 @@
+from mconv.cli.app import main
+
+main()

@@ -1,0 +1,89 @@
+"""Weight codecs: how one tensor becomes bytes in ``weights.mcw`` and back, losslessly.
+
+A tensor is stored with a *codec spec*: a JSON-able dict ``{"codec": NAME, ...params}``.
+``encode(array, spec)`` returns the blob plus a *record* (JSON-able dict) that holds everything
+``decode`` needs besides the blob: the codec name, its parameters, shape, dtype and a per-stream
+byte account (``streams``: name -> bytes, e.g. ``{"values": 1234}``) used by size reports.
+
+``decode(blob, record)`` returns an array bit-identical to what was encoded.
+
+One module per codec; each registers a ``Codec`` in ``CODECS``. Portable C99 decoders for the
+same records live beside them (``decoder.c``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from mconv.errors import InputError
+
+
+@dataclass
+class Codec:
+    name: str
+    # encode(array, params) -> (blob, record-without-shape/dtype)
+    encode: Callable[[np.ndarray, dict], tuple[bytes, dict]]
+    # decode(blob, record) -> array (record includes "shape" and "dtype")
+    decode: Callable[[memoryview, dict], np.ndarray]
+
+
+CODECS: dict[str, Codec] = {}
+
+
+def register(codec: Codec) -> Codec:
+    CODECS[codec.name] = codec
+    return codec
+
+
+def encode(array: np.ndarray, spec: dict | None = None) -> tuple[bytes, dict]:
+    spec = dict(spec or {"codec": "raw"})
+    name = spec.pop("codec")
+    if name not in CODECS:
+        raise InputError(f"unknown weight codec '{name}'", hint=f"choose one of: {', '.join(sorted(CODECS))}")
+    array = np.asarray(array)
+    blob, record = CODECS[name].encode(array, spec)
+    record = {"codec": name, **record, "shape": [int(d) for d in array.shape], "dtype": array.dtype.name}
+    record.setdefault("streams", {"data": len(blob)})
+    return blob, record
+
+
+def decode(blob: bytes | memoryview, record: dict) -> np.ndarray:
+    name = record["codec"]
+    if name not in CODECS:
+        raise InputError(f"unknown weight codec '{name}' in container", hint="upgrade mconv")
+    return CODECS[name].decode(memoryview(blob), record)
+
+
+def _raw_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
+    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes(), {}
+
+
+def _raw_decode(blob: memoryview, record: dict) -> np.ndarray:
+    dtype = np.dtype(record["dtype"]).newbyteorder("<")
+    return np.frombuffer(blob, dtype=dtype).reshape(record["shape"]).astype(dtype.newbyteorder("="))
+
+
+def _fp16_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
+    """float32 values stored as float16. Lossless only for values that are fp16-representable."""
+    half = array.astype("<f2")
+    if not np.array_equal(half.astype(array.dtype), array, equal_nan=True):
+        raise InputError("fp16 codec would change values", hint="round to fp16 first (the fp16 pass)")
+    return half.tobytes(), {}
+
+
+def _fp16_decode(blob: memoryview, record: dict) -> np.ndarray:
+    return np.frombuffer(blob, dtype="<f2").reshape(record["shape"]).astype(record["dtype"])
+
+
+register(Codec("raw", _raw_encode, _raw_decode))
+register(Codec("fp16", _fp16_encode, _fp16_decode))
+
+# One line per codec module. A new codec is one new file plus one line here.
+_MODULES: tuple[str, ...] = ()
+
+for _mod in _MODULES:
+    importlib.import_module(f"{__name__}.{_mod}")

@@ -1,0 +1,131 @@
+"""Formats: files in, ``onnx_ir.Model`` out (and back where a format has a writer).
+
+Each format is one module in this package that defines a module-level ``FORMAT = Format(...)``.
+Detection looks at extensions first, then magic bytes. Importers record the source format and
+its sha256 in the model's ``metadata_props`` (``mconv.source_format``, ``mconv.source_sha256``,
+``mconv.source_name``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx_ir as ir
+
+from mconv.errors import InputError
+from mconv.fileio import require_file, sha256_file
+
+
+@dataclass
+class Format:
+    name: str
+    description: str
+    extensions: tuple[str, ...]  # lower-case, with dot; multi-part allowed (".index")
+    # load(paths, options) -> ir.Model. ``paths`` are the files the user gave, in detected order.
+    load: Callable[[list[Path], dict], ir.Model] | None = None
+    # save(model, dest, options) -> list of files written (atomically).
+    save: Callable[[ir.Model, Path, dict], list[Path]] | None = None
+    # sniff(head_bytes, path) -> True if the file is of this format (magic bytes / structure).
+    sniff: Callable[[bytes, Path], bool] | None = None
+    # how many files the format takes at most (Caffe: prototxt + caffemodel; Keras: json + h5).
+    max_files: int = 1
+
+
+# One line per format module. A new format is one new file plus one line here.
+_MODULES = (
+    "onnx_format",
+    "keras",
+    "caffe",
+    "tflite",
+    "torch_format",
+    "dlk_json",
+    "weights",
+)
+
+_loaded: dict[str, Format] | None = None
+
+
+def registry() -> dict[str, Format]:
+    global _loaded
+    if _loaded is None:
+        found: dict[str, Format] = {}
+        for mod in _MODULES:
+            try:
+                module = importlib.import_module(f"{__name__}.{mod}")
+            except ModuleNotFoundError as exc:
+                if exc.name == f"{__name__}.{mod}":
+                    continue  # format module not written yet
+                raise
+            fmt = module.FORMAT
+            found[fmt.name] = fmt
+        _loaded = found
+    return _loaded
+
+
+def get_format(name: str) -> Format:
+    reg = registry()
+    if name not in reg:
+        raise InputError(f"unknown format '{name}'", hint=f"choose one of: {', '.join(sorted(reg))}")
+    return reg[name]
+
+
+def _head(path: Path, n: int = 4096) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
+def detect(path: Path) -> Format:
+    """Pick the format of one file: by extension, then by magic bytes."""
+    name = path.name.lower()
+    reg = registry()
+    by_ext = [f for f in reg.values() if any(name.endswith(ext) for ext in f.extensions)]
+    head = _head(path)
+    if len(by_ext) == 1:
+        return by_ext[0]
+    candidates = by_ext or list(reg.values())
+    for fmt in candidates:
+        if fmt.sniff is not None and fmt.sniff(head, path):
+            return fmt
+    if by_ext:
+        return by_ext[0]
+    raise InputError("cannot tell the model format from the extension or the first bytes",
+                     path=str(path), where=f"first bytes {head[:8]!r}",
+                     hint=f"pass --format (one of: {', '.join(sorted(reg))})")
+
+
+def import_model(paths: Sequence[str | Path], format: str | None = None,
+                 options: dict | None = None) -> ir.Model:
+    """Read one model from one or more files into the IR."""
+    files = [Path(p) for p in paths]
+    if not files:
+        raise InputError("no input file given", hint="mconv import FILE [FILE2] -o OUT.onnx")
+    for p in files:
+        require_file(p, "model file")
+    if format:
+        fmt = get_format(format)
+    else:
+        kinds = {detect(p).name for p in files}
+        if len(kinds) == 1:
+            fmt = get_format(kinds.pop())
+        else:
+            # Split formats (Caffe prototxt + caffemodel, Keras JSON + HDF5): the format whose
+            # loader takes several files and whose extensions cover them all wins.
+            multi = [f for f in registry().values() if f.max_files >= len(files)
+                     and all(any(p.name.lower().endswith(e) for e in f.extensions) for p in files)]
+            if len(multi) != 1:
+                raise InputError(f"files look like different formats ({', '.join(sorted(kinds))})",
+                                 path=", ".join(map(str, files)), hint="pass --format")
+            fmt = multi[0]
+    if len(files) > fmt.max_files:
+        raise InputError(f"format '{fmt.name}' takes at most {fmt.max_files} file(s), got {len(files)}",
+                         hint="give only the model file(s) of one model")
+    if fmt.load is None:
+        raise InputError(f"format '{fmt.name}' cannot be imported, only exported")
+    model = fmt.load(files, dict(options or {}))
+    model.metadata_props["mconv.source_format"] = fmt.name
+    model.metadata_props["mconv.source_name"] = ",".join(p.name for p in files)
+    model.metadata_props["mconv.source_sha256"] = ",".join(sha256_file(p) for p in files)
+    return model

@@ -1,0 +1,106 @@
+"""The op registry of the reference executor: one entry per ONNX op, forward and VJP side by side.
+
+An op family (convolution, pooling, normalization, elementwise, ...) lives in one module of this
+package; each module registers its ops with the decorators below. The interpreter
+(:mod:`mconv.targets.reference.executor`) knows nothing about particular ops: it looks them up
+here.
+
+Conventions
+-----------
+forward(inputs, attrs, ctx) -> tuple of outputs
+    ``inputs``: list of ``np.ndarray`` (or ``None`` for an omitted optional input; sequences are
+    Python lists, optionals may be ``None``). ``attrs``: dict of Python values (int, float, str,
+    list, ``np.ndarray`` for tensor attributes, ``onnx_ir.Graph`` for graph attributes); attributes
+    absent from the node are absent from the dict, so ops apply their ONNX defaults.
+vjp(inputs, attrs, outputs, grads, ctx) -> list with one gradient (or None) per input
+    ``outputs`` are the forward results, ``grads`` the cotangents of each output (``None`` where
+    an output received no gradient). Gradients must have the exact shape and dtype of the input.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Forward = Callable[[list, dict, "OpContext"], Sequence[Any]]
+Vjp = Callable[[list, dict, Sequence[Any], Sequence[Any], "OpContext"], list]
+
+
+@dataclass
+class OpContext:
+    """What an op may need beyond its inputs and attributes."""
+
+    opset: int = 21  # opset version of the op's domain in the running model
+    executor: Any = None  # the running Executor (control-flow ops run subgraphs through it)
+    scope: dict = field(default_factory=dict)  # outer-scope values visible to subgraphs
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+
+
+@dataclass
+class OpDef:
+    op_type: str
+    domain: str
+    forward: Forward
+    vjp: Vjp | None = None
+
+
+REGISTRY: dict[tuple[str, str], OpDef] = {}
+
+
+def _norm_domain(domain: str) -> str:
+    return "" if domain in ("", "ai.onnx") else domain
+
+
+def register(*op_types: str, domain: str = "") -> Callable[[Forward], Forward]:
+    """Register ``fn`` as the forward of each op type in ``op_types``."""
+
+    def deco(fn: Forward) -> Forward:
+        for op in op_types:
+            key = (op, _norm_domain(domain))
+            if key in REGISTRY:
+                REGISTRY[key].forward = fn
+            else:
+                REGISTRY[key] = OpDef(op, key[1], fn)
+        return fn
+
+    return deco
+
+
+def register_vjp(*op_types: str, domain: str = "") -> Callable[[Vjp], Vjp]:
+    """Register ``fn`` as the vector-Jacobian product of each op type (forward registered first)."""
+
+    def deco(fn: Vjp) -> Vjp:
+        for op in op_types:
+            REGISTRY[(op, _norm_domain(domain))].vjp = fn
+        return fn
+
+    return deco
+
+
+def lookup(op_type: str, domain: str = "") -> OpDef | None:
+    return REGISTRY.get((op_type, _norm_domain(domain)))
+
+
+# One line per op family. A new family is one new module plus one line here.
+_FAMILIES = (
+    "conv",
+    "pooling",
+    "normalization",
+    "matmul",
+    "elementwise",
+    "activation",
+    "reduction",
+    "shape",
+    "indexing",
+    "recurrent",
+    "controlflow",
+    "sequence",
+    "misc",
+)
+
+for _family in _FAMILIES:
+    importlib.import_module(f"{__name__}.{_family}")

@@ -1,0 +1,1 @@
+"""Op family: activation (forward and VJP side by side)."""

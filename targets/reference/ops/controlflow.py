@@ -1,0 +1,1 @@
+"""Op family: controlflow (forward and VJP side by side)."""

@@ -1,0 +1,1 @@
+"""Op family: conv (forward and VJP side by side)."""

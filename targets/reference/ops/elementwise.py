@@ -1,0 +1,1 @@
+"""Op family: elementwise (forward and VJP side by side)."""

@@ -1,0 +1,1 @@
+"""Op family: indexing (forward and VJP side by side)."""

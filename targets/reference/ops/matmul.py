@@ -1,0 +1,1 @@
+"""Op family: matmul (forward and VJP side by side)."""

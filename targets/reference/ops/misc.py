@@ -1,0 +1,1 @@
+"""Op family: misc (forward and VJP side by side)."""

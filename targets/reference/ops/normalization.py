@@ -1,0 +1,1 @@
+"""Op family: normalization (forward and VJP side by side)."""

@@ -1,0 +1,1 @@
+"""Op family: pooling (forward and VJP side by side)."""

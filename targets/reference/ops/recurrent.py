@@ -1,0 +1,1 @@
+"""Op family: recurrent (forward and VJP side by side)."""

@@ -1,0 +1,1 @@
+"""Op family: reduction (forward and VJP side by side)."""

@@ -1,0 +1,1 @@
+"""Op family: sequence (forward and VJP side by side)."""

@@ -1,0 +1,1 @@
+"""Op family: shape (forward and VJP side by side)."""
