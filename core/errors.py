@@ -19,8 +19,9 @@ class MconvError(Exception):
 
     exit_code = EXIT_INPUT
 
-    def __init__(self, message: str, *, path: str | None = None, where: str | None = None,
-                 hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str | None = None, where: str | None = None, hint: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.path = str(path) if path is not None else None
@@ -43,8 +44,14 @@ class InputError(MconvError):
 class UnsupportedError(InputError):
     """Nodes/layers that a registry does not know. Names every one of them in one line."""
 
-    def __init__(self, items: list[tuple[str, str]], *, what: str = "op", path: str | None = None,
-                 hint: str | None = None) -> None:
+    def __init__(
+        self,
+        items: list[tuple[str, str]],
+        *,
+        what: str = "op",
+        path: str | None = None,
+        hint: str | None = None,
+    ) -> None:
         self.items = list(items)
         listed = ", ".join(f"{name} ({kind})" for name, kind in self.items)
         super().__init__(f"{len(self.items)} unsupported {what}(s): {listed}", path=path, hint=hint)

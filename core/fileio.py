@@ -48,8 +48,9 @@ def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists() and not dest.is_dir():
-        raise InputError("output exists and is not a directory", path=str(dest),
-                         hint="choose another -o path")
+        raise InputError(
+            "output exists and is not a directory", path=str(dest), hint="choose another -o path"
+        )
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
         yield tmp
@@ -74,7 +75,9 @@ def require_file(path: str | os.PathLike, what: str = "file") -> Path:
     if p.is_dir():
         raise InputError(f"is a directory, expected a {what}", path=str(p), hint="give a file path")
     if p.stat().st_size == 0:
-        raise InputError(f"{what} is empty (0 bytes)", path=str(p), hint="the file was truncated or not written")
+        raise InputError(
+            f"{what} is empty (0 bytes)", path=str(p), hint="the file was truncated or not written"
+        )
     return p
 
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-
 from mconv.errors import InputError
 from mconv.fileio import require_file
 
@@ -30,9 +29,12 @@ def load_onnx(path: str | os.PathLike) -> ir.Model:
         model = ir.load(p)
     except Exception as exc:  # protobuf raises DecodeError and friends
         size = p.stat().st_size
-        raise InputError(f"not a valid ONNX model ({type(exc).__name__}: {str(exc)[:120]})",
-                         path=str(p), where=f"{size} bytes",
-                         hint="the file is truncated or corrupt; re-export it") from None
+        raise InputError(
+            f"not a valid ONNX model ({type(exc).__name__}: {str(exc)[:120]})",
+            path=str(p),
+            where=f"{size} bytes",
+            hint="the file is truncated or corrupt; re-export it",
+        ) from None
     if model.graph is None or (len(model.graph) == 0 and not model.graph.outputs):
         raise InputError("ONNX model has an empty graph", path=str(p), hint="re-export the model")
     return model
@@ -46,8 +48,9 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
     return ir.serde.serialize_model(model)
 
 
-def save_onnx(model: ir.Model, path: str | os.PathLike, *,
-              external_threshold: int = EXTERNAL_DATA_THRESHOLD) -> list[Path]:
+def save_onnx(
+    model: ir.Model, path: str | os.PathLike, *, external_threshold: int = EXTERNAL_DATA_THRESHOLD
+) -> list[Path]:
     """Save ``model`` atomically; large weights go to ``<name>.data`` beside it.
 
     Returns the files written.
@@ -103,9 +106,13 @@ class ModelStats:
     ops: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"nodes": self.nodes, "params": self.params, "bytes": self.bytes,
-                "bytes_by_dtype": dict(sorted(self.bytes_by_dtype.items())),
-                "ops": dict(sorted(self.ops.items()))}
+        return {
+            "nodes": self.nodes,
+            "params": self.params,
+            "bytes": self.bytes,
+            "bytes_by_dtype": dict(sorted(self.bytes_by_dtype.items())),
+            "ops": dict(sorted(self.ops.items())),
+        }
 
 
 def _walk_nodes(graph: ir.Graph):

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
 from mconv.errors import InputError
 
 
@@ -83,7 +82,7 @@ register(Codec("raw", _raw_encode, _raw_decode))
 register(Codec("fp16", _fp16_encode, _fp16_decode))
 
 # One line per codec module. A new codec is one new file plus one line here.
-_MODULES: tuple[str, ...] = ()
+_MODULES: tuple[str, ...] = ("huffman",)
 
 for _mod in _MODULES:
     importlib.import_module(f"{__name__}.{_mod}")

@@ -1,0 +1,249 @@
+"""The cpu target: ONNX Runtime.
+
+Export rules:
+
+1. ``model.onnx`` is the graph serialized by onnx_ir with every top-level initializer removed
+   from the protobuf; the graph is otherwise unchanged (value_info still types the weights).
+   The weights live only in ``weights.mcw``, each with the codec :func:`mconv.container.choose_codec`
+   picks (option ``codec`` forces one for all).
+2. Option ``dense=True`` writes a self-contained ``model.onnx`` with the weights inside and no
+   ``weights.mcw``; the manifest lists every weight with codec ``"dense"``. For tools that read
+   plain ONNX. Limited to the 2 GB protobuf limit.
+3. Serialization is deterministic, so the same model and options give byte-identical files.
+
+Load rules:
+
+1. Weights are decoded in memory (no temporary files) and attached to the graph proto, which
+   ONNX Runtime receives as bytes.
+2. When graph plus weights would pass the protobuf limit, each weight is kept as a placeholder
+   initializer pointing at in-memory data and the real arrays are handed to ONNX Runtime as
+   OrtValues (``SessionOptions.add_external_initializers``).
+3. Feeds are checked against the inputs (names, dtype, rank and fixed dimensions) before ONNX
+   Runtime sees them; a bad feed raises :class:`mconv.errors.InputError` naming the input.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+from mconv.bundle import DENSE, Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
+from mconv.container import choose_codec
+from mconv.errors import InputError
+from mconv.irio import real_inputs, to_proto
+
+NAME = "cpu"
+PAYLOAD = "model.onnx"
+# Above this many bytes (graph + weights) a ModelProto cannot be serialized; keep a margin.
+PROTOBUF_LIMIT = (2 << 30) - (64 << 20)
+# Location named by placeholder initializers of an over-limit model; no such file exists.
+_PLACEHOLDER_LOCATION = "mconv-in-memory-weights"
+
+
+def _split_model(model: ir.Model) -> tuple[onnx.ModelProto, list[tuple[str, np.ndarray]]]:
+    """The model as a proto without top-level initializers, and those initializers as arrays."""
+    proto = to_proto(model)
+    del proto.graph.initializer[:]
+    weights = []
+    for name, value in model.graph.initializers.items():
+        if value.const_value is None:
+            continue
+        weights.append((name, value.const_value.numpy()))
+    return proto, weights
+
+
+def _serialize(proto: onnx.ModelProto) -> bytes:
+    return proto.SerializeToString(deterministic=True)
+
+
+def _tensor_proto(name: str, array: np.ndarray) -> onnx.TensorProto:
+    return ir.serde.serialize_tensor(ir.Tensor(np.ascontiguousarray(array), name=name))
+
+
+def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
+    """Write a cpu bundle (model.onnx + weights.mcw + manifest.json) for ``model`` at ``out_dir``."""
+    options = dict(options or {})
+    dense = bool(options.get("dense", False))
+    forced = options.get("codec")
+    proto, weights = _split_model(model)
+    metadata = dict(model.metadata_props)
+    if dense:
+        if sum(a.nbytes for _, a in weights) + proto.ByteSize() > PROTOBUF_LIMIT:
+            raise InputError("the model is over the 2 GB protobuf limit and cannot be dense",
+                             where="--dense", hint="export without --dense (weights go to weights.mcw)")
+        proto.graph.initializer.extend(_tensor_proto(n, a) for n, a in weights)
+        specs = [(n, a, {"codec": DENSE}) for n, a in weights]
+    else:
+        specs = [(n, a, {"codec": forced} if forced and forced != "auto" else choose_codec(a, metadata))
+                 for n, a in weights]
+    return write_bundle(
+        out_dir,
+        target=NAME,
+        model_name=model.graph.name or Path(out_dir).name,
+        inputs=[TensorSpec.from_value(v) for v in real_inputs(model.graph)],
+        outputs=[TensorSpec.from_value(v) for v in model.graph.outputs],
+        weights=specs,
+        payload={PAYLOAD: _serialize(proto)},
+        options=options,
+        provenance=provenance_from_model(model),
+        verification=options.get("verification"),
+    )
+
+
+@dataclass
+class CpuRunner:
+    """An ONNX Runtime session with checked feeds."""
+
+    session: ort.InferenceSession
+    inputs: list[TensorSpec]
+    outputs: list[str]
+    label: str = "model"
+    # OrtValues handed to ORT as external initializers must outlive the session.
+    _keepalive: list = field(default_factory=list, repr=False)
+
+    def _check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        expected = {s.name: s for s in self.inputs}
+        unknown = sorted(set(feeds) - set(expected))
+        if unknown:
+            raise InputError(f"unknown input(s) {', '.join(unknown)}", path=self.label,
+                             hint=f"the model's inputs are: {', '.join(expected)}")
+        missing = [n for n in expected if n not in feeds]
+        if missing:
+            raise InputError(f"missing input(s) {', '.join(missing)}", path=self.label,
+                             hint="feed every model input (an .npz keyed by input name)")
+        checked = {}
+        for name, spec in expected.items():
+            arr = np.asarray(feeds[name])
+            where = f"input '{name}'"
+            if spec.dtype != "unknown" and arr.dtype.name != spec.dtype:
+                raise InputError(f"dtype {arr.dtype.name}, expected {spec.dtype}", path=self.label,
+                                 where=where, hint=f"cast the feed to {spec.dtype}")
+            if spec.shape is not None:
+                shape_text = f"shape {list(arr.shape)}, expected {list(spec.shape)}"
+                if arr.ndim != len(spec.shape):
+                    raise InputError(shape_text, path=self.label, where=where,
+                                     hint=f"give a rank-{len(spec.shape)} array")
+                for got, want in zip(arr.shape, spec.shape):
+                    if isinstance(want, int) and got != want:
+                        raise InputError(shape_text, path=self.label, where=where,
+                                         hint="only symbolic dimensions may vary")
+            checked[name] = arr
+        return checked
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        checked = self._check_feeds(feeds)
+        try:
+            values = self.session.run(self.outputs, checked)
+        except Exception as exc:  # ORT raises its own Fail/InvalidArgument/RuntimeException types
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            shapes = ", ".join(f"{n}{list(a.shape)}:{a.dtype.name}" for n, a in checked.items())
+            raise InputError(f"ONNX Runtime refused the feeds ({msg[:200]})", path=self.label,
+                             where=f"feeds {shapes}",
+                             hint=f"expected {', '.join(f'{s.name}{list(s.shape or [])}:{s.dtype}' for s in self.inputs)}"
+                             ) from None
+        return dict(zip(self.outputs, values))
+
+
+def _session_options() -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # errors only: ORT warns about unused initializers and such
+    return so
+
+
+def _make_session(proto: onnx.ModelProto, weights: list[tuple[str, np.ndarray]],
+                  label: str) -> tuple[ort.InferenceSession, list]:
+    """A session for ``proto`` (no initializers) plus ``weights``, all in memory."""
+    so = _session_options()
+    keepalive: list = []
+    total = proto.ByteSize() + sum(int(a.nbytes) for _, a in weights)
+    if total <= PROTOBUF_LIMIT:
+        proto.graph.initializer.extend(_tensor_proto(n, a) for n, a in weights)
+    else:
+        # Placeholders keep each weight an initializer of the graph (ORT only replaces existing
+        # external initializers); ORT swaps in the OrtValues before it reads any data.
+        for name, array in weights:
+            placeholder = _tensor_proto(name, np.zeros((0,), dtype=array.dtype))
+            del placeholder.dims[:]
+            placeholder.dims.extend(array.shape)
+            placeholder.ClearField("raw_data")
+            placeholder.data_location = onnx.TensorProto.EXTERNAL
+            # ORT replaces an external initializer before reading it, so this file never opens.
+            for key, val in (("location", _PLACEHOLDER_LOCATION), ("offset", "0"),
+                             ("length", str(array.nbytes))):
+                entry = placeholder.external_data.add()
+                entry.key, entry.value = key, val
+            proto.graph.initializer.append(placeholder)
+        names = [n for n, _ in weights]
+        values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for _, a in weights]
+        so.add_external_initializers(names, values)
+        keepalive = [values, [a for _, a in weights]]
+    try:
+        session = ort.InferenceSession(_serialize(proto), sess_options=so,
+                                       providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"ONNX Runtime cannot load the model ({msg[:240]})", path=label,
+                         hint="check that every op is supported by ONNX Runtime at this opset") from None
+    return session, keepalive
+
+
+def _runner(session: ort.InferenceSession, inputs: list[TensorSpec], label: str,
+            keepalive: list) -> CpuRunner:
+    outputs = [o.name for o in session.get_outputs()]
+    return CpuRunner(session, inputs, outputs, label, keepalive)
+
+
+def load(bundle: Bundle | str | os.PathLike) -> CpuRunner:
+    """An ONNX Runtime runner for a cpu bundle; weights decoded from weights.mcw in memory."""
+    if not isinstance(bundle, Bundle):
+        bundle = load_bundle(bundle)
+    label = str(bundle.root)
+    if bundle.target != NAME:
+        raise InputError(f"bundle is for target '{bundle.target}', not '{NAME}'", path=label,
+                         hint=f"run it with --target {bundle.target}")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(bundle.read_bytes(PAYLOAD))
+    except Exception as exc:
+        raise InputError(f"{PAYLOAD} is not a valid ONNX model ({type(exc).__name__})", path=label,
+                         hint="re-export the bundle") from None
+    weights: list[tuple[str, np.ndarray]] = []
+    if any(w.get("codec") != DENSE for w in bundle.weights):
+        with bundle.container() as container:
+            weights = [(name, container.array(name)) for name in container.names]
+    session, keepalive = _make_session(proto, weights, label)
+    return _runner(session, bundle.inputs, label, keepalive)
+
+
+def load_model(model: ir.Model, label: str = "model") -> CpuRunner:
+    """An ONNX Runtime runner for a bare IR model (``mconv run model.onnx --target cpu``)."""
+    proto, weights = _split_model(model)
+    session, keepalive = _make_session(proto, weights, label)
+    inputs = [TensorSpec.from_value(v) for v in real_inputs(model.graph)]
+    return _runner(session, inputs, label, keepalive)
+
+
+@dataclass(frozen=True)
+class CpuTarget:
+    """The cpu target object the registry hands out (``mconv.targets.get_target("cpu")``)."""
+
+    name: str = NAME
+
+    def export(self, model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
+        return export(model, out_dir, options)
+
+    def load(self, bundle: Bundle | str | os.PathLike) -> CpuRunner:
+        return load(bundle)
+
+    def load_model(self, model: ir.Model, label: str = "model") -> CpuRunner:
+        return load_model(model, label)
+
+
+TARGET = CpuTarget()

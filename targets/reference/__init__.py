@@ -1,0 +1,53 @@
+"""The reference target: the numpy interpreter that verification trusts.
+
+It runs an ``onnx_ir.Model`` in memory (:class:`~mconv.targets.reference.executor.Executor`) and
+differentiates it (reverse mode), which calibration, sensitivity analysis and fine-tuning use.
+It has no bundle: deploy with the ``cpu`` target.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from mconv.errors import InputError
+from mconv.irio import real_inputs
+from mconv.targets.reference.executor import Executor, run_node
+
+__all__ = ["TARGET", "Executor", "ReferenceRunner", "ReferenceTarget", "run_node"]
+
+
+class ReferenceRunner:
+    """The Runner API (``inputs``, ``outputs``, ``run``) over an :class:`Executor`."""
+
+    def __init__(self, model: ir.Model, *, dtype_check: bool = True) -> None:
+        self.executor = Executor(model, dtype_check=dtype_check)
+        self.inputs: list[tuple[str, np.dtype | None, tuple | None]] = []
+        specs = {s[0]: s for s in self.executor.input_specs}
+        for v in real_inputs(model.graph):
+            self.inputs.append(specs[v.name])
+        self.outputs: list[str] = list(self.executor.output_names)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.executor.run(feeds)
+
+
+class ReferenceTarget:
+    name = "reference"
+
+    def load_model(self, model: ir.Model) -> ReferenceRunner:
+        return ReferenceRunner(model)
+
+    def export(self, model: ir.Model, out_dir: Path, options: dict | None = None) -> Any:
+        raise InputError("reference target has no bundle; use cpu",
+                         hint="mconv export --target cpu")
+
+    def load(self, bundle: Any) -> ReferenceRunner:
+        raise InputError("reference target has no bundle; use cpu",
+                         hint="load the bundle with the cpu target, or pass a model to load_model")
+
+
+TARGET = ReferenceTarget()

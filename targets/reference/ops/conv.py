@@ -1,1 +1,393 @@
-"""Op family: conv (forward and VJP side by side)."""
+"""Op family: convolution (Conv, ConvTranspose, ConvInteger, DeformConv, Col2Im), forward and VJP.
+
+Rules
+-----
+1. Layout is NC[D]HW; ``kernel_shape``, ``strides``, ``dilations`` default to the weight's kernel,
+   ones and ones; ``pads`` is ``[x1_begin, x2_begin, ..., x1_end, x2_end, ...]``.
+2. ``auto_pad``: NOTSET uses ``pads`` (default zeros); VALID pads nothing; SAME_UPPER/SAME_LOWER
+   make ``out = ceil(in / stride)`` with total padding ``max(0, (out-1)*s + (k-1)*d + 1 - in)``,
+   the odd pixel going at the end (UPPER) or the beginning (LOWER).
+3. Conv is im2col + one batched GEMM: the padded input is cut into a contiguous patch matrix
+   ``cols[n, g, (c, kernel tap), output pixel]`` by one strided copy per kernel tap (no Python loop
+   over output elements), and ``Y[n, g] = W[g] @ cols[n, g]``.
+4. The VJP of Conv: ``dW[g] = sum_n dY[n, g] @ cols[n, g]^T``, ``dX = col2im(W[g]^T @ dY[n, g])``
+   (the scatter-add adjoint of rule 3), ``dB = sum(dY)`` over batch and space.
+5. ConvTranspose is the adjoint of Conv: ``cols = W[g]^T @ X[n, g]`` scattered by col2im onto a
+   canvas of ``s*(in-1) + (k-1)*d + 1 + output_padding`` pixels, then cropped by ``pads``. With
+   ``output_shape`` (or SAME auto_pad, where ``output_shape = in * s``) the pads are derived:
+   ``total = s*(in-1) + output_padding + (k-1)*d + 1 - out``; SAME_UPPER puts ``total//2`` at the
+   beginning, anything else puts ``total - total//2`` there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import OpContext, register, register_vjp
+
+
+@dataclass(frozen=True)
+class Window:
+    """Geometry of a sliding window over the spatial axes of an NC[D]HW tensor."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    out: tuple[int, ...]  # output spatial shape
+
+    @property
+    def extent(self) -> tuple[int, ...]:
+        """Dilated kernel size ``(k-1)*d + 1`` per axis."""
+        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+
+    @property
+    def canvas(self) -> tuple[int, ...]:
+        """Padded spatial size the windows read: ``(out-1)*s + extent``."""
+        return tuple((o - 1) * s + e for o, s, e in zip(self.out, self.strides, self.extent))
+
+    def taps(self) -> list[tuple[tuple[int, ...], tuple[slice, ...]]]:
+        """Each kernel tap's index and the strided slice of the canvas it reads for every output."""
+        result = []
+        for tap in itertools.product(*(range(k) for k in self.kernel)):
+            sl = tuple(
+                slice(t * d, t * d + (o - 1) * s + 1, s)
+                for t, d, o, s in zip(tap, self.dilations, self.out, self.strides)
+            )
+            result.append((tap, sl))
+        return result
+
+
+def _ints(value, n: int, default: int) -> tuple[int, ...]:
+    if value is None:
+        return (default,) * n
+    return tuple(int(v) for v in value)
+
+
+def conv_window(
+    spatial: Sequence[int],
+    kernel: Sequence[int],
+    attrs: dict,
+    *,
+    ceil_mode: bool = False,
+) -> Window:
+    """Resolve strides, dilations, pads and output shape for Conv and pooling (rule 2).
+
+    ``ceil_mode`` (pooling only) rounds the output size up, dropping a last window that would
+    start in the end padding, as onnxruntime and the ONNX reference do.
+    """
+    n = len(spatial)
+    strides = _ints(attrs.get("strides"), n, 1)
+    dilations = _ints(attrs.get("dilations"), n, 1)
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    extent = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [-(-i // s) for i, s in zip(spatial, strides)]
+        total = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out, strides, extent, spatial)]
+        small = [t // 2 for t in total]
+        big = [t - t // 2 for t in total]
+        begin, end = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    else:
+        if auto_pad == "VALID":
+            pads = [0] * (2 * n)
+        else:
+            pads = list(_ints(attrs.get("pads"), 2 * n, 0))
+        begin, end = pads[:n], pads[n:]
+        out = []
+        for i, e, s, b, en in zip(spatial, extent, strides, begin, end):
+            span = i + b + en - e
+            if ceil_mode:
+                o = -(-span // s) + 1
+                if (o - 1) * s >= i + b:
+                    o -= 1
+            else:
+                o = span // s + 1
+            out.append(o)
+    if any(o <= 0 for o in out):
+        raise ValueError(f"window {list(kernel)} over input {list(spatial)} gives empty output {out}")
+    return Window(tuple(kernel), strides, dilations, tuple(begin), tuple(end), tuple(out))
+
+
+def pad_to_canvas(x: np.ndarray, win: Window, fill: float = 0.0) -> np.ndarray:
+    """Place ``x`` (NC + spatial) on the canvas the windows read, filling the rest with ``fill``.
+
+    The canvas may be smaller than ``x`` plus pads (trailing pixels no window reads are dropped)
+    or larger (ceil_mode windows reaching past the end padding).
+    """
+    canvas = win.canvas
+    spatial = x.shape[2:]
+    if all(b == 0 for b in win.pads_begin) and tuple(spatial) == canvas:
+        return x
+    buf = np.full(x.shape[:2] + canvas, fill, dtype=x.dtype)
+    dst, src = [slice(None)] * 2, [slice(None)] * 2
+    for b, i, c in zip(win.pads_begin, spatial, canvas):
+        lo, hi = max(b, 0), min(b + i, c)
+        dst.append(slice(lo, max(lo, hi)))
+        src.append(slice(lo - b, lo - b + max(0, hi - lo)))
+    buf[tuple(dst)] = x[tuple(src)]
+    return buf
+
+
+def crop_canvas(canvas: np.ndarray, win: Window, spatial: Sequence[int]) -> np.ndarray:
+    """Adjoint of :func:`pad_to_canvas`: the part of the canvas that came from ``x``."""
+    out = np.zeros(canvas.shape[:2] + tuple(spatial), dtype=canvas.dtype)
+    dst, src = [slice(None)] * 2, [slice(None)] * 2
+    for b, i, c in zip(win.pads_begin, spatial, canvas.shape[2:]):
+        lo, hi = max(b, 0), min(b + i, c)
+        src.append(slice(lo, max(lo, hi)))
+        dst.append(slice(lo - b, lo - b + max(0, hi - lo)))
+    out[tuple(dst)] = canvas[tuple(src)]
+    return out
+
+
+def im2col(canvas: np.ndarray, win: Window) -> np.ndarray:
+    """Patches of a padded canvas ``(N, C, *canvas)`` as a contiguous ``(N, C, *kernel, *out)``."""
+    n, c = canvas.shape[:2]
+    cols = np.empty((n, c) + win.kernel + win.out, dtype=canvas.dtype)
+    for tap, sl in win.taps():
+        cols[(slice(None), slice(None)) + tap] = canvas[(slice(None), slice(None)) + sl]
+    return cols
+
+
+def col2im(cols: np.ndarray, win: Window) -> np.ndarray:
+    """Scatter-add patches ``(N, C, *kernel, *out)`` back onto a canvas (adjoint of im2col)."""
+    n, c = cols.shape[:2]
+    canvas = np.zeros((n, c) + win.canvas, dtype=cols.dtype)
+    for tap, sl in win.taps():
+        canvas[(slice(None), slice(None)) + sl] += cols[(slice(None), slice(None)) + tap]
+    return canvas
+
+
+def _conv_setup(x: np.ndarray, w: np.ndarray, attrs: dict) -> tuple[Window, int]:
+    group = int(attrs.get("group", 1))
+    kernel = tuple(int(k) for k in attrs.get("kernel_shape", w.shape[2:]))
+    if x.shape[1] != w.shape[1] * group:
+        raise ValueError(
+            f"Conv: input has {x.shape[1]} channels, weight expects {w.shape[1]} x group {group}"
+        )
+    return conv_window(x.shape[2:], kernel, attrs), group
+
+
+def _grouped_cols(x: np.ndarray, win: Window, group: int) -> np.ndarray:
+    """``cols[n, g, (c, tap), pixel]`` for a grouped convolution."""
+    cols = im2col(pad_to_canvas(x, win), win)
+    n, c = x.shape[:2]
+    return cols.reshape(n, group, (c // group) * math.prod(win.kernel), math.prod(win.out))
+
+
+@register("Conv")
+def conv(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    win, group = _conv_setup(x, w, attrs)
+    n, m = x.shape[0], w.shape[0]
+    cols = _grouped_cols(x, win, group)
+    wg = w.reshape(group, m // group, -1).astype(x.dtype, copy=False)
+    if group == 1:
+        y = np.matmul(wg[0], cols[:, 0])  # one big GEMM per image
+    else:
+        y = np.matmul(wg[None], cols)
+    y = y.reshape((n, m) + win.out)
+    if b is not None:
+        y += b.reshape((1, m) + (1,) * len(win.out)).astype(y.dtype, copy=False)
+    return (y,)
+
+
+@register_vjp("Conv")
+def conv_vjp(inputs: list, attrs: dict, outputs, grads, ctx: OpContext) -> list:
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    gy = grads[0]
+    if gy is None:
+        return [None] * len(inputs)
+    win, group = _conv_setup(x, w, attrs)
+    n, m = x.shape[0], w.shape[0]
+    cols = _grouped_cols(x, win, group)
+    gyg = gy.reshape(n, group, m // group, -1).astype(x.dtype, copy=False)
+    wg = w.reshape(group, m // group, -1).astype(x.dtype, copy=False)
+    gw = np.matmul(gyg, cols.swapaxes(-1, -2)).sum(axis=0).reshape(w.shape).astype(w.dtype, copy=False)
+    gcols = np.matmul(wg.swapaxes(-1, -2)[None], gyg)
+    gcols = gcols.reshape((n, x.shape[1]) + win.kernel + win.out)
+    gx = crop_canvas(col2im(gcols, win), win, x.shape[2:]).astype(x.dtype, copy=False)
+    result = [gx, gw]
+    if len(inputs) > 2:
+        result.append(
+            None if b is None else gy.sum(axis=(0,) + tuple(range(2, gy.ndim))).astype(b.dtype, copy=False)
+        )
+    return result
+
+
+# ----------------------------------------------------------------------------- ConvTranspose
+
+
+def _conv_transpose_setup(x: np.ndarray, w: np.ndarray, attrs: dict) -> tuple[Window, int, tuple[int, ...]]:
+    """The Window of the equivalent Conv whose canvas is the ConvTranspose output (rule 5).
+
+    Returns the window (its ``out`` is the ConvTranspose *input* size), the group count and the
+    ConvTranspose output spatial shape. The canvas origin sits ``pads_begin`` before output pixel 0.
+    """
+    nsp = x.ndim - 2
+    group = int(attrs.get("group", 1))
+    kernel = tuple(int(k) for k in attrs.get("kernel_shape", w.shape[2:]))
+    strides = _ints(attrs.get("strides"), nsp, 1)
+    dilations = _ints(attrs.get("dilations"), nsp, 1)
+    out_pad = _ints(attrs.get("output_padding"), nsp, 0)
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto_pad, bytes):
+        auto_pad = auto_pad.decode()
+    spatial = x.shape[2:]
+    full = [
+        s * (i - 1) + (k - 1) * d + 1 + op
+        for s, i, k, d, op in zip(strides, spatial, kernel, dilations, out_pad)
+    ]
+    output_shape = attrs.get("output_shape")
+    if output_shape is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if output_shape is None:
+            out = [i * s for i, s in zip(spatial, strides)]
+        else:
+            out = [int(v) for v in list(output_shape)[-nsp:]]
+        total = [f - o for f, o in zip(full, out)]
+        if auto_pad == "SAME_UPPER":
+            begin = [t // 2 for t in total]
+        else:
+            begin = [t - t // 2 for t in total]
+        end = [t - b for t, b in zip(total, begin)]
+    else:
+        pads = [0] * (2 * nsp) if auto_pad == "VALID" else list(_ints(attrs.get("pads"), 2 * nsp, 0))
+        begin, end = pads[:nsp], pads[nsp:]
+        out = [f - b - e for f, b, e in zip(full, begin, end)]
+    win = Window(kernel, strides, dilations, tuple(begin), tuple(end), tuple(spatial))
+    return win, group, tuple(out)
+
+
+@register("ConvTranspose")
+def conv_transpose(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    win, group, out = _conv_transpose_setup(x, w, attrs)
+    n, c = x.shape[:2]
+    mg = w.shape[1]
+    xg = x.reshape(n, group, c // group, -1)
+    wg = w.reshape(group, c // group, -1).astype(x.dtype, copy=False)
+    cols = np.matmul(wg.swapaxes(-1, -2)[None], xg)  # (n, g, mg*taps, pixels)
+    cols = cols.reshape((n, group * mg) + win.kernel + win.out)
+    y = crop_canvas(col2im(cols, win), win, out)  # output pixel o is canvas pixel o + pads_begin
+    if b is not None:
+        y += b.reshape((1, -1) + (1,) * len(out)).astype(y.dtype, copy=False)
+    return (y,)
+
+
+@register_vjp("ConvTranspose")
+def conv_transpose_vjp(inputs: list, attrs: dict, outputs, grads, ctx: OpContext) -> list:
+    x, w = inputs[0], inputs[1]
+    b = inputs[2] if len(inputs) > 2 else None
+    gy = grads[0]
+    if gy is None:
+        return [None] * len(inputs)
+    win, group, out = _conv_transpose_setup(x, w, attrs)
+    n, c = x.shape[:2]
+    gcols = im2col(pad_to_canvas(gy.astype(x.dtype, copy=False), win), win)
+    gcols = gcols.reshape(n, group, -1, math.prod(win.out))  # (n, g, mg*taps, pixels)
+    xg = x.reshape(n, group, c // group, -1)
+    wg = w.reshape(group, c // group, -1).astype(x.dtype, copy=False)
+    gx = np.matmul(wg[None], gcols).reshape(x.shape)
+    gw = np.matmul(xg, gcols.swapaxes(-1, -2)).sum(axis=0).reshape(w.shape)
+    result = [gx.astype(x.dtype, copy=False), gw.astype(w.dtype, copy=False)]
+    if len(inputs) > 2:
+        result.append(
+            None if b is None else gy.sum(axis=(0,) + tuple(range(2, gy.ndim))).astype(b.dtype, copy=False)
+        )
+    return result
+
+
+# ----------------------------------------------------------------------------- integer and others
+
+
+@register("ConvInteger")
+def conv_integer(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
+    """``(X - x_zero_point) conv (W - w_zero_point)`` accumulated exactly, as int32.
+
+    ``w_zero_point`` may be per output channel. Padding is with the zero point (zero after the
+    subtraction). float64 GEMM is exact here: every partial sum stays far below 2**53.
+    """
+    x, w = inputs[0], inputs[1]
+    xz = inputs[2] if len(inputs) > 2 and inputs[2] is not None else np.zeros((), x.dtype)
+    wz = inputs[3] if len(inputs) > 3 and inputs[3] is not None else np.zeros((), w.dtype)
+    xf = x.astype(np.float64) - np.asarray(xz, np.float64).reshape(())
+    wz = np.asarray(wz, np.float64)
+    wf = w.astype(np.float64) - (wz.reshape((-1,) + (1,) * (w.ndim - 1)) if wz.size > 1 else wz.reshape(()))
+    (y,) = conv([xf, wf], attrs, ctx)
+    return (np.rint(y).astype(np.int32),)
+
+
+@register("DeformConv")
+def deform_conv(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
+    """Deformable convolution (2-D): each kernel tap samples the input bilinearly at its offset.
+
+    Inputs X (N, C, H, W), W (M, C/group, kh, kw), offset (N, offset_group*2*kh*kw, oh, ow) as
+    (dy, dx) pairs per tap, optional B and mask (N, offset_group*kh*kw, oh, ow). Samples outside
+    the input read zero. Patches for all taps are gathered at once, then one GEMM per group.
+    """
+    x, w, offset = inputs[0], inputs[1], inputs[2]
+    b = inputs[3] if len(inputs) > 3 else None
+    mask = inputs[4] if len(inputs) > 4 else None
+    group = int(attrs.get("group", 1))
+    og = int(attrs.get("offset_group", 1))
+    kernel = tuple(int(k) for k in attrs.get("kernel_shape", w.shape[2:]))
+    win = conv_window(x.shape[2:], kernel, attrs)
+    n, c, h, wd = x.shape
+    kh, kw = kernel
+    oh, ow = win.out
+    taps = kh * kw
+    off = offset.reshape(n, og, taps, 2, oh, ow)
+    msk = np.ones((n, og, taps, oh, ow), x.dtype) if mask is None else mask.reshape(n, og, taps, oh, ow)
+    ky, kx = np.meshgrid(np.arange(kh), np.arange(kw), indexing="ij")
+    base_y = (np.arange(oh) * win.strides[0] - win.pads_begin[0])[None, :, None] + (
+        ky.reshape(-1) * win.dilations[0]
+    )[:, None, None]
+    base_x = (np.arange(ow) * win.strides[1] - win.pads_begin[1])[None, None, :] + (
+        kx.reshape(-1) * win.dilations[1]
+    )[:, None, None]
+    py = base_y[None, None] + off[:, :, :, 0]  # (n, og, taps, oh, ow)
+    px = base_x[None, None] + off[:, :, :, 1]
+    y0, x0 = np.floor(py).astype(np.int64), np.floor(px).astype(np.int64)
+    fy, fx = py - y0, px - x0
+    cpg = c // og
+    xr = x.reshape(n, og, cpg, h * wd)
+    samples = np.zeros((n, og, cpg, taps, oh, ow), dtype=np.result_type(x.dtype, offset.dtype))
+    for dy, dx in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        yy, xx = y0 + dy, x0 + dx
+        wgt = (fy if dy else 1 - fy) * (fx if dx else 1 - fx)
+        valid = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < wd)
+        idx = np.where(valid, yy * wd + xx, 0).reshape(n, og, 1, -1)
+        vals = np.take_along_axis(xr, np.broadcast_to(idx, (n, og, cpg, idx.shape[-1])), axis=3)
+        samples += vals.reshape(n, og, cpg, taps, oh, ow) * (wgt * valid * msk)[:, :, None]
+    cols = samples.reshape(n, group, (c // group) * taps, oh * ow)
+    m = w.shape[0]
+    y = np.matmul(w.reshape(group, m // group, -1)[None].astype(cols.dtype), cols).reshape(n, m, oh, ow)
+    if b is not None:
+        y = y + b.reshape(1, m, 1, 1)
+    return (y.astype(x.dtype, copy=False),)
+
+
+@register("Col2Im")
+def col2im_op(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
+    """Col2Im: input ``(N, C*prod(block), L)`` is scattered onto ``image_shape`` (sum of overlaps)."""
+    x, image_shape, block_shape = inputs[0], inputs[1], inputs[2]
+    image = tuple(int(v) for v in image_shape)
+    block = tuple(int(v) for v in block_shape)
+    win = conv_window(image, block, attrs)
+    n, ck, length = x.shape
+    if length != math.prod(win.out):
+        raise ValueError(f"Col2Im: {length} blocks given, image and block shapes imply {math.prod(win.out)}")
+    c = ck // math.prod(block)
+    cols = x.reshape((n, c) + block + win.out)
+    return (crop_canvas(col2im(cols, win), win, image),)

@@ -1,0 +1,648 @@
+"""The ``mconv`` command line: thin wrappers over the library (parse, call, render)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from mconv import __version__
+from mconv.cli.output import Out, human_bytes, run_command
+from mconv.errors import GateFailed, InputError
+from rich.table import Table
+
+app = typer.Typer(
+    name="mconv",
+    help="Import, optimize (Deep Compression), verify and export neural network models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout, nothing else.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No tables or progress on stderr.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")]
+InputShapeOpt = Annotated[
+    list[str] | None,
+    typer.Option("--input-shape", help="Concrete shape for a symbolic input: NAME=1,3,224,224 (repeatable)."),
+]
+
+
+def _out(json_: bool, quiet: bool, debug: bool) -> Out:
+    return Out(json=json_, quiet=quiet, debug=debug)
+
+
+def _version_cb(value: bool) -> None:
+    if value:
+        typer.echo(f"mconv {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version_cb, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """mconv: one IR (ONNX semantics), many formats, passes and targets."""
+
+
+# --- import ------------------------------------------------------------------------------------
+
+
+@app.command("import")
+def import_cmd(
+    src: Annotated[list[Path], typer.Argument(help="Model file(s): FILE or FILE1 FILE2 for split formats.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Output .onnx path.")],
+    format: Annotated[str | None, typer.Option("--format", help="Force the source format.")] = None,
+    input_shape: InputShapeOpt = None,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Read a model from any supported framework into ONNX."""
+    out = _out(json_, quiet, debug)
+
+    def body() -> int:
+        from mconv.formats import import_model
+        from mconv.irio import model_stats, save_onnx
+        from mconv.verify import parse_input_shapes
+
+        t0 = time.perf_counter()
+        options = {"input_shapes": parse_input_shapes(input_shape)}
+        model = import_model(src, format=format, options=options)
+        written = save_onnx(model, output)
+        stats = model_stats(model)
+        doc = {
+            "output": str(output),
+            "files": [str(p) for p in written],
+            "source_format": model.metadata_props.get("mconv.source_format"),
+            "seconds": round(time.perf_counter() - t0, 3),
+            **stats.as_dict(),
+        }
+        notes = model.metadata_props.get("mconv.import_notes")
+        if notes:
+            doc["notes"] = notes.split("\n")
+        out.print(
+            f"imported [bold]{', '.join(map(str, src))}[/] ({doc['source_format']}) -> {output}: "
+            f"{stats.nodes} nodes, {stats.params:,} parameters, {human_bytes(stats.bytes)}"
+        )
+        for note in doc.get("notes", []):
+            out.print(f"  note: {note}", markup=False)
+        out.emit(doc)
+        return 0
+
+    run_command(out, body)
+
+
+# --- optimize ----------------------------------------------------------------------------------
+
+
+def _load_data(path: Path | None, model) -> dict | None:
+    if path is None:
+        return None
+    from mconv.irio import real_inputs
+    from mconv.runtime import value_spec
+    from mconv.verify import load_npz_feeds
+
+    feeds, labels = load_npz_feeds(path, [value_spec(v) for v in real_inputs(model.graph)])
+    if labels is not None:
+        feeds["labels"] = labels
+    return feeds
+
+
+def render_pass_reports(out: Out, reports) -> None:
+    if not out.show or not reports:
+        return
+    table = Table(title="passes", title_justify="left")
+    for col in ("pass", "nodes", "params", "bytes", "time"):
+        table.add_column(col, justify="left" if col == "pass" else "right")
+    for r in reports:
+        d = r.as_dict() if hasattr(r, "as_dict") else r
+        table.add_row(
+            d["name"],
+            f"{d['nodes_before']} -> {d['nodes_after']}",
+            f"{d['params_before']:,} -> {d['params_after']:,}",
+            f"{human_bytes(d['bytes_before'])} -> {human_bytes(d['bytes_after'])}",
+            f"{d['seconds']:.2f}s",
+        )
+    out.print(table)
+    for r in reports:
+        d = r.as_dict() if hasattr(r, "as_dict") else r
+        for note in d.get("notes", []):
+            out.print(f"  {d['name']}: {note}", markup=False)
+
+
+@app.command("optimize")
+def optimize_cmd(
+    model_path: Annotated[
+        Path, typer.Argument(metavar="IN", help="Input model (.onnx or any importable file).")
+    ],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Output path (.onnx).")],
+    passes: Annotated[
+        str | None, typer.Option("--passes", help="Pass spec, e.g. 'fold,dce,fuse-bn,fp16'.")
+    ] = None,
+    recipe: Annotated[
+        str | None, typer.Option("--recipe", help="Built-in recipe name or a TOML file.")
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option("--data", help="Calibration / fine-tuning data (.npz).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    format: Annotated[
+        str | None, typer.Option("--format", help="Output format (default from extension).")
+    ] = None,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run a pass pipeline (spec or recipe) over a model."""
+    out = _out(json_, quiet, debug)
+
+    def body() -> int:
+        from mconv import passes as P
+        from mconv.irio import model_stats
+        from mconv.runtime import open_model
+
+        if bool(passes) == bool(recipe):
+            raise InputError(
+                "give exactly one of --passes or --recipe", hint=f"recipes: {', '.join(P.recipe_names())}"
+            )
+        specs = P.parse_spec(passes) if passes else P.load_recipe(recipe)
+        model = open_model(model_path)
+        before = model_stats(model)
+        ctx = P.PassContext(data=_load_data(data, model), seed=seed)
+        with out.progress("optimize", total=len(specs)) as advance:
+            ctx.progress = advance
+            model, reports = P.run_pipeline(model, specs, ctx)
+        written = _save_model(model, output, format)
+        after = model_stats(model)
+        render_pass_reports(out, reports)
+        out.print(
+            f"wrote {output}: {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} "
+            f"({before.bytes / max(after.bytes, 1):.1f}x)"
+        )
+        out.emit(
+            {
+                "output": str(output),
+                "files": [str(p) for p in written],
+                "bytes_before": before.bytes,
+                "bytes_after": after.bytes,
+                "passes": [r.as_dict() for r in reports],
+            }
+        )
+        return 0
+
+    run_command(out, body)
+
+
+def _save_model(model, output: Path, format: str | None) -> list[Path]:
+    from mconv.formats import get_format, registry
+
+    name = format
+    if name is None:
+        suffix = output.name.lower()
+        matches = [f for f in registry().values() if f.save and any(suffix.endswith(e) for e in f.extensions)]
+        name = matches[0].name if len(matches) == 1 else "onnx"
+    fmt = get_format(name)
+    if fmt.save is None:
+        raise InputError(f"format '{name}' has no writer", hint="write .onnx")
+    return fmt.save(model, output, {})
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+@app.command("export")
+def export_cmd(
+    model_path: Annotated[Path, typer.Argument(metavar="MODEL")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Bundle directory (or file for --format).")],
+    target: Annotated[str, typer.Option("--target", help="cpu, xla or metal.")] = "cpu",
+    format: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="Write a model file instead of a bundle (dlk-json, safetensors, onnx)."
+        ),
+    ] = None,
+    dense: Annotated[
+        bool, typer.Option("--dense", help="Plain ONNX with dense weights, no container.")
+    ] = False,
+    batch: Annotated[int | None, typer.Option("--batch", help="Static batch size (xla).")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help="fp16 or fp32 (metal).")] = None,
+    bake_weights: Annotated[bool, typer.Option("--bake-weights", help="Embed weights (xla).")] = False,
+    mlir_text: Annotated[bool, typer.Option("--mlir-text", help="Also write StableHLO text (xla).")] = False,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Write a deployable bundle for a target."""
+    out = _out(json_, quiet, debug)
+
+    def body() -> int:
+        from mconv.irio import model_stats
+        from mconv.runtime import open_model
+        from mconv.targets import get_target
+
+        t0 = time.perf_counter()
+        model = open_model(model_path)
+        before = model_stats(model).bytes
+        if format:
+            written = _save_model(model, output, format)
+            size = sum(p.stat().st_size for p in written)
+            out.print(f"wrote {', '.join(map(str, written))} ({human_bytes(size)})")
+            out.emit(
+                {
+                    "output": str(output),
+                    "bytes_before": before,
+                    "bytes_after": size,
+                    "passes": [],
+                    "files": [str(p) for p in written],
+                }
+            )
+            return 0
+        options = {
+            "dense": dense,
+            "batch": batch,
+            "precision": precision,
+            "bake_weights": bake_weights,
+            "mlir_text": mlir_text,
+        }
+        options = {k: v for k, v in options.items() if v not in (None, False)}
+        with out.progress(f"export {target}"):
+            bundle = get_target(target).export(model, output, options)
+        files = bundle.manifest.get("files", {})
+        weights_bytes = sum(w.get("bytes", 0) for w in bundle.manifest.get("weights", []))
+        total = sum(f["bytes"] for f in files.values())
+        render_byte_account(out, bundle.manifest)
+        out.print(
+            f"wrote bundle {output} for {target}: {len(files)} files, {human_bytes(total)} "
+            f"(weights {human_bytes(weights_bytes)}, from {human_bytes(before)}) "
+            f"in {time.perf_counter() - t0:.2f}s"
+        )
+        out.emit(
+            {
+                "output": str(output),
+                "target": target,
+                "bytes_before": before,
+                "bytes_after": total,
+                "weights_bytes": weights_bytes,
+                "files": files,
+                "passes": [],
+                "seconds": round(time.perf_counter() - t0, 3),
+                "account": bundle.manifest.get("account"),
+            }
+        )
+        return 0
+
+    run_command(out, body)
+
+
+def render_byte_account(out: Out, manifest: dict) -> None:
+    """The per-layer byte account (the Deep Compression paper's Table 4) when the manifest has one."""
+    account = manifest.get("account")
+    if not out.show or not account:
+        return
+    rows = account.get("layers", [])
+    table = Table(title="weight storage (per tensor)", title_justify="left")
+    for col in (
+        "tensor",
+        "codec",
+        "kept",
+        "w bits",
+        "idx bits",
+        "codebook",
+        "bytes",
+        "% of orig",
+        "predicted",
+    ):
+        table.add_column(col, justify="left" if col in ("tensor", "codec") else "right")
+    for r in rows:
+        table.add_row(
+            r["name"],
+            r.get("codec", ""),
+            f"{100 * r.get('kept', 1):.1f}%",
+            str(r.get("weight_bits", "")),
+            str(r.get("index_bits", "") or ""),
+            str(r.get("codebook_bytes", "") or ""),
+            f"{r['bytes']:,}",
+            f"{100 * r['bytes'] / max(r['original_bytes'], 1):.2f}%",
+            f"{r.get('predicted_bytes', '')}",
+        )
+    tot = account.get("total", {})
+    if tot:
+        table.add_row(
+            "total",
+            "",
+            f"{100 * tot.get('kept', 1):.1f}%",
+            "",
+            "",
+            "",
+            f"{tot['bytes']:,}",
+            f"{100 * tot['bytes'] / max(tot['original_bytes'], 1):.2f}%",
+            f"{tot.get('predicted_bytes', '')}",
+        )
+    out.print(table)
+
+
+# --- run ---------------------------------------------------------------------------------------
+
+
+@app.command("run")
+def run_cmd(
+    path: Annotated[Path, typer.Argument(metavar="BUNDLE_OR_MODEL")],
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", "-i", help="NAME=file.npy (repeatable).")
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option("--data", help="Feeds from an .npz keyed by input name.")
+    ] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write outputs to this .npz.")] = None,
+    target: Annotated[
+        str | None, typer.Option("--target", help="Run a bare model on this target (default: reference).")
+    ] = None,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run a bundle on its target, or a model on the reference executor (or --target)."""
+    out = _out(json_, quiet, debug)
+
+    def body() -> int:
+        from mconv.fileio import atomic_path, require_file
+        from mconv.runtime import open_runner
+        from mconv.verify import load_npz_feeds
+
+        runner = open_runner(path, target)
+        feeds: dict[str, np.ndarray] = {}
+        if data is not None:
+            feeds, _ = load_npz_feeds(data, runner.inputs)
+        names = {s.name for s in runner.inputs}
+        for item in inputs or []:
+            name, sep, file = item.partition("=")
+            if not sep:
+                raise InputError(f"bad --input '{item}'", hint="use NAME=file.npy")
+            if name not in names:
+                raise InputError(f"model has no input '{name}'", hint=f"inputs: {', '.join(sorted(names))}")
+            f = require_file(file, "input array (.npy)")
+            try:
+                feeds[name] = np.load(f, allow_pickle=False)
+            except Exception as exc:
+                raise InputError(
+                    f"not a readable .npy ({type(exc).__name__})",
+                    path=str(f),
+                    hint="write it with numpy.save",
+                ) from None
+        missing = sorted(names - set(feeds))
+        if missing:
+            raise InputError(f"no value for input(s) {', '.join(missing)}", hint="pass --input NAME=file.npy")
+        t0 = time.perf_counter()
+        results = runner.run(feeds)
+        seconds = time.perf_counter() - t0
+        if output is not None:
+            with atomic_path(output) as tmp:
+                with open(tmp, "wb") as fh:
+                    np.savez(fh, **results)
+        table = Table(title="outputs", title_justify="left")
+        for col in ("name", "dtype", "shape", "min", "max", "mean"):
+            table.add_column(col)
+        summary = {}
+        for name, arr in results.items():
+            a = np.asarray(arr)
+            num = a.size and np.issubdtype(a.dtype, np.number)
+            summary[name] = {
+                "dtype": a.dtype.name,
+                "shape": list(a.shape),
+                "min": float(a.min()) if num else None,
+                "max": float(a.max()) if num else None,
+                "mean": float(a.mean()) if num else None,
+            }
+            s = summary[name]
+            table.add_row(
+                name,
+                s["dtype"],
+                str(s["shape"]),
+                f"{s['min']:.4g}" if num else "",
+                f"{s['max']:.4g}" if num else "",
+                f"{s['mean']:.4g}" if num else "",
+            )
+        out.print(table)
+        out.emit({"output": str(output) if output else None, "outputs": summary, "seconds": seconds})
+        return 0
+
+    run_command(out, body)
+
+
+# --- verify ------------------------------------------------------------------------------------
+
+
+@app.command("verify")
+def verify_cmd(
+    reference: Annotated[Path, typer.Argument(metavar="REF")],
+    candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE")],
+    data: Annotated[
+        Path | None, typer.Option("--data", help=".npz keyed by input name (+ optional labels).")
+    ] = None,
+    samples: Annotated[int, typer.Option("--samples", help="Random samples when no --data.")] = 4,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    input_shape: InputShapeOpt = None,
+    atol: Annotated[float | None, typer.Option("--atol")] = None,
+    rtol: Annotated[float | None, typer.Option("--rtol")] = None,
+    min_cosine: Annotated[float | None, typer.Option("--min-cosine")] = None,
+    min_top1: Annotated[float | None, typer.Option("--min-top1")] = None,
+    localize: Annotated[bool, typer.Option("--localize", help="Name the first node that drifts.")] = False,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Compare a candidate (model or bundle) against a reference, with gates."""
+    out = _out(json_, quiet, debug)
+
+    def body() -> int:
+        from mconv.verify import Gates, load_npz_feeds, parse_input_shapes, random_feeds, verify_outputs
+
+        ref = open_runner_cli(reference)
+        cand = open_runner_cli(candidate)
+        shapes = parse_input_shapes(input_shape)
+        labels = None
+        if data is not None:
+            feeds, labels = load_npz_feeds(data, ref.inputs)
+        else:
+            feeds = random_feeds(ref.inputs, samples=samples, seed=seed, input_shapes=shapes)
+        gates = Gates(atol=atol, rtol=rtol, min_cosine=min_cosine, min_top1=min_top1)
+        with out.progress("verify", total=2) as advance:
+            ref_out = ref.run(feeds)
+            advance(1)
+            cand_out = cand.run(feeds)
+            advance(1)
+        report = verify_outputs(ref_out, cand_out, gates, labels)
+        if localize:
+            from mconv.localize import localize as do_localize
+
+            report.localized = do_localize(reference, candidate, feeds, gates)
+        render_verify(out, report)
+        out.emit(report.as_dict())
+        if not report.passed:
+            raise GateFailed(
+                "verification failed: "
+                + "; ".join(f"{k}: {', '.join(v)}" for k, v in report.failures.items())
+            )
+        return 0
+
+    run_command(out, body)
+
+
+def open_runner_cli(path: Path):
+    from mconv.runtime import open_runner
+
+    return open_runner(path)
+
+
+def render_verify(out: Out, report) -> None:
+    if not out.show:
+        return
+    table = Table(title=f"verify ({report.samples} samples)", title_justify="left")
+    cols = [
+        "output",
+        "max_abs",
+        "max_rel",
+        "mean_abs",
+        "cosine",
+        "snr_db",
+        "top1",
+        "top5",
+        "acc ref",
+        "acc cand",
+        "gate",
+    ]
+    for c in cols:
+        table.add_column(c, justify="left" if c == "output" else "right")
+
+    def f(v, fmt="{:.3g}"):
+        return "" if v is None else (str(v) if isinstance(v, str) else fmt.format(v))
+
+    for name, m in report.outputs.items():
+        table.add_row(
+            name,
+            f(m["max_abs"]),
+            f(m["max_rel"]),
+            f(m["mean_abs"]),
+            f(m["cosine"], "{:.6f}"),
+            f(m["snr_db"], "{:.1f}"),
+            f(m.get("top1_agreement"), "{:.4f}"),
+            f(m.get("top5_agreement"), "{:.4f}"),
+            f(m.get("accuracy_reference"), "{:.4f}"),
+            f(m.get("accuracy_candidate"), "{:.4f}"),
+            "FAIL" if name in report.failures else "ok",
+        )
+    out.print(table)
+    if report.localized:
+        loc = report.localized
+        out.print(
+            f"first drifting node: {loc.get('node')} ({loc.get('op_type')}), value {loc.get('value')}: "
+            f"max_abs {loc.get('max_abs', float('nan')):.3g}",
+            markup=False,
+        )
+
+
+# --- inspect -----------------------------------------------------------------------------------
+
+
+@app.command("inspect")
+def inspect_cmd(
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="A model file or a bundle.")],
+    top: Annotated[int, typer.Option("--top", help="How many of the largest tensors to list.")] = 10,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Show ops, parameters, bytes by dtype, inputs/outputs and largest tensors (and a bundle's manifest)."""
+    out = _out(json_, quiet, debug)
+
+    def body() -> int:
+        from mconv.inspect import inspect_path
+
+        doc = inspect_path(path, top=top)
+        render_inspect(out, doc)
+        out.emit(doc)
+        return 0
+
+    run_command(out, body)
+
+
+def render_inspect(out: Out, doc: dict) -> None:
+    if not out.show:
+        return
+    out.print(
+        f"[bold]{doc['path']}[/] ({doc['kind']}): {doc['nodes']} nodes, {doc['params']:,} parameters, "
+        f"{human_bytes(doc['bytes'])}"
+    )
+    io = Table(title="inputs and outputs", title_justify="left")
+    for c in ("", "name", "dtype", "shape"):
+        io.add_column(c)
+    for kind in ("inputs", "outputs"):
+        for v in doc[kind]:
+            io.add_row(kind[:-1], v["name"], v["dtype"], str(v["shape"]))
+    out.print(io)
+    ops = Table(title="ops", title_justify="left")
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, n in sorted(doc["ops"].items(), key=lambda kv: (-kv[1], kv[0])):
+        ops.add_row(op, str(n))
+    out.print(ops)
+    if doc.get("bytes_by_dtype"):
+        out.print(
+            "bytes by dtype: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in doc["bytes_by_dtype"].items())
+        )
+    big = Table(title="largest tensors", title_justify="left")
+    for c in ("name", "dtype", "shape", "bytes"):
+        big.add_column(c, justify="right" if c == "bytes" else "left")
+    for t in doc["largest"]:
+        big.add_row(t["name"], t["dtype"], str(t["shape"]), f"{t['bytes']:,}")
+    out.print(big)
+    if doc.get("manifest"):
+        render_byte_account(out, doc["manifest"])
+        m = doc["manifest"]
+        out.print(
+            f"bundle: target {m.get('target')}, files: "
+            + ", ".join(f"{k} ({human_bytes(v['bytes'])})" for k, v in sorted(m.get("files", {}).items()))
+        )
+
+
+# --- demo --------------------------------------------------------------------------------------
+
+
+@app.command("demo")
+def demo_cmd(
+    workdir: Annotated[
+        Path | None, typer.Option("--workdir", "-o", help="Write here instead of a temporary folder.")
+    ] = None,
+    recipe: Annotated[
+        str | None, typer.Option("--recipe", help="Recipe to run (default: the demo's).")
+    ] = None,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Import -> optimize -> export cpu -> verify on the embedded digits model; print size and accuracy."""
+    out = _out(json_, quiet, debug)
+
+    def body() -> int:
+        from mconv.demo import run_demo
+
+        doc = run_demo(workdir, out, recipe=recipe)
+        out.emit(doc)
+        return 0 if doc["passed"] else 1
+
+    run_command(out, body)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,488 @@
+"""Bundles: what a target exports and a deployer ships.
+
+A bundle is a directory (or a ``.zip`` of one) holding:
+
+- ``manifest.json``: format name and version, target, model name, inputs and outputs, every
+  other file with its size and sha256, the codec and bytes of every weight, provenance, the
+  verification summary and the export options. Sorted keys, indent 2, no timestamps.
+- ``weights.mcw``: the weight container (:mod:`mconv.container`), absent when every weight
+  lives in the payload (``codec: "dense"``).
+- the target payload (``model.onnx`` for cpu, ...).
+
+Rules:
+
+1. The same inputs give byte-identical files (manifest and container are deterministic).
+2. ``write_bundle`` writes into a temporary directory and renames it into place: nothing
+   appears at ``out_dir`` unless the bundle is complete.
+3. ``load_bundle`` checks that every listed file exists with its recorded size and sha256
+   before anything uses it; a mismatch raises :class:`mconv.errors.IntegrityError` naming the
+   file. Files the manifest does not list are ignored and reported in ``Bundle.extra_files``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import mconv
+import numpy as np
+import onnx_ir as ir
+from mconv.container import Container, choose_codec, container_from_bytes, read_container, write_container
+from mconv.errors import InputError, IntegrityError
+from mconv.fileio import atomic_dir, atomic_path, sha256_file
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "WEIGHTS",
+    "DENSE",
+    "Bundle",
+    "TensorSpec",
+    "choose_codec",
+    "is_bundle",
+    "load_bundle",
+    "provenance_from_model",
+    "write_bundle",
+    "zip_bundle",
+]
+
+FORMAT = "mconv-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.mcw"
+# Codec name for a weight that stays inside the payload (a self-contained model.onnx).
+DENSE = "dense"
+_HINT_TAMPERED = "the bundle was modified or truncated; re-export it"
+# manifest.json is small; refuse a huge one before reading it (bounded reads).
+_MANIFEST_MAX_BYTES = 64 << 20
+
+
+def _dtype_name(dtype: ir.DataType | None) -> str:
+    """numpy's name for an ONNX element type ("float32", "int64"; "bfloat16" for ml_dtypes)."""
+    if dtype is None:
+        return "unknown"
+    try:
+        return np.dtype(dtype.numpy()).name
+    except Exception:  # element types without a numpy dtype (strings, ...)
+        return dtype.name.lower()
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, element type (numpy's name) and shape of a graph input or output.
+
+    A dimension is an int, a symbolic name (str) or None when unknown.
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int | str | None, ...] | None
+
+    @classmethod
+    def from_value(cls, value: ir.Value) -> TensorSpec:
+        shape = None
+        if value.shape is not None:
+            shape = tuple(
+                d if isinstance(d, int) else (d.value if d.value is not None else None) for d in value.shape
+            )
+        return cls(value.name, _dtype_name(value.dtype), shape)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TensorSpec:
+        shape = d.get("shape")
+        return cls(str(d["name"]), str(d["dtype"]), tuple(shape) if shape is not None else None)
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": list(self.shape) if self.shape is not None else None,
+        }
+
+
+@dataclass
+class Bundle:
+    """A bundle on disk: its root (a directory or a .zip) and its manifest.
+
+    ``path(rel)`` gives a ``Path`` for a directory bundle and a ``zipfile.Path`` for a zipped
+    one; both have ``read_bytes()`` and ``open()``. ``read_bytes(rel)`` and ``container()``
+    work for both.
+    """
+
+    root: Path
+    manifest: dict
+    extra_files: list[str] = field(default_factory=list)
+    zip_prefix: str | None = None  # member prefix inside a .zip ("" or "name/"); None for a dir
+
+    @property
+    def is_zip(self) -> bool:
+        return self.zip_prefix is not None
+
+    @property
+    def target(self) -> str:
+        return self.manifest["target"]
+
+    @property
+    def model_name(self) -> str:
+        return self.manifest.get("model_name", "")
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return [TensorSpec.from_dict(d) for d in self.manifest.get("inputs", [])]
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec.from_dict(d) for d in self.manifest.get("outputs", [])]
+
+    @property
+    def files(self) -> dict[str, dict]:
+        return self.manifest.get("files", {})
+
+    @property
+    def weights(self) -> list[dict]:
+        return self.manifest.get("weights", [])
+
+    @property
+    def options(self) -> dict:
+        return self.manifest.get("options", {})
+
+    def path(self, rel: str):
+        if self.zip_prefix is None:
+            return self.root / rel
+        return zipfile.Path(self.root, self.zip_prefix + rel)
+
+    def read_bytes(self, rel: str) -> bytes:
+        if rel not in self.files and rel != MANIFEST:
+            raise InputError(
+                f"bundle has no file '{rel}'",
+                path=str(self.root),
+                hint=f"the {self.target} target needs it; re-export the bundle",
+            )
+        return self.path(rel).read_bytes()
+
+    def container(self) -> Container:
+        """The bundle's ``weights.mcw`` (memory-mapped for a directory, in memory for a zip)."""
+        if WEIGHTS not in self.files:
+            raise InputError(
+                f"bundle has no {WEIGHTS} (its weights are dense in the payload)",
+                path=str(self.root),
+                hint="load it with its target",
+            )
+        if self.zip_prefix is None:
+            return read_container(self.root / WEIGHTS)
+        return container_from_bytes(self.read_bytes(WEIGHTS), f"{self.root}!{WEIGHTS}")
+
+
+def _check_relpath(rel: str, root: str) -> str:
+    p = PurePosixPath(rel)
+    if not rel or p.is_absolute() or ".." in p.parts or "\\" in rel or rel != p.as_posix():
+        raise InputError(
+            f"file name '{rel}' is not a plain relative path",
+            path=root,
+            hint="bundle files must stay inside the bundle",
+        )
+    return rel
+
+
+def _jsonable(obj: Any) -> Any:
+    """Options and reports as JSON: Paths as strings, numpy scalars as numbers, tuples as lists."""
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def manifest_bytes(manifest: dict) -> bytes:
+    return (json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def provenance_from_model(model: ir.Model) -> dict:
+    """Provenance recorded by importers and passes in ``metadata_props`` (mconv.source_*, mconv.passes)."""
+    props = model.metadata_props
+    passes: Any = []
+    if "mconv.passes" in props:
+        try:
+            passes = json.loads(props["mconv.passes"])
+        except ValueError:
+            passes = props["mconv.passes"]
+    return {
+        "source_name": props.get("mconv.source_name"),
+        "source_sha256": props.get("mconv.source_sha256"),
+        "source_format": props.get("mconv.source_format"),
+        "mconv_version": mconv.__version__,
+        "passes": passes,
+    }
+
+
+def _spec_list(specs: Sequence[TensorSpec | Mapping]) -> list[dict]:
+    return [s.as_dict() if isinstance(s, TensorSpec) else TensorSpec.from_dict(s).as_dict() for s in specs]
+
+
+def write_bundle(
+    out_dir: str | os.PathLike,
+    *,
+    target: str,
+    model_name: str,
+    inputs: Sequence[TensorSpec | Mapping],
+    outputs: Sequence[TensorSpec | Mapping],
+    weights: Sequence[tuple[str, np.ndarray, dict | None]],
+    payload: Mapping[str, bytes],
+    options: Mapping | None,
+    provenance: Mapping | None,
+    verification: Mapping | None = None,
+) -> Bundle:
+    """Write a complete bundle directory at ``out_dir`` atomically and return it.
+
+    ``weights`` are (name, array, codec spec); a spec ``{"codec": "dense"}`` marks a weight that
+    the payload already holds (it is listed in the manifest, not stored in ``weights.mcw``).
+    ``payload`` maps relative paths to file contents.
+    """
+    out_dir = Path(out_dir)
+    for rel in payload:
+        _check_relpath(rel, str(out_dir))
+        if rel in (MANIFEST, WEIGHTS):
+            raise InputError(
+                f"payload may not contain '{rel}'", path=str(out_dir), hint="the bundle writer makes it"
+            )
+    stored = [(n, a, s) for n, a, s in weights if (s or {}).get("codec") != DENSE]
+    with atomic_dir(out_dir) as tmp:
+        weight_entries: list[dict] = []
+        records: dict[str, dict] = {}
+        if stored:
+            info = write_container(tmp / WEIGHTS, stored)
+            records = {e.name: e.record | {"nbytes": e.nbytes} for e in info.tensors}
+        for name, array, _spec in weights:
+            if name in records:
+                r = records[name]
+                weight_entries.append(
+                    {
+                        "name": name,
+                        "codec": r["codec"],
+                        "bytes": r["nbytes"],
+                        "streams": r["streams"],
+                        "shape": r["shape"],
+                        "dtype": r["dtype"],
+                    }
+                )
+            else:
+                a = np.asarray(array)
+                weight_entries.append(
+                    {
+                        "name": name,
+                        "codec": DENSE,
+                        "bytes": int(a.nbytes),
+                        "streams": {"data": int(a.nbytes)},
+                        "shape": [int(d) for d in a.shape],
+                        "dtype": a.dtype.name,
+                    }
+                )
+        for rel, data in sorted(payload.items()):
+            dest = tmp / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        files = {}
+        for f in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            rel = f.relative_to(tmp).as_posix()
+            files[rel] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "target": target,
+            "model_name": model_name,
+            "inputs": _spec_list(inputs),
+            "outputs": _spec_list(outputs),
+            "files": files,
+            "weights": weight_entries,
+            "provenance": _jsonable(dict(provenance or {})),
+            "verification": _jsonable(dict(verification)) if verification is not None else None,
+            "options": _jsonable(dict(options or {})),
+        }
+        (tmp / MANIFEST).write_bytes(manifest_bytes(manifest))
+        # mkdtemp/mkstemp make owner-only entries; a bundle is meant to be shipped and read.
+        for f in tmp.rglob("*"):
+            f.chmod(0o755 if f.is_dir() else 0o644)
+        tmp.chmod(0o755)
+    return Bundle(out_dir, manifest)
+
+
+def _zip_prefix(zf: zipfile.ZipFile) -> str | None:
+    """Where manifest.json sits in a zip: at the root ("") or in one top-level folder ("x/")."""
+    names = set(zf.namelist())
+    if MANIFEST in names:
+        return ""
+    tops = [n for n in names if n.count("/") == 1 and n.endswith("/" + MANIFEST)]
+    return tops[0][: -len(MANIFEST)] if len(tops) == 1 else None
+
+
+def is_bundle(path: str | os.PathLike) -> bool:
+    """True for a directory holding manifest.json or a .zip holding one."""
+    p = Path(path)
+    if p.is_dir():
+        return (p / MANIFEST).is_file()
+    if p.is_file() and zipfile.is_zipfile(p):
+        try:
+            with zipfile.ZipFile(p) as zf:
+                return _zip_prefix(zf) is not None
+        except (zipfile.BadZipFile, OSError):
+            return False
+    return False
+
+
+def _parse_manifest(data: bytes, label: str) -> dict:
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except ValueError as exc:
+        raise InputError(
+            f"manifest.json is not valid JSON ({str(exc)[:80]})", path=label, hint=_HINT_TAMPERED
+        ) from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise InputError(
+            f"manifest.json is not an {FORMAT} manifest",
+            path=label,
+            hint="give a bundle made by mconv export",
+        )
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise InputError(
+            f"bundle format_version {version!r} is not supported (this mconv reads {FORMAT_VERSION})",
+            path=label,
+            hint="upgrade mconv or re-export the bundle",
+        )
+    for key in ("target", "files"):
+        if key not in manifest:
+            raise InputError(f"manifest.json lacks '{key}'", path=label, hint=_HINT_TAMPERED)
+    if not isinstance(manifest["files"], dict):
+        raise InputError("manifest.json 'files' is not a mapping", path=label, hint=_HINT_TAMPERED)
+    return manifest
+
+
+def _mismatch(label: str, rel: str, what: str, expected: Any, got: Any) -> IntegrityError:
+    if what == "sha256":
+        detail = f"expected {str(expected)[:12]}..., got {str(got)[:12]}..."
+    else:
+        detail = f"expected {expected} bytes, got {got}"
+    return IntegrityError(f"{rel}: {what} mismatch ({detail})", path=label, hint=_HINT_TAMPERED)
+
+
+def _sha256_zip_member(zf: zipfile.ZipFile, name: str) -> str:
+    h = hashlib.sha256()
+    with zf.open(name) as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_bundle(path: str | os.PathLike, *, verify: bool = True) -> Bundle:
+    """Open a bundle directory or .zip; check every listed file's size and sha256 (``verify``)."""
+    p = Path(path)
+    label = str(p)
+    if p.is_dir():
+        mpath = p / MANIFEST
+        if not mpath.is_file():
+            raise InputError(
+                "not a bundle: no manifest.json", path=label, hint="give a directory made by mconv export"
+            )
+        if mpath.stat().st_size > _MANIFEST_MAX_BYTES:
+            raise InputError(
+                f"manifest.json is {mpath.stat().st_size} bytes, too large", path=label, hint=_HINT_TAMPERED
+            )
+        manifest = _parse_manifest(mpath.read_bytes(), label)
+        for rel, meta in sorted(manifest["files"].items()):
+            _check_relpath(rel, label)
+            f = p / rel
+            if not f.is_file():
+                raise IntegrityError(
+                    f"{rel}: listed in manifest.json but missing", path=label, hint=_HINT_TAMPERED
+                )
+            if verify:
+                size = f.stat().st_size
+                if size != meta.get("bytes"):
+                    raise _mismatch(label, rel, "size", meta.get("bytes"), size)
+                got = sha256_file(f)
+                if got != meta.get("sha256"):
+                    raise _mismatch(label, rel, "sha256", meta.get("sha256"), got)
+        present = {f.relative_to(p).as_posix() for f in p.rglob("*") if f.is_file()}
+        extra = sorted(present - set(manifest["files"]) - {MANIFEST})
+        return Bundle(p, manifest, extra_files=extra)
+
+    if p.is_file() and zipfile.is_zipfile(p):
+        try:
+            with zipfile.ZipFile(p) as zf:
+                prefix = _zip_prefix(zf)
+                if prefix is None:
+                    raise InputError(
+                        "not a bundle: the zip holds no manifest.json",
+                        path=label,
+                        hint="zip the bundle directory itself",
+                    )
+                infos = {i.filename: i for i in zf.infolist()}
+                minfo = infos[prefix + MANIFEST]
+                if minfo.file_size > _MANIFEST_MAX_BYTES:
+                    raise InputError(
+                        f"manifest.json is {minfo.file_size} bytes, too large",
+                        path=label,
+                        hint=_HINT_TAMPERED,
+                    )
+                manifest = _parse_manifest(zf.read(minfo), label)
+                for rel, meta in sorted(manifest["files"].items()):
+                    _check_relpath(rel, label)
+                    info = infos.get(prefix + rel)
+                    if info is None or info.is_dir():
+                        raise IntegrityError(
+                            f"{rel}: listed in manifest.json but missing", path=label, hint=_HINT_TAMPERED
+                        )
+                    if verify:
+                        # The size is checked from the zip directory before any byte is inflated.
+                        if info.file_size != meta.get("bytes"):
+                            raise _mismatch(label, rel, "size", meta.get("bytes"), info.file_size)
+                        got = _sha256_zip_member(zf, info.filename)
+                        if got != meta.get("sha256"):
+                            raise _mismatch(label, rel, "sha256", meta.get("sha256"), got)
+                present = {n[len(prefix) :] for n in infos if n.startswith(prefix) and not n.endswith("/")}
+                extra = sorted(present - set(manifest["files"]) - {MANIFEST})
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
+            raise InputError(
+                f"cannot read the bundle zip ({type(exc).__name__}: {str(exc)[:80]})",
+                path=label,
+                hint=_HINT_TAMPERED,
+            ) from None
+        return Bundle(p, manifest, extra_files=extra, zip_prefix=prefix)
+
+    if p.is_file():
+        raise InputError(
+            "not a bundle: expected a directory or a .zip with manifest.json",
+            path=label,
+            hint="give the directory written by mconv export",
+        )
+    raise InputError("bundle not found", path=label, hint="check the path")
+
+
+def zip_bundle(bundle_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Zip a bundle directory into ``dest`` atomically and deterministically.
+
+    Members sit at the zip's root in sorted order with a fixed timestamp (1980-01-01), so the
+    same bundle gives a byte-identical zip. ``weights.mcw`` is stored uncompressed (its blobs are
+    already coded); other files are deflated.
+    """
+    src = Path(bundle_dir)
+    bundle = load_bundle(src)
+    dest = Path(dest)
+    with atomic_path(dest) as tmp, zipfile.ZipFile(tmp, "w") as zf:
+        for rel in sorted([*bundle.files, MANIFEST]):
+            info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_STORED if rel == WEIGHTS else zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, (src / rel).read_bytes())
+    return dest

@@ -1,0 +1,350 @@
+"""``weights.mcw``: the weight container of a bundle.
+
+Layout (all integers little-endian; offsets are absolute from the start of the file)::
+
+    0   4  magic  b"MCW1"
+    4   4  version  u32 (1)
+    8   8  index length  u64 (bytes of the JSON index that follows)
+    16  n  index  UTF-8 JSON, sorted keys, compact separators
+    ..     zero padding up to the next multiple of 64
+    ..     blobs, each starting at a multiple of 64, zero-padded to the next one
+
+The index is ``{"version": 1, "tensors": [{"name", "offset", "nbytes", "sha256", "record"}, ...]}``
+with the tensors in the order they were given; ``record`` is the codec record of
+:mod:`mconv.codecs` (codec, params, shape, dtype, streams). ``sha256`` is over the blob bytes.
+
+Rules:
+
+1. The same tensors and specs give byte-identical files (no timestamps, sorted JSON keys).
+2. Reads are bounded: the index length and every blob's ``offset + nbytes`` are checked
+   against the real file size before anything is read; a bad file raises
+   :class:`mconv.errors.InputError` naming the file and the byte offset.
+3. Tensors decode lazily, one at a time, from a memory map; the blob's sha256 is checked on
+   decode (:class:`mconv.errors.IntegrityError` when it does not match).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mconv import codecs
+from mconv.errors import InputError, IntegrityError
+from mconv.fileio import atomic_path
+
+MAGIC = b"MCW1"
+VERSION = 1
+ALIGNMENT = 64
+HEADER = struct.Struct("<4sIQ")  # magic, version, index length
+_HINT_CORRUPT = "the weights file is truncated or corrupt; re-export the bundle"
+
+
+def _pad(n: int) -> int:
+    """Bytes of zero padding that bring ``n`` up to the next multiple of ``ALIGNMENT``."""
+    return -n % ALIGNMENT
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def choose_codec(array: np.ndarray, model_metadata: dict[str, str] | None = None) -> dict:
+    """Pick the storage codec spec for one weight tensor (the single place that decides).
+
+    Rules, first match wins:
+
+    1. float32 whose every value is exactly representable in float16 (weights rounded by the
+       fp16 pass, small integers, zeros) -> ``{"codec": "fp16"}``: half the bytes, lossless.
+    2. anything else (float16 initializers included: they are already half) -> ``{"codec": "raw"}``.
+
+    ``model_metadata`` is the model's ``metadata_props``; later codecs (palette after
+    clustering, sparse after pruning) read their hints from it.
+    """
+    array = np.asarray(array)
+    if array.dtype == np.float32 and array.size:
+        with np.errstate(over="ignore"):
+            half = array.astype(np.float16)
+        if np.array_equal(half.astype(np.float32), array, equal_nan=True):
+            return {"codec": "fp16"}
+    return {"codec": "raw"}
+
+
+@dataclass
+class TensorEntry:
+    """One tensor of the index: where its blob lies and how to decode it."""
+
+    name: str
+    offset: int
+    nbytes: int
+    sha256: str
+    record: dict
+
+    def as_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "offset": self.offset,
+            "nbytes": self.nbytes,
+            "sha256": self.sha256,
+            "record": self.record,
+        }
+
+
+@dataclass
+class ContainerInfo:
+    """What ``write_container`` wrote: the file, its entries, and byte totals."""
+
+    path: Path
+    tensors: list[TensorEntry] = field(default_factory=list)
+    total_bytes: int = 0  # size of the whole file
+    blob_bytes: int = 0  # sum of blob sizes, without header, index and padding
+
+    def entry(self, name: str) -> TensorEntry:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+
+def write_container(
+    path: str | os.PathLike, tensors: list[tuple[str, np.ndarray, dict | None]]
+) -> ContainerInfo:
+    """Encode ``tensors`` (name, array, codec spec) into ``path`` atomically, in the order given."""
+    path = Path(path)
+    seen: set[str] = set()
+    blobs: list[bytes] = []
+    entries: list[TensorEntry] = []
+    for name, array, spec in tensors:
+        if name in seen:
+            raise InputError(
+                f"tensor '{name}' given twice", path=str(path), hint="weight names must be unique"
+            )
+        seen.add(name)
+        blob, record = codecs.encode(np.asarray(array), spec or {"codec": "raw"})
+        blobs.append(blob)
+        entries.append(TensorEntry(name, 0, len(blob), hashlib.sha256(blob).hexdigest(), record))
+
+    # Offsets depend on the index length and the index holds the offsets: iterate until the
+    # index stops growing (offsets' digit counts settle in two or three rounds).
+    index = b""
+    while True:
+        start = HEADER.size + len(index)
+        offset = start + _pad(start)
+        for e, blob in zip(entries, blobs):
+            e.offset = offset
+            offset += len(blob) + _pad(len(blob))
+        new_index = _dumps({"version": VERSION, "tensors": [e.as_dict() for e in entries]})
+        if len(new_index) == len(index):
+            index = new_index
+            break
+        index = new_index
+
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        f.write(HEADER.pack(MAGIC, VERSION, len(index)))
+        f.write(index)
+        f.write(b"\0" * _pad(HEADER.size + len(index)))
+        for e, blob in zip(entries, blobs):
+            assert f.tell() == e.offset
+            f.write(blob)
+            f.write(b"\0" * _pad(len(blob)))
+        total = f.tell()
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only
+    return ContainerInfo(path=path, tensors=entries, total_bytes=total, blob_bytes=sum(len(b) for b in blobs))
+
+
+class Container:
+    """A read-only view of a ``weights.mcw`` held in a buffer (an mmap or bytes).
+
+    Decoding is lazy: ``array(name)`` decodes one tensor when asked.
+    """
+
+    def __init__(self, buffer: mmap.mmap | bytes, label: str) -> None:
+        self._buffer = buffer
+        self._view = memoryview(buffer)
+        self.label = label
+        self.entries: dict[str, TensorEntry] = _parse_index(self._view, label)
+
+    # -- access ------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _entry(self, name: str) -> TensorEntry:
+        if name not in self.entries:
+            raise InputError(
+                f"no tensor named '{name}' in the weights container",
+                path=self.label,
+                hint="the bundle and the graph do not match; re-export the bundle",
+            )
+        return self.entries[name]
+
+    def record(self, name: str) -> dict:
+        return self._entry(name).record
+
+    def blob(self, name: str) -> memoryview:
+        e = self._entry(name)
+        return self._view[e.offset : e.offset + e.nbytes]
+
+    def array(self, name: str, *, verify: bool = True) -> np.ndarray:
+        """Decode one tensor (bit-identical to what was written); check its sha256 first."""
+        e = self._entry(name)
+        blob = self.blob(name)
+        if verify:
+            got = hashlib.sha256(blob).hexdigest()
+            if got != e.sha256:
+                raise IntegrityError(
+                    f"tensor '{name}': sha256 mismatch (expected {e.sha256[:12]}..., got {got[:12]}...)",
+                    path=self.label,
+                    where=f"byte offset {e.offset}",
+                    hint="the weights file was modified or truncated; re-export the bundle",
+                )
+        try:
+            return codecs.decode(blob, e.record)
+        except InputError:
+            raise
+        except Exception as exc:  # a record that does not fit its blob
+            raise InputError(
+                f"tensor '{name}' cannot be decoded ({type(exc).__name__}: {exc})",
+                path=self.label,
+                where=f"byte offset {e.offset}",
+                hint=_HINT_CORRUPT,
+            ) from None
+
+    def items(self) -> Iterator[tuple[str, np.ndarray]]:
+        for name in self.entries:
+            yield name, self.array(name)
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        # Blob views handed out keep the map alive; then the garbage collector closes it later.
+        try:
+            self._view.release()
+            if isinstance(self._buffer, mmap.mmap):
+                self._buffer.close()
+        except BufferError:
+            pass
+
+    def __enter__(self) -> Container:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _parse_index(view: memoryview, label: str) -> dict[str, TensorEntry]:
+    size = len(view)
+    if size < HEADER.size:
+        raise InputError(
+            f"file is {size} bytes, shorter than the {HEADER.size}-byte header",
+            path=label,
+            where="byte offset 0",
+            hint=_HINT_CORRUPT,
+        )
+    magic, version, index_len = HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise InputError(
+            f"bad magic {bytes(magic)!r}, expected {MAGIC!r}",
+            path=label,
+            where="byte offset 0",
+            hint="this is not an mconv weights.mcw file",
+        )
+    if version != VERSION:
+        raise InputError(
+            f"container version {version} is not supported (this mconv reads {VERSION})",
+            path=label,
+            where="byte offset 4",
+            hint="upgrade mconv or re-export the bundle",
+        )
+    if index_len > size - HEADER.size:
+        raise InputError(
+            f"index length {index_len} runs past the end of the {size}-byte file",
+            path=label,
+            where=f"byte offset 8 (index ends at {HEADER.size + index_len})",
+            hint=_HINT_CORRUPT,
+        )
+    try:
+        index = json.loads(bytes(view[HEADER.size : HEADER.size + index_len]).decode("utf-8"))
+        raw_entries = index["tensors"]
+        entries = [
+            TensorEntry(
+                str(t["name"]),
+                int(t["offset"]),
+                int(t["nbytes"]),
+                str(t.get("sha256", "")),
+                dict(t["record"]),
+            )
+            for t in raw_entries
+        ]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"index is not valid ({type(exc).__name__}: {str(exc)[:80]})",
+            path=label,
+            where=f"byte offset {HEADER.size}",
+            hint=_HINT_CORRUPT,
+        ) from None
+    data_start = HEADER.size + index_len
+    out: dict[str, TensorEntry] = {}
+    for e in entries:
+        if e.offset < data_start or e.nbytes < 0 or e.offset + e.nbytes > size:
+            raise InputError(
+                f"tensor '{e.name}' blob [{e.offset}, {e.offset + e.nbytes}) lies outside the data "
+                f"area [{data_start}, {size})",
+                path=label,
+                where=f"byte offset {e.offset}",
+                hint=_HINT_CORRUPT,
+            )
+        for key in ("codec", "shape", "dtype"):
+            if key not in e.record:
+                raise InputError(
+                    f"tensor '{e.name}' record lacks '{key}'",
+                    path=label,
+                    where=f"byte offset {HEADER.size}",
+                    hint=_HINT_CORRUPT,
+                )
+        if e.name in out:
+            raise InputError(
+                f"tensor '{e.name}' listed twice",
+                path=label,
+                where=f"byte offset {HEADER.size}",
+                hint=_HINT_CORRUPT,
+            )
+        out[e.name] = e
+    return out
+
+
+def read_container(path: str | os.PathLike) -> Container:
+    """Open ``path`` as a memory-mapped container (validated header and index, lazy tensors)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError("weights container not found", path=str(p), hint="check the bundle path")
+    with open(p, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise InputError(
+                "file is 0 bytes, shorter than the 16-byte header",
+                path=str(p),
+                where="byte offset 0",
+                hint=_HINT_CORRUPT,
+            )
+        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return Container(buffer, str(p))
+    except BaseException:
+        buffer.close()
+        raise
+
+
+def container_from_bytes(data: bytes, label: str) -> Container:
+    """A container held in memory (a bundle read from a .zip); ``label`` names it in errors."""
+    return Container(bytes(data), label)

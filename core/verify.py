@@ -1,0 +1,287 @@
+"""Verification: compare a candidate's outputs with a reference's, metric by metric, and gate.
+
+Metrics per output (stable names, scripts read them): ``max_abs``, ``max_rel``, ``mean_abs``,
+``cosine``, ``snr_db``; ``top1_agreement`` and ``top5_agreement`` where the output looks like class
+scores (2-D, batch x classes, classes >= 2); with labels, ``accuracy_reference`` and
+``accuracy_candidate``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mconv.errors import InputError
+
+# Relative errors are measured against max(|ref|, REL_FLOOR * max|ref|) so near-zero reference
+# values do not turn rounding noise into huge relative errors.
+REL_FLOOR = 1e-3
+
+
+@dataclass
+class Gates:
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+    min_top1: float | None = None
+
+    def any(self) -> bool:
+        return any(v is not None for v in asdict(self).values())
+
+
+def looks_like_scores(a: np.ndarray) -> bool:
+    return a.ndim == 2 and a.shape[1] >= 2 and np.issubdtype(a.dtype, np.floating)
+
+
+def compare(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None) -> dict:
+    """All metrics for one output pair."""
+    ref = np.asarray(ref)
+    cand = np.asarray(cand)
+    if ref.shape != cand.shape:
+        raise InputError(
+            f"output shapes differ: reference {ref.shape} vs candidate {cand.shape}",
+            hint="compare models with the same outputs",
+        )
+    if not (np.issubdtype(ref.dtype, np.number) or ref.dtype == bool):
+        equal = bool(np.array_equal(ref, cand))
+        return {
+            "max_abs": 0.0 if equal else math.inf,
+            "max_rel": 0.0 if equal else math.inf,
+            "mean_abs": 0.0 if equal else math.inf,
+            "cosine": 1.0 if equal else 0.0,
+            "snr_db": math.inf if equal else -math.inf,
+        }
+    r = ref.astype(np.float64).ravel()
+    c = cand.astype(np.float64).ravel()
+    diff = np.abs(r - c)
+    out: dict = {}
+    if r.size == 0:
+        return {"max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "cosine": 1.0, "snr_db": math.inf}
+    out["max_abs"] = float(diff.max())
+    floor = REL_FLOOR * float(np.abs(r).max()) or 1e-30
+    out["max_rel"] = float((diff / np.maximum(np.abs(r), floor)).max())
+    out["mean_abs"] = float(diff.mean())
+    nr, nc = float(np.linalg.norm(r)), float(np.linalg.norm(c))
+    if nr == 0 and nc == 0:
+        out["cosine"] = 1.0
+    elif nr == 0 or nc == 0:
+        out["cosine"] = 0.0
+    else:
+        out["cosine"] = float(np.dot(r, c) / (nr * nc))
+    noise = float(np.sum((r - c) ** 2))
+    signal = float(np.sum(r**2))
+    out["snr_db"] = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)
+    if looks_like_scores(ref):
+        top_r = np.argsort(-ref, axis=1, kind="stable")
+        top_c = np.argsort(-cand, axis=1, kind="stable")
+        out["top1_agreement"] = float(np.mean(top_r[:, 0] == top_c[:, 0]))
+        k = min(5, ref.shape[1])
+        # top-5 agreement: the candidate's top-1 is among the reference's top-5.
+        out["top5_agreement"] = float(np.mean([top_c[i, 0] in top_r[i, :k] for i in range(ref.shape[0])]))
+        if labels is not None:
+            lab = np.asarray(labels).reshape(-1)
+            if lab.shape[0] == ref.shape[0]:
+                out["accuracy_reference"] = float(np.mean(top_r[:, 0] == lab))
+                out["accuracy_candidate"] = float(np.mean(top_c[:, 0] == lab))
+    return out
+
+
+def gate_failures(
+    metrics: dict, gates: Gates, ref: np.ndarray | None = None, cand: np.ndarray | None = None
+) -> list[str]:
+    """Which gates this output fails (empty list: passes)."""
+    fails = []
+    if gates.atol is not None or gates.rtol is not None:
+        atol = gates.atol or 0.0
+        rtol = gates.rtol or 0.0
+        if ref is not None and cand is not None and np.issubdtype(np.asarray(ref).dtype, np.number):
+            r = np.asarray(ref, dtype=np.float64)
+            c = np.asarray(cand, dtype=np.float64)
+            bad = np.abs(r - c) > atol + rtol * np.abs(r)
+            if bad.any():
+                fails.append(
+                    f"{int(bad.sum())} of {bad.size} values beyond atol={atol:g} rtol={rtol:g} "
+                    f"(max_abs {metrics['max_abs']:.3g})"
+                )
+        elif metrics["max_abs"] > atol:
+            fails.append(f"max_abs {metrics['max_abs']:.3g} > atol {atol:g}")
+    if gates.min_cosine is not None and metrics["cosine"] < gates.min_cosine:
+        fails.append(f"cosine {metrics['cosine']:.6f} < {gates.min_cosine}")
+    if (
+        gates.min_top1 is not None
+        and "top1_agreement" in metrics
+        and metrics["top1_agreement"] < gates.min_top1
+    ):
+        fails.append(f"top1_agreement {metrics['top1_agreement']:.4f} < {gates.min_top1}")
+    return fails
+
+
+@dataclass
+class VerifyReport:
+    passed: bool
+    outputs: dict[str, dict]
+    failures: dict[str, list[str]] = field(default_factory=dict)
+    samples: int = 0
+    localized: dict | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "passed": self.passed,
+            "outputs": self.outputs,
+            "failures": self.failures,
+            "samples": self.samples,
+            "localized": self.localized,
+        }
+
+
+def verify_outputs(
+    ref_out: dict[str, np.ndarray],
+    cand_out: dict[str, np.ndarray],
+    gates: Gates,
+    labels: np.ndarray | None = None,
+) -> VerifyReport:
+    outputs, failures = {}, {}
+    for name, r in ref_out.items():
+        if name not in cand_out:
+            raise InputError(
+                f"candidate has no output '{name}'", hint=f"candidate outputs: {', '.join(cand_out)}"
+            )
+        m = compare(r, cand_out[name], labels)
+        outputs[name] = m
+        f = gate_failures(m, gates, r, cand_out[name])
+        if f:
+            failures[name] = f
+    samples = next((int(np.asarray(v).shape[0]) for v in ref_out.values() if np.ndim(v) > 0), 1)
+    return VerifyReport(passed=not failures, outputs=outputs, failures=failures, samples=samples)
+
+
+# --- feeds -------------------------------------------------------------------------------------
+
+
+def parse_input_shapes(specs: list[str] | None) -> dict[str, list[int]]:
+    """``NAME=1,3,224,224`` strings -> {name: [dims]}."""
+    shapes: dict[str, list[int]] = {}
+    for spec in specs or []:
+        name, sep, dims = spec.rpartition("=")
+        if not sep or not name:
+            raise InputError(f"bad --input-shape '{spec}'", hint="use NAME=1,3,224,224")
+        try:
+            shapes[name] = [int(d) for d in dims.replace("x", ",").split(",") if d.strip()]
+        except ValueError:
+            raise InputError(
+                f"bad --input-shape '{spec}': dimensions must be integers", hint="use NAME=1,3,224,224"
+            ) from None
+    return shapes
+
+
+def resolve_shape(name: str, shape, given: dict[str, list[int]]) -> list[int]:
+    """Concrete shape for an input: ``--input-shape`` wins; a symbolic first dim is batch 1."""
+    if name in given:
+        return list(given[name])
+    if shape is None:
+        raise InputError(f"input '{name}' has no shape in the model", hint=f"pass --input-shape {name}=...")
+    dims = []
+    for i, d in enumerate(shape):
+        if isinstance(d, int) and d >= 0:
+            dims.append(d)
+        elif i == 0:
+            dims.append(1)  # a batch-like leading dimension
+        else:
+            raise InputError(
+                f"input '{name}' has symbolic dimension {i} ('{d}')",
+                hint=f"pass --input-shape {name}="
+                + ",".join(str(x) if isinstance(x, int) else "N" for x in shape),
+            )
+    return dims
+
+
+_NP_DTYPES = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "float64": np.float64,
+    "int64": np.int64,
+    "int32": np.int32,
+    "int8": np.int8,
+    "uint8": np.uint8,
+    "bool": np.bool_,
+}
+
+
+def random_feeds(
+    inputs, *, samples: int = 1, seed: int = 0, input_shapes: dict[str, list[int]] | None = None
+) -> dict[str, np.ndarray]:
+    """Draw feeds for ``inputs`` (TensorSpec-like: name, dtype, shape); ``samples`` sets the batch."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for spec in inputs:
+        given = dict(input_shapes or {})
+        dims = resolve_shape(spec.name, spec.shape, given)
+        if (
+            spec.name not in given
+            and dims
+            and (spec.shape is None or not isinstance(spec.shape[0], int) or spec.shape[0] < 0)
+        ):
+            dims[0] = samples
+        dtype = _NP_DTYPES.get(str(spec.dtype), np.float32)
+        if np.issubdtype(dtype, np.floating):
+            feeds[spec.name] = rng.standard_normal(dims).astype(dtype)
+        elif dtype == np.bool_:
+            feeds[spec.name] = rng.integers(0, 2, dims).astype(bool)
+        else:
+            feeds[spec.name] = rng.integers(0, 10, dims).astype(dtype)
+    return feeds
+
+
+def load_npz_feeds(path: str | Path, inputs) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """Feeds from an ``.npz`` keyed by input name (optional ``labels``), checked against the inputs."""
+    from mconv.fileio import require_file
+
+    p = require_file(path, "data file (.npz)")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as exc:
+        raise InputError(
+            f"not a readable .npz ({type(exc).__name__}: {exc})",
+            path=str(p),
+            hint="write it with numpy.savez",
+        ) from None
+    labels = arrays.pop("labels", None)
+    names = [s.name for s in inputs]
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        if len(names) == 1 and len(arrays) == 1:
+            arrays = {names[0]: next(iter(arrays.values()))}
+        else:
+            raise InputError(
+                f"no array for input(s) {', '.join(missing)}; the file has "
+                f"{', '.join(sorted(arrays)) or 'no arrays'}",
+                path=str(p),
+                hint="key the arrays by the model's input names",
+            )
+    feeds = {}
+    for spec in inputs:
+        a = arrays[spec.name]
+        if spec.shape is not None:
+            if len(spec.shape) != a.ndim or any(
+                isinstance(d, int) and d >= 0 and d != s for d, s in zip(spec.shape, a.shape)
+            ):
+                raise InputError(
+                    f"array '{spec.name}' has shape {list(a.shape)}, the model expects {list(spec.shape)}",
+                    path=str(p),
+                    hint="reshape the data or the model input",
+                )
+        want = _NP_DTYPES.get(str(spec.dtype))
+        if want is not None and a.dtype != want:
+            if np.issubdtype(want, np.floating) and np.issubdtype(a.dtype, np.number):
+                a = a.astype(want)
+            else:
+                raise InputError(
+                    f"array '{spec.name}' is {a.dtype}, the model expects {spec.dtype}",
+                    path=str(p),
+                    hint="convert the array's dtype",
+                )
+        feeds[spec.name] = a
+    return feeds, labels

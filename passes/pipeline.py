@@ -1,0 +1,197 @@
+"""Pipelines: pass specs from a spec string or a TOML recipe, run in order with reports."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import onnx_ir as ir
+
+from mconv.errors import InputError
+from mconv.passes.base import PASSES, PassContext, PassReport, PassSpec, config_as_dict, stats_triplet
+
+RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
+METADATA_KEY = "mconv.passes"
+
+_ITEM = re.compile(r"^\s*([A-Za-z_][\w\-.]*)\s*(?:\((.*)\))?\s*$", re.S)
+
+
+def recipe_names() -> list[str]:
+    """Names of the built-in recipes (``passes/recipes/NAME.toml``)."""
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.toml"))
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside brackets and quotes."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote and text[i - 1] != "\\":
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+            if depth < 0:
+                raise InputError(f"unbalanced ')' at character {i}", where="pass spec",
+                                 hint="e.g. fold,dce,prune(sparsity=0.9)")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth or quote:
+        raise InputError("unbalanced brackets or quotes", where="pass spec",
+                         hint="e.g. fold,dce,cluster(bits=5,init='linear')")
+    parts.append(text[start:])
+    return parts
+
+
+def _parse_args(name: str, args: str) -> dict[str, Any]:
+    try:
+        call = ast.parse(f"f({args})", mode="eval").body
+    except SyntaxError:
+        raise InputError(f"cannot parse options '({args})'", where=f"pass {name}",
+                         hint="write key=value pairs with Python literals, e.g. prune(sparsity=0.9)") from None
+    assert isinstance(call, ast.Call)
+    if call.args:
+        raise InputError("options must be named", where=f"pass {name}", hint="write key=value, e.g. bits=5")
+    values = {}
+    for kw in call.keywords:
+        if kw.arg is None:
+            raise InputError("'**' is not allowed in a pass spec", where=f"pass {name}")
+        try:
+            values[kw.arg] = ast.literal_eval(kw.value)
+        except (ValueError, SyntaxError):
+            raise InputError(f"option '{kw.arg}' is not a literal: {ast.unparse(kw.value)}", where=f"pass {name}",
+                             hint="quote strings: init='linear'; use true literals: True, 0.9, [1, 2]") from None
+    return values
+
+
+def make_spec(name: str, values: dict[str, Any]) -> PassSpec:
+    """A PassSpec from flat options; the keys ``op_type`` and ``op_name`` hold overrides."""
+    values = dict(values)
+    op_type = values.pop("op_type", {}) or {}
+    op_name = values.pop("op_name", {}) or {}
+    for key, table in (("op_type", op_type), ("op_name", op_name)):
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+            raise InputError(f"'{key}' must map names to tables of options", where=f"pass {name}",
+                             hint=f"e.g. {key}={{'Conv': {{'sparsity': 0.6}}}}")
+    return PassSpec(name, values, {str(k): dict(v) for k, v in op_type.items()},
+                    {str(k): dict(v) for k, v in op_name.items()})
+
+
+def parse_spec(spec: str) -> list[PassSpec]:
+    """Parse ``fold,dce,prune(sparsity=0.9),cluster(bits=5,init='linear')``.
+
+    Option values are Python literals. A name that is not a pass but a recipe (or a ``.toml``
+    path) expands to the recipe's passes.
+    """
+    specs: list[PassSpec] = []
+    for item in _split_top_level(spec):
+        if not item.strip():
+            continue
+        m = _ITEM.match(item)
+        if not m:
+            raise InputError(f"cannot parse '{item.strip()}'", where="pass spec",
+                             hint="write name or name(key=value,...), separated by commas")
+        name, args = m.group(1), m.group(2)
+        if name not in PASSES and not args and (name in recipe_names() or name.endswith(".toml")):
+            specs.extend(load_recipe(name))
+            continue
+        if name not in PASSES:
+            hint = f"valid passes: {', '.join(sorted(PASSES))}; recipes: {', '.join(recipe_names())}"
+            raise InputError(f"unknown pass '{name}'", where="pass spec", hint=hint)
+        specs.append(make_spec(name, _parse_args(name, args) if args else {}))
+    return specs
+
+
+def load_recipe(name_or_path: str | Path) -> list[PassSpec]:
+    """Load a TOML recipe: a built-in name (see :func:`recipe_names`) or a path to a ``.toml``."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        builtin = RECIPE_DIR / f"{name_or_path}.toml"
+        if builtin.is_file():
+            path = builtin
+        else:
+            raise InputError(f"unknown recipe '{name_or_path}'", path=str(name_or_path),
+                             hint=f"built-in recipes: {', '.join(recipe_names())}; or give a .toml path")
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not a valid TOML recipe ({exc})", path=str(path),
+                         hint="see the schema in mconv.passes' docstring") from None
+    unknown = set(doc) - {"pass", "description"}
+    if unknown:
+        raise InputError(f"unknown top-level key(s): {', '.join(sorted(unknown))}", path=str(path),
+                         hint="a recipe has 'description' and [[pass]] tables")
+    entries = doc.get("pass", [])
+    if not isinstance(entries, list):
+        raise InputError("'pass' must be an array of tables", path=str(path), hint="write [[pass]]")
+    specs = []
+    for i, entry in enumerate(entries):
+        entry = dict(entry)
+        name = entry.pop("name", None)
+        if not isinstance(name, str):
+            raise InputError("pass without a name", path=str(path), where=f"[[pass]] #{i + 1}",
+                             hint='add name = "fold"')
+        try:
+            specs.append(make_spec(name, entry))
+        except InputError as exc:
+            exc.path = str(path)
+            exc.where = f"[[pass]] #{i + 1} ({exc.where or name})"
+            raise
+    return specs
+
+
+def _record_provenance(model: ir.Model, specs: list[PassSpec]) -> None:
+    """Append the pipeline to ``metadata_props['mconv.passes']`` (a JSON list of {name, config})."""
+    try:
+        history = json.loads(model.metadata_props.get(METADATA_KEY, "[]"))
+        if not isinstance(history, list):
+            history = []
+    except json.JSONDecodeError:
+        history = []
+    history.extend(s.as_dict() for s in specs)
+    model.metadata_props[METADATA_KEY] = json.dumps(history, sort_keys=True, separators=(",", ":"))
+
+
+def run_pipeline(model: ir.Model, specs: list[PassSpec],
+                 ctx: PassContext | None = None) -> tuple[ir.Model, list[PassReport]]:
+    """Run ``specs`` in order on ``model`` (mutated in place where passes allow).
+
+    Returns the final model and one report per pass; records the pipeline in the model's
+    metadata under ``mconv.passes``.
+    """
+    ctx = ctx or PassContext()
+    reports = []
+    before = stats_triplet(model)
+    for i, spec in enumerate(specs):
+        ctx.tick(f"pass {spec.name}", i, len(specs))
+        config = spec.resolve()
+        ctx.spec = spec
+        t0 = time.perf_counter()
+        try:
+            report = spec.pass_class().run(model, config, ctx)
+        finally:
+            ctx.spec = None
+        seconds = time.perf_counter() - t0
+        if report.model is not None:
+            model = report.model
+            report.model = None
+        after = stats_triplet(model)
+        report.name = spec.name
+        report.config = spec.as_dict()["config"] if (spec.op_type or spec.op_name) else config_as_dict(config)
+        report.nodes_before, report.params_before, report.bytes_before = before
+        report.nodes_after, report.params_after, report.bytes_after = after
+        report.seconds = seconds
+        reports.append(report)
+        before = after
+    ctx.tick("passes done", len(specs), len(specs))
+    _record_provenance(model, specs)
+    return model, reports
