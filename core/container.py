@@ -168,7 +168,11 @@ class Container:
         self._buffer = buffer
         self._view = memoryview(buffer)
         self.label = label
-        self.entries: dict[str, TensorEntry] = _parse_index(self._view, label)
+        try:
+            self.entries: dict[str, TensorEntry] = _parse_index(self._view, label)
+        except BaseException:
+            self._view.release()  # so that the caller can close the map
+            raise
 
     # -- access ------------------------------------------------------------------------------
     @property

@@ -6,10 +6,12 @@ Export rules:
    from the protobuf; the graph is otherwise unchanged (value_info still types the weights).
    The weights live only in ``weights.mcw``, each with the codec :func:`mconv.container.choose_codec`
    picks (option ``codec`` forces one for all).
-2. Option ``dense=True`` writes a self-contained ``model.onnx`` with the weights inside and no
+2. Option ``verification`` (a summary dict) goes to the manifest's ``verification``; the other
+   options are recorded under ``options``.
+3. Option ``dense=True`` writes a self-contained ``model.onnx`` with the weights inside and no
    ``weights.mcw``; the manifest lists every weight with codec ``"dense"``. For tools that read
    plain ONNX. Limited to the 2 GB protobuf limit.
-3. Serialization is deterministic, so the same model and options give byte-identical files.
+4. Serialization is deterministic, so the same model and options give byte-identical files.
 
 Load rules:
 
@@ -33,7 +35,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
-
 from mconv.bundle import DENSE, Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
 from mconv.container import choose_codec
 from mconv.errors import InputError
@@ -76,13 +77,18 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     metadata = dict(model.metadata_props)
     if dense:
         if sum(a.nbytes for _, a in weights) + proto.ByteSize() > PROTOBUF_LIMIT:
-            raise InputError("the model is over the 2 GB protobuf limit and cannot be dense",
-                             where="--dense", hint="export without --dense (weights go to weights.mcw)")
+            raise InputError(
+                "the model is over the 2 GB protobuf limit and cannot be dense",
+                where="--dense",
+                hint="export without --dense (weights go to weights.mcw)",
+            )
         proto.graph.initializer.extend(_tensor_proto(n, a) for n, a in weights)
         specs = [(n, a, {"codec": DENSE}) for n, a in weights]
     else:
-        specs = [(n, a, {"codec": forced} if forced and forced != "auto" else choose_codec(a, metadata))
-                 for n, a in weights]
+        specs = [
+            (n, a, {"codec": forced} if forced and forced != "auto" else choose_codec(a, metadata))
+            for n, a in weights
+        ]
     return write_bundle(
         out_dir,
         target=NAME,
@@ -91,7 +97,7 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         outputs=[TensorSpec.from_value(v) for v in model.graph.outputs],
         weights=specs,
         payload={PAYLOAD: _serialize(proto)},
-        options=options,
+        options={k: v for k, v in options.items() if k != "verification"},
         provenance=provenance_from_model(model),
         verification=options.get("verification"),
     )
@@ -112,28 +118,40 @@ class CpuRunner:
         expected = {s.name: s for s in self.inputs}
         unknown = sorted(set(feeds) - set(expected))
         if unknown:
-            raise InputError(f"unknown input(s) {', '.join(unknown)}", path=self.label,
-                             hint=f"the model's inputs are: {', '.join(expected)}")
+            raise InputError(
+                f"unknown input(s) {', '.join(unknown)}",
+                path=self.label,
+                hint=f"the model's inputs are: {', '.join(expected)}",
+            )
         missing = [n for n in expected if n not in feeds]
         if missing:
-            raise InputError(f"missing input(s) {', '.join(missing)}", path=self.label,
-                             hint="feed every model input (an .npz keyed by input name)")
+            raise InputError(
+                f"missing input(s) {', '.join(missing)}",
+                path=self.label,
+                hint="feed every model input (an .npz keyed by input name)",
+            )
         checked = {}
         for name, spec in expected.items():
             arr = np.asarray(feeds[name])
             where = f"input '{name}'"
             if spec.dtype != "unknown" and arr.dtype.name != spec.dtype:
-                raise InputError(f"dtype {arr.dtype.name}, expected {spec.dtype}", path=self.label,
-                                 where=where, hint=f"cast the feed to {spec.dtype}")
+                raise InputError(
+                    f"dtype {arr.dtype.name}, expected {spec.dtype}",
+                    path=self.label,
+                    where=where,
+                    hint=f"cast the feed to {spec.dtype}",
+                )
             if spec.shape is not None:
                 shape_text = f"shape {list(arr.shape)}, expected {list(spec.shape)}"
                 if arr.ndim != len(spec.shape):
-                    raise InputError(shape_text, path=self.label, where=where,
-                                     hint=f"give a rank-{len(spec.shape)} array")
+                    raise InputError(
+                        shape_text, path=self.label, where=where, hint=f"give a rank-{len(spec.shape)} array"
+                    )
                 for got, want in zip(arr.shape, spec.shape):
                     if isinstance(want, int) and got != want:
-                        raise InputError(shape_text, path=self.label, where=where,
-                                         hint="only symbolic dimensions may vary")
+                        raise InputError(
+                            shape_text, path=self.label, where=where, hint="only symbolic dimensions may vary"
+                        )
             checked[name] = arr
         return checked
 
@@ -144,10 +162,12 @@ class CpuRunner:
         except Exception as exc:  # ORT raises its own Fail/InvalidArgument/RuntimeException types
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             shapes = ", ".join(f"{n}{list(a.shape)}:{a.dtype.name}" for n, a in checked.items())
-            raise InputError(f"ONNX Runtime refused the feeds ({msg[:200]})", path=self.label,
-                             where=f"feeds {shapes}",
-                             hint=f"expected {', '.join(f'{s.name}{list(s.shape or [])}:{s.dtype}' for s in self.inputs)}"
-                             ) from None
+            raise InputError(
+                f"ONNX Runtime refused the feeds ({msg[:200]})",
+                path=self.label,
+                where=f"feeds {shapes}",
+                hint=f"expected {', '.join(f'{s.name}{list(s.shape or [])}:{s.dtype}' for s in self.inputs)}",
+            ) from None
         return dict(zip(self.outputs, values))
 
 
@@ -157,8 +177,9 @@ def _session_options() -> ort.SessionOptions:
     return so
 
 
-def _make_session(proto: onnx.ModelProto, weights: list[tuple[str, np.ndarray]],
-                  label: str) -> tuple[ort.InferenceSession, list]:
+def _make_session(
+    proto: onnx.ModelProto, weights: list[tuple[str, np.ndarray]], label: str
+) -> tuple[ort.InferenceSession, list]:
     """A session for ``proto`` (no initializers) plus ``weights``, all in memory."""
     so = _session_options()
     keepalive: list = []
@@ -175,8 +196,11 @@ def _make_session(proto: onnx.ModelProto, weights: list[tuple[str, np.ndarray]],
             placeholder.ClearField("raw_data")
             placeholder.data_location = onnx.TensorProto.EXTERNAL
             # ORT replaces an external initializer before reading it, so this file never opens.
-            for key, val in (("location", _PLACEHOLDER_LOCATION), ("offset", "0"),
-                             ("length", str(array.nbytes))):
+            for key, val in (
+                ("location", _PLACEHOLDER_LOCATION),
+                ("offset", "0"),
+                ("length", str(array.nbytes)),
+            ):
                 entry = placeholder.external_data.add()
                 entry.key, entry.value = key, val
             proto.graph.initializer.append(placeholder)
@@ -185,41 +209,67 @@ def _make_session(proto: onnx.ModelProto, weights: list[tuple[str, np.ndarray]],
         so.add_external_initializers(names, values)
         keepalive = [values, [a for _, a in weights]]
     try:
-        session = ort.InferenceSession(_serialize(proto), sess_options=so,
-                                       providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(_serialize(proto), sess_options=so, providers=["CPUExecutionProvider"])
     except Exception as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"ONNX Runtime cannot load the model ({msg[:240]})", path=label,
-                         hint="check that every op is supported by ONNX Runtime at this opset") from None
+        raise InputError(
+            f"ONNX Runtime cannot load the model ({msg[:240]})",
+            path=label,
+            hint="check that every op is supported by ONNX Runtime at this opset",
+        ) from None
     return session, keepalive
 
 
-def _runner(session: ort.InferenceSession, inputs: list[TensorSpec], label: str,
-            keepalive: list) -> CpuRunner:
+def _runner(
+    session: ort.InferenceSession, inputs: list[TensorSpec], label: str, keepalive: list
+) -> CpuRunner:
     outputs = [o.name for o in session.get_outputs()]
     return CpuRunner(session, inputs, outputs, label, keepalive)
 
 
-def load(bundle: Bundle | str | os.PathLike) -> CpuRunner:
-    """An ONNX Runtime runner for a cpu bundle; weights decoded from weights.mcw in memory."""
+def _bundle_parts(
+    bundle: Bundle | str | os.PathLike,
+) -> tuple[Bundle, onnx.ModelProto, list[tuple[str, np.ndarray]]]:
+    """The bundle, its graph proto (as stored) and its weights decoded from weights.mcw."""
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)
     label = str(bundle.root)
     if bundle.target != NAME:
-        raise InputError(f"bundle is for target '{bundle.target}', not '{NAME}'", path=label,
-                         hint=f"run it with --target {bundle.target}")
+        raise InputError(
+            f"bundle is for target '{bundle.target}', not '{NAME}'",
+            path=label,
+            hint=f"run it with --target {bundle.target}",
+        )
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(bundle.read_bytes(PAYLOAD))
     except Exception as exc:
-        raise InputError(f"{PAYLOAD} is not a valid ONNX model ({type(exc).__name__})", path=label,
-                         hint="re-export the bundle") from None
+        raise InputError(
+            f"{PAYLOAD} is not a valid ONNX model ({type(exc).__name__})",
+            path=label,
+            hint="re-export the bundle",
+        ) from None
     weights: list[tuple[str, np.ndarray]] = []
     if any(w.get("codec") != DENSE for w in bundle.weights):
         with bundle.container() as container:
             weights = [(name, container.array(name)) for name in container.names]
+    return bundle, proto, weights
+
+
+def load(bundle: Bundle | str | os.PathLike) -> CpuRunner:
+    """An ONNX Runtime runner for a cpu bundle; weights decoded from weights.mcw in memory."""
+    bundle, proto, weights = _bundle_parts(bundle)
+    label = str(bundle.root)
     session, keepalive = _make_session(proto, weights, label)
     return _runner(session, bundle.inputs, label, keepalive)
+
+
+def to_model(bundle: Bundle | str | os.PathLike) -> ir.Model:
+    """The bundle's graph with its weights attached, as an IR model (for localization)."""
+    bundle, proto, weights = _bundle_parts(bundle)
+    proto.graph.initializer.extend(_tensor_proto(n, a) for n, a in weights)
+    model = ir.serde.deserialize_model(proto)
+    return model
 
 
 def load_model(model: ir.Model, label: str = "model") -> CpuRunner:
@@ -244,6 +294,9 @@ class CpuTarget:
 
     def load_model(self, model: ir.Model, label: str = "model") -> CpuRunner:
         return load_model(model, label)
+
+    def to_model(self, bundle: Bundle | str | os.PathLike) -> ir.Model:
+        return to_model(bundle)
 
 
 TARGET = CpuTarget()

@@ -1,0 +1,283 @@
+"""Bundles: manifest contents, integrity checks on load, atomic writes, zips."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from mconv import bundle as bundle_mod
+from mconv.bundle import (
+    TensorSpec,
+    is_bundle,
+    load_bundle,
+    provenance_from_model,
+    write_bundle,
+    zip_bundle,
+)
+from mconv.container import read_container
+from mconv.errors import InputError, IntegrityError
+
+RNG = np.random.default_rng(7)
+W = RNG.standard_normal((4, 3)).astype(np.float32)
+W16 = RNG.standard_normal((8,)).astype(np.float16).astype(np.float32)
+
+
+def _write(out: Path, **over) -> bundle_mod.Bundle:
+    kwargs = dict(
+        target="cpu",
+        model_name="tiny",
+        inputs=[TensorSpec("x", "float32", ("N", 3))],
+        outputs=[TensorSpec("y", "float32", ("N", 4))],
+        weights=[("w", W, {"codec": "raw"}), ("b", W16, {"codec": "fp16"})],
+        payload={"model.onnx": b"graph bytes", "extra/notes.txt": b"hello"},
+        options={"dense": False, "out": Path("/x/y")},
+        provenance={"source_name": "tiny.onnx", "mconv_version": "0.1.0", "passes": []},
+    )
+    kwargs.update(over)
+    return write_bundle(out, **kwargs)
+
+
+def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
+    b = _write(tmp_path / "b")
+    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert m["format"] == "mconv-bundle" and m["format_version"] == 1
+    assert m["target"] == "cpu" and m["model_name"] == "tiny"
+    assert m["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["N", 3]}]
+    assert m["outputs"] == [{"name": "y", "dtype": "float32", "shape": ["N", 4]}]
+    assert sorted(m["files"]) == ["extra/notes.txt", "model.onnx", "weights.mcw"]
+    for rel, meta in m["files"].items():
+        data = (tmp_path / "b" / rel).read_bytes()
+        assert meta == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert m["weights"] == [
+        {
+            "name": "w",
+            "codec": "raw",
+            "bytes": 48,
+            "streams": {"data": 48},
+            "shape": [4, 3],
+            "dtype": "float32",
+        },
+        {
+            "name": "b",
+            "codec": "fp16",
+            "bytes": 16,
+            "streams": {"data": 16},
+            "shape": [8],
+            "dtype": "float32",
+        },
+    ]
+    assert m["verification"] is None and m["options"] == {"dense": False, "out": "/x/y"}
+    assert m["provenance"]["source_name"] == "tiny.onnx"
+    assert b.manifest == m
+
+
+def test_manifest_is_sorted_indented_and_has_no_timestamps(tmp_path):
+    _write(tmp_path / "b")
+    text = (tmp_path / "b" / "manifest.json").read_text()
+    assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
+    assert "time" not in text and "date" not in text
+
+
+def test_same_input_gives_byte_identical_bundles(tmp_path):
+    _write(tmp_path / "one")
+    _write(tmp_path / "two")
+    for rel in ("manifest.json", "weights.mcw", "model.onnx", "extra/notes.txt"):
+        assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "two" / rel).read_bytes()
+
+
+def test_load_returns_specs_and_decodes_weights(tmp_path):
+    _write(tmp_path / "b")
+    b = load_bundle(tmp_path / "b")
+    assert b.target == "cpu" and b.model_name == "tiny"
+    assert b.inputs == [TensorSpec("x", "float32", ("N", 3))]
+    assert [o.name for o in b.outputs] == ["y"]
+    assert b.path("model.onnx").read_bytes() == b"graph bytes"
+    assert b.extra_files == []
+    with b.container() as c:
+        assert np.array_equal(c.array("w"), W) and np.array_equal(c.array("b"), W16)
+
+
+def test_one_flipped_byte_is_an_integrity_error_naming_the_file(tmp_path):
+    _write(tmp_path / "b")
+    f = tmp_path / "b" / "weights.mcw"
+    expected = hashlib.sha256(f.read_bytes()).hexdigest()
+    data = bytearray(f.read_bytes())
+    data[-70] ^= 0x01
+    f.write_bytes(bytes(data))
+    got = hashlib.sha256(bytes(data)).hexdigest()
+    with pytest.raises(IntegrityError) as exc:
+        load_bundle(tmp_path / "b")
+    line = str(exc.value)
+    assert f"weights.mcw: sha256 mismatch (expected {expected[:12]}..., got {got[:12]}...)" in line
+    assert "re-export it" in line
+
+
+def test_truncated_file_is_a_size_mismatch(tmp_path):
+    _write(tmp_path / "b")
+    f = tmp_path / "b" / "model.onnx"
+    f.write_bytes(f.read_bytes()[:5])
+    with pytest.raises(IntegrityError, match=r"model.onnx: size mismatch \(expected 11 bytes, got 5\)"):
+        load_bundle(tmp_path / "b")
+
+
+def test_missing_file_is_an_integrity_error(tmp_path):
+    _write(tmp_path / "b")
+    (tmp_path / "b" / "extra" / "notes.txt").unlink()
+    with pytest.raises(IntegrityError, match="extra/notes.txt: listed in manifest.json but missing"):
+        load_bundle(tmp_path / "b")
+
+
+def test_unlisted_files_are_ignored_and_reported(tmp_path):
+    _write(tmp_path / "b")
+    (tmp_path / "b" / "README.txt").write_text("added by a deployer")
+    b = load_bundle(tmp_path / "b")
+    assert b.extra_files == ["README.txt"]
+
+
+def test_manifest_with_a_path_outside_the_bundle_is_refused(tmp_path):
+    _write(tmp_path / "b")
+    mpath = tmp_path / "b" / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["files"]["../secret"] = {"bytes": 1, "sha256": "0" * 64}
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(InputError, match="not a plain relative path"):
+        load_bundle(tmp_path / "b")
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"format": "other"}', "not an mconv-bundle manifest"),
+        (
+            '{"format": "mconv-bundle", "format_version": 99, "target": "cpu", "files": {}}',
+            "format_version 99",
+        ),
+    ],
+)
+def test_bad_manifest_is_an_input_error(tmp_path, text, match):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "manifest.json").write_text(text)
+    with pytest.raises(InputError, match=match):
+        load_bundle(tmp_path / "b")
+
+
+def test_not_a_bundle_paths_are_input_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no manifest.json"):
+        load_bundle(tmp_path / "empty")
+    with pytest.raises(InputError, match="not found"):
+        load_bundle(tmp_path / "nothing")
+    (tmp_path / "f.bin").write_bytes(b"abc")
+    with pytest.raises(InputError, match="not a bundle"):
+        load_bundle(tmp_path / "f.bin")
+
+
+def test_failed_write_leaves_nothing_and_keeps_an_existing_bundle(tmp_path, monkeypatch):
+    out = tmp_path / "b"
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(bundle_mod, "write_container", boom)
+    with pytest.raises(RuntimeError):
+        _write(out)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    _write(out)
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setattr(bundle_mod, "write_container", boom)
+    with pytest.raises(RuntimeError):
+        _write(out, model_name="other")
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+
+
+def test_payload_may_not_escape_or_replace_bundle_files(tmp_path):
+    with pytest.raises(InputError, match="not a plain relative path"):
+        _write(tmp_path / "b", payload={"../evil": b"x"})
+    with pytest.raises(InputError, match="may not contain 'manifest.json'"):
+        _write(tmp_path / "b", payload={"manifest.json": b"x"})
+    assert not (tmp_path / "b").exists()
+
+
+def test_dense_weights_are_listed_but_not_stored(tmp_path):
+    b = _write(tmp_path / "b", weights=[("w", W, {"codec": "dense"})])
+    assert not (tmp_path / "b" / "weights.mcw").exists()
+    assert b.weights == [
+        {
+            "name": "w",
+            "codec": "dense",
+            "bytes": 48,
+            "streams": {"data": 48},
+            "shape": [4, 3],
+            "dtype": "float32",
+        }
+    ]
+    assert "weights.mcw" not in load_bundle(tmp_path / "b").files
+
+
+def test_is_bundle_recognizes_directories_and_zips(tmp_path):
+    _write(tmp_path / "b")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "f.txt").write_text("x")
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as zf:
+        zf.writestr("a.txt", "x")
+    zip_bundle(tmp_path / "b", tmp_path / "b.zip")
+    assert is_bundle(tmp_path / "b") and is_bundle(tmp_path / "b.zip")
+    assert not is_bundle(tmp_path / "plain") and not is_bundle(tmp_path / "f.txt")
+    assert not is_bundle(tmp_path / "other.zip") and not is_bundle(tmp_path / "missing")
+
+
+def test_zip_bundle_is_deterministic_and_loads(tmp_path):
+    _write(tmp_path / "b")
+    zip_bundle(tmp_path / "b", tmp_path / "one.zip")
+    zip_bundle(tmp_path / "b", tmp_path / "two.zip")
+    assert (tmp_path / "one.zip").read_bytes() == (tmp_path / "two.zip").read_bytes()
+    b = load_bundle(tmp_path / "one.zip")
+    assert b.is_zip and b.target == "cpu"
+    assert b.read_bytes("extra/notes.txt") == b"hello"
+    with b.container() as c:
+        assert np.array_equal(c.array("w"), W)
+
+
+def test_zip_of_the_bundle_folder_loads(tmp_path):
+    _write(tmp_path / "b")
+    archive = shutil.make_archive(str(tmp_path / "packed"), "zip", root_dir=tmp_path, base_dir="b")
+    b = load_bundle(archive)
+    assert b.zip_prefix == "b/" and b.read_bytes("model.onnx") == b"graph bytes"
+
+
+def test_tampered_zip_member_is_an_integrity_error(tmp_path):
+    _write(tmp_path / "b")
+    (tmp_path / "b" / "model.onnx").write_bytes(b"graph bytez")  # same size, other content
+    with zipfile.ZipFile(tmp_path / "t.zip", "w") as zf:
+        for f in sorted((tmp_path / "b").rglob("*")):
+            if f.is_file():
+                zf.write(f, f.relative_to(tmp_path / "b").as_posix())
+    with pytest.raises(IntegrityError, match="model.onnx: sha256 mismatch"):
+        load_bundle(tmp_path / "t.zip")
+
+
+def test_provenance_comes_from_metadata_props():
+    model = ir.Model(ir.Graph([], [], nodes=[], name="g"), ir_version=10)
+    model.metadata_props["mconv.source_name"] = "lenet.caffemodel"
+    model.metadata_props["mconv.source_sha256"] = "ab" * 32
+    model.metadata_props["mconv.source_format"] = "caffe"
+    model.metadata_props["mconv.passes"] = json.dumps([{"name": "fp16", "config": {}}])
+    p = provenance_from_model(model)
+    assert p["source_name"] == "lenet.caffemodel" and p["source_format"] == "caffe"
+    assert p["source_sha256"] == "ab" * 32 and p["passes"] == [{"name": "fp16", "config": {}}]
+    assert p["mconv_version"]
+
+
+def test_weights_container_of_a_bundle_reads_standalone(tmp_path):
+    _write(tmp_path / "b")
+    with read_container(tmp_path / "b" / "weights.mcw") as c:
+        assert c.names == ["w", "b"]

@@ -1,0 +1,255 @@
+"""weights.mcw: round trips, the byte layout, determinism, and refusal of corrupt files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from mconv.container import choose_codec, container_from_bytes, read_container, write_container
+from mconv.errors import InputError, IntegrityError
+
+RAW_DTYPES = [np.float32, np.float16, np.float64, np.int8, np.uint8, np.int32, np.int64, np.bool_]
+
+
+def _roundtrip(tensors):
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "weights.mcw"
+        write_container(path, tensors)
+        with read_container(path) as c:
+            return {name: c.array(name) for name in c.names}, c.names
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        hnp.arrays(
+            st.sampled_from(RAW_DTYPES), hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_raw_roundtrip_is_bit_identical_for_any_shape_and_dtype(arrays):
+    tensors = [(f"t{i}", a, {"codec": "raw"}) for i, a in enumerate(arrays)]
+    decoded, names = _roundtrip(tensors)
+    assert names == [t[0] for t in tensors]
+    for name, a, _ in tensors:
+        out = decoded[name]
+        assert out.dtype == a.dtype and out.shape == a.shape
+        assert out.tobytes() == a.tobytes()
+
+
+@settings(max_examples=30, deadline=None)
+@given(hnp.arrays(np.float16, hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=6)))
+def test_fp16_roundtrip_restores_float32_values_exactly(half):
+    a = half.astype(np.float32)  # every value fp16-representable, NaN and inf included
+    decoded, _ = _roundtrip([("w", a, {"codec": "fp16"})])
+    out = decoded["w"]
+    assert out.dtype == np.float32 and out.shape == a.shape
+    assert out.tobytes() == a.tobytes()
+
+
+def test_layout_matches_the_documented_header_index_and_aligned_blobs(tmp_path):
+    a = np.arange(10, dtype=np.float32) * 0.5
+    b = np.arange(-3, 4, dtype=np.int64).reshape(7, 1)
+    path = tmp_path / "w.mcw"
+    info = write_container(path, [("a", a, {"codec": "fp16"}), ("b", b, None)])
+    data = path.read_bytes()
+    magic, version, index_len = struct.unpack_from("<4sIQ", data, 0)
+    assert (magic, version) == (b"MCW1", 1)
+    index = json.loads(data[16 : 16 + index_len])
+    assert index["version"] == 1 and [t["name"] for t in index["tensors"]] == ["a", "b"]
+    assert data[16 : 16 + index_len] == json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+    ta, tb = index["tensors"]
+    for t in (ta, tb):
+        assert t["offset"] % 64 == 0 and t["offset"] >= 16 + index_len
+    # blobs hold exactly what numpy writes for these dtypes
+    assert data[ta["offset"] : ta["offset"] + ta["nbytes"]] == a.astype("<f2").tobytes()
+    assert data[tb["offset"] : tb["offset"] + tb["nbytes"]] == b.astype("<i8").tobytes()
+    assert tb["sha256"] == hashlib.sha256(b.astype("<i8").tobytes()).hexdigest()
+    assert ta["record"]["codec"] == "fp16" and ta["record"]["shape"] == [10]
+    assert ta["record"]["dtype"] == "float32" and tb["record"]["shape"] == [7, 1]
+    assert info.total_bytes == len(data) and len(data) % 64 == 0
+    assert info.blob_bytes == 20 + 56
+
+
+def test_identical_input_gives_identical_bytes(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = [
+        ("conv.w", rng.standard_normal((8, 3, 3, 3)).astype(np.float32), None),
+        ("fc.b", rng.standard_normal(10).astype(np.float16), {"codec": "raw"}),
+    ]
+    write_container(tmp_path / "one.mcw", tensors)
+    write_container(tmp_path / "two.mcw", list(reversed(list(reversed(tensors)))))
+    assert (tmp_path / "one.mcw").read_bytes() == (tmp_path / "two.mcw").read_bytes()
+
+
+def test_blob_is_a_memoryview_of_the_stored_bytes_and_items_keep_order(tmp_path):
+    a = np.linspace(0, 1, 7, dtype=np.float32)
+    path = tmp_path / "w.mcw"
+    write_container(path, [("z", a, None), ("a", a[:3], None)])
+    with read_container(path) as c:
+        blob = c.blob("z")
+        assert isinstance(blob, memoryview) and bytes(blob) == a.tobytes()
+        del blob
+        assert [n for n, _ in c.items()] == ["z", "a"]
+        assert c.record("a")["shape"] == [3]
+        with pytest.raises(InputError, match="no tensor named 'q'"):
+            c.array("q")
+
+
+def test_container_from_bytes_reads_the_same_tensors(tmp_path):
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    write_container(tmp_path / "w.mcw", [("a", a, None)])
+    c = container_from_bytes((tmp_path / "w.mcw").read_bytes(), "bundle.zip!weights.mcw")
+    assert np.array_equal(c.array("a"), a)
+
+
+def test_duplicate_tensor_names_are_refused(tmp_path):
+    a = np.zeros(2, np.float32)
+    with pytest.raises(InputError, match="given twice"):
+        write_container(tmp_path / "w.mcw", [("a", a, None), ("a", a, None)])
+    assert not (tmp_path / "w.mcw").exists()
+
+
+def test_fp16_codec_refuses_values_it_would_change(tmp_path):
+    with pytest.raises(InputError, match="fp16"):
+        write_container(tmp_path / "w.mcw", [("a", np.array([0.1], np.float32), {"codec": "fp16"})])
+    assert not (tmp_path / "w.mcw").exists()
+
+
+# -- corrupt files -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def good(tmp_path) -> Path:
+    path = tmp_path / "weights.mcw"
+    write_container(
+        path, [("a", np.arange(100, dtype=np.float32), None), ("b", np.ones((4, 4), np.float32), None)]
+    )
+    return path
+
+
+def _index(path: Path) -> tuple[dict, int]:
+    data = path.read_bytes()
+    (n,) = struct.unpack_from("<Q", data, 8)
+    return json.loads(data[16 : 16 + n]), n
+
+
+def test_truncated_file_names_the_tensor_and_byte_offset(good):
+    index, _ = _index(good)
+    last = index["tensors"][-1]
+    data = good.read_bytes()
+    good.write_bytes(data[: last["offset"] + 10])
+    with pytest.raises(InputError) as exc:
+        read_container(good)
+    line = str(exc.value)
+    assert str(good) in line and f"byte offset {last['offset']}" in line and "'b'" in line
+
+
+def test_file_shorter_than_header_is_refused(good):
+    good.write_bytes(good.read_bytes()[:10])
+    with pytest.raises(InputError, match="shorter than the 16-byte header") as exc:
+        read_container(good)
+    assert "byte offset 0" in str(exc.value)
+
+
+def test_empty_file_is_refused(tmp_path):
+    (tmp_path / "w.mcw").write_bytes(b"")
+    with pytest.raises(InputError, match="0 bytes"):
+        read_container(tmp_path / "w.mcw")
+
+
+def test_bad_magic_is_refused(good):
+    data = bytearray(good.read_bytes())
+    data[:4] = b"PK\x03\x04"
+    good.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="bad magic") as exc:
+        read_container(good)
+    assert "byte offset 0" in str(exc.value)
+
+
+def test_index_length_beyond_file_size_is_refused_before_reading(good):
+    data = bytearray(good.read_bytes())
+    struct.pack_into("<Q", data, 8, 1 << 60)  # claims an exabyte-sized index
+    good.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="runs past the end") as exc:
+        read_container(good)
+    assert "byte offset 8" in str(exc.value)
+
+
+def _with_index(path: Path, mutate) -> None:
+    """Rewrite the index (same layout rules) after ``mutate`` changed it."""
+    data = path.read_bytes()
+    index, n = _index(path)
+    mutate(index)
+    new = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+    new = new + b" " * (n - len(new))  # JSON allows trailing blanks; keep the blob offsets valid
+    assert len(new) == n
+    path.write_bytes(data[:16] + new + data[16 + n :])
+
+
+def test_blob_offset_beyond_file_size_is_refused(good):
+    size = good.stat().st_size
+
+    def far(index):
+        index["tensors"][0]["offset"] = 999  # same digit count as the real one
+
+    _with_index(good, far)
+    with pytest.raises(InputError, match="outside the data area") as exc:
+        read_container(good)
+    assert "byte offset 999" in str(exc.value) and f"{size})" in str(exc.value)
+
+
+def test_blob_overlapping_the_index_is_refused(good):
+    def inside(index):
+        index["tensors"][0]["offset"] = 0
+
+    _with_index(good, inside)
+    with pytest.raises(InputError, match="outside the data area"):
+        read_container(good)
+
+
+def test_invalid_index_json_is_refused(good):
+    data = bytearray(good.read_bytes())
+    data[16] = ord("#")
+    good.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="index is not valid") as exc:
+        read_container(good)
+    assert "byte offset 16" in str(exc.value)
+
+
+def test_flipped_blob_byte_fails_the_tensor_sha256(good):
+    index, _ = _index(good)
+    off = index["tensors"][1]["offset"]
+    data = bytearray(good.read_bytes())
+    data[off] ^= 0xFF
+    good.write_bytes(bytes(data))
+    with read_container(good) as c:
+        assert np.array_equal(c.array("a"), np.arange(100, dtype=np.float32))
+        with pytest.raises(IntegrityError, match="tensor 'b': sha256 mismatch"):
+            c.array("b")
+
+
+# -- codec choice --------------------------------------------------------------------------------
+
+
+def test_choose_codec_picks_fp16_only_for_exactly_representable_float32():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    assert choose_codec(w, {}) == {"codec": "raw"}
+    assert choose_codec(w.astype(np.float16).astype(np.float32), {}) == {"codec": "fp16"}
+    # already half: stored as it is
+    assert choose_codec(w.astype(np.float16), {}) == {"codec": "raw"}
+    # 70000 overflows fp16; 1e-8 underflows to zero
+    assert choose_codec(np.array([70000.0], np.float32), {}) == {"codec": "raw"}
+    assert choose_codec(np.array([1e-8], np.float32), {}) == {"codec": "raw"}
+    assert choose_codec(np.arange(5, dtype=np.int64), {}) == {"codec": "raw"}
