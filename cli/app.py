@@ -176,8 +176,8 @@ def optimize_cmd(
         model = open_model(model_path)
         before = model_stats(model)
         ctx = P.PassContext(data=_load_data(data, model), seed=seed)
-        with out.progress("optimize", total=len(specs)) as advance:
-            ctx.progress = advance
+        with out.progress("optimize", total=len(specs)) as update:
+            ctx.progress = update
             model, reports = P.run_pipeline(model, specs, ctx)
         written = _save_model(model, output, format)
         after = model_stats(model)
@@ -473,11 +473,11 @@ def verify_cmd(
         else:
             feeds = random_feeds(ref.inputs, samples=samples, seed=seed, input_shapes=shapes)
         gates = Gates(atol=atol, rtol=rtol, min_cosine=min_cosine, min_top1=min_top1)
-        with out.progress("verify", total=2) as advance:
+        with out.progress("verify", total=2) as bar:
             ref_out = ref.run(feeds)
-            advance(1)
+            bar.advance(1)
             cand_out = cand.run(feeds)
-            advance(1)
+            bar.advance(1)
         report = verify_outputs(ref_out, cand_out, gates, labels)
         if localize:
             from mconv.localize import localize as do_localize

@@ -47,29 +47,31 @@ class Out:
 
     @contextmanager
     def progress(self, description: str, total: float | None = None):
-        """A progress bar on stderr; yields ``advance(n=1, **fields)``."""
+        """A progress bar on stderr.
+
+        Yields ``update(description=None, completed=None, total=None, info=None)``, the signature
+        passes use (``PassContext.progress``); ``update.advance(n)`` steps it by ``n``.
+        """
+
+        def noop(*args, **kwargs) -> None:
+            return None
+
+        noop.advance = noop
         if not self.show:
-            yield lambda *a, **k: None
+            yield noop
             return
-        with Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=err_console,
-            transient=True,
-        ) as prog:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                      TimeElapsedColumn(), console=err_console, transient=True) as prog:
             task = prog.add_task(description, total=total, info="")
 
-            def advance(n: float = 1, info: str | None = None, description: str | None = None) -> None:
-                kw = {}
-                if info is not None:
-                    kw["info"] = info
-                if description is not None:
-                    kw["description"] = description
-                prog.update(task, advance=n, **kw)
+            def update(description: str | None = None, completed: float | None = None,
+                       total: float | None = None, info: str | None = None) -> None:
+                kw = {k: v for k, v in (("description", description), ("completed", completed),
+                                        ("total", total), ("info", info)) if v is not None}
+                prog.update(task, **kw)
 
-            yield advance
+            update.advance = lambda n=1: prog.update(task, advance=n)
+            yield update
 
 
 def jsonable(obj):

@@ -57,8 +57,8 @@ def run_demo(workdir: Path | None, out, recipe: str | None = None) -> dict:
         labels = test.pop("labels")
 
         ctx = P.PassContext(data=train, seed=0)
-        with out.progress(f"optimize ({recipe})", total=None) as advance:
-            ctx.progress = advance
+        with out.progress(f"optimize ({recipe})", total=None) as update:
+            ctx.progress = update
             optimized, reports = P.run_pipeline(model, P.load_recipe(recipe), ctx)
         save_onnx(optimized, work / "optimized.onnx")
         render_pass_reports(out, reports)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import onnx_ir as ir
+from mconv.bundle import TensorSpec
 from mconv.errors import InputError
 
 

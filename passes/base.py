@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import onnx_ir as ir
-
 from mconv.errors import InputError
 from mconv.irio import model_stats
 
@@ -49,11 +48,22 @@ class Pass:
     def run(self, model: ir.Model, config: Any, ctx: PassContext) -> PassReport:
         raise NotImplementedError
 
-    def report(self, modified: bool, *, notes: list[str] | None = None,
-               tensors: list[dict] | None = None, model: ir.Model | None = None) -> PassReport:
+    def report(
+        self,
+        modified: bool,
+        *,
+        notes: list[str] | None = None,
+        tensors: list[dict] | None = None,
+        model: ir.Model | None = None,
+    ) -> PassReport:
         """A report for the pipeline to complete (counts, timing and config are filled in there)."""
-        return PassReport(name=self.name, modified=modified, notes=list(notes or []),
-                          tensors=list(tensors or []), model=model)
+        return PassReport(
+            name=self.name,
+            modified=modified,
+            notes=list(notes or []),
+            tensors=list(tensors or []),
+            model=model,
+        )
 
 
 def register_pass(name: str) -> Callable[[type[Pass]], type[Pass]]:
@@ -73,12 +83,14 @@ def register_pass(name: str) -> Callable[[type[Pass]], type[Pass]]:
 
 def get_pass(name: str) -> type[Pass]:
     if name not in PASSES:
-        raise InputError(f"unknown pass '{name}'", where="pass spec",
-                         hint=f"valid passes: {', '.join(sorted(PASSES))}")
+        raise InputError(
+            f"unknown pass '{name}'", where="pass spec", hint=f"valid passes: {', '.join(sorted(PASSES))}"
+        )
     return PASSES[name]
 
 
 # --- config values -------------------------------------------------------------------------
+
 
 def _check_value(value: Any, hint: Any, where: str, key: str) -> Any:
     """Check ``value`` against a field's type hint; ints widen to float, lists to tuples."""
@@ -98,8 +110,11 @@ def _check_value(value: Any, hint: Any, where: str, key: str) -> Any:
     if origin is typing.Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            raise InputError(f"'{key}' is {value!r}", where=where,
-                             hint=f"choose one of: {', '.join(repr(c) for c in choices)}")
+            raise InputError(
+                f"'{key}' is {value!r}",
+                where=where,
+                hint=f"choose one of: {', '.join(repr(c) for c in choices)}",
+            )
         return value
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
@@ -124,8 +139,9 @@ def _check_value(value: Any, hint: Any, where: str, key: str) -> Any:
         return value
     if hint is str:
         if not isinstance(value, str):
-            raise InputError(f"'{key}' must be a string, got {value!r}", where=where,
-                             hint=f"quote it: {key}='{value}'")
+            raise InputError(
+                f"'{key}' must be a string, got {value!r}", where=where, hint=f"quote it: {key}='{value}'"
+            )
         return value
     if hint is dict or origin is dict:
         if not isinstance(value, dict):
@@ -143,8 +159,27 @@ def check_config(config_cls: type, values: dict[str, Any], where: str) -> dict[s
         if key not in fields:
             valid = ", ".join(sorted(fields)) or "(none: this pass takes no options)"
             raise InputError(f"unknown option '{key}'", where=where, hint=f"valid options: {valid}")
-        checked[key] = _check_value(value, hints[key], where, key)
+        try:
+            checked[key] = _check_value(value, hints[key], where, key)
+        except InputError as exc:
+            if not exc.hint:
+                default = _field_default(config_cls, key)
+                exc.hint = f"{key} takes {_type_name(hints[key])}, default {default!r}"
+            raise
     return checked
+
+
+def _field_default(config_cls: type, key: str) -> Any:
+    f = next(f for f in dataclasses.fields(config_cls) if f.name == key)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
 def config_as_dict(config: Any) -> dict[str, Any]:
@@ -175,8 +210,12 @@ class PassSpec:
         cls = get_pass(self.name)
         where = f"pass {self.name}"
         self.config = check_config(cls.Config, self.config, where)
-        self.op_type = {t: check_config(cls.Config, v, f"{where} op_type.{t}") for t, v in self.op_type.items()}
-        self.op_name = {n: check_config(cls.Config, v, f"{where} op_name.{n}") for n, v in self.op_name.items()}
+        self.op_type = {
+            t: check_config(cls.Config, v, f"{where} op_type.{t}") for t, v in self.op_type.items()
+        }
+        self.op_name = {
+            n: check_config(cls.Config, v, f"{where} op_name.{n}") for n, v in self.op_name.items()
+        }
 
     @property
     def pass_class(self) -> type[Pass]:

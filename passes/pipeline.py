@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import onnx_ir as ir
-
 from mconv.errors import InputError
 from mconv.passes.base import PASSES, PassContext, PassReport, PassSpec, config_as_dict, stats_triplet
 
@@ -40,14 +39,20 @@ def _split_top_level(text: str) -> list[str]:
         elif ch in ")]}":
             depth -= 1
             if depth < 0:
-                raise InputError(f"unbalanced ')' at character {i}", where="pass spec",
-                                 hint="e.g. fold,dce,prune(sparsity=0.9)")
+                raise InputError(
+                    f"unbalanced ')' at character {i}",
+                    where="pass spec",
+                    hint="e.g. fold,dce,prune(sparsity=0.9)",
+                )
         elif ch == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     if depth or quote:
-        raise InputError("unbalanced brackets or quotes", where="pass spec",
-                         hint="e.g. fold,dce,cluster(bits=5,init='linear')")
+        raise InputError(
+            "unbalanced brackets or quotes",
+            where="pass spec",
+            hint="e.g. fold,dce,cluster(bits=5,init='linear')",
+        )
     parts.append(text[start:])
     return parts
 
@@ -56,8 +61,11 @@ def _parse_args(name: str, args: str) -> dict[str, Any]:
     try:
         call = ast.parse(f"f({args})", mode="eval").body
     except SyntaxError:
-        raise InputError(f"cannot parse options '({args})'", where=f"pass {name}",
-                         hint="write key=value pairs with Python literals, e.g. prune(sparsity=0.9)") from None
+        raise InputError(
+            f"cannot parse options '({args})'",
+            where=f"pass {name}",
+            hint="write key=value pairs with Python literals, e.g. prune(sparsity=0.9)",
+        ) from None
     assert isinstance(call, ast.Call)
     if call.args:
         raise InputError("options must be named", where=f"pass {name}", hint="write key=value, e.g. bits=5")
@@ -68,8 +76,11 @@ def _parse_args(name: str, args: str) -> dict[str, Any]:
         try:
             values[kw.arg] = ast.literal_eval(kw.value)
         except (ValueError, SyntaxError):
-            raise InputError(f"option '{kw.arg}' is not a literal: {ast.unparse(kw.value)}", where=f"pass {name}",
-                             hint="quote strings: init='linear'; use true literals: True, 0.9, [1, 2]") from None
+            raise InputError(
+                f"option '{kw.arg}' is not a literal: {ast.unparse(kw.value)}",
+                where=f"pass {name}",
+                hint="quote strings: init='linear'; use true literals: True, 0.9, [1, 2]",
+            ) from None
     return values
 
 
@@ -80,10 +91,17 @@ def make_spec(name: str, values: dict[str, Any]) -> PassSpec:
     op_name = values.pop("op_name", {}) or {}
     for key, table in (("op_type", op_type), ("op_name", op_name)):
         if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
-            raise InputError(f"'{key}' must map names to tables of options", where=f"pass {name}",
-                             hint=f"e.g. {key}={{'Conv': {{'sparsity': 0.6}}}}")
-    return PassSpec(name, values, {str(k): dict(v) for k, v in op_type.items()},
-                    {str(k): dict(v) for k, v in op_name.items()})
+            raise InputError(
+                f"'{key}' must map names to tables of options",
+                where=f"pass {name}",
+                hint=f"e.g. {key}={{'Conv': {{'sparsity': 0.6}}}}",
+            )
+    return PassSpec(
+        name,
+        values,
+        {str(k): dict(v) for k, v in op_type.items()},
+        {str(k): dict(v) for k, v in op_name.items()},
+    )
 
 
 def parse_spec(spec: str) -> list[PassSpec]:
@@ -98,8 +116,11 @@ def parse_spec(spec: str) -> list[PassSpec]:
             continue
         m = _ITEM.match(item)
         if not m:
-            raise InputError(f"cannot parse '{item.strip()}'", where="pass spec",
-                             hint="write name or name(key=value,...), separated by commas")
+            raise InputError(
+                f"cannot parse '{item.strip()}'",
+                where="pass spec",
+                hint="write name or name(key=value,...), separated by commas",
+            )
         name, args = m.group(1), m.group(2)
         if name not in PASSES and not args and (name in recipe_names() or name.endswith(".toml")):
             specs.extend(load_recipe(name))
@@ -119,17 +140,26 @@ def load_recipe(name_or_path: str | Path) -> list[PassSpec]:
         if builtin.is_file():
             path = builtin
         else:
-            raise InputError(f"unknown recipe '{name_or_path}'", path=str(name_or_path),
-                             hint=f"built-in recipes: {', '.join(recipe_names())}; or give a .toml path")
+            raise InputError(
+                f"unknown recipe '{name_or_path}'",
+                path=str(name_or_path),
+                hint=f"built-in recipes: {', '.join(recipe_names())}; or give a .toml path",
+            )
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"not a valid TOML recipe ({exc})", path=str(path),
-                         hint="see the schema in mconv.passes' docstring") from None
+        raise InputError(
+            f"not a valid TOML recipe ({exc})",
+            path=str(path),
+            hint="see the schema in mconv.passes' docstring",
+        ) from None
     unknown = set(doc) - {"pass", "description"}
     if unknown:
-        raise InputError(f"unknown top-level key(s): {', '.join(sorted(unknown))}", path=str(path),
-                         hint="a recipe has 'description' and [[pass]] tables")
+        raise InputError(
+            f"unknown top-level key(s): {', '.join(sorted(unknown))}",
+            path=str(path),
+            hint="a recipe has 'description' and [[pass]] tables",
+        )
     entries = doc.get("pass", [])
     if not isinstance(entries, list):
         raise InputError("'pass' must be an array of tables", path=str(path), hint="write [[pass]]")
@@ -138,8 +168,9 @@ def load_recipe(name_or_path: str | Path) -> list[PassSpec]:
         entry = dict(entry)
         name = entry.pop("name", None)
         if not isinstance(name, str):
-            raise InputError("pass without a name", path=str(path), where=f"[[pass]] #{i + 1}",
-                             hint='add name = "fold"')
+            raise InputError(
+                "pass without a name", path=str(path), where=f"[[pass]] #{i + 1}", hint='add name = "fold"'
+            )
         try:
             specs.append(make_spec(name, entry))
         except InputError as exc:
@@ -161,8 +192,9 @@ def _record_provenance(model: ir.Model, specs: list[PassSpec]) -> None:
     model.metadata_props[METADATA_KEY] = json.dumps(history, sort_keys=True, separators=(",", ":"))
 
 
-def run_pipeline(model: ir.Model, specs: list[PassSpec],
-                 ctx: PassContext | None = None) -> tuple[ir.Model, list[PassReport]]:
+def run_pipeline(
+    model: ir.Model, specs: list[PassSpec], ctx: PassContext | None = None
+) -> tuple[ir.Model, list[PassReport]]:
     """Run ``specs`` in order on ``model`` (mutated in place where passes allow).
 
     Returns the final model and one report per pass; records the pipeline in the model's

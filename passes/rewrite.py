@@ -18,6 +18,23 @@ def is_overridable(graph: ir.Graph, value: ir.Value, ir_version: int) -> bool:
     return ir_version >= 4 and value in graph.inputs
 
 
+def upgrade_ir3(model: ir.Model) -> bool:
+    """Raise an IR 3 model to IR 4, where initializers need not be listed as graph inputs.
+
+    In IR 3 every initializer had to be an input, yet it was a weight; in IR 4 an initializer
+    listed as an input is a default the caller may override. So the listed weights leave the
+    inputs, and the model keeps meaning what it meant. Returns whether the model changed.
+    """
+    if (model.ir_version or 10) >= 4:
+        return False
+    graph = model.graph
+    weights = [v for v in graph.inputs if v.is_initializer()]
+    for value in weights:
+        graph.inputs.remove(value)
+    model.ir_version = 4
+    return True
+
+
 def constant_array(value: ir.Value | None, graph: ir.Graph, ir_version: int) -> np.ndarray | None:
     """The value as a numpy array when it is a constant (initializer or Constant node output)."""
     if value is None:
@@ -75,8 +92,9 @@ def fresh_name(base: str, taken: set[str]) -> str:
 
 def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     tensor = ir.tensor(array, name=name)
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype),
-                     const_value=tensor)
+    value = ir.Value(
+        name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor
+    )
     graph.register_initializer(value)
     return value
 

@@ -6,14 +6,14 @@ from dataclasses import dataclass
 
 import onnx
 import onnx_ir as ir
-
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
 
 _PROTO_LIMIT = (1 << 31) - (1 << 20)  # protobuf's 2 GiB limit, with room for the envelope
 
 
-def infer_on_stripped_copy(model: ir.Model, *, keep_bytes: int, strict: bool, data_prop: bool
-                           ) -> onnx.ModelProto | None:
+def infer_on_stripped_copy(
+    model: ir.Model, *, keep_bytes: int, strict: bool, data_prop: bool
+) -> onnx.ModelProto | None:
     """Run ``onnx.shape_inference`` on the model with large initializers reduced to typed inputs.
 
     Inference needs only the types and shapes of weights; small ones (shape tensors) stay so that
@@ -39,8 +39,9 @@ def infer_on_stripped_copy(model: ir.Model, *, keep_bytes: int, strict: bool, da
         proto = ir.serde.serialize_model(model)
         if proto.ByteSize() > _PROTO_LIMIT:
             return None
-        return onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=strict,
-                                                 data_prop=data_prop)
+        return onnx.shape_inference.infer_shapes(
+            proto, check_type=False, strict_mode=strict, data_prop=data_prop
+        )
     finally:
         for value in stripped:
             value.const_value = saved[value.name]
@@ -98,8 +99,9 @@ class ShapeInference(Pass):
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         try:
-            inferred = infer_on_stripped_copy(model, keep_bytes=config.keep_bytes, strict=config.strict,
-                                              data_prop=config.data_prop)
+            inferred = infer_on_stripped_copy(
+                model, keep_bytes=config.keep_bytes, strict=config.strict, data_prop=config.data_prop
+            )
         except Exception as exc:  # onnx raises InferenceError, ValidationError, RuntimeError...
             return self.report(False, notes=[f"shape inference failed, model unchanged: {str(exc)[:200]}"])
         if inferred is None:

@@ -1,0 +1,87 @@
+"""eliminate-identity: remove Identity nodes and inference-mode Dropout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.rewrite import constant_array
+
+
+def _is_inference_dropout(node: ir.Node, graph: ir.Graph, ir_version: int) -> bool:
+    """Dropout that passes its input through: no training mode, mask output absent or unused."""
+    if (
+        len(node.outputs) > 1
+        and node.outputs[1] is not None
+        and (node.outputs[1].uses() or node.outputs[1].is_graph_output())
+    ):
+        return False
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        training = constant_array(node.inputs[2], graph, ir_version)
+        if training is None or bool(np.asarray(training).reshape(-1)[0]):
+            return False
+    is_test = node.attributes.get("is_test")  # opset <= 6: is_test=0 means training
+    if is_test is not None and not is_test.value:
+        return False
+    return True
+
+
+@register_pass("eliminate-identity")
+class EliminateIdentity(Pass):
+    """Remove nodes that pass their input through unchanged.
+
+    1. ``y = Identity(x)`` and ``y = Dropout(x)`` in inference mode (``training_mode`` absent or
+       constant false, ``is_test`` not 0, mask output absent or unused) are candidates::
+
+           before: x -> Conv -> Dropout -> Relu        after: x -> Conv -> Relu
+
+    2. If ``y`` is not a graph output, every use of ``y`` becomes a use of ``x``.
+    3. If ``y`` is a graph output and ``x`` is produced by a node (not a graph input, initializer
+       or another graph output), ``x`` is renamed to ``y`` so the graph's output names are stable.
+    4. Otherwise (``y`` a graph output fed straight from a graph input or initializer) the node
+       stays: removing it would change the interface.
+    """
+
+    @dataclass
+    class Config:
+        dropout: bool = True
+
+    def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
+        removed = 0
+        ir_version = model.ir_version or 10
+        for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+            if self._try_eliminate(node, config, ir_version):
+                removed += 1
+        return self.report(removed > 0, notes=[f"removed {removed} nodes"])
+
+    @staticmethod
+    def _try_eliminate(node: ir.Node, config: Config, ir_version: int) -> bool:
+        if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+            return False
+        graph = node.graph
+        if node.op_type == "Identity":
+            pass
+        elif node.op_type == "Dropout" and config.dropout:
+            if not _is_inference_dropout(node, graph, ir_version):
+                return False
+        else:
+            return False
+        x, y = node.inputs[0], node.outputs[0]
+        if y.is_graph_output():
+            if x.is_graph_input() or x.is_initializer() or x.is_graph_output() or x.producer() is None:
+                return False
+            # x's other consumers keep seeing the same value under its new name.
+            name = y.name
+            ir.convenience.replace_all_uses_with(y, x, replace_graph_outputs=True)
+            y.name = None
+            x.name = name
+        else:
+            ir.convenience.replace_all_uses_with(y, x)
+        if x.shape is None:
+            x.shape = y.shape
+        if x.type is None:
+            x.type = y.type
+        graph.remove(node, safe=True)
+        return True
