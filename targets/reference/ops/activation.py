@@ -37,21 +37,28 @@ _POINTWISE = {
         lambda x, y, a: np.where(x > 0, 1.0, a.get("alpha", 1.0) * np.exp(np.minimum(x, 0))),
     ),
     "Selu": (
-        lambda x, a: a.get("gamma", 1.05070102214813232421875)
-        * np.where(x > 0, x, a.get("alpha", 1.67326319217681884765625) * np.expm1(np.minimum(x, 0))),
-        lambda x, y, a: a.get("gamma", 1.05070102214813232421875)
-        * np.where(x > 0, 1.0, a.get("alpha", 1.67326319217681884765625) * np.exp(np.minimum(x, 0))),
+        lambda x, a: (
+            a.get("gamma", 1.05070102214813232421875)
+            * np.where(x > 0, x, a.get("alpha", 1.67326319217681884765625) * np.expm1(np.minimum(x, 0)))
+        ),
+        lambda x, y, a: (
+            a.get("gamma", 1.05070102214813232421875)
+            * np.where(x > 0, 1.0, a.get("alpha", 1.67326319217681884765625) * np.exp(np.minimum(x, 0)))
+        ),
     ),
     "Celu": (
-        lambda x, a: np.maximum(x, 0)
-        + np.minimum(0, a.get("alpha", 1.0) * np.expm1(np.minimum(x, 0) / a.get("alpha", 1.0))),
+        lambda x, a: (
+            np.maximum(x, 0)
+            + np.minimum(0, a.get("alpha", 1.0) * np.expm1(np.minimum(x, 0) / a.get("alpha", 1.0)))
+        ),
         lambda x, y, a: np.where(x > 0, 1.0, np.exp(np.minimum(x, 0) / a.get("alpha", 1.0))),
     ),
     "Sigmoid": (lambda x, a: _sigmoid(x), lambda x, y, a: y * (1 - y)),
     "HardSigmoid": (
         lambda x, a: np.clip(a.get("alpha", 0.2) * x + a.get("beta", 0.5), 0, 1),
         lambda x, y, a: np.where(
-            (a.get("alpha", 0.2) * x + a.get("beta", 0.5) > 0) & (a.get("alpha", 0.2) * x + a.get("beta", 0.5) < 1),
+            (a.get("alpha", 0.2) * x + a.get("beta", 0.5) > 0)
+            & (a.get("alpha", 0.2) * x + a.get("beta", 0.5) < 1),
             a.get("alpha", 0.2),
             0.0,
         ),
@@ -62,8 +69,9 @@ _POINTWISE = {
     ),
     "Mish": (
         lambda x, a: x * np.tanh(np.logaddexp(0, x)),
-        lambda x, y, a: np.tanh(np.logaddexp(0, x))
-        + x * _sigmoid(x) * (1 - np.tanh(np.logaddexp(0, x)) ** 2),
+        lambda x, y, a: (
+            np.tanh(np.logaddexp(0, x)) + x * _sigmoid(x) * (1 - np.tanh(np.logaddexp(0, x)) ** 2)
+        ),
     ),
     "Softplus": (lambda x, a: np.logaddexp(0, x), lambda x, y, a: _sigmoid(x)),
     "Softsign": (lambda x, a: x / (1 + np.abs(x)), lambda x, y, a: 1 / (1 + np.abs(x)) ** 2),

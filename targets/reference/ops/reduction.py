@@ -216,7 +216,10 @@ def cumsum(inputs, attrs, ctx):
     x, axis = inputs
     return (
         _cumsum(
-            x, int(np.asarray(axis).ravel()[0]), bool(attrs.get("exclusive", 0)), bool(attrs.get("reverse", 0))
+            x,
+            int(np.asarray(axis).ravel()[0]),
+            bool(attrs.get("exclusive", 0)),
+            bool(attrs.get("reverse", 0)),
         ),
     )
 

@@ -1,0 +1,207 @@
+"""Gather/scatter/selection ops: forward against onnxruntime, VJPs by finite differences."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from gradcheck import check_vjp
+from mconv.errors import InputError
+from mconv.targets.reference.ops import OpContext, lookup
+from onnx import helper
+
+RNG = np.random.default_rng(0)
+
+
+def oracle(op, inputs, attrs, n_out=1, opset=21, engine="ort"):
+    """Run one ONNX node with onnxruntime (or onnx.reference) on ``inputs``."""
+    names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
+    ins = [
+        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
+        for n, x in zip(names, inputs)
+        if n
+    ]
+    outs = [onnx.ValueInfoProto(name=f"out{k}") for k in range(n_out)]
+    node = helper.make_node(op, names, [o.name for o in outs], **attrs)
+    model = helper.make_model(
+        helper.make_graph([node], "g", ins, outs),
+        opset_imports=[helper.make_opsetid("", opset)],
+        ir_version=10,
+    )
+    feeds = {n: x for n, x in zip(names, inputs) if n}
+    if engine == "ort":
+        return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, feeds
+        )
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(model).run(None, feeds)
+
+
+def ours(op, inputs, attrs, opset=21):
+    return lookup(op).forward(list(inputs), dict(attrs), OpContext(opset=opset))
+
+
+def assert_same(op, inputs, attrs=None, opset=21, engine="ort", rtol=1e-6, atol=1e-6):
+    attrs = attrs or {}
+    want = oracle(op, inputs, attrs, opset=opset, engine=engine)
+    got = ours(op, inputs, attrs, opset=opset)
+    for w, g in zip(want, got):
+        assert g.dtype == w.dtype, f"{op}: dtype {g.dtype} != {w.dtype}"
+        assert g.shape == w.shape
+        if w.dtype.kind in "fc":
+            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+def f32(*shape, lo=-2.0, hi=2.0):
+    return RNG.uniform(lo, hi, shape).astype(np.float32)
+
+
+def i64(*v):
+    return np.array(v, np.int64)
+
+
+# --------------------------------------------------------------------------- forward
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_with_negative_and_repeated_indices(axis):
+    assert_same("Gather", [f32(3, 4, 2), np.array([[0, -1], [1, 1]], np.int64)], {"axis": axis})
+    assert_same("Gather", [f32(3, 4), np.array(2, np.int32)], {"axis": axis})
+
+
+def test_gather_out_of_range_is_input_error():
+    with pytest.raises(InputError, match="Gather"):
+        ours("Gather", [f32(3), i64(3)], {})
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gather_elements(axis):
+    idx = RNG.integers(-3, 3, (3, 3)).astype(np.int64)
+    assert_same("GatherElements", [f32(3, 3), idx], {"axis": axis})
+
+
+@pytest.mark.parametrize(
+    "shape,idx,b",
+    [
+        ((2, 2), [[0, 0], [1, 1]], 0),
+        ((2, 2), [[1], [0]], 0),
+        ((2, 2, 2), [[0, 1], [1, 0]], 0),
+        ((2, 2, 2), [[1], [0]], 1),
+        ((2, 3, 4), [[[1, 2]], [[0, 3]]], 1),
+    ],
+)
+def test_gather_nd_batch_dims(shape, idx, b):
+    assert_same("GatherND", [f32(*shape), np.array(idx, np.int64)], {"batch_dims": b})
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_elements_reductions(reduction):
+    data = f32(3, 4)
+    idx = np.array([[1, 0, 2, 0], [2, 1, 0, 1]], np.int64)
+    if reduction == "none":
+        idx = np.array([[1, 0, 2, 0], [2, 1, 0, 1]], np.int64)  # unique per column
+    assert_same("ScatterElements", [data, idx, f32(2, 4)], {"axis": 0, "reduction": reduction}, opset=18)
+    assert_same("ScatterElements", [data, i64(-1, 0).reshape(1, 2), f32(1, 2)], {"axis": 1}, opset=18)
+
+
+def test_old_scatter_is_scatter_elements():
+    assert_same("Scatter", [f32(3, 3), i64(1, 0, 2).reshape(1, 3), f32(1, 3)], {"axis": 0}, opset=10)
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_nd_reductions(reduction):
+    data = f32(4, 3)
+    idx = np.array([[1], [3]], np.int64) if reduction == "none" else np.array([[1], [3], [1]], np.int64)
+    assert_same("ScatterND", [data, idx, f32(len(idx), 3)], {"reduction": reduction}, opset=18)
+    assert_same("ScatterND", [data, np.array([[0, 1], [2, 2]], np.int64), f32(2)], {}, opset=18)
+
+
+def test_where_broadcasts_and_keeps_dtype():
+    c = RNG.random((2, 1, 4)) > 0.5
+    assert_same("Where", [c, f32(3, 4), f32(2, 3, 1)])
+    assert_same("Where", [c, np.array(1, np.int64), i64(5, 6, 7, 8)])
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+def test_one_hot_with_negative_and_out_of_range_indices(axis):
+    idx = np.array([[0, -1, 2], [5, 1, -4]], np.int64)
+    assert_same("OneHot", [idx, np.array(4, np.int64), np.array([0.5, 2.0], np.float32)], {"axis": axis})
+
+
+def test_nonzero_compress_unique():
+    x = (RNG.random((3, 4)) > 0.5).astype(np.float32)
+    assert_same("NonZero", [x])
+    assert_same("Compress", [f32(3, 4), np.array([True, False, True])], {"axis": 0})
+    assert_same("Compress", [f32(3, 4), np.array([False, True, True, False, True])])
+    assert_same("Compress", [f32(3, 4), np.array([True, False])], {"axis": 1})
+    v = np.array([2, 1, 1, 3, 4, 3], np.float32)
+    for sorted_ in (0, 1):
+        want = oracle("Unique", [v], {"sorted": sorted_}, n_out=4)
+        got = ours("Unique", [v], {"sorted": sorted_})
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g, w)
+            assert g.dtype == w.dtype
+    m = np.array([[1, 0, 0], [1, 0, 0], [2, 3, 4]], np.float32)
+    want = oracle("Unique", [m], {"sorted": 1, "axis": 0}, n_out=4)
+    for w, g in zip(want, ours("Unique", [m], {"sorted": 1, "axis": 0})):
+        np.testing.assert_array_equal(g, w)
+
+
+# --------------------------------------------------------------------------- VJPs
+
+
+def g64(*shape):
+    return RNG.standard_normal(shape)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gather_vjp_accumulates_repeated_indices(axis):
+    check_vjp("Gather", [g64(3, 4), np.array([[0, 2], [2, -1]], np.int64)], {"axis": axis}, wrt=[0])
+
+
+def test_gather_elements_and_nd_vjps():
+    check_vjp("GatherElements", [g64(3, 3), np.array([[0, 0, 2], [1, 1, 1]], np.int64)], {"axis": 0}, wrt=[0])
+    check_vjp(
+        "GatherND",
+        [
+            g64(2, 3, 4),
+            np.array(
+                [
+                    [[1, 2]],
+                    [[0, 3]],
+                ],
+                np.int64,
+            ),
+        ],
+        {"batch_dims": 1},
+        wrt=[0],
+    )
+    check_vjp("GatherND", [g64(3, 2), np.array([[1], [1], [0]], np.int64)], {}, wrt=[0])
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+def test_scatter_vjps(reduction):
+    idx = np.array([[1, 0, 2, 0], [2, 1, 0, 1]], np.int64)
+    check_vjp("ScatterElements", [g64(3, 4), idx, g64(2, 4)], {"axis": 0, "reduction": reduction}, wrt=[0, 2])
+    check_vjp(
+        "ScatterND",
+        [g64(4, 3), np.array([[1], [3]], np.int64), g64(2, 3)],
+        {"reduction": reduction},
+        wrt=[0, 2],
+    )
+
+
+def test_scatter_vjp_refuses_mul_with_a_clear_error():
+    with pytest.raises(InputError, match="reduction='mul'"):
+        check_vjp("ScatterND", [g64(4, 3), np.array([[1]], np.int64), g64(1, 3)], {"reduction": "mul"})
+
+
+def test_where_compress_vjps():
+    c = RNG.random((2, 1, 4)) > 0.5
+    check_vjp("Where", [c, g64(3, 4), g64(2, 3, 1)], {})
+    check_vjp("Compress", [g64(3, 4), np.array([True, False, True])], {"axis": 0}, wrt=[0])
+    check_vjp("Compress", [g64(3, 4), np.array([False, True, True, False, True])], {}, wrt=[0])
