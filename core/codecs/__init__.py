@@ -40,7 +40,7 @@ def register(codec: Codec) -> Codec:
 
 def encode(array: np.ndarray, spec: dict | None = None) -> tuple[bytes, dict]:
     spec = dict(spec or {"codec": "raw"})
-    name = spec.pop("codec")
+    name = spec.pop("codec", "raw")
     if name not in CODECS:
         raise InputError(f"unknown weight codec '{name}'", hint=f"choose one of: {', '.join(sorted(CODECS))}")
     array = np.asarray(array)
@@ -51,10 +51,30 @@ def encode(array: np.ndarray, spec: dict | None = None) -> tuple[bytes, dict]:
 
 
 def decode(blob: bytes | memoryview, record: dict) -> np.ndarray:
-    name = record["codec"]
+    name = record.get("codec")
     if name not in CODECS:
         raise InputError(f"unknown weight codec '{name}' in container", hint="upgrade mconv")
-    return CODECS[name].decode(memoryview(blob), record)
+    try:
+        shape = [int(d) for d in record["shape"]]
+        np.dtype(record["dtype"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(
+            f"{name} record lacks a valid shape/dtype", hint="the weights index is damaged"
+        ) from exc
+    if any(d < 0 for d in shape):
+        raise InputError(
+            f"{name} record has a negative dimension {shape}", hint="the weights index is damaged"
+        )
+    return CODECS[name].decode(memoryview(blob), {**record, "shape": shape})
+
+
+def _expect_bytes(blob: memoryview, nbytes: int, codec: str) -> None:
+    if len(blob) != nbytes:
+        raise InputError(
+            f"{codec} blob holds {len(blob)} bytes, its record needs {nbytes}",
+            where=f"byte offset {min(len(blob), nbytes)}",
+            hint="the weights file is damaged or was cut short; re-export it",
+        )
 
 
 def _raw_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
@@ -63,6 +83,7 @@ def _raw_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
 
 def _raw_decode(blob: memoryview, record: dict) -> np.ndarray:
     dtype = np.dtype(record["dtype"]).newbyteorder("<")
+    _expect_bytes(blob, int(np.prod(record["shape"], dtype=np.int64)) * dtype.itemsize, "raw")
     return np.frombuffer(blob, dtype=dtype).reshape(record["shape"]).astype(dtype.newbyteorder("="))
 
 
@@ -75,6 +96,7 @@ def _fp16_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
 
 
 def _fp16_decode(blob: memoryview, record: dict) -> np.ndarray:
+    _expect_bytes(blob, int(np.prod(record["shape"], dtype=np.int64)) * 2, "fp16")
     return np.frombuffer(blob, dtype="<f2").reshape(record["shape"]).astype(record["dtype"])
 
 
@@ -82,7 +104,11 @@ register(Codec("raw", _raw_encode, _raw_decode))
 register(Codec("fp16", _fp16_encode, _fp16_decode))
 
 # One line per codec module. A new codec is one new file plus one line here.
-_MODULES: tuple[str, ...] = ("huffman",)
+_MODULES: tuple[str, ...] = ("huffman", "palette", "sparse")
 
 for _mod in _MODULES:
     importlib.import_module(f"{__name__}.{_mod}")
+
+from mconv.codecs.choose import choose_spec, predict_bytes  # noqa: E402  (needs the codecs above)
+
+__all__ = ["CODECS", "Codec", "choose_spec", "decode", "encode", "predict_bytes", "register"]

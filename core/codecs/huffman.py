@@ -39,7 +39,6 @@ import heapq
 import itertools
 
 import numpy as np
-
 from mconv.codecs import Codec, register
 from mconv.codecs.bitstream import BlobReader
 from mconv.errors import InputError
@@ -170,8 +169,10 @@ def decode_symbols(reader: BlobReader, count: int, alphabet: int, what: str) -> 
         )
 
     if n != count or alpha != alphabet or chunk == 0 or max_len > MAX_LEN:
-        raise bad(f"header says {n} symbols of {alpha} (chunk {chunk}, max length {max_len}), "
-                  f"record says {count} of {alphabet}")
+        raise bad(
+            f"header says {n} symbols of {alpha} (chunk {chunk}, max length {max_len}), "
+            f"record says {count} of {alphabet}"
+        )
     lengths = np.frombuffer(reader.take(alpha, f"{what} Huffman code lengths"), dtype=np.uint8)
     n_sync = -(-n // chunk)
     sync = np.frombuffer(reader.take(4 * n_sync, f"{what} Huffman sync table"), dtype="<u4")
@@ -209,6 +210,7 @@ def _lookup_tables(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _decode_chunks(payload, lengths, sync, n, chunk, nbits, bad) -> np.ndarray:
     sym_tab, len_tab = _lookup_tables(lengths)
+    chunk = min(chunk, n)  # a header's chunk may exceed the stream (one sync entry); never allocate past n
     # Zero padding lets every chunk run a full `chunk` steps (each reads <= MAX_LEN bits) without
     # bounds checks; what the last chunk decodes past the end is discarded.
     pad = 2 * chunk + 4
@@ -230,7 +232,6 @@ def _decode_chunks(payload, lengths, sync, n, chunk, nbits, bad) -> np.ndarray:
     if last_end != nbits:
         raise bad(f"payload decodes to {last_end} bits, header says {nbits}")
     return out.ravel()[:n]
-
 
 
 # -- the standalone codec: a byte tensor (uint8/int8) Huffman-coded as 8-bit symbols -----------

@@ -1,0 +1,249 @@
+/* Portable C99 decoder for mconv weight blobs; see decoder.h and the codec modules beside it. */
+#include "decoder.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LEN 16
+
+typedef struct {
+    const unsigned char *p;
+    size_t n, off;
+    char *err;
+    size_t errlen;
+} reader;
+
+static int fail(reader *r, const char *fmt, ...) {
+    va_list ap;
+    int k;
+    if (r->err && r->errlen) {
+        k = snprintf(r->err, r->errlen, "byte offset %lu: ", (unsigned long)r->off);
+        if (k >= 0 && (size_t)k < r->errlen) {
+            va_start(ap, fmt);
+            vsnprintf(r->err + k, r->errlen - (size_t)k, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return -1;
+}
+
+/* Hand out the next `len` bytes, or fail when the blob is shorter (never read past it). */
+static const unsigned char *take(reader *r, uint64_t len, const char *what) {
+    const unsigned char *at;
+    if (len > r->n - r->off) {
+        fail(r, "blob truncated: %s needs %llu bytes, %lu left", what, (unsigned long long)len,
+             (unsigned long)(r->n - r->off));
+        return NULL;
+    }
+    at = r->p + r->off;
+    r->off += (size_t)len;
+    return at;
+}
+
+static uint32_t le32(const unsigned char *b) {
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+static float f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+float mcw_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+    if (exp == 0x1F) return f32_from_bits(sign | 0x7F800000u | man << 13); /* inf / NaN */
+    if (exp == 0) {
+        if (man == 0) return f32_from_bits(sign);
+        exp = 127 - 15 + 1; /* normalise the subnormal */
+        while (!(man & 0x400u)) { man <<= 1; exp--; }
+        return f32_from_bits(sign | exp << 23 | (man & 0x3FFu) << 13);
+    }
+    return f32_from_bits(sign | (exp + 127 - 15) << 23 | man << 13);
+}
+
+/* Read `count` elements stored as dtype `dt` (f32 or f16, little-endian) into out. */
+static int read_floats(reader *r, int dt, uint64_t count, float *out, const char *what) {
+    uint64_t i, size = dt == MCW_F16 ? 2 : 4;
+    const unsigned char *b;
+    if (dt != MCW_F32 && dt != MCW_F16) return fail(r, "%s: unsupported dtype", what);
+    if (count > (uint64_t)-1 / size) return fail(r, "%s: count overflows", what);
+    if (!(b = take(r, count * size, what))) return -1;
+    for (i = 0; i < count; i++)
+        out[i] = dt == MCW_F16 ? mcw_half_to_float((uint16_t)(b[2 * i] | b[2 * i + 1] << 8))
+                               : f32_from_bits(le32(b + 4 * i));
+    return 0;
+}
+
+/* Fixed-width, LSB-first packed stream: value i is bits i*bits .. i*bits+bits-1. */
+static int read_packed(reader *r, uint64_t count, int bits, unsigned char *out, const char *what) {
+    uint64_t i, bit;
+    const unsigned char *b;
+    if (!(b = take(r, (count * (uint64_t)bits + 7) / 8, what))) return -1;
+    for (i = 0, bit = 0; i < count; i++) {
+        unsigned v = 0;
+        int k;
+        for (k = 0; k < bits; k++, bit++) v |= (unsigned)(b[bit >> 3] >> (bit & 7) & 1u) << k;
+        out[i] = (unsigned char)v;
+    }
+    return 0;
+}
+
+/* Canonical Huffman stream (layout in huffman.py): exactly `count` symbols < `alphabet`. */
+static int read_huffman(reader *r, uint64_t count, unsigned alphabet, unsigned char *out, const char *what) {
+    const unsigned char *h, *lengths, *sync, *pay;
+    uint32_t n, chunk, nbits, nsync, s, code, kraft = 0;
+    unsigned alpha, max_len, len, used = 0, only = 0;
+    uint16_t next_code[MAX_LEN + 2], bl_count[MAX_LEN + 2];
+    unsigned char *sym_tab, *len_tab;
+    uint64_t i, pos = 0, payload_bytes;
+    size_t at = r->off;
+    if (!(h = take(r, 16, what))) return -1;
+    n = le32(h), chunk = le32(h + 4), nbits = le32(h + 8);
+    alpha = (unsigned)(h[12] | h[13] << 8), max_len = h[14];
+    if (n != count || alpha != alphabet || chunk == 0 || max_len > MAX_LEN) {
+        r->off = at;
+        return fail(r, "corrupt %s Huffman header (%lu symbols of %u, record says %llu of %u)", what,
+                    (unsigned long)n, alpha, (unsigned long long)count, alphabet);
+    }
+    if (!(lengths = take(r, alpha, what))) return -1;
+    nsync = n / chunk + (n % chunk != 0);
+    if (!(sync = take(r, (uint64_t)nsync * 4, what))) return -1;
+    payload_bytes = ((uint64_t)nbits + 7) / 8;
+    if (!(pay = take(r, payload_bytes, what))) return -1;
+    if (n == 0) return 0;
+    memset(bl_count, 0, sizeof bl_count);
+    for (s = 0; s < alpha; s++) {
+        if (lengths[s] > max_len) return fail(r, "%s: code length above the header's maximum", what);
+        if (lengths[s]) { used++; only = s; bl_count[lengths[s]]++; kraft += 1u << (MAX_LEN - lengths[s]); }
+    }
+    if (used == 1) { /* one symbol: no payload bits at all */
+        if (nbits != 0 || lengths[only] != 1) return fail(r, "%s: one-symbol stream with a payload", what);
+        memset(out, (int)only, (size_t)n);
+        return 0;
+    }
+    if (used == 0 || kraft != 1u << MAX_LEN) return fail(r, "%s: code lengths are not a complete prefix code", what);
+    sym_tab = malloc(1u << MAX_LEN);
+    len_tab = malloc(1u << MAX_LEN);
+    if (!sym_tab || !len_tab) { free(sym_tab); free(len_tab); return fail(r, "out of memory"); }
+    /* Canonical codes (DEFLATE order), spread over a table indexed by the next 16 bits. */
+    code = 0, bl_count[0] = 0;
+    for (len = 1; len <= MAX_LEN; len++) { code = (code + bl_count[len - 1]) << 1; next_code[len] = (uint16_t)code; }
+    for (s = 0; s < alpha; s++) {
+        uint32_t lo, span, k;
+        if (!(len = lengths[s])) continue;
+        lo = (uint32_t)next_code[len]++ << (MAX_LEN - len), span = 1u << (MAX_LEN - len);
+        for (k = 0; k < span; k++) sym_tab[lo + k] = (unsigned char)s, len_tab[lo + k] = (unsigned char)len;
+    }
+    for (i = 0; i < n; i++) {
+        uint32_t w = 0;
+        uint64_t byte = pos >> 3;
+        int k;
+        if (i % chunk == 0 && le32(sync + 4 * (i / chunk)) != pos) {
+            free(sym_tab), free(len_tab);
+            return fail(r, "%s: symbol %llu is not at its sync offset", what, (unsigned long long)i);
+        }
+        for (k = 0; k < 3; k++) w = w << 8 | (byte + (uint64_t)k < payload_bytes ? pay[byte + (uint64_t)k] : 0u);
+        w = (w >> (8 - (pos & 7))) & 0xFFFFu;
+        out[i] = sym_tab[w];
+        pos += len_tab[w];
+        if (pos > nbits) {
+            free(sym_tab), free(len_tab);
+            return fail(r, "%s: payload ends inside symbol %llu", what, (unsigned long long)i);
+        }
+    }
+    free(sym_tab), free(len_tab);
+    if (pos != nbits) return fail(r, "%s: %llu payload bits left over", what, (unsigned long long)(nbits - pos));
+    return 0;
+}
+
+static int read_symbols(reader *r, uint64_t count, int bits, int huffman, unsigned char *out, const char *what) {
+    return huffman ? read_huffman(r, count, 1u << bits, out, what) : read_packed(r, count, bits, out, what);
+}
+
+static int decode_palette(reader *r, const mcw_record *rec, float *out) {
+    uint64_t G = rec->groups ? rec->groups : 1, K = rec->codebook_size, i, g, base, extra, inner, at = 0;
+    float *book;
+    unsigned char *idx;
+    int rc;
+    if (rec->bits < 1 || rec->bits > 8) return fail(r, "palette bits %d out of range", rec->bits);
+    if (K > (1u << rec->bits) || (K == 0 && rec->count)) return fail(r, "palette codebook size %llu", (unsigned long long)K);
+    if (G > (rec->rows ? rec->rows : 1)) return fail(r, "palette groups exceed rows");
+    book = malloc((size_t)(G * K + 1) * sizeof *book);
+    idx = malloc((size_t)rec->count + 1);
+    if (!book || !idx) { free(book); free(idx); return fail(r, "out of memory"); }
+    rc = read_floats(r, rec->codebook_dtype, G * K, book, "codebook");
+    if (!rc) rc = read_symbols(r, rec->count, rec->bits, rec->huffman, idx, "palette indices");
+    base = rec->rows / G, extra = rec->rows % G, inner = rec->rows ? rec->count / rec->rows : 0;
+    for (g = 0; !rc && g < G; g++) { /* groups split axis 0 like np.array_split */
+        uint64_t end = at + (base + (g < extra)) * inner;
+        if (G == 1) end = rec->count;
+        for (i = at; i < end; i++) {
+            if (idx[i] >= K) { rc = fail(r, "palette index %u beyond the codebook", idx[i]); break; }
+            out[i] = book[g * K + idx[i]];
+        }
+        at = end;
+    }
+    free(book), free(idx);
+    return rc;
+}
+
+static int decode_sparse(reader *r, const mcw_record *rec, float *out) {
+    uint64_t E = rec->entries, K = rec->codebook_size, i, pos;
+    unsigned char *gaps, *idx = NULL;
+    float *vals, *book = NULL;
+    int rc;
+    if (rec->index_bits < 1 || rec->index_bits > 8) return fail(r, "sparse index_bits %d out of range", rec->index_bits);
+    if (E > rec->count) return fail(r, "sparse entries exceed the tensor");
+    gaps = malloc((size_t)E + 1);
+    vals = malloc(((size_t)E + 1) * sizeof *vals);
+    if (!gaps || !vals) { free(gaps); free(vals); return fail(r, "out of memory"); }
+    rc = read_symbols(r, E, rec->index_bits, rec->huffman, gaps, "sparse gaps");
+    if (!rc && rec->values == MCW_VALUES_RAW) rc = read_floats(r, rec->dtype, E, vals, "values");
+    else if (!rc && rec->values == MCW_VALUES_FP16) rc = read_floats(r, MCW_F16, E, vals, "values");
+    else if (!rc && rec->values == MCW_VALUES_PALETTE) {
+        if (rec->bits < 1 || rec->bits > 8 || K > (1u << rec->bits) || (K == 0 && E)) {
+            rc = fail(r, "sparse palette bits/codebook out of range");
+        } else {
+            book = malloc((size_t)(K + 1) * sizeof *book);
+            idx = malloc((size_t)E + 1);
+            if (!book || !idx) rc = fail(r, "out of memory");
+            if (!rc) rc = read_floats(r, rec->codebook_dtype, K, book, "codebook");
+            if (!rc) rc = read_symbols(r, E, rec->bits, rec->huffman, idx, "sparse indices");
+            for (i = 0; !rc && i < E; i++) {
+                if (idx[i] >= K) rc = fail(r, "sparse palette index %u beyond the codebook", idx[i]);
+                else vals[i] = book[idx[i]];
+            }
+        }
+    } else if (!rc) rc = fail(r, "unknown sparse value codec %d", rec->values);
+    if (!rc) {
+        memset(out, 0, (size_t)rec->count * sizeof *out);
+        for (i = 0, pos = 0; i < E; i++) { /* pos = one past the previous entry */
+            pos += gaps[i];
+            if (pos >= rec->count) { rc = fail(r, "sparse gaps run past the tensor"); break; }
+            out[pos++] = vals[i];
+        }
+    }
+    free(gaps), free(vals), free(book), free(idx);
+    return rc;
+}
+
+int mcw_decode_tensor(const mcw_record *rec, const unsigned char *blob, size_t nbytes, float *out,
+                      char *err, size_t errlen) {
+    reader r;
+    int rc;
+    r.p = blob, r.n = nbytes, r.off = 0, r.err = err, r.errlen = errlen;
+    if (err && errlen) err[0] = '\0';
+    if (rec->dtype != MCW_F32 && rec->dtype != MCW_F16) return fail(&r, "unsupported tensor dtype");
+    switch (rec->codec) {
+    case MCW_RAW: rc = read_floats(&r, rec->dtype, rec->count, out, "raw values"); break;
+    case MCW_FP16: rc = read_floats(&r, MCW_F16, rec->count, out, "fp16 values"); break;
+    case MCW_PALETTE: rc = decode_palette(&r, rec, out); break;
+    case MCW_SPARSE: rc = decode_sparse(&r, rec, out); break;
+    default: return fail(&r, "unknown codec %d", rec->codec);
+    }
+    if (!rc && r.off != r.n) return fail(&r, "%lu unexpected trailing bytes", (unsigned long)(r.n - r.off));
+    return rc;
+}

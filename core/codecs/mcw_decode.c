@@ -1,0 +1,318 @@
+/* mcw_decode: decode every tensor of a weights.mcw container to raw float32 little-endian.
+ *
+ *   mcw_decode FILE                 all tensors, concatenated in index order, to stdout
+ *   mcw_decode FILE NAME            one tensor to stdout
+ *   mcw_decode FILE -o DIR          one file per tensor: DIR/<name>.f32 (unsafe characters -> '_')
+ *   mcw_decode FILE -l              list: name, codec, dtype, elements
+ *
+ * Container (core/container.py): "MCW1", u32 version 1, u64 index length, JSON index
+ * {"tensors": [{"name", "offset", "nbytes", "record": {...}}, ...]}, 64-byte aligned blobs.
+ * The JSON parser is minimal: it reads exactly that shape and skips every other key.
+ * Exit status: 0 ok, 2 bad input (one line on stderr naming the file and tensor), 3 I/O error.
+ *
+ * Build: cc -std=c99 -O2 -o mcw_decode mcw_decode.c decoder.c
+ */
+#include "decoder.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NAME_MAX_LEN 1024
+#define MAX_DIMS 16
+
+typedef struct {
+    const char *s, *end;
+    int bad;
+} json;
+
+typedef struct {
+    char name[NAME_MAX_LEN];
+    uint64_t offset, nbytes, shape[MAX_DIMS];
+    int ndim, have_offset, have_nbytes, have_codec, have_dtype, unsupported_dtype;
+    char codec[32], dtype[32], codebook_dtype[32], values[32];
+    mcw_record rec;
+} tensor;
+
+static const char *prog_file = "";
+
+static void ws(json *j) {
+    while (j->s < j->end && (*j->s == ' ' || *j->s == '\n' || *j->s == '\r' || *j->s == '\t')) j->s++;
+}
+
+static int expect(json *j, char c) {
+    ws(j);
+    if (j->s < j->end && *j->s == c) { j->s++; return 1; }
+    j->bad = 1;
+    return 0;
+}
+
+static int peek(json *j, char c) {
+    ws(j);
+    return j->s < j->end && *j->s == c;
+}
+
+static void put_utf8(char *out, size_t cap, size_t *n, unsigned cp) {
+    unsigned char b[4];
+    int k = 0, i;
+    if (cp < 0x80) b[k++] = (unsigned char)cp;
+    else if (cp < 0x800) b[k++] = (unsigned char)(0xC0 | cp >> 6), b[k++] = (unsigned char)(0x80 | (cp & 0x3F));
+    else b[k++] = (unsigned char)(0xE0 | cp >> 12), b[k++] = (unsigned char)(0x80 | (cp >> 6 & 0x3F)),
+         b[k++] = (unsigned char)(0x80 | (cp & 0x3F));
+    for (i = 0; i < k; i++) if (*n + 1 < cap) out[(*n)++] = (char)b[i];
+}
+
+/* A JSON string into out (truncated to cap-1 bytes; \u escapes to UTF-8, surrogates kept as-is). */
+static void string(json *j, char *out, size_t cap) {
+    size_t n = 0;
+    if (!expect(j, '"')) return;
+    while (j->s < j->end && *j->s != '"') {
+        char c = *j->s++;
+        if (c == '\\') {
+            if (j->s >= j->end) break;
+            c = *j->s++;
+            if (c == 'u') {
+                unsigned cp = 0;
+                int k;
+                for (k = 0; k < 4; k++, j->s++) {
+                    char h = j->s < j->end ? *j->s : 'x';
+                    cp = cp << 4 | (unsigned)(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                                              : h >= 'A' && h <= 'F' ? h - 'A' + 10 : (j->bad = 1, 0));
+                }
+                put_utf8(out, cap, &n, cp);
+                continue;
+            }
+            c = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == 'b' ? '\b' : c == 'f' ? '\f' : c;
+        }
+        if (n + 1 < cap) out[n++] = c;
+    }
+    if (cap) out[n] = '\0';
+    if (!expect(j, '"')) j->bad = 1;
+}
+
+static uint64_t integer(json *j) {
+    uint64_t v = 0;
+    int digits = 0;
+    ws(j);
+    while (j->s < j->end && *j->s >= '0' && *j->s <= '9') {
+        if (v > (UINT64_MAX - 9) / 10) j->bad = 1;
+        v = v * 10 + (uint64_t)(*j->s++ - '0'), digits++;
+    }
+    if (!digits || (j->s < j->end && (*j->s == '.' || *j->s == 'e' || *j->s == 'E' || *j->s == '-'))) j->bad = 1;
+    return v;
+}
+
+static void skip(json *j, int depth) {
+    ws(j);
+    if (depth > 64 || j->s >= j->end) { j->bad = 1; return; }
+    if (*j->s == '"') { char tmp[2]; string(j, tmp, sizeof tmp); return; }
+    if (*j->s == '{' || *j->s == '[') {
+        char close = *j->s == '{' ? '}' : ']';
+        int object = *j->s == '{';
+        j->s++;
+        if (peek(j, close)) { j->s++; return; }
+        do {
+            if (object) { char tmp[2]; string(j, tmp, sizeof tmp); expect(j, ':'); }
+            skip(j, depth + 1);
+        } while (!j->bad && peek(j, ',') && j->s++);
+        expect(j, close);
+        return;
+    }
+    while (j->s < j->end && strchr(",}] \n\r\t", *j->s) == NULL) j->s++; /* number, true, false, null */
+}
+
+static int boolean(json *j) {
+    ws(j);
+    if (j->end - j->s >= 4 && !strncmp(j->s, "true", 4)) { j->s += 4; return 1; }
+    if (j->end - j->s >= 5 && !strncmp(j->s, "false", 5)) { j->s += 5; return 0; }
+    j->bad = 1;
+    return 0;
+}
+
+static int dtype_code(const char *name, int *unsupported) {
+    if (!strcmp(name, "float32")) return MCW_F32;
+    if (!strcmp(name, "float16")) return MCW_F16;
+    *unsupported = 1;
+    return -1;
+}
+
+static void record(json *j, tensor *t) {
+    char key[64];
+    mcw_record *r = &t->rec;
+    r->groups = 1;
+    if (!expect(j, '{')) return;
+    if (peek(j, '}')) { j->s++; return; }
+    do {
+        string(j, key, sizeof key);
+        expect(j, ':');
+        if (!strcmp(key, "codec")) string(j, t->codec, sizeof t->codec), t->have_codec = 1;
+        else if (!strcmp(key, "dtype")) string(j, t->dtype, sizeof t->dtype), t->have_dtype = 1;
+        else if (!strcmp(key, "codebook_dtype")) string(j, t->codebook_dtype, sizeof t->codebook_dtype);
+        else if (!strcmp(key, "values")) string(j, t->values, sizeof t->values);
+        else if (!strcmp(key, "huffman")) r->huffman = boolean(j);
+        else if (!strcmp(key, "bits")) r->bits = (int)(integer(j) & 0xFF);
+        else if (!strcmp(key, "index_bits")) r->index_bits = (int)(integer(j) & 0xFF);
+        else if (!strcmp(key, "codebook_size")) r->codebook_size = (uint32_t)integer(j);
+        else if (!strcmp(key, "groups")) r->groups = (uint32_t)integer(j);
+        else if (!strcmp(key, "entries")) r->entries = integer(j);
+        else if (!strcmp(key, "shape")) {
+            expect(j, '[');
+            if (peek(j, ']')) j->s++;
+            else {
+                do {
+                    if (t->ndim >= MAX_DIMS) { j->bad = 1; break; }
+                    t->shape[t->ndim++] = integer(j);
+                } while (!j->bad && peek(j, ',') && j->s++);
+                expect(j, ']');
+            }
+        } else skip(j, 1);
+    } while (!j->bad && peek(j, ',') && j->s++);
+    expect(j, '}');
+}
+
+static void tensor_entry(json *j, tensor *t) {
+    char key[64];
+    memset(t, 0, sizeof *t);
+    if (!expect(j, '{')) return;
+    do {
+        string(j, key, sizeof key);
+        expect(j, ':');
+        if (!strcmp(key, "name")) string(j, t->name, sizeof t->name);
+        else if (!strcmp(key, "offset")) t->offset = integer(j), t->have_offset = 1;
+        else if (!strcmp(key, "nbytes")) t->nbytes = integer(j), t->have_nbytes = 1;
+        else if (!strcmp(key, "record")) record(j, t);
+        else skip(j, 1);
+    } while (!j->bad && peek(j, ',') && j->s++);
+    expect(j, '}');
+}
+
+/* Fill the decoder's record from the parsed fields; returns a reason or NULL. */
+static const char *finish(tensor *t) {
+    mcw_record *r = &t->rec;
+    uint64_t count = 1;
+    int i;
+    if (!t->have_offset || !t->have_nbytes || !t->have_codec || !t->have_dtype) return "index entry lacks a field";
+    for (i = 0; i < t->ndim; i++) {
+        if (t->shape[i] && count > UINT64_MAX / t->shape[i]) return "shape overflows";
+        count *= t->shape[i];
+    }
+    r->count = count;
+    r->rows = t->ndim ? t->shape[0] : 1;
+    r->dtype = dtype_code(t->dtype, &t->unsupported_dtype);
+    r->codebook_dtype = t->codebook_dtype[0] ? dtype_code(t->codebook_dtype, &t->unsupported_dtype) : MCW_F32;
+    if (t->unsupported_dtype) return "dtype not supported by the C decoder (float32/float16 only)";
+    if (!strcmp(t->codec, "raw")) r->codec = MCW_RAW;
+    else if (!strcmp(t->codec, "fp16")) r->codec = MCW_FP16;
+    else if (!strcmp(t->codec, "palette")) r->codec = MCW_PALETTE;
+    else if (!strcmp(t->codec, "sparse")) r->codec = MCW_SPARSE;
+    else return "codec not supported by the C decoder";
+    r->values = !strcmp(t->values, "fp16") ? MCW_VALUES_FP16 : !strcmp(t->values, "palette") ? MCW_VALUES_PALETTE
+              : !strcmp(t->values, "raw") || !t->values[0] ? MCW_VALUES_RAW : -1;
+    if (count > ((size_t)-1) / sizeof(float)) return "tensor too large for this machine";
+    return NULL;
+}
+
+static int die(const char *name, const char *why, int code) {
+    fprintf(stderr, "mcw_decode: %s: %s%s%s\n", prog_file, name ? "tensor " : "", name ? name : "", why);
+    return code;
+}
+
+static int write_le_floats(FILE *f, const float *v, uint64_t n) {
+    unsigned char buf[4096];
+    uint64_t i;
+    size_t k = 0;
+    for (i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        buf[k++] = (unsigned char)u, buf[k++] = (unsigned char)(u >> 8);
+        buf[k++] = (unsigned char)(u >> 16), buf[k++] = (unsigned char)(u >> 24);
+        if (k == sizeof buf) { if (fwrite(buf, 1, k, f) != k) return -1; k = 0; }
+    }
+    return k && fwrite(buf, 1, k, f) != k ? -1 : 0;
+}
+
+int main(int argc, char **argv) {
+    const char *out_dir = NULL, *only = NULL;
+    int list = 0, i, found = 0, rc = 0;
+    FILE *f;
+    unsigned char *data;
+    long size;
+    uint64_t index_len;
+    json j;
+    char err[512];
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") && i + 1 < argc) out_dir = argv[++i];
+        else if (!strcmp(argv[i], "-l")) list = 1;
+        else if (!prog_file[0]) prog_file = argv[i];
+        else only = argv[i];
+    }
+    if (!prog_file[0]) {
+        fprintf(stderr, "usage: mcw_decode FILE [NAME] [-o DIR] [-l]\n");
+        return 2;
+    }
+    if (!(f = fopen(prog_file, "rb"))) return die(NULL, "cannot open", 2);
+    if (fseek(f, 0, SEEK_END) || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) return die(NULL, "cannot seek", 3);
+    data = malloc((size_t)size + 1);
+    if (!data || fread(data, 1, (size_t)size, f) != (size_t)size) return die(NULL, "cannot read", 3);
+    fclose(f);
+    if (size < 16 || memcmp(data, "MCW1", 4)) return die(NULL, "byte offset 0: not a weights.mcw file (magic)", 2);
+    if ((data[4] | data[5] << 8 | data[6] << 16 | (uint32_t)data[7] << 24) != 1)
+        return die(NULL, "byte offset 4: unsupported container version", 2);
+    for (index_len = 0, i = 7; i >= 0; i--) index_len = index_len << 8 | data[8 + i];
+    if (index_len > (uint64_t)size - 16) return die(NULL, "byte offset 8: index runs past the end of the file", 2);
+    j.s = (const char *)data + 16, j.end = j.s + index_len, j.bad = 0;
+    expect(&j, '{');
+    do {
+        char key[64];
+        string(&j, key, sizeof key);
+        expect(&j, ':');
+        if (j.bad || strcmp(key, "tensors")) { skip(&j, 1); continue; }
+        expect(&j, '[');
+        if (peek(&j, ']')) { j.s++; continue; }
+        do {
+            tensor t;
+            const char *why;
+            float *values;
+            tensor_entry(&j, &t);
+            if (j.bad) break;
+            if ((why = finish(&t))) return die(t.name, why[0] ? (sprintf(err, ": %s", why), err) : why, 2);
+            if (t.offset > (uint64_t)size || t.nbytes > (uint64_t)size - t.offset)
+                return die(t.name, ": blob runs past the end of the file", 2);
+            if (only && strcmp(only, t.name)) continue;
+            found++;
+            if (list) {
+                printf("%s\t%s\t%s\t%llu\n", t.name, t.codec, t.dtype, (unsigned long long)t.rec.count);
+                continue;
+            }
+            values = malloc((size_t)t.rec.count * sizeof *values + 1);
+            if (!values) return die(t.name, ": out of memory", 3);
+            if (mcw_decode_tensor(&t.rec, data + t.offset, (size_t)t.nbytes, values, err, sizeof err)) {
+                char msg[600];
+                snprintf(msg, sizeof msg, ": %s blob: %s", t.codec, err);
+                return die(t.name, msg, 2);
+            }
+            if (out_dir) {
+                char path[4096], *c;
+                FILE *o;
+                snprintf(path, sizeof path, "%s/%s.f32", out_dir, t.name);
+                for (c = path + strlen(out_dir) + 1; *c; c++)
+                    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                          *c == '.' || *c == '-' || *c == '_')) *c = '_';
+                if (!(o = fopen(path, "wb")) || write_le_floats(o, values, t.rec.count) || fclose(o))
+                    return die(t.name, ": cannot write output file", 3);
+            } else if (write_le_floats(stdout, values, t.rec.count)) {
+                return die(t.name, ": cannot write to stdout", 3);
+            }
+            free(values);
+        } while (!j.bad && peek(&j, ',') && j.s++);
+        expect(&j, ']');
+    } while (!j.bad && peek(&j, ',') && j.s++);
+    expect(&j, '}');
+    if (j.bad) {
+        sprintf(err, "byte offset %lu: JSON index not understood", (unsigned long)(j.s - (const char *)data));
+        return die(NULL, err, 2);
+    }
+    if (only && !found) return die(only, ": no such tensor", 2);
+    free(data);
+    return rc;
+}

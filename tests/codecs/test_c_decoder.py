@@ -1,0 +1,124 @@
+"""The portable C99 decoder (decoder.c + mcw_decode.c) agrees bit for bit with the Python one."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mconv.codecs import decode, encode
+
+container = pytest.importorskip("mconv.container")
+
+SRC = Path(__file__).resolve().parents[2] / "core" / "codecs"
+CC = shutil.which("cc") or shutil.which("gcc")
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler on PATH")
+
+
+@pytest.fixture(scope="module")
+def mcw_decode(tmp_path_factory) -> Path:
+    exe = tmp_path_factory.mktemp("cbuild") / "mcw_decode"
+    cmd = [
+        CC,
+        "-std=c99",
+        "-O2",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-pedantic",
+        "-o",
+        str(exe),
+        str(SRC / "mcw_decode.c"),
+        str(SRC / "decoder.c"),
+    ]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return exe
+
+
+def clustered(shape, n_values, sparsity, seed, fp16=False) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    pool = rng.standard_normal(n_values).astype(np.float32)
+    pool[0] = -0.0
+    if fp16:
+        pool = pool.astype(np.float16).astype(np.float32)
+    w = pool[rng.integers(0, n_values, shape)]
+    w[rng.random(shape) < sparsity] = 0
+    return w
+
+
+CASES = [
+    ("raw", clustered((3, 5, 2, 2), 1000, 0.0, 1), {"codec": "raw"}),
+    ("fp16", clustered((40,), 50, 0.3, 2, fp16=True), {"codec": "fp16"}),
+    ("palette3", clustered((17, 9), 8, 0.0, 3), {"codec": "palette", "bits": 3}),
+    ("palette_huff_f16", clustered((64, 33), 32, 0.5, 4, fp16=True), {"codec": "palette", "huffman": True}),
+    ("palette_groups", clustered((10, 3, 3), 30, 0.2, 5), {"codec": "palette", "groups": 4, "huffman": True}),
+    ("sparse_raw", clustered((50, 40), 500, 0.9, 6), {"codec": "sparse", "index_bits": 2}),
+    (
+        "sparse_fp16",
+        clustered((50, 40), 20, 0.95, 7, fp16=True),
+        {"codec": "sparse", "index_bits": 5, "values": "fp16", "huffman": True},
+    ),
+    (
+        "sparse_pal_huff",
+        clustered((120, 100), 31, 0.91, 8),
+        {"codec": "sparse", "index_bits": 4, "values": "palette", "bits": 5, "huffman": True},
+    ),
+    (
+        "sparse_pal_8",
+        clustered((9000,), 200, 0.6, 9),
+        {"codec": "sparse", "index_bits": 8, "values": "palette"},
+    ),
+    ("empty", np.zeros((0, 4), np.float32), {"codec": "sparse", "values": "palette", "huffman": True}),
+    ("scalar", np.array(-0.0, np.float32), {"codec": "palette", "huffman": True}),
+    ("all_zero", np.zeros((7, 7), np.float32), {"codec": "sparse", "index_bits": 3, "huffman": True}),
+    ("half_tensor", clustered((8, 8), 4, 0.5, 10, fp16=True).astype(np.float16), {"codec": "palette"}),
+]
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("mcw") / "weights.mcw"
+    container.write_container(path, [(name, w, spec) for name, w, spec in CASES])
+    return path
+
+
+@pytest.mark.parametrize("name,w,spec", CASES, ids=[c[0] for c in CASES])
+def test_c_decoder_matches_python_bit_for_bit(mcw_decode, weights, name, w, spec):
+    out = subprocess.run([str(mcw_decode), str(weights), name], capture_output=True, check=True).stdout
+    blob, record = encode(w, spec)
+    expected = decode(blob, record).astype(np.float32)  # float16 widens exactly
+    assert np.array_equal(np.frombuffer(out, "<u4"), expected.ravel().view("<u4"))
+
+
+def test_c_decoder_writes_one_file_per_tensor(mcw_decode, weights, tmp_path):
+    subprocess.run([str(mcw_decode), str(weights), "-o", str(tmp_path)], check=True)
+    for name, w, _ in CASES:
+        got = np.fromfile(tmp_path / f"{name}.f32", "<f4")
+        assert np.array_equal(got.view("<u4"), w.astype(np.float32).ravel().view("<u4"))
+
+
+def test_c_decoder_reports_truncated_files_with_exit_2(mcw_decode, weights, tmp_path):
+    data = weights.read_bytes()
+    for cut in (3, 20, len(data) - 100):
+        bad = tmp_path / f"cut{cut}.mcw"
+        bad.write_bytes(data[:cut])
+        proc = subprocess.run([str(mcw_decode), str(bad)], capture_output=True, timeout=30)
+        assert proc.returncode == 2 and proc.stderr.count(b"\n") == 1
+
+
+def test_c_decoder_rejects_damaged_blobs_without_crashing(mcw_decode, weights, tmp_path):
+    data = bytearray(weights.read_bytes())
+    info = container.read_container(weights)
+    entry = info._entry("sparse_pal_huff")
+    info.close()
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        damaged = bytearray(data)
+        at = entry.offset + int(rng.integers(0, entry.nbytes))
+        damaged[at] ^= int(rng.integers(1, 256))
+        bad = tmp_path / f"flip{trial}.mcw"
+        bad.write_bytes(bytes(damaged))
+        proc = subprocess.run([str(mcw_decode), str(bad), "sparse_pal_huff"], capture_output=True, timeout=30)
+        assert proc.returncode in (0, 2)  # never a signal (negative return code)
