@@ -1,0 +1,789 @@
+"""TFLite importer: a ``.tflite`` flatbuffer (float, int8/uint8 or int16x8 quantized) into the IR.
+
+Parsed with the ``tflite`` package's generated flatbuffers classes; no TensorFlow, no interpreter.
+
+Rules
+
+1. Bounded parse. The file must carry the identifier ``TFL3`` at bytes 4..8. The whole model is
+   read up front into plain Python records (:class:`TflTensor`, :class:`TflOp`), and every vector
+   length, buffer offset and tensor size is checked against the file size before it is used; a
+   truncated or corrupt file raises ``InputError`` naming the byte offset of the table being read.
+   No tensor may hold more than ``MAX_ELEMENTS`` elements; a constant's bytes must match its shape.
+2. Graph. Subgraph 0 is the model. Operators must come in execution order (as TFLite requires):
+   a tensor read before any op writes it, written twice, or an index outside the tensor table is
+   bad input. Each TFLite tensor becomes one ONNX value named after the tensor (duplicates get
+   ``_<index>``); the nodes of one op are named after its first output tensor (``name``,
+   ``name/1``, ...).
+3. Layout. Values keep TFLite's layout (NHWC): the graph's inputs and outputs are exactly the
+   arrays TFLite takes and gives. Convolutions and pools run in NCHW between two Transposes;
+   a value made by such a back-Transpose remembers its NCHW source, so the next conv reads that
+   source directly and chains of convs carry no transpose pairs (unused Transposes are dropped).
+4. Quantization. Constant tensors (weights, biases) are dequantized to float32 at import,
+   ``(q - zero_point) * scale``, per tensor or per channel along ``quantized_dimension``; float16
+   constants become float32. The graph computes in float. Quantized graph inputs/outputs keep
+   their integer dtype (``options["io"] = "tflite"``, the default: a DequantizeLinear after each
+   input, a QuantizeLinear before each output) or become float (``io = "float"``). With
+   ``options["activations"] = "fake-quant"`` (default) every per-tensor quantized activation gets
+   a QuantizeLinear/DequantizeLinear pair, so rounding and clamping to the int8 range follow the
+   interpreter; ``"float"`` leaves activations unrounded. QUANTIZE becomes such a pair (identity
+   with ``"float"``), DEQUANTIZE an identity (a constant folds).
+5. Padding follows TF: SAME pads ``max((ceil(in/s)-1)*s + (k-1)*d + 1 - in, 0)`` split with the
+   smaller half first; SAME average pooling divides by the valid (unpadded) window.
+6. UNIDIRECTIONAL_SEQUENCE_LSTM: TFLite's gates i, f, c, o become ONNX LSTM's i, o, f, c (weights
+   ``[4H, I]``, biases ``[Wb, Rb]``, peepholes i, o, f). Variable state tensors start at zero: the
+   imported graph is stateless, one run is one fresh sequence (call ``reset_all_variables`` on the
+   interpreter to compare). A cell clip, projection, CIFG or a RELU6 cell activation has no ONNX
+   LSTM attribute, so such an LSTM is unrolled over its (static) time steps into MatMul/Sigmoid/
+   Clip ops with TFLite's exact equations. Layer-norm LSTMs are unsupported.
+7. Every op no rule maps (and custom ops) is collected; one ``UnsupportedError`` names all of
+   them as ``(first output tensor name, op type)``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from mconv.errors import InputError, UnsupportedError
+from mconv.formats import Format
+from mconv.irio import from_proto
+from onnx import TensorProto, helper
+
+OPSET = 21
+IR_VERSION = 10
+IDENTIFIER = b"TFL3"
+MAX_ELEMENTS = 1 << 31
+MAX_RANK = 8
+MAX_UNROLL_STEPS = 512
+# Low-level exceptions the generated flatbuffers readers raise on corrupt bytes.
+_PARSE_ERRORS = (
+    struct.error,
+    IndexError,
+    ValueError,
+    TypeError,
+    OverflowError,
+    UnicodeDecodeError,
+    AttributeError,
+    RecursionError,
+    MemoryError,
+)
+
+# tflite TensorType -> (numpy dtype, ONNX dtype); None where the type carries no numbers we read.
+_DTYPES: dict[int, tuple[np.dtype, int] | None] = {
+    0: (np.dtype(np.float32), TensorProto.FLOAT),
+    1: (np.dtype(np.float16), TensorProto.FLOAT16),
+    2: (np.dtype(np.int32), TensorProto.INT32),
+    3: (np.dtype(np.uint8), TensorProto.UINT8),
+    4: (np.dtype(np.int64), TensorProto.INT64),
+    6: (np.dtype(np.bool_), TensorProto.BOOL),
+    7: (np.dtype(np.int16), TensorProto.INT16),
+    9: (np.dtype(np.int8), TensorProto.INT8),
+    10: (np.dtype(np.float64), TensorProto.DOUBLE),
+    12: (np.dtype(np.uint64), TensorProto.UINT64),
+    15: (np.dtype(np.uint32), TensorProto.UINT32),
+    16: (np.dtype(np.uint16), TensorProto.UINT16),
+}
+_QUANT_TYPES = {3, 7, 9}  # uint8, int16, int8 activations
+
+# Fused activation functions (tflite.ActivationFunctionType).
+ACT_NONE, ACT_RELU, ACT_RELU_N1_TO_1, ACT_RELU6, ACT_TANH, ACT_SIGN_BIT = range(6)
+SAME, VALID = 0, 1
+
+
+# ------------------------------------------------------------------------------------- records
+
+
+@dataclass
+class TflTensor:
+    index: int
+    name: str
+    type: int
+    shape: tuple[int, ...]
+    signature: tuple[int, ...] | None
+    data: np.ndarray | None  # typed, shaped constant data; None for activations
+    scale: np.ndarray | None = None
+    zero_point: np.ndarray | None = None
+    quantized_dimension: int = 0
+    variable: bool = False
+    sparse: bool = False
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale is not None and self.scale.size > 0
+
+
+@dataclass
+class TflOp:
+    index: int
+    code: str  # BUILTIN name, or "CUSTOM:<code>"
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class TflModel:
+    version: int
+    tensors: list[TflTensor]
+    ops: list[TflOp]
+    inputs: list[int]
+    outputs: list[int]
+
+
+# ------------------------------------------------------------------------------------- parsing
+
+
+def sniff(head: bytes, path: Path) -> bool:
+    return len(head) >= 8 and head[4:8] == IDENTIFIER
+
+
+def _builtin_names() -> dict[int, str]:
+    from tflite.utils import BUILTIN_OPCODE2NAME
+
+    return dict(BUILTIN_OPCODE2NAME)
+
+
+def _options_class_names() -> dict[int, str]:
+    import tflite
+
+    return {
+        v: k for k, v in vars(tflite.BuiltinOptions).items() if isinstance(v, int) and not k.startswith("_")
+    }
+
+
+def _read_table_fields(obj) -> dict:
+    """Every scalar getter and ``...AsNumpy`` vector of a generated options table, read now."""
+    out: dict = {}
+    for name, fn in inspect.getmembers(obj, predicate=inspect.ismethod):
+        if name.startswith(("GetRootAs", "Init", "_")) or name.endswith(
+            ("IsNone", "Length", "HasIdentifier")
+        ):
+            continue
+        if len(inspect.signature(fn).parameters) != 0:
+            continue
+        value = fn()
+        if name.endswith("AsNumpy"):
+            value = np.array(value).copy() if not isinstance(value, int) else np.zeros(0, np.int32)
+            name = name[: -len("AsNumpy")]
+        elif not isinstance(value, int | float | bool | bytes | type(None)):
+            continue  # nested tables: not used by any op mapped here
+        out[name] = value
+    return out
+
+
+class _Reader:
+    """Reads the flatbuffer into :class:`TflModel`, checking every length against the file size."""
+
+    def __init__(self, buf: bytes, path: str) -> None:
+        self.buf, self.path, self.size = buf, path, len(buf)
+        self.where = "byte offset 0"
+
+    def fail(self, msg: str, hint: str = "the file is truncated or damaged") -> InputError:
+        return InputError(msg, path=self.path, where=self.where, hint=hint)
+
+    def length(self, n: int, unit: int, what: str) -> int:
+        if n < 0 or n * unit > self.size:
+            raise self.fail(f"{what} claims {n} entries, more than the file's {self.size} bytes can hold")
+        return n
+
+    def at(self, table, what: str) -> None:
+        self.where = f"{what} at byte offset {table._tab.Pos}"
+
+    def read(self) -> TflModel:
+        import tflite
+
+        buf = self.buf
+        if self.size < 8:
+            raise self.fail(f"file of {self.size} bytes is too short for a TFLite flatbuffer")
+        if buf[4:8] != IDENTIFIER:
+            self.where = "byte offset 4"
+            raise self.fail(
+                f"file identifier is {bytes(buf[4:8])!r}, expected b'TFL3'",
+                hint="this is not a TFLite model (.tflite)",
+            )
+        root = struct.unpack_from("<I", buf, 0)[0]
+        if root + 4 > self.size:
+            raise self.fail(f"root table offset {root} lies beyond the end of the file ({self.size} bytes)")
+        model = tflite.Model.GetRootAsModel(buf, 0)
+        self.at(model, "model")
+        version = model.Version()
+        builtin = _builtin_names()
+        codes = []
+        for i in range(self.length(model.OperatorCodesLength(), 4, "operator_codes")):
+            oc = model.OperatorCodes(i)
+            self.at(oc, f"operator code {i}")
+            code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
+            if code == 32:  # CUSTOM
+                custom = oc.CustomCode()
+                codes.append("CUSTOM:" + (custom.decode("utf-8", "replace") if custom else "?"))
+            else:
+                codes.append(builtin.get(code, f"BUILTIN_{code}"))
+        nbuf = self.length(model.BuffersLength(), 4, "buffers")
+        if self.length(model.SubgraphsLength(), 4, "subgraphs") < 1:
+            raise self.fail("the model has no subgraph")
+        g = model.Subgraphs(0)
+        self.at(g, "subgraph 0")
+        tensors = [
+            self._tensor(model, g, i, nbuf) for i in range(self.length(g.TensorsLength(), 4, "tensors"))
+        ]
+        n = len(tensors)
+        inputs = self._indices(g.InputsAsNumpy() if g.InputsLength() else [], n, "subgraph inputs")
+        outputs = self._indices(g.OutputsAsNumpy() if g.OutputsLength() else [], n, "subgraph outputs")
+        opt_names = _options_class_names()
+        ops = []
+        for i in range(self.length(g.OperatorsLength(), 4, "operators")):
+            op = g.Operators(i)
+            self.at(op, f"operator {i}")
+            ci = op.OpcodeIndex()
+            if not 0 <= ci < len(codes):
+                raise self.fail(f"operator {i} uses opcode index {ci}, the model has {len(codes)} codes")
+            ins = self._indices(
+                op.InputsAsNumpy() if op.InputsLength() else [], n, f"operator {i} inputs", True
+            )
+            outs = self._indices(
+                op.OutputsAsNumpy() if op.OutputsLength() else [], n, f"operator {i} outputs"
+            )
+            options: dict = {}
+            otype = op.BuiltinOptionsType()
+            table = op.BuiltinOptions() if otype else None
+            if table is not None and otype in opt_names:
+                cls = getattr(tflite, opt_names[otype], None)
+                if isinstance(cls, type):
+                    obj = cls()
+                    obj.Init(table.Bytes, table.Pos)
+                    options = _read_table_fields(obj)
+            ops.append(TflOp(i, codes[ci], tuple(ins), tuple(outs), options))
+        return TflModel(version, tensors, ops, list(inputs), list(outputs))
+
+    def _indices(self, arr, n: int, what: str, optional: bool = False) -> list[int]:
+        vals = [int(v) for v in np.asarray(arr).reshape(-1)]
+        self.length(len(vals), 4, what)
+        for v in vals:
+            if not (0 <= v < n or (optional and v == -1)):
+                raise self.fail(
+                    f"{what} refer to tensor {v}, the subgraph has {n} tensors",
+                    hint="the file is damaged (tensor index out of range)",
+                )
+        return vals
+
+    def _tensor(self, model, g, i: int, nbuf: int) -> TflTensor:
+        t = g.Tensors(i)
+        self.at(t, f"tensor {i}")
+        raw = t.Name()
+        name = raw.decode("utf-8", "replace") if raw else f"tensor_{i}"
+        ttype = int(t.Type())
+        shape = tuple(int(d) for d in (t.ShapeAsNumpy() if t.ShapeLength() else []))
+        sig = tuple(int(d) for d in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else None
+        if len(shape) > MAX_RANK or any(d < 0 for d in shape):
+            raise self.fail(f"tensor '{name}' has absurd shape {list(shape)[:12]}")
+        if sig is not None and (len(sig) != len(shape) or any(d < -1 for d in sig)):
+            raise self.fail(
+                f"tensor '{name}' has shape signature {list(sig)[:12]} that does not fit its shape"
+            )
+        count = int(np.prod(shape, dtype=np.float64)) if shape else 1
+        if count > MAX_ELEMENTS:
+            raise self.fail(
+                f"tensor '{name}' shape {list(shape)} holds {count} elements (limit {MAX_ELEMENTS})"
+            )
+        scale = zp = None
+        qdim = 0
+        q = t.Quantization()
+        if q is not None:
+            if q.ScaleLength():
+                scale = np.array(q.ScaleAsNumpy(), dtype=np.float32)
+                zp = (
+                    np.array(q.ZeroPointAsNumpy(), dtype=np.int64)
+                    if q.ZeroPointLength()
+                    else np.zeros(scale.shape, np.int64)
+                )
+                qdim = int(q.QuantizedDimension())
+                if zp.size not in (1, scale.size):
+                    raise self.fail(f"tensor '{name}' has {scale.size} scales but {zp.size} zero points")
+                if scale.size > 1 and len(shape) == 1 and shape[0] == scale.size:
+                    qdim = 0  # converters copy a filter's quantized_dimension onto its 1-D bias
+                if scale.size > 1 and not (0 <= qdim < len(shape) and shape[qdim] == scale.size):
+                    raise self.fail(
+                        f"tensor '{name}' has {scale.size} scales along dimension {qdim} "
+                        f"of shape {list(shape)}"
+                    )
+                if not np.all(np.isfinite(scale)):
+                    raise self.fail(f"tensor '{name}' has a non-finite quantization scale")
+        b = int(t.Buffer())
+        if not 0 <= b < max(nbuf, 1):
+            raise self.fail(f"tensor '{name}' refers to buffer {b}, the model has {nbuf}")
+        data = None
+        if b > 0 and nbuf:
+            bb = model.Buffers(b)
+            self.at(bb, f"buffer {b} of tensor '{name}'")
+            off, size = int(bb.Offset()), int(bb.Size())
+            if off > 1:  # large models: data lies outside the flatbuffer, at an absolute offset
+                if off + size > self.size:
+                    raise self.fail(
+                        f"buffer {b} [{off}, {off + size}) lies beyond the end of the file "
+                        f"({self.size} bytes)"
+                    )
+                raw_bytes = np.frombuffer(self.buf, dtype=np.uint8, count=size, offset=off)
+            elif bb.DataLength():
+                self.length(bb.DataLength(), 1, f"buffer {b}")
+                raw_bytes = bb.DataAsNumpy()
+            else:
+                raw_bytes = None
+            if raw_bytes is not None and raw_bytes.size:
+                dt = _DTYPES.get(ttype)
+                if dt is None:
+                    raise InputError(
+                        f"constant tensor '{name}' has type {ttype}, which mconv cannot read",
+                        path=self.path,
+                        where=self.where,
+                        hint="unsupported tensor type",
+                    )
+                itemsize = dt[0].itemsize
+                if raw_bytes.size != count * itemsize:
+                    self.where = f"buffer {b} of tensor '{name}'"
+                    raise self.fail(
+                        f"tensor '{name}' shape {list(shape)} needs {count * itemsize} bytes, "
+                        f"its buffer holds {raw_bytes.size}"
+                    )
+                data = np.frombuffer(raw_bytes.tobytes(), dtype=dt[0].newbyteorder("<")).astype(dt[0])
+                data = data.reshape(shape)
+        return TflTensor(
+            i, name, ttype, shape, sig, data, scale, zp, qdim, bool(t.IsVariable()), t.Sparsity() is not None
+        )
+
+
+def read_tflite(data: bytes, path: str = "<bytes>") -> TflModel:
+    """Parse a TFLite flatbuffer into plain records. Corrupt bytes raise ``InputError``."""
+    reader = _Reader(data, path)
+    try:
+        return reader.read()
+    except InputError:
+        raise
+    except _PARSE_ERRORS as exc:
+        raise reader.fail(f"corrupt flatbuffer ({type(exc).__name__}: {str(exc)[:80]})") from None
+
+
+# ------------------------------------------------------------------------------------- helpers
+
+
+def dequantize(t: TflTensor) -> np.ndarray:
+    """A constant's real values as float32: ``(q - zero_point) * scale`` (per tensor or channel)."""
+    assert t.data is not None
+    if t.type == 0:
+        return t.data
+    if t.type in (1, 10):
+        return t.data.astype(np.float32)
+    if not t.quantized:
+        return t.data
+    scale, zp = t.scale.astype(np.float64), t.zero_point.astype(np.float64)
+    if t.scale.size > 1:
+        bshape = [1] * t.data.ndim
+        bshape[t.quantized_dimension] = t.scale.size
+        scale = scale.reshape(bshape)
+        zp = zp.reshape(bshape) if zp.size > 1 else zp.reshape(())
+    else:
+        scale, zp = scale.reshape(()), zp.reshape(())
+    return ((t.data.astype(np.float64) - zp) * scale).astype(np.float32)
+
+
+def tf_same_pads(size: int, k: int, stride: int, dilation: int = 1) -> tuple[int, int]:
+    """TF's SAME padding for one spatial dimension: (before, after)."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + (k - 1) * dilation + 1 - size, 0)
+    return total // 2, total - total // 2
+
+
+_ACT_NAMES = {
+    ACT_NONE: "NONE",
+    ACT_RELU: "RELU",
+    ACT_RELU_N1_TO_1: "RELU_N1_TO_1",
+    ACT_RELU6: "RELU6",
+    ACT_TANH: "TANH",
+    ACT_SIGN_BIT: "SIGN_BIT",
+}
+
+
+class _Unsupported(Exception):
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+# ------------------------------------------------------------------------------------- converter
+
+Lowering = Callable[["_Converter", TflOp], None]
+OPS: dict[str, Lowering] = {}
+
+
+def lowering(*codes: str) -> Callable[[Lowering], Lowering]:
+    def deco(fn: Lowering) -> Lowering:
+        for c in codes:
+            OPS[c] = fn
+        return fn
+
+    return deco
+
+
+class _Converter:
+    """Builds ONNX nodes for the ops of one :class:`TflModel` (see the module rules)."""
+
+    def __init__(self, m: TflModel, path: str, options: dict) -> None:
+        self.m, self.path = m, path
+        self.io = options.get("io", "tflite")
+        self.fake_quant = options.get("activations", "float") == "fake-quant"
+        if self.io not in ("tflite", "float"):
+            raise InputError(
+                f"option io='{self.io}' is not one of tflite, float", hint="io=tflite or io=float"
+            )
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: dict[str, TensorProto] = {}
+        self.vals: dict[int, str] = {}  # tensor index -> ONNX name of its (float, NHWC) value
+        self.nchw_src: dict[str, str] = {}  # NHWC value made by a back-Transpose -> its NCHW source
+        self.used_names: set[str] = set()
+        self.node_names: set[str] = set()
+        self.notes: list[str] = []
+        self.node_base = ""
+        self.node_count = 0
+        names: dict[str, int] = {}
+        for t in m.tensors:
+            names[t.name] = names.get(t.name, 0) + 1
+        self.tname = {t.index: (t.name if names[t.name] == 1 else f"{t.name}_{t.index}") for t in m.tensors}
+        self.used_names.update(self.tname.values())
+        self.tensor_names = set(self.tname.values())
+        self.bound: set[str] = set()  # tensor names already given to an initializer
+
+    # -- values --------------------------------------------------------------------------
+
+    def T(self, i: int) -> TflTensor:
+        return self.m.tensors[i]
+
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.used_names:
+            name = f"{base}/{k}"
+            k += 1
+        self.used_names.add(name)
+        return name
+
+    def const_array(self, i: int) -> np.ndarray | None:
+        t = self.T(i)
+        if t.data is not None:
+            return dequantize(t)
+        return None
+
+    def need_const(self, i: int, what: str) -> np.ndarray:
+        a = self.const_array(i)
+        if a is None:
+            raise _Unsupported(f"{what} must be a constant tensor ('{self.T(i).name}' is computed)")
+        return a
+
+    def init(self, base: str, array: np.ndarray) -> str:
+        # A weight keeps its tensor's name when that name is still free for an initializer.
+        tensor_name = base in self.tensor_names and base not in self.inits and base not in self.bound
+        name = base if tensor_name else self.fresh(base)
+        self.bound.add(name)
+        self.inits[name] = onnx.numpy_helper.from_array(np.asarray(array), name)
+        return name
+
+    def value(self, i: int) -> str:
+        """The ONNX name of tensor ``i``'s value (constants become initializers on first use)."""
+        if i in self.vals:
+            return self.vals[i]
+        t = self.T(i)
+        a = self.const_array(i)
+        if a is None:
+            if t.variable:  # variable tensors without data start at zero
+                a = np.zeros(t.shape, np.float32)
+                self.notes.append(f"variable tensor '{t.name}' starts at zero (the graph is stateless)")
+            else:
+                raise _Unsupported(f"tensor '{t.name}' is read before it is computed")
+        name = self.tname[i] if self.tname[i] not in self.bound else self.fresh(self.tname[i])
+        self.bound.add(name)
+        self.inits[name] = onnx.numpy_helper.from_array(np.asarray(a), name)
+        self.vals[i] = name
+        return name
+
+    def emit(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, **attrs) -> list[str]:
+        outs = (
+            [self.fresh(f"{self.node_base}/t") for _ in range(outputs)]
+            if isinstance(outputs, int)
+            else outputs
+        )
+        name = self.node_base if self.node_count == 0 else f"{self.node_base}/{self.node_count}"
+        while name in self.node_names:
+            self.node_count += 1
+            name = f"{self.node_base}/{self.node_count}"
+        self.node_count += 1
+        self.node_names.add(name)
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, **attrs))
+        return outs
+
+    def one(self, op_type: str, inputs: list[str], **attrs) -> str:
+        return self.emit(op_type, inputs, 1, **attrs)[0]
+
+    def ints(self, base: str, vals) -> str:
+        return self.init(f"{self.node_base}/{base}", np.asarray(vals, dtype=np.int64))
+
+    def to_nchw(self, i: int) -> str:
+        v = self.value(i)
+        if v in self.nchw_src:
+            return self.nchw_src[v]
+        return self.one("Transpose", [v], perm=[0, 3, 1, 2])
+
+    def activation(self, x: str, act: int) -> str:
+        if act == ACT_NONE:
+            return x
+        if act == ACT_RELU:
+            return self.one("Relu", [x])
+        if act in (ACT_RELU6, ACT_RELU_N1_TO_1):
+            lo, hi = (0.0, 6.0) if act == ACT_RELU6 else (-1.0, 1.0)
+            return self.one(
+                "Clip", [x, self.init("clip_lo", np.float32(lo)), self.init("clip_hi", np.float32(hi))]
+            )
+        if act == ACT_TANH:
+            return self.one("Tanh", [x])
+        raise _Unsupported(f"fused activation {_ACT_NAMES.get(act, act)}")
+
+    def qdq(self, x: str, t: TflTensor) -> str:
+        """Round ``x`` to tensor ``t``'s quantization grid (per-tensor params only)."""
+        if not (t.quantized and t.type in _QUANT_TYPES and t.scale.size == 1):
+            return x
+        s = self.init(f"{self.tname[t.index]}/scale", t.scale.reshape(()).astype(np.float32))
+        zp = t.zero_point.reshape(())
+        # int8 grids are written as the same grid in uint8 (codes + 128): ONNX Runtime 1.32's QDQ
+        # propagation fails on int8 pairs next to Reshape/Transpose ("output_dtype INT8 does not
+        # match y_zero_point type UINT8").
+        z = self.init(
+            f"{self.tname[t.index]}/zero_point",
+            (zp + 128).astype(np.uint8) if t.type == 9 else zp.astype(_DTYPES[t.type][0]),
+        )
+        q = self.one("QuantizeLinear", [x, s, z])
+        return self.one("DequantizeLinear", [q, s, z])
+
+    def bind(self, i: int, x: str, act: int = ACT_NONE, nchw: bool = False, quantize: bool = True) -> None:
+        """Tensor ``i`` is ``act(x)`` (rounded to its grid); ``nchw`` values are transposed back."""
+        t = self.T(i)
+        x = self.activation(x, act)
+        if quantize and self.fake_quant:
+            x = self.qdq(x, t)
+        if nchw:
+            src = x
+            x = self.one("Transpose", [src], perm=[0, 2, 3, 1])
+            self.nchw_src[x] = src
+        self.vals[i] = x
+
+    def opt(self, op: TflOp, key: str, default=0):
+        return op.options.get(key, default)
+
+    # -- graph ---------------------------------------------------------------------------
+
+    def _value_info(self, i: int, onnx_type: int) -> onnx.ValueInfoProto:
+        t = self.T(i)
+        dims: list = list(t.shape)
+        if t.signature is not None:
+            dims = [
+                ("N" if k == 0 else f"{self.tname[i]}_d{k}") if d == -1 else d
+                for k, d in enumerate(t.signature)
+            ]
+        return helper.make_tensor_value_info(self.tname[i], onnx_type, dims)
+
+    def convert(self) -> onnx.ModelProto:
+        m = self.m
+        graph_inputs = []
+        for i in m.inputs:
+            t = self.T(i)
+            if t.data is not None:
+                continue  # a constant listed as input stays a constant
+            dt = _DTYPES.get(t.type)
+            if dt is None:
+                raise InputError(
+                    f"input tensor '{t.name}' has type {t.type}",
+                    path=self.path,
+                    where=f"tensor {i}",
+                    hint="only numeric inputs are supported",
+                )
+            quant_in = t.quantized and t.type in _QUANT_TYPES
+            if quant_in and self.io == "tflite":
+                graph_inputs.append(self._value_info(i, dt[1]))
+                self.node_base = self.tname[i]
+                self.node_count = 0
+                s = self.init(f"{self.tname[i]}/scale", t.scale.reshape(-1)[:1].reshape(()))
+                # (x - zero_point) * scale spelled out: ONNX Runtime 1.32's QDQ propagation breaks on
+                # a DequantizeLinear of a graph input that feeds a Transpose (int8 vs uint8 zero point).
+                xf = self.one("Cast", [self.tname[i]], to=TensorProto.FLOAT)
+                zf = self.init(
+                    f"{self.tname[i]}/zero_point", t.zero_point.reshape(-1)[:1].reshape(()).astype(np.float32)
+                )
+                self.vals[i] = self.emit(
+                    "Mul", [self.one("Sub", [xf, zf]), s], [self.fresh(f"{self.tname[i]}/dequantized")]
+                )[0]
+            else:
+                onnx_type = TensorProto.FLOAT if (quant_in or t.type == 1) else dt[1]
+                graph_inputs.append(self._value_info(i, onnx_type))
+                self.vals[i] = self.tname[i]
+        written: set[int] = set(self.vals)
+        unsupported: list[tuple[str, str]] = []
+        for op in m.ops:
+            label = self.tname[op.outputs[0]] if op.outputs else f"op_{op.index}"
+            for k in op.inputs:
+                t = self.T(k) if k >= 0 else None
+                if t is not None and t.data is None and not t.variable and k not in written:
+                    raise InputError(
+                        f"operator {op.index} ({op.code}) reads tensor '{t.name}' before any "
+                        "operator writes it",
+                        path=self.path,
+                        where=f"operator {op.index}",
+                        hint="the graph has a cycle or a bad tensor index",
+                    )
+            for k in op.outputs:
+                if k in written or self.T(k).data is not None:
+                    raise InputError(
+                        f"operator {op.index} ({op.code}) writes tensor '{self.T(k).name}' "
+                        "that is already defined",
+                        path=self.path,
+                        where=f"operator {op.index}",
+                        hint="the graph has a cycle or a bad tensor index",
+                    )
+                written.add(k)
+            fn = OPS.get(op.code)
+            if fn is None:
+                unsupported.append((label, op.code))
+                continue
+            if any(self.T(k).sparse for k in op.inputs if k >= 0):
+                unsupported.append((label, f"{op.code} with sparse weights"))
+                continue
+            self.node_base, self.node_count = label, 0
+            mark = len(self.nodes)
+            if not op.outputs or not op.inputs:
+                raise InputError(
+                    f"operator {op.index} ({op.code}) has no inputs or no outputs",
+                    path=self.path,
+                    where=f"operator {op.index}",
+                    hint="the file is damaged",
+                )
+            try:
+                fn(self, op)
+            except (IndexError, ValueError, KeyError, TypeError, ZeroDivisionError, OverflowError) as exc:
+                # Tensors that do not fit the op (too few inputs, wrong ranks, bad sizes).
+                raise InputError(
+                    f"operator {op.index} ({op.code}) is malformed: {type(exc).__name__}: {str(exc)[:100]}",
+                    path=self.path,
+                    where=f"operator {op.index}",
+                    hint="the file is damaged or uses this op in a way mconv does not know",
+                ) from None
+            except _Unsupported as exc:
+                del self.nodes[mark:]
+                unsupported.append((label, f"{op.code}: {exc.why}"))
+                for k in op.outputs:  # keep going so every unsupported op is named
+                    self.vals[k] = self.tname[k]
+        if unsupported:
+            raise UnsupportedError(
+                unsupported,
+                what="TFLite op",
+                path=self.path,
+                hint="these ops have no mapping to ONNX in mconv yet",
+            )
+        self._name_values_after_tensors()
+        graph_outputs = []
+        for i in m.outputs:
+            t = self.T(i)
+            v = self.value(i)
+            dt = _DTYPES.get(t.type) or (np.dtype(np.float32), TensorProto.FLOAT)
+            quant_out = t.quantized and t.type in _QUANT_TYPES
+            self.node_base, self.node_count = self.tname[i], 0
+            if quant_out and self.io == "tflite":
+                s = self.init(f"{self.tname[i]}/scale", t.scale.reshape(-1)[:1].reshape(()))
+                z = self.init(
+                    f"{self.tname[i]}/zero_point", t.zero_point.reshape(-1)[:1].reshape(()).astype(dt[0])
+                )
+                self._rename_or_emit("QuantizeLinear", [v, s, z], self.tname[i])
+                graph_outputs.append(self._value_info(i, dt[1]))
+            else:
+                onnx_type = TensorProto.FLOAT if (quant_out or t.type in (0, 1)) else dt[1]
+                if v != self.tname[i]:
+                    self._rename_or_emit("Identity", [v], self.tname[i])
+                graph_outputs.append(self._value_info(i, onnx_type))
+        nodes = _drop_dead(self.nodes, {o.name for o in graph_outputs})
+        used = {x for n in nodes for x in n.input}
+        inits = [t for n, t in self.inits.items() if n in used]
+        graph = helper.make_graph(nodes, "main", graph_inputs, graph_outputs, initializer=inits)
+        model = helper.make_model(
+            graph,
+            opset_imports=[helper.make_opsetid("", OPSET)],
+            producer_name="mconv",
+            ir_version=IR_VERSION,
+        )
+        notes = list(dict.fromkeys(self.notes))
+        if notes:
+            helper.set_model_props(model, {"mconv.import_notes": "\n".join(notes)})
+        return model
+
+    def _rename_or_emit(self, op_type: str, inputs: list[str], out: str) -> None:
+        self.emit(op_type, inputs, [out])
+
+    def _name_values_after_tensors(self) -> None:
+        """Give each computed value its TFLite tensor's name (localization compares by name)."""
+        fixed = set(self.m.inputs) | {t.index for t in self.m.tensors if t.data is not None}
+        protected = {self.vals[i] for i in self.m.inputs if i in self.vals} | set(self.inits)
+        outs = set(self.m.outputs)
+        rename: dict[str, str] = {}
+        for i, v in self.vals.items():
+            if i in fixed or v == self.tname[i] or v in rename or v in protected:
+                continue
+            t = self.T(i)
+            quant_out = i in outs and self.io == "tflite" and t.quantized and t.type in _QUANT_TYPES
+            rename[v] = self.fresh(f"{self.tname[i]}/dequantized") if quant_out else self.tname[i]
+        for n in self.nodes:
+            for k, x in enumerate(n.input):
+                if x in rename:
+                    n.input[k] = rename[x]
+            for k, x in enumerate(n.output):
+                if x in rename:
+                    n.output[k] = rename[x]
+        self.vals = {i: rename.get(v, v) for i, v in self.vals.items()}
+
+
+def _drop_dead(nodes: list[onnx.NodeProto], keep: set[str]) -> list[onnx.NodeProto]:
+    """Drop nodes none of whose outputs is used (the back-Transposes that rule 3 made idle)."""
+    live = set(keep)
+    out = []
+    for n in reversed(nodes):
+        if any(o in live for o in n.output):
+            out.append(n)
+            live.update(x for x in n.input if x)
+    return out[::-1]
+
+
+# ------------------------------------------------------------------------------------- loading
+
+
+def load_tflite_bytes(data: bytes, path: str = "<bytes>", options: dict | None = None) -> ir.Model:
+    """Import TFLite flatbuffer bytes (see the module rules; ``options``: io, activations)."""
+    from mconv.formats import tflite_ops  # noqa: F401  (registers the op lowerings)
+
+    model = read_tflite(data, path)
+    proto = _Converter(model, path, dict(options or {})).convert()
+    return from_proto(proto)
+
+
+def load(paths: list[Path], options: dict) -> ir.Model:
+    path = paths[0]
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", path=str(path), hint="check the path") from None
+    return load_tflite_bytes(data, str(path), options)
+
+
+FORMAT = Format(
+    name="tflite",
+    description="TensorFlow Lite flatbuffer (float, int8/uint8/int16 quantized)",
+    extensions=(".tflite",),
+    load=load,
+    sniff=sniff,
+)
