@@ -10,6 +10,9 @@ Rules
 3. Conv is im2col + one batched GEMM: the padded input is cut into a contiguous patch matrix
    ``cols[n, g, (c, kernel tap), output pixel]`` by one strided copy per kernel tap (no Python loop
    over output elements), and ``Y[n, g] = W[g] @ cols[n, g]``.
+   With stride 1 on every axis the canvas is laid out flat per channel, each tap becomes one
+   contiguous block copy, and the GEMM also computes ``canvas - out`` junk columns per row that
+   are dropped afterwards (about 15% extra FLOPs for 3x3 on 13x13, far less copying).
 4. The VJP of Conv: ``dW[g] = sum_n dY[n, g] @ cols[n, g]^T``, ``dX = col2im(W[g]^T @ dY[n, g])``
    (the scatter-add adjoint of rule 3), ``dB = sum(dY)`` over batch and space.
 5. ConvTranspose is the adjoint of Conv: ``cols = W[g]^T @ X[n, g]`` scattered by col2im onto a
@@ -183,19 +186,84 @@ def _grouped_cols(x: np.ndarray, win: Window, group: int) -> np.ndarray:
     return cols.reshape(n, group, (c // group) * math.prod(win.kernel), math.prod(win.out))
 
 
+def _flat_layout(win: Window) -> tuple[list[int], int, int]:
+    """Tap offsets, columns per image (``L``) and canvas size of the stride-1 flat layout."""
+    canvas = win.canvas
+    pitch = [math.prod(canvas[i + 1 :]) for i in range(len(canvas))]
+    offsets = [sum(t * d * p for t, d, p in zip(tap, win.dilations, pitch)) for tap, _ in win.taps()]
+    return offsets, win.out[0] * pitch[0], math.prod(canvas)
+
+
+def _uses_flat_layout(win: Window) -> bool:
+    return all(s == 1 for s in win.strides) and all(p >= 0 for p in win.pads_begin + win.pads_end)
+
+
+def _flat_canvas_cols(x: np.ndarray, win: Window) -> np.ndarray:
+    """Stride-1 im2col with contiguous copies (rule 3's fast path): ``cols (N, C, taps, L)``.
+
+    The padded canvas is laid out flat per channel with some zero slack at the end. For stride 1
+    a kernel tap is then a flat shift: ``out[o] = canvas_flat[o_flat + tap_offset]`` where
+    ``o_flat`` runs over ``L = out_0 * pitch_0`` positions (the rows of the first axis, including
+    ``canvas - out`` junk columns per row, dropped by :func:`_drop_junk_columns`). Each tap is one
+    block copy with long contiguous rows instead of a strided gather.
+    """
+    n, c = x.shape[:2]
+    offsets, length, size = _flat_layout(win)
+    flat = np.zeros((n, c, max(size, offsets[-1] + length)), dtype=x.dtype)
+    body = flat[:, :, :size].reshape((n, c) + win.canvas)
+    # Trailing input pixels that no window reads fall off the canvas.
+    counts = [min(i, cv - b) for b, i, cv in zip(win.pads_begin, x.shape[2:], win.canvas)]
+    dst = (slice(None), slice(None)) + tuple(slice(b, b + k) for b, k in zip(win.pads_begin, counts))
+    body[dst] = x[(slice(None), slice(None)) + tuple(slice(0, k) for k in counts)]
+    cols = np.empty((n, c, len(offsets), length), dtype=x.dtype)
+    for k, off in enumerate(offsets):
+        cols[:, :, k] = flat[:, :, off : off + length]
+    return cols
+
+
+def _flat_col2im(gcols: np.ndarray, win: Window, spatial: Sequence[int]) -> np.ndarray:
+    """Adjoint of :func:`_flat_canvas_cols`: scatter-add ``(N, C, taps, L)`` back onto the input."""
+    n, c = gcols.shape[:2]
+    offsets, length, size = _flat_layout(win)
+    flat = np.zeros((n, c, max(size, offsets[-1] + length)), dtype=gcols.dtype)
+    for k, off in enumerate(offsets):
+        flat[:, :, off : off + length] += gcols[:, :, k]
+    return crop_canvas(flat[:, :, :size].reshape((n, c) + win.canvas), win, spatial)
+
+
+def _drop_junk_columns(y: np.ndarray, win: Window) -> np.ndarray:
+    """``(N, M, L)`` in the flat layout to a contiguous ``(N, M, *out)``."""
+    n, m = y.shape[:2]
+    rows = y.reshape((n, m, win.out[0]) + win.canvas[1:])
+    return np.ascontiguousarray(rows[(slice(None),) * 3 + tuple(slice(0, o) for o in win.out[1:])])
+
+
+def _add_junk_columns(gy: np.ndarray, win: Window) -> np.ndarray:
+    """Adjoint of :func:`_drop_junk_columns`: ``(N, M, *out)`` to ``(N, M, L)`` with zero junk."""
+    n, m = gy.shape[:2]
+    rows = np.zeros((n, m, win.out[0]) + win.canvas[1:], dtype=gy.dtype)
+    rows[(slice(None),) * 3 + tuple(slice(0, o) for o in win.out[1:])] = gy
+    return rows.reshape(n, m, -1)
+
+
 @register("Conv")
 def conv(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     win, group = _conv_setup(x, w, attrs)
     n, m = x.shape[0], w.shape[0]
-    cols = _grouped_cols(x, win, group)
     wg = w.reshape(group, m // group, -1).astype(x.dtype, copy=False)
+    flat = _uses_flat_layout(win)
+    if flat:
+        cols = _flat_canvas_cols(x, win).reshape(n, group, -1, _flat_layout(win)[1])
+    else:
+        cols = _grouped_cols(x, win, group)
     if group == 1:
         y = np.matmul(wg[0], cols[:, 0])  # one big GEMM per image
     else:
         y = np.matmul(wg[None], cols)
-    y = y.reshape((n, m) + win.out)
+    y = y.reshape(n, m, -1)
+    y = _drop_junk_columns(y, win) if flat else y.reshape((n, m) + win.out)
     if b is not None:
         y += b.reshape((1, m) + (1,) * len(win.out)).astype(y.dtype, copy=False)
     return (y,)
@@ -210,14 +278,24 @@ def conv_vjp(inputs: list, attrs: dict, outputs, grads, ctx: OpContext) -> list:
         return [None] * len(inputs)
     win, group = _conv_setup(x, w, attrs)
     n, m = x.shape[0], w.shape[0]
-    cols = _grouped_cols(x, win, group)
-    gyg = gy.reshape(n, group, m // group, -1).astype(x.dtype, copy=False)
+    c = x.shape[1]
+    gy_x = gy.astype(x.dtype, copy=False)
+    flat = _uses_flat_layout(win)
+    if flat:
+        length = _flat_layout(win)[1]
+        cols = _flat_canvas_cols(x, win).reshape(n, group, -1, length)
+        gyg = _add_junk_columns(gy_x, win).reshape(n, group, m // group, length)
+    else:
+        cols = _grouped_cols(x, win, group)
+        gyg = gy_x.reshape(n, group, m // group, -1)
     wg = w.reshape(group, m // group, -1).astype(x.dtype, copy=False)
     gw = np.matmul(gyg, cols.swapaxes(-1, -2)).sum(axis=0).reshape(w.shape).astype(w.dtype, copy=False)
-    gcols = np.matmul(wg.swapaxes(-1, -2)[None], gyg)
-    gcols = gcols.reshape((n, x.shape[1]) + win.kernel + win.out)
-    gx = crop_canvas(col2im(gcols, win), win, x.shape[2:]).astype(x.dtype, copy=False)
-    result = [gx, gw]
+    gcols = np.matmul(wg.swapaxes(-1, -2)[None], gyg)  # (n, g, cg*taps, columns)
+    if flat:
+        gx = _flat_col2im(gcols.reshape(n, c, math.prod(win.kernel), -1), win, x.shape[2:])
+    else:
+        gx = crop_canvas(col2im(gcols.reshape((n, c) + win.kernel + win.out), win), win, x.shape[2:])
+    result = [gx.astype(x.dtype, copy=False), gw]
     if len(inputs) > 2:
         result.append(
             None if b is None else gy.sum(axis=(0,) + tuple(range(2, gy.ndim))).astype(b.dtype, copy=False)

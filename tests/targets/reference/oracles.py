@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
-
 from mconv.targets.reference.ops import OpContext, lookup
+from onnx import helper
 
 
 def one_node_model(
@@ -22,9 +21,7 @@ def one_node_model(
         vis.append(helper.make_tensor_value_info(f"in{i}", helper.np_dtype_to_tensor_dtype(a.dtype), a.shape))
     outs = [f"out{k}" for k in range(n_outputs)]
     node = helper.make_node(op_type, names, outs, domain=domain, **attrs)
-    graph = helper.make_graph(
-        [node], "one_node", vis, [helper.make_empty_tensor_value_info(o) for o in outs]
-    )
+    graph = helper.make_graph([node], "one_node", vis, [helper.make_empty_tensor_value_info(o) for o in outs])
     opsets = [helper.make_opsetid("", opset)]
     if domain:
         opsets.append(helper.make_opsetid(domain, 1))
@@ -50,7 +47,13 @@ def run_onnx_reference(
     return ReferenceEvaluator(model).run(None, feeds)
 
 
-def run_mconv(op_type: str, inputs: list, attrs: dict, opset: int = 21) -> list[np.ndarray]:
+def run_mconv(
+    op_type: str, inputs: list, attrs: dict, opset: int = 21, n_outputs: int | None = None
+) -> list[np.ndarray]:
+    """The registered forward; ``n_outputs`` tells the op how many outputs the node declares."""
     opdef = lookup(op_type)
     assert opdef is not None, f"{op_type} is not registered"
-    return list(opdef.forward(list(inputs), dict(attrs), OpContext(opset=opset)))
+    ctx = OpContext(opset=opset)
+    if n_outputs is not None:
+        ctx.num_outputs = n_outputs
+    return list(opdef.forward(list(inputs), dict(attrs), ctx))
