@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-
+from mconv.bundle import TensorSpec
 from mconv.errors import InputError
 from mconv.irio import real_inputs
 from mconv.targets.reference.executor import Executor, run_node
@@ -25,10 +25,7 @@ class ReferenceRunner:
 
     def __init__(self, model: ir.Model, *, dtype_check: bool = True) -> None:
         self.executor = Executor(model, dtype_check=dtype_check)
-        self.inputs: list[tuple[str, np.dtype | None, tuple | None]] = []
-        specs = {s[0]: s for s in self.executor.input_specs}
-        for v in real_inputs(model.graph):
-            self.inputs.append(specs[v.name])
+        self.inputs: list[TensorSpec] = [TensorSpec.from_value(v) for v in real_inputs(model.graph)]
         self.outputs: list[str] = list(self.executor.output_names)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -42,12 +39,13 @@ class ReferenceTarget:
         return ReferenceRunner(model)
 
     def export(self, model: ir.Model, out_dir: Path, options: dict | None = None) -> Any:
-        raise InputError("reference target has no bundle; use cpu",
-                         hint="mconv export --target cpu")
+        raise InputError("reference target has no bundle; use cpu", hint="mconv export --target cpu")
 
     def load(self, bundle: Any) -> ReferenceRunner:
-        raise InputError("reference target has no bundle; use cpu",
-                         hint="load the bundle with the cpu target, or pass a model to load_model")
+        raise InputError(
+            "reference target has no bundle; use cpu",
+            hint="load the bundle with the cpu target, or pass a model to load_model",
+        )
 
 
 TARGET = ReferenceTarget()
