@@ -207,6 +207,14 @@ def _save_model(model, output: Path, format: str | None) -> list[Path]:
     if name is None:
         suffix = output.name.lower()
         matches = [f for f in registry().values() if f.save and any(suffix.endswith(e) for e in f.extensions)]
+        if not matches and not suffix.endswith(".onnx"):
+            from mconv.formats.weights import is_weight_only
+
+            if is_weight_only(model):  # tensors only: a weights bundle directory
+                from mconv.weightbundle import export_weights
+
+                bundle = export_weights(model, output, {})
+                return [output / rel for rel in ("manifest.json", *bundle.files)]
         name = matches[0].name if len(matches) == 1 else "onnx"
     fmt = get_format(name)
     if fmt.save is None:
@@ -250,6 +258,15 @@ def export_cmd(
         t0 = time.perf_counter()
         model = open_model(model_path)
         before = model_stats(model).bytes
+        if not format and target != "weights":
+            from mconv.formats.weights import is_weight_only
+
+            if is_weight_only(model):
+                raise InputError(
+                    f"holds tensors only; the {target} target needs a graph",
+                    path=str(model_path),
+                    hint="use --target weights (a weights bundle) or --format safetensors",
+                )
         if format:
             written = _save_model(model, output, format)
             size = sum(p.stat().st_size for p in written)
@@ -463,7 +480,20 @@ def verify_cmd(
 
     def body() -> int:
         from mconv.verify import Gates, load_npz_feeds, parse_input_shapes, random_feeds, verify_outputs
+        from mconv.weightbundle import verify_weights, weight_pair
 
+        pair = weight_pair(reference, candidate)
+        if pair is not None:  # both sides are tensors only: compare them by name
+            gates = Gates(atol=atol, rtol=rtol, min_cosine=min_cosine, min_top1=min_top1)
+            report = verify_weights(*pair, gates)
+            render_verify(out, report)
+            out.emit(report.as_dict())
+            if not report.passed:
+                raise GateFailed(
+                    "verification failed: "
+                    + "; ".join(f"{k}: {', '.join(v)}" for k, v in report.failures.items())
+                )
+            return 0
         ref = open_runner_cli(reference)
         cand = open_runner_cli(candidate)
         shapes = parse_input_shapes(input_shape)
@@ -610,6 +640,112 @@ def render_inspect(out: Out, doc: dict) -> None:
             f"bundle: target {m.get('target')}, files: "
             + ", ".join(f"{k} ({human_bytes(v['bytes'])})" for k, v in sorted(m.get("files", {}).items()))
         )
+
+
+# --- analyze -----------------------------------------------------------------------------------
+
+
+def _float_list(text: str, option: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(
+            f"{option} '{text}' is not a comma-separated list of numbers", hint=f"e.g. {option} 0.5,0.7,0.9"
+        ) from None
+
+
+@app.command("analyze")
+def analyze_cmd(
+    model_path: Annotated[
+        Path, typer.Argument(metavar="MODEL", help="Model (.onnx or any importable file).")
+    ],
+    data: Annotated[Path, typer.Option("--data", help=".npz keyed by input name (+ optional labels).")],
+    max_drop: Annotated[
+        float | None,
+        typer.Option(
+            "--max-drop", help="Metric budget per layer as a fraction (0.01 = one point); writes -o."
+        ),
+    ] = None,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="Recipe to write (.toml).")] = None,
+    sweep: Annotated[str, typer.Option("--sweep", help="Sparsities to try per layer.")] = "0.5,0.7,0.9",
+    bits: Annotated[
+        str | None, typer.Option("--bits", help="Also cluster at these bits, e.g. 8,6,5,4.")
+    ] = None,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Sensitivity: prune (and cluster) one layer at a time, measure the drop, suggest a recipe."""
+    out = _out(json_, quiet, debug)
+
+    def body() -> int:
+        from mconv.analyze import analyze_sensitivity, write_recipe
+        from mconv.runtime import open_model
+
+        if output is not None and max_drop is None:
+            raise InputError("-o needs --max-drop", hint="e.g. --max-drop 0.01 -o recipe.toml")
+        sparsities = _float_list(sweep, "--sweep")
+        bit_list = [int(b) for b in _float_list(bits, "--bits")] if bits else []
+        model = open_model(model_path)
+        feeds = _load_data(data, model)
+        with out.progress("analyze") as update:
+            report = analyze_sensitivity(
+                model, feeds, sweep=sparsities, bits=bit_list, max_drop=max_drop, progress=update
+            )
+        render_sensitivity(out, report)
+        doc = report.as_dict()
+        doc["recipe"] = None
+        if output is not None:
+            write_recipe(report, output)
+            doc["recipe"] = str(output)
+            out.print(f"wrote recipe {output} (use: mconv optimize MODEL --recipe {output} --data D)")
+        out.emit(doc)
+        return 0
+
+    run_command(out, body)
+
+
+def render_sensitivity(out: Out, report) -> None:
+    """One row per layer: metric at each sparsity (unclustered), a sparkline, bits, the choice."""
+    from mconv.analyze import sparkline
+
+    if not out.show:
+        return
+    sparsities = sorted({p.sparsity for layer in report.layers for p in layer.sweep})
+    bit_list = sorted({p.bits for layer in report.layers for p in layer.sweep if p.bits}, reverse=True)
+    metrics = [p.metric for layer in report.layers for p in layer.sweep]
+    lo = min(metrics, default=0.0)
+    table = Table(
+        title=f"sensitivity: {report.metric} per layer, pruned alone ({report.samples} samples, "
+        f"baseline {report.baseline:.4f})",
+        title_justify="left",
+    )
+    table.add_column("layer")
+    table.add_column("op")
+    table.add_column("params", justify="right")
+    for s in sparsities:
+        table.add_column(f"s={s:g}", justify="right")
+    table.add_column("curve")
+    for b in bit_list:
+        table.add_column(f"{b}b@s=0", justify="right")
+    if report.max_drop is not None:
+        table.add_column(f"choice (drop <= {report.max_drop:g})")
+    for layer in report.layers:
+        plain = {p.sparsity: p.metric for p in layer.sweep if p.bits is None}
+        at_zero = {p.bits: p.metric for p in layer.sweep if p.bits and p.sparsity == 0.0}
+        row = [layer.name, layer.op_type, f"{layer.params:,}"]
+        row += [f"{plain[s]:.4f}" if s in plain else "" for s in sparsities]
+        row.append(sparkline([plain[s] for s in sparsities if s in plain], lo, report.baseline))
+        row += [f"{at_zero[b]:.4f}" if b in at_zero else "" for b in bit_list]
+        if report.max_drop is not None:
+            c = layer.choice or {}
+            row.append(
+                f"sparsity {c.get('sparsity', 0):g}" + (f", {c['bits']} bits" if c.get("bits") else "")
+            )
+        table.add_row(*row)
+    out.print(table)
+    for note in report.notes:
+        out.print(f"  note: {note}", markup=False)
 
 
 # --- demo --------------------------------------------------------------------------------------

@@ -35,7 +35,10 @@ def load_onnx(path: str | os.PathLike) -> ir.Model:
             where=f"{size} bytes",
             hint="the file is truncated or corrupt; re-export it",
         ) from None
-    if model.graph is None or (len(model.graph) == 0 and not model.graph.outputs):
+    # A weight-only model (mconv.formats.weights: initializers, no nodes) is not empty.
+    if model.graph is None or (
+        len(model.graph) == 0 and not model.graph.outputs and not model.graph.initializers
+    ):
         raise InputError("ONNX model has an empty graph", path=str(p), hint="re-export the model")
     return model
 

@@ -9,6 +9,7 @@ its sha256 in the model's ``metadata_props`` (``mconv.source_format``, ``mconv.s
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,8 @@ _MODULES = (
     "torch_format",
     "dlk_json",
     "weights",
+    "npz_format",
+    "tf_checkpoint",
 )
 
 _loaded: dict[str, Format] | None = None
@@ -96,15 +99,24 @@ def detect(path: Path) -> Format:
                      hint=f"pass --format (one of: {', '.join(sorted(reg))})")
 
 
+def _is_torch_spec(text: str) -> bool:
+    return bool(re.match(r"^[\w.]+:\w+$", text)) and not Path(text).exists()
+
+
 def import_model(paths: Sequence[str | Path], format: str | None = None,
                  options: dict | None = None) -> ir.Model:
     """Read one model from one or more files into the IR."""
     files = [Path(p) for p in paths]
     if not files:
         raise InputError("no input file given", hint="mconv import FILE [FILE2] -o OUT.onnx")
+    # A PyTorch ``package.module:factory`` spec names code to run, not a file (formats/torch_format.py).
+    spec = len(files) == 1 and format in (None, "torch") and _is_torch_spec(str(paths[0]))
     for p in files:
-        require_file(p, "model file")
-    if format:
+        if not spec:
+            require_file(p, "model file")
+    if spec:
+        fmt = get_format("torch")
+    elif format:
         fmt = get_format(format)
     else:
         kinds = {detect(p).name for p in files}
@@ -127,5 +139,5 @@ def import_model(paths: Sequence[str | Path], format: str | None = None,
     model = fmt.load(files, dict(options or {}))
     model.metadata_props["mconv.source_format"] = fmt.name
     model.metadata_props["mconv.source_name"] = ",".join(p.name for p in files)
-    model.metadata_props["mconv.source_sha256"] = ",".join(sha256_file(p) for p in files)
+    model.metadata_props["mconv.source_sha256"] = "" if spec else ",".join(sha256_file(p) for p in files)
     return model

@@ -44,6 +44,9 @@ class DeadCodeElimination(Pass):
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         graph = model.graph
+        if len(graph) == 0 and not graph.outputs:
+            # A weight-only model (mconv.formats.weights): its tensors are the product, not dead.
+            return self.report(False, notes=["weight-only model: nothing is dead"])
         nodes = _remove_dead_nodes(graph)
         inits = 0
         if config.remove_initializers:

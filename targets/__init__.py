@@ -23,6 +23,7 @@ _TARGETS = {
     "cpu": "mconv.targets.cpu",
     "xla": "mconv.targets.xla",
     "metal": "mconv.targets.metal",
+    "weights": "mconv.weightbundle",  # weight-only bundles (export only)
 }
 
 
