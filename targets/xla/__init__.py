@@ -1,0 +1,74 @@
+"""The xla target: the graph lowered to ``jax.lax`` and exported with ``jax.export`` as StableHLO.
+
+- :mod:`mconv.targets.xla.lower`: the lowering registry (one rule per ONNX op, families in files)
+  and the graph lowering.
+- :mod:`mconv.targets.xla.exporter`: ``export(model, out_dir, options) -> Bundle``.
+- :mod:`mconv.targets.xla.runtime`: the loader, which imports only jax, numpy and the weight
+  container, so that a serving process needs no ONNX.
+
+This module imports nothing heavy itself: importing the loader must not pull in onnx.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+NAME = "xla"
+
+
+def export(model: Any, out_dir: str | os.PathLike, options: Mapping | None = None) -> Any:
+    """Write an xla bundle (see :mod:`mconv.targets.xla.exporter`)."""
+    from mconv.targets.xla.exporter import export as _export
+
+    return _export(model, out_dir, options)
+
+
+def load(bundle: Any) -> Any:
+    """An :class:`~mconv.targets.xla.runtime.XlaRunner` for a bundle (a ``Bundle`` or a path)."""
+    from mconv.targets.xla.runtime import load_bundle_path, runner_from_parts
+
+    if isinstance(bundle, (str, os.PathLike)):
+        return load_bundle_path(bundle)
+    # An mconv.bundle.Bundle: its files were checked by load_bundle.
+    return runner_from_parts(bundle.manifest, bundle.read_bytes, bundle.container, str(bundle.root))
+
+
+def load_model(model: Any, label: str = "model", options: Mapping | None = None) -> Any:
+    """Run a bare IR model on XLA without writing a bundle (lower, export, call in memory)."""
+    import jax
+    from mconv.targets.xla.exporter import export_program
+    from mconv.targets.xla.runtime import Spec, XlaRunner
+
+    exported, lowered, shapes, x64 = export_program(model, options)
+    n_in = len(lowered.input_names)
+    with jax.enable_x64(x64):
+        weights = [jax.device_put(a) for _, a in lowered.weights()]
+    inputs = [
+        Spec(n, a.dtype.name, tuple(d if isinstance(d, int) else str(d) for d in a.shape))
+        for n, a in zip(lowered.input_names, exported.in_avals[:n_in])
+    ]
+    return XlaRunner(
+        jax.jit(exported.call), inputs, list(lowered.output_names), weights, x64, label, exported
+    )
+
+
+@dataclass(frozen=True)
+class XlaTarget:
+    """The xla target object the registry hands out (``mconv.targets.get_target("xla")``)."""
+
+    name: str = NAME
+
+    def export(self, model: Any, out_dir: str | os.PathLike, options: Mapping | None = None) -> Any:
+        return export(model, out_dir, options)
+
+    def load(self, bundle: Any) -> Any:
+        return load(bundle)
+
+    def load_model(self, model: Any, label: str = "model") -> Any:
+        return load_model(model, label)
+
+
+TARGET = XlaTarget()

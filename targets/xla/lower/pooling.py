@@ -1,0 +1,122 @@
+"""Pooling as ``lax.reduce_window``: MaxPool, AveragePool, LpPool and the global pools.
+
+Rules:
+
+1. Padding follows Conv (auto_pad, pads). ``ceil_mode`` adds end padding so that the last
+   window starting inside the input (plus begin padding) is kept; that extra padding never
+   counts as data.
+2. MaxPool pads with -inf; AveragePool divides by the number of counted cells: with
+   ``count_include_pad`` the explicit pads count, otherwise only input cells (the ceil-mode
+   extra never counts), as ONNX Runtime does.
+3. MaxPool's optional Indices output is not lowered.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from mconv.targets.xla.lower import lower
+from mconv.targets.xla.lower.conv import conv_pads
+
+
+def _window(x, attrs):
+    r = x.ndim - 2
+    kernel = list(attrs["kernel_shape"])
+    strides = list(attrs.get("strides", [1] * r))
+    dilations = list(attrs.get("dilations", [1] * r))
+    size = list(x.shape[2:])
+    pads = conv_pads(attrs, size, kernel, strides, dilations)
+    extra = []
+    for i in range(r):
+        eff = (kernel[i] - 1) * dilations[i] + 1
+        span = size[i] + pads[i][0] + pads[i][1] - eff
+        if attrs.get("ceil_mode", 0):
+            out = math.ceil(span / strides[i]) + 1
+            if (out - 1) * strides[i] >= size[i] + pads[i][0]:
+                out -= 1
+        else:
+            out = span // strides[i] + 1
+        need = (out - 1) * strides[i] + eff - (size[i] + pads[i][0] + pads[i][1])
+        extra.append(max(need, 0))
+    return kernel, strides, dilations, pads, extra
+
+
+def _reduce(x, init, op, kernel, strides, dilations, padding):
+    return lax.reduce_window(
+        x,
+        init,
+        op,
+        window_dimensions=(1, 1, *kernel),
+        window_strides=(1, 1, *strides),
+        padding=((0, 0), (0, 0), *padding),
+        window_dilation=(1, 1, *dilations),
+    )
+
+
+@lower("MaxPool")
+def max_pool(inputs, attrs, ctx):
+    x = inputs[0]
+    if ctx.num_outputs > 1:
+        raise NotImplementedError("MaxPool with an Indices output is not lowered")
+    kernel, strides, dilations, pads, extra = _window(x, attrs)
+    padding = [(b, e + x_) for (b, e), x_ in zip(pads, extra)]
+    init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    return (_reduce(x, jnp.array(init, x.dtype), lax.max, kernel, strides, dilations, padding),)
+
+
+@lower("AveragePool")
+def average_pool(inputs, attrs, ctx):
+    x = inputs[0]
+    kernel, strides, dilations, pads, extra = _window(x, attrs)
+    padding = [(b, e + x_) for (b, e), x_ in zip(pads, extra)]
+    total = _reduce(x, jnp.array(0, x.dtype), lax.add, kernel, strides, dilations, padding)
+    # Divisor: a window sum over a mask that is 1 on counted cells (computed once, in numpy).
+    size = x.shape[2:]
+    if attrs.get("count_include_pad", 0):
+        mask = np.pad(np.ones(size, np.float32), [(b, e) for b, e in pads], constant_values=1.0)
+        mask = np.pad(mask, [(0, x_) for x_ in extra])
+    else:
+        mask = np.pad(np.ones(size, np.float32), padding)
+    count = _reduce(
+        jnp.asarray(mask)[None, None],
+        jnp.array(0, jnp.float32),
+        lax.add,
+        kernel,
+        strides,
+        dilations,
+        [(0, 0)] * len(size),
+    )
+    return ((total / count.astype(x.dtype)).astype(x.dtype),)
+
+
+@lower("LpPool")
+def lp_pool(inputs, attrs, ctx):
+    x = inputs[0]
+    p = float(attrs.get("p", 2))
+    kernel, strides, dilations, pads, extra = _window(x, attrs)
+    padding = [(b, e + x_) for (b, e), x_ in zip(pads, extra)]
+    s = _reduce(jnp.abs(x) ** p, jnp.array(0, x.dtype), lax.add, kernel, strides, dilations, padding)
+    return (s ** (1.0 / p),)
+
+
+def _spatial(x):
+    return tuple(range(2, x.ndim))
+
+
+@lower("GlobalMaxPool")
+def global_max_pool(inputs, attrs, ctx):
+    return (jnp.max(inputs[0], axis=_spatial(inputs[0]), keepdims=True),)
+
+
+@lower("GlobalAveragePool")
+def global_average_pool(inputs, attrs, ctx):
+    return (jnp.mean(inputs[0], axis=_spatial(inputs[0]), keepdims=True),)
+
+
+@lower("GlobalLpPool")
+def global_lp_pool(inputs, attrs, ctx):
+    x, p = inputs[0], float(attrs.get("p", 2))
+    return (jnp.sum(jnp.abs(x) ** p, axis=_spatial(x), keepdims=True) ** (1.0 / p),)

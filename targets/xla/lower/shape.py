@@ -1,0 +1,361 @@
+"""Shape ops: Reshape, Flatten, (Un)Squeeze, Transpose, Concat, Split, Slice, Pad, Expand, Tile,
+Shape, Size, ConstantOfShape, Range, Gather(Elements), Resize/Upsample, Depth/SpaceToDepth.
+
+Rules:
+
+1. Shape-giving inputs (Reshape's shape, Slice's starts/ends/axes/steps, Pad's pads, Expand's
+   shape, Tile's repeats, Split's sizes, axes inputs, Resize's scales/sizes) are static.
+2. Reshape: 0 copies the input dimension (unless ``allowzero``), -1 takes the rest. Under a
+   symbolic batch, a constant target whose first entry equals the model's declared static batch
+   keeps the input's (symbolic) batch instead: exporters write ``[1, 9216]`` for "flatten one
+   sample", which would be wrong for any other batch.
+3. Shape/Size of a traced value give numpy arrays; a symbolic dimension makes them object
+   arrays that the shape ops here (and elementwise arithmetic) evaluate with numpy.
+4. Resize lowers ``nearest`` and ``linear`` (no antialias) separably, one gather per resized
+   axis, with coordinates computed at export time (coordinate modes half_pixel,
+   pytorch_half_pixel, align_corners, asymmetric); cubic and tf_crop_and_resize are refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from mconv.targets.xla.lower import is_static, lower, static_ints
+
+
+def _xp(*xs):
+    return np if all(is_static(x) for x in xs) else jnp
+
+
+def _norm_axis(a: int, rank: int) -> int:
+    return a + rank if a < 0 else a
+
+
+def _prod(dims):
+    out = 1
+    for d in dims:
+        out = out * d
+    return out
+
+
+def _is_int(d) -> bool:
+    return isinstance(d, (int, np.integer))
+
+
+@lower("Reshape", static=(1,))
+def reshape(inputs, attrs, ctx):
+    x, shape = inputs
+    dims = list(np.shape(x)) if is_static(x) else list(x.shape)
+    target = static_ints(shape)
+    out = [
+        dims[i] if (_is_int(t) and t == 0 and not attrs.get("allowzero", 0)) else t
+        for i, t in enumerate(target)
+    ]
+    if (
+        ctx.batch_dim is not None
+        and ctx.declared_batch is not None
+        and dims
+        and not _is_int(dims[0])
+        and out
+        and _is_int(out[0])
+        and out[0] == ctx.declared_batch
+    ):
+        out[0] = dims[0]
+    if any(_is_int(t) and t == -1 for t in out):
+        i = next(i for i, t in enumerate(out) if _is_int(t) and t == -1)
+        rest = _prod(t for j, t in enumerate(out) if j != i)
+        out[i] = _prod(dims) // rest
+    return (_xp(x).reshape(x, tuple(out)),)
+
+
+@lower("Flatten")
+def flatten(inputs, attrs, ctx):
+    x = inputs[0]
+    axis = _norm_axis(attrs.get("axis", 1), x.ndim)
+    return (_xp(x).reshape(x, (_prod(x.shape[:axis]), _prod(x.shape[axis:]))),)
+
+
+def _axes_of(inputs, attrs):
+    if len(inputs) > 1 and inputs[1] is not None:
+        return static_ints(inputs[1])
+    return list(attrs["axes"]) if "axes" in attrs else None
+
+
+@lower("Squeeze", static=(1,))
+def squeeze(inputs, attrs, ctx):
+    x = inputs[0]
+    axes = _axes_of(inputs, attrs)
+    if axes is None:
+        axes = [i for i, d in enumerate(x.shape) if _is_int(d) and d == 1]
+    return (_xp(x).squeeze(x, axis=tuple(_norm_axis(a, x.ndim) for a in axes)),)
+
+
+@lower("Unsqueeze", static=(1,))
+def unsqueeze(inputs, attrs, ctx):
+    x = inputs[0]
+    axes = _axes_of(inputs, attrs)
+    rank = np.ndim(x) + len(axes)
+    return (_xp(x).expand_dims(x, tuple(sorted(_norm_axis(a, rank) for a in axes))),)
+
+
+@lower("Transpose")
+def transpose(inputs, attrs, ctx):
+    x = inputs[0]
+    perm = attrs.get("perm", list(range(np.ndim(x)))[::-1])
+    return (_xp(x).transpose(x, perm),)
+
+
+@lower("Concat")
+def concat(inputs, attrs, ctx):
+    xs = [x for x in inputs if x is not None]
+    axis = _norm_axis(attrs["axis"], np.ndim(xs[0]))
+    if all(is_static(x) for x in xs):
+        return (np.concatenate([np.asarray(x) for x in xs], axis=axis),)
+    return (jnp.concatenate([jnp.asarray(x) for x in xs], axis=axis),)
+
+
+@lower("Split", static=(1,))
+def split(inputs, attrs, ctx):
+    x = inputs[0]
+    axis = _norm_axis(attrs.get("axis", 0), x.ndim)
+    sizes = static_ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else attrs.get("split")
+    n = x.shape[axis]
+    if not sizes:
+        k = int(attrs.get("num_outputs", ctx.num_outputs))
+        step = -(-n // k)
+        sizes = [min(step, n - i * step) for i in range(k)]
+    bounds = np.cumsum(sizes)[:-1].tolist()
+    return tuple(_xp(x).split(x, bounds, axis=axis))
+
+
+@lower("Slice", static=(1, 2, 3, 4))
+def slice_(inputs, attrs, ctx):
+    x = inputs[0]
+    if len(inputs) > 1:
+        starts, ends = static_ints(inputs[1]), static_ints(inputs[2])
+        axes = static_ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
+        steps = static_ints(inputs[4]) if len(inputs) > 4 and inputs[4] is not None else None
+    else:
+        starts, ends, axes, steps = attrs["starts"], attrs["ends"], attrs.get("axes"), None
+    rank = np.ndim(x)
+    axes = list(range(len(starts))) if axes is None else axes
+    steps = [1] * len(starts) if steps is None else steps
+    index = [slice(None)] * rank
+    big = 1 << 62
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        s = max(min(s, big), -big) if _is_int(s) else s
+        e = max(min(e, big), -big) if _is_int(e) else e
+        index[_norm_axis(a, rank)] = slice(s, e, st)
+    return (x[tuple(index)],)
+
+
+@lower("Pad", static=(1, 3))
+def pad(inputs, attrs, ctx):
+    x = inputs[0]
+    if len(inputs) > 1 and inputs[1] is not None:
+        pads = static_ints(inputs[1])
+        value = inputs[2] if len(inputs) > 2 and inputs[2] is not None else 0
+        axes = static_ints(inputs[3]) if len(inputs) > 3 and inputs[3] is not None else None
+    else:
+        pads, value, axes = list(attrs["pads"]), attrs.get("value", 0.0), None
+    rank = x.ndim
+    axes = list(range(rank)) if axes is None else [_norm_axis(a, rank) for a in axes]
+    widths = [(0, 0)] * rank
+    for i, a in enumerate(axes):
+        widths[a] = (pads[i], pads[i + len(axes)])
+    mode = attrs.get("mode", "constant")
+    if mode == "constant":
+        v = jnp.asarray(value, x.dtype).reshape(())
+        return (lax.pad(x, v, [(lo, hi, 0) for lo, hi in widths]),)
+    if any(lo < 0 or hi < 0 for lo, hi in widths):
+        raise NotImplementedError(f"Pad mode {mode} with negative pads")
+    return (jnp.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]),)
+
+
+def _broadcast(a: list, b: list) -> list:
+    n = max(len(a), len(b))
+    a, b = [1] * (n - len(a)) + list(a), [1] * (n - len(b)) + list(b)
+    return [y if (_is_int(x) and x == 1) else x for x, y in zip(a, b)]
+
+
+@lower("Expand", static=(1,))
+def expand(inputs, attrs, ctx):
+    x, shape = inputs
+    out = _broadcast(list(np.shape(x)) if is_static(x) else list(x.shape), static_ints(shape))
+    return (_xp(x).broadcast_to(x, tuple(out)),)
+
+
+@lower("Tile", static=(1,))
+def tile(inputs, attrs, ctx):
+    return (_xp(inputs[0]).tile(inputs[0], tuple(static_ints(inputs[1]))),)
+
+
+def _shape_array(dims) -> np.ndarray:
+    if all(_is_int(d) for d in dims):
+        return np.array([int(d) for d in dims], dtype=np.int64)
+    return np.array(list(dims), dtype=object)
+
+
+@lower("Shape", shape_only=True)
+def shape(inputs, attrs, ctx):
+    dims = list(np.shape(inputs[0])) if is_static(inputs[0]) else list(inputs[0].shape)
+    start = attrs.get("start", 0)
+    end = attrs.get("end", len(dims))
+    return (_shape_array(dims[start:end]),)
+
+
+@lower("Size", shape_only=True)
+def size(inputs, attrs, ctx):
+    dims = list(np.shape(inputs[0])) if is_static(inputs[0]) else list(inputs[0].shape)
+    n = _prod(dims)
+    return (np.array(n, dtype=np.int64) if _is_int(n) else np.array(n, dtype=object),)
+
+
+@lower("ConstantOfShape", static=(0,))
+def constant_of_shape(inputs, attrs, ctx):
+    value = attrs.get("value", np.zeros(1, np.float32))
+    value = np.asarray(value).reshape(-1)
+    dims = tuple(static_ints(inputs[0]))
+    if all(_is_int(d) for d in dims):
+        return (np.full(dims, value[0], dtype=value.dtype),)
+    return (jnp.full(dims, value[0], dtype=value.dtype),)
+
+
+@lower("Range", static=(0, 1, 2))
+def range_(inputs, attrs, ctx):
+    start, limit, delta = (np.asarray(v).reshape(()) for v in inputs)
+    n = max(int(math.ceil((limit - start) / delta)), 0)
+    return ((start + delta * np.arange(n)).astype(start.dtype),)
+
+
+@lower("Gather")
+def gather(inputs, attrs, ctx):
+    x, idx = inputs
+    axis = _norm_axis(attrs.get("axis", 0), np.ndim(x))
+    if is_static(x) and is_static(idx):
+        # Object arrays (symbolic shapes) give a bare element for a scalar index: re-wrap it.
+        return (np.asarray(np.take(x, np.asarray(idx), axis=axis), dtype=np.asarray(x).dtype),)
+    n = x.shape[axis]
+    idx = jnp.asarray(idx)
+    idx = jnp.where(idx < 0, idx + n, idx)
+    return (jnp.take(jnp.asarray(x), idx, axis=axis, mode="clip"),)
+
+
+@lower("GatherElements")
+def gather_elements(inputs, attrs, ctx):
+    x, idx = inputs
+    axis = _norm_axis(attrs.get("axis", 0), x.ndim)
+    idx = jnp.asarray(idx)
+    idx = jnp.where(idx < 0, idx + x.shape[axis], idx)
+    return (jnp.take_along_axis(x, idx, axis=axis, mode="clip"),)
+
+
+def _source_coords(mode: str, out: int, n: int, scale: float) -> np.ndarray:
+    x = np.arange(out, dtype=np.float64)
+    if mode == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if mode == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if out > 1 else np.zeros(out)
+    if mode == "align_corners":
+        return np.zeros(out) if out == 1 else x * (n - 1) / (out - 1)
+    if mode == "asymmetric":
+        return x / scale
+    raise NotImplementedError(f"Resize coordinate_transformation_mode '{mode}' is not lowered")
+
+
+def _nearest(coords: np.ndarray, mode: str, n: int) -> np.ndarray:
+    if mode == "round_prefer_ceil":
+        idx = np.floor(coords + 0.5)
+    elif mode == "floor":
+        idx = np.floor(coords)
+    elif mode == "ceil":
+        idx = np.ceil(coords)
+    else:  # round_prefer_floor
+        idx = np.ceil(coords - 0.5)
+    return np.clip(idx, 0, n - 1).astype(np.int64)
+
+
+def resize_axes(x, out_sizes, scales, mode, coord_mode, nearest_mode):
+    """Resize ``x`` axis by axis to ``out_sizes`` (static ints) using ``scales`` for coordinates."""
+    y = x
+    for axis, (n, out, scale) in enumerate(zip(x.shape, out_sizes, scales)):
+        if not _is_int(n) or (n == out and scale == 1.0):
+            continue
+        coords = _source_coords(coord_mode, out, n, scale)
+        if mode == "nearest":
+            y = jnp.take(y, jnp.asarray(_nearest(coords, nearest_mode, n)), axis=axis)
+            continue
+        c = np.clip(coords, 0, n - 1)
+        i0 = np.floor(c).astype(np.int64)
+        i1 = np.minimum(i0 + 1, n - 1)
+        w = (c - i0).astype(np.float32)
+        shape = [1] * y.ndim
+        shape[axis] = out
+        wj = jnp.asarray(w.reshape(shape)).astype(y.dtype)
+        y = jnp.take(y, jnp.asarray(i0), axis=axis) * (1 - wj) + jnp.take(y, jnp.asarray(i1), axis=axis) * wj
+    return y
+
+
+@lower("Resize", static=(1, 2, 3))
+def resize(inputs, attrs, ctx):
+    x = inputs[0]
+    mode = attrs.get("mode", "nearest")
+    if mode not in ("nearest", "linear") or attrs.get("antialias", 0):
+        raise NotImplementedError(f"Resize mode '{mode}' (antialias) is not lowered")
+    if "axes" in attrs:
+        raise NotImplementedError("Resize with axes is not lowered")
+    dims = list(x.shape)
+    if ctx.opset < 11:
+        scales = [float(s) for s in np.asarray(inputs[1]).reshape(-1)]
+        sizes = None
+        coord = "asymmetric"
+    else:
+        scales_in = inputs[2] if len(inputs) > 2 else None
+        sizes_in = inputs[3] if len(inputs) > 3 else None
+        sizes = static_ints(sizes_in) if sizes_in is not None and np.size(sizes_in) else None
+        scales = [float(s) for s in np.asarray(scales_in).reshape(-1)] if sizes is None else None
+        coord = attrs.get("coordinate_transformation_mode", "half_pixel")
+    if sizes is not None:
+        scales = [o / n if _is_int(n) else 1.0 for o, n in zip(sizes, dims)]
+        out = [o if _is_int(n) else n for o, n in zip(sizes, dims)]  # a symbolic batch is kept
+    else:
+        out = [int(math.floor(n * s)) if _is_int(n) else n for n, s in zip(dims, scales)]
+    nearest_mode = attrs.get("nearest_mode", "round_prefer_floor") if ctx.opset >= 11 else "floor"
+    return (resize_axes(x, out, scales, mode, coord, nearest_mode),)
+
+
+@lower("Upsample", static=(1,))
+def upsample(inputs, attrs, ctx):
+    x = inputs[0]
+    scales = [float(s) for s in (np.asarray(inputs[1]).reshape(-1) if len(inputs) > 1 else attrs["scales"])]
+    out = [int(math.floor(n * s)) if _is_int(n) else n for n, s in zip(x.shape, scales)]
+    mode = attrs.get("mode", "nearest")
+    return (
+        resize_axes(
+            x, out, scales, "linear" if mode in ("linear", "bilinear") else "nearest", "asymmetric", "floor"
+        ),
+    )
+
+
+@lower("DepthToSpace")
+def depth_to_space(inputs, attrs, ctx):
+    x = inputs[0]
+    b = int(attrs["blocksize"])
+    n, c, h, w = x.shape
+    if attrs.get("mode", "DCR") == "DCR":
+        y = jnp.reshape(x, (n, b, b, c // (b * b), h, w)).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        y = jnp.reshape(x, (n, c // (b * b), b, b, h, w)).transpose(0, 1, 4, 2, 5, 3)
+    return (jnp.reshape(y, (n, c // (b * b), h * b, w * b)),)
+
+
+@lower("SpaceToDepth")
+def space_to_depth(inputs, attrs, ctx):
+    x = inputs[0]
+    b = int(attrs["blocksize"])
+    n, c, h, w = x.shape
+    y = jnp.reshape(x, (n, c, h // b, b, w // b, b)).transpose(0, 3, 5, 1, 2, 4)
+    return (jnp.reshape(y, (n, c * b * b, h // b, w // b)),)

@@ -1,0 +1,243 @@
+"""Loading and running an xla bundle with nothing but jax, numpy and the weight container.
+
+This module is the deployable loader: it imports only jax, numpy, the standard library and
+:mod:`mconv.container` / :mod:`mconv.errors` (which import no ONNX), so a serving process
+needs neither onnx nor onnxruntime nor the rest of mconv.
+
+Rules:
+
+1. Every file listed in ``manifest.json`` is checked (size and sha256) before use; a mismatch
+   raises :class:`mconv.errors.IntegrityError` naming the file. Directories and ``.zip``
+   bundles both load.
+2. ``xla.json`` gives the calling convention: graph inputs first, then the weight arguments in
+   order; the weights are decoded from ``weights.mcw`` once and kept on the device.
+3. ``model.jax_export`` is deserialized with ``jax.export.deserialize`` and its ``call`` is
+   jitted; feeds are checked (names, dtype, rank, fixed dimensions) before the call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from mconv.container import container_from_bytes, read_container
+from mconv.errors import InputError, IntegrityError
+
+PAYLOAD = "model.jax_export"
+CONVENTION = "xla.json"
+_HINT = "the bundle was modified or truncated; re-export it"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """An input of the runner: name, numpy dtype name, shape (ints and symbolic names)."""
+
+    name: str
+    dtype: str
+    shape: tuple | None
+
+
+class _Files:
+    """Read a bundle's files from a directory or a zip, each checked against the manifest."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.label = str(path)
+        self.zip: zipfile.ZipFile | None = None
+        self.prefix = ""
+        if path.is_dir():
+            raw = self._raw("manifest.json")
+        elif path.is_file() and zipfile.is_zipfile(path):
+            self.zip = zipfile.ZipFile(path)
+            names = self.zip.namelist()
+            tops = [
+                n
+                for n in names
+                if n == "manifest.json" or (n.count("/") == 1 and n.endswith("/manifest.json"))
+            ]
+            if not tops:
+                raise InputError(
+                    "not a bundle: the zip holds no manifest.json",
+                    path=self.label,
+                    hint="zip the bundle directory",
+                )
+            self.prefix = tops[0][: -len("manifest.json")]
+            raw = self._raw("manifest.json")
+        else:
+            raise InputError("bundle not found", path=self.label, hint="give an xla bundle directory or .zip")
+        try:
+            self.manifest = json.loads(raw.decode("utf-8"))
+        except ValueError:
+            raise InputError("manifest.json is not valid JSON", path=self.label, hint=_HINT) from None
+        if not isinstance(self.manifest, dict) or not isinstance(self.manifest.get("files"), dict):
+            raise InputError("manifest.json is not an mconv manifest", path=self.label, hint=_HINT)
+
+    def _raw(self, rel: str) -> bytes:
+        try:
+            if self.zip is not None:
+                return self.zip.read(self.prefix + rel)
+            return (self.path / rel).read_bytes()
+        except (KeyError, OSError):
+            raise IntegrityError(f"{rel}: missing", path=self.label, hint=_HINT) from None
+
+    def read(self, rel: str) -> bytes:
+        meta = self.manifest["files"].get(rel)
+        if meta is None or "/" in rel or rel.startswith("."):
+            raise InputError(f"bundle has no file '{rel}'", path=self.label, hint="re-export the bundle")
+        data = self._raw(rel)
+        if len(data) != meta.get("bytes"):
+            raise IntegrityError(
+                f"{rel}: size mismatch (expected {meta.get('bytes')} bytes, got {len(data)})",
+                path=self.label,
+                hint=_HINT,
+            )
+        got = hashlib.sha256(data).hexdigest()
+        if got != meta.get("sha256"):
+            raise IntegrityError(
+                f"{rel}: sha256 mismatch (expected {str(meta.get('sha256'))[:12]}..., got {got[:12]}...)",
+                path=self.label,
+                hint=_HINT,
+            )
+        return data
+
+    def verify_all(self) -> None:
+        for rel in sorted(self.manifest["files"]):
+            if rel != "weights.mcw":  # the container is read (and hashed) below
+                self.read(rel)
+
+
+@dataclass
+class XlaRunner:
+    """A deserialized ``jax.export`` artifact plus its weights: the Runner API."""
+
+    call: Callable
+    inputs: list[Spec]
+    outputs: list[str]
+    weights: list[Any]
+    x64: bool = False
+    label: str = "bundle"
+    exported: Any = field(default=None, repr=False)
+
+    def _check(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        names = [s.name for s in self.inputs]
+        unknown = sorted(set(feeds) - set(names))
+        missing = [n for n in names if n not in feeds]
+        if unknown or missing:
+            raise InputError(
+                f"feeds do not match the inputs (unknown: {', '.join(unknown) or '-'}; missing: {', '.join(missing) or '-'})",
+                path=self.label,
+                hint=f"the model's inputs are: {', '.join(names)}",
+            )
+        out = []
+        for spec in self.inputs:
+            arr = np.asarray(feeds[spec.name])
+            where = f"input '{spec.name}'"
+            if arr.dtype.name != spec.dtype:
+                raise InputError(
+                    f"dtype {arr.dtype.name}, expected {spec.dtype}",
+                    path=self.label,
+                    where=where,
+                    hint=f"cast the feed to {spec.dtype}",
+                )
+            if spec.shape is not None:
+                ok = arr.ndim == len(spec.shape) and all(
+                    not isinstance(w, int) or w == g for g, w in zip(arr.shape, spec.shape)
+                )
+                if not ok:
+                    raise InputError(
+                        f"shape {list(arr.shape)}, expected {list(spec.shape)}",
+                        path=self.label,
+                        where=where,
+                        hint="only symbolic dimensions may vary",
+                    )
+            out.append(arr)
+        return out
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        args = self._check(feeds)
+        with jax.enable_x64(self.x64):
+            try:
+                values = self.call(*args, *self.weights)
+            except (TypeError, ValueError) as exc:
+                raise InputError(
+                    f"XLA refused the feeds ({str(exc).splitlines()[0][:200]})",
+                    path=self.label,
+                    hint="check the feed shapes against the manifest's inputs",
+                ) from None
+            values = [np.asarray(v) for v in values]
+        return dict(zip(self.outputs, values))
+
+
+def runner_from_parts(
+    manifest: dict, read: Callable[[str], bytes], open_container: Callable[[], Any], label: str
+) -> XlaRunner:
+    """Build the runner from a manifest, a checked file reader and a container opener."""
+    if manifest.get("target") != "xla":
+        raise InputError(
+            f"bundle is for target '{manifest.get('target')}', not 'xla'",
+            path=label,
+            hint=f"run it with --target {manifest.get('target')}",
+        )
+    try:
+        conv = json.loads(read(CONVENTION).decode("utf-8"))
+        weight_args = conv["weight_args"]
+    except (ValueError, KeyError, TypeError):
+        raise InputError(f"{CONVENTION} is not valid", path=label, hint=_HINT) from None
+    x64 = bool(conv.get("x64", False))
+    with jax.enable_x64(x64):
+        try:
+            exported = jax.export.deserialize(bytearray(read(PAYLOAD)))
+        except Exception as exc:
+            raise InputError(
+                f"{PAYLOAD} cannot be deserialized ({type(exc).__name__}: {str(exc)[:120]})",
+                path=label,
+                hint="re-export the bundle with this jax version",
+            ) from None
+        weights: list[Any] = []
+        if weight_args:
+            with open_container() as container:
+                for w in weight_args:
+                    arr = container.array(w["name"])
+                    if arr.dtype.name != w["dtype"] or list(arr.shape) != list(w["shape"]):
+                        raise IntegrityError(
+                            f"weight '{w['name']}' is {arr.dtype.name}{list(arr.shape)}, the program expects "
+                            f"{w['dtype']}{list(w['shape'])}",
+                            path=label,
+                            hint=_HINT,
+                        )
+                    weights.append(jax.device_put(arr))
+    inputs = [
+        Spec(d["name"], d["dtype"], tuple(d["shape"]) if d.get("shape") is not None else None)
+        for d in conv["inputs"]
+    ]
+    return XlaRunner(
+        call=jax.jit(exported.call),
+        inputs=inputs,
+        outputs=list(conv["outputs"]),
+        weights=weights,
+        x64=x64,
+        label=label,
+        exported=exported,
+    )
+
+
+def load_bundle_path(path: str | Path) -> XlaRunner:
+    """Load an xla bundle directory or .zip with this module alone (no mconv.bundle, no onnx)."""
+    files = _Files(Path(path))
+    files.verify_all()
+
+    def open_container():
+        if files.zip is None:
+            return read_container(files.path / "weights.mcw")
+        return container_from_bytes(files.read("weights.mcw"), f"{files.label}!weights.mcw")
+
+    if "weights.mcw" in files.manifest["files"]:
+        files.read("weights.mcw")  # size + sha256 of the whole file before decoding
+    return runner_from_parts(files.manifest, files.read, open_container, files.label)
