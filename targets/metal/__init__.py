@@ -1,0 +1,190 @@
+"""The metal target: Metal Shading Language kernels plus a Swift package that runs them.
+
+Export rules:
+
+1. The model is prepared (:func:`mconv.targets.metal.plan.prepare`: BatchNorm folded, static
+   batch ``options["batch"]`` (default 1), shapes inferred) and lowered to a plan: buffers and
+   one specialized ``kernel void`` per layer, activations fused (:mod:`mconv.targets.metal.plan`).
+   Unsupported nodes fail the export with one :class:`~mconv.errors.UnsupportedError` naming
+   every one of them (exit 2).
+2. ``options["precision"]``: ``fp16`` (default: half storage, float accumulation) or ``fp32``.
+3. The bundle holds ``metal_plan.json`` (the layers in encode order), the Swift package
+   (:mod:`mconv.targets.metal.swift`) and ``weights.mcw`` with every weight buffer the kernels
+   read; with fp16 storage a weight the codec chooser would store raw is stored fp16 (the
+   kernels read half anyway).
+
+Load rules:
+
+1. ``load(bundle)`` returns a :class:`~mconv.targets.metal.harness.HarnessRunner`: the kernels
+   compiled as C++ against ``metal_shim.h`` and run on the CPU in the Swift host's order
+   (:mod:`mconv.targets.metal.harness`). Without a C++ compiler it raises a one-line
+   :class:`~mconv.errors.InputError` (exit 2) saying so.
+2. ``load_model(model)`` exports to a temporary bundle and loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
+from mconv.container import choose_codec
+from mconv.errors import InputError
+from mconv.irio import real_inputs
+from mconv.targets.metal.harness import HarnessRunner, compile_harness
+from mconv.targets.metal.plan import MetalPlan, build_plan, metal_source, prepare
+from mconv.targets.metal.swift import package_files, swift_name
+
+__all__ = [
+    "NAME",
+    "PLAN",
+    "TARGET",
+    "MetalTarget",
+    "export",
+    "load",
+    "kernels_path",
+    "load_model",
+    "read_plan",
+]
+
+NAME = "metal"
+PLAN = "metal_plan.json"
+
+
+def _weight_spec(array: np.ndarray, metadata: dict, name: str, storage: str, forced: str | None):
+    """(array to store, codec spec): with half storage, raw float32 is rounded and stored fp16."""
+    if forced and forced != "auto":
+        return array, {"codec": forced}
+    spec = choose_codec(array, metadata, name)
+    if storage == "half" and spec.get("codec") == "raw" and array.dtype.name == "float32":
+        # the kernels read half, so rounding here loses nothing they would see
+        with np.errstate(over="ignore"):
+            return array.astype(np.float16).astype(np.float32), {"codec": "fp16"}
+    return array, spec
+
+
+def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
+    """Write a metal bundle (plan, Swift package, kernels, weights.mcw) for ``model`` at ``out_dir``."""
+    options = dict(options or {})
+    out_dir = Path(out_dir)
+    original_inputs = [TensorSpec.from_value(v) for v in real_inputs(model.graph)]
+    prepared = prepare(model, int(options.get("batch") or 1))
+    name = options.get("model_name") or model.graph.name or out_dir.name
+    plan = build_plan(prepared, {**options, "model_name": name})
+    kernels = metal_source(plan)
+    plan_bytes = (json.dumps(plan.as_dict(), sort_keys=True, indent=2) + "\n").encode()
+    inits = prepared.graph.initializers
+    metadata = dict(prepared.metadata_props)
+    weights = []
+    for b in plan.weight_buffers():
+        array = inits[b.name].const_value.numpy()
+        stored, spec = _weight_spec(array, metadata, b.name, plan.dtype, options.get("codec"))
+        weights.append((b.name, stored, spec))
+    batch_dim_symbolic = {s.name: bool(s.shape) and not isinstance(s.shape[0], int) for s in original_inputs}
+    inputs = []
+    for spec in plan.inputs:
+        shape = list(spec["shape"])
+        if batch_dim_symbolic.get(spec["name"]):
+            shape[0] = "batch"
+        src = next((s for s in original_inputs if s.name == spec["name"]), None)
+        inputs.append(TensorSpec(spec["name"], src.dtype if src else "float32", tuple(shape)))
+    outputs = [
+        TensorSpec(
+            o["name"],
+            "float32",
+            tuple(
+                ["batch", *o["shape"][1:]] if any(batch_dim_symbolic.values()) and o["shape"] else o["shape"]
+            ),
+        )
+        for o in plan.outputs
+    ]
+    payload = {PLAN: plan_bytes, **package_files(plan, kernels)}
+    return write_bundle(
+        out_dir,
+        target=NAME,
+        model_name=name,
+        inputs=inputs,
+        outputs=outputs,
+        weights=weights,
+        payload=payload,
+        options={k: v for k, v in options.items() if k != "verification"},
+        provenance=provenance_from_model(model),
+        verification=options.get("verification"),
+    )
+
+
+def read_plan(bundle: Bundle) -> MetalPlan:
+    """The bundle's plan, checked to be a metal plan."""
+    try:
+        return MetalPlan.from_dict(json.loads(bundle.read_bytes(PLAN)))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"{PLAN} is not a valid plan ({type(exc).__name__}: {str(exc)[:80]})",
+            path=str(bundle.root),
+            hint="re-export the bundle",
+        ) from None
+
+
+def kernels_path(plan: MetalPlan) -> str:
+    return f"Sources/{swift_name(plan.model_name)}/kernels.metal"
+
+
+def load(bundle: Bundle | str | os.PathLike) -> HarnessRunner:
+    """A runner that runs the bundle's kernels on the CPU through the C++ harness."""
+    if not isinstance(bundle, Bundle):
+        bundle = load_bundle(bundle)
+    label = str(bundle.root)
+    if bundle.target != NAME:
+        raise InputError(
+            f"bundle is for target '{bundle.target}', not '{NAME}'",
+            path=label,
+            hint=f"run it with --target {bundle.target}",
+        )
+    plan = read_plan(bundle)
+    kernels = bundle.read_bytes(kernels_path(plan)).decode()
+    exe = compile_harness(plan, kernels, label)
+    weights = {}
+    if plan.weight_buffers():
+        with bundle.container() as container:
+            weights = {
+                b.name: np.array(container.array(b.name), dtype=np.float32) for b in plan.weight_buffers()
+            }
+    return HarnessRunner(plan, exe, weights, bundle.inputs, [o.name for o in bundle.outputs], label)
+
+
+def load_model(model: ir.Model, label: str = "model", options: Mapping | None = None) -> HarnessRunner:
+    """Export ``model`` to a temporary bundle and load it (``mconv run model.onnx --target metal``)."""
+    tmp = Path(tempfile.mkdtemp(prefix="mconv-metal-bundle."))
+    try:
+        bundle = export(model, tmp / "bundle", options)
+        runner = load(bundle)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    runner.label = label
+    return runner
+
+
+@dataclass(frozen=True)
+class MetalTarget:
+    """The metal target object the registry hands out (``mconv.targets.get_target("metal")``)."""
+
+    name: str = NAME
+
+    def export(self, model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
+        return export(model, out_dir, options)
+
+    def load(self, bundle: Bundle | str | os.PathLike) -> HarnessRunner:
+        return load(bundle)
+
+    def load_model(self, model: ir.Model, label: str = "model") -> HarnessRunner:
+        return load_model(model, label)
+
+
+TARGET = MetalTarget()

@@ -1,0 +1,157 @@
+"""Elementwise kernels: broadcast Add/Sub/Mul/Div (with a fused activation), unary activations
+and a BatchNormalization that fuse-bn could not fold into a convolution.
+
+Rules:
+
+1. One thread per output element (Sum of two inputs is Add), grid ``(count, 1, 1)``.
+2. Broadcasting follows numpy: the output index is split into coordinates (dimensions baked)
+   and each operand reads at ``sum(coord * stride)`` with stride 0 along broadcast dimensions.
+3. A standalone activation node is the unary kernel with the activation's expression; an
+   activation after Add/Sub/Mul/Div is fused (a ResNet block's Add + Relu is one kernel).
+4. BatchNormalization (inference): ``y = (x - mean[c]) * rsqrt(var[c] + eps) * scale[c] + B[c]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from mconv.targets.metal.kernels import (
+    Activation,
+    KernelSource,
+    LowerContext,
+    activation_expr,
+    flit,
+    register,
+)
+from mconv.targets.metal.kernels.conv import constants
+
+_BINARY = {"Add": "a + b", "Sum": "a + b", "Sub": "a - b", "Mul": "a * b", "Div": "a / b"}
+
+
+def broadcast_strides(in_shape: list[int], out_shape: list[int]) -> list[int]:
+    """Element strides of ``in_shape`` over ``out_shape``'s coordinates (0 where broadcast)."""
+    padded = [1] * (len(out_shape) - len(in_shape)) + list(in_shape)
+    strides, step = [], 1
+    for d in reversed(padded):
+        strides.append(step if d != 1 else 0)
+        step *= d
+    return list(reversed(strides))
+
+
+def _offsets(out_shape: list[int], operands: list[tuple[str, list[int]]]) -> str:
+    """MSL statements that set ``i_<name>`` for each operand from the flat output index ``r``."""
+    lines = [f"int i_{name} = 0;" for name, _ in operands]
+    for axis in reversed(range(len(out_shape))):
+        dim = out_shape[axis]
+        if all(strides[axis] == 0 for _, strides in operands) or dim == 1:
+            lines.append(f"r /= {dim};")
+            continue
+        adds = " ".join(
+            f"i_{name} += c * {strides[axis]};" for name, strides in operands if strides[axis] != 0
+        )
+        lines.append(f"{{ const int c = r % {dim}; r /= {dim}; {adds} }}")
+    return "\n    ".join(lines)
+
+
+@register("Add", "Sum", "Sub", "Mul", "Div", fusible=True)
+def lower_binary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    ys = ctx.shape(y)
+    count = int(np.prod(ys)) if ys else 1
+    sa = broadcast_strides(ctx.shape(a), ys)
+    sb = broadcast_strides(ctx.shape(b), ys)
+    P = kernel
+    params = [ctx.buffer_param(0, "A"), ctx.buffer_param(1, "B"), ctx.buffer_param(2, "Y", out=True)]
+    src = (
+        constants(P, dict(COUNT=count))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_COUNT)) return;
+    int r = int(gid.x);
+    {_offsets(ys, [("a", sa), ("b", sb)])}
+    const float a = float(A[i_a]), b = float(B[i_b]);
+    const float v = {_BINARY[node.op_type]};
+    Y[gid.x] = {ctx.storage}({activation_expr(act)});
+}}
+"""
+    )
+    return KernelSource(kernel, src, [a, b], (count, 1, 1))
+
+
+def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
+    """The Activation an activation node computes, or None when it cannot be expressed."""
+    op = node.op_type
+    if op == "Relu":
+        return Activation("relu", (), (node.name,))
+    if op == "LeakyRelu":
+        return Activation("leaky", (node.attributes.get_float("alpha", 0.01),), (node.name,))
+    if op == "Sigmoid":
+        return Activation("sigmoid", (), (node.name,))
+    if op == "Tanh":
+        return Activation("tanh", (), (node.name,))
+    if op == "Gelu":
+        kind = "gelu_tanh" if node.attributes.get_string("approximate", "none") == "tanh" else "gelu"
+        return Activation(kind, (), (node.name,))
+    if op == "Clip":
+        if ctx.opset < 11 or len(node.inputs) == 1:
+            lo = node.attributes.get_float("min", -np.inf) if ctx.opset < 11 else -np.inf
+            hi = node.attributes.get_float("max", np.inf) if ctx.opset < 11 else np.inf
+            return Activation("clip", (lo, hi), (node.name,))
+        bounds = []
+        for k, default in ((1, -np.inf), (2, np.inf)):
+            v = node.inputs[k] if len(node.inputs) > k else None
+            if v is None:
+                bounds.append(default)
+                continue
+            arr = LowerContext.const(v)
+            if arr is None or arr.size != 1:
+                return None
+            bounds.append(float(arr.reshape(())))
+        return Activation("clip", tuple(bounds), (node.name,))
+    return None
+
+
+@register("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Gelu")
+def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = node.inputs[0]
+    count = int(np.prod(ctx.shape(x)))
+    own = activation_of(ctx, node)
+    assert own is not None  # the planner checks this before lowering
+    P = kernel
+    params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "Y", out=True)]
+    src = (
+        constants(P, dict(COUNT=count))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_COUNT)) return;
+    const float v = float(X[gid.x]);
+    Y[gid.x] = {ctx.storage}({activation_expr(own)});
+}}
+"""
+    )
+    return KernelSource(kernel, src, [x], (count, 1, 1))
+
+
+@register("BatchNormalization", fusible=True)
+def lower_batchnorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, scale, bias, mean, var = node.inputs[:5]
+    xs = ctx.shape(x)
+    count = int(np.prod(xs))
+    c = xs[1] if len(xs) > 1 else 1
+    inner = int(np.prod(xs[2:])) if len(xs) > 2 else 1
+    eps = node.attributes.get_float("epsilon", 1e-5)
+    P = kernel
+    names = ("X", "S", "B", "M", "V")
+    params = [ctx.buffer_param(i, n) for i, n in enumerate(names)] + [ctx.buffer_param(5, "Y", out=True)]
+    src = (
+        constants(P, dict(COUNT=count, C=c, INNER=inner))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_COUNT)) return;
+    const int c = (int(gid.x) / {P}_INNER) % {P}_C;
+    const float v = (float(X[gid.x]) - float(M[c])) * rsqrt(float(V[c]) + {flit(eps)}) * float(S[c]) + float(B[c]);
+    Y[gid.x] = {ctx.storage}({activation_expr(act)});
+}}
+"""
+    )
+    return KernelSource(kernel, src, [x, scale, bias, mean, var], (count, 1, 1))

@@ -1,0 +1,320 @@
+"""The Metal plan: the graph lowered to buffers and kernels in encode order.
+
+The plan (``metal_plan.json`` in the bundle) is the single description that both the Swift host
+code and the Linux harness are generated from.
+
+Rules:
+
+1. Before planning, the model (a copy; the caller's model is not touched) runs
+   ``fold,dce,eliminate-identity,fuse-bn`` so BatchNorm is folded into convolutions, then its
+   symbolic batch dimension is fixed to ``options["batch"]`` (default 1) and shapes are inferred.
+   Every value must then have a static shape.
+2. Every node is either a kernel (a rule of :data:`mconv.targets.metal.kernels.LOWER`), a view
+   (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout: the output aliases the input's
+   buffer) or unsupported. All unsupported nodes are named in one
+   :class:`~mconv.errors.UnsupportedError`.
+3. An activation whose input has no other use and is not a graph output is fused into the
+   kernel of a fusible producer (Conv, Gemm, MatMul, pooling, Add/Sub/Mul/Div, BatchNorm);
+   ``y * Sigmoid(y)`` is fused as swish the same way.
+4. Buffers: one per graph input, per weight a kernel reads (an initializer), and per value a
+   kernel writes; in the order first seen. A layer's bindings are its kernel's reads in order,
+   then its output; binding ``i`` is ``[[buffer(i)]]``.
+5. Kernel names are ``L<index>_<op>``; grids are exact (one thread per output element, per
+   output pixel x channel, or per softmax row) and threadgroups at most 256 threads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+from mconv.errors import InputError, UnsupportedError
+from mconv.irio import real_inputs
+from mconv.targets.metal.kernels import FUSIBLE, LOWER, Activation, LowerContext
+from mconv.targets.metal.kernels.elementwise import activation_of
+
+PLAN_VERSION = 1
+VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
+PREPASSES = "fold,dce,eliminate-identity,fuse-bn"
+MAX_BUFFER_ARGUMENTS = 31  # Metal's buffer argument table per kernel
+
+
+@dataclass
+class Buffer:
+    """A device buffer: kind is input, weight or activation; ``output`` names the graph outputs it holds."""
+
+    index: int
+    name: str
+    kind: str
+    shape: list[int]
+    count: int
+
+
+@dataclass
+class Layer:
+    """One dispatch: the kernel function, its buffer bindings (buffer indices, by binding index)."""
+
+    kernel: str
+    op: str
+    nodes: list[str]
+    bindings: list[int]
+    binding_names: list[str]
+    grid: list[int]
+    threadgroup: list[int]
+
+
+@dataclass
+class MetalPlan:
+    model_name: str
+    dtype: str  # storage type of every buffer: "half" or "float"
+    buffers: list[Buffer]
+    layers: list[Layer]
+    inputs: list[dict]  # {"name", "buffer", "shape"}
+    outputs: list[dict]  # {"name", "buffer", "shape"}
+    batch: int
+    version: int = PLAN_VERSION
+    sources: dict[str, str] = field(default_factory=dict, repr=False)  # kernel -> MSL (not in JSON)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("sources")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> MetalPlan:
+        return cls(
+            model_name=d["model_name"],
+            dtype=d["dtype"],
+            buffers=[Buffer(**b) for b in d["buffers"]],
+            layers=[Layer(**l) for l in d["layers"]],
+            inputs=list(d["inputs"]),
+            outputs=list(d["outputs"]),
+            batch=int(d["batch"]),
+            version=int(d.get("version", PLAN_VERSION)),
+        )
+
+    def weight_buffers(self) -> list[Buffer]:
+        return [b for b in self.buffers if b.kind == "weight"]
+
+
+def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
+    """A copy of ``model`` with BatchNorm folded, a static batch and inferred shapes (rule 1)."""
+    from mconv.passes import parse_spec, run_pipeline
+    from mconv.passes.pipeline import snapshot_model
+
+    model = snapshot_model(model)
+    model, _ = run_pipeline(model, parse_spec(PREPASSES))
+    for v in real_inputs(model.graph):
+        if v.shape is None:
+            raise InputError(
+                "input has no shape", where=f"input '{v.name}'", hint="give the model a static input shape"
+            )
+        dims = []
+        for i, d in enumerate(v.shape):
+            if isinstance(d, int):
+                dims.append(d)
+            elif i == 0:
+                dims.append(batch)
+            else:
+                raise InputError(
+                    f"input dimension {i} is symbolic ({d})",
+                    where=f"input '{v.name}'",
+                    hint="the metal target bakes shapes; export a model with static shapes",
+                )
+        v.shape = ir.Shape(dims)
+    for node in model.graph:  # stale symbolic shapes would survive a merge with inferred ones
+        for out in node.outputs:
+            out.shape = None
+    for out in model.graph.outputs:
+        out.shape = None
+    model, _ = run_pipeline(model, parse_spec("shape-inference"))
+    return model
+
+
+def _static_shape(value: ir.Value) -> list[int] | None:
+    if value.shape is None or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return [int(d) for d in value.shape]
+
+
+def _opset(model: ir.Model) -> int:
+    return int(model.opset_imports.get("", 13))
+
+
+def _fusions(model: ir.Model, ctx: LowerContext) -> dict[int, tuple[Activation, list[ir.Node]]]:
+    """id(producer node) -> (activation, the nodes it absorbs) (rule 3)."""
+    outputs = {v.name for v in model.graph.outputs}
+    fused: dict[int, tuple[Activation, list[ir.Node]]] = {}
+    for node in model.graph:
+        if node.op_type not in FUSIBLE or len(node.outputs) != 1:
+            continue
+        y = node.outputs[0]
+        if y.name in outputs:
+            continue
+        uses = [u.node for u in y.uses()]
+        if len(uses) == 1 and uses[0].domain in ("", "ai.onnx"):
+            act = activation_of(ctx, uses[0])
+            if act is not None and uses[0].inputs[0] is y:
+                fused[id(node)] = (act, [uses[0]])
+            continue
+        if len(uses) == 2:  # swish: y * Sigmoid(y)
+            sig = next((u for u in uses if u.op_type == "Sigmoid"), None)
+            mul = next((u for u in uses if u.op_type == "Mul"), None)
+            if sig is None or mul is None:
+                continue
+            s = sig.outputs[0]
+            if s.name in outputs or len(s.uses()) != 1 or s.uses()[0].node is not mul:
+                continue
+            if {id(mul.inputs[0]), id(mul.inputs[1])} == {id(y), id(s)}:
+                fused[id(node)] = (Activation("swish", (), (sig.name, mul.name)), [sig, mul])
+    return fused
+
+
+def _safe(op: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "", op).lower()
+
+
+def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
+    """Lower a prepared model (see :func:`prepare`) to a :class:`MetalPlan` with MSL sources."""
+    options = dict(options or {})
+    precision = options.get("precision") or "fp16"
+    if precision not in ("fp16", "fp32"):
+        raise InputError(f"precision '{precision}'", where="--precision", hint="choose fp16 or fp32")
+    storage = "half" if precision == "fp16" else "float"
+    batch = int(options.get("batch") or 1)
+    ctx = LowerContext(storage, _opset(model))
+    graph = model.graph
+    graph.sort()
+
+    unsupported: list[tuple[str, str]] = []
+    for node in graph:
+        ok = node.domain in ("", "ai.onnx") and (node.op_type in LOWER or node.op_type in VIEWS)
+        if ok and node.op_type in ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Gelu"):
+            ok = activation_of(ctx, node) is not None
+        if ok and node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1].uses():
+            ok = False
+        if ok and node.op_type == "Sum":
+            ok = len(node.inputs) == 2
+        if ok and node.op_type not in VIEWS:
+            ok = all(_static_shape(v) is not None for v in [*node.inputs, *node.outputs][:1] if v is not None)
+        if not ok:
+            unsupported.append((node.name or f"#{len(unsupported)}", node.op_type))
+    if unsupported:
+        raise UnsupportedError(
+            unsupported,
+            what="node",
+            hint="the metal target lowers " + ", ".join(sorted({*LOWER, *VIEWS})),
+        )
+
+    fused = _fusions(model, ctx)
+    absorbed = {id(n) for _, nodes in fused.values() for n in nodes}
+    buffers: list[Buffer] = []
+    by_value: dict[str, int] = {}  # value name -> buffer index (views share their input's)
+
+    def buffer_for(value: ir.Value, kind: str) -> int:
+        if value.name in by_value:
+            return by_value[value.name]
+        shape = _static_shape(value)
+        if shape is None:
+            raise InputError(
+                "value has no static shape", where=f"value '{value.name}'", hint="check the model's shapes"
+            )
+        buffers.append(Buffer(len(buffers), value.name, kind, shape, int(np.prod(shape)) if shape else 1))
+        by_value[value.name] = len(buffers) - 1
+        return by_value[value.name]
+
+    inputs = []
+    for v in real_inputs(graph):
+        inputs.append({"name": v.name, "buffer": buffer_for(v, "input"), "shape": _static_shape(v)})
+
+    layers: list[Layer] = []
+    sources: dict[str, str] = {}
+    for node in graph:
+        if id(node) in absorbed:
+            continue
+        if node.op_type in VIEWS:
+            src = node.inputs[0]
+            if src.name not in by_value:
+                buffer_for(src, "weight" if src.const_value is not None else "activation")
+            by_value[node.outputs[0].name] = by_value[src.name]
+            continue
+        act, extra = fused.get(id(node), (None, []))
+        kernel = f"L{len(layers)}_{_safe(node.op_type)}"
+        try:
+            ks = LOWER[node.op_type](ctx, node, kernel, act)
+        except InputError as exc:
+            if exc.where is None:
+                exc.where = f"node '{node.name}'"
+            raise
+        out_value = extra[-1].outputs[0] if extra else node.outputs[0]
+        # a fused node's result is the last absorbed node's output; the kernel writes it
+        if len(ks.reads) + 1 > MAX_BUFFER_ARGUMENTS:
+            raise UnsupportedError(
+                [(node.name, node.op_type)],
+                what="node",
+                hint=f"Metal binds at most {MAX_BUFFER_ARGUMENTS} buffers per kernel; split the node",
+            )
+        reads = [buffer_for(v, "weight" if v.const_value is not None else "activation") for v in ks.reads]
+        out = buffer_for(out_value, "activation")
+        layers.append(
+            Layer(
+                kernel=ks.name,
+                op=node.op_type if act is None else f"{node.op_type}+{act.kind}",
+                nodes=[node.name, *[n.name for n in extra]],
+                bindings=[*reads, out],
+                binding_names=[*[v.name for v in ks.reads], out_value.name],
+                grid=list(ks.grid),
+                threadgroup=list(ks.threadgroup),
+            )
+        )
+        sources[ks.name] = ks.source
+    outputs = []
+    for v in graph.outputs:
+        if v.name not in by_value:
+            raise InputError(
+                "graph output is not computed by any kernel",
+                where=f"output '{v.name}'",
+                hint="the metal target needs outputs computed from the inputs",
+            )
+        outputs.append({"name": v.name, "buffer": by_value[v.name], "shape": _static_shape(v)})
+    return MetalPlan(
+        model_name=options.get("model_name") or graph.name or "Model",
+        dtype=storage,
+        buffers=buffers,
+        layers=layers,
+        inputs=inputs,
+        outputs=outputs,
+        batch=batch,
+        sources=sources,
+    )
+
+
+MSL_PRELUDE = """// Generated by mconv: one kernel per layer, shapes baked as constants.
+// Storage {storage}, accumulation float. Kernels use no threadgroup memory and no barriers.
+#include <metal_stdlib>
+using namespace metal;
+
+// erf (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7): Metal's standard library has none.
+inline float mconv_erf(float x) {{
+    const float s = x < 0.0f ? -1.0f : 1.0f;
+    const float a = fabs(x);
+    const float t = 1.0f / (1.0f + 0.3275911f * a);
+    const float y = 1.0f - (((((1.061405429f * t - 1.453152027f) * t) + 1.421413741f) * t - 0.284496736f) * t
+                            + 0.254829592f) * t * exp(-a * a);
+    return s * y;
+}}
+
+"""
+
+
+def metal_source(plan: MetalPlan) -> str:
+    """The ``kernels.metal`` text: the prelude and every layer's kernel in encode order."""
+    parts = [MSL_PRELUDE.format(storage=plan.dtype)]
+    for layer in plan.layers:
+        parts.append(f"// {layer.kernel}: {layer.op} ({', '.join(layer.nodes)})\n")
+        parts.append(plan.sources[layer.kernel])
+        parts.append("\n")
+    return "".join(parts)

@@ -1,0 +1,89 @@
+"""The Swift package in a metal bundle: what Model.swift encodes matches metal_plan.json."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from mconv.targets.metal import TARGET
+from metal_models import mobilenet_style
+
+CODECS = Path(__file__).resolve().parents[3] / "core" / "codecs"
+_ROW = re.compile(
+    r'Layer\(kernel: "(\w+)", buffers: \[([\d, ]*)\], grid: MTLSize\(width: (\d+), height: (\d+), depth: (\d+)\), '
+    r"threadgroup: MTLSize\(width: (\d+), height: (\d+), depth: (\d+)\)\)"
+)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return TARGET.export(mobilenet_style(), tmp_path_factory.mktemp("swift") / "MobileNet", {})
+
+
+def test_package_swift_declares_tools_59_platforms_library_metal_resource_and_c_decoder(bundle):
+    text = (bundle.root / "Package.swift").read_text()
+    assert text.startswith("// swift-tools-version:5.9")
+    assert "platforms: [.iOS(.v16), .macOS(.v13)]" in text
+    assert '.library(name: "MobilenetStyle", targets: ["MobilenetStyle"])' in text
+    assert 'resources: [.process("kernels.metal")]' in text
+    assert '.target(name: "MCWDecoder", path: "Sources/MCWDecoder")' in text
+
+
+def test_model_swift_layer_table_is_the_plan_in_encode_order(bundle):
+    plan = json.loads((bundle.root / "metal_plan.json").read_text())
+    swift = (bundle.root / "Sources/MobilenetStyle/Model.swift").read_text()
+    rows = [
+        (
+            m[1],
+            [int(b) for b in m[2].split(",")],
+            [int(m[3]), int(m[4]), int(m[5])],
+            [int(m[6]), int(m[7]), int(m[8])],
+        )
+        for m in _ROW.finditer(swift)
+    ]
+    expected = [(lay["kernel"], lay["bindings"], lay["grid"], lay["threadgroup"]) for lay in plan["layers"]]
+    assert rows == expected and len(rows) == len(plan["layers"]) > 5
+    # buffers are bound at binding index = position in the layer's list, sizes from the plan
+    assert "encoder.setBuffer(buffers[index], offset: 0, index: binding)" in swift
+    assert "encoder.dispatchThreads(layer.grid, threadsPerThreadgroup: layer.threadgroup)" in swift
+    counts = [int(c) for c in re.findall(r"BufferSpec\(name: \"[^\"]*\", kind: \.\w+, count: (\d+)\)", swift)]
+    assert counts == [b["count"] for b in plan["buffers"]]
+
+
+def test_predict_makes_one_command_buffer_and_one_encoder_and_pipelines_only_in_init(bundle):
+    swift = (bundle.root / "Sources/MobilenetStyle/Model.swift").read_text()
+    assert swift.count("makeCommandBuffer()") == 1 and swift.count("makeComputeCommandEncoder()") == 1
+    predict = swift[swift.index("public func predict(inputs") :]
+    predict = predict[: predict.index("// MARK")]
+    assert "makeCommandBuffer()" in predict and "commit()" in predict and "waitUntilCompleted()" in predict
+    assert "makeComputePipelineState" not in predict
+    assert "public func predict(_ input: [Float]) throws -> [String: [Float]]" in swift
+
+
+def test_every_plan_kernel_is_defined_once_in_kernels_metal_with_plan_buffer_count(bundle):
+    plan = json.loads((bundle.root / "metal_plan.json").read_text())
+    metal = (bundle.root / "Sources/MobilenetStyle/kernels.metal").read_text()
+    assert "threadgroup" not in metal.replace("Kernels use no threadgroup memory", "")
+    for layer in plan["layers"]:
+        assert metal.count(f"kernel void {layer['kernel']}(") == 1
+        sig = metal[metal.index(f"kernel void {layer['kernel']}(") :].split("{", 1)[0]
+        assert re.findall(r"\[\[buffer\((\d+)\)\]\]", sig) == [str(i) for i in range(len(layer["bindings"]))]
+
+
+def test_c_decoder_is_shipped_verbatim_and_readme_explains_xcode_and_predict(bundle):
+    assert (bundle.root / "Sources/MCWDecoder/decoder.c").read_bytes() == (CODECS / "decoder.c").read_bytes()
+    assert (bundle.root / "Sources/MCWDecoder/include/decoder.h").read_bytes() == (
+        CODECS / "decoder.h"
+    ).read_bytes()
+    readme = (bundle.root / "README.md").read_text()
+    assert "File > Add Package Dependencies" in readme and "Add Local" in readme
+    assert "model.predict(input)" in readme and "import MobilenetStyle" in readme
+    for rel in ("Package.swift", "README.md", "metal_plan.json", "Sources/MobilenetStyle/Model.swift"):
+        assert rel in bundle.manifest["files"]
+
+
+def test_same_model_and_options_give_byte_identical_bundles(bundle, tmp_path):
+    again = TARGET.export(mobilenet_style(), tmp_path / "MobileNet", {})
+    assert again.manifest["files"] == bundle.manifest["files"]
