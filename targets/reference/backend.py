@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx_ir as ir
-from onnx.backend.base import Backend, BackendRep, Device, DeviceType
-
 from mconv.targets.reference.executor import Executor
+from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
 
 class ReferenceBackendRep(BackendRep):
@@ -53,8 +52,14 @@ class ReferenceBackend(Backend):
         return cls.prepare(model, device, **kwargs).run(inputs)
 
     @classmethod
-    def run_node(cls, node: onnx.NodeProto, inputs: Sequence[Any], device: str = "CPU",
-                 outputs_info: Any = None, **kwargs: Any) -> tuple:
+    def run_node(
+        cls,
+        node: onnx.NodeProto,
+        inputs: Sequence[Any],
+        device: str = "CPU",
+        outputs_info: Any = None,
+        **kwargs: Any,
+    ) -> tuple:
         from mconv.targets.reference.executor import run_node as _run_node
 
         attrs = {}
@@ -62,8 +67,11 @@ class ReferenceBackend(Backend):
             attrs[a.name] = onnx.helper.get_attribute_value(a)
             if isinstance(attrs[a.name], bytes):
                 attrs[a.name] = attrs[a.name].decode("utf-8")
-        return tuple(_run_node(node.op_type, list(inputs), attrs, domain=node.domain,
-                               opset=kwargs.get("opset_version", 21)))
+        return tuple(
+            _run_node(
+                node.op_type, list(inputs), attrs, domain=node.domain, opset=kwargs.get("opset_version", 21)
+            )
+        )
 
     @classmethod
     def supports_device(cls, device: str) -> bool:

@@ -17,7 +17,12 @@ Rules
 5. Without ``intermediates`` a value is dropped from the environment right after its last use.
 6. Reverse mode records the forward environment, then visits, in reverse topological order, only
    the nodes on a path from a ``wrt`` value to a value with a cotangent; each calls its op's VJP
-   and gradients that fan out are summed.
+   and gradients that fan out are summed. A control-flow VJP may return ``(input_grads,
+   {outer_name: grad})`` so that gradients reach the outer values its body read. Ops defined by
+   a function body differentiate through that body.
+7. ``ai.onnx.preview.training::Gradient`` is answered by the same reverse sweep over its graph
+   (such a graph keeps all its values alive).
+8. The schema's function body used is the newest one defined at or before the model's opset.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 import onnx_ir as ir
-
 from mconv.errors import InputError, UnsupportedError
 from mconv.targets.reference.ops import OpContext, OpDef, lookup
 
@@ -43,9 +48,10 @@ DEFAULT_OPSET = 21
 def tensor_to_numpy(tensor: Any) -> np.ndarray:
     """An ``onnx_ir`` tensor as numpy; string tensors become object arrays of ``str``."""
     arr = tensor.numpy()
-    if arr.dtype == object:
-        arr = np.array([s.decode("utf-8") if isinstance(s, bytes) else s for s in arr.ravel()],
-                       dtype=object).reshape(arr.shape)
+    if arr.dtype.kind in ("O", "S"):
+        arr = np.array(
+            [s.decode("utf-8") if isinstance(s, bytes) else s for s in arr.ravel()], dtype=object
+        ).reshape(arr.shape)
     return arr
 
 
@@ -104,13 +110,15 @@ class Plan:
 
     steps: list[Step]
     inputs: list[str]
-    outputs: list[str]
+    outputs: list[str | None]  # None: an optional output a function body does not produce
     initializers: dict[str, np.ndarray]
     free_vars: tuple[str, ...]  # names read from the enclosing scope
+    keep_values: bool = False  # a Gradient node differentiates this plan: free nothing
     _schedules: dict = field(default_factory=dict)
 
     def schedule(self, wanted: tuple[str, ...], keep_all: bool) -> list[tuple[Step, tuple[str, ...]]]:
         """Steps needed for ``wanted``, each with the values that die right after it."""
+        keep_all = keep_all or self.keep_values
         key = (wanted, keep_all)
         sched = self._schedules.get(key)
         if sched is not None:
@@ -169,25 +177,33 @@ def _toposort(nodes: list[ir.Node], node_uses: list[tuple[str, ...]], where: str
                 ready.append(c)
     if len(order) != len(nodes):
         stuck = [nodes[i].name or nodes[i].op_type for i in range(len(nodes)) if indegree[i] > 0]
-        raise InputError(f"graph has a cycle through {len(stuck)} node(s): {', '.join(stuck[:5])}",
-                         where=where, hint="the model is malformed; re-export it")
+        raise InputError(
+            f"graph has a cycle through {len(stuck)} node(s): {', '.join(stuck[:5])}",
+            where=where,
+            hint="the model is malformed; re-export it",
+        )
     return order
 
 
 class _Builder:
     """Turns graphs and function bodies into plans, collecting unknown ops as it goes."""
 
-    def __init__(self, executor: Executor, model_opsets: Mapping[str, int],
-                 functions: Mapping[tuple, ir.Function]) -> None:
+    def __init__(
+        self, executor: Executor, model_opsets: Mapping[str, int], functions: Mapping[tuple, ir.Function]
+    ) -> None:
         self.executor = executor
         self.functions = {(f.domain, f.name): f for f in functions.values()}
         self.model_opsets = dict(model_opsets)
         self.unknown: list[tuple[str, str]] = []
         self.subplans: dict[int, Plan] = {}
 
-    def graph_plan(self, graph: ir.Graph | ir.Function, opsets: Mapping[str, int],
-                   bound_attrs: Mapping[str, Any] | None = None,
-                   fn_defaults: Mapping[str, ir.Attr] | None = None) -> Plan:
+    def graph_plan(
+        self,
+        graph: ir.Graph | ir.Function,
+        opsets: Mapping[str, int],
+        bound_attrs: Mapping[str, Any] | None = None,
+        fn_defaults: Mapping[str, ir.Attr] | None = None,
+    ) -> Plan:
         nodes = list(graph)
         inits: dict[str, np.ndarray] = {}
         if isinstance(graph, ir.Graph):
@@ -202,12 +218,23 @@ class _Builder:
                 sub = self.subgraph_plan(g, opsets)
                 fv.extend(sub.free_vars)
             sub_free.append(tuple(dict.fromkeys(fv)))
-        node_uses = [tuple(v.name for v in n.inputs if v is not None and v.name) + sf
-                     for n, sf in zip(nodes, sub_free)]
+        node_uses = [
+            tuple(v.name for v in n.inputs if v is not None and v.name) + sf + _gradient_target(n)
+            for n, sf in zip(nodes, sub_free)
+        ]
         where = f"graph {getattr(graph, 'name', '') or '?'}"
         order = _toposort(nodes, node_uses, where)
-        steps = [self.step(nodes[i], node_uses[i], bool(sub_free[i]) or bool(_graph_attrs(nodes[i])),
-                           opsets, bound_attrs, fn_defaults) for i in order]
+        steps = [
+            self.step(
+                nodes[i],
+                node_uses[i],
+                bool(sub_free[i] or _graph_attrs(nodes[i]) or _gradient_target(nodes[i])),
+                opsets,
+                bound_attrs,
+                fn_defaults,
+            )
+            for i in order
+        ]
         inputs = [v.name for v in graph.inputs]
         outputs = [v.name for v in graph.outputs]
         defined = set(inputs) | set(inits)
@@ -218,7 +245,12 @@ class _Builder:
                     free.append(u)
             defined.update(o for o in s.outputs if o)
         free.extend(o for o in outputs if o not in defined)  # outputs passed straight through
-        return Plan(steps, inputs, outputs, inits, tuple(dict.fromkeys(free)))
+        plan = Plan(steps, inputs, outputs, inits, tuple(dict.fromkeys(free)))
+        for step in steps:
+            if (step.domain, step.op_type) == _GRADIENT:
+                step.opdef = _gradient_opdef(self.executor, plan)
+                plan.keep_values = True
+        return plan
 
     def subgraph_plan(self, graph: ir.Graph, opsets: Mapping[str, int]) -> Plan:
         plan = self.subplans.get(id(graph))
@@ -227,8 +259,15 @@ class _Builder:
             self.subplans[id(graph)] = plan
         return plan
 
-    def step(self, node: ir.Node, uses: tuple[str, ...], has_sub: bool, opsets: Mapping[str, int],
-             bound: Mapping[str, Any] | None, fn_defaults: Mapping[str, ir.Attr] | None) -> Step:
+    def step(
+        self,
+        node: ir.Node,
+        uses: tuple[str, ...],
+        has_sub: bool,
+        opsets: Mapping[str, int],
+        bound: Mapping[str, Any] | None,
+        fn_defaults: Mapping[str, ir.Attr] | None,
+    ) -> Step:
         attrs: dict[str, Any] = {}
         for key, attr in node.attributes.items():
             if attr.is_ref():  # inside a function body: take the caller's value or the default
@@ -241,11 +280,21 @@ class _Builder:
             attrs[key] = attr_to_python(attr)
         domain = "" if node.domain == "ai.onnx" else node.domain
         opset = opsets.get(domain, self.model_opsets.get(domain, DEFAULT_OPSET if domain == "" else 1))
-        ctx = OpContext(opset=opset, executor=self.executor, scope={}, rng=self.executor.rng)
+        ctx = OpContext(
+            opset=opset,
+            executor=self.executor,
+            scope={},
+            rng=self.executor.rng,
+            num_outputs=len(node.outputs),
+        )
         opdef = self.resolve(node, attrs, opset, opsets)
         if opdef is None:
-            self.unknown.append((node.name or f"<unnamed {node.op_type}>",
-                                 node.op_type if not domain else f"{domain}::{node.op_type}"))
+            self.unknown.append(
+                (
+                    node.name or f"<unnamed {node.op_type}>",
+                    node.op_type if not domain else f"{domain}::{node.op_type}",
+                )
+            )
             opdef = OpDef(node.op_type, domain, _unresolved)
         ins = tuple(v.name if v is not None and v.name else None for v in node.inputs)
         outs = tuple(v.name if v.name else None for v in node.outputs)
@@ -253,6 +302,8 @@ class _Builder:
 
     def resolve(self, node: ir.Node, attrs: dict, opset: int, opsets: Mapping[str, int]) -> OpDef | None:
         domain = "" if node.domain == "ai.onnx" else node.domain
+        if (domain, node.op_type) == _GRADIENT:
+            return OpDef(node.op_type, domain, _unresolved)  # bound to its plan by graph_plan
         fn = self.functions.get((node.domain, node.op_type))
         if fn is not None:
             fopsets = {**self.model_opsets, **dict(fn.opset_imports)}
@@ -263,33 +314,105 @@ class _Builder:
             return opdef
         return self.schema_function(node, attrs, opset, opsets)
 
-    def schema_function(self, node: ir.Node, attrs: dict, opset: int,
-                        opsets: Mapping[str, int]) -> OpDef | None:
+    def schema_function(
+        self, node: ir.Node, attrs: dict, opset: int, opsets: Mapping[str, int]
+    ) -> OpDef | None:
         try:
             schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
         except onnx.defs.SchemaError:
             return None
         domain = "" if node.domain == "ai.onnx" else node.domain
         fopsets = {**self.model_opsets, **dict(opsets)}
+        defaults = {}
+        for name, a in schema.attributes.items():  # the body's @refs fall back to these
+            if a.default_value is not None and a.default_value.type != 0:
+                value = onnx.helper.get_attribute_value(a.default_value)
+                if isinstance(value, onnx.TensorProto):
+                    value = onnx.numpy_helper.to_array(value)
+                elif isinstance(value, bytes):
+                    value = value.decode("utf-8")
+                elif isinstance(value, list) and value and isinstance(value[0], bytes):
+                    value = [v.decode("utf-8") for v in value]
+                defaults[name] = value
+        attrs = {**defaults, **attrs}
         body = b""
-        try:
-            body = schema.get_function_with_opset_version(opset)
-        except Exception:  # noqa: BLE001 - older schemas raise when there is none
-            body = b""
-        if not body and schema.has_function:
+        version = _body_version(schema.function_opset_versions, opset)
+        if version is not None:
+            body = schema.get_function_with_opset_version(version)
+        elif schema.has_function:
             body = schema.function_body.SerializeToString()
         if body:
-            proto = onnx.FunctionProto()
-            proto.ParseFromString(body)
-            fn = ir.serde.deserialize_function(proto)
-            fopsets.update(dict(fn.opset_imports))
-            plan = self.graph_plan(fn, fopsets, attrs, fn.attributes)
+            plan = _function_plan(self, body, fopsets, attrs)
             return _function_opdef(node.op_type, domain, plan, self.executor)
-        if schema.has_context_dependent_function:
-            node_bytes = ir.serde.serialize_node(node).SerializeToString()
-            return _context_function_opdef(node.op_type, domain, schema, opset, node_bytes,
-                                           attrs, fopsets, self)
+        if _body_version(schema.context_dependent_function_opset_versions, opset) is not None:
+            # The builder reads attributes from the node: give it resolved values, not @refs.
+            proto_attrs = {k: _attr_to_proto_value(v) for k, v in attrs.items()}
+            node_bytes = onnx.helper.make_node(
+                node.op_type,
+                [v.name if v is not None else "" for v in node.inputs],
+                [v.name for v in node.outputs],
+                domain=node.domain,
+                **proto_attrs,
+            ).SerializeToString()
+            return _context_function_opdef(
+                node.op_type, domain, schema, opset, node_bytes, attrs, fopsets, self
+            )
         return None
+
+
+def _function_plan(builder: _Builder, body: bytes, opsets: Mapping[str, int], attrs: dict) -> Plan:
+    """A plan for a schema's function body. Outputs that the body never produces (optional ones
+    the builder left out for this node, e.g. SoftmaxCrossEntropyLoss's log_prob) stay empty."""
+    proto = onnx.FunctionProto()
+    proto.ParseFromString(body)
+    defined = set(proto.input) | {o for n in proto.node for o in n.output}
+    outputs = [o if o in defined else None for o in proto.output]
+    del proto.output[:]
+    proto.output.extend(o for o in outputs if o)
+    fn = ir.serde.deserialize_function(proto)
+    plan = builder.graph_plan(fn, {**opsets, **dict(fn.opset_imports)}, attrs, fn.attributes)
+    plan.outputs = outputs
+    return plan
+
+
+def _body_version(versions: Iterable[int], opset: int) -> int | None:
+    """The function body that applies at ``opset``: the newest one defined at or before it."""
+    usable = [v for v in versions if v <= opset]
+    return max(usable) if usable else None
+
+
+def _attr_to_proto_value(v: Any) -> Any:
+    """A plain attribute value back into what ``onnx.helper.make_attribute`` accepts."""
+    if isinstance(v, np.ndarray):
+        return onnx.numpy_helper.from_array(v)
+    if isinstance(v, ir.Graph):
+        return ir.serde.serialize_graph(v)
+    if isinstance(v, list) and v and isinstance(v[0], (np.ndarray, ir.Graph)):
+        return [_attr_to_proto_value(x) for x in v]
+    return v
+
+
+_GRADIENT = ("ai.onnx.preview.training", "Gradient")
+
+
+def _gradient_target(node: ir.Node) -> tuple[str, ...]:
+    """A Gradient node reads ``y`` by name: it runs after ``y`` is computed."""
+    if (node.domain, node.op_type) == _GRADIENT and "y" in node.attributes:
+        return (node.attributes["y"].value,)
+    return ()
+
+
+def _gradient_opdef(executor: Executor, plan: Plan) -> OpDef:
+    """ai.onnx.preview.training::Gradient: d y / d xs through the enclosing graph, by the same
+    reverse sweep as ``Executor.vjp`` (the plan keeps every value, so nothing is recomputed)."""
+
+    def forward(inputs, attrs, ctx):
+        xs, y = list(attrs["xs"]), attrs["y"]
+        env = ctx.scope
+        grads = executor._reverse(plan, env, {y: np.ones_like(env[y])}, xs)
+        return tuple(grads[x] for x in xs)
+
+    return OpDef(_GRADIENT[1], _GRADIENT[0], forward)
 
 
 def _unresolved(inputs, attrs, ctx):  # never reached: construction refuses unknown ops
@@ -306,30 +429,44 @@ def _function_opdef(op_type: str, domain: str, plan: Plan, executor: Executor) -
     return OpDef(op_type, domain, forward, vjp)
 
 
-def _context_function_opdef(op_type: str, domain: str, schema: Any, opset: int, node_bytes: bytes,
-                            attrs: dict, opsets: dict, builder: _Builder) -> OpDef:
+def _context_function_opdef(
+    op_type: str,
+    domain: str,
+    schema: Any,
+    opset: int,
+    node_bytes: bytes,
+    attrs: dict,
+    opsets: dict,
+    builder: _Builder,
+) -> OpDef:
     """An op whose body depends on its input types: built at first use, cached per input types."""
     cache: dict[tuple, Plan] = {}
     executor = builder.executor
 
     def plan_for(inputs: list) -> Plan:
-        key = tuple((None if x is None else (str(getattr(x, "dtype", "seq")), np.ndim(x)))
-                    for x in inputs)
+        key = tuple((None if x is None else (str(getattr(x, "dtype", "seq")), np.ndim(x))) for x in inputs)
         plan = cache.get(key)
         if plan is None:
             types = []
+            while inputs and inputs[-1] is None:
+                inputs = inputs[:-1]
             for x in inputs:
-                if x is None or not isinstance(x, np.ndarray):
+                if x is None:  # an omitted optional input in the middle: no type to give
                     types.append(onnx.TypeProto().SerializeToString())
                     continue
+                # onnx's builder crashes (segfault) on a type it cannot read: refuse first.
+                if not isinstance(x, np.ndarray):
+                    raise UnsupportedError(
+                        [(op_type, op_type)],
+                        what="context-dependent function",
+                        hint="only tensor inputs can expand its body",
+                    )
                 elem = onnx.helper.np_dtype_to_tensor_dtype(x.dtype)
                 types.append(onnx.helper.make_tensor_type_proto(elem, x.shape).SerializeToString())
-            body = schema.get_context_dependent_function_with_opset_version(opset, node_bytes, types)
-            proto = onnx.FunctionProto()
-            proto.ParseFromString(body)
-            fn = ir.serde.deserialize_function(proto)
+            version = _body_version(schema.context_dependent_function_opset_versions, opset)
+            body = schema.get_context_dependent_function_with_opset_version(version, node_bytes, types)
             sub = _Builder(executor, builder.model_opsets, {})
-            plan = sub.graph_plan(fn, {**opsets, **dict(fn.opset_imports)}, attrs, fn.attributes)
+            plan = _function_plan(sub, body, opsets, attrs)
             if sub.unknown:
                 raise UnsupportedError(sub.unknown, hint=f"needed by the body of {op_type}")
             cache[key] = plan
@@ -361,8 +498,9 @@ def _input_specs(graph: ir.Graph, skip: Iterable[str]) -> list[tuple[str, Any, t
                 dtype = None
         shape = None
         if v.shape is not None:
-            shape = tuple(d if isinstance(d, int) else (str(d) if d.value is not None else None)
-                          for d in v.shape)
+            shape = tuple(
+                d if isinstance(d, int) else (str(d) if d.value is not None else None) for d in v.shape
+            )
         specs.append((v.name, dtype, shape))
     return specs
 
@@ -382,8 +520,9 @@ class Executor:
         self._builder = _Builder(self, opsets, model.functions)
         self.plan = self._builder.graph_plan(graph, opsets)
         if self._builder.unknown:
-            raise UnsupportedError(self._builder.unknown,
-                                   hint="implement them in mconv.targets.reference.ops")
+            raise UnsupportedError(
+                self._builder.unknown, hint="implement them in mconv.targets.reference.ops"
+            )
         self._subplans = self._builder.subplans
         self.initializers: dict[str, np.ndarray] = self.plan.initializers
         self.input_specs = _input_specs(graph, self.initializers)
@@ -391,8 +530,11 @@ class Executor:
         self.output_names = list(self.plan.outputs)
         missing = [n for n in self.plan.free_vars if n not in self.input_names]
         if missing:
-            raise InputError(f"values used but never defined: {', '.join(missing[:8])}",
-                             where=f"graph {graph.name or '?'}", hint="the model is malformed")
+            raise InputError(
+                f"values used but never defined: {', '.join(missing[:8])}",
+                where=f"graph {graph.name or '?'}",
+                hint="the model is malformed",
+            )
 
     # -- weights -------------------------------------------------------------------------
 
@@ -412,32 +554,41 @@ class Executor:
         env: dict[str, Any] = dict(self.initializers)
         for name, dtype, shape in self.input_specs:
             if name not in feeds:
-                raise InputError(f"missing input '{name}'",
-                                 hint=f"the model's inputs are: {', '.join(self.input_names)}")
+                raise InputError(
+                    f"missing input '{name}'", hint=f"the model's inputs are: {', '.join(self.input_names)}"
+                )
             x = feeds[name]
+            if x is not None and not isinstance(x, (np.ndarray, list)):  # scalars, nested lists
+                x = np.asarray(x)
             if isinstance(x, np.ndarray) and self.dtype_check:
                 if dtype is not None and x.dtype != dtype:
-                    raise InputError(f"input '{name}' has dtype {x.dtype}, the model declares {dtype}",
-                                     hint=f"cast the feed to {dtype}")
+                    raise InputError(
+                        f"input '{name}' has dtype {x.dtype}, the model declares {dtype}",
+                        hint=f"cast the feed to {dtype}",
+                    )
                 if shape is not None and x.ndim != len(shape):
-                    raise InputError(f"input '{name}' has rank {x.ndim} (shape {x.shape}), "
-                                     f"the model declares {len(shape)} {shape}",
-                                     hint="reshape the feed")
+                    raise InputError(
+                        f"input '{name}' has rank {x.ndim} (shape {x.shape}), "
+                        f"the model declares {len(shape)} {shape}",
+                        hint="reshape the feed",
+                    )
             env[name] = x
         for name, x in feeds.items():  # initializers listed as inputs may be overridden
             if name in self.initializers:
                 env[name] = x
         return env
 
-    def run(self, feeds: Mapping[str, Any], *, outputs: Iterable[str] | None = None,
-            intermediates: bool = False) -> dict[str, Any]:
+    def run(
+        self, feeds: Mapping[str, Any], *, outputs: Iterable[str] | None = None, intermediates: bool = False
+    ) -> dict[str, Any]:
         """Run the graph. Returns the requested outputs, or with ``intermediates`` every value
         (graph inputs, initializers excluded) keyed by name in topological order."""
         env = self._check_feeds(feeds)
         wanted = tuple(outputs) if outputs is not None else tuple(self.output_names)
         if intermediates:
-            wanted_all = tuple(dict.fromkeys(wanted + tuple(
-                o for s in self.plan.steps for o in s.outputs if o)))
+            wanted_all = tuple(
+                dict.fromkeys(wanted + tuple(o for s in self.plan.steps for o in s.outputs if o))
+            )
             self._execute(self.plan, env, wanted_all, keep_all=True)
             result = {n: env[n] for n in self.input_names if n in env}
             for s in self.plan.steps:
@@ -449,8 +600,10 @@ class Executor:
         try:
             return {n: env[n] for n in wanted}
         except KeyError as exc:
-            raise InputError(f"no value named {exc.args[0]!r} in the graph",
-                             hint="ask for a graph output or an intermediate value name") from None
+            raise InputError(
+                f"no value named {exc.args[0]!r} in the graph",
+                hint="ask for a graph output or an intermediate value name",
+            ) from None
 
     def _execute(self, plan: Plan, env: dict, wanted: tuple[str, ...], keep_all: bool) -> None:
         for step, dying in plan.schedule(wanted, keep_all):
@@ -478,8 +631,8 @@ class Executor:
         for name, x in zip(plan.inputs, inputs):
             if name:
                 env[name] = x
-        self._execute(plan, env, tuple(plan.outputs), keep_all=False)
-        return [env.get(n) for n in plan.outputs]
+        self._execute(plan, env, tuple(o for o in plan.outputs if o), keep_all=False)
+        return [env.get(n) if n else None for n in plan.outputs]
 
     def run_graph(self, graph: ir.Graph, inputs: list, scope: Mapping[str, Any]) -> list:
         """Run a subgraph (If/Loop/Scan body) of this model: the control-flow ops' entry point."""
@@ -494,17 +647,18 @@ class Executor:
 
     # -- reverse mode --------------------------------------------------------------------
 
-    def vjp(self, feeds: Mapping[str, Any], cotangents: Mapping[str, np.ndarray],
-            wrt: list[str]) -> dict[str, np.ndarray]:
+    def vjp(
+        self, feeds: Mapping[str, Any], cotangents: Mapping[str, np.ndarray], wrt: list[str]
+    ) -> dict[str, np.ndarray]:
         """Gradients of ``sum(cotangent * output)`` with respect to the ``wrt`` values."""
         env = self._check_feeds(feeds)
         self._execute(self.plan, env, tuple(cotangents), keep_all=True)
         self._check_wrt(wrt, env)
         return self._reverse(self.plan, env, dict(cotangents), wrt)
 
-    def value_and_grad(self, feeds: Mapping[str, Any],
-                       loss: str | Callable[[dict], tuple[float, dict]],
-                       wrt: list[str]) -> tuple[float, dict[str, np.ndarray]]:
+    def value_and_grad(
+        self, feeds: Mapping[str, Any], loss: str | Callable[[dict], tuple[float, dict]], wrt: list[str]
+    ) -> tuple[float, dict[str, np.ndarray]]:
         """The loss and its gradients. ``loss`` names a scalar graph output, or is a callable
         taking the outputs and returning ``(loss, {output_name: dloss/doutput})``."""
         env = self._check_feeds(feeds)
@@ -514,8 +668,10 @@ class Executor:
                 raise InputError(f"no value named '{loss}' to use as the loss")
             value = env[loss]
             if np.size(value) != 1:
-                raise InputError(f"loss '{loss}' has shape {np.shape(value)}, expected a scalar",
-                                 hint="reduce it in the graph or pass a callable loss")
+                raise InputError(
+                    f"loss '{loss}' has shape {np.shape(value)}, expected a scalar",
+                    hint="reduce it in the graph or pass a callable loss",
+                )
             cot = {loss: np.ones_like(value)}
             loss_value = float(np.asarray(value).reshape(()))
         else:
@@ -528,11 +684,14 @@ class Executor:
     def _check_wrt(self, wrt: list[str], env: Mapping[str, Any]) -> None:
         bad = [w for w in wrt if w not in env]
         if bad:
-            raise InputError(f"cannot differentiate with respect to unknown value(s): {', '.join(bad)}",
-                             hint="name graph inputs or initializers")
+            raise InputError(
+                f"cannot differentiate with respect to unknown value(s): {', '.join(bad)}",
+                hint="name graph inputs or initializers",
+            )
 
-    def _reverse(self, plan: Plan, env: Mapping[str, Any], grads: dict[str, Any],
-                 wrt: list[str]) -> dict[str, np.ndarray]:
+    def _reverse(
+        self, plan: Plan, env: Mapping[str, Any], grads: dict[str, Any], wrt: list[str]
+    ) -> dict[str, np.ndarray]:
         # Forward reachability from wrt: only these values may carry gradient.
         live = set(wrt)
         active: list[Step] = []
@@ -545,15 +704,21 @@ class Executor:
             if all(g is None for g in gouts):
                 continue
             if step.opdef.vjp is None:
-                raise UnsupportedError([(step.name or f"<unnamed {step.op_type}>", step.op_type)],
-                                       what="op without a VJP on the gradient path",
-                                       hint="add a vjp for it in mconv.targets.reference.ops")
+                raise UnsupportedError(
+                    [(step.name or f"<unnamed {step.op_type}>", step.op_type)],
+                    what="op without a VJP on the gradient path",
+                    hint="add a vjp for it in mconv.targets.reference.ops",
+                )
             args = [env[n] if n is not None else None for n in step.inputs]
             outs = [env.get(o) if o else None for o in step.outputs]
             if step.has_subgraph:
                 step.ctx.scope = env
             gins = step.opdef.vjp(args, step.attrs, outs, gouts, step.ctx)
-            for name, g in zip(step.inputs, gins):
+            pairs = list(zip(step.inputs, gins))
+            if isinstance(gins, tuple) and len(gins) == 2 and isinstance(gins[1], dict):
+                # a control-flow VJP: (input grads, grads of outer-scope values its body read)
+                pairs = list(zip(step.inputs, gins[0])) + list(gins[1].items())
+            for name, g in pairs:
                 if name is None or g is None or name not in live:
                     continue
                 prev = grads.get(name)
@@ -564,6 +729,29 @@ class Executor:
             result[w] = np.zeros_like(env[w]) if g is None else g
         return result
 
+    def subgraph_vjp(
+        self, graph: ir.Graph, inputs: list, scope: Mapping[str, Any], cotangents: list
+    ) -> tuple[list, dict[str, np.ndarray]]:
+        """VJP through a subgraph: gradients of its positional inputs and of the outer-scope
+        values it reads (control-flow ops return the latter so the sweep reaches them)."""
+        plan = self.subgraph_plan(graph)
+        env = dict(plan.initializers)
+        for name in plan.free_vars:
+            if name in scope:
+                env[name] = scope[name]
+        for name, x in zip(plan.inputs, inputs):
+            if name:
+                env[name] = x
+        self._execute(plan, env, tuple(o for o in plan.outputs if o), keep_all=True)
+        cot = {o: g for o, g in zip(plan.outputs, cotangents) if o and g is not None}
+        wrt = [
+            n
+            for n in (*plan.inputs, *plan.free_vars)
+            if isinstance(env.get(n), np.ndarray) and np.issubdtype(env[n].dtype, np.inexact)
+        ]
+        got = self._reverse(plan, env, cot, wrt)
+        return [got.get(n) for n in plan.inputs], {n: got[n] for n in plan.free_vars if n in got}
+
     def plan_vjp(self, plan: Plan, inputs: list, grads: list, scope: Mapping[str, Any]) -> list:
         """VJP through a function body plan: forward recorded, then the reverse sweep."""
         env = dict(plan.initializers)
@@ -573,39 +761,62 @@ class Executor:
         for name, x in zip(plan.inputs, inputs):
             if name:
                 env[name] = x
-        self._execute(plan, env, tuple(plan.outputs), keep_all=True)
-        cot = {o: g for o, g in zip(plan.outputs, grads) if g is not None}
-        wrt = [n for n, x in zip(plan.inputs, inputs) if n and x is not None
-               and np.issubdtype(np.asarray(x).dtype, np.inexact)]
+        self._execute(plan, env, tuple(o for o in plan.outputs if o), keep_all=True)
+        cot = {o: g for o, g in zip(plan.outputs, grads) if o and g is not None}
+        wrt = [
+            n
+            for n, x in zip(plan.inputs, inputs)
+            if n and x is not None and np.issubdtype(np.asarray(x).dtype, np.inexact)
+        ]
         got = self._reverse(plan, env, cot, wrt)
         return [got.get(n) if n else None for n in plan.inputs]
 
 
 def _node_failure(step: Step, exc: Exception) -> Exception:
     """Kernel failures on user data name the node; the original stays chained for --debug."""
-    return InputError(f"{step.op_type} failed: {type(exc).__name__}: {str(exc)[:200]}",
-                      where=f"node {step.name or '<unnamed>'}",
-                      hint="check the input shapes and dtypes against the model")
+    return InputError(
+        f"{step.op_type} failed: {type(exc).__name__}: {str(exc)[:200]}",
+        where=f"node {step.name or '<unnamed>'}",
+        hint="check the input shapes and dtypes against the model",
+    )
 
 
 # --------------------------------------------------------------------------- single node
 
 
-def run_node(op_type: str, inputs: list, attrs: Mapping[str, Any] | None = None, *, domain: str = "",
-             opset: int = DEFAULT_OPSET) -> list[np.ndarray]:
+def run_node(
+    op_type: str,
+    inputs: list,
+    attrs: Mapping[str, Any] | None = None,
+    *,
+    domain: str = "",
+    opset: int = DEFAULT_OPSET,
+    num_outputs: int | None = None,
+) -> list[np.ndarray]:
     """Evaluate one node on numpy inputs (constant folding). Ops defined by a function body are
     expanded through a one-node model."""
     attrs = dict(attrs or {})
     opdef = lookup(op_type, domain)
+    n_out = num_outputs if num_outputs is not None else _num_outputs(op_type, domain, opset)
     if opdef is not None:
-        return list(opdef.forward(list(inputs), attrs, OpContext(opset=opset)))
+        return list(opdef.forward(list(inputs), attrs, OpContext(opset=opset, num_outputs=n_out)))
     in_values = [ir.Value(name=f"in{i}") if x is not None else None for i, x in enumerate(inputs)]
-    node = ir.Node(domain, op_type, in_values, attributes=ir.convenience.convert_attributes(attrs),
-                   num_outputs=_num_outputs(op_type, domain, opset), name=op_type)
+    node = ir.Node(
+        domain,
+        op_type,
+        in_values,
+        attributes=ir.convenience.convert_attributes(attrs),
+        num_outputs=n_out,
+        name=op_type,
+    )
     for i, out in enumerate(node.outputs):
         out.name = f"out{i}"
-    graph = ir.Graph([v for v in in_values if v is not None], list(node.outputs), nodes=[node],
-                     opset_imports={domain: opset} if domain else {"": opset})
+    graph = ir.Graph(
+        [v for v in in_values if v is not None],
+        list(node.outputs),
+        nodes=[node],
+        opset_imports={domain: opset} if domain else {"": opset},
+    )
     model = ir.Model(graph, ir_version=10)
     exe = Executor(model, dtype_check=False)
     feeds = {f"in{i}": x for i, x in enumerate(inputs) if x is not None}
@@ -618,5 +829,7 @@ def _num_outputs(op_type: str, domain: str, opset: int) -> int:
         schema = onnx.defs.get_schema(op_type, opset, domain)
     except onnx.defs.SchemaError:
         return 1
-    return max(1, sum(1 for o in schema.outputs
-                      if o.option != onnx.defs.OpSchema.FormalParameterOption.Optional) or 1)
+    return max(
+        1,
+        sum(1 for o in schema.outputs if o.option != onnx.defs.OpSchema.FormalParameterOption.Optional) or 1,
+    )

@@ -38,7 +38,6 @@ class OpContext:
     executor: Any = None  # the running Executor (control-flow ops run subgraphs through it)
     scope: dict = field(default_factory=dict)  # outer-scope values visible to subgraphs
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
-    num_outputs: int = 1  # outputs the node declares (Split without sizes, variadic ops)
     num_outputs: int | None = None  # outputs the node declares (Split without sizes needs it)
 
 
