@@ -309,6 +309,10 @@ def write_bundle(
             "verification": _jsonable(dict(verification)) if verification is not None else None,
             "options": _jsonable(dict(options or {})),
         }
+        if records:  # the per-layer byte account (Deep Compression's Table 4), mconv.account
+            from mconv.account import byte_account
+
+            manifest["account"] = byte_account(stored, records)
         (tmp / MANIFEST).write_bytes(manifest_bytes(manifest))
         # mkdtemp/mkstemp make owner-only entries; a bundle is meant to be shipped and read.
         for f in tmp.rglob("*"):

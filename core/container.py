@@ -55,11 +55,17 @@ def _dumps(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def choose_codec(array: np.ndarray, model_metadata: dict[str, str] | None = None) -> dict:
+def choose_codec(
+    array: np.ndarray, model_metadata: dict[str, str] | None = None, name: str | None = None
+) -> dict:
     """Pick the storage codec spec for one weight tensor (the single place that decides).
 
     Rules, first match wins:
 
+    0. a tensor named ``name`` that the prune or cluster pass recorded in
+       ``model_metadata["mconv.compression"]`` -> the smallest of raw, fp16, palette, grouped
+       palette and sparse (raw/fp16/palette values), with or without Huffman, using the recorded
+       ``bits`` and ``index_bits`` (:func:`mconv.account.choose_compressed_spec`).
     1. float32 whose every value is exactly representable in float16 (weights rounded by the
        fp16 pass, small integers, zeros) -> ``{"codec": "fp16"}``: half the bytes, lossless.
     2. anything else (float16 initializers included: they are already half) -> ``{"codec": "raw"}``.
@@ -68,6 +74,11 @@ def choose_codec(array: np.ndarray, model_metadata: dict[str, str] | None = None
     clustering, sparse after pruning) read their hints from it.
     """
     array = np.asarray(array)
+    from mconv.account import choose_compressed_spec, compression_hints
+
+    hints = compression_hints(model_metadata, name)
+    if hints and (hints.get("bits") is not None or hints.get("pruned")):
+        return choose_compressed_spec(array, hints)
     if array.dtype == np.float32 and array.size:
         with np.errstate(over="ignore"):
             half = array.astype(np.float16)

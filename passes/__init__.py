@@ -95,6 +95,10 @@ _PASS_MODULES = (
     "eliminate_identity",
     "fuse_bn",
     "fp16",
+    "finetune",
+    "prune",
+    "cluster",
+    "quantize",
 )
 
 for _module in _PASS_MODULES:

@@ -86,7 +86,7 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         specs = [(n, a, {"codec": DENSE}) for n, a in weights]
     else:
         specs = [
-            (n, a, {"codec": forced} if forced and forced != "auto" else choose_codec(a, metadata))
+            (n, a, {"codec": forced} if forced and forced != "auto" else choose_codec(a, metadata, n))
             for n, a in weights
         ]
     return write_bundle(

@@ -1,0 +1,159 @@
+"""Which initializer is a node's weight, which axes are its channels, and compression metadata.
+
+Shared by ``prune``, ``cluster`` and ``quantize`` (and read by ``finetune`` and export).
+
+Weight rules (input 1 of the node, a constant initializer that no caller may override):
+
+======================  =================  ============  ===========
+op                      weight layout      output axis   input axis
+======================  =================  ============  ===========
+Conv                    [O, I/g, k...]     0             1
+ConvTranspose           [I, O/g, k...]     1             0
+Gemm (transB=1)         [N, K]             0             1
+Gemm (transB=0)         [K, N]             1             0
+MatMul (2-D weight)     [K, N]             1             0
+======================  =================  ============  ===========
+
+Metadata rules (how compression state persists in the saved ``.onnx``):
+
+1. Per value, in ``value.metadata_props`` (serialized by onnx_ir as the value_info's metadata):
+   ``mconv.pruned = "1"`` when the tensor's exact zeros are a pruning mask that later passes
+   must keep at exactly zero; ``mconv.cluster`` = JSON ``{"bits", "init", "groups", "axis"}``;
+   ``mconv.index_bits`` = the relative-index width export should use.
+2. Per model, ``metadata_props["mconv.compression"]`` = JSON ``{tensor name: {"pruned", "kept",
+   "bits", "init", "groups", "axis", "index_bits"}}``, the same facts keyed by initializer name,
+   for code that only sees the model's metadata (``mconv.container.choose_codec``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+from mconv.passes.rewrite import is_overridable
+
+COMPRESSION_KEY = "mconv.compression"
+PRUNED_KEY = "mconv.pruned"
+CLUSTER_KEY = "mconv.cluster"
+INDEX_BITS_KEY = "mconv.index_bits"
+WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+@dataclass
+class WeightRef:
+    """A node's weight initializer and the axes that hold its output and input channels."""
+
+    node: ir.Node
+    value: ir.Value
+    out_axis: int
+    in_axis: int
+
+    @property
+    def name(self) -> str:
+        return self.value.name or ""
+
+    def array(self) -> np.ndarray:
+        return self.value.const_value.numpy()
+
+    def set_array(self, array: np.ndarray) -> None:
+        """Replace the weight's data, keeping its name and value metadata."""
+        self.value.const_value = ir.tensor(np.ascontiguousarray(array), name=self.value.name)
+        self.value.shape = ir.Shape(array.shape)
+
+
+def _int_attr(node: ir.Node, key: str, default: int) -> int:
+    attr = node.attributes.get(key)
+    return int(attr.value) if attr is not None else default
+
+
+def weight_of(node: ir.Node, model: ir.Model) -> WeightRef | None:
+    """The weight of a Conv/ConvTranspose/Gemm/MatMul node, or None (not a constant weight)."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in WEIGHT_OPS or len(node.inputs) < 2:
+        return None
+    value = node.inputs[1]
+    if value is None or not value.is_initializer() or value.const_value is None:
+        return None
+    if is_overridable(model.graph, value, model.ir_version or 10):
+        return None
+    if value.const_value.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+        return None
+    rank = len(value.const_value.shape)
+    op = node.op_type
+    if op == "Conv" and rank >= 3:
+        return WeightRef(node, value, 0, 1)
+    if op == "ConvTranspose" and rank >= 3:
+        return WeightRef(node, value, 1, 0)
+    if op == "Gemm" and rank == 2:
+        return WeightRef(node, value, 0, 1) if _int_attr(node, "transB", 0) else WeightRef(node, value, 1, 0)
+    if op == "MatMul" and rank == 2:
+        return WeightRef(node, value, 1, 0)
+    return None
+
+
+def weight_refs(model: ir.Model, op_types: tuple[str, ...] | list[str] = WEIGHT_OPS) -> list[WeightRef]:
+    """Every weight of the main graph in node order; a weight shared by nodes appears once."""
+    seen: set[int] = set()
+    refs = []
+    for node in model.graph:
+        if node.op_type not in op_types:
+            continue
+        ref = weight_of(node, model)
+        if ref is None or id(ref.value) in seen:
+            continue
+        seen.add(id(ref.value))
+        refs.append(ref)
+    return refs
+
+
+def compression_info(model: ir.Model) -> dict[str, dict]:
+    """The model-level record (rule 2): tensor name -> facts."""
+    try:
+        info = json.loads(model.metadata_props.get(COMPRESSION_KEY, "{}"))
+    except json.JSONDecodeError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def record_compression(model: ir.Model, value: ir.Value, **facts) -> None:
+    """Record ``facts`` about ``value`` per value (rule 1) and per model (rule 2)."""
+    if facts.get("pruned"):
+        value.metadata_props[PRUNED_KEY] = "1"
+    cluster = {k: facts[k] for k in ("bits", "init", "groups", "axis") if k in facts}
+    if cluster:
+        value.metadata_props[CLUSTER_KEY] = json.dumps(cluster, sort_keys=True)
+    if facts.get("index_bits") is not None:
+        value.metadata_props[INDEX_BITS_KEY] = str(int(facts["index_bits"]))
+    info = compression_info(model)
+    entry = info.setdefault(value.name or "", {})
+    entry.update({k: v for k, v in facts.items() if v is not None})
+    model.metadata_props[COMPRESSION_KEY] = json.dumps(info, sort_keys=True, separators=(",", ":"))
+
+
+def is_pruned(value: ir.Value) -> bool:
+    """Whether the value's exact zeros are a pruning mask (rule 1)."""
+    return value.metadata_props.get(PRUNED_KEY) == "1"
+
+
+def squared_error(reference: np.ndarray, approx: np.ndarray | None, chunk: int = 1 << 20) -> float:
+    """Sum of squared differences (of squares when ``approx`` is None) in float64, a chunk at a
+    time: no full-size float64 copies of a large tensor."""
+    a = reference.ravel()
+    b = approx.ravel() if approx is not None else None
+    total = 0.0
+    for i in range(0, a.size, chunk):
+        d = a[i : i + chunk].astype(np.float64)
+        if b is not None:
+            d -= b[i : i + chunk]
+        total += float(np.dot(d, d))
+    return total
+
+
+def snr_db(reference: np.ndarray, approx: np.ndarray) -> float:
+    """Signal-to-noise ratio of ``approx`` against ``reference`` in dB (inf when exact)."""
+    noise = squared_error(reference, approx)
+    signal = squared_error(reference, None)
+    if noise == 0.0:
+        return float("inf")
+    return 10.0 * float(np.log10(max(signal, 1e-300) / noise))

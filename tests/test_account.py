@@ -1,0 +1,56 @@
+"""Codec choice for compressed tensors and the per-layer byte account (core/account.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from mconv import codecs
+from mconv.account import byte_account, choose_compressed_spec, compression_hints
+from mconv.container import choose_codec
+
+
+def _pruned_clustered(seed=0, density=0.1, distinct=31, shape=(64, 300)):
+    rng = np.random.default_rng(seed)
+    book = np.sort(rng.standard_normal(distinct)).astype(np.float32)
+    w = book[rng.integers(0, distinct, shape)]
+    w[rng.random(shape) > density] = 0.0
+    return w
+
+
+def test_chosen_spec_is_no_larger_than_any_alternative_and_lossless():
+    w = _pruned_clustered()
+    spec = choose_compressed_spec(w, {"bits": 5, "index_bits": 4, "pruned": True})
+    blob, record = codecs.encode(w, spec)
+    np.testing.assert_array_equal(codecs.decode(blob, record), w)
+    alternatives = [
+        {"codec": "raw"},
+        {"codec": "palette", "bits": 6},
+        {"codec": "palette", "bits": 6, "huffman": True},
+        {"codec": "sparse", "index_bits": 4, "values": "raw"},
+        {"codec": "sparse", "index_bits": 4, "values": "palette", "bits": 6},
+        {"codec": "sparse", "index_bits": 4, "values": "palette", "bits": 6, "huffman": True},
+    ]
+    for alt in alternatives:
+        assert len(blob) <= len(codecs.encode(w, alt)[0]), alt
+    assert spec["codec"] == "sparse" and spec["index_bits"] == 4
+
+
+def test_choose_codec_reads_hints_by_tensor_name_only():
+    w = _pruned_clustered(1)
+    meta = {"mconv.compression": json.dumps({"W": {"bits": 5, "pruned": True, "index_bits": 4}})}
+    assert choose_codec(w, meta, "W")["codec"] == "sparse"
+    assert choose_codec(w, meta, "other") == {"codec": "raw"}  # no hints: the plain rules
+    assert compression_hints({"mconv.compression": "not json"}, "W") == {}
+
+
+def test_byte_account_reports_real_blob_sizes_and_kept_fraction():
+    w = _pruned_clustered(2)
+    spec = choose_compressed_spec(w, {"bits": 5})
+    blob, record = codecs.encode(w, spec)
+    account = byte_account([("W", w, spec)], {"W": {**record, "nbytes": len(blob)}})
+    row = account["layers"][0]
+    assert row["bytes"] == len(blob) == row["predicted_bytes"]
+    assert row["kept"] == np.count_nonzero(w) / w.size
+    assert row["original_bytes"] == w.size * 4
+    assert account["total"]["bytes"] == len(blob)
