@@ -20,7 +20,8 @@ from mconv.errors import EXIT_INTERNAL, MconvError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-err_console = Console(stderr=True, highlight=False)
+# Off a terminal (logs, CI, pipes) rich would wrap at 80 columns and truncate the size tables.
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
 
 
 @dataclass

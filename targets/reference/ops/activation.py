@@ -129,18 +129,29 @@ for _op in _POINTWISE:
     _make_pointwise(_op)
 
 
+def _prelu_slope(x: np.ndarray, slope: np.ndarray, ctx) -> np.ndarray:
+    """Before opset 7 a 1-D slope of C values applies along the channel axis (axis 1)."""
+    if ctx.opset < 7 and slope.ndim == 1 and x.ndim > 2 and slope.shape[0] == x.shape[1] > 1:
+        return slope.reshape((-1,) + (1,) * (x.ndim - 2))
+    return slope
+
+
 @register("PRelu")
 def prelu(inputs, attrs, ctx):
     x, slope = inputs
+    slope = _prelu_slope(x, slope, ctx)
     return (_same(x, np.where(x >= 0, x, slope * x)),)
 
 
 @register_vjp("PRelu")
 def prelu_vjp(inputs, attrs, outputs, grads, ctx):
-    x, slope = inputs
+    x, slope_in = inputs
+    slope = _prelu_slope(x, slope_in, ctx)
     (g,) = grads
     gx = _same(x, np.where(x >= 0, g, g * slope))
-    gs = unbroadcast(np.where(x >= 0, 0, g * x), slope.shape, slope.dtype) if is_float(slope) else None
+    gs = None
+    if is_float(slope_in):
+        gs = unbroadcast(np.where(x >= 0, 0, g * x), slope.shape, slope.dtype).reshape(slope_in.shape)
     return [gx, gs]
 
 

@@ -34,7 +34,9 @@ def _unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 @register("MatMul")
 def matmul(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
-    return (np.matmul(inputs[0], inputs[1]),)
+    a, b = inputs
+    # numpy computes ml_dtypes' bfloat16 products in float32; ONNX keeps the input type.
+    return (np.matmul(a, b).astype(a.dtype, copy=False),)
 
 
 @register_vjp("MatMul")

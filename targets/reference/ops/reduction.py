@@ -1,4 +1,4 @@
-"""Op family: reductions, arg-reductions, CumSum and TopK.
+"""Op family: reductions, arg-reductions, CumSum, CumProd and TopK.
 
 Rules:
 
@@ -237,6 +237,63 @@ def cumsum_vjp(inputs, attrs, outputs, grads, ctx):
         not attrs.get("reverse", 0),
     )
     return [g, None]
+
+
+# --------------------------------------------------------------------------- CumProd
+
+
+def _cumprod(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+    if reverse:
+        x = np.flip(x, axis)
+    y = np.cumprod(x, axis=axis, dtype=x.dtype)
+    if exclusive:  # y_j = prod_{k<j} x_k: shift by one and start from 1
+        y = np.concatenate([np.ones_like(np.take(y, [0], axis=axis)), np.delete(y, -1, axis=axis)], axis=axis)
+    if reverse:
+        y = np.flip(y, axis)
+    return y
+
+
+@register("CumProd")
+def cumprod(inputs, attrs, ctx):
+    x, axis = inputs
+    return (
+        _cumprod(
+            x,
+            int(np.asarray(axis).ravel()[0]),
+            bool(attrs.get("exclusive", 0)),
+            bool(attrs.get("reverse", 0)),
+        ),
+    )
+
+
+@register_vjp("CumProd")
+def cumprod_vjp(inputs, attrs, outputs, grads, ctx):
+    # dL/dx_i = P_{<i} * R_i, with P the exclusive prefix product and R_i = sum_{j>=i} g_j
+    # prod_{i<k<=j} x_k (inclusive; j>i and k<j when exclusive), a reverse scan that stays exact
+    # when x holds zeros (no division by x).
+    x, axis_in = inputs
+    if not is_float(x):
+        return [None, None]
+    axis = int(np.asarray(axis_in).ravel()[0])
+    exclusive, reverse = bool(attrs.get("exclusive", 0)), bool(attrs.get("reverse", 0))
+    xs = np.moveaxis(x, axis, 0)
+    gs = np.moveaxis(np.asarray(grads[0], dtype=x.dtype), axis, 0)
+    if reverse:
+        xs, gs = xs[::-1], gs[::-1]
+    n = xs.shape[0]
+    prefix = _cumprod(xs, 0, True, False)
+    r = np.zeros_like(xs)
+    acc = np.zeros_like(xs[0]) if n else None
+    for i in range(n - 1, -1, -1):
+        if exclusive:
+            acc = (gs[i + 1] + xs[i + 1] * acc) if i + 1 < n else np.zeros_like(xs[0])
+        else:
+            acc = gs[i] + (xs[i + 1] * acc if i + 1 < n else 0)
+        r[i] = acc
+    gx = prefix * r
+    if reverse:
+        gx = gx[::-1]
+    return [np.ascontiguousarray(np.moveaxis(gx, 0, axis)).astype(x.dtype, copy=False), None]
 
 
 # --------------------------------------------------------------------------- TopK

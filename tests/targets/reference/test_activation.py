@@ -161,3 +161,12 @@ def test_softmax_vjp(op, axis, opset):
 
 def test_hardmax_vjp_is_zero():
     check_vjp("Hardmax", [RNG.standard_normal((3, 4))], {})
+
+
+def test_prelu_before_opset_7_applies_a_1d_slope_per_channel():
+    x = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+    slope = np.array([0.1, 0.2, 0.3], np.float32)
+    (y,) = lookup("PRelu").forward([x, slope], {}, OpContext(opset=6))
+    want = np.where(x >= 0, x, x * slope[None, :, None])
+    np.testing.assert_allclose(y, want, rtol=1e-6)
+    check_vjp("PRelu", [x.astype(np.float64), slope.astype(np.float64)], {}, opset=6, wrt=[0, 1])

@@ -182,3 +182,29 @@ def test_cumsum_vjp(exclusive, reverse):
 def test_topk_vjp_scatters_onto_values(largest):
     x = RNG.permutation(20).reshape(4, 5).astype(np.float64) * 0.1  # distinct: no ties
     check_vjp("TopK", [x, np.array([2], np.int64)], {"axis": 1, "largest": largest}, outputs=[0])
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("axis", [0, -1])
+def test_cumprod_matches_a_hand_loop(exclusive, reverse, axis):
+    x = RNG.uniform(-2, 2, (3, 4)).astype(np.float32)
+    x[1, 1] = 0.0
+    (got,) = ours("CumProd", [x, np.array(axis, np.int64)], {"exclusive": exclusive, "reverse": reverse})
+    xm = np.moveaxis(x.astype(np.float64), axis, 0)
+    want = np.empty_like(xm)
+    n = xm.shape[0]
+    for j in range(n):  # the definition, term by term
+        ks = range(j, n) if reverse else range(0, j + 1)
+        ks = [k for k in ks if not (exclusive and k == j)]
+        want[j] = np.prod([xm[k] for k in ks], axis=0) if ks else 1.0
+    np.testing.assert_allclose(got, np.moveaxis(want, 0, axis), rtol=1e-6)
+    assert got.dtype == np.float32
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_cumprod_vjp_including_zeros(exclusive, reverse):
+    x = RNG.standard_normal((4, 3))
+    x[2, 1] = 0.0
+    check_vjp("CumProd", [x, np.array(0, np.int64)], {"exclusive": exclusive, "reverse": reverse}, wrt=[0])
