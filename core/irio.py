@@ -19,7 +19,7 @@ from mconv.errors import InputError
 from mconv.fileio import require_file
 
 # Above this many weight bytes a saved model puts its tensors in "<name>.data" beside it.
-EXTERNAL_DATA_THRESHOLD = 1 << 30
+EXTERNAL_DATA_THRESHOLD = 1 << 27
 
 
 def load_onnx(path: str | os.PathLike) -> ir.Model:
