@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-DEFAULT_RECIPE = "fp16"
+DEFAULT_RECIPE = "deep-compression"
 
 
 def fixture_path(name: str) -> Path:

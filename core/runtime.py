@@ -9,22 +9,8 @@ from mconv.bundle import TensorSpec
 from mconv.errors import InputError
 
 
-@dataclass
-class TensorSpec:
-    name: str
-    dtype: str
-    shape: list | None  # ints, or strings for symbolic dimensions, or None when unknown
-
-
 def value_spec(value: ir.Value) -> TensorSpec:
-    dtype = value.dtype.name.lower() if value.dtype is not None else "float32"
-    dtype = {"float": "float32", "double": "float64", "float16": "float16"}.get(dtype, dtype)
-    shape = None
-    if value.shape is not None:
-        shape = [
-            d if isinstance(d, int) else (str(d.value) if d.value is not None else "?") for d in value.shape
-        ]
-    return TensorSpec(value.name, dtype, shape)
+    return TensorSpec.from_value(value)
 
 
 def open_model(path: str | Path) -> ir.Model:

@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.passes.base import PASSES, PassContext, PassReport, PassSpec, config_as_dict, stats_triplet
@@ -192,6 +193,19 @@ def _record_provenance(model: ir.Model, specs: list[PassSpec]) -> None:
     model.metadata_props[METADATA_KEY] = json.dumps(history, sort_keys=True, separators=(",", ":"))
 
 
+def snapshot_model(model: ir.Model) -> ir.Model:
+    """A copy of ``model`` whose initializers own their arrays (passes may change weights in place)."""
+    copy = model.clone()
+    for value in copy.graph.initializers.values():
+        tensor = value.const_value
+        if tensor is not None:
+            try:
+                value.const_value = ir.Tensor(np.array(tensor.numpy(), copy=True), name=value.name)
+            except Exception:  # noqa: BLE001 - dtypes numpy cannot hold stay shared (read-only use)
+                pass
+    return copy
+
+
 def run_pipeline(
     model: ir.Model, specs: list[PassSpec], ctx: PassContext | None = None
 ) -> tuple[ir.Model, list[PassReport]]:
@@ -201,6 +215,9 @@ def run_pipeline(
     metadata under ``mconv.passes``.
     """
     ctx = ctx or PassContext()
+    if ctx.reference_model is None and ctx.data is not None:
+        if any(getattr(s.pass_class, "uses_reference_model", False) for s in specs):
+            ctx.reference_model = snapshot_model(model)  # the uncompressed model, for distillation
     reports = []
     before = stats_triplet(model)
     for i, spec in enumerate(specs):

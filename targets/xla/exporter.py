@@ -153,7 +153,7 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     weight_specs = []
     weight_args = []
     for name, arr in lowered.weights():
-        spec = {"codec": forced} if forced and forced != "auto" else choose_codec(arr, metadata)
+        spec = {"codec": forced} if forced and forced != "auto" else choose_codec(arr, metadata, name)
         weight_specs.append((name, arr, spec))
         weight_args.append({"name": name, "dtype": arr.dtype.name, "shape": [int(d) for d in arr.shape]})
     for name, arr in list(lowered.baked.items()) + list(lowered.static_values.items()):

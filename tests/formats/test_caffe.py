@@ -11,11 +11,11 @@ import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mconv.datasets import digits_as_mnist
 from mconv.errors import InputError, UnsupportedError
 from mconv.formats import import_model
 from mconv.formats.caffe import make_blob, parse_prototxt, write_caffemodel
 from mconv.irio import to_proto
-from scipy import ndimage
 
 RNG = np.random.default_rng(0)
 
@@ -373,16 +373,7 @@ def test_prototxt_without_weights_names_the_layer(tmp_path):
 # real model
 
 
-def mnist_framed(images: np.ndarray) -> np.ndarray:
-    """8x8 digits (0..16) -> MNIST framing: 20x20 box (bilinear), centre of mass at the 28x28 centre, 0..1."""
-    out = np.zeros((len(images), 1, 28, 28), np.float32)
-    for i, img in enumerate(images):
-        box = np.clip(ndimage.zoom(img.astype(np.float64) / 16.0, 20 / 8, order=1), 0.0, 1.0)
-        cy, cx = ndimage.center_of_mass(box)
-        oy = int(np.clip(round(14 - cy), 0, 8))
-        ox = int(np.clip(round(14 - cx), 0, 8))
-        out[i, 0, oy : oy + 20, ox : ox + 20] = box
-    return out
+mnist_framed = digits_as_mnist  # the shared resize (mconv.datasets)
 
 
 def test_lenet_classifies_real_digits(shared):

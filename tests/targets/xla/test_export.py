@@ -214,3 +214,19 @@ print(json.dumps({{"shape": list(y.shape), "bad": bad}}))
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"shape": [2, 10], "bad": []}
+
+
+def test_pruned_clustered_weights_keep_their_compressed_codecs_in_the_bundle(tmp_path):
+    from mconv import passes as P
+
+    model = ir.serde.deserialize_model(_cnn())
+    model, _ = P.run_pipeline(model, P.parse_spec("prune(sparsity=0.7),cluster(bits=4)"), P.PassContext())
+    want = ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString()).run(
+        None, {"x": np.ones((1, 1, 8, 8), np.float32)}
+    )[0]
+    bundle = get_target("xla").export(model, tmp_path / "b", {})
+    codecs = {w["name"]: w["codec"] for w in bundle.manifest["weights"]}
+    assert codecs["w2"] in ("palette", "sparse"), codecs
+    runner = get_target("xla").load(load_bundle(tmp_path / "b"))
+    got = runner.run({"x": np.ones((1, 1, 8, 8), np.float32)})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,157 @@
+"""P2: Deep Compression of the real Caffe LeNet-5 (MNIST, 10k iterations) with distillation.
+
+Model: ../shared/models/caffe/lenet.prototxt + lenet_iter_10000.caffemodel, imported with
+``mconv.formats.import_model`` (1,724,320 bytes of float32 weights, Deep Compression's LeNet-5).
+Data: the UCI digits (../shared/data/digits.npz, 1797 real handwritten digits) in MNIST framing
+(``mconv.datasets.digits_as_mnist``), split as the embedded MLP's fixtures are
+(``mconv.fixtures.train_digits_mlp.split``, seeded): 1347 digits for fine-tuning, the other 450
+for measuring. No labels are used anywhere: fine-tuning distils from the uncompressed model
+(T^2 KL on softmax(logits / T)), and the gate is top-1 agreement with the uncompressed model.
+
+Pipeline (library API, the code path of ``mconv optimize`` + ``mconv export``): iterative
+magnitude pruning in three steps towards the final per-layer sparsities with masked retraining
+after each -> k-means weight sharing (linear init) -> centroid fine-tuning -> float16 values for
+the biases -> cpu bundle (sparse relative indices, palettes, Huffman).
+
+Gates: encoded weights <= 44 KB (the paper's 44 KB), top-1 agreement >= 99% on the 450 digits.
+
+Run: python bench/lenet5_compress.py [--epochs 3] [--temperature 2] [--sparsity ip1=0.93] [--bits conv2=6]
+     [--steps 0.7,1] [--shared ../shared]   (about 3-8 minutes on 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from mlp_compress import biases_to_half
+
+ROOT = Path(__file__).resolve().parent.parent
+# Kept fractions in the spirit of the paper's Table 2 (conv1 66%, conv2 12%, ip1 8%, ip2 19%).
+FINAL_SPARSITY = {"conv1": 0.3, "conv2": 0.8, "ip1": 0.93, "ip2": 0.8}
+BITS = {"conv1": 6, "conv2": 6, "ip1": 4, "ip2": 5}
+STEPS = (0.7, 1.0)  # fractions of the final sparsity, one prune + retrain each
+PAPER = {"conv1": 0.66, "conv2": 0.12, "ip1": 0.08, "ip2": 0.19}
+
+
+def pipeline_spec(epochs: int, loss: str = "kl", batch: int = 32, temperature: float = 2.0) -> str:
+    parts = []
+    for f in STEPS:
+        per_layer = {k: {"sparsity": round(s * f, 4)} for k, s in FINAL_SPARSITY.items()}
+        parts.append(f"prune(op_name={per_layer!r})")
+        parts.append(
+            f"finetune(epochs={epochs},lr=0.001,batch_size={batch},holdout=0.0,loss={loss!r},temperature={temperature})"
+        )
+    parts.append(f"cluster(init='linear',op_name={ {k: {'bits': b} for k, b in BITS.items()}!r})")
+    parts.append(
+        f"finetune(epochs={epochs},lr=0.0003,batch_size={batch},holdout=0.0,loss={loss!r},temperature={temperature})"
+    )
+    return ",".join(parts)
+
+
+def main() -> int:
+    from mconv import passes as P
+    from mconv.datasets import digits_as_mnist
+    from mconv.fixtures.train_digits_mlp import split
+    from mconv.formats import import_model
+    from mconv.irio import model_stats
+    from mconv.runtime import open_runner
+    from mconv.targets import get_target
+    from mconv.targets.reference.executor import Executor
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--loss", default="kl", choices=["kl", "mse"], help="distillation loss")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=2.0)
+    ap.add_argument("--sparsity", default="", help="overrides, e.g. ip1=0.925,conv2=0.8")
+    ap.add_argument("--bits", default="", help="overrides, e.g. conv2=5")
+    ap.add_argument("--steps", default="", help="prune schedule as fractions of the final, e.g. 0.5,0.8,1")
+    ap.add_argument(
+        "--shared", type=Path, default=Path(os.environ.get("MCONV_SHARED", ROOT.parent / "shared"))
+    )
+    ap.add_argument("--out", type=Path, default=None, help="keep the bundle here")
+    args = ap.parse_args()
+    for table, text, kind in ((FINAL_SPARSITY, args.sparsity, float), (BITS, args.bits, int)):
+        for item in filter(None, text.split(",")):
+            key, _, value = item.partition("=")
+            table[key] = kind(value)
+    if args.steps:
+        global STEPS
+        STEPS = tuple(float(f) for f in args.steps.split(","))
+
+    caffe = args.shared / "models" / "caffe"
+    files = [caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"]
+    if not all(f.is_file() for f in files):
+        print(f"{caffe} is missing (set --shared or MCONV_SHARED)")
+        return 2
+    with np.load(args.shared / "data" / "digits.npz") as z:
+        (tune_images, _), (test_images, _) = split(z["images"], z["labels"])
+    tune = {"data": digits_as_mnist(tune_images)}  # no labels: distillation
+    test = {"data": digits_as_mnist(test_images)}
+
+    original = import_model(files)
+    original_bytes = model_stats(original).bytes
+    reference = Executor(original).run(test)["prob"]
+
+    t0 = time.perf_counter()
+    model = import_model(files)
+    ctx = P.PassContext(data=tune, seed=0)
+    model, reports = P.run_pipeline(
+        model, P.parse_spec(pipeline_spec(args.epochs, args.loss, args.batch, args.temperature)), ctx
+    )
+    halved = biases_to_half(model)
+    seconds = time.perf_counter() - t0
+
+    with tempfile.TemporaryDirectory(prefix="mconv-p2-") as tmp:
+        out = args.out or Path(tmp) / "bundle"
+        bundle = get_target("cpu").export(model, out, {})
+        got = open_runner(out).run(test)["prob"]
+        mcw = (out / "weights.mcw").stat().st_size
+    agreement = float(np.mean(got.argmax(1) == reference.argmax(1)))
+    account = bundle.manifest["account"]
+
+    print(f"P2: Caffe LeNet-5, distilled on {len(tune_images)} digits, measured on {len(test_images)} others")
+    print(
+        f"  pipeline ({seconds:.1f}s): {pipeline_spec(args.epochs, args.loss, args.batch, args.temperature)}"
+    )
+    print(f"  then float16 values for: {', '.join(halved)}")
+    for r in reports:
+        if r.name == "finetune":
+            print(f"  finetune: {r.notes[0]} | {r.notes[-1]}")
+    print()
+    head = (
+        f"{'tensor':<14}{'codec':<26}{'kept':>7}{'paper':>7}{'w bits':>7}{'idx bits':>9}"
+        f"{'bytes':>9}{'of f32':>8}"
+    )
+    print(head)
+    print("-" * len(head))
+    for row in account["layers"]:
+        layer = row["name"].split(".")[0]
+        paper = f"{100 * PAPER[layer]:.0f}%" if row["name"].endswith("weight") and layer in PAPER else ""
+        print(
+            f"{row['name']:<14}{row.get('codec', ''):<26}{100 * row.get('kept', 1):>6.1f}%{paper:>7}"
+            f"{row.get('weight_bits', '')!s:>7}{row.get('index_bits') or '':>9}"
+            f"{row['bytes']:>9,}{100 * row['bytes'] / row['original_bytes']:>7.2f}%"
+        )
+    total = account["total"]["bytes"]
+    print("-" * len(head))
+    print(f"{'total':<14}{'':<26}{100 * account['total'].get('kept', 1):>6.1f}%{'8%':>7}{'':>16}{total:>9,}")
+    print()
+    print(
+        f"float32 weights {original_bytes:,} B -> encoded tensors {total:,} B: {original_bytes / total:.1f}x"
+    )
+    print(f"weights.mcw file (with its JSON index and 64-byte alignment): {mcw:,} B")
+    print(f"top-1 agreement with the uncompressed model: {agreement:.4f} ({len(test_images)} digits)")
+    ok = total <= 44_000 and agreement >= 0.99
+    print(f"gate (<= 44 KB, agreement >= 0.99): {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Sensitivity analysis: how much each layer tolerates pruning (and weight sharing) on its own.
+
+Deep Compression chose per-layer sparsities from such curves (the paper's Figure 5): prune ONE
+layer at a time across a sweep of sparsities, leave the others intact, and measure the metric.
+
+Rules
+-----
+1. Layers are the weights of Conv/ConvTranspose/Gemm/MatMul nodes (``passes._weights``), named
+   by their node (the name a recipe's ``[pass.op_name.NAME]`` override uses). Nodes without a
+   name cannot be addressed by a recipe and are skipped with a note.
+2. Metric: with ``labels`` in the data, top-1 accuracy of the class-score output; without, top-1
+   agreement with the unmodified model's outputs (for outputs that are not class scores: cosine
+   similarity with them). ``drop = baseline - metric`` (fractions: 0.01 is one point).
+3. Pruning at sparsity s zeroes the round(s * n) weights of smallest magnitude (as the prune
+   pass does per layer). With ``bits``, the pruned tensor's nonzero weights are also clustered to
+   2^bits shared values (the cluster pass's k-means, linear init), for every sparsity of the
+   sweep. Sparsity 0 without clustering is always measured: it equals the baseline.
+4. The recipe (``--max-drop X``): per layer, the highest sparsity whose drop (unclustered) is
+   <= X; then, at that sparsity, the fewest bits whose drop is <= X (no clustering if none is).
+   Budgets hold per layer, measured alone; their effects add up when all layers are compressed
+   together, which is why the recipe also fine-tunes (when data is given to ``mconv optimize``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+from mconv.errors import InputError
+from mconv.irio import real_inputs
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+@dataclass
+class SweepPoint:
+    sparsity: float
+    bits: int | None
+    metric: float
+    drop: float
+
+    def as_dict(self) -> dict:
+        return {"sparsity": self.sparsity, "bits": self.bits, "metric": self.metric, "drop": self.drop}
+
+
+@dataclass
+class LayerSensitivity:
+    name: str  # the node's name (recipe op_name key)
+    op_type: str
+    tensor: str  # the weight initializer's name
+    params: int
+    sweep: list[SweepPoint] = field(default_factory=list)
+    choice: dict | None = None  # {"sparsity", "bits"} within the budget, when one was given
+
+    def as_dict(self) -> dict:
+        d = {
+            "name": self.name,
+            "op_type": self.op_type,
+            "tensor": self.tensor,
+            "params": self.params,
+            "sweep": [p.as_dict() for p in self.sweep],
+        }
+        if self.choice is not None:
+            d["choice"] = self.choice
+        return d
+
+
+@dataclass
+class SensitivityReport:
+    baseline: float
+    metric: str  # "accuracy", "top1_agreement" or "cosine"
+    samples: int
+    layers: list[LayerSensitivity] = field(default_factory=list)
+    max_drop: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "baseline": self.baseline,
+            "metric": self.metric,
+            "samples": self.samples,
+            "max_drop": self.max_drop,
+            "layers": [layer.as_dict() for layer in self.layers],
+            "notes": self.notes,
+        }
+
+
+# --------------------------------------------------------------------------- weight edits
+
+
+def prune_smallest(weights: np.ndarray, sparsity: float) -> np.ndarray:
+    """A copy of ``weights`` with the round(sparsity * n) smallest magnitudes set to zero, by the
+    prune pass's own rule (``magnitude_mask``)."""
+    from mconv.passes.prune import magnitude_mask
+
+    keep, _ = magnitude_mask(np.asarray(weights), sparsity)
+    return np.where(keep, weights, 0).astype(weights.dtype)
+
+
+def cluster_nonzero(weights: np.ndarray, bits: int) -> np.ndarray:
+    """``weights`` clustered as the cluster pass does it (linear init + Lloyd, zeros stay zero)."""
+    from mconv.passes.cluster import cluster_array
+
+    return cluster_array(np.asarray(weights), bits, "linear")
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def _metric(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None) -> float:
+    if outputs.ndim == 2 and outputs.shape[1] >= 2:
+        target = labels if labels is not None else reference.argmax(1)
+        return float(np.mean(outputs.argmax(1) == target))
+    a, b = outputs.astype(np.float64).ravel(), reference.astype(np.float64).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    return 1.0 if na == nb == 0 else float(a @ b / max(na * nb, 1e-300))
+
+
+def analyze_sensitivity(
+    model: ir.Model,
+    data: Mapping[str, np.ndarray],
+    *,
+    sweep: Sequence[float] = (0.5, 0.7, 0.9),
+    bits: Sequence[int] = (),
+    max_drop: float | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    batch: int = 512,
+) -> SensitivityReport:
+    """Prune (and cluster) one layer at a time and measure the metric drop; see the module rules."""
+    from mconv.passes._weights import weight_refs
+    from mconv.targets.reference.executor import Executor
+
+    sparsities = sorted({0.0, *(float(s) for s in sweep)})
+    if any(not 0.0 <= s < 1.0 for s in sparsities):
+        raise InputError(f"sparsities must be in [0, 1), got {list(sweep)}", hint="e.g. --sweep 0.5,0.7,0.9")
+    bit_list = sorted({int(b) for b in bits}, reverse=True)
+    if any(not 1 <= b <= 8 for b in bit_list):
+        raise InputError(f"bits must be in 1..8, got {list(bits)}", hint="e.g. --bits 8,6,5,4")
+    if max_drop is not None and not 0.0 <= max_drop <= 1.0:
+        raise InputError(
+            f"max drop {max_drop} is not a fraction", hint="give it as a fraction: 0.01 is one point"
+        )
+
+    names = [v.name for v in real_inputs(model.graph)]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise InputError(
+            f"data has no array for input(s) {', '.join(missing)}",
+            hint=f"the .npz needs arrays named {', '.join(names)} (+ optional 'labels')",
+        )
+    feeds = {n: np.asarray(data[n]) for n in names}
+    labels = data.get("labels")
+    labels = None if labels is None else np.asarray(labels).reshape(-1)
+    samples = len(next(iter(feeds.values())))
+
+    executor = Executor(model)
+    output = executor.output_names[0]
+    scores = [v.name for v in model.graph.outputs if v.shape is not None and len(v.shape) == 2]
+    if scores:
+        output = scores[0]
+
+    def run() -> np.ndarray:
+        parts = []
+        for s in range(0, samples, batch):
+            res = executor.run({k: v[s : s + batch] for k, v in feeds.items()}, outputs=[output])
+            parts.append(res[output])
+        return np.concatenate(parts)
+
+    reference = run()
+    is_scores = reference.ndim == 2 and reference.shape[1] >= 2
+    metric_name = ("accuracy" if labels is not None else "top1_agreement") if is_scores else "cosine"
+    if labels is not None and len(labels) != samples:
+        raise InputError(f"'labels' has {len(labels)} entries for {samples} samples")
+    baseline = _metric(reference, reference, labels if is_scores else None)
+    report = SensitivityReport(baseline, metric_name, samples, max_drop=max_drop)
+
+    refs = weight_refs(model)
+    points = len(sparsities) * (1 + len(bit_list))
+    total, done = len(refs) * points, 0
+    for ref in refs:
+        if not ref.node.name:
+            report.notes.append(f"skipped {ref.node.op_type} with weight {ref.name}: the node has no name")
+            done += points
+            continue
+        original = executor.initializers[ref.name]
+        layer = LayerSensitivity(ref.node.name, ref.node.op_type, ref.name, int(original.size))
+        try:
+            for s in sparsities:
+                pruned = prune_smallest(original, s)
+                for b in [None, *bit_list]:
+                    w = pruned if b is None else cluster_nonzero(pruned, b)
+                    if s == 0.0 and b is None:
+                        m = baseline
+                    else:
+                        executor.set_initializer(ref.name, w)
+                        m = _metric(run(), reference, labels if is_scores else None)
+                    layer.sweep.append(SweepPoint(s, b, m, baseline - m))
+                    done += 1
+                    if progress is not None:
+                        progress(f"analyze {layer.name} s={s:g}" + (f" {b}b" if b else ""), done, total)
+        finally:
+            executor.set_initializer(ref.name, original)
+        if max_drop is not None:
+            layer.choice = choose_setting(layer, max_drop)
+        report.layers.append(layer)
+    return report
+
+
+def choose_setting(layer: LayerSensitivity, max_drop: float) -> dict:
+    """The most aggressive setting within ``max_drop`` (rule 4): ``{"sparsity", "bits"}``."""
+    eps = 1e-12  # the metric is a fraction of samples: compare without float noise
+    plain = [p for p in layer.sweep if p.bits is None and p.drop <= max_drop + eps]
+    sparsity = max((p.sparsity for p in plain), default=0.0)
+    clustered = [p for p in layer.sweep if p.bits is not None and p.sparsity == sparsity]
+    ok = [p.bits for p in clustered if p.drop <= max_drop + eps]
+    return {"sparsity": sparsity, "bits": min(ok) if ok else None}
+
+
+# --------------------------------------------------------------------------- recipe
+
+
+def _toml_key(key: str) -> str:
+    if key and all((c.isascii() and c.isalnum()) or c in "_-" for c in key):
+        return key
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def recipe_toml(report: SensitivityReport, *, finetune: bool = True) -> str:
+    """A TOML recipe (``mconv optimize --recipe``) with each layer's chosen setting as an op_name
+    override of ``prune`` (sparsity) and ``cluster`` (bits); layers not chosen stay untouched."""
+    if report.max_drop is None:
+        raise ValueError("recipe_toml needs a report analyzed with max_drop")
+    lines = [
+        f'description = "per-layer settings from mconv analyze: each layer alone drops the '
+        f'{report.metric} by at most {report.max_drop:g} (baseline {report.baseline:.4f})"',
+        "",
+        "[[pass]]",
+        'name = "prune"',
+        "sparsity = 0.0",
+    ]
+    for layer in report.layers:
+        if layer.choice and layer.choice["sparsity"] > 0:
+            lines += [
+                "",
+                f"[pass.op_name.{_toml_key(layer.name)}]",
+                f"sparsity = {layer.choice['sparsity']!r}",
+            ]
+    if finetune:
+        lines += ["", "[[pass]]", 'name = "finetune"  # acts only when --data is given']
+    clustered = [layer for layer in report.layers if layer.choice and layer.choice["bits"] is not None]
+    if clustered:
+        lines += ["", "[[pass]]", 'name = "cluster"', "skip = true  # only the layers named below"]
+        for layer in clustered:
+            lines += ["", f"[pass.op_name.{_toml_key(layer.name)}]", "skip = false"]
+            lines.append(f"bits = {layer.choice['bits']}")
+        if finetune:
+            lines += ["", "[[pass]]", 'name = "finetune"']
+    return "\n".join(lines) + "\n"
+
+
+def write_recipe(report: SensitivityReport, path: str | Path, *, finetune: bool = True) -> Path:
+    """Write :func:`recipe_toml` atomically; returns the path."""
+    from mconv.fileio import atomic_write_bytes
+
+    atomic_write_bytes(path, recipe_toml(report, finetune=finetune).encode("utf-8"))
+    return Path(path)
+
+
+def sparkline(values: Sequence[float], lo: float | None = None, hi: float | None = None) -> str:
+    """Unicode bars, one per value, scaled between ``lo`` and ``hi`` (default: the values' range)."""
+    if not values:
+        return ""
+    lo = min(values) if lo is None else lo
+    hi = max(values) if hi is None else hi
+    if hi <= lo:
+        return SPARK[-1] * len(values)
+    top = len(SPARK) - 1
+    return "".join(SPARK[int(round((min(max(v, lo), hi) - lo) / (hi - lo) * top))] for v in values)

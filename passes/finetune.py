@@ -1,0 +1,474 @@
+"""finetune: retrain a compressed model with the reference executor's gradients.
+
+Deep Compression (Han et al. 2016) retrains after each lossy step; this pass is that step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import onnx_ir as ir
+from mconv.errors import InputError
+from mconv.irio import real_inputs
+from mconv.passes._weights import CLUSTER_KEY, PRUNED_KEY, compression_info
+from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+
+# Ops whose initializer inputs are the learnable parameters (weights and biases).
+WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+# A bias added after a weight op (MatMul + Add, as importers and exporters often emit it).
+BIAS_OPS = frozenset({"Add"})
+
+# --------------------------------------------------------------------------- parameters
+
+
+@dataclass
+class Parameter:
+    """One trainable initializer and how it may change.
+
+    mode ``free``: every element trains. ``masked`` (pruned): zeros stay exactly zero, the
+    gradient is masked and the weights re-zeroed after each step. ``centroid`` (clustered):
+    every nonzero element keeps its cluster index; the cluster's gradient is the sum of its
+    elements' gradients (the paper's eq. 3) and the weights are rewritten from the centroids.
+    """
+
+    name: str
+    value: ir.Value
+    mode: Literal["free", "masked", "centroid"]
+    weights: np.ndarray  # float32 master copy, the tensor's shape
+    mask: np.ndarray | None = None  # bool, True where the weight may be nonzero
+    index: np.ndarray | None = None  # centroid mode: cluster index of each nonzero (in mask order)
+    centroids: np.ndarray | None = None  # centroid mode: float64 codebook
+
+    @property
+    def trained(self) -> np.ndarray:
+        """The array the optimizer updates: the centroids, or the whole tensor."""
+        return self.centroids if self.mode == "centroid" else self.weights
+
+    def gradient(self, grad: np.ndarray) -> np.ndarray:
+        """The gradient of the trained array from the gradient of the full tensor."""
+        if self.mode == "centroid":
+            return cluster_gradient(grad[self.mask], self.index, len(self.centroids))
+        if self.mode == "masked":
+            return np.where(self.mask, grad, 0.0)
+        return grad
+
+    def commit(self) -> None:
+        """Re-derive the full tensor after an optimizer step (centroids -> weights, re-zero)."""
+        if self.mode == "centroid":
+            self.weights[self.mask] = self.centroids[self.index]
+        elif self.mode == "masked":
+            self.weights[~self.mask] = 0.0
+
+
+def cluster_gradient(grad_nonzero: np.ndarray, index: np.ndarray, clusters: int) -> np.ndarray:
+    """Eq. 3 of Deep Compression: dL/dC_k = sum over weights i with index i == k of dL/dW_i."""
+    return np.bincount(index, weights=grad_nonzero.astype(np.float64), minlength=clusters)
+
+
+def make_parameter(value: ir.Value, facts: Mapping[str, dict] | None = None) -> Parameter:
+    """A :class:`Parameter` for an initializer. Its mode comes from the metadata the prune and
+    cluster passes record (``mconv.passes._weights``): on the value, or in the model-level
+    ``facts`` (``compression_info(model)``) keyed by tensor name."""
+    w = np.array(value.const_value.numpy(), dtype=np.float32)
+    fact = (facts or {}).get(value.name or "", {})
+    if CLUSTER_KEY in value.metadata_props or fact.get("bits") is not None:
+        mask = w != 0
+        centroids, index = np.unique(w[mask], return_inverse=True)
+        return Parameter(value.name, value, "centroid", w, mask, index.ravel(), centroids.astype(np.float64))
+    if value.metadata_props.get(PRUNED_KEY) == "1" or fact.get("pruned"):
+        return Parameter(value.name, value, "masked", w, w != 0)
+    return Parameter(value.name, value, "free", w)
+
+
+def trainable_values(model: ir.Model, frozen: Callable[[ir.Node], bool] | None = None) -> list[ir.Value]:
+    """Float initializers that are weights or biases of Conv/ConvTranspose/Gemm/MatMul (and the
+    constant operand of an Add that follows one), in graph order; nodes where ``frozen(node)`` is
+    true contribute none."""
+    graph = model.graph
+    inits = graph.initializers
+    found: dict[str, ir.Value] = {}
+
+    def take(v: ir.Value | None) -> None:
+        if v is None or v.name not in inits or v.name in found or v.const_value is None:
+            return
+        if v.const_value.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+            return
+        found[v.name] = v
+
+    for node in graph:
+        if frozen is not None and frozen(node):
+            continue
+        if node.op_type in WEIGHT_OPS and node.domain in ("", "ai.onnx"):
+            for v in node.inputs[1:]:
+                take(v)
+        elif node.op_type in BIAS_OPS and len(node.inputs) == 2:
+            a, b = node.inputs
+            for this, other in ((a, b), (b, a)):
+                producer = other.producer() if other is not None else None
+                if producer is not None and producer.op_type in WEIGHT_OPS:
+                    take(this)
+    return list(found.values())
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def softmax(z: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    z = z.astype(np.float64) / temperature
+    z = z - z.max(axis=1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
+    """Mean cross-entropy of softmax(logits) against integer labels, and d loss / d logits."""
+    p = softmax(logits)
+    n = len(labels)
+    rows = np.arange(n)
+    loss = float(-np.log(p[rows, labels] + 1e-12).mean())
+    g = p.copy()
+    g[rows, labels] -= 1.0
+    return loss, (g / n).astype(logits.dtype)
+
+
+def distillation_kl(student: np.ndarray, teacher: np.ndarray, temperature: float) -> tuple[float, np.ndarray]:
+    """Hinton et al.'s distillation loss: T^2 * mean KL(softmax(t/T) || softmax(s/T)).
+
+    The T^2 keeps the gradient's scale independent of T; d loss / d s = T (p_s - p_t) / N.
+    """
+    t = temperature
+    pt, ps = softmax(teacher, t), softmax(student, t)
+    n = len(student)
+    kl = np.sum(pt * (np.log(pt + 1e-12) - np.log(ps + 1e-12)), axis=1).mean()
+    return float(t * t * kl), (t * (ps - pt) / n).astype(student.dtype)
+
+
+def mean_squared_error(student: np.ndarray, teacher: np.ndarray) -> tuple[float, np.ndarray]:
+    d = student.astype(np.float64) - teacher
+    return float(np.mean(d * d)), (2.0 * d / d.size).astype(student.dtype)
+
+
+# --------------------------------------------------------------------------- optimizers
+
+
+class Optimizer:
+    """SGD with momentum or Adam over a dict of arrays, updated in place."""
+
+    def __init__(self, kind: str, lr: float, momentum: float, weight_decay: float) -> None:
+        self.kind, self.lr, self.momentum, self.weight_decay = kind, lr, momentum, weight_decay
+        self.state: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.steps = 0
+
+    def step(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray]) -> None:
+        self.steps += 1
+        for name, p in params.items():
+            g = grads[name].astype(np.float64)
+            if self.weight_decay:
+                g = g + self.weight_decay * p
+            m, v = self.state.get(name) or (np.zeros(p.shape), np.zeros(p.shape))
+            if self.kind == "sgd":
+                m = self.momentum * m + g
+                p -= (self.lr * m).astype(p.dtype)
+            else:  # Adam, with bias correction
+                m = 0.9 * m + 0.1 * g
+                v = 0.999 * v + 0.001 * g * g
+                mh = m / (1 - 0.9**self.steps)
+                vh = v / (1 - 0.999**self.steps)
+                p -= (self.lr * mh / (np.sqrt(vh) + 1e-8)).astype(p.dtype)
+            self.state[name] = (m, v)
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class EpochStats:
+    epoch: int  # 0: before training
+    loss: float | None
+    metric: float
+    metric_name: str
+
+    def as_dict(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "loss": self.loss,
+            "metric": self.metric,
+            "metric_name": self.metric_name,
+        }
+
+
+@dataclass
+class FinetuneResult:
+    epochs: list[EpochStats] = field(default_factory=list)
+    tensors: list[dict] = field(default_factory=list)
+    loss: str = ""
+    train_samples: int = 0
+    holdout_samples: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _score_output(model: ir.Model) -> tuple[str, str]:
+    """(output name, name of the value the loss reads).
+
+    The class-score output is the first 2-D graph output (else the first output). When it is ``Softmax(z)`` (or LogSoftmax), the
+    loss reads ``z``: cross-entropy and distillation are then computed on logits, stably.
+    """
+    outs = [v for v in model.graph.outputs]
+    scores = [v for v in outs if v.shape is None or len(v.shape) == 2]
+    out = scores[0] if len(scores) >= 1 else outs[0]
+    producer = out.producer()
+    if (
+        producer is not None
+        and producer.op_type in ("Softmax", "LogSoftmax")
+        and producer.inputs[0] is not None
+    ):
+        return out.name, producer.inputs[0].name
+    return out.name, out.name
+
+
+def _batches(n: int, batch_size: int, rng: np.random.Generator):
+    order = rng.permutation(n)
+    for s in range(0, n, batch_size):
+        yield order[s : s + batch_size]
+
+
+def _run_batched(executor, feeds: dict, names: list[str], batch: int = 256) -> dict[str, np.ndarray]:
+    n = len(next(iter(feeds.values())))
+    parts: dict[str, list] = {k: [] for k in names}
+    for s in range(0, n, batch):
+        res = executor.run({k: v[s : s + batch] for k, v in feeds.items()}, outputs=names)
+        for k in names:
+            parts[k].append(res[k])
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def finetune_model(
+    model: ir.Model,
+    data: Mapping[str, np.ndarray],
+    config: FinetuneConfig,
+    *,
+    reference_model: ir.Model | None = None,
+    frozen: Callable[[ir.Node], bool] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    seed: int = 0,
+) -> FinetuneResult:
+    """Retrain ``model``'s weights in place on ``data``; see :class:`Finetune` for the rules."""
+    from mconv.targets.reference.executor import Executor
+
+    result = FinetuneResult()
+    input_names = [v.name for v in real_inputs(model.graph)]
+    missing = [n for n in input_names if n not in data]
+    if missing:
+        raise InputError(
+            f"fine-tuning data has no array for input(s) {', '.join(missing)}",
+            where="pass finetune",
+            hint=f"the .npz needs arrays named {', '.join(input_names)} (+ optional 'labels')",
+        )
+    feeds = {n: np.asarray(data[n]) for n in input_names}
+    n = len(next(iter(feeds.values())))
+    if n == 0:
+        raise InputError("fine-tuning data has no samples", where="pass finetune")
+    labels = data.get("labels")
+    labels = None if labels is None else np.asarray(labels).reshape(-1).astype(np.int64)
+    if labels is not None and len(labels) != n:
+        raise InputError(f"'labels' has {len(labels)} entries for {n} samples", where="pass finetune")
+
+    out_name, loss_value = _score_output(model)
+    facts = compression_info(model)
+    params = [make_parameter(v, facts) for v in trainable_values(model, frozen)]
+    if not params:
+        result.notes.append("no trainable weights (Conv/Gemm/MatMul initializers) found")
+        return result
+
+    student = Executor(model)
+    student.output_names = [loss_value]  # train on the value the loss reads (pre-softmax logits)
+    for p in params:
+        student.set_initializer(p.name, p.weights)
+
+    # Teacher targets: the uncompressed model's values, computed once.
+    teacher = None
+    loss_kind = config.loss
+    if loss_kind == "auto":
+        loss_kind = "xent" if labels is not None else "kl"
+    if loss_kind == "xent" and labels is None:
+        raise InputError("loss 'xent' needs labels", where="pass finetune", hint="add 'labels' to the .npz")
+    if loss_kind != "xent" or labels is None:
+        ref = reference_model
+        if ref is None:
+            result.notes.append("no reference model: distilling from the model as it is before fine-tuning")
+            ref = model
+        ref_exec = Executor(ref)
+        ref_names = {v.name for v in ref.graph.outputs} | {o.name for nd in ref.graph for o in nd.outputs}
+        if loss_value in ref_names:
+            teacher = _run_batched(ref_exec, feeds, [loss_value])[loss_value].astype(np.float64)
+        else:  # the logits were renamed: log-probabilities differ from logits by a constant per row
+            probs = _run_batched(ref_exec, feeds, [out_name])[out_name].astype(np.float64)
+            teacher = np.log(np.maximum(probs, 1e-30))
+    scores_2d = teacher.ndim == 2 if teacher is not None else True
+    if loss_kind == "kl" and not scores_2d:
+        loss_kind = "mse"  # not class scores: match the values themselves
+    result.loss = loss_kind
+
+    rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5EED])
+    order = rng.permutation(n)
+    n_hold = int(round(config.holdout * n)) if n >= 2 else 0
+    n_hold = min(max(n_hold, 1 if config.holdout > 0 else 0), n - 1) if n >= 2 else 0
+    hold, train = order[:n_hold], order[n_hold:]
+    if n_hold == 0:
+        hold = train
+    result.train_samples, result.holdout_samples = len(train), n_hold
+
+    def metric() -> tuple[float, str]:
+        got = _run_batched(student, {k: v[hold] for k, v in feeds.items()}, [loss_value])[loss_value]
+        if labels is not None and got.ndim == 2:
+            return float(np.mean(got.argmax(1) == labels[hold])), "accuracy"
+        if teacher is not None and got.ndim == 2:
+            return float(np.mean(got.argmax(1) == teacher[hold].argmax(1))), "top1_agreement"
+        return float(np.mean((got - teacher[hold]) ** 2)), "mse"
+
+    def loss_fn(idx: np.ndarray) -> Callable:
+        def fn(outputs: dict) -> tuple[float, dict]:
+            s = outputs[loss_value]
+            if loss_kind == "xent":
+                value, g = softmax_cross_entropy(s, labels[idx])
+            elif loss_kind == "kl":
+                value, g = distillation_kl(s, teacher[idx], config.temperature)
+            else:
+                value, g = mean_squared_error(s, teacher[idx])
+            return value, {loss_value: g}
+
+        return fn
+
+    m0, metric_name = metric()
+    result.epochs.append(EpochStats(0, None, m0, metric_name))
+    opt = Optimizer(config.optimizer, config.lr, config.momentum, config.weight_decay)
+    wrt = [p.name for p in params]
+    steps_per_epoch = -(-len(train) // config.batch_size)
+    total = config.epochs * steps_per_epoch
+    done = 0
+    for epoch in range(1, config.epochs + 1):
+        losses, sizes = [], []
+        for b in _batches(len(train), config.batch_size, rng):
+            idx = train[b]
+            value, grads = student.value_and_grad({k: v[idx] for k, v in feeds.items()}, loss_fn(idx), wrt)
+            losses.append(value)
+            sizes.append(len(idx))
+            opt.step({p.name: p.trained for p in params}, {p.name: p.gradient(grads[p.name]) for p in params})
+            for p in params:
+                p.commit()
+                student.set_initializer(p.name, p.weights)
+            done += 1
+            if progress is not None and (done % 8 == 0 or done == total):
+                progress(
+                    f"finetune epoch {epoch}/{config.epochs} loss {np.average(losses, weights=sizes):.4f}",
+                    done,
+                    total,
+                )
+        m, _ = metric()
+        loss = float(np.average(losses, weights=sizes))
+        result.epochs.append(EpochStats(epoch, loss, m, metric_name))
+        if progress is not None:
+            progress(
+                f"finetune epoch {epoch}/{config.epochs} loss {loss:.4f} {metric_name} {m:.4f}", done, total
+            )
+
+    for p in params:
+        old = p.value.const_value
+        before = np.asarray(old.numpy(), dtype=np.float32)
+        p.value.const_value = ir.Tensor(p.weights.astype(old.dtype.numpy()), name=p.name)
+        entry = {
+            "name": p.name,
+            "mode": p.mode,
+            "params": int(p.weights.size),
+            "kept": float(np.count_nonzero(p.weights) / max(p.weights.size, 1)),
+            "max_change": float(np.max(np.abs(p.weights - before))) if p.weights.size else 0.0,
+        }
+        if p.mode == "centroid":
+            entry["clusters"] = int(len(p.centroids))
+        result.tensors.append(entry)
+    return result
+
+
+@register_pass("finetune")
+class Finetune(Pass):
+    """Retrain the weights on ``ctx.data`` with the reference executor's gradients.
+
+    1. Without ``ctx.data`` the pass changes nothing and says so in a note (recipes list it
+       unconditionally; it acts only when ``--data`` is given).
+    2. Trainable: float initializers feeding Conv/ConvTranspose/Gemm/MatMul (weights and biases)
+       and the constant operand of an Add right after one (a bias). ``freeze=true`` on a node
+       (per op type / op name override) keeps its tensors fixed.
+    3. Per tensor, from the metadata earlier passes recorded on the initializer's value:
+       - clustered (``mconv.cluster``): **centroid fine-tuning**. Each nonzero weight keeps
+         its cluster (its distinct value's index); dL/dC_k = sum of dL/dW_i over the cluster (the
+         paper's eq. 3); centroids are updated and the weights rewritten from them, so the
+         tensor's distinct nonzero values never grow in number and zeros stay exactly zero.
+       - pruned (``mconv.pruned``): **masked retraining**. The gradient is masked and the
+         weights re-zeroed after every step: pruned weights stay exactly zero.
+       - otherwise every element trains.
+    4. Loss (``loss="auto"``): with ``labels`` in the data, softmax cross-entropy on the class-score
+       output; without, **distillation** from the uncompressed model (``ctx.reference_model``, set
+       by the pipeline to the model before its first pass): Hinton's T^2 * KL(softmax(t/T) ||
+       softmax(s/T)) with ``temperature`` T on class scores, MSE on other outputs. When the
+       score output is Softmax(z), the loss reads z (logits), not the probabilities.
+    5. Optimizer ``sgd`` (with ``momentum``) or ``adam``; ``epochs`` over a seeded shuffle in
+       ``batch_size`` batches; ``holdout`` of the data (a seeded slice) is never trained on and
+       measures accuracy (with labels) or top-1 agreement with the teacher after every epoch.
+       Deterministic for a given ``seed`` (default: the pipeline's seed).
+    """
+
+    lossless = False
+    uses_reference_model = True  # the pipeline snapshots the model before its first pass
+
+    @dataclass
+    class Config:
+        optimizer: Literal["sgd", "adam"] = "adam"
+        lr: float = 3e-3
+        momentum: float = 0.9
+        weight_decay: float = 0.0
+        epochs: int = 5
+        batch_size: int = 32
+        seed: int | None = None
+        holdout: float = 0.1
+        loss: Literal["auto", "xent", "kl", "mse"] = "auto"
+        temperature: float = 2.0
+        freeze: bool = False
+
+    def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
+        if ctx.data is None:
+            return self.report(False, notes=["skipped: no data (give --data to fine-tune)"])
+        if config.epochs < 0 or config.batch_size < 1 or not 0 <= config.holdout < 1 or config.lr <= 0:
+            raise InputError(
+                f"bad finetune settings: epochs={config.epochs}, batch_size={config.batch_size}, "
+                f"holdout={config.holdout}, lr={config.lr}",
+                where="pass finetune",
+                hint="epochs >= 0, batch_size >= 1, 0 <= holdout < 1, lr > 0",
+            )
+
+        def frozen(node: ir.Node) -> bool:
+            return bool(ctx.config_for(node).freeze) if ctx.spec is not None else False
+
+        res = finetune_model(
+            model,
+            ctx.data,
+            config,
+            reference_model=ctx.reference_model,
+            frozen=frozen,
+            progress=ctx.progress,
+            seed=ctx.seed,
+        )
+        notes = list(res.notes)
+        if res.epochs:
+            notes.append(
+                f"loss {res.loss}; {res.train_samples} training samples, {res.holdout_samples} held out"
+            )
+        for e in res.epochs:
+            loss = "-" if e.loss is None else f"{e.loss:.4f}"
+            notes.append(f"epoch {e.epoch}: loss {loss}, {e.metric_name} {e.metric:.4f}")
+        return self.report(bool(res.tensors), notes=notes, tensors=res.tensors)
+
+
+FinetuneConfig = Finetune.Config

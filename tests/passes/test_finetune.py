@@ -1,0 +1,219 @@
+"""finetune: masked retraining, centroid fine-tuning (eq. 3), cross-entropy and distillation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from mconv import passes as P
+from mconv.passes.finetune import FinetuneConfig, cluster_gradient, finetune_model
+from onnx import TensorProto, helper
+
+RNG = np.random.default_rng(7)
+F = TensorProto.FLOAT
+
+
+def mlp(build, w1, b1, w2, b2):
+    """x[N,4] -> MatMul W1 -> Add b1 -> Relu -> Gemm(W2, b2, transB=1) -> logits[N,3]."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h0"], name="fc1"),
+        helper.make_node("Add", ["h0", "b1"], ["h1"], name="fc1_bias"),
+        helper.make_node("Relu", ["h1"], ["h2"], name="relu"),
+        helper.make_node("Gemm", ["h2", "w2", "b2"], ["logits"], name="fc2", transB=1),
+    ]
+    inits = [("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)]
+    return build(nodes, [("x", F, ["N", 4])], [("logits", F, ["N", 3])], inits)
+
+
+def toy_problem(n=240):
+    """Three linearly separable blobs in 4-D."""
+    centres = np.array([[2, 0, 0, 1], [0, 2, 0, -1], [0, 0, 2, 0]], np.float32)
+    labels = RNG.integers(0, 3, n)
+    x = (centres[labels] + 0.6 * RNG.standard_normal((n, 4))).astype(np.float32)
+    return x, labels.astype(np.int64)
+
+
+def toy_weights():
+    return (
+        (0.5 * RNG.standard_normal((4, 16))).astype(np.float32),
+        np.zeros(16, np.float32),
+        (0.5 * RNG.standard_normal((3, 16))).astype(np.float32),
+        np.zeros(3, np.float32),
+    )
+
+
+def weight(model, name):
+    return model.graph.initializers[name].const_value.numpy().copy()
+
+
+def set_weight(model, name, array, **meta):
+    value = model.graph.initializers[name]
+    value.const_value = ir.Tensor(np.asarray(array, np.float32), name=name)
+    value.metadata_props.update(meta)
+
+
+def prune_by_hand(w, fraction):
+    w = w.copy()
+    w[np.abs(w) < np.quantile(np.abs(w), fraction)] = 0.0
+    return w
+
+
+def test_masked_retraining_keeps_pruned_weights_exactly_zero(build):
+    model = mlp(build, *toy_weights())
+    w1 = prune_by_hand(weight(model, "w1"), 0.75)
+    set_weight(model, "w1", w1, **{"mconv.pruned": "1"})
+    x, y = toy_problem()
+    ctx = P.PassContext(data={"x": x, "labels": y})
+    model, (report,) = P.run_pipeline(model, P.parse_spec("finetune(epochs=3,lr=0.01)"), ctx)
+    after = weight(model, "w1")
+    assert np.array_equal(after == 0, w1 == 0)  # same zeros, exactly
+    assert not np.array_equal(after, w1)  # while the kept weights did train
+    modes = {t["name"]: t["mode"] for t in report.tensors}
+    assert modes == {"w1": "masked", "b1": "free", "w2": "free", "b2": "free"}
+
+
+def test_centroid_finetuning_keeps_codebook_size_zeros_and_assignment(build):
+    model = mlp(build, *toy_weights())
+    w2 = weight(model, "w2")
+    codebook = np.array([-0.6, -0.2, 0.3, 0.7], np.float32)  # bits = 2
+    assign = np.argmin(np.abs(w2[..., None] - codebook), axis=-1)
+    clustered = codebook[assign]
+    clustered[np.abs(w2) < 0.15] = 0.0  # pruned as well: zeros are not a centroid
+    set_weight(model, "w2", clustered, **{"mconv.pruned": "1", "mconv.cluster": json.dumps({"bits": 2})})
+    x, y = toy_problem()
+    ctx = P.PassContext(data={"x": x, "labels": y})
+    model, (report,) = P.run_pipeline(model, P.parse_spec("finetune(epochs=3,lr=0.01)"), ctx)
+    after = weight(model, "w2")
+    nonzero = clustered != 0
+    assert np.array_equal(after != 0, nonzero)
+    assert len(np.unique(after[nonzero])) <= 4
+    for k in range(4):  # every original cluster still shares one value: the index is fixed
+        members = after[nonzero & (assign == k)]
+        assert members.size == 0 or np.all(members == members[0])
+    assert not np.array_equal(after, clustered)  # the centroids moved
+    assert next(t for t in report.tensors if t["name"] == "w2")["mode"] == "centroid"
+
+
+def test_cluster_gradient_is_the_sum_over_each_cluster():
+    grad = np.array([0.5, -1.0, 2.0, 0.25, 3.0])
+    index = np.array([1, 0, 1, 2, 0])
+    # by hand: cluster 0 = -1.0 + 3.0, cluster 1 = 0.5 + 2.0, cluster 2 = 0.25, cluster 3 empty
+    np.testing.assert_allclose(cluster_gradient(grad, index, 4), [2.0, 2.5, 0.25, 0.0])
+
+
+def test_one_sgd_step_moves_each_centroid_by_its_summed_gradient(build):
+    """y = x W (MatMul only), MSE to a teacher: dL/dW = 2/(N*M) x^T (x W - t) by hand; one SGD step
+    without momentum moves centroid k by -lr * sum of dL/dW over its members."""
+    codebook = np.array([-0.5, 0.25, 1.0], np.float32)
+    assign = np.array([[0, 1, 2], [2, 2, 0], [1, 0, 1], [0, 2, 2]])
+    w = codebook[assign]
+    t_w = RNG.standard_normal((4, 3)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")]
+    student = build(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 3])], [("w", w)])
+    teacher = build(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 3])], [("w", t_w)])
+    student.graph.initializers["w"].metadata_props["mconv.cluster"] = json.dumps({"bits": 2})
+    x = RNG.standard_normal((6, 4)).astype(np.float32)
+    lr = 0.1
+    config = FinetuneConfig(
+        optimizer="sgd", momentum=0.0, lr=lr, epochs=1, batch_size=6, holdout=0.0, loss="mse"
+    )
+    finetune_model(student, {"x": x}, config, reference_model=teacher)
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    dw = 2.0 / (6 * 3) * x64.T @ (x64 @ w64 - x64 @ t_w.astype(np.float64))
+    expected = codebook.astype(np.float64) - lr * np.array([dw[assign == k].sum() for k in range(3)])
+    np.testing.assert_allclose(weight(student, "w"), expected[assign], rtol=1e-5, atol=1e-6)
+
+
+def test_cross_entropy_loss_decreases_on_a_tiny_problem(build):
+    model = mlp(build, *toy_weights())
+    x, y = toy_problem()
+    config = FinetuneConfig(optimizer="sgd", lr=0.05, epochs=4, batch_size=16)
+    result = finetune_model(model, {"x": x, "labels": y}, config, seed=3)
+    losses = [e.loss for e in result.epochs[1:]]
+    assert result.loss == "xent" and len(losses) == 4
+    assert losses[-1] < losses[0]
+    assert result.epochs[-1].metric_name == "accuracy"
+    assert result.epochs[-1].metric >= result.epochs[0].metric
+
+
+def test_distillation_without_labels_pulls_student_to_teacher(build, run_ort):
+    weights = toy_weights()
+    teacher = mlp(build, *weights)
+    noisy = [w + 0.4 * RNG.standard_normal(w.shape).astype(np.float32) for w in weights]
+    student = mlp(build, *noisy)
+    x, _ = toy_problem(320)
+    want = run_ort(teacher, {"x": x})["logits"]
+    before = run_ort(student, {"x": x})["logits"]
+    config = FinetuneConfig(epochs=6, lr=0.01, batch_size=16)
+    result = finetune_model(student, {"x": x}, config, reference_model=teacher)
+    after = run_ort(student, {"x": x})["logits"]
+    assert result.loss == "kl" and result.epochs[-1].metric_name == "top1_agreement"
+
+    def agreement(a):
+        return float(np.mean(a.argmax(1) == want.argmax(1)))
+
+    def kl(a):  # KL(softmax(teacher) || softmax(a)), by hand
+        pt = np.exp(want - want.max(1, keepdims=True))
+        pt /= pt.sum(1, keepdims=True)
+        ls = a - a.max(1, keepdims=True)
+        ls -= np.log(np.exp(ls).sum(1, keepdims=True))
+        return float(np.mean(np.sum(pt * (np.log(pt) - ls), axis=1)))
+
+    print(
+        f"agreement {agreement(before):.3f} -> {agreement(after):.3f}, KL {kl(before):.4f} -> {kl(after):.4f}"
+    )
+    assert agreement(after) > agreement(before)
+    assert kl(after) < 0.5 * kl(before)
+
+
+def test_pipeline_keeps_the_uncompressed_model_for_distillation(build):
+    model = mlp(build, *toy_weights())
+    original = weight(model, "w1")
+    x, _ = toy_problem(64)
+    ctx = P.PassContext(data={"x": x})
+    P.run_pipeline(model, P.parse_spec("finetune(epochs=1)"), ctx)
+    ref = ctx.reference_model
+    assert ref is not None and ref is not model
+    np.testing.assert_array_equal(weight(ref, "w1"), original)
+
+
+def test_without_data_the_pass_is_skipped_with_a_note(build):
+    model = mlp(build, *toy_weights())
+    before = weight(model, "w1")
+    model, (report,) = P.run_pipeline(model, P.parse_spec("finetune"), P.PassContext())
+    assert not report.modified and "no data" in report.notes[0]
+    np.testing.assert_array_equal(weight(model, "w1"), before)
+
+
+def test_same_seed_gives_identical_weights(build):
+    x, y = toy_problem(96)
+    results = []
+    for _ in range(2):
+        model = mlp(build, *[w.copy() for w in WEIGHTS])
+        P.run_pipeline(
+            model, P.parse_spec("finetune(epochs=2,seed=5)"), P.PassContext(data={"x": x, "labels": y})
+        )
+        results.append(weight(model, "w1"))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_frozen_node_keeps_its_weights(build):
+    model = mlp(build, *toy_weights())
+    w2 = weight(model, "w2")
+    x, y = toy_problem(96)
+    spec = "finetune(epochs=1,op_name={'fc2': {'freeze': True}})"
+    P.run_pipeline(model, P.parse_spec(spec), P.PassContext(data={"x": x, "labels": y}))
+    np.testing.assert_array_equal(weight(model, "w2"), w2)
+
+
+def test_data_missing_an_input_is_an_input_error(build):
+    from mconv.errors import InputError
+
+    model = mlp(build, *toy_weights())
+    with pytest.raises(InputError, match="x"):
+        P.run_pipeline(model, P.parse_spec("finetune"), P.PassContext(data={"images": np.zeros((2, 4))}))
+
+
+WEIGHTS = toy_weights()
