@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +39,7 @@ def _check_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path) -> Non
             else:  # 2.0 and 3.0 share the 4-byte header length (3.0 allows UTF-8 names)
                 shape, _, dtype = np.lib.format.read_array_header_2_0(f)
             header_len = f.tell()
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, NotImplementedError, zlib.error) as exc:
         raise InputError(
             f"not a valid .npy member ({str(exc)[:100]})", path=str(path), where=where, hint=_HINT
         ) from None
@@ -79,7 +80,8 @@ def read_npz(path: str | Path) -> list[tuple[str, np.ndarray]]:
             return [(info.filename[: -len(".npy")], npz[info.filename[: -len(".npy")]]) for info in infos]
     except InputError:
         raise
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError, zlib.error) as exc:
+        # NotImplementedError: zipfile's answer to an unknown zip version or compression method.
         raise InputError(
             f"not a readable .npz ({type(exc).__name__}: {str(exc)[:100]})", path=str(path), hint=_HINT
         ) from None

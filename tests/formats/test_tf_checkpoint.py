@@ -384,3 +384,35 @@ def test_snappy_compressed_tables_are_read(tmp_path: Path) -> None:
     got = model_arrays(import_model([tmp_path / "z.index"]))
     for name, array in src.items():
         np.testing.assert_array_equal(got[name], array)
+
+
+def test_mutated_checkpoints_import_or_fail_with_one_input_error(tmp_path_factory) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    base = tmp_path_factory.mktemp("ckpt") / "model.ckpt"
+    write_checkpoint(base, _tensors(4))
+    index = Path(f"{base}.index").read_bytes()
+    data = Path(f"{base}.data-00000-of-00001").read_bytes()
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(which=st.sampled_from(["index", "data"]), pos=st.integers(0, 10**6), byte=st.integers(0, 255),
+           cut=st.booleans())
+    def check(which, pos, byte, cut):
+        d = tmp_path_factory.mktemp("m")
+        prefix = d / "model.ckpt"
+        idx, dat = bytearray(index), bytearray(data)
+        target = idx if which == "index" else dat
+        p = pos % len(target)
+        if cut:
+            del target[p:]
+        else:
+            target[p] = byte
+        Path(f"{prefix}.index").write_bytes(bytes(idx))
+        Path(f"{prefix}.data-00000-of-00001").write_bytes(bytes(dat))
+        try:
+            import_model([Path(f"{prefix}.index")])
+        except InputError as exc:
+            assert "\n" not in exc.line()
+
+    check()
