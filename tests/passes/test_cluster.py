@@ -123,3 +123,18 @@ def test_pass_records_metadata_and_overrides_by_op_type(build, run_ort):
     assert rows["W2"]["codebook_size"] <= 4 and rows["W2"]["snr_db"] > 0
     x = rng.standard_normal((1, 2, 6, 6)).astype(np.float32)
     assert run_ort(model, {"x": x})["y"].shape == (1, 6)  # still a plain, runnable ONNX model
+
+
+def test_fp16_histogram_matches_numpy_float16_rounding():
+    from mconv.passes.cluster import _fp16_histogram
+
+    rng = np.random.default_rng(7)
+    s = np.sort(np.concatenate([rng.standard_t(3, 200_000) * 0.02, [0.0, -0.0, 1e-9, 70000.0]]).astype(np.float32))
+    values, counts = _fp16_histogram(s)
+    with np.errstate(over="ignore"):
+        h = s.astype(np.float16)
+    h = h[np.isfinite(h)].astype(np.float64)  # 70000 overflows float16: numpy gives inf
+    want_values, want_counts = np.unique(h, return_counts=True)
+    n = want_values.size
+    np.testing.assert_array_equal(values[:n], want_values)
+    np.testing.assert_array_equal(counts[:n], want_counts)
