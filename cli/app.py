@@ -182,6 +182,11 @@ def optimize_cmd(
         written = _save_model(model, output, format)
         after = model_stats(model)
         render_pass_reports(out, reports)
+        from mconv.account import predicted_account
+
+        account = predicted_account(model)
+        if account:  # what export will store, predicted before encoding (the paper's Table 4)
+            render_byte_account(out, {"account": account}, title="weight storage at export (predicted)")
         out.print(
             f"wrote {output}: {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} "
             f"({before.bytes / max(after.bytes, 1):.1f}x)"
@@ -193,6 +198,7 @@ def optimize_cmd(
                 "bytes_before": before.bytes,
                 "bytes_after": after.bytes,
                 "passes": [r.as_dict() for r in reports],
+                "account": account,
             }
         )
         return 0
@@ -318,13 +324,13 @@ def export_cmd(
     run_command(out, body)
 
 
-def render_byte_account(out: Out, manifest: dict) -> None:
+def render_byte_account(out: Out, manifest: dict, title: str = "weight storage (per tensor)") -> None:
     """The per-layer byte account (the Deep Compression paper's Table 4) when the manifest has one."""
     account = manifest.get("account")
     if not out.show or not account:
         return
     rows = account.get("layers", [])
-    table = Table(title="weight storage (per tensor)", title_justify="left")
+    table = Table(title=title, title_justify="left")
     for col in (
         "tensor",
         "codec",

@@ -145,3 +145,55 @@ def byte_account(
     }
     total["compression"] = total["original_bytes"] / max(total["bytes"], 1)
     return {"layers": layers, "total": total}
+
+
+def predicted_account(model) -> dict | None:
+    """The byte account an export of ``model`` would have, predicted without encoding (rule 4).
+
+    4. For ``mconv optimize``'s report: every initializer gets the spec export would choose
+       (:func:`mconv.container.choose_codec`) and its predicted size; ``bytes`` is that
+       prediction. ``None`` when no tensor carries compression facts (nothing to account for
+       beyond raw/fp16 sizes).
+    """
+    from mconv.container import choose_codec
+
+    meta = dict(model.metadata_props)
+    if COMPRESSION_KEY not in meta:
+        return None
+    layers = []
+    for name, value in model.graph.initializers.items():
+        if value.const_value is None:
+            continue
+        a = value.const_value.numpy()
+        if a.dtype.kind != "f" or a.ndim == 0:
+            continue
+        spec = choose_codec(a, meta, name)
+        if spec.get("codec") in ("raw", "fp16"):
+            predicted = a.size * (2 if spec["codec"] == "fp16" else a.dtype.itemsize)
+        else:
+            predicted = predict(TensorStats.of(a), spec)
+        record = {**spec, "codec": spec.get("codec", "raw")}
+        layers.append(
+            {
+                "name": name,
+                "codec": codec_label(record),
+                "kept": float(np.count_nonzero(a)) / max(a.size, 1),
+                "elements": int(a.size),
+                "weight_bits": _weight_bits(record, a.dtype.itemsize),
+                "index_bits": spec.get("index_bits"),
+                "codebook_bytes": None,
+                "bytes": int(predicted),
+                "original_bytes": int(a.nbytes),
+                "predicted_bytes": int(predicted),
+            }
+        )
+    elements = sum(r["elements"] for r in layers)
+    total = {
+        "kept": sum(r["kept"] * r["elements"] for r in layers) / max(elements, 1),
+        "elements": elements,
+        "bytes": sum(r["bytes"] for r in layers),
+        "original_bytes": sum(r["original_bytes"] for r in layers),
+        "predicted_bytes": sum(r["predicted_bytes"] for r in layers),
+    }
+    total["compression"] = total["original_bytes"] / max(total["bytes"], 1)
+    return {"layers": layers, "total": total, "predicted": True}

@@ -239,3 +239,25 @@ def test_demo_runs_and_reports(tmp_path):
     assert doc["passed"] is True
     assert doc["accuracy_candidate"] >= 0.9
     assert doc["bytes_after"] < doc["bytes_before"]
+
+
+def test_optimize_predicts_the_byte_account_that_export_then_stores(tmp_path):
+    m = small_cnn(tmp_path / "m.onnx")
+    r = mconv(
+        "optimize",
+        str(m),
+        "--passes",
+        "prune(sparsity=0.5),cluster(bits=4)",
+        "-o",
+        str(tmp_path / "o.onnx"),
+        "--json",
+    )
+    assert r.returncode == 0, r.stderr
+    predicted = json.loads(r.stdout)["account"]
+    r = mconv("export", str(tmp_path / "o.onnx"), "-o", str(tmp_path / "b"), "--json")
+    assert r.returncode == 0, r.stderr
+    stored = json.loads(r.stdout)["account"]
+    assert {x["name"]: x["bytes"] for x in predicted["layers"]} == {
+        x["name"]: x["bytes"] for x in stored["layers"]
+    }
+    assert predicted["total"]["bytes"] == stored["total"]["bytes"]
