@@ -76,8 +76,8 @@ def is_torchscript_archive(path: Path) -> bool:
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return False
+    except (zipfile.BadZipFile, OSError, UnicodeDecodeError, NotImplementedError, ValueError):
+        return False  # a damaged directory (undecodable names, unknown zip version): not ours
     return any("/code/" in n for n in names) and any(n.endswith("/constants.pkl") for n in names)
 
 

@@ -107,3 +107,38 @@ def test_mutated_files_import_or_raise_one_input_error(tmp_path_factory, fmt, su
             assert "\n" not in exc.line()
 
     check()
+
+
+def test_mutated_torchscript_archives_import_or_raise_one_input_error(tmp_path_factory):
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return torch.relu(self.fc(x))
+
+    base = tmp_path_factory.mktemp("torch")
+    torch.jit.save(torch.jit.script(Tiny()), base / "m.pt")
+    data = (base / "m.pt").read_bytes()
+    options = {"input_shapes": {"x": [1, 4]}}
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(cut=st.booleans(), pos=st.integers(0, 10**6), byte=st.integers(1, 255))
+    def check(cut, pos, byte):
+        b = bytearray(data)
+        p = pos % len(b)
+        if cut:
+            del b[p:]
+        else:
+            b[p] ^= byte
+        path = tmp_path_factory.mktemp("m") / "mutant.pt"
+        path.write_bytes(bytes(b))
+        try:
+            import_model([path], options=options)
+        except InputError as exc:
+            assert "\n" not in exc.line()
+
+    check()
