@@ -61,14 +61,32 @@ class Out:
         if not self.show:
             yield noop
             return
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
-                      TimeElapsedColumn(), console=err_console, transient=True) as prog:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        ) as prog:
             task = prog.add_task(description, total=total, info="")
 
-            def update(description: str | None = None, completed: float | None = None,
-                       total: float | None = None, info: str | None = None) -> None:
-                kw = {k: v for k, v in (("description", description), ("completed", completed),
-                                        ("total", total), ("info", info)) if v is not None}
+            def update(
+                description: str | None = None,
+                completed: float | None = None,
+                total: float | None = None,
+                info: str | None = None,
+            ) -> None:
+                kw = {
+                    k: v
+                    for k, v in (
+                        ("description", description),
+                        ("completed", completed),
+                        ("total", total),
+                        ("info", info),
+                    )
+                    if v is not None
+                }
                 prog.update(task, **kw)
 
             update.advance = lambda n=1: prog.update(task, advance=n)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx_ir as ir
-
 from mconv.errors import InputError
 from mconv.fileio import require_file, sha256_file
 
@@ -94,17 +93,21 @@ def detect(path: Path) -> Format:
             return fmt
     if by_ext:
         return by_ext[0]
-    raise InputError("cannot tell the model format from the extension or the first bytes",
-                     path=str(path), where=f"first bytes {head[:8]!r}",
-                     hint=f"pass --format (one of: {', '.join(sorted(reg))})")
+    raise InputError(
+        "cannot tell the model format from the extension or the first bytes",
+        path=str(path),
+        where=f"first bytes {head[:8]!r}",
+        hint=f"pass --format (one of: {', '.join(sorted(reg))})",
+    )
 
 
 def _is_torch_spec(text: str) -> bool:
     return bool(re.match(r"^[\w.]+:\w+$", text)) and not Path(text).exists()
 
 
-def import_model(paths: Sequence[str | Path], format: str | None = None,
-                 options: dict | None = None) -> ir.Model:
+def import_model(
+    paths: Sequence[str | Path], format: str | None = None, options: dict | None = None
+) -> ir.Model:
     """Read one model from one or more files into the IR."""
     files = [Path(p) for p in paths]
     if not files:
@@ -125,15 +128,24 @@ def import_model(paths: Sequence[str | Path], format: str | None = None,
         else:
             # Split formats (Caffe prototxt + caffemodel, Keras JSON + HDF5): the format whose
             # loader takes several files and whose extensions cover them all wins.
-            multi = [f for f in registry().values() if f.max_files >= len(files)
-                     and all(any(p.name.lower().endswith(e) for e in f.extensions) for p in files)]
+            multi = [
+                f
+                for f in registry().values()
+                if f.max_files >= len(files)
+                and all(any(p.name.lower().endswith(e) for e in f.extensions) for p in files)
+            ]
             if len(multi) != 1:
-                raise InputError(f"files look like different formats ({', '.join(sorted(kinds))})",
-                                 path=", ".join(map(str, files)), hint="pass --format")
+                raise InputError(
+                    f"files look like different formats ({', '.join(sorted(kinds))})",
+                    path=", ".join(map(str, files)),
+                    hint="pass --format",
+                )
             fmt = multi[0]
     if len(files) > fmt.max_files:
-        raise InputError(f"format '{fmt.name}' takes at most {fmt.max_files} file(s), got {len(files)}",
-                         hint="give only the model file(s) of one model")
+        raise InputError(
+            f"format '{fmt.name}' takes at most {fmt.max_files} file(s), got {len(files)}",
+            hint="give only the model file(s) of one model",
+        )
     if fmt.load is None:
         raise InputError(f"format '{fmt.name}' cannot be imported, only exported")
     model = fmt.load(files, dict(options or {}))

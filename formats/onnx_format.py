@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx_ir as ir
-
 from mconv.formats import Format
 from mconv.irio import load_onnx, save_onnx
 
@@ -23,5 +22,11 @@ def _sniff(head: bytes, path: Path) -> bool:
     return len(head) > 2 and head[0] == 0x08 and head[1] < 0x20
 
 
-FORMAT = Format(name="onnx", description="ONNX model (.onnx, external data supported)",
-                extensions=(".onnx",), load=_load, save=_save, sniff=_sniff)
+FORMAT = Format(
+    name="onnx",
+    description="ONNX model (.onnx, external data supported)",
+    extensions=(".onnx",),
+    load=_load,
+    save=_save,
+    sniff=_sniff,
+)

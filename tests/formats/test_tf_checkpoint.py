@@ -396,8 +396,12 @@ def test_mutated_checkpoints_import_or_fail_with_one_input_error(tmp_path_factor
     data = Path(f"{base}.data-00000-of-00001").read_bytes()
 
     @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(which=st.sampled_from(["index", "data"]), pos=st.integers(0, 10**6), byte=st.integers(0, 255),
-           cut=st.booleans())
+    @given(
+        which=st.sampled_from(["index", "data"]),
+        pos=st.integers(0, 10**6),
+        byte=st.integers(0, 255),
+        cut=st.booleans(),
+    )
     def check(which, pos, byte, cut):
         d = tmp_path_factory.mktemp("m")
         prefix = d / "model.ckpt"

@@ -129,7 +129,9 @@ def test_fp16_histogram_matches_numpy_float16_rounding():
     from mconv.passes.cluster import _fp16_histogram
 
     rng = np.random.default_rng(7)
-    s = np.sort(np.concatenate([rng.standard_t(3, 200_000) * 0.02, [0.0, -0.0, 1e-9, 70000.0]]).astype(np.float32))
+    s = np.sort(
+        np.concatenate([rng.standard_t(3, 200_000) * 0.02, [0.0, -0.0, 1e-9, 70000.0]]).astype(np.float32)
+    )
     values, counts = _fp16_histogram(s)
     with np.errstate(over="ignore"):
         h = s.astype(np.float16)
