@@ -106,6 +106,10 @@ _FAMILIES = (
     "shape",
     "recurrent",
     "misc",
+    "controlflow",
+    "indexing",
+    "signal",
+    "sampling",
 )
 
 for _family in _FAMILIES:

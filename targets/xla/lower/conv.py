@@ -1,4 +1,4 @@
-"""Convolution: Conv and ConvTranspose as ``lax.conv_general_dilated``.
+"""Convolution: Conv, ConvTranspose, ConvInteger and QLinearConv as ``lax.conv_general_dilated``.
 
 Rules:
 
@@ -9,11 +9,19 @@ Rules:
    in/out channels swapped per group; padding (k-1)*d - pad_begin and (k-1)*d - pad_end +
    output_padding. An ``output_shape`` attribute fixes the total padding; the odd pad goes to
    the start unless auto_pad is SAME_UPPER (as ONNX Runtime does).
+4. ConvInteger and QLinearConv convolve the codes minus their zero points (per output channel
+   for the weights) with an int32 accumulator; QLinearConv adds its int32 bias and requantizes
+   like QLinearMatMul.
+5. Col2Im (static image and block shapes) scatter-adds each kernel tap's strided slice onto the
+   padded canvas and crops the pads.
+6. DeformConv (2-D) samples each tap bilinearly at its (traced) offset, zero outside the
+   input, scaled by the optional mask, then multiplies with the weights per group.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from mconv.targets.xla.lower import lower
 
@@ -122,3 +130,146 @@ def conv_transpose(inputs, attrs, ctx):
         feature_group_count=group,
     )
     return (_bias(y, b),)
+
+
+def _int_minus(x, zp, shape=None):
+    x = jnp.asarray(x).astype(jnp.int32)
+    if zp is None:
+        return x
+    zp = jnp.asarray(zp).astype(jnp.int32)
+    if shape is not None and zp.size > 1:
+        zp = zp.reshape(shape)
+    return x - zp
+
+
+def _int_conv(x, w, attrs):
+    """The int32 accumulator of a convolution of integer codes (zero points already removed)."""
+    r = w.ndim - 2
+    kernel = list(attrs.get("kernel_shape", w.shape[2:]))
+    strides = list(attrs.get("strides", [1] * r))
+    dilations = list(attrs.get("dilations", [1] * r))
+    pads = conv_pads(attrs, list(x.shape[2:]), kernel, strides, dilations)
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=strides,
+        padding=pads,
+        rhs_dilation=dilations,
+        feature_group_count=int(attrs.get("group", 1)),
+        preferred_element_type=jnp.int32,
+    )
+
+
+@lower("ConvInteger")
+def conv_integer(inputs, attrs, ctx):
+    x, w = inputs[0], inputs[1]
+    x_zp = inputs[2] if len(inputs) > 2 else None
+    w_zp = inputs[3] if len(inputs) > 3 else None
+    per_oc = (-1,) + (1,) * (jnp.ndim(w) - 1)
+    return (_int_conv(_int_minus(x, x_zp), _int_minus(w, w_zp, per_oc), attrs),)
+
+
+@lower("QLinearConv")
+def qlinear_conv(inputs, attrs, ctx):
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = inputs[:8]
+    bias = inputs[8] if len(inputs) > 8 else None
+    per_oc = (-1,) + (1,) * (jnp.ndim(w) - 1)
+    acc = _int_conv(_int_minus(x, x_zp), _int_minus(w, w_zp, per_oc), attrs)
+    if bias is not None:
+        acc = acc + jnp.asarray(bias).astype(jnp.int32).reshape(1, -1, *([1] * (acc.ndim - 2)))
+    ws = jnp.asarray(w_s).astype(jnp.float32)
+    if ws.size > 1:
+        ws = ws.reshape(1, -1, *([1] * (acc.ndim - 2)))
+    scale = jnp.asarray(x_s).astype(jnp.float32) * ws / jnp.asarray(y_s).astype(jnp.float32)
+    out_dtype = jnp.asarray(y_zp).dtype
+    info = jnp.iinfo(out_dtype)
+    y = jnp.round(acc.astype(jnp.float32) * scale) + jnp.asarray(y_zp).astype(jnp.float32)
+    return (jnp.clip(y, info.min, info.max).astype(out_dtype),)
+
+
+@lower("Col2Im", static=(1, 2))
+def col2im(inputs, attrs, ctx):
+    """Scatter-add the ``(N, C*prod(block), L)`` columns onto the padded image, then crop."""
+    import itertools
+    import math
+
+    x = jnp.asarray(inputs[0])
+    image = [int(v) for v in np.asarray(inputs[1]).reshape(-1)]
+    block = [int(v) for v in np.asarray(inputs[2]).reshape(-1)]
+    r = len(image)
+    strides = list(attrs.get("strides", [1] * r))
+    dilations = list(attrs.get("dilations", [1] * r))
+    pads = conv_pads(attrs, image, block, strides, dilations)
+    canvas = [i + b + e for i, (b, e) in zip(image, pads)]
+    out = [(c - ((k - 1) * d + 1)) // s + 1 for c, k, d, s in zip(canvas, block, dilations, strides)]
+    n, ck, length = x.shape
+    if length != math.prod(out):
+        raise ValueError(f"Col2Im: {length} blocks given, image and block shapes imply {math.prod(out)}")
+    c = ck // math.prod(block)
+    cols = x.reshape((n, c, *block, *out))
+    y = jnp.zeros((n, c, *canvas), x.dtype)
+    for tap in itertools.product(*(range(k) for k in block)):
+        sl = tuple(
+            slice(t * d, t * d + (o - 1) * s + 1, s) for t, d, o, s in zip(tap, dilations, out, strides)
+        )
+        y = y.at[(slice(None), slice(None), *sl)].add(cols[(slice(None), slice(None), *tap)])
+    crop = tuple(slice(b, b + i) for i, (b, _) in zip(image, pads))
+    return (y[(slice(None), slice(None), *crop)],)
+
+
+@lower("DeformConv")
+def deform_conv(inputs, attrs, ctx):
+    """2-D deformable convolution: each tap samples X bilinearly at its offset (zero outside),
+    then one grouped product with the weights (the reference executor's formulation)."""
+    x, w, offset = jnp.asarray(inputs[0]), jnp.asarray(inputs[1]), jnp.asarray(inputs[2])
+    b = inputs[3] if len(inputs) > 3 else None
+    mask = inputs[4] if len(inputs) > 4 else None
+    if x.ndim != 4:
+        raise NotImplementedError("DeformConv other than 2-D")
+    group = int(attrs.get("group", 1))
+    og = int(attrs.get("offset_group", 1))
+    kh, kw = (int(k) for k in attrs.get("kernel_shape", w.shape[2:]))
+    strides = list(attrs.get("strides", [1, 1]))
+    dilations = list(attrs.get("dilations", [1, 1]))
+    n, c, h, wd = x.shape
+    pads = conv_pads(attrs, [h, wd], [kh, kw], strides, dilations)
+    oh, ow = (
+        (size + pb + pe - ((k - 1) * d + 1)) // s + 1
+        for size, (pb, pe), k, d, s in zip((h, wd), pads, (kh, kw), dilations, strides)
+    )
+    taps = kh * kw
+    dt = jnp.result_type(x.dtype, offset.dtype)
+    off = offset.reshape(n, og, taps, 2, oh, ow).astype(dt)
+    msk = (
+        jnp.ones((n, og, taps, oh, ow), dt)
+        if mask is None
+        else jnp.asarray(mask).reshape(n, og, taps, oh, ow)
+    )
+    ky, kx = np.meshgrid(np.arange(kh), np.arange(kw), indexing="ij")
+    base_y = (np.arange(oh) * strides[0] - pads[0][0])[None, :, None] + (ky.reshape(-1) * dilations[0])[
+        :, None, None
+    ]
+    base_x = (np.arange(ow) * strides[1] - pads[1][0])[None, None, :] + (kx.reshape(-1) * dilations[1])[
+        :, None, None
+    ]
+    py = base_y[None, None] + off[:, :, :, 0]  # (n, og, taps, oh, ow)
+    px = base_x[None, None] + off[:, :, :, 1]
+    y0, x0 = jnp.floor(py).astype(jnp.int32), jnp.floor(px).astype(jnp.int32)
+    fy, fx = py - y0, px - x0
+    cpg = c // og
+    xr = x.reshape(n, og, cpg, h * wd).astype(dt)
+    samples = jnp.zeros((n, og, cpg, taps, oh, ow), dt)
+    for dy, dx in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        yy, xx = y0 + dy, x0 + dx
+        wgt = (fy if dy else 1 - fy) * (fx if dx else 1 - fx)
+        valid = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < wd)
+        idx = jnp.where(valid, yy * wd + xx, 0).reshape(n, og, 1, -1)
+        vals = jnp.take_along_axis(xr, jnp.broadcast_to(idx, (n, og, cpg, idx.shape[-1])), axis=3)
+        samples = samples + vals.reshape(n, og, cpg, taps, oh, ow) * (wgt * valid * msk)[:, :, None]
+    cols = samples.reshape(n, group, (c // group) * taps, oh * ow)
+    m = w.shape[0]
+    y = jnp.matmul(w.reshape(group, m // group, -1)[None].astype(dt), cols, precision=lax.Precision.HIGHEST)
+    y = y.reshape(n, m, oh, ow)
+    if b is not None:
+        y = y + jnp.asarray(b).reshape(1, m, 1, 1)
+    return (y.astype(x.dtype),)

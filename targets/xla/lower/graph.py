@@ -13,7 +13,12 @@ Rules:
 4. Nodes are lowered in graph order (ONNX requires topological order). A node whose inputs are
    all static is evaluated with numpy; any other node needs a lowering rule.
 5. Before anything is traced, every node that cannot be lowered is collected, and one
-   :class:`mconv.errors.UnsupportedError` names them all (name and op type).
+   :class:`mconv.errors.UnsupportedError` names them all (name and op type), nodes of
+   subgraphs (If/Loop/Scan bodies) included.
+6. A node that owns a subgraph is never folded with numpy (its body may read traced outer
+   values); its rule lowers the body with :func:`lower_subgraph`, which sees the enclosing
+   values by name (outer scope). Static values a body's rules need are collected like the main
+   graph's: outer-scope values are the same ``ir.Value`` objects.
 """
 
 from __future__ import annotations
@@ -47,11 +52,31 @@ def _is_weight_dtype(arr: np.ndarray) -> bool:
     return arr.dtype.kind == "f" or arr.dtype in _ARG_INT_DTYPES
 
 
+def _subgraphs(node: ir.Node) -> list[ir.Graph]:
+    graphs: list[ir.Graph] = []
+    for attr in node.attributes.values():
+        if attr.is_ref():
+            continue
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs.append(attr.value)
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs.extend(attr.value)
+    return graphs
+
+
+def _all_nodes(graph: ir.Graph):
+    """Every node of ``graph`` and, recursively, of its nodes' subgraphs."""
+    for node in graph:
+        yield node
+        for sub in _subgraphs(node):
+            yield from _all_nodes(sub)
+
+
 def _static_needs(graph: ir.Graph) -> set[str]:
     """Names of values that some rule needs as static values, closed over their producers."""
     needed: set[str] = set()
     stack: list[ir.Value] = []
-    for node in graph:
+    for node in _all_nodes(graph):
         rule = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         if rule is None:
             continue
@@ -78,16 +103,23 @@ def _check_supported(graph: ir.Graph, static_init: set[str], needed: set[str]) -
     static: set[str] = set(static_init)
     bad: list[tuple[str, str]] = []
     not_static: list[tuple[str, str]] = []
-    for node in graph:
-        ins = [v for v in node.inputs if v is not None]
-        rule = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-        all_static = all(v.name in static for v in ins) and node.op_type not in _NEVER_FOLD
-        if all_static or (rule is not None and rule.shape_only):
-            static.update(o.name for o in node.outputs)
-        elif rule is None:
-            bad.append(
-                (node.name or "<unnamed>", f"{node.domain + '::' if node.domain else ''}{node.op_type}")
-            )
+
+    def visit(g: ir.Graph) -> None:
+        for node in g:
+            ins = [v for v in node.inputs if v is not None]
+            rule = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            subs = _subgraphs(node)
+            all_static = not subs and all(v.name in static for v in ins) and node.op_type not in _NEVER_FOLD
+            if all_static or (rule is not None and rule.shape_only):
+                static.update(o.name for o in node.outputs)
+            elif rule is None:
+                bad.append(
+                    (node.name or "<unnamed>", f"{node.domain + '::' if node.domain else ''}{node.op_type}")
+                )
+            for sub in subs:
+                visit(sub)
+
+    visit(graph)
     for node in graph:
         for o in node.outputs:
             if o.name in needed and o.name not in static:
@@ -159,6 +191,18 @@ class LoweredGraph:
 
 def run_graph(graph: ir.Graph, env: dict, opset: int, declared_batch: int | None, batch_dim: Any) -> None:
     """Lower every node of ``graph`` in order, reading and writing values in ``env``."""
+
+    def lower_subgraph(sub: ir.Graph, inputs: list, scope: Mapping[str, Any]) -> list:
+        """Lower ``sub`` with positional ``inputs``; ``scope`` (the enclosing values) is visible."""
+        inner: dict[str, Any] = dict(scope)
+        for name, value in sub.initializers.items():
+            if value.const_value is not None:
+                inner[name] = value.const_value.numpy()
+        for v, x in zip(sub.inputs, inputs):
+            inner[v.name] = x
+        run_graph(sub, inner, opset, declared_batch, batch_dim)
+        return [inner[v.name] for v in sub.outputs]
+
     for node in graph:
         ctx = LowerContext(
             opset=opset,
@@ -166,6 +210,8 @@ def run_graph(graph: ir.Graph, env: dict, opset: int, declared_batch: int | None
             num_outputs=len(node.outputs),
             declared_batch=declared_batch,
             batch_dim=batch_dim,
+            lower_subgraph=lower_subgraph,
+            scope=env,
         )
         outs = lower_node(node, [env[v.name] if v is not None else None for v in node.inputs], ctx)
         for o, val in zip(node.outputs, outs):
@@ -178,7 +224,9 @@ def lower_node(node: ir.Node, inputs: list, ctx: LowerContext) -> list:
 
     attrs = _attrs(node)
     rule = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
-    all_static = all(is_static(x) for x in inputs) and node.op_type not in _NEVER_FOLD
+    all_static = (
+        all(is_static(x) for x in inputs) and node.op_type not in _NEVER_FOLD and not _subgraphs(node)
+    )
     try:
         if all_static and not any(isinstance(x, np.ndarray) and x.dtype == object for x in inputs):
             if node.op_type == "Constant" or rule is None or not rule.shape_only:

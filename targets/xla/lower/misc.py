@@ -8,12 +8,18 @@ Rules:
    block when ``block_size`` is set; the result has the scale's type.
 3. QuantizeLinear rounds half to even and saturates to the zero point's integer type (uint8
    when absent).
+4. DynamicQuantizeLinear: uint8 with the range [min(0, x.min()), max(0, x.max())] over 255
+   steps (scale 1 for an all-zero input). MatMulInteger accumulates in int32.
+5. EyeLike reads only its input's (static) shape; BitCast between types of one width is
+   ``lax.bitcast_convert_type``; Det is ``jnp.linalg.det``.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
+import onnx
+from jax import lax
 from mconv.targets.xla.lower import is_static, lower
 
 
@@ -88,3 +94,84 @@ def one_hot(inputs, attrs, ctx):
     hot = jnp.moveaxis(idx[..., None] == jnp.arange(n), -1, axis if axis >= 0 else idx.ndim + 1 + axis)
     values = jnp.asarray(values)
     return (jnp.where(hot, values[1], values[0]),)
+
+
+def _onnx_dtype(code: int) -> np.dtype:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(code)))
+
+
+@lower("EyeLike", shape_only=True)
+def eye_like(inputs, attrs, ctx):
+    x = inputs[0]
+    dtype = _onnx_dtype(attrs["dtype"]) if "dtype" in attrs else np.dtype(x.dtype)
+    n, m = x.shape
+    xp = np if isinstance(n, (int, np.integer)) and isinstance(m, (int, np.integer)) else jnp
+    return (xp.eye(n, m, k=int(attrs.get("k", 0)), dtype=dtype),)
+
+
+@lower("BitShift")
+def bit_shift(inputs, attrs, ctx):
+    x = jnp.asarray(inputs[0])
+    y = jnp.asarray(inputs[1]).astype(x.dtype)
+    if attrs["direction"] == "LEFT":
+        return (jnp.left_shift(x, y),)
+    return (jnp.right_shift(x, y),)
+
+
+@lower("BitCast")
+def bit_cast(inputs, attrs, ctx):
+    x = jnp.asarray(inputs[0])
+    to = _onnx_dtype(attrs["to"])
+    if to.itemsize != x.dtype.itemsize:
+        raise NotImplementedError("BitCast between types of different widths")
+    return (lax.bitcast_convert_type(x, to),)
+
+
+@lower("Det")
+def det(inputs, attrs, ctx):
+    return (jnp.linalg.det(inputs[0]),)
+
+
+@lower("DynamicQuantizeLinear")
+def dynamic_quantize_linear(inputs, attrs, ctx):
+    x = jnp.asarray(inputs[0]).astype(jnp.float32)
+    lo = jnp.minimum(0.0, jnp.min(x))
+    hi = jnp.maximum(0.0, jnp.max(x))
+    scale = jnp.where(hi != lo, (hi - lo) / 255.0, 1.0).astype(jnp.float32)
+    zp = jnp.clip(jnp.round(0.0 - lo / scale), 0, 255)
+    y = jnp.clip(jnp.round(x / scale) + zp, 0, 255).astype(jnp.uint8)
+    return y, scale, zp.astype(jnp.uint8)
+
+
+def _int_minus(x, zp):
+    x = jnp.asarray(x).astype(jnp.int32)
+    return x if zp is None else x - jnp.asarray(zp).astype(jnp.int32)
+
+
+@lower("MatMulInteger")
+def matmul_integer(inputs, attrs, ctx):
+    a, b = inputs[0], inputs[1]
+    a_zp = inputs[2] if len(inputs) > 2 else None
+    b_zp = inputs[3] if len(inputs) > 3 else None
+    if a_zp is not None and np.ndim(a_zp) == 1 and np.size(a_zp) > 1:  # per-row zero point of A
+        a_zp = jnp.asarray(a_zp).reshape(-1, 1)
+    return (jnp.matmul(_int_minus(a, a_zp), _int_minus(b, b_zp), preferred_element_type=jnp.int32),)
+
+
+@lower("TensorScatter")
+def tensor_scatter(inputs, attrs, ctx):
+    cache, update = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
+    idx = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
+    axis = int(attrs.get("axis", -2)) % cache.ndim
+    if axis == 0:
+        raise NotImplementedError("TensorScatter along the batch axis")
+    length, steps = cache.shape[axis], update.shape[axis]
+    start = jnp.zeros(cache.shape[0], jnp.int32) if idx is None else jnp.asarray(idx).astype(jnp.int32)
+    pos = start[:, None] + jnp.arange(steps, dtype=jnp.int32)[None, :]  # (batch, steps)
+    if attrs.get("mode", "linear") == "circular":
+        pos = pos % length
+    shape = [1] * cache.ndim
+    shape[0], shape[axis] = cache.shape[0], steps
+    grid = list(np.indices(update.shape, sparse=True))
+    grid[axis] = pos.reshape(shape)
+    return (cache.at[tuple(grid)].set(update.astype(cache.dtype)),)

@@ -9,6 +9,10 @@ Rules:
    ``count_include_pad`` the explicit pads count, otherwise only input cells (the ceil-mode
    extra never counts), as ONNX Runtime does.
 3. MaxPool's optional Indices output is not lowered.
+4. MaxUnpool scatters X into zeros at its flat Indices over the inferred shape
+   ``(in-1)*s + k - pad_begin - pad_end`` (the reference executor's reading); a static
+   ``output_shape`` crops or zero-pads that at the end of each axis.
+5. MaxRoiPool (Caffe): each (RoI, bin) is a masked max over the image; RoIs may be traced.
 """
 
 from __future__ import annotations
@@ -120,3 +124,53 @@ def global_average_pool(inputs, attrs, ctx):
 def global_lp_pool(inputs, attrs, ctx):
     x, p = inputs[0], float(attrs.get("p", 2))
     return (jnp.sum(jnp.abs(x) ** p, axis=_spatial(x), keepdims=True) ** (1.0 / p),)
+
+
+@lower("MaxUnpool", static=(2,))
+def max_unpool(inputs, attrs, ctx):
+    x, idx = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
+    out_shape = inputs[2] if len(inputs) > 2 else None
+    nsp = x.ndim - 2
+    kernel = [int(k) for k in attrs["kernel_shape"]]
+    strides = [int(s) for s in attrs.get("strides", [1] * nsp)]
+    pads = [int(p) for p in attrs.get("pads", [0] * (2 * nsp))]
+    spatial = [
+        (i - 1) * s + k - pads[a] - pads[a + nsp]
+        for a, (i, s, k) in enumerate(zip(x.shape[2:], strides, kernel))
+    ]
+    inferred = (*x.shape[:2], *spatial)
+    y = jnp.zeros(math.prod(inferred), x.dtype).at[idx.reshape(-1)].set(x.reshape(-1)).reshape(inferred)
+    if out_shape is None:
+        return (y,)
+    shape = [int(v) for v in np.asarray(out_shape).reshape(-1)]
+    y = y[tuple(slice(0, min(a, b)) for a, b in zip(inferred, shape))]
+    return (jnp.pad(y, [(0, b - a) for a, b in zip(y.shape, shape)]),)
+
+
+@lower("MaxRoiPool")
+def max_roi_pool(inputs, attrs, ctx):
+    """Caffe RoI max pooling as a masked max over the image per (RoI, bin); empty bins give 0."""
+    x, rois = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
+    ph_n, pw_n = (int(v) for v in attrs["pooled_shape"])
+    scale = float(attrs.get("spatial_scale", 1.0))
+    _, c, h, w = x.shape
+    v = rois[:, 1:5].astype(jnp.float32) * scale
+    # C roundf: halves round away from zero.
+    x1, y1, x2, y2 = (jnp.sign(v[:, k]) * jnp.floor(jnp.abs(v[:, k]) + 0.5) for k in range(4))
+    rh, rw = jnp.maximum(y2 - y1 + 1, 1), jnp.maximum(x2 - x1 + 1, 1)
+    bh, bw = rh / ph_n, rw / pw_n
+
+    def bins(n_bins, size, start, step):
+        k = jnp.arange(n_bins, dtype=jnp.float32)[None, :]
+        lo = jnp.clip(jnp.floor(k * step[:, None]) + start[:, None], 0, size)
+        hi = jnp.clip(jnp.ceil((k + 1) * step[:, None]) + start[:, None], 0, size)
+        pos = jnp.arange(size, dtype=jnp.float32)[None, None, :]
+        return (pos >= lo[..., None]) & (pos < hi[..., None])  # (R, bins, size)
+
+    my = bins(ph_n, h, y1, bh)
+    mx = bins(pw_n, w, x1, bw)
+    img = x[rois[:, 0].astype(jnp.int32)]  # (R, C, H, W)
+    m = my[:, :, None, :, None] & mx[:, None, :, None, :]  # (R, PH, PW, H, W)
+    vals = jnp.where(m[:, None], img[:, :, None, None], -jnp.inf)
+    y = vals.max(axis=(-2, -1))
+    return (jnp.where(jnp.isneginf(y), 0, y).astype(x.dtype),)

@@ -6,7 +6,8 @@ Rules:
    the static second input; no axes reduce everything unless ``noop_with_empty_axes``.
 2. ``keepdims`` defaults to 1. ArgMax/ArgMin give int64, first index unless
    ``select_last_index``.
-3. TopK needs k static; ties keep the lower index first (lax.top_k's order).
+3. CumProd (like CumSum) needs its axis static; exclusive shifts in a 1.
+4. TopK needs k static; ties keep the lower index first (lax.top_k's order).
 """
 
 from __future__ import annotations
@@ -85,6 +86,24 @@ def cumsum(inputs, attrs, ctx):
     y = jnp.cumsum(x, axis=axis)
     if attrs.get("exclusive", 0):
         y = y - x
+    if attrs.get("reverse", 0):
+        y = jnp.flip(y, axis=axis)
+    return (y,)
+
+
+@lower("CumProd", static=(1,))
+def cumprod(inputs, attrs, ctx):
+    x = inputs[0]
+    axis = int(np.asarray(inputs[1]).reshape(-1)[0])
+    axis = axis + x.ndim if axis < 0 else axis
+    if attrs.get("reverse", 0):
+        x = jnp.flip(x, axis=axis)
+    if attrs.get("exclusive", 0):
+        # Shift by one step (a leading 1) instead of dividing: exact when x holds zeros.
+        pads = [(0, 0, 0)] * x.ndim
+        pads[axis] = (1, -1, 0)
+        x = lax.pad(x, jnp.ones((), x.dtype), pads)
+    y = jnp.cumprod(x, axis=axis)
     if attrs.get("reverse", 0):
         y = jnp.flip(y, axis=axis)
     return (y,)

@@ -13,7 +13,12 @@ Rules:
    arrays that the shape ops here (and elementwise arithmetic) evaluate with numpy.
 4. Resize lowers ``nearest`` and ``linear`` (no antialias) separably, one gather per resized
    axis, with coordinates computed at export time (coordinate modes half_pixel,
-   pytorch_half_pixel, align_corners, asymmetric); cubic and tf_crop_and_resize are refused.
+   pytorch_half_pixel, align_corners, asymmetric); ``cubic`` is one dense (out x in) weight
+   matrix per resized axis, built at export time from the 4-tap kernel (``cubic_coeff_a``,
+   edge-clamped taps, or dropped and renormalized with ``exclude_outside``);
+   tf_crop_and_resize is refused.
+5. ReverseSequence reverses each batch row's first ``sequence_lens[b]`` steps with one gather
+   (the lengths may be traced). CenterCropPad's shape input is static.
 """
 
 from __future__ import annotations
@@ -278,13 +283,46 @@ def _nearest(coords: np.ndarray, mode: str, n: int) -> np.ndarray:
     return np.clip(idx, 0, n - 1).astype(np.int64)
 
 
-def resize_axes(x, out_sizes, scales, mode, coord_mode, nearest_mode):
+def _cubic_matrix(coords: np.ndarray, n: int, a: float, exclude_outside: bool) -> np.ndarray:
+    """The (out, n) weights of cubic interpolation at source ``coords``."""
+    i0 = np.floor(coords)
+    t = coords - i0
+    dists = [t + 1, t, 1 - t, 2 - t]
+    w = []
+    for d in dists:
+        d = np.abs(d)
+        w.append(
+            np.where(
+                d <= 1,
+                ((a + 2) * d - (a + 3)) * d * d + 1,
+                np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0),
+            )
+        )
+    w = np.stack(w, axis=1)  # (out, 4)
+    taps = i0.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
+    inside = (taps >= 0) & (taps < n)
+    if exclude_outside:
+        w = np.where(inside, w, 0.0)
+        w = w / w.sum(axis=1, keepdims=True)
+    m = np.zeros((len(coords), n), np.float64)
+    rows = np.repeat(np.arange(len(coords)), 4)
+    np.add.at(m, (rows, np.clip(taps, 0, n - 1).reshape(-1)), w.reshape(-1))
+    return m
+
+
+def resize_axes(x, out_sizes, scales, mode, coord_mode, nearest_mode, cubic_a=-0.75, exclude_outside=False):
     """Resize ``x`` axis by axis to ``out_sizes`` (static ints) using ``scales`` for coordinates."""
     y = x
     for axis, (n, out, scale) in enumerate(zip(x.shape, out_sizes, scales)):
         if not _is_int(n) or (n == out and scale == 1.0):
             continue
         coords = _source_coords(coord_mode, out, n, scale)
+        if mode == "cubic":
+            m = jnp.asarray(_cubic_matrix(coords, n, cubic_a, exclude_outside).astype(np.float32))
+            y = jnp.moveaxis(
+                jnp.tensordot(y, m.astype(y.dtype), axes=([axis], [1]), precision="highest"), -1, axis
+            )
+            continue
         if mode == "nearest":
             y = jnp.take(y, jnp.asarray(_nearest(coords, nearest_mode, n)), axis=axis)
             continue
@@ -303,7 +341,7 @@ def resize_axes(x, out_sizes, scales, mode, coord_mode, nearest_mode):
 def resize(inputs, attrs, ctx):
     x = inputs[0]
     mode = attrs.get("mode", "nearest")
-    if mode not in ("nearest", "linear") or attrs.get("antialias", 0):
+    if mode not in ("nearest", "linear", "cubic") or attrs.get("antialias", 0):
         raise NotImplementedError(f"Resize mode '{mode}' (antialias) is not lowered")
     if "axes" in attrs:
         raise NotImplementedError("Resize with axes is not lowered")
@@ -324,7 +362,9 @@ def resize(inputs, attrs, ctx):
     else:
         out = [int(math.floor(n * s)) if _is_int(n) else n for n, s in zip(dims, scales)]
     nearest_mode = attrs.get("nearest_mode", "round_prefer_floor") if ctx.opset >= 11 else "floor"
-    return (resize_axes(x, out, scales, mode, coord, nearest_mode),)
+    cubic_a = float(attrs.get("cubic_coeff_a", -0.75))
+    exclude = bool(attrs.get("exclude_outside", 0))
+    return (resize_axes(x, out, scales, mode, coord, nearest_mode, cubic_a, exclude),)
 
 
 @lower("Upsample", static=(1,))
@@ -359,3 +399,37 @@ def space_to_depth(inputs, attrs, ctx):
     n, c, h, w = x.shape
     y = jnp.reshape(x, (n, c, h // b, b, w // b, b)).transpose(0, 3, 5, 1, 2, 4)
     return (jnp.reshape(y, (n, c * b * b, h // b, w // b)),)
+
+
+@lower("ReverseSequence")
+def reverse_sequence(inputs, attrs, ctx):
+    x, lens = jnp.asarray(inputs[0]), jnp.asarray(inputs[1])
+    b_axis, t_axis = attrs.get("batch_axis", 1), attrs.get("time_axis", 0)
+    steps = x.shape[t_axis]
+    t = jnp.arange(steps)
+    lens = lens.astype(t.dtype)
+    # src[b, t]: the time step that lands on t in batch row b.
+    src = jnp.where(t[None, :] < lens[:, None], lens[:, None] - 1 - t[None, :], t[None, :])
+    shape = [1] * x.ndim
+    shape[b_axis], shape[t_axis] = x.shape[b_axis], steps
+    src = src if b_axis < t_axis else src.T
+    return (jnp.take_along_axis(x, jnp.broadcast_to(src.reshape(shape), x.shape), axis=t_axis),)
+
+
+@lower("CenterCropPad", static=(1,))
+def center_crop_pad(inputs, attrs, ctx):
+    x = jnp.asarray(inputs[0])
+    target = static_ints(inputs[1])
+    axes = [_norm_axis(a, x.ndim) for a in attrs.get("axes", range(x.ndim))]
+    y = x
+    for a, t in zip(axes, target):
+        n = x.shape[a]
+        if t <= n:
+            start = (n - t) // 2
+            y = lax.slice_in_dim(y, start, start + t, axis=a)
+        else:
+            before = (t - n) // 2
+            pads = [(0, 0, 0)] * y.ndim
+            pads[a] = (before, t - n - before, 0)
+            y = lax.pad(y, jnp.zeros((), y.dtype), pads)
+    return (y,)

@@ -332,3 +332,282 @@ def test_unsupported_ops_are_all_named_in_one_error():
     msg = str(err.value)
     assert "nms1 (NonMaxSuppression)" in msg and "custom1 (my.domain::Foo)" in msg
     assert "2 unsupported" in msg and err.value.exit_code == 2
+
+
+def _ref_check(proto, feeds, rtol=1e-5, atol=1e-6, options=None):
+    """Like ``_check`` with the reference executor as the oracle (ops ONNX Runtime lacks)."""
+    from mconv.targets.reference.executor import Executor
+
+    model = ir.serde.deserialize_model(proto)
+    want = Executor(model).run(feeds)
+    runner = load_model(ir.serde.deserialize_model(proto), options=options)
+    got = runner.run(feeds)
+    for name in runner.outputs:
+        w = np.asarray(want[name])
+        assert got[name].shape == w.shape, name
+        np.testing.assert_allclose(got[name], w, rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize(
+    "idx,batch_dims",
+    [
+        ([[0, 1], [2, -1]], 0),
+        ([[1], [0]], 0),
+        ([[[0, 1]], [[1, 0]], [[2, 1]]], 1),
+    ],
+)
+def test_gather_nd_matches_onnxruntime(idx, batch_dims):
+    node = helper.make_node("GatherND", ["x", "i"], ["y"], batch_dims=batch_dims)
+    m = _model(node, [_vi("x", [3, 3, 2])], [_vi("y", None)], [_init("i", np.array(idx, np.int64))])
+    _check(m, {"x": RNG.standard_normal((3, 3, 2)).astype(np.float32)}, options={"batch": 3})
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_nd_matches_onnxruntime(reduction):
+    idx = np.array([[0, 1], [2, -1], [0, 1]] if reduction != "none" else [[0, 1], [2, -1]], np.int64)
+    upd = RNG.standard_normal((len(idx), 2)).astype(np.float32)
+    node = helper.make_node("ScatterND", ["x", "i", "u"], ["y"], reduction=reduction)
+    m = _model(node, [_vi("x", [3, 3, 2])], [_vi("y", None)], [_init("i", idx), _init("u", upd)], opset=18)
+    _check(m, {"x": RNG.standard_normal((3, 3, 2)).astype(np.float32)}, options={"batch": 3})
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_elements_matches_onnxruntime(reduction):
+    idx = np.array([[1, 0, 2], [0, -1, 1]] if reduction != "none" else [[1, 0, 2], [0, 2, 1]], np.int64)
+    upd = RNG.standard_normal((2, 3)).astype(np.float32)
+    node = helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=1, reduction=reduction)
+    m = _model(node, [_vi("x", [2, 4])], [_vi("y", None)], [_init("i", idx), _init("u", upd)], opset=18)
+    _check(m, {"x": RNG.standard_normal((2, 4)).astype(np.float32)}, options={"batch": 2})
+
+
+def test_scatter_with_traced_indices_and_updates_matches_onnxruntime():
+    node = helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], axis=0, reduction="add")
+    m = _model(
+        node,
+        [_vi("x", [3, 2]), _vi("i", [2, 2], TensorProto.INT64), _vi("u", [2, 2])],
+        [_vi("y", None)],
+        opset=18,
+    )
+    feeds = {
+        "x": RNG.standard_normal((3, 2)).astype(np.float32),
+        "i": np.array([[2, 0], [2, 1]], np.int64),
+        "u": RNG.standard_normal((2, 2)).astype(np.float32),
+    }
+    _check(m, feeds, options={"batch": 3})
+
+
+@pytest.mark.parametrize(
+    "attrs,scales,sizes",
+    [
+        (dict(mode="cubic"), [1, 1, 2, 1.5], None),
+        (dict(mode="cubic", cubic_coeff_a=-0.5, exclude_outside=1), [1, 1, 0.5, 2], None),
+        (dict(mode="cubic", coordinate_transformation_mode="align_corners"), None, [1, 2, 7, 5]),
+        (dict(mode="cubic", coordinate_transformation_mode="asymmetric"), [1, 1, 3, 2], None),
+    ],
+)
+def test_resize_cubic_matches_onnxruntime(attrs, scales, sizes):
+    test_resize_matches_onnxruntime(attrs, scales, sizes)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"k": 1}, {"k": -2, "dtype": TensorProto.INT32}])
+def test_eye_like_matches_onnxruntime(attrs):
+    node = helper.make_node("EyeLike", ["x"], ["y"], **attrs)
+    m = _model(node, [_vi("x", [3, 4])], [_vi("y", None)])
+    _check(m, {"x": RNG.standard_normal((3, 4)).astype(np.float32)}, options={"batch": 3})
+
+
+def test_misc_ops_match_onnxruntime():
+    x = RNG.standard_normal((2, 5, 3)).astype(np.float32)
+    opts = {"batch": 2}
+    cp = helper.make_node("CumProd", ["x", "ax"], ["y"], exclusive=1, reverse=1)
+    cp_m = _model(cp, [_vi("x", [2, 5, 3])], [_vi("y", None)], [_init("ax", np.int64(1))], 26)
+    _ref_check(cp_m, {"x": x}, rtol=1e-5, atol=1e-5, options=opts)  # ONNX Runtime lacks CumProd
+    det = helper.make_node("Det", ["x"], ["y"])
+    sq = RNG.standard_normal((2, 3, 3)).astype(np.float32)
+    _check(_model(det, [_vi("x", [2, 3, 3])], [_vi("y", None)]), {"x": sq}, options=opts)
+    rs = helper.make_node("ReverseSequence", ["x", "l"], ["y"], batch_axis=0, time_axis=1)
+    lens = np.array([3, 5], np.int64)
+    m = _model(rs, [_vi("x", [2, 5, 3]), _vi("l", [2], TensorProto.INT64)], [_vi("y", None)])
+    _check(m, {"x": x, "l": lens}, options=opts)
+    rs2 = helper.make_node("ReverseSequence", ["x", "l"], ["y"], batch_axis=1, time_axis=0)
+    m = _model(rs2, [_vi("x", [5, 2, 3]), _vi("l", [2], TensorProto.INT64)], [_vi("y", None)])
+    _check(m, {"x": x.transpose(1, 0, 2).copy(), "l": lens}, options={"batch": 5})
+    ccp = helper.make_node("CenterCropPad", ["x", "s"], ["y"], axes=[1, 2])
+    m = _model(ccp, [_vi("x", [2, 5, 3])], [_vi("y", None)], [_init("s", np.array([2, 6], np.int64))], 18)
+    _check(m, {"x": x}, options=opts)
+    dq = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    m = _model(dq, [_vi("x", [2, 5, 3])], [_vi("y", None), _vi("s", None), _vi("z", None)])
+    _check(m, {"x": x}, options=opts)
+
+
+def test_integer_ops_match_onnxruntime():
+    a = RNG.integers(0, 255, (3, 4)).astype(np.uint8)
+    b = RNG.integers(0, 255, (4, 5)).astype(np.uint8)
+    node = helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])
+    m = _model(
+        node,
+        [_vi("a", [3, 4], TensorProto.UINT8)],
+        [_vi("y", None)],
+        [_init("b", b), _init("az", np.uint8(3)), _init("bz", np.uint8(7))],
+    )
+    _check(m, {"a": a}, options={"batch": 3})
+    x = RNG.integers(0, 1000, (3, 4)).astype(np.int32)
+    for direction in ("LEFT", "RIGHT"):
+        node = helper.make_node("BitShift", ["x", "s"], ["y"], direction=direction)
+        m = _model(node, [_vi("x", [3, 4], TensorProto.UINT32)], [_vi("y", None)], [_init("s", np.uint32(2))])
+        _check(m, {"x": x.astype(np.uint32)}, options={"batch": 3})
+
+
+def test_bitcast_and_tensor_scatter_match_the_reference():
+    x = RNG.standard_normal((2, 3)).astype(np.float32)
+    node = helper.make_node("BitCast", ["x"], ["y"], to=TensorProto.INT32)
+    _ref_check(_model(node, [_vi("x", [2, 3])], [_vi("y", None)], opset=26), {"x": x}, options={"batch": 2})
+    cache = RNG.standard_normal((2, 2, 6, 3)).astype(np.float32)
+    upd = RNG.standard_normal((2, 2, 2, 3)).astype(np.float32)
+    for mode, idx in (("linear", [1, 4]), ("circular", [5, 2])):
+        node = helper.make_node("TensorScatter", ["c", "u", "i"], ["y"], mode=mode)
+        m = _model(
+            node,
+            [_vi("c", [2, 2, 6, 3]), _vi("u", [2, 2, 2, 3]), _vi("i", [2], TensorProto.INT64)],
+            [_vi("y", None)],
+            opset=24,
+        )
+        _ref_check(m, {"c": cache, "u": upd, "i": np.array(idx, np.int64)}, options={"batch": 2})
+
+
+def test_quantized_conv_and_matmul_match_onnxruntime():
+    x = RNG.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
+    w = RNG.integers(-100, 100, (3, 2, 3, 3)).astype(np.int8)
+    node = helper.make_node("ConvInteger", ["x", "w", "xz"], ["y"], pads=[1, 1, 1, 1])
+    m = _model(
+        node,
+        [_vi("x", [1, 2, 5, 5], TensorProto.UINT8)],
+        [_vi("y", None)],
+        [_init("w", w), _init("xz", np.uint8(5))],
+    )
+    _check(m, {"x": x}, options={"batch": 1})
+    inits = [
+        _init("xs", np.float32(0.05)),
+        _init("xz", np.uint8(7)),
+        _init("w", w),
+        _init("ws", np.array([0.01, 0.02, 0.015], np.float32)),
+        _init("wz", np.zeros(3, np.int8)),
+        _init("ys", np.float32(0.3)),
+        _init("yz", np.uint8(100)),
+        _init("b", RNG.integers(-500, 500, 3).astype(np.int32)),
+    ]
+    node = helper.make_node(
+        "QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], strides=[2, 2]
+    )
+    m = _model(node, [_vi("x", [1, 2, 5, 5], TensorProto.UINT8)], [_vi("y", None)], inits)
+    _check(m, {"x": x}, atol=1, options={"batch": 1})
+    a = RNG.integers(0, 255, (3, 4)).astype(np.uint8)
+    inits = [
+        _init("as", np.float32(0.02)),
+        _init("az", np.uint8(120)),
+        _init("b", RNG.integers(0, 255, (4, 5)).astype(np.uint8)),
+        _init("bs", np.float32(0.03)),
+        _init("bz", np.uint8(128)),
+        _init("ys", np.float32(0.1)),
+        _init("yz", np.uint8(128)),
+    ]
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
+    m = _model(node, [_vi("a", [3, 4], TensorProto.UINT8)], [_vi("y", None)], inits)
+    _check(m, {"a": a}, atol=1, options={"batch": 3})
+
+
+def test_signal_ops_match_onnxruntime():
+    x = RNG.standard_normal((2, 8, 1)).astype(np.float32)
+    for attrs in ({}, {"onesided": 1}, {"inverse": 1}):
+        node = helper.make_node("DFT", ["x", "", "ax"], ["y"], **attrs)
+        m = _model(node, [_vi("x", [2, 8, 1])], [_vi("y", None)], [_init("ax", np.int64(1))], opset=20)
+        _check(m, {"x": x}, rtol=1e-4, atol=1e-4, options={"batch": 2})
+    sig = RNG.standard_normal((1, 32, 1)).astype(np.float32)
+    nodes = [
+        helper.make_node("HannWindow", ["n"], ["win"]),
+        helper.make_node("STFT", ["x", "step", "win", "n"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [_vi("x", [1, 32, 1])],
+        [_vi("y", None)],
+        [_init("n", np.int64(8)), _init("step", np.int64(4))],
+    )
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _check(m, {"x": sig}, rtol=1e-4, atol=1e-4, options={"batch": 1})
+
+
+def test_col2im_and_max_unpool_match_the_reference():
+    x = RNG.standard_normal((1, 2 * 4, 12)).astype(np.float32)
+    node = helper.make_node("Col2Im", ["x", "img", "blk"], ["y"], strides=[1, 2], pads=[0, 1, 1, 0])
+    inits = [_init("img", np.array([4, 6], np.int64)), _init("blk", np.array([2, 2], np.int64))]
+    m = _model(node, [_vi("x", [1, 8, 12])], [_vi("y", None)], inits, opset=18)
+    _ref_check(m, {"x": x}, options={"batch": 1})
+    _check(m, {"x": x}, options={"batch": 1})
+    v = RNG.standard_normal((1, 2, 2, 2)).astype(np.float32)
+    idx = np.array([[[[0, 3], [9, 14]], [[17, 18], [28, 30]]]], np.int64)
+    node = helper.make_node("MaxUnpool", ["v", "i", "shape"], ["y"], kernel_shape=[2, 2], strides=[2, 2])
+    m = _model(
+        node,
+        [_vi("v", [1, 2, 2, 2]), _vi("i", [1, 2, 2, 2], TensorProto.INT64)],
+        [_vi("y", None)],
+        [_init("shape", np.array([1, 2, 5, 4], np.int64))],
+    )
+    _ref_check(m, {"v": v, "i": idx}, options={"batch": 1})
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        dict(mode="linear"),
+        dict(mode="nearest", padding_mode="border", align_corners=1),
+        dict(mode="cubic", padding_mode="reflection"),
+    ],
+)
+def test_grid_sample_matches_onnxruntime(attrs):
+    x = RNG.standard_normal((1, 2, 4, 5)).astype(np.float32)
+    grid = (RNG.random((1, 3, 4, 2)) * 2.4 - 1.2).astype(np.float32)
+    node = helper.make_node("GridSample", ["x", "g"], ["y"], **attrs)
+    m = _model(node, [_vi("x", [1, 2, 4, 5]), _vi("g", [1, 3, 4, 2])], [_vi("y", None)], opset=20)
+    _check(m, {"x": x, "g": grid}, rtol=1e-4, atol=1e-4, options={"batch": 1})
+
+
+@pytest.mark.parametrize("mode", ["avg", "max"])
+def test_roi_align_matches_onnxruntime(mode):
+    x = RNG.standard_normal((2, 2, 6, 7)).astype(np.float32)
+    rois = np.array([[0.5, 1.0, 4.0, 5.5], [1.0, 0.0, 6.5, 3.0], [2.0, 2.0, 3.0, 3.0]], np.float32)
+    node = helper.make_node(
+        "RoiAlign", ["x", "r", "b"], ["y"], mode=mode, output_height=2, output_width=3, sampling_ratio=2
+    )
+    m = _model(
+        node,
+        [_vi("x", [2, 2, 6, 7]), _vi("r", [3, 4]), _vi("b", [3], TensorProto.INT64)],
+        [_vi("y", None)],
+        opset=16,
+    )
+    _check(
+        m, {"x": x, "r": rois, "b": np.array([0, 1, 1], np.int64)}, rtol=1e-4, atol=1e-4, options={"batch": 2}
+    )
+
+
+def test_deform_conv_and_max_roi_pool_match_the_reference():
+    x = RNG.standard_normal((1, 4, 5, 6)).astype(np.float32)
+    w = RNG.standard_normal((2, 2, 3, 3)).astype(np.float32)
+    off = (RNG.standard_normal((1, 2 * 2 * 9, 5, 6)) * 1.5).astype(np.float32)
+    mask = RNG.random((1, 2 * 9, 5, 6)).astype(np.float32)
+    node = helper.make_node(
+        "DeformConv", ["x", "w", "o", "b", "m"], ["y"], pads=[1, 1, 1, 1], group=2, offset_group=2
+    )
+    m = _model(
+        node,
+        [_vi("x", [1, 4, 5, 6]), _vi("o", [1, 36, 5, 6]), _vi("m", [1, 18, 5, 6])],
+        [_vi("y", None)],
+        [_init("w", w), _init("b", RNG.standard_normal(2).astype(np.float32))],
+        opset=19,
+    )
+    _ref_check(m, {"x": x, "o": off, "m": mask}, rtol=1e-4, atol=1e-4, options={"batch": 1})
+    rois = np.array([[0, 0.4, 1.0, 4.6, 3.0], [0, 2.0, 0.0, 5.0, 4.5], [0, -1.0, -1.0, 0.5, 0.5]], np.float32)
+    node = helper.make_node("MaxRoiPool", ["x", "r"], ["y"], pooled_shape=[2, 3], spatial_scale=1.0)
+    m = _model(node, [_vi("x", [1, 4, 5, 6]), _vi("r", [3, 5])], [_vi("y", None)])
+    _ref_check(m, {"x": x, "r": rois}, options={"batch": 1})
