@@ -8,15 +8,36 @@ Data: the UCI digits (../shared/data/digits.npz, 1797 real handwritten digits) i
 for measuring. No labels are used anywhere: fine-tuning distils from the uncompressed model
 (T^2 KL on softmax(logits / T)), and the gate is top-1 agreement with the uncompressed model.
 
+Distillation set: no labels are needed, so any plausible input is a training sample. The 1347
+fine-tuning digits are followed by ``--augment`` jittered copies of each (``augment``: rotated,
+scaled and shifted about the frame's centre, ``--jitter`` scaling the ranges), and the teacher's
+outputs on them are the targets. The 450 measuring digits are never trained on.
+
 Pipeline (library API, the code path of ``mconv optimize`` + ``mconv export``): iterative
-magnitude pruning in three steps towards the final per-layer sparsities with masked retraining
-after each -> k-means weight sharing (linear init) -> centroid fine-tuning -> float16 values for
-the biases -> cpu bundle (sparse relative indices, palettes, Huffman).
+magnitude pruning in two steps towards the final per-layer sparsities with masked retraining
+after each -> k-means weight sharing (linear init) -> centroid fine-tuning at lr 3e-4, then
+1e-4 -> float16 values for the biases -> cpu bundle (sparse relative indices, palettes, Huffman).
+
+Model selection: ``--val 200`` holds 200 of the 1347 fine-tuning digits out of training (with 2
+jittered copies each) and reports the agreement on them. The defaults (1 copy at jitter 0.5, 3
+epochs) were chosen on that figure among: no copies (val 0.9333 with copies), 2 copies at
+jitter 1 for 2 epochs (0.9600), 1 copy at jitter 0.5 for 3 epochs (0.9617, 0.9850 on the 200
+plain digits). Those runs also printed the 450-digit agreement (0.9733, 0.9844, 0.9889); it
+was seen, but the choice follows the held-out fine-tuning digits.
+
+Status (not tuned further on the 450 digits): the gate is NOT met. Runs on all 1347 digits,
+450-digit agreement / encoded bytes: before augmentation (3 epochs, one centroid pass)
+0.9889 / 40,373; the defaults 0.9867 / 40,264; ``--sparsity ip1=0.925`` 0.9889 / 42,084;
+``--augment 0 --epochs 5 --sparsity ip1=0.925`` 0.9822 / 42,099; the same with ``--steps
+0.5,0.8,1`` 0.9889 / 42,069. The compressed student tops out at 0.986-0.990 agreement on its own
+training frames, so more (jittered) data does not close the last digit: the limit is the fit at
+7-7.5% of ip1 with 4-bit clusters, not the amount of distillation data.
 
 Gates: encoded weights <= 44 KB (the paper's 44 KB), top-1 agreement >= 99% on the 450 digits.
 
-Run: python bench/lenet5_compress.py [--epochs 3] [--temperature 2] [--sparsity ip1=0.93] [--bits conv2=6]
-     [--steps 0.7,1] [--shared ../shared]   (about 3-8 minutes on 2 cores)
+Run: python bench/lenet5_compress.py [--epochs 3] [--augment 1] [--jitter 0.5] [--val 200]
+     [--temperature 2] [--sparsity ip1=0.93] [--bits conv2=6] [--steps 0.7,1] [--final-lr 0.0003,0.0001]
+     [--shared ../shared]   (about 5 minutes on 2 idle cores)
 """
 
 from __future__ import annotations
@@ -36,22 +57,55 @@ ROOT = Path(__file__).resolve().parent.parent
 FINAL_SPARSITY = {"conv1": 0.3, "conv2": 0.8, "ip1": 0.93, "ip2": 0.8}
 BITS = {"conv1": 6, "conv2": 6, "ip1": 4, "ip2": 5}
 STEPS = (0.7, 1.0)  # fractions of the final sparsity, one prune + retrain each
+FINAL_LR = (0.0003, 0.0001)  # centroid fine-tuning passes after clustering
 PAPER = {"conv1": 0.66, "conv2": 0.12, "ip1": 0.08, "ip2": 0.19}
 
 
-def pipeline_spec(epochs: int, loss: str = "kl", batch: int = 32, temperature: float = 2.0) -> str:
+def pipeline_spec(
+    epochs: int,
+    loss: str = "kl",
+    batch: int = 32,
+    temperature: float = 2.0,
+    final_lr: tuple[float, ...] = FINAL_LR,
+) -> str:
+    def finetune(lr: float) -> str:
+        return (
+            f"finetune(epochs={epochs},lr={lr},batch_size={batch},holdout=0.0,loss={loss!r},"
+            f"temperature={temperature})"
+        )
+
     parts = []
     for f in STEPS:
         per_layer = {k: {"sparsity": round(s * f, 4)} for k, s in FINAL_SPARSITY.items()}
         parts.append(f"prune(op_name={per_layer!r})")
-        parts.append(
-            f"finetune(epochs={epochs},lr=0.001,batch_size={batch},holdout=0.0,loss={loss!r},temperature={temperature})"
-        )
+        parts.append(finetune(0.001))
     parts.append(f"cluster(init='linear',op_name={ {k: {'bits': b} for k, b in BITS.items()}!r})")
-    parts.append(
-        f"finetune(epochs={epochs},lr=0.0003,batch_size={batch},holdout=0.0,loss={loss!r},temperature={temperature})"
-    )
+    parts.extend(finetune(lr) for lr in final_lr)  # centroid fine-tuning, the learning rate decaying
     return ",".join(parts)
+
+
+def augment(frames: np.ndarray, copies: int, seed: int = 0, jitter: float = 1.0) -> np.ndarray:
+    """``frames`` (N, 1, 28, 28) followed by ``copies`` randomly jittered copies of each: rotated
+    by up to 12 degrees, scaled by 0.9-1.1 and shifted by up to 2 pixels about the frame's centre
+    (bilinear, seeded). Distillation needs no labels, so any plausible input is a training sample:
+    the teacher's outputs on the copies are the targets."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng([seed, 0xA06])
+    out = [frames]
+    centre = np.array([13.5, 13.5])
+    for _ in range(copies):
+        batch = np.empty_like(frames)
+        for i, img in enumerate(frames[:, 0]):
+            angle = np.deg2rad(rng.uniform(-12, 12) * jitter)
+            scale = 1.0 + rng.uniform(-0.1, 0.1) * jitter
+            shift = rng.uniform(-2, 2, size=2) * jitter
+            c, s = np.cos(angle), np.sin(angle)
+            inverse = np.array([[c, s], [-s, c]]) / scale  # output pixel -> input pixel
+            offset = centre - inverse @ (centre + shift)
+            batch[i, 0] = ndimage.affine_transform(img, inverse, offset, order=1, mode="constant")
+        out.append(np.clip(batch, 0.0, 1.0))
+    return np.concatenate(out)
 
 
 def main() -> int:
@@ -76,7 +130,17 @@ def main() -> int:
         "--shared", type=Path, default=Path(os.environ.get("MCONV_SHARED", ROOT.parent / "shared"))
     )
     ap.add_argument("--out", type=Path, default=None, help="keep the bundle here")
+    ap.add_argument("--augment", type=int, default=1, help="jittered copies of each fine-tuning digit")
+    ap.add_argument("--jitter", type=float, default=0.5, help="scales the copies' rotation/scale/shift")
+    ap.add_argument("--final-lr", default=",".join(map(str, FINAL_LR)), help="centroid fine-tuning lrs")
+    ap.add_argument(
+        "--val",
+        type=int,
+        default=0,
+        help="hold this many of the fine-tuning digits out (with their copies) for model selection",
+    )
     args = ap.parse_args()
+    final_lr = tuple(float(x) for x in args.final_lr.split(","))
     for table, text, kind in ((FINAL_SPARSITY, args.sparsity, float), (BITS, args.bits, int)):
         for item in filter(None, text.split(",")):
             key, _, value = item.partition("=")
@@ -92,7 +156,13 @@ def main() -> int:
         return 2
     with np.load(args.shared / "data" / "digits.npz") as z:
         (tune_images, _), (test_images, _) = split(z["images"], z["labels"])
-    tune = {"data": digits_as_mnist(tune_images)}  # no labels: distillation
+    tune_frames = digits_as_mnist(tune_images)
+    val = None
+    if args.val:  # a seeded slice of the fine-tuning digits, never trained on: for model selection
+        order = np.random.default_rng(1).permutation(len(tune_frames))
+        val = {"data": augment(tune_frames[order[: args.val]], 2, seed=1)}
+        tune_frames = tune_frames[order[args.val :]]
+    tune = {"data": augment(tune_frames, args.augment, jitter=args.jitter)}  # no labels: distillation
     test = {"data": digits_as_mnist(test_images)}
 
     original = import_model(files)
@@ -103,7 +173,9 @@ def main() -> int:
     model = import_model(files)
     ctx = P.PassContext(data=tune, seed=0)
     model, reports = P.run_pipeline(
-        model, P.parse_spec(pipeline_spec(args.epochs, args.loss, args.batch, args.temperature)), ctx
+        model,
+        P.parse_spec(pipeline_spec(args.epochs, args.loss, args.batch, args.temperature, final_lr)),
+        ctx,
     )
     halved = biases_to_half(model)
     seconds = time.perf_counter() - t0
@@ -113,12 +185,20 @@ def main() -> int:
         bundle = get_target("cpu").export(model, out, {})
         got = open_runner(out).run(test)["prob"]
         mcw = (out / "weights.mcw").stat().st_size
+        if val is not None:
+            same = open_runner(out).run(val)["prob"].argmax(1) == Executor(original).run(val)["prob"].argmax(
+                1
+            )
+            val_clean, val_all = float(np.mean(same[: args.val])), float(np.mean(same))
     agreement = float(np.mean(got.argmax(1) == reference.argmax(1)))
     account = bundle.manifest["account"]
 
-    print(f"P2: Caffe LeNet-5, distilled on {len(tune_images)} digits, measured on {len(test_images)} others")
     print(
-        f"  pipeline ({seconds:.1f}s): {pipeline_spec(args.epochs, args.loss, args.batch, args.temperature)}"
+        f"P2: Caffe LeNet-5, distilled on {len(tune_frames)} digits (+{args.augment} jittered copies each: "
+        f"{len(tune['data'])} frames), measured on {len(test_images)} others"
+    )
+    print(
+        f"  pipeline ({seconds:.1f}s): {pipeline_spec(args.epochs, args.loss, args.batch, args.temperature, final_lr)}"
     )
     print(f"  then float16 values for: {', '.join(halved)}")
     for r in reports:
@@ -147,6 +227,11 @@ def main() -> int:
         f"float32 weights {original_bytes:,} B -> encoded tensors {total:,} B: {original_bytes / total:.1f}x"
     )
     print(f"weights.mcw file (with its JSON index and 64-byte alignment): {mcw:,} B")
+    if val is not None:
+        print(
+            f"model selection, {args.val} held-out fine-tuning digits: agreement {val_clean:.4f}, "
+            f"{val_all:.4f} with 2 jittered copies each ({len(val['data'])} frames)"
+        )
     print(f"top-1 agreement with the uncompressed model: {agreement:.4f} ({len(test_images)} digits)")
     ok = total <= 44_000 and agreement >= 0.99
     print(f"gate (<= 44 KB, agreement >= 0.99): {'PASS' if ok else 'FAIL'}")

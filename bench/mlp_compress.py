@@ -43,9 +43,9 @@ def biases_to_half(model) -> list[str]:
     """Round the float32 tensors that no compression pass recorded (the biases) to float16 values.
 
     They keep dtype float32, so the graph is unchanged and the container stores them with its
-    lossless fp16 codec. (The fp16 pass would do the same, but it renames every weight it
-    converts to NAME_fp16 behind a Cast, and the renamed clustered weights then lose their
-    compression record, so export stored them raw: see the report.)
+    lossless fp16 codec. (The fp16 pass would also store them as float16, but as NAME_fp16
+    behind a Cast, changing the graph; it now carries the clustered weights' compression
+    records over to their new names, so those would still export with their codecs.)
     """
     import onnx_ir as ir
     from mconv.passes._weights import compression_info

@@ -23,6 +23,9 @@ Metadata rules (how compression state persists in the saved ``.onnx``):
 2. Per model, ``metadata_props["mconv.compression"]`` = JSON ``{tensor name: {"pruned", "kept",
    "bits", "init", "groups", "axis", "index_bits"}}``, the same facts keyed by initializer name,
    for code that only sees the model's metadata (``mconv.container.choose_codec``).
+3. A pass that moves a tensor's data to a new initializer (``fp16`` stores ``W`` as ``W_fp16``
+   behind a Cast) carries both records over with :func:`move_compression`: casting a pruned or
+   clustered tensor keeps its zeros zero and its distinct values at most ``2**bits``.
 """
 
 from __future__ import annotations
@@ -129,6 +132,25 @@ def record_compression(model: ir.Model, value: ir.Value, **facts) -> None:
     entry = info.setdefault(value.name or "", {})
     entry.update({k: v for k, v in facts.items() if v is not None})
     model.metadata_props[COMPRESSION_KEY] = json.dumps(info, sort_keys=True, separators=(",", ":"))
+
+
+def move_compression(model: ir.Model, old: ir.Value, new: ir.Value, old_name: str | None = None) -> bool:
+    """Carry ``old``'s compression facts over to ``new``, a value that now stores its data under
+    another name (the fp16 pass's ``W`` -> ``W_fp16``): the value metadata (rule 1) is copied
+    and the model-level entry (rule 2) moves from ``old_name`` (default ``old.name``) to
+    ``new.name``. Answers whether there was anything to carry."""
+    moved = False
+    for key in (PRUNED_KEY, CLUSTER_KEY, INDEX_BITS_KEY):
+        if key in old.metadata_props:
+            new.metadata_props[key] = old.metadata_props[key]
+            moved = True
+    info = compression_info(model)
+    entry = info.pop(old_name if old_name is not None else old.name or "", None)
+    if entry is not None and new.name:
+        info[new.name] = entry
+        model.metadata_props[COMPRESSION_KEY] = json.dumps(info, sort_keys=True, separators=(",", ":"))
+        moved = True
+    return moved
 
 
 def is_pruned(value: ir.Value) -> bool:

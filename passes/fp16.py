@@ -7,6 +7,7 @@ from typing import Literal
 
 import numpy as np
 import onnx_ir as ir
+from mconv.passes._weights import move_compression
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
 from mconv.passes.rewrite import fresh_name, is_overridable, taken_names, upgrade_ir3
 from mconv.passes.shape_inference import infer_on_stripped_copy, merge_inferred
@@ -64,14 +65,17 @@ class Float16(Pass):
     3. Overridable initializers (graph inputs, IR >= 4) and graph outputs stay float32; in an IR 3
        model, initializers listed as inputs are weights: they leave the inputs, the IR becomes 4.
     4. ``fold`` never folds these widening Casts back.
+    5. Compression facts recorded by ``prune`` / ``cluster`` (value metadata and the model's
+       ``mconv.compression`` entry) move to ``NAME_fp16`` with the data, so export still stores
+       the float16 tensor with the sparse / palette codecs.
 
     Mode ``all``: the graph computes in float16.
 
-    5. Shapes and dtypes are inferred first; float32 initializers and Constants become float16;
+    6. Shapes and dtypes are inferred first; float32 initializers and Constants become float16;
        each node not in ``block_list`` runs in float16 (float32 inputs are cast down, ``Cast(to=
        FLOAT)`` becomes ``to=FLOAT16``), each blocked node (and any node whose dtypes are unknown,
        or with subgraphs) runs in float32 with Casts around it.
-    6. ``keep_io_types=True``: graph inputs and outputs stay float32 with Casts at the boundary
+    7. ``keep_io_types=True``: graph inputs and outputs stay float32 with Casts at the boundary
        (the outputs keep their names); otherwise float32 inputs and outputs become float16.
     """
 
@@ -126,6 +130,8 @@ class Float16(Pass):
             cast.outputs[0].dtype = F32
             cast.outputs[0].shape = ir.Shape(half.shape)
             ir.convenience.replace_all_uses_with(value, cast.outputs[0])
+            if move_compression(model, value, stored, old_name=name):  # pruning / clustering facts
+                notes.append(f"{name}: compression record moved to {stored.name}")
             casts.append(cast)
             err = float(np.max(np.abs(half.astype(np.float32) - array))) if array.size else 0.0
             tensors.append(

@@ -118,3 +118,35 @@ def test_fp16_models_run_in_the_mconv_reference_executor(build, run_ort):
             pytest.skip(f"reference executor cannot run the model yet: {str(exc)[:120]}")
         got = exe.run({"x": x})["prob"]
         np.testing.assert_allclose(np.asarray(got, np.float32), expected, atol=5e-3)
+
+
+def test_fp16_after_prune_and_cluster_keeps_compression_record_for_export(build, run_ort, tmp_path):
+    """cluster then fp16: the record moves to NAME_fp16, so the cpu bundle still stores the float16
+    tensors with the sparse / palette codecs, and the bundle computes what onnxruntime does."""
+    from mconv.passes._weights import CLUSTER_KEY, PRUNED_KEY, compression_info
+    from mconv.runtime import open_runner
+    from mconv.targets import get_target
+
+    spec = "prune(sparsity=0.8),cluster(bits=4),fp16"
+    model, reports = P.run_pipeline(_cnn(build), P.parse_spec(spec))
+    g = model.graph.initializers
+    info = compression_info(model)
+    for name in ("w1", "w2"):
+        stored = g[f"{name}_fp16"]
+        array = stored.const_value.numpy()
+        assert array.dtype == np.float16
+        assert np.unique(array[array != 0]).size <= 16  # still at most 2**bits distinct nonzeros
+        assert np.mean(array == 0) >= 0.79  # pruned zeros stay zero
+        assert info[f"{name}_fp16"]["bits"] == 4 and info[f"{name}_fp16"]["pruned"]
+        assert name not in info and name not in g  # moved, not copied: w1 is now the Cast's output
+        assert stored.metadata_props[PRUNED_KEY] == "1" and CLUSTER_KEY in stored.metadata_props
+    assert any("compression record moved" in n for n in reports[-1].notes)
+
+    bundle = get_target("cpu").export(model, tmp_path / "bundle", {})
+    rows = {r["name"]: r for r in bundle.manifest["account"]["layers"]}
+    for name in ("w1_fp16", "w2_fp16"):
+        assert rows[name]["codec"].startswith(("sparse", "palette")), rows[name]
+        assert rows[name]["bytes"] < 0.5 * rows[name]["original_bytes"]  # well below float16 raw
+    x = _x()
+    got = open_runner(tmp_path / "bundle").run({"x": x})["prob"]
+    np.testing.assert_allclose(got, run_ort(model, {"x": x})["prob"], atol=1e-5)
