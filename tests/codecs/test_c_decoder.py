@@ -6,11 +6,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import mconv.container as container
 import numpy as np
 import pytest
 from mconv.codecs import decode, encode
-
-container = pytest.importorskip("mconv.container")
 
 SRC = Path(__file__).resolve().parents[2] / "core" / "codecs"
 CC = shutil.which("cc") or shutil.which("gcc")

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-keras = pytest.importorskip("keras")
-ort = pytest.importorskip("onnxruntime")
-h5py = pytest.importorskip("h5py")
-
+import h5py
+import keras
+import onnxruntime as ort
 from keras import layers as L  # noqa: E402
 from mconv.errors import InputError, UnsupportedError  # noqa: E402
 from mconv.formats import import_model  # noqa: E402

@@ -12,9 +12,7 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-h5py = pytest.importorskip("h5py")
-hypothesis = pytest.importorskip("hypothesis")
-
+import h5py
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from mconv.errors import InputError  # noqa: E402

@@ -11,16 +11,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tflite_builder import TflBuilder  # noqa: E402
-
-ort = pytest.importorskip("onnxruntime")
-litert = pytest.importorskip("ai_edge_litert.interpreter")
-
+import ai_edge_litert.interpreter as litert
+import onnxruntime as ort
 from mconv.errors import UnsupportedError  # noqa: E402
 from mconv.formats import detect, import_model  # noqa: E402
 from mconv.formats.tflite import load_tflite_bytes, tf_same_pads  # noqa: E402
 from mconv.irio import to_proto  # noqa: E402
 from mconv.targets.reference.executor import Executor  # noqa: E402
+from tflite_builder import TflBuilder  # noqa: E402
 
 RNG = np.random.default_rng(0)
 

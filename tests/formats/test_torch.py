@@ -12,9 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-
-torch = pytest.importorskip("torch")
-
+import torch
 from mconv.errors import InputError  # noqa: E402
 from mconv.formats import import_model  # noqa: E402
 from mconv.irio import load_onnx, to_proto  # noqa: E402
