@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
 from mconv.passes.rewrite import (
@@ -26,44 +25,16 @@ DECOMPRESS_OPS = frozenset({"Cast", "DequantizeLinear", "DynamicQuantizeLinear"}
 
 
 def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
-    """Evaluate ``node`` on constant inputs: the reference executor, else ``onnx.reference``."""
-    try:
-        from mconv.targets.reference.executor import attr_to_python, run_node
+    """Evaluate ``node`` on constant inputs with the reference executor's kernels.
 
-        attrs = {k: attr_to_python(a) for k, a in node.attributes.items()}
-        outs = run_node(node.op_type, inputs, attrs, domain=node.domain, opset=opset)
-        return [np.asarray(o) for o in outs[: len(node.outputs)]]
-    except Exception as exc:  # an op the executor lacks (or cannot import): ask onnx.reference
-        try:
-            return _evaluate_onnx_reference(node, inputs, opset)
-        except Exception:
-            raise exc from None
+    Folding uses the same kernels verification trusts; a node they cannot evaluate raises, and
+    the pass keeps it (rule 5), rather than asking another implementation with other semantics.
+    """
+    from mconv.targets.reference.executor import attr_to_python, run_node
 
-
-def _evaluate_onnx_reference(node: ir.Node, inputs: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
-    from onnx.reference import ReferenceEvaluator
-
-    names = [f"in{i}" if x is not None else "" for i, x in enumerate(inputs)]
-    outs = [f"out{i}" if o is not None else "" for i, o in enumerate(node.outputs)]
-    proto = ir.serde.serialize_node(node)
-    del proto.input[:]
-    proto.input.extend(names)
-    del proto.output[:]
-    proto.output.extend(outs)
-    graph = onnx.helper.make_graph(
-        [proto],
-        "fold",
-        [
-            onnx.helper.make_tensor_value_info(n, onnx.helper.np_dtype_to_tensor_dtype(x.dtype), x.shape)
-            for n, x in zip(names, inputs)
-            if n
-        ],
-        [onnx.helper.make_empty_tensor_value_info(o) for o in outs if o],
-    )
-    domain = node.domain if node.domain != "ai.onnx" else ""
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(domain, opset)])
-    feeds = {n: x for n, x in zip(names, inputs) if n}
-    return [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
+    attrs = {k: attr_to_python(a) for k, a in node.attributes.items()}
+    outs = run_node(node.op_type, inputs, attrs, domain=node.domain, opset=opset)
+    return [np.asarray(o) for o in outs[: len(node.outputs)]]
 
 
 @register_pass("fold")
@@ -73,7 +44,7 @@ class ConstantFolding(Pass):
     1. Constants are initializers (not overridable graph inputs) and outputs of ``Constant``
        nodes. A ``Constant`` node whose output is used becomes an initializer of the same name.
     2. A standard-domain node whose inputs are all constants is evaluated with the reference
-       executor (``onnx.reference`` for ops it lacks); each output becomes an initializer with the
+       executor's kernels; each output becomes an initializer with the
        output's name, and the node is removed::
 
            before: w = ConstantOfShape(shape=[96,3,11,11]){value=0.02};  y = Conv(x, w)
