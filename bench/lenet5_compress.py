@@ -33,7 +33,17 @@ Status (not tuned further on the 450 digits): the gate is NOT met. Runs on all 1
 training frames, so more (jittered) data does not close the last digit: the limit is the fit at
 7-7.5% of ip1 with 4-bit clusters, not the amount of distillation data.
 
-Gates: encoded weights <= 44 KB (the paper's 44 KB), top-1 agreement >= 99% on the 450 digits.
+Further runs (val agreement on the 200 plain / 600 with copies; 450-digit agreement; encoded /
+weights.mcw bytes): ``--bits ip1=5`` with ``--val 200``: 0.9800 / 0.9583; 0.9889; 43,539 /
+46,208 (over 44 KB either way). ``--sparsity conv2=0.88,ip1=0.925,ip2=0.7`` (conv2 at the
+paper's 12% paying for 7.5% of ip1 and 30% of ip2) with ``--val 200``: 0.9850 / 0.9617, a tie
+with the defaults; 0.9933; 40,740 / 43,392. The same on all 1347 digits: 0.9822; 40,581 /
+43,200. The same with ``--steps 0.5,0.8,1`` and ``--val 200``: 0.9800 / 0.9567; 0.9867;
+40,705 / 43,328. Not made the default: val does not prefer it, and without ``--val`` it fails
+the gate. One digit is 0.0022 of the 450 and 0.005 of the 200: these differences are noise-sized.
+
+Gates: the weights.mcw file <= 44 KB = 44,000 B (the paper's 44 KB; 45,056 B if KB = 1024), top-1
+agreement >= 99% on the 450 digits.
 
 Run: python bench/lenet5_compress.py [--epochs 3] [--augment 1] [--jitter 0.5] [--val 200]
      [--temperature 2] [--sparsity ip1=0.93] [--bits conv2=6] [--steps 0.7,1] [--final-lr 0.0003,0.0001]
@@ -233,8 +243,11 @@ def main() -> int:
             f"{val_all:.4f} with 2 jittered copies each ({len(val['data'])} frames)"
         )
     print(f"top-1 agreement with the uncompressed model: {agreement:.4f} ({len(test_images)} digits)")
-    ok = total <= 44_000 and agreement >= 0.99
-    print(f"gate (<= 44 KB, agreement >= 0.99): {'PASS' if ok else 'FAIL'}")
+    ok = mcw <= 44_000 and agreement >= 0.99  # the file, not just its tensors; KB = 1000 (stricter)
+    print(
+        f"gate (weights.mcw <= 44 KB = 44,000 B [{mcw / 1000:.2f} KB; {mcw / 1024:.2f} KiB of 44 KiB], "
+        f"agreement >= 0.99): {'PASS' if ok else 'FAIL'}"
+    )
     return 0 if ok else 1
 
 
