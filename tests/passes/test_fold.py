@@ -8,7 +8,6 @@ from pathlib import Path
 import mconv.passes as P
 import numpy as np
 import onnx
-import pytest
 from mconv.irio import load_onnx, to_proto
 from onnx import TensorProto, helper
 
@@ -95,8 +94,6 @@ def test_fold_does_not_treat_overridable_inputs_as_constants(build):
 
 def test_fold_and_dce_turn_light_alexnet_constantofshape_into_initializers(run_ort):
     path = LIGHT / "light_bvlc_alexnet.onnx"
-    if not path.exists():
-        pytest.skip("onnx's light_bvlc_alexnet.onnx is not installed")
     x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
     expected = run_ort(onnx.load(path), {"data_0": x})
     model = load_onnx(path)
