@@ -622,8 +622,8 @@ class Executor:
             for name in dying:
                 env.pop(name, None)
 
-    def run_plan(self, plan: Plan, inputs: list, scope: Mapping[str, Any]) -> list:
-        """Run a function body or subgraph plan with positional ``inputs`` and outer ``scope``."""
+    def _run_bound(self, plan: Plan, inputs: list, scope: Mapping[str, Any], *, keep_all: bool) -> dict:
+        """Bind a body plan's initializers, outer-scope values and positional inputs, then run it."""
         env = dict(plan.initializers)
         for name in plan.free_vars:
             if name in scope:
@@ -631,7 +631,12 @@ class Executor:
         for name, x in zip(plan.inputs, inputs):
             if name:
                 env[name] = x
-        self._execute(plan, env, tuple(o for o in plan.outputs if o), keep_all=False)
+        self._execute(plan, env, tuple(o for o in plan.outputs if o), keep_all=keep_all)
+        return env
+
+    def run_plan(self, plan: Plan, inputs: list, scope: Mapping[str, Any]) -> list:
+        """Run a function body or subgraph plan with positional ``inputs`` and outer ``scope``."""
+        env = self._run_bound(plan, inputs, scope, keep_all=False)
         return [env.get(n) if n else None for n in plan.outputs]
 
     def run_graph(self, graph: ir.Graph, inputs: list, scope: Mapping[str, Any]) -> list:
@@ -735,14 +740,7 @@ class Executor:
         """VJP through a subgraph: gradients of its positional inputs and of the outer-scope
         values it reads (control-flow ops return the latter so the sweep reaches them)."""
         plan = self.subgraph_plan(graph)
-        env = dict(plan.initializers)
-        for name in plan.free_vars:
-            if name in scope:
-                env[name] = scope[name]
-        for name, x in zip(plan.inputs, inputs):
-            if name:
-                env[name] = x
-        self._execute(plan, env, tuple(o for o in plan.outputs if o), keep_all=True)
+        env = self._run_bound(plan, inputs, scope, keep_all=True)
         cot = {o: g for o, g in zip(plan.outputs, cotangents) if o and g is not None}
         wrt = [
             n
@@ -754,14 +752,7 @@ class Executor:
 
     def plan_vjp(self, plan: Plan, inputs: list, grads: list, scope: Mapping[str, Any]) -> list:
         """VJP through a function body plan: forward recorded, then the reverse sweep."""
-        env = dict(plan.initializers)
-        for name in plan.free_vars:
-            if name in scope:
-                env[name] = scope[name]
-        for name, x in zip(plan.inputs, inputs):
-            if name:
-                env[name] = x
-        self._execute(plan, env, tuple(o for o in plan.outputs if o), keep_all=True)
+        env = self._run_bound(plan, inputs, scope, keep_all=True)
         cot = {o: g for o, g in zip(plan.outputs, grads) if o and g is not None}
         wrt = [
             n
