@@ -15,17 +15,28 @@ Rules:
    with filler zeros (the fillers' zero is a codebook entry): lossless and within ``bits``.
 2. ``groups = G`` splits the output-channel axis into G contiguous groups (as
    ``np.array_split``), each with its own centroids (grouped-channel palettization).
-3. Centroid initialisation ``init``: ``linear`` (default, the paper's winner: evenly spaced
-   between min and max), ``density`` (evenly spaced quantiles of the values' CDF),
-   ``kmeans++`` (seeded D² sampling on at most 65,536 sampled values), ``optimal`` (exact
-   1-D k-means by dynamic programming over the sorted distinct values weighted by their counts;
-   a tensor with more than 65,536 distinct values is first binned by rounding to float16, the
-   DP is exact on those bins, and Lloyd iterations on the exact values follow).
-4. Lloyd iterations (all inits but a solved ``optimal``) run on the sorted values with prefix
-   sums: each iteration is O(k log n), the sort is done once. Empty clusters keep their centroid.
-5. The assignment is to the nearest centroid; a value exactly between two goes to the lower.
-   Centroids are float32 means of their members; the tensor keeps its dtype.
-6. The saved model holds the clustered values as plain dense initializers (any ONNX tool runs
+3. k-means works on bins, the sufficient statistics of the sorted values: per bin the count
+   and the float64 sum of the exact values (every 1-D k-means cluster is an interval of the
+   sorted values, and a cluster's cost is sumsq - sum**2 / count). A tensor of at most 65,536
+   values, or one not float32, has one bin per distinct value (a sort). A larger float32 tensor
+   is binned in one O(n) pass by its bit pattern with the low 13 mantissa bits dropped: sign,
+   exponent and float16's 10 mantissa bits, so a bin is one float16 ulp wide at any magnitude
+   and float16-rounded weights get exactly one bin per distinct value.
+4. Centroid initialisation ``init``: ``linear`` (default, the paper's winner: evenly spaced
+   between the lowest and highest bin mean, the min and max when those bins hold one value),
+   ``density`` (evenly spaced quantiles of the values' CDF), ``kmeans++`` (seeded D² sampling
+   on at most 65,536 sampled values), ``optimal`` (1-D k-means by dynamic programming, exact
+   when the bins are single distinct values and at most 65,536 of them, e.g. any small tensor
+   or float16-rounded weights; otherwise the DP runs on the bins merged to a grid 512 steps per
+   octave down to 2**-10 of the largest magnitude, linear below, and Lloyd on the bins follows).
+5. Lloyd iterations (all inits but an exact ``optimal``) run on the bins with prefix sums, each
+   O(k log bins); a bin goes to the centroid nearest its mean. Empty clusters keep their
+   centroid. On single-value bins (small tensors) this is Lloyd on the exact values.
+6. The assignment is exact: each value goes to its nearest centroid (a value exactly between
+   two goes to the lower), through a lookup table from bin to centroid where no midpoint falls
+   inside the bin, and a binary search for the few values in bins that hold a midpoint.
+   Centroids are float32 means of their members' bins; the tensor keeps its dtype.
+7. The saved model holds the clustered values as plain dense initializers (any ONNX tool runs
    it); each tensor's settings go to its metadata (``mconv.cluster`` = bits, init, groups, axis;
    model-level ``mconv.compression``) so export re-derives the codebook (distinct values ->
    palette) and fine-tuning can update centroids.
@@ -38,6 +49,7 @@ from typing import Literal
 
 import numpy as np
 import onnx_ir as ir
+from mconv.codecs.palette import value_histogram
 from mconv.errors import InputError
 from mconv.passes._weights import (
     WEIGHT_OPS,
@@ -51,47 +63,105 @@ from mconv.passes.base import Pass, PassContext, PassReport, register_pass
 
 Init = Literal["linear", "density", "kmeans++", "optimal"]
 MAX_DP_VALUES = 1 << 16
-_CHUNK = 1024
+_CHUNK = 1 << 20  # values per pass over a large tensor: float64 temporaries stay at 8 MB
+_DROP = 13  # float32 mantissa bits a bin ignores (rule 3)
+_NCODES = 1 << (32 - _DROP)
+_NEGATIVE = 1 << (31 - _DROP)  # codes at or above hold negative values
+_NONFINITE = 0xFF << (23 - _DROP)  # exponent all ones: inf or nan
+_GRID_STEPS = 9  # the DP grid: 2**9 steps per octave ...
+_GRID_OCTAVES = 10  # ... down to 2**-10 of the largest magnitude (rule 4)
 
 
-# --- sorted data with chunked prefix sums ----------------------------------------------------
+# --- bins -----------------------------------------------------------------------------------
 
 
-class _SortedValues:
-    """Sorted values with prefix sums at any position in O(chunk) (no O(n) float64 cumsum)."""
+@dataclass
+class ValueBins:
+    """Sorted bins of a tensor's values (rule 3): ``count`` and float64 ``total`` of the values in
+    each, ``lo``/``hi`` the range a bin can hold; ``codes`` the bit-pattern code of each bin
+    (large float32 tensors) or None (one bin per distinct value); ``exact`` when every bin holds
+    a single distinct value."""
 
-    def __init__(self, values: np.ndarray) -> None:
-        self.s = np.sort(values.ravel())
-        n = self.s.size
-        full = n // _CHUNK * _CHUNK
-        chunks = self.s[:full].reshape(-1, _CHUNK).sum(axis=1, dtype=np.float64)
-        self.chunk_prefix = np.concatenate([[0.0], np.cumsum(chunks)])
+    count: np.ndarray
+    total: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    codes: np.ndarray | None
+    exact: bool
+    dtype: np.dtype
 
     @property
-    def n(self) -> int:
-        return int(self.s.size)
-
-    def prefix(self, positions: np.ndarray) -> np.ndarray:
-        """Sum of s[:p] for each p: chunk prefix plus a masked gather of the partial chunk."""
-        positions = np.asarray(positions, dtype=np.int64)
-        chunk = positions // _CHUNK
-        offsets = np.arange(_CHUNK)
-        idx = chunk[:, None] * _CHUNK + offsets[None, :]
-        inside = offsets[None, :] < (positions - chunk * _CHUNK)[:, None]
-        part = np.where(inside, self.s[np.minimum(idx, self.n - 1)], 0).sum(axis=1, dtype=np.float64)
-        return self.chunk_prefix[chunk] + part
+    def mean(self) -> np.ndarray:
+        return self.total / self.count
 
 
-def lloyd_sorted(data: _SortedValues, centroids: np.ndarray, max_iter: int = 300) -> np.ndarray:
-    """Lloyd iterations on sorted values (rule 4); returns sorted float64 centroids."""
+def _distinct_bins(values: np.ndarray) -> ValueBins:
+    """One bin per distinct value (a sort)."""
+    s = np.sort(values.ravel())
+    starts = np.concatenate([[0], np.flatnonzero(s[1:] != s[:-1]) + 1])
+    counts = np.diff(np.concatenate([starts, [s.size]]))
+    u = s[starts]
+    return ValueBins(counts, u.astype(np.float64) * counts, u, u, None, True, s.dtype)
+
+
+def _code_bins(flat: np.ndarray, zeros: int) -> ValueBins | None:
+    """Bins of a float32 array by bit pattern (rule 3) in one chunked O(n) pass; ``zeros``
+    exact zeros are left out. None when a bin mixes zeros with nonzero values (float32
+    subnormals below 2**-136 share the zero code): the caller then bins the nonzero values."""
+    bits = flat.view(np.uint32)
+    count = np.zeros(_NCODES, dtype=np.int64)
+    total = np.zeros(_NCODES)
+    for i in range(0, flat.size, _CHUNK):
+        code = (bits[i : i + _CHUNK] >> _DROP).astype(np.intp)
+        count += np.bincount(code, minlength=_NCODES)
+        total += np.bincount(code, weights=flat[i : i + _CHUNK], minlength=_NCODES)
+    if count[_NONFINITE:_NEGATIVE].any() or count[_NEGATIVE + _NONFINITE :].any():
+        raise InputError("weights hold inf or nan", hint="clean the model's weights before clustering")
+    if zeros:
+        if count[0] + count[_NEGATIVE] != zeros:
+            return None
+        count[0] = count[_NEGATIVE] = 0
+    occupied = np.flatnonzero(count)
+    # Negative codes grow with magnitude: descending codes are ascending values.
+    codes = np.concatenate([occupied[occupied >= _NEGATIVE][::-1], occupied[occupied < _NEGATIVE]])
+    low_bits = codes.astype(np.uint32) << _DROP
+    near_zero = low_bits.view(np.float32)  # the bin's smallest magnitude
+    far = (low_bits | ((1 << _DROP) - 1)).view(np.float32)
+    n, t = count[codes], total[codes]
+    # Values of one bin share an exponent, so their float64 sum is exact: it equals count times
+    # the smallest magnitude only when every value is that one.
+    exact = bool(np.array_equal(t, n * near_zero.astype(np.float64)))
+    return ValueBins(n, t, np.minimum(near_zero, far), np.maximum(near_zero, far), codes, exact, flat.dtype)
+
+
+def value_bins(values: np.ndarray, zeros: int = 0) -> ValueBins | None:
+    """Bins of ``values`` without ``zeros`` exact zeros (rule 3); None as in :func:`_code_bins`."""
+    flat = values.ravel()
+    if flat.dtype == np.float32 and flat.size > MAX_DP_VALUES:
+        return _code_bins(flat, zeros)
+    if not np.isfinite(flat).all():
+        raise InputError("weights hold inf or nan", hint="clean the model's weights before clustering")
+    return _distinct_bins(flat[flat != 0] if zeros else flat)
+
+
+def _midpoints(c: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Midpoints between sorted centroids in the values' dtype: Lloyd and the assignment compare
+    against the very same numbers."""
+    return ((c[1:] + c[:-1]) / 2).astype(dtype)
+
+
+def lloyd_bins(bins: ValueBins, centroids: np.ndarray, max_iter: int = 300) -> np.ndarray:
+    """Lloyd iterations on bins (rule 5); returns sorted float64 centroids."""
+    mean = bins.mean
+    pc = np.concatenate([[0], np.cumsum(bins.count)])
+    pt = np.concatenate([[0.0], np.cumsum(bins.total)])
     c = np.sort(np.asarray(centroids, dtype=np.float64))
     for _ in range(max_iter):
-        mids = ((c[1:] + c[:-1]) / 2).astype(data.s.dtype)  # in the data's dtype: no O(n) upcast
-        bounds = np.concatenate([[0], np.searchsorted(data.s, mids, side="right"), [data.n]])
-        counts = np.diff(bounds)
-        sums = np.diff(data.prefix(bounds))
-        new = np.where(counts > 0, sums / np.maximum(counts, 1), c)
-        new = np.sort(new)
+        bounds = np.concatenate(
+            [[0], np.searchsorted(mean, _midpoints(c, bins.dtype), side="right"), [mean.size]]
+        )
+        counts = np.diff(pc[bounds])
+        new = np.sort(np.where(counts > 0, np.diff(pt[bounds]) / np.maximum(counts, 1), c))
         if np.array_equal(new, c):
             break
         c = new
@@ -101,51 +171,53 @@ def lloyd_sorted(data: _SortedValues, centroids: np.ndarray, max_iter: int = 300
 # --- exact 1-D k-means ----------------------------------------------------------------------
 
 
-def optimal_kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
-    """Exact weighted 1-D k-means of sorted distinct ``values`` (rule 3, ``optimal``).
+def optimal_partition(counts: np.ndarray, sums: np.ndarray, k: int) -> np.ndarray:
+    """Bounds (``k + 1`` indices, fewer when there are fewer items) of the contiguous partition
+    of sorted weighted items into k clusters with the least within-cluster sum of squares.
 
-    Dynamic programming D[j][i] = min_a D[j-1][a] + cost(a, i) over the first i values, with the
-    divide-and-conquer optimisation (the best split a is monotone in i), one recursion level at
-    a time, vectorized over all segments of the level: O(k n log n) numpy work, deterministic
-    (ties go to the smallest split). Returns the sorted centroids (fewer when n < k).
+    The squares of the items are the same for every partition, so the DP maximises the sum of
+    sum**2 / count over clusters: G[j][i] = max_a G[j-1][a] + gain(a, i) over the first i items,
+    with the divide-and-conquer optimisation (the best split a is monotone in i), one recursion
+    level at a time, vectorized over all segments of the level: O(k n log n) numpy work,
+    deterministic (ties go to the smallest split). Sums are centred first for conditioning.
     """
-    x = np.asarray(values, dtype=np.float64)
-    w = np.asarray(weights, dtype=np.float64)
-    n = x.size
+    w = np.asarray(counts, dtype=np.float64)
+    n = w.size
     if n <= k:
-        return x.copy()
+        return np.arange(n + 1)
+    s = np.asarray(sums, dtype=np.float64)
+    s = s - w * (s.sum() / w.sum())
     pw = np.concatenate([[0.0], np.cumsum(w)])
-    ps = np.concatenate([[0.0], np.cumsum(w * x)])
-    pq = np.concatenate([[0.0], np.cumsum(w * x * x)])
+    ps = np.concatenate([[0.0], np.cumsum(s)])
 
-    def cost(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # items a..b-1
-        cw = pw[b] - pw[a]
-        cs = ps[b] - ps[a]
-        return np.maximum(pq[b] - pq[a] - cs * cs / np.where(cw > 0, cw, 1.0), 0.0)
+    def gain(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # items a..b-1
+        d = ps[b] - ps[a]
+        return d * d / (pw[b] - pw[a])
 
-    idx = np.arange(n + 1)
-    prev = cost(np.zeros(n + 1, dtype=np.int64), idx)
-    splits = np.zeros((k, n + 1), dtype=np.int64)
+    prev = np.full(n + 1, -np.inf)
+    prev[1:] = gain(np.zeros(n, dtype=np.int64), np.arange(1, n + 1))
+    splits = np.zeros((k + 1, n + 1), dtype=np.int64)
     for j in range(2, k + 1):
-        cur = np.full(n + 1, np.inf)
-        lo, hi = np.array([j]), np.array([n])
-        optlo, opthi = np.array([j - 1]), np.array([n - 1])
+        cur = np.full(n + 1, -np.inf)
+        # The last layer is needed at i = n only; the others for i up to n - (k - j).
+        lo, hi = (np.array([n]), np.array([n])) if j == k else (np.array([j]), np.array([n - (k - j)]))
+        optlo, opthi = np.array([j - 1]), hi - 1
         while lo.size:
             mid = (lo + hi) // 2
-            last = np.minimum(mid - 1, opthi)
-            lengths = last - optlo + 1
+            lengths = np.minimum(mid - 1, opthi) - optlo + 1
+            starts = np.zeros(mid.size, dtype=np.int64)
+            np.cumsum(lengths[:-1], out=starts[1:])
             seg = np.repeat(np.arange(mid.size), lengths)
-            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-            a = optlo[seg] + (np.arange(seg.size) - starts[seg])
-            vals = prev[a] + cost(a, mid[seg])
-            best = np.minimum.reduceat(vals, starts)
-            first = np.flatnonzero(vals == best[seg])
-            _, pick = np.unique(seg[first], return_index=True)
-            arg = a[first[pick]]
+            a = np.arange(seg.size) - np.repeat(starts - optlo, lengths)
+            vals = prev[a] + gain(a, mid[seg])
+            best = np.maximum.reduceat(vals, starts)
+            hit = np.flatnonzero(vals == best[seg])
+            first = np.ones(hit.size, dtype=bool)
+            first[1:] = seg[hit[1:]] != seg[hit[:-1]]
+            arg = a[hit[first]]
             cur[mid] = best
-            splits[j - 1, mid] = arg
-            left = lo <= mid - 1
-            right = mid + 1 <= hi
+            splits[j, mid] = arg
+            left, right = lo <= mid - 1, mid + 1 <= hi
             lo, hi, optlo, opthi = (
                 np.concatenate([lo[left], mid[right] + 1]),
                 np.concatenate([mid[left] - 1, hi[right]]),
@@ -155,20 +227,42 @@ def optimal_kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int) -> np.nda
         prev = cur
     ends = [n]
     for j in range(k, 1, -1):
-        ends.append(int(splits[j - 1, ends[-1]]))
+        ends.append(int(splits[j, ends[-1]]))
     ends.append(0)
-    bounds = np.array(ends[::-1])
-    return (ps[bounds[1:]] - ps[bounds[:-1]]) / (pw[bounds[1:]] - pw[bounds[:-1]])
+    return np.array(ends[::-1])
+
+
+def _segment_means(counts: np.ndarray, sums: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    pc = np.concatenate([[0], np.cumsum(counts)])
+    ps = np.concatenate([[0.0], np.cumsum(sums, dtype=np.float64)])
+    return np.diff(ps[bounds]) / np.diff(pc[bounds])
+
+
+def optimal_kmeans_1d(values: np.ndarray, weights: np.ndarray, k: int) -> np.ndarray:
+    """Exact weighted 1-D k-means of sorted distinct ``values`` (rule 4, ``optimal``): the sorted
+    centroids (fewer when there are fewer than k values)."""
+    x = np.asarray(values, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    return _segment_means(w, w * x, optimal_partition(w, w * x, k))
+
+
+def _dp_grid(mean: np.ndarray) -> np.ndarray:
+    """Starts of groups of sorted bins for the DP (rule 4): 2**9 steps per octave of magnitude
+    down to 2**-10 of the largest, 2**9 equal steps below that, each sign on its own."""
+    a = np.abs(mean)
+    floor = np.float32(a.max() * 2.0**-_GRID_OCTAVES)
+    step = float(floor) * 2.0**-_GRID_STEPS
+    if step == 0.0:
+        return np.arange(mean.size)
+    octave = np.maximum(a, floor).astype(np.float32).view(np.int32).astype(np.int64) - int(
+        floor.view(np.int32)
+    )
+    mag = np.where(a < floor, np.floor(a / step), (1 << _GRID_STEPS) + (octave >> (23 - _GRID_STEPS)))
+    key = np.where(mean < 0, -mag - 1, mag)
+    return np.flatnonzero(np.concatenate([[True], key[1:] != key[:-1]]))
 
 
 # --- initialisations ------------------------------------------------------------------------
-
-
-def _unique_counts(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct values of a sorted array and their counts."""
-    starts = np.concatenate([[0], np.flatnonzero(s[1:] != s[:-1]) + 1])
-    counts = np.diff(np.concatenate([starts, [s.size]]))
-    return s[starts], counts
 
 
 def _kmeans_pp(sample: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -184,63 +278,61 @@ def _kmeans_pp(sample: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarr
     return np.array(chosen)
 
 
+def bin_centroids(
+    bins: ValueBins, k: int, init: Init = "linear", *, max_iter: int = 300, seed: int = 0
+) -> np.ndarray:
+    """Sorted float64 centroids of 1-D k-means over binned values (rules 4-5)."""
+    mean = bins.mean
+    if mean.size == 0:
+        return np.zeros(0)
+    if mean[0] == mean[-1]:
+        return mean[:1].copy()
+    position = np.cumsum(bins.count)  # values up to and including each bin
+    if init == "linear":
+        c0 = np.linspace(mean[0], mean[-1], k)
+    elif init == "density":
+        c0 = mean[
+            np.searchsorted(
+                position, ((np.arange(k) + 0.5) / k * position[-1]).astype(np.int64), side="right"
+            )
+        ]
+    elif init == "kmeans++":
+        rng = np.random.default_rng(seed)
+        if position[-1] <= MAX_DP_VALUES:
+            sample = np.repeat(mean, bins.count)
+        else:
+            sample = mean[
+                np.searchsorted(position, np.sort(rng.integers(0, position[-1], MAX_DP_VALUES)), side="right")
+            ]
+        c0 = _kmeans_pp(sample, k, rng)
+    elif init == "optimal":
+        if bins.exact and mean.size <= MAX_DP_VALUES:
+            return _segment_means(bins.count, bins.total, optimal_partition(bins.count, bins.total, k))
+        starts = _dp_grid(mean)
+        count, total = np.add.reduceat(bins.count, starts), np.add.reduceat(bins.total, starts)
+        c0 = _segment_means(count, total, optimal_partition(count, total, k))
+    else:
+        raise InputError(f"unknown init {init!r}", hint="use linear, density, kmeans++ or optimal")
+    return lloyd_bins(bins, c0, max_iter)
+
+
 def kmeans_1d(
     values: np.ndarray, k: int, init: Init = "linear", *, max_iter: int = 300, seed: int = 0
 ) -> np.ndarray:
-    """Sorted float64 centroids of 1-D k-means over ``values`` (rules 3-4)."""
+    """Sorted float64 centroids of 1-D k-means over ``values`` (rules 3-5)."""
     values = np.asarray(values).ravel()
     if values.size == 0:
         return np.zeros(0)
-    return _kmeans_sorted(_SortedValues(values), k, init, max_iter, seed)
+    return bin_centroids(value_bins(values), k, init, max_iter=max_iter, seed=seed)
 
 
-def _fp16_histogram(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Counts of sorted ``s`` rounded to float16, without converting ``s``: the thresholds halfway
-    between neighbouring float16 values are searched in ``s`` (O(65536 log n) instead of an O(n)
-    conversion). Returns the occupied float16 values (as float64) and their counts."""
-    h = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
-    h = np.unique(h[np.isfinite(h)].astype(np.float64))
-    mids = ((h[1:] + h[:-1]) / 2).astype(s.dtype)  # exact in float32
-    # A value exactly halfway rounds to the neighbour with the even float16 bit pattern.
-    lower_even = (h[:-1].astype(np.float16).view(np.uint16) & 1) == 0
-    cut = np.where(lower_even, np.searchsorted(s, mids, side="right"), np.searchsorted(s, mids, side="left"))
-    bounds = np.concatenate([[0], cut, [s.size]])
-    counts = np.diff(bounds)
-    keep = counts > 0
-    return h[keep], counts[keep]
-
-
-def _kmeans_sorted(data: _SortedValues, k: int, init: Init, max_iter: int, seed: int) -> np.ndarray:
-    s = data.s
-    if s[0] == s[-1]:
-        return np.array([float(s[0])])
-    if init == "linear":
-        c0 = np.linspace(float(s[0]), float(s[-1]), k)
-    elif init == "density":
-        c0 = s[np.minimum(((np.arange(k) + 0.5) / k * s.size).astype(np.int64), s.size - 1)].astype(
-            np.float64
-        )
-    elif init == "kmeans++":
-        rng = np.random.default_rng(seed)
-        sample = s if s.size <= MAX_DP_VALUES else s[np.sort(rng.integers(0, s.size, MAX_DP_VALUES))]
-        c0 = _kmeans_pp(sample.astype(np.float64), k, rng)
-    elif init == "optimal":
-        # Few distinct values (e.g. fp16-rounded weights): exact DP on them; otherwise the DP runs
-        # on the float16 histogram and Lloyd iterations on the real values finish the job.
-        if s.size <= MAX_DP_VALUES or np.count_nonzero(s[1:] != s[:-1]) < MAX_DP_VALUES:
-            u, counts = _unique_counts(s)
-            return optimal_kmeans_1d(u, counts, k)
-        u, counts = _fp16_histogram(s)
-        c0 = optimal_kmeans_1d(u, counts, k)
-    else:
-        raise InputError(f"unknown init {init!r}", hint="use linear, density, kmeans++ or optimal")
-    return lloyd_sorted(data, c0, max_iter)
+# --- assignment -----------------------------------------------------------------------------
 
 
 def assign_nearest(
     values: np.ndarray, centroids: np.ndarray, lo: float | None = None, hi: float | None = None
 ) -> np.ndarray:
-    """Index of the nearest sorted centroid for each value (rule 5).
+    """Index of the nearest sorted centroid for each value (rule 6).
 
     A 65,536-bin lookup table over [lo, hi] (the values' range) decides most values in one
     gather; only values in bins next to a midpoint are placed by binary search.
@@ -249,7 +341,7 @@ def assign_nearest(
     c = np.asarray(centroids, dtype=np.float64)
     if c.size <= 1 or x.size == 0:
         return np.zeros(x.size, dtype=np.int16)
-    mids = ((c[1:] + c[:-1]) / 2).astype(x.dtype)  # the same midpoints as lloyd_sorted
+    mids = _midpoints(c, x.dtype)
     if x.size < 1 << 16 or x.dtype != np.float32:
         return np.searchsorted(mids, x, side="left").astype(np.int16)
     lo = float(x.min()) if lo is None else float(lo)
@@ -275,6 +367,48 @@ def assign_nearest(
     return labels
 
 
+def _clustered_by_code(flat: np.ndarray, bins: ValueBins, centroids: np.ndarray) -> np.ndarray:
+    """``flat`` (float32) with every value replaced by its nearest centroid (rule 6), zeros kept:
+    a bin whose range holds no midpoint maps to its centroid in a table indexed by code; the
+    table holds nan for the rest, whose values are placed by binary search."""
+    c = centroids.astype(np.float32)
+    mids = _midpoints(centroids, np.float32)
+    low, high = np.searchsorted(mids, bins.lo, side="left"), np.searchsorted(mids, bins.hi, side="left")
+    table = np.zeros(_NCODES, dtype=np.float32)  # zero codes map to zero (rule 1)
+    table[bins.codes] = np.where(low == high, c[low], np.nan)
+    out = np.empty_like(flat)
+    bits = flat.view(np.uint32)
+    for i in range(0, flat.size, _CHUNK):
+        part = out[i : i + _CHUNK]
+        np.take(table, (bits[i : i + _CHUNK] >> _DROP).astype(np.intp), out=part)
+        unsure = np.flatnonzero(np.isnan(part))
+        if unsure.size:
+            part[unsure] = c[np.searchsorted(mids, flat[i + unsure], side="left")]
+    return out
+
+
+def _cluster_flat(flat: np.ndarray, k: int, init: Init, max_iter: int, seed: int, zeros: int) -> np.ndarray:
+    """A 1-D array clustered (rules 1, 3-6); ``zeros`` is its count of exact zeros."""
+    if zeros == flat.size:
+        return np.zeros_like(flat)
+    bins = value_bins(flat, zeros)
+    if bins is None:  # subnormals share the zero code: cluster the nonzero values alone
+        keep = flat != 0
+        out = np.zeros_like(flat)
+        out[keep] = _cluster_flat(flat[keep], k, init, max_iter, seed, 0)
+        return out
+    centroids = bin_centroids(bins, k, init, max_iter=max_iter, seed=seed)
+    if bins.codes is not None:
+        return _clustered_by_code(flat, bins, centroids)
+    c = centroids.astype(flat.dtype)
+    if not zeros:
+        return c[assign_nearest(flat, centroids)]
+    keep = flat != 0
+    out = np.zeros_like(flat)
+    out[keep] = c[assign_nearest(flat[keep], centroids)]
+    return out
+
+
 def cluster_array(
     array: np.ndarray,
     bits: int,
@@ -285,38 +419,24 @@ def cluster_array(
     max_iter: int = 300,
     seed: int = 0,
 ) -> np.ndarray:
-    """``array`` with its nonzero values replaced by their cluster centroids (rules 1, 2, 5)."""
-    has_zeros = np.count_nonzero(array) != array.size
-    k = max((1 << bits) - 1 if has_zeros else 1 << bits, 1)
-    if groups <= 1 and not has_zeros:  # the common dense case: no masks, no copies
-        if array.size == 0:
-            return array.copy()
-        data = _SortedValues(array)
-        centroids = _kmeans_sorted(data, k, init, max_iter, seed)
-        labels = assign_nearest(array, centroids, float(data.s[0]), float(data.s[-1]))
-        del data
-        return centroids.astype(array.dtype)[labels].reshape(array.shape)
-    out = np.zeros_like(array)
+    """``array`` with its nonzero values replaced by their cluster centroids (rules 1-6)."""
+    if array.size == 0:
+        return array.copy()
+    nonzero = np.count_nonzero(array)
+    k = max((1 << bits) - 1 if nonzero != array.size else 1 << bits, 1)
+    if groups <= 1:
+        flat = array.ravel()
+        return _cluster_flat(flat, k, init, max_iter, seed, flat.size - nonzero).reshape(array.shape)
+    out = np.empty_like(array)
     moved = np.moveaxis(array, axis, 0)
     target = np.moveaxis(out, axis, 0)
-    for g, channels in enumerate(np.array_split(np.arange(moved.shape[0]), max(1, groups))):
+    for g, channels in enumerate(np.array_split(np.arange(moved.shape[0]), groups)):
         if channels.size == 0:
             continue
         part = moved[channels[0] : channels[-1] + 1]
-        into = target[channels[0] : channels[-1] + 1]  # a view of ``out``
-        nz = (part != 0) if has_zeros else None
-        values = part[nz] if has_zeros else part.ravel()
-        if values.size == 0:
-            continue
-        data = _SortedValues(values)
-        centroids = _kmeans_sorted(data, k, init, max_iter, seed + g)
-        labels = assign_nearest(values, centroids, float(data.s[0]), float(data.s[-1]))
-        del data, values
-        clustered = centroids.astype(array.dtype)[labels]
-        if has_zeros:
-            into[nz] = clustered
-        else:
-            into[...] = clustered.reshape(part.shape)
+        flat = np.ascontiguousarray(part).ravel()
+        clustered = _cluster_flat(flat, k, init, max_iter, seed + g, flat.size - np.count_nonzero(flat))
+        target[channels[0] : channels[-1] + 1] = clustered.reshape(part.shape)
     return out
 
 
@@ -403,7 +523,7 @@ class Cluster(Pass):
                 axis=ref.out_axis,
                 index_bits=cfg.index_bits,
             )
-            nz = clustered[clustered != 0]
+            book = value_histogram(clustered)[0]  # chunked: no full-size mask or sorted copy
             tensors.append(
                 {
                     "name": ref.name,
@@ -413,10 +533,11 @@ class Cluster(Pass):
                     "bits": cfg.bits,
                     "init": cfg.init,
                     "groups": cfg.groups,
-                    "codebook_size": int(np.unique(nz).size),
+                    "codebook_size": int(np.count_nonzero(book)),
                     "mse": squared_error(w, clustered) / max(w.size, 1),
                     "snr_db": snr_db(w, clustered),
                 }
             )
+            del w, clustered  # before the next tensor is read: one large weight in memory at a time
         notes.append(f"{len(tensors)} tensors clustered")
         return self.report(bool(tensors), notes=notes, tensors=tensors)

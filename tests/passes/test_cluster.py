@@ -7,8 +7,16 @@ import itertools
 import mconv.passes as P
 import numpy as np
 import pytest
+from mconv.errors import InputError
 from mconv.passes._weights import CLUSTER_KEY, compression_info
-from mconv.passes.cluster import assign_nearest, cluster_array, kmeans_1d, optimal_kmeans_1d
+from mconv.passes.cluster import (
+    assign_nearest,
+    cluster_array,
+    kmeans_1d,
+    optimal_kmeans_1d,
+    optimal_partition,
+    value_bins,
+)
 from onnx import TensorProto
 
 
@@ -125,18 +133,141 @@ def test_pass_records_metadata_and_overrides_by_op_type(build, run_ort):
     assert run_ort(model, {"x": x})["y"].shape == (1, 6)  # still a plain, runnable ONNX model
 
 
-def test_fp16_histogram_matches_numpy_float16_rounding():
-    from mconv.passes.cluster import _fp16_histogram
+def _quadratic_dp_sse(values: np.ndarray, counts: np.ndarray, k: int) -> float:
+    """Least within-cluster sum of squares of sorted weighted values into at most k intervals,
+    by the textbook O(k n^2) DP with costs from prefix sums of w, w*x, w*x^2."""
+    x, w = values.astype(np.float64), counts.astype(np.float64)
+    pw, ps, pq = (np.concatenate([[0.0], np.cumsum(t)]) for t in (w, w * x, w * x * x))
+    n = x.size
+    a, b = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")  # cluster = items a..b-1
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cost = pq[b] - pq[a] - (ps[b] - ps[a]) ** 2 / (pw[b] - pw[a])
+    cost = np.where(b > a, np.maximum(cost, 0.0), np.inf)
+    best = cost[0].copy()
+    for _ in range(1, k):
+        best = np.minimum(best, np.min(best[:, None] + cost, axis=0))
+    return float(best[n])
 
-    rng = np.random.default_rng(7)
-    s = np.sort(
-        np.concatenate([rng.standard_t(3, 200_000) * 0.02, [0.0, -0.0, 1e-9, 70000.0]]).astype(np.float32)
-    )
-    values, counts = _fp16_histogram(s)
-    with np.errstate(over="ignore"):
-        h = s.astype(np.float16)
-    h = h[np.isfinite(h)].astype(np.float64)  # 70000 overflows float16: numpy gives inf
-    want_values, want_counts = np.unique(h, return_counts=True)
-    n = want_values.size
-    np.testing.assert_array_equal(values[:n], want_values)
-    np.testing.assert_array_equal(counts[:n], want_counts)
+
+def _sse(values: np.ndarray, counts: np.ndarray, centroids: np.ndarray) -> float:
+    d = values[:, None].astype(np.float64) - np.asarray(centroids, dtype=np.float64)[None, :]
+    return float((np.min(d * d, axis=1) * counts).sum())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_optimal_partition_matches_quadratic_dp_on_weighted_items(seed):
+    rng = np.random.default_rng(seed)
+    values = np.sort(rng.choice(rng.standard_t(3, 400), 40, replace=False))
+    counts = rng.integers(1, 50, values.size)
+    for k in (2, 3, 5, 9):
+        bounds = optimal_partition(counts, values * counts, k)
+        c = np.add.reduceat(values * counts, bounds[:-1]) / np.add.reduceat(counts, bounds[:-1])
+        assert _sse(values, counts, c) == pytest.approx(
+            _quadratic_dp_sse(values, counts, k), rel=1e-9, abs=1e-12
+        )
+
+
+def test_bins_of_a_large_float32_tensor_hold_exactly_the_values_in_their_range():
+    rng = np.random.default_rng(10)
+    x = (rng.standard_t(3, 200_000) * 0.02).astype(np.float32)
+    x[:5000] = x[5000:10000]  # repeated values
+    bins = value_bins(x)
+    assert bins.codes is not None and not bins.exact
+    assert np.all(bins.lo <= bins.hi) and np.all(bins.hi[:-1] < bins.lo[1:])  # sorted, disjoint
+    s = np.sort(x)
+    first, last = np.searchsorted(s, bins.lo, side="left"), np.searchsorted(s, bins.hi, side="right")
+    np.testing.assert_array_equal(bins.count, last - first)
+    assert bins.count.sum() == x.size
+    np.testing.assert_allclose(bins.total, np.add.reduceat(s.astype(np.float64), first), rtol=1e-12)
+    # a bin is one float16 ulp wide: 2**-10 of its magnitude at most
+    assert np.all(bins.hi - bins.lo <= np.maximum(np.abs(bins.lo), np.abs(bins.hi)) * 2.0**-10)
+
+
+def test_float16_rounded_weights_get_one_exact_bin_per_distinct_value():
+    x = (np.random.default_rng(11).standard_normal(150_000) * 0.05).astype(np.float16).astype(np.float32)
+    bins = value_bins(x)
+    want, counts = np.unique(x, return_counts=True)
+    assert bins.exact
+    np.testing.assert_array_equal(bins.mean, want)
+    np.testing.assert_array_equal(bins.count, counts)
+
+
+def test_optimal_on_a_large_tensor_of_few_values_is_the_exact_optimum():
+    rng = np.random.default_rng(12)
+    x = (rng.integers(1, 300, 120_000) * rng.choice([-1, 1], 120_000) / 64).astype(np.float32)  # no zeros
+    out = cluster_array(x, 3, "optimal")
+    values, counts = np.unique(x, return_counts=True)
+    sse = float(((out.astype(np.float64) - x) ** 2).sum())
+    assert sse == pytest.approx(_quadratic_dp_sse(values, counts, 8), rel=1e-9)
+
+
+@pytest.mark.parametrize("init", ["linear", "density", "kmeans++", "optimal"])
+def test_large_tensor_values_sit_at_their_nearest_shared_value(init):
+    x = np.random.default_rng(13).laplace(scale=0.01, size=(300, 700)).astype(np.float32)
+    out = cluster_array(x, 4, init)
+    book = np.unique(out)
+    assert book.size <= 16
+    nearest = book[np.argmin(np.abs(x.reshape(-1, 1).astype(np.float64) - book[None, :]), axis=1)]
+    np.testing.assert_array_equal(out.ravel(), nearest)
+
+
+def test_large_optimal_is_no_worse_than_scikit_learn_kmeans():
+    sklearn_cluster = pytest.importorskip("sklearn.cluster")
+    x = (np.random.default_rng(14).standard_t(3, 150_000) * 0.01).astype(np.float32)
+    km = sklearn_cluster.KMeans(8, n_init=3, random_state=0).fit(x.reshape(-1, 1).astype(np.float64))
+    sk = float(np.sum(np.min((x[:, None] - km.cluster_centers_.ravel()[None, :]) ** 2, axis=1)))
+    ours = float(((cluster_array(x, 3, "optimal").astype(np.float64) - x) ** 2).sum())
+    assert ours <= sk * (1 + 1e-6)
+
+
+def test_large_linear_lloyd_on_bins_matches_lloyd_on_exact_values():
+    x = np.random.default_rng(15).standard_normal(200_000).astype(np.float32)
+    xd = np.sort(x.astype(np.float64))
+    c = np.linspace(xd[0], xd[-1], 16)
+    for _ in range(300):  # plain Lloyd on the exact values, the same linear start
+        labels = np.searchsorted((c[1:] + c[:-1]) / 2, xd)
+        sums, counts = np.bincount(labels, xd, 16), np.bincount(labels, minlength=16)
+        new = np.where(counts > 0, sums / np.maximum(counts, 1), c)
+        if np.array_equal(new, c):
+            break
+        c = new
+    exact = float(np.min((xd[:, None] - c[None, :]) ** 2, axis=1).sum())
+    ours = float(((cluster_array(x, 4, "linear").astype(np.float64) - x) ** 2).sum())
+    assert ours == pytest.approx(exact, rel=1e-4)
+
+
+def test_large_pruned_tensor_keeps_exact_zeros_and_clusters_the_rest():
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal(200_000).astype(np.float32)
+    x[rng.random(x.size) < 0.7] = 0.0
+    x[:100][x[:100] == 0] = -0.0
+    x[100] = np.float32(1e-42)  # a subnormal that shares the zero bit-pattern bin
+    out = cluster_array(x, 3, "optimal")
+    np.testing.assert_array_equal(out == 0, x == 0)
+    assert not np.signbit(out[x == 0]).any()  # -0.0 becomes +0.0
+    assert np.unique(out[out != 0]).size <= 7
+
+
+@pytest.mark.parametrize("size", [1000, 100_000])
+def test_non_finite_weights_are_an_input_error(size):
+    x = np.ones(size, dtype=np.float32)
+    x[7] = np.nan
+    with pytest.raises(InputError, match="inf or nan"):
+        cluster_array(x, 4, "linear")
+    x[7] = -np.inf
+    with pytest.raises(InputError, match="inf or nan"):
+        cluster_array(x, 4, "optimal")
+
+
+def test_kmeans_pp_is_deterministic_for_a_seed_on_a_large_tensor():
+    w = np.random.default_rng(17).standard_normal(100_000).astype(np.float32)
+    a, b = kmeans_1d(w, 8, "kmeans++", seed=3), kmeans_1d(w, 8, "kmeans++", seed=3)
+    assert a.size == 8 and np.array_equal(a, b)
+
+
+def test_groups_along_axis_1_give_each_column_group_its_own_codebook():
+    rng = np.random.default_rng(18)
+    w = np.concatenate([rng.normal(0, 1, (50, 4)), rng.normal(10, 1, (50, 4))], axis=1).astype(np.float32)
+    out = cluster_array(w, 2, "optimal", groups=2, axis=1)
+    assert np.unique(out[:, :4]).size <= 4 and np.unique(out[:, 4:]).size <= 4
+    assert set(np.unique(out[:, :4])).isdisjoint(np.unique(out[:, 4:]))
