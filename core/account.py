@@ -25,8 +25,10 @@ import json
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import onnx_ir as ir
 from mconv.codecs.choose import TensorStats, predict
 from mconv.codecs.palette import bits_for
+from mconv.irio import owned_array
 
 COMPRESSION_KEY = "mconv.compression"
 
@@ -43,15 +45,16 @@ def compression_hints(model_metadata: Mapping[str, str] | None, name: str | None
     return dict(entry) if isinstance(entry, dict) else {}
 
 
-def choose_compressed_spec(array: np.ndarray, hints: Mapping) -> dict:
-    """The smallest spec for a pruned and/or clustered tensor (rule 2)."""
+def choose_compressed_spec(array: np.ndarray, hints: Mapping, stats: TensorStats | None = None) -> dict:
+    """The smallest spec for a pruned and/or clustered tensor (rule 2); ``stats`` when the caller
+    has analysed ``array`` already."""
     array = np.asarray(array)
     if array.dtype.kind not in "fiu" or array.size == 0:
         return {"codec": "raw"}
     bits = hints.get("bits")
     bits = int(bits) if bits is not None else None
     index_bits = hints.get("index_bits")
-    stats = TensorStats.of(array)
+    stats = stats if stats is not None else TensorStats.of(array)
     limit = 256 if bits is None else 1 << bits
     fp16 = stats.fp16_exact and array.dtype.itemsize > 2
     base: list[dict] = [{"codec": "raw"}]
@@ -164,14 +167,21 @@ def predicted_account(model) -> dict | None:
     for name, value in model.graph.initializers.items():
         if value.const_value is None:
             continue
-        a = value.const_value.numpy()
+        tensor = value.const_value
+        # An external tensor is read into a private copy: a memory map would keep its pages
+        # resident until exit, one whole model's worth after the loop.
+        a = owned_array(tensor) if isinstance(tensor, ir.ExternalTensor) else tensor.numpy()
         if a.dtype.kind != "f" or a.ndim == 0:
             continue
-        spec = choose_codec(a, meta, name)
-        if spec.get("codec") in ("raw", "fp16"):
-            predicted = a.size * (2 if spec["codec"] == "fp16" else a.dtype.itemsize)
+        hints = compression_hints(meta, name)
+        if hints and (hints.get("bits") is not None or hints.get("pruned")):
+            stats = TensorStats.of(a)  # analysed once: the choice and the prediction share it
+            spec = choose_compressed_spec(a, hints, stats)
+            predicted = predict(stats, spec)
+            del stats
         else:
-            predicted = predict(TensorStats.of(a), spec)
+            spec = choose_codec(a, meta, name)
+            predicted = a.size * (2 if spec["codec"] == "fp16" else a.dtype.itemsize)
         record = {**spec, "codec": spec.get("codec", "raw")}
         layers.append(
             {

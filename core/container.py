@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 from mconv import codecs
+from mconv.codecs.choose import fp16_exact
 from mconv.errors import InputError, IntegrityError
 from mconv.fileio import atomic_path
 
@@ -79,11 +80,8 @@ def choose_codec(
     hints = compression_hints(model_metadata, name)
     if hints and (hints.get("bits") is not None or hints.get("pruned")):
         return choose_compressed_spec(array, hints)
-    if array.dtype == np.float32 and array.size:
-        with np.errstate(over="ignore"):
-            half = array.astype(np.float16)
-        if np.array_equal(half.astype(np.float32), array, equal_nan=True):
-            return {"codec": "fp16"}
+    if array.dtype == np.float32 and array.size and fp16_exact(np.ascontiguousarray(array).ravel()):
+        return {"codec": "fp16"}
     return {"codec": "raw"}
 
 

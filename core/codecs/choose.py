@@ -47,23 +47,39 @@ class TensorStats:
     def of(cls, array: np.ndarray) -> TensorStats:
         flat = np.ascontiguousarray(array).ravel()
         positions = np.flatnonzero(bit_view(flat) != 0)
-        exact = False
-        if flat.dtype.kind == "f":
-            with np.errstate(over="ignore"):
-                back = flat.astype(np.float16).astype(flat.dtype)
-            exact = bool(np.array_equal(bit_view(back), bit_view(flat)))
         gaps = np.diff(positions, prepend=-1) - 1
-        return cls(np.asarray(array), flat.size, gaps, flat[positions], exact)
+        return cls(np.asarray(array), flat.size, gaps, flat[positions], fp16_exact(flat))
 
     def dense_histogram(self) -> tuple[np.ndarray, np.ndarray]:
+        """Histogram of every element: the nonzero one plus the all-zero bit pattern, so the
+        tensor itself is never sorted (the nonzeros of a pruned tensor are a few percent)."""
         if "dense" not in self._hist:
-            self._hist["dense"] = value_histogram(self.array)
+            book, counts = self.nonzero_histogram()
+            zeros = self.count - self.nonzero_values.size
+            if zeros:
+                book = np.concatenate([book, np.zeros(1, dtype=book.dtype)])
+                counts = np.concatenate([counts, [zeros]])
+                order = np.lexsort((bit_view(book), book))  # the order distinct_values gives
+                book, counts = book[order], counts[order]
+            self._hist["dense"] = (book, counts)
         return self._hist["dense"]
 
     def nonzero_histogram(self) -> tuple[np.ndarray, np.ndarray]:
         if "nonzero" not in self._hist:
             self._hist["nonzero"] = value_histogram(self.nonzero_values)
         return self._hist["nonzero"]
+
+
+def fp16_exact(flat: np.ndarray, chunk: int = 1 << 20) -> bool:
+    """Whether every element round-trips through float16 bit for bit (chunked: no full copies)."""
+    if flat.dtype.kind != "f":
+        return False
+    with np.errstate(over="ignore"):
+        for start in range(0, flat.size, chunk):
+            part = flat[start : start + chunk]
+            if not np.array_equal(bit_view(part.astype(np.float16).astype(flat.dtype)), bit_view(part)):
+                return False
+    return True
 
 
 def _index_stream_bytes(counts: np.ndarray, bits: int, huffman: bool) -> int:

@@ -47,21 +47,40 @@ def bit_view(values: np.ndarray) -> np.ndarray:
     return values.view(np.dtype(f"<u{values.dtype.itemsize}") if values.dtype.itemsize > 1 else np.uint8)
 
 
-def distinct_values(values: np.ndarray) -> np.ndarray:
-    """Distinct values by bit pattern, sorted by value then bit pattern (rule 2)."""
-    flat = np.ascontiguousarray(values).ravel()
-    _, first = np.unique(bit_view(flat), return_index=True)
-    uniq = flat[first]
-    return uniq[np.lexsort((bit_view(uniq), uniq))]
+# Histograms of tensors above this many elements are taken chunk by chunk, so the sort's
+# temporaries stay a few MB however large the tensor (AlexNet's fc6 has 37.7M elements).
+HISTOGRAM_CHUNK = 1 << 22
+
+
+def _bit_histogram(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct bit patterns (ascending) and their counts, chunk by chunk over ``bits``."""
+    if bits.size <= HISTOGRAM_CHUNK:
+        return np.unique(bits, return_counts=True)
+    keys, counts = [], []
+    for start in range(0, bits.size, HISTOGRAM_CHUNK):
+        k, c = np.unique(bits[start : start + HISTOGRAM_CHUNK], return_counts=True)
+        keys.append(k)
+        counts.append(c)
+    merged, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+    return merged, np.bincount(inverse, weights=np.concatenate(counts), minlength=merged.size).astype(
+        np.int64
+    )
 
 
 def value_histogram(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``distinct_values(values)`` and how often each occurs, in the same order."""
     flat = np.ascontiguousarray(values).ravel()
-    _, first, counts = np.unique(bit_view(flat), return_index=True, return_counts=True)
-    uniq = flat[first]
+    patterns, counts = _bit_histogram(bit_view(flat))
+    uniq = (
+        patterns.view(flat.dtype) if flat.dtype.itemsize > 1 else patterns.astype(np.uint8).view(flat.dtype)
+    )
     order = np.lexsort((bit_view(uniq), uniq))
     return uniq[order], counts[order]
+
+
+def distinct_values(values: np.ndarray) -> np.ndarray:
+    """Distinct values by bit pattern, sorted by value then bit pattern (rule 2)."""
+    return value_histogram(values)[0]
 
 
 def bits_for(count: int) -> int:

@@ -71,3 +71,24 @@ def test_predict_bytes_equals_encoded_size_for_grouped_and_given_codebooks():
         {"codec": "sparse", "index_bits": 2, "values": "palette", "codebook": book, "huffman": True},
     ]:
         assert predict_bytes(w, spec) == len(encode(w, spec)[0])
+
+
+def test_chunked_histograms_and_fp16_check_match_whole_array_oracles(monkeypatch):
+    import mconv.codecs.palette as palette
+    from mconv.codecs.choose import TensorStats, fp16_exact
+
+    monkeypatch.setattr(palette, "HISTOGRAM_CHUNK", 7)  # many chunks on a small tensor
+    rng = np.random.default_rng(5)
+    a = rng.choice(np.array([0.0, -0.0, 0.5, -1.25, 3.0, np.float32(0.1)], dtype=np.float32), size=501)
+    stats = TensorStats.of(a)
+    bits = a.view(np.uint32)
+    want_bits, want_counts = np.unique(bits, return_counts=True)  # oracle: whole-array unique
+    book, counts = stats.dense_histogram()
+    assert sorted(zip(book.view(np.uint32).tolist(), counts.tolist())) == list(
+        zip(want_bits.tolist(), want_counts.tolist())
+    )
+    assert list(book) == sorted(book)  # by value (then bit pattern: +0.0 before -0.0)
+    nz_book, nz_counts = stats.nonzero_histogram()
+    assert int(nz_counts.sum()) == int(np.count_nonzero(bits))
+    assert not fp16_exact(a, chunk=5)  # 0.1 is not a float16
+    assert fp16_exact(a[a != np.float32(0.1)], chunk=5)
