@@ -164,8 +164,10 @@ def optimize_cmd(
     out = _out(json_, quiet, debug)
 
     def body() -> int:
+        import tempfile
+
         from mconv import passes as P
-        from mconv.irio import model_stats
+        from mconv.irio import model_stats, spilling
         from mconv.runtime import open_model
 
         if bool(passes) == bool(recipe):
@@ -173,20 +175,24 @@ def optimize_cmd(
                 "give exactly one of --passes or --recipe", hint=f"recipes: {', '.join(P.recipe_names())}"
             )
         specs = P.parse_spec(passes) if passes else P.load_recipe(recipe)
-        model = open_model(model_path)
-        before = model_stats(model)
-        ctx = P.PassContext(data=_load_data(data, model), seed=seed)
-        with out.progress("optimize", total=len(specs)) as update:
-            ctx.progress = update
-            model, reports = P.run_pipeline(model, specs, ctx)
-        written = _save_model(model, output, format)
-        after = model_stats(model)
-        render_pass_reports(out, reports)
-        from mconv.account import predicted_account
+        # Large rewritten weights wait in a scratch folder beside the output (deleted at the end),
+        # so the pipeline holds about one weight at a time in memory (mconv.irio.spilling).
+        scratch_parent = output.resolve().parent if output.resolve().parent.is_dir() else None
+        with spilling(scratch_parent or tempfile.gettempdir()):
+            model = open_model(model_path)
+            before = model_stats(model)
+            ctx = P.PassContext(data=_load_data(data, model), seed=seed)
+            with out.progress("optimize", total=len(specs)) as update:
+                ctx.progress = update
+                model, reports = P.run_pipeline(model, specs, ctx)
+            written = _save_model(model, output, format)
+            after = model_stats(model)
+            render_pass_reports(out, reports)
+            from mconv.account import predicted_account
 
-        account = predicted_account(model)
-        if account:  # what export will store, predicted before encoding (the paper's Table 4)
-            render_byte_account(out, {"account": account}, title="weight storage at export (predicted)")
+            account = predicted_account(model)
+            if account:  # what export will store, predicted before encoding (the paper's Table 4)
+                render_byte_account(out, {"account": account}, title="weight storage at export (predicted)")
         out.print(
             f"wrote {output}: {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} "
             f"({before.bytes / max(after.bytes, 1):.1f}x)"

@@ -7,7 +7,9 @@ data are memory-mapped lazily by onnx_ir, so a model over 2 GB never becomes one
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +24,35 @@ from mconv.fileio import require_file
 EXTERNAL_DATA_THRESHOLD = 1 << 27
 
 
-def load_onnx(path: str | os.PathLike) -> ir.Model:
-    """Load an ``.onnx`` file (external data memory-mapped lazily) with one-line errors."""
+# Single-file models at least this large load lazily: their big initializers stay in the file
+# (memory-mapped on first use) instead of being copied into the parsed protobuf message.
+LAZY_LOAD_THRESHOLD = 1 << 26
+# Tensors whose raw_data is at least this large become references into the source file.
+LAZY_TENSOR_BYTES = 1 << 20
+
+
+def load_onnx(path: str | os.PathLike, *, lazy: bool | None = None) -> ir.Model:
+    """Load an ``.onnx`` file (external data memory-mapped lazily) with one-line errors.
+
+    Rules:
+    1. A single-file model of at least ``LAZY_LOAD_THRESHOLD`` bytes (or any, with ``lazy=True``)
+       is read lazily: :func:`lazy_model_proto` parses everything but the top-level graph's large
+       ``raw_data`` payloads, which become external-data references (offset, length) into the
+       file itself. Peak memory is then the model's structure, not its weights; a weight is
+       read when a pass asks for it. The file is never written.
+    2. Files with external data load as onnx_ir does: each tensor memory-mapped on first use.
+    """
     p = require_file(path, "ONNX model")
+    size = p.stat().st_size
+    if lazy is None:
+        lazy = size >= LAZY_LOAD_THRESHOLD and p.stat().st_nlink == 1  # onnx_ir refuses hard links
     try:
-        model = ir.load(p)
+        if lazy:
+            model = ir.serde.deserialize_model(lazy_model_proto(p))
+            ir.external_data.set_base_dir(model.graph, str(p.parent))
+        else:
+            model = ir.load(p)
     except Exception as exc:  # protobuf raises DecodeError and friends
-        size = p.stat().st_size
         raise InputError(
             f"not a valid ONNX model ({type(exc).__name__}: {str(exc)[:120]})",
             path=str(p),
@@ -41,6 +65,183 @@ def load_onnx(path: str | os.PathLike) -> ir.Model:
     ):
         raise InputError("ONNX model has an empty graph", path=str(p), hint="re-export the model")
     return model
+
+
+# --------------------------------------------------------------------------- protobuf wire format
+# ModelProto.graph = 7, GraphProto.initializer = 5, TensorProto.raw_data = 9, .external_data = 13,
+# .data_location = 14 (EXTERNAL = 1); StringStringEntryProto.key = 1, .value = 2 (onnx.proto3).
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+_TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
+
+
+def _varint(buf, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError(f"truncated varint at byte {pos}")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError(f"varint too long at byte {pos}")
+
+
+def _encode_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _fields(buf, start: int, end: int):
+    """(field number, wire type, field start, payload start, payload end) of each field."""
+    pos = start
+    while pos < end:
+        field_start = pos
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, pos = _varint(buf, pos)
+            yield number, wire, field_start, pos, pos
+            continue
+        if wire == 1:
+            payload = pos
+            pos += 8
+        elif wire == 2:
+            length, payload = _varint(buf, pos)
+            pos = payload + length
+        elif wire == 5:
+            payload = pos
+            pos += 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire} at byte {field_start}")
+        if pos > end:
+            raise ValueError(f"field {number} at byte {field_start} runs past its message's end ({end})")
+        yield number, wire, field_start, payload, pos
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
+
+
+def _entry(key: str, value: str) -> bytes:
+    return _length_delimited(
+        _TENSOR_EXTERNAL_DATA, _length_delimited(1, key.encode()) + _length_delimited(2, value.encode())
+    )
+
+
+def lazy_model_proto(path: Path, min_bytes: int | None = None) -> onnx.ModelProto:
+    """Parse ``path`` with every top-level initializer's ``raw_data`` of at least ``min_bytes``
+    replaced by an external-data reference to its own bytes in ``path`` (location = the file's
+    name, offset and length of the payload), so the payloads are never copied into memory.
+
+    Only the wire format is walked (ModelProto -> graph -> initializer -> raw_data); every other
+    byte is kept as it was. Subgraph initializers, Constant nodes and typed data fields
+    (float_data, ...) load as usual.
+    """
+    import mmap
+
+    min_bytes = LAZY_TENSOR_BYTES if min_bytes is None else min_bytes
+    location = path.name
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        model_parts = []
+        for number, wire, field_start, payload, end in _fields(buf, 0, len(buf)):
+            if number != _MODEL_GRAPH or wire != 2:
+                model_parts.append(buf[field_start:end])
+                continue
+            graph_parts = []
+            for g_number, g_wire, g_start, g_payload, g_end in _fields(buf, payload, end):
+                if g_number != _GRAPH_INITIALIZER or g_wire != 2:
+                    graph_parts.append(buf[g_start:g_end])
+                    continue
+                tensor_parts, moved = [], None
+                for t_number, t_wire, t_start, t_payload, t_end in _fields(buf, g_payload, g_end):
+                    if t_number == _TENSOR_RAW_DATA and t_wire == 2 and t_end - t_payload >= min_bytes:
+                        moved = (t_payload, t_end - t_payload)
+                    else:
+                        tensor_parts.append(buf[t_start:t_end])
+                if moved is not None:
+                    offset, length = moved
+                    tensor_parts += [
+                        _entry("location", location),
+                        _entry("offset", str(offset)),
+                        _entry("length", str(length)),
+                        _encode_varint(_TENSOR_DATA_LOCATION << 3) + _encode_varint(1),
+                    ]
+                graph_parts.append(_length_delimited(_GRAPH_INITIALIZER, b"".join(tensor_parts)))
+            model_parts.append(_length_delimited(_MODEL_GRAPH, b"".join(graph_parts)))
+        return onnx.load_model_from_string(b"".join(model_parts))
+
+
+# --------------------------------------------------------------------------- tensors out of core
+# Inside ``spilling``, arrays of at least this many bytes go to scratch files.
+SPILL_MIN_BYTES = 1 << 25
+_SPILL: dict = {"dir": None, "min_bytes": SPILL_MIN_BYTES, "count": 0}
+
+
+@contextlib.contextmanager
+def spilling(directory: str | os.PathLike, min_bytes: int | None = None):
+    """While active, :func:`weight_tensor` writes arrays of at least ``min_bytes`` to a scratch
+    folder in ``directory`` and returns external tensors over them, so a pass rewriting a large
+    model holds one weight in memory at a time, not all of them. The folder is deleted on exit:
+    save the model (and read what you need of it) inside the block."""
+    scratch = Path(tempfile.mkdtemp(prefix=".mconv-spill-", dir=directory))
+    saved = dict(_SPILL)
+    _SPILL.update(dir=scratch, min_bytes=SPILL_MIN_BYTES if min_bytes is None else min_bytes)
+    try:
+        yield scratch
+    finally:
+        _SPILL.clear()
+        _SPILL.update(saved)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def weight_tensor(array: np.ndarray, name: str | None) -> ir.TensorProtocol:
+    """``array`` as an IR tensor: in memory, or spilled to the scratch folder (see :func:`spilling`)."""
+    array = np.ascontiguousarray(array)
+    scratch = _SPILL["dir"]
+    if scratch is None or array.nbytes < _SPILL["min_bytes"] or array.dtype.byteorder == ">":
+        return ir.tensor(array, name=name)
+    _SPILL["count"] += 1
+    location = f"{_SPILL['count']}.bin"
+    with open(scratch / location, "wb") as f:
+        f.write(memoryview(array).cast("B"))
+    return ir.ExternalTensor(
+        location,
+        offset=0,
+        length=array.nbytes,
+        dtype=ir.DataType.from_numpy(array.dtype),
+        shape=ir.Shape(array.shape),
+        name=name or "",
+        base_dir=str(scratch),
+    )
+
+
+def owned_array(tensor: ir.TensorProtocol) -> np.ndarray:
+    """A writable copy of ``tensor``'s values that the caller owns. An external tensor is read
+    from its file straight into the copy (no memory map left behind holding its pages)."""
+    if isinstance(tensor, ir.ExternalTensor) and tensor.dtype.bitwidth >= 8 and tensor.size:
+        dtype = np.dtype(tensor.dtype.numpy()).newbyteorder("<")
+        with open(tensor.path, "rb") as f:
+            f.seek(tensor.offset or 0)
+            array = np.fromfile(f, dtype=dtype, count=tensor.size)
+        if array.size != tensor.size:
+            raise InputError(
+                f"external data of {tensor.name!r} is truncated",
+                path=str(tensor.path),
+                where=f"offset {tensor.offset or 0}",
+                hint="the weights file is incomplete; re-export the model",
+            )
+        return array.astype(array.dtype.newbyteorder("="), copy=False).reshape(tensor.shape.numpy())
+    return np.array(tensor.numpy(), copy=True)
 
 
 def from_proto(proto: onnx.ModelProto) -> ir.Model:
@@ -68,6 +269,11 @@ def save_onnx(
         if data_name:
             ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=1024)
         else:
+            # One self-contained file: tensors that still live elsewhere (a lazily loaded source,
+            # spilled scratch) are read in first; onnx_ir would otherwise keep the references.
+            for value in model.graph.initializers.values():
+                if isinstance(value.const_value, ir.ExternalTensor):
+                    value.const_value = ir.tensor(owned_array(value.const_value), name=value.name)
             ir.save(model, tmp_model)
         written = []
         if data_name:

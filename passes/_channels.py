@@ -130,9 +130,7 @@ def _dims(value: ir.Value, node: ir.Node) -> list[int]:
 
 
 def channel_norms(ref: WeightRef, kind: str) -> np.ndarray:
-    w = np.moveaxis(ref.array().astype(np.float64), ref.out_axis, 0).reshape(
-        ref.array().shape[ref.out_axis], -1
-    )
+    w = np.moveaxis(ref.array().astype(np.float64), ref.out_axis, 0).reshape(ref.shape[ref.out_axis], -1)
     return np.abs(w).sum(axis=1) if kind == "l1" else np.sqrt((w * w).sum(axis=1))
 
 
@@ -148,7 +146,7 @@ def plan_removal(ref: WeightRef, keep: list[int]) -> Plan:
             raise Unsafe(node, "Gemm with transA=1")
     else:
         raise Unsafe(node, f"structured pruning removes output channels of Conv and Gemm, not {node.op_type}")
-    count = ref.array().shape[ref.out_axis]
+    count = ref.shape[ref.out_axis]
     plan.slice(ref.value, ref.out_axis, keep, node)
     if len(node.inputs) > 2 and node.inputs[2] is not None:
         bias = node.inputs[2]
@@ -315,7 +313,7 @@ def prune_channels(model: ir.Model, selected: list) -> tuple[list[dict], list[st
             # Its channels follow its input's (rule 7): never a producer of its own.
             notes.append(f"{ref.node.name or ref.name}: skipped (grouped convolution)")
             continue
-        count = ref.array().shape[ref.out_axis]
+        count = ref.shape[ref.out_axis]
         n_remove = min(int(round(cfg.sparsity * count)), count - 1)
         if n_remove <= 0:
             continue
@@ -334,7 +332,7 @@ def prune_channels(model: ir.Model, selected: list) -> tuple[list[dict], list[st
                 ) from None
             notes.append(f"{ref.node.name or ref.name}: skipped ({where}: {exc.reason})")
             continue
-        shape = list(ref.array().shape)
+        shape = list(ref.shape)
         plan.apply()
         tensors.append(
             {

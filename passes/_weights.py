@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
+from mconv.irio import owned_array, weight_tensor
 from mconv.passes.rewrite import is_overridable
 
 COMPRESSION_KEY = "mconv.compression"
@@ -57,12 +58,22 @@ class WeightRef:
     def name(self) -> str:
         return self.value.name or ""
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.const_value.shape.numpy())
+
     def array(self) -> np.ndarray:
-        return self.value.const_value.numpy()
+        """The weight's values (read-only view for in-memory tensors; for an external tensor,
+        a copy read from its file, so no memory map outlives the call)."""
+        tensor = self.value.const_value
+        if isinstance(tensor, ir.ExternalTensor):
+            return owned_array(tensor)
+        return tensor.numpy()
 
     def set_array(self, array: np.ndarray) -> None:
-        """Replace the weight's data, keeping its name and value metadata."""
-        self.value.const_value = ir.tensor(np.ascontiguousarray(array), name=self.value.name)
+        """Replace the weight's data, keeping its name and value metadata (spilled to scratch
+        when :func:`mconv.irio.spilling` is active and the array is large)."""
+        self.value.const_value = weight_tensor(array, self.value.name)
         self.value.shape = ir.Shape(array.shape)
 
 

@@ -261,3 +261,27 @@ def test_structured_pruning_skips_unsafe_layers_with_a_note_when_asked(build):
     assert _w(model, "W1").shape == (4, 4, 1, 1)
     assert any("conv1: skipped" in n for n in reports[0].notes)
     assert any("conv2: skipped" in n and "graph output" in n for n in reports[0].notes)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_magnitude_mask_radix_selection_matches_a_full_sort(dtype):
+    """Oracle: a stable argsort of |w| zeroes the k smallest, ties broken by position."""
+    from mconv.passes.prune import magnitude_mask
+
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        n = int(rng.integers(1, 2000))
+        w = (rng.standard_normal(n) * rng.choice([1.0, 1e-3])).astype(dtype)
+        if trial % 3 == 0:
+            w = (np.round(w * 4) / 4).astype(dtype)  # many ties at the threshold
+        if trial % 4 == 0:
+            w[rng.integers(0, n, 5)] = -0.0
+        sparsity = float(rng.uniform(0, 1))
+        k = int(round(sparsity * n))
+        keep, threshold = magnitude_mask(w, sparsity, chunk=int(rng.integers(1, 300)))
+        want = np.ones(n, dtype=bool)
+        order = np.argsort(np.abs(w.astype(np.float64)), kind="stable")
+        want[order[:k]] = False
+        np.testing.assert_array_equal(keep, want)
+        if k:
+            assert threshold == float(np.abs(w.astype(np.float64))[order[k - 1]])
