@@ -170,3 +170,18 @@ def test_optimize_cli_on_a_lazily_loaded_spilled_model_writes_what_the_in_memory
             got.graph.initializers[name].const_value.numpy(), value.const_value.numpy()
         )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "o.onnx"]  # scratch removed
+
+
+def test_optimize_failing_inside_the_pipeline_leaves_no_scratch_and_no_output(tmp_path, monkeypatch):
+    import mconv.irio as irio
+    from mconv.cli.app import app
+    from typer.testing import CliRunner
+
+    src = tmp_path / "m.onnx"
+    src.write_bytes(_mixed_model().SerializeToString())
+    monkeypatch.setattr(irio, "LAZY_LOAD_THRESHOLD", 0)
+    monkeypatch.setattr(irio, "SPILL_MIN_BYTES", 1024)
+    spec = "prune(sparsity=0.5),cluster(bits=9)"  # the prune spills; the cluster refuses its bits
+    r = CliRunner().invoke(app, ["optimize", str(src), "--passes", spec, "-o", str(tmp_path / "o.onnx")])
+    assert r.exit_code == 2, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
