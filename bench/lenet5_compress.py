@@ -221,6 +221,7 @@ def main() -> int:
             ),
             ctx,
         )
+        before_half = Executor(model).run(test)["prob"].argmax(1)
         halved = biases_to_half(model)
         seconds = time.perf_counter() - t0
 
@@ -279,6 +280,10 @@ def main() -> int:
                 f"{val_all:.4f} with 2 jittered copies each ({len(val['data'])} frames)"
             )
         print(f"top-1 agreement with the uncompressed model: {agreement:.4f} ({len(test_images)} digits)")
+        print(
+            f"  before the biases were rounded to float16: "
+            f"{float(np.mean(before_half == reference.argmax(1))):.4f}"
+        )
         ranked = np.sort(reference, axis=1)
         margin = ranked[:, -1] - ranked[:, -2]  # the teacher's top-1 minus top-2 probability
         differ = np.flatnonzero(got.argmax(1) != reference.argmax(1))
