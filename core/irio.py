@@ -44,12 +44,14 @@ def load_onnx(path: str | os.PathLike, *, lazy: bool | None = None) -> ir.Model:
     """
     p = require_file(path, "ONNX model")
     size = p.stat().st_size
+    real = p.resolve()  # references name the file itself, not a symlink to it (onnx_ir refuses those)
     if lazy is None:
-        lazy = size >= LAZY_LOAD_THRESHOLD and p.stat().st_nlink == 1  # onnx_ir refuses hard links
+        lazy = size >= LAZY_LOAD_THRESHOLD
+    lazy = lazy and real.stat().st_nlink == 1  # onnx_ir refuses to map files with hard links
     try:
         if lazy:
-            model = ir.serde.deserialize_model(lazy_model_proto(p))
-            ir.external_data.set_base_dir(model.graph, str(p.parent))
+            model = ir.serde.deserialize_model(lazy_model_proto(real))
+            ir.external_data.set_base_dir(model.graph, str(real.parent))
         else:
             model = ir.load(p)
     except Exception as exc:  # protobuf raises DecodeError and friends

@@ -185,3 +185,17 @@ def test_optimize_failing_inside_the_pipeline_leaves_no_scratch_and_no_output(tm
     r = CliRunner().invoke(app, ["optimize", str(src), "--passes", spec, "-o", str(tmp_path / "o.onnx")])
     assert r.exit_code == 2, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_lazy_load_through_a_symlink_or_of_a_hard_linked_file_reads_the_right_values(tmp_path):
+    proto = _mixed_model()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    real = tmp_path / "a" / "m.onnx"
+    real.write_bytes(proto.SerializeToString())
+    (tmp_path / "b" / "link.onnx").symlink_to(real)
+    (tmp_path / "b" / "hard.onnx").hardlink_to(real)
+    want = numpy_helper.to_array(proto.graph.initializer[0])
+    for path in (tmp_path / "b" / "link.onnx", tmp_path / "b" / "hard.onnx"):
+        got = load_onnx(path, lazy=True).graph.initializers["big"].const_value.numpy()
+        np.testing.assert_array_equal(got, want)
