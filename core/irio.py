@@ -19,6 +19,7 @@ import onnx
 import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.fileio import require_file
+from mconv.wire import encode_varint, iter_fields, length_delimited
 
 # Above this many weight bytes a saved model puts its tensors in "<name>.data" beside it.
 EXTERNAL_DATA_THRESHOLD = 1 << 27
@@ -76,67 +77,9 @@ _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
 _TENSOR_EXTERNAL_DATA, _TENSOR_DATA_LOCATION = 13, 14
 
 
-def _varint(buf, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf):
-            raise ValueError(f"truncated varint at byte {pos}")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError(f"varint too long at byte {pos}")
-
-
-def _encode_varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _fields(buf, start: int, end: int):
-    """(field number, wire type, field start, payload start, payload end) of each field."""
-    pos = start
-    while pos < end:
-        field_start = pos
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            _, pos = _varint(buf, pos)
-            yield number, wire, field_start, pos, pos
-            continue
-        if wire == 1:
-            payload = pos
-            pos += 8
-        elif wire == 2:
-            length, payload = _varint(buf, pos)
-            pos = payload + length
-        elif wire == 5:
-            payload = pos
-            pos += 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire} at byte {field_start}")
-        if pos > end:
-            raise ValueError(f"field {number} at byte {field_start} runs past its message's end ({end})")
-        yield number, wire, field_start, payload, pos
-
-
-def _length_delimited(number: int, payload: bytes) -> bytes:
-    return _encode_varint(number << 3 | 2) + _encode_varint(len(payload)) + payload
-
-
 def _entry(key: str, value: str) -> bytes:
-    return _length_delimited(
-        _TENSOR_EXTERNAL_DATA, _length_delimited(1, key.encode()) + _length_delimited(2, value.encode())
+    return length_delimited(
+        _TENSOR_EXTERNAL_DATA, length_delimited(1, key.encode()) + length_delimited(2, value.encode())
     )
 
 
@@ -155,17 +98,17 @@ def lazy_model_proto(path: Path, min_bytes: int | None = None) -> onnx.ModelProt
     location = path.name
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         model_parts = []
-        for number, wire, field_start, payload, end in _fields(buf, 0, len(buf)):
+        for number, wire, field_start, payload, end in iter_fields(buf, 0, len(buf)):
             if number != _MODEL_GRAPH or wire != 2:
                 model_parts.append(buf[field_start:end])
                 continue
             graph_parts = []
-            for g_number, g_wire, g_start, g_payload, g_end in _fields(buf, payload, end):
+            for g_number, g_wire, g_start, g_payload, g_end in iter_fields(buf, payload, end):
                 if g_number != _GRAPH_INITIALIZER or g_wire != 2:
                     graph_parts.append(buf[g_start:g_end])
                     continue
                 tensor_parts, moved = [], None
-                for t_number, t_wire, t_start, t_payload, t_end in _fields(buf, g_payload, g_end):
+                for t_number, t_wire, t_start, t_payload, t_end in iter_fields(buf, g_payload, g_end):
                     if t_number == _TENSOR_RAW_DATA and t_wire == 2 and t_end - t_payload >= min_bytes:
                         moved = (t_payload, t_end - t_payload)
                     else:
@@ -176,10 +119,10 @@ def lazy_model_proto(path: Path, min_bytes: int | None = None) -> onnx.ModelProt
                         _entry("location", location),
                         _entry("offset", str(offset)),
                         _entry("length", str(length)),
-                        _encode_varint(_TENSOR_DATA_LOCATION << 3) + _encode_varint(1),
+                        encode_varint(_TENSOR_DATA_LOCATION << 3) + encode_varint(1),
                     ]
-                graph_parts.append(_length_delimited(_GRAPH_INITIALIZER, b"".join(tensor_parts)))
-            model_parts.append(_length_delimited(_MODEL_GRAPH, b"".join(graph_parts)))
+                graph_parts.append(length_delimited(_GRAPH_INITIALIZER, b"".join(tensor_parts)))
+            model_parts.append(length_delimited(_MODEL_GRAPH, b"".join(graph_parts)))
         return onnx.load_model_from_string(b"".join(model_parts))
 
 

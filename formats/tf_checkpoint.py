@@ -47,6 +47,7 @@ import onnx_ir as ir
 from mconv.errors import InputError, UnsupportedError
 from mconv.formats import Format
 from mconv.formats.weights import weight_only_model
+from mconv.wire import WireError, iter_fields, read_varint
 
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_SIZE = 48
@@ -169,51 +170,22 @@ def unmask_crc(masked: int) -> int:
 # --- varints and protobuf wire format ------------------------------------------------------------
 
 
-class _Truncated(Exception):
-    pass
-
-
-def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 63:
-            raise _Truncated(pos)
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
+_Truncated = WireError  # args[0] is the byte offset
 
 
 def proto_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
     """(field number, value) pairs of a protobuf message: varints as ints, fixed32/64 as ints,
     length-delimited fields as bytes."""
     out: list[tuple[int, int | bytes]] = []
-    pos = 0
-    while pos < len(buf):
-        key, pos = read_varint(buf, pos)
-        num, wire = key >> 3, key & 7
+    for num, wire, _, payload, end in iter_fields(buf):
         if wire == 0:
-            val, pos = read_varint(buf, pos)
+            val = read_varint(buf, payload)[0]
         elif wire == 1:
-            if pos + 8 > len(buf):
-                raise _Truncated(pos)
-            (val,) = struct.unpack_from("<Q", buf, pos)
-            pos += 8
+            (val,) = struct.unpack_from("<Q", buf, payload)
         elif wire == 2:
-            n, pos = read_varint(buf, pos)
-            if pos + n > len(buf):
-                raise _Truncated(pos)
-            val = bytes(buf[pos : pos + n])
-            pos += n
-        elif wire == 5:
-            if pos + 4 > len(buf):
-                raise _Truncated(pos)
-            (val,) = struct.unpack_from("<I", buf, pos)
-            pos += 4
+            val = bytes(buf[payload:end])
         else:
-            raise _Truncated(pos)
+            (val,) = struct.unpack_from("<I", buf, payload)
         out.append((num, val))
     return out
 
