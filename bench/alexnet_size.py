@@ -37,7 +37,6 @@ import onnx
 from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
-ALEXNET = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / "light_bvlc_alexnet.onnx"
 RECIPE = ROOT / "examples" / "recipes" / "alexnet-deep-compression.toml"
 LAYERS = ["conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7", "fc8"]
 # Han et al. 2016, Table 4: weights kept (P), weight bits (P+Q), weight bits (P+Q+H), index bits
@@ -58,32 +57,17 @@ BUDGET_MB, AIM_MB = 6.9, 6.0
 
 def make_alexnet(path: Path, seed: int = 0) -> Path:
     """light_bvlc_alexnet with trained-like weights as initializers (see the module doc)."""
-    model = onnx.load(ALEXNET)
-    graph = model.graph
-    shapes = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name.endswith("__SHAPE")}
-    generators = [n for n in graph.node if n.op_type == "ConstantOfShape"]
-    rng = np.random.default_rng(seed)
-    weights = []
-    for node in generators:
-        name = node.output[0]
-        shape = tuple(int(d) for d in shapes[node.input[0]])
+    from mconv.fixtures.light import light_model
+    from mconv.irio import save_onnx
+
+    def trained_like(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
         if name.endswith("_w_0"):
             fan_in = int(np.prod(shape[1:]))
             t = rng.standard_t(3, size=shape) / np.sqrt(3.0)
-            array = (t * np.sqrt(2.0 / fan_in)).astype(np.float32)
-        else:
-            array = (rng.standard_normal(shape) * 0.01).astype(np.float32)
-        weights.append(numpy_helper.from_array(array, name))
-    keep_nodes = [n for n in graph.node if n.op_type != "ConstantOfShape"]
-    del graph.node[:]
-    graph.node.extend(keep_nodes)
-    kept_inits = [i for i in graph.initializer if not i.name.endswith("__SHAPE")]
-    del graph.initializer[:]
-    graph.initializer.extend(kept_inits + weights)
-    kept_inputs = [i for i in graph.input if not i.name.endswith("__SHAPE")]
-    del graph.input[:]
-    graph.input.extend(kept_inputs)
-    onnx.save(model, path)
+            return (t * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        return (rng.standard_normal(shape) * 0.01).astype(np.float32)
+
+    save_onnx(light_model("bvlc_alexnet", trained_like, seed), path, external_threshold=1 << 40)
     return path
 
 

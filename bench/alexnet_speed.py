@@ -26,50 +26,32 @@ import argparse
 import os
 import statistics
 import time
-from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
-
-ALEXNET = Path(onnx.__file__).parent / "backend/test/data/light/light_bvlc_alexnet.onnx"
+from onnx import helper
 
 
 def alexnet_with_random_weights(seed: int = 0, drop_dropout: bool = False) -> onnx.ModelProto:
-    """The light AlexNet with its ConstantOfShape-built weights turned into random initializers.
+    """The light AlexNet with its ConstantOfShape-built weights folded and filled with random
+    values: N(0, 0.01) weights, biases 0.1.
 
-    ``drop_dropout`` bypasses the (inference-mode, hence identity) Dropout nodes, for an executor
+    ``drop_dropout`` removes the (inference-mode, hence identity) Dropout nodes, for an executor
     that lacks the op.
     """
-    model = onnx.load(str(ALEXNET))
-    graph = model.graph
-    rng = np.random.default_rng(seed)
-    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    weights = []
-    keep = []
-    rename: dict[str, str] = {}
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            node.input[k] = rename.get(name, name)
-        if drop_dropout and node.op_type == "Dropout":
-            rename[node.output[0]] = node.input[0]
-            continue
-        if node.op_type == "ConstantOfShape":
-            shape = tuple(int(v) for v in consts[node.input[0]])
-            name = node.output[0]
-            if name.endswith("_b_0"):
-                w = np.full(shape, 0.1, np.float32)
-            else:
-                w = rng.normal(0.0, 0.01, shape).astype(np.float32)
-            weights.append(numpy_helper.from_array(w, name))
-        else:
-            keep.append(node)
-    shape_consts = [numpy_helper.from_array(v, k) for k, v in consts.items() if not k.endswith("__SHAPE")]
-    inputs = [i for i in graph.input if i.name == "data_0"]
-    new_graph = helper.make_graph(keep, graph.name, inputs, list(graph.output), weights + shape_consts)
-    out = helper.make_model(new_graph, opset_imports=list(model.opset_import), ir_version=8)
-    onnx.checker.check_model(out)
-    return out
+    from mconv.fixtures.light import light_model
+    from mconv.irio import to_proto
+    from mconv.passes import parse_spec, run_pipeline
+
+    def fill(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+        if name.endswith("_b_0"):
+            return np.full(shape, 0.1, np.float32)
+        return rng.normal(0.0, 0.01, shape).astype(np.float32)
+
+    model = light_model("bvlc_alexnet", fill, seed)
+    if drop_dropout:
+        model, _ = run_pipeline(model, parse_spec("eliminate-identity"))
+    return to_proto(model)
 
 
 def time_runs(fn, repeat: int, warmup: int = 1) -> tuple[float, float]:

@@ -29,38 +29,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+from mconv.fixtures.light import he_normal, light_model
 
-LIGHT = Path(onnx.__file__).parent / "backend/test/data/light"
-MODELS = {
-    "alexnet": "light_bvlc_alexnet.onnx",
-    "vgg19": "light_vgg19.onnx",
-    "resnet50": "light_resnet50.onnx",
-}
-
-
-def random_weights(path: Path, seed: int = 0) -> ir.Model:
-    model = ir.load(str(path))
-    graph, rng = model.graph, np.random.default_rng(seed)
-    for node in [n for n in graph if n.op_type == "ConstantOfShape"]:
-        shape = tuple(int(d) for d in node.inputs[0].const_value.numpy())
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        arr = (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
-        if len(shape) == 1:  # biases, BN scale/var: keep variances positive
-            arr = np.abs(arr) + 0.5
-        out = node.outputs[0]
-        init = ir.Value(
-            name=out.name + "_w",
-            const_value=ir.tensor(arr),
-            shape=ir.Shape(shape),
-            type=ir.TensorType(ir.DataType.FLOAT),
-        )
-        graph.register_initializer(init)
-        out.replace_all_uses_with(init)
-        graph.remove(node, safe=True)
-    for name in [n for n, v in graph.initializers.items() if not v.uses()]:
-        graph.initializers.pop(name)
-    graph.inputs[:] = [v for v in graph.inputs if v.name not in graph.initializers and v.uses()]
-    return model
+MODELS = {"alexnet": "bvlc_alexnet", "vgg19": "vgg19", "resnet50": "resnet50"}
 
 
 def timed(fn, warmup: int, runs: int) -> float:
@@ -160,7 +131,7 @@ def main() -> None:
     platform = "cuda" if platform == "gpu" else platform
     results = {"device": str(jax.devices()[0]), "jax": jax.__version__, "rows": []}
     for arch in args.models:
-        model = random_weights(LIGHT / MODELS[arch])
+        model = light_model(MODELS[arch], he_normal)
         rows = {f"XLA bundle ({platform})": bench_xla(model, args.batches, args.warmup, args.runs, platform)}
         if "torch" not in args.skip:
             t, label = bench_torch(arch, args.batches, args.warmup, args.runs)

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 from mconv.irio import from_proto, to_proto
 from onnx import TensorProto, helper, numpy_helper
 
-LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 needs_cxx = pytest.mark.skipif(
     shutil.which("g++") is None and shutil.which("clang++") is None, reason="no C++ compiler for the harness"
 )
@@ -125,21 +122,12 @@ def mobilenet_style(seed: int = 0) -> ir.Model:
 
 def light_with_random_weights(name: str, seed: int = 0) -> ir.Model:
     """onnx's light_<name> model, folded to initializers, with He-scaled random weights."""
-    from mconv.irio import load_onnx
-    from mconv.passes import parse_spec, run_pipeline
+    from mconv.fixtures.light import light_model
 
-    path = LIGHT / f"light_{name}.onnx"
-    model, _ = run_pipeline(load_onnx(path), parse_spec("fold,dce"))
-    rng = np.random.default_rng(seed)
-    for v in model.graph.initializers.values():
-        a = v.const_value.numpy()
-        if a.dtype != np.float32 or a.size <= 1:
-            continue
-        if a.ndim == 1:
-            new = 0.1 + 0.01 * rng.standard_normal(a.shape)
-            if "var" in v.name:
-                new = np.abs(new) + 0.5
-        else:
-            new = rng.standard_normal(a.shape) * np.sqrt(2.0 / int(np.prod(a.shape[1:])))
-        v.const_value = ir.Tensor(new.astype(np.float32), name=v.name)
-    return model
+    def fill(value_name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+        if len(shape) == 1:
+            new = 0.1 + 0.01 * rng.standard_normal(shape)
+            return np.abs(new) + 0.5 if "var" in value_name else new
+        return rng.standard_normal(shape) * np.sqrt(2.0 / int(np.prod(shape[1:])))
+
+    return light_model(name, fill, seed)

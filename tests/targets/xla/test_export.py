@@ -14,11 +14,11 @@ import onnxruntime as ort
 import pytest
 from mconv.bundle import load_bundle
 from mconv.errors import IntegrityError
+from mconv.fixtures.light import he_normal, light_model
 from mconv.targets import get_target
 from onnx import TensorProto, helper
 
 RNG = np.random.default_rng(1)
-LIGHT = Path(onnx.__file__).parent / "backend/test/data/light"
 
 
 def _ort(proto: onnx.ModelProto):
@@ -153,28 +153,9 @@ def test_lstm_model_matches_onnxruntime(tmp_path):
 
 
 def test_light_alexnet_with_random_weights_matches_onnxruntime_at_batch_1_and_2(tmp_path):
-    proto = onnx.load(str(LIGHT / "light_bvlc_alexnet.onnx"))
-    # Replace the ConstantOfShape weight generators with random initializers (a real-looking net).
-    model = ir.serde.deserialize_model(proto)
-    graph = model.graph
+    # The ConstantOfShape weight generators folded and filled with random weights (a real-looking net).
+    model = light_model("bvlc_alexnet", he_normal, seed=3)
     rng = np.random.default_rng(3)
-    for node in [n for n in graph if n.op_type == "ConstantOfShape"]:
-        shape = tuple(int(d) for d in node.inputs[0].const_value.numpy())
-        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else 1
-        arr = (rng.standard_normal(shape) / np.sqrt(max(fan_in, 1))).astype(np.float32)
-        out = node.outputs[0]
-        init = ir.Value(
-            name=out.name + "_rand",
-            const_value=ir.tensor(arr),
-            shape=ir.Shape(shape),
-            type=ir.TensorType(ir.DataType.FLOAT),
-        )
-        graph.register_initializer(init)
-        out.replace_all_uses_with(init)
-        graph.remove(node, safe=True)
-    for name in [n for n, v in graph.initializers.items() if not v.uses()]:
-        graph.initializers.pop(name)
-    graph.inputs[:] = [v for v in graph.inputs if v.name == "data_0"]
     fixed = ir.serde.serialize_model(model)
     get_target("xla").export(model, tmp_path / "alex", {"platforms": ["cpu"]})
     runner = get_target("xla").load(tmp_path / "alex")
