@@ -107,6 +107,48 @@ def _weight_bits(record: Mapping, itemsize: int) -> int:
     return itemsize * 8
 
 
+def _predicted_bytes(a: np.ndarray, spec: Mapping, stats: TensorStats | None = None) -> int:
+    """Blob bytes of ``spec`` for ``a``: raw and fp16 by size, coded specs by ``predict``."""
+    codec = spec.get("codec", "raw")
+    if codec in ("raw", "fp16"):
+        return a.size * (2 if codec == "fp16" else a.dtype.itemsize)
+    return predict(stats if stats is not None else TensorStats.of(a), dict(spec))
+
+
+def _row(
+    name: str, a: np.ndarray, record: Mapping, stored: int, predicted: int, codebook: int | None
+) -> dict:
+    """One layer of the account (rule 3)."""
+    return {
+        "name": name,
+        "codec": codec_label(record),
+        "kept": float(np.count_nonzero(a)) / max(a.size, 1),
+        "elements": int(a.size),
+        "weight_bits": _weight_bits(record, a.dtype.itemsize),
+        "index_bits": record.get("index_bits"),
+        "codebook_bytes": codebook,
+        "bytes": int(stored),
+        "original_bytes": int(a.nbytes),
+        "predicted_bytes": int(predicted),
+    }
+
+
+def _totals(layers: list[dict], *extra: str) -> dict:
+    """Sums over the layers (kept weighted by elements), plus the ``extra`` columns."""
+    elements = sum(r["elements"] for r in layers)
+    total = {
+        "kept": sum(r["kept"] * r["elements"] for r in layers) / max(elements, 1),
+        "elements": elements,
+        "bytes": sum(r["bytes"] for r in layers),
+        "original_bytes": sum(r["original_bytes"] for r in layers),
+        "predicted_bytes": sum(r["predicted_bytes"] for r in layers),
+    }
+    for key in extra:
+        total[key] = sum(r[key] for r in layers)
+    total["compression"] = total["original_bytes"] / max(total["bytes"], 1)
+    return total
+
+
 def byte_account(
     weights: Sequence[tuple[str, np.ndarray, dict | None]], records: Mapping[str, Mapping]
 ) -> dict:
@@ -117,37 +159,10 @@ def byte_account(
         if record is None:
             continue
         a = np.asarray(array)
-        streams = record.get("streams", {})
-        spec = dict(spec or {"codec": record.get("codec", "raw")})
-        if spec.get("codec") in ("raw", "fp16"):
-            predicted = a.size * (2 if spec["codec"] == "fp16" else a.dtype.itemsize)
-        else:
-            predicted = predict(TensorStats.of(a), spec)
-        layers.append(
-            {
-                "name": name,
-                "codec": codec_label(record),
-                "kept": float(np.count_nonzero(a)) / max(a.size, 1),
-                "elements": int(a.size),
-                "weight_bits": _weight_bits(record, a.dtype.itemsize),
-                "index_bits": record.get("index_bits"),
-                "codebook_bytes": int(streams.get("codebook", 0)),
-                "bytes": int(record["nbytes"]),
-                "original_bytes": int(a.nbytes),
-                "predicted_bytes": int(predicted),
-            }
-        )
-    elements = sum(r["elements"] for r in layers)
-    total = {
-        "kept": sum(r["kept"] * r["elements"] for r in layers) / max(elements, 1),
-        "elements": elements,
-        "bytes": sum(r["bytes"] for r in layers),
-        "original_bytes": sum(r["original_bytes"] for r in layers),
-        "predicted_bytes": sum(r["predicted_bytes"] for r in layers),
-        "codebook_bytes": sum(r["codebook_bytes"] for r in layers),
-    }
-    total["compression"] = total["original_bytes"] / max(total["bytes"], 1)
-    return {"layers": layers, "total": total}
+        predicted = _predicted_bytes(a, spec or {"codec": record.get("codec", "raw")})
+        codebook = int(record.get("streams", {}).get("codebook", 0))
+        layers.append(_row(name, a, record, record["nbytes"], predicted, codebook))
+    return {"layers": layers, "total": _totals(layers, "codebook_bytes")}
 
 
 def predicted_account(model) -> dict | None:
@@ -177,33 +192,11 @@ def predicted_account(model) -> dict | None:
         if hints and (hints.get("bits") is not None or hints.get("pruned")):
             stats = TensorStats.of(a)  # analysed once: the choice and the prediction share it
             spec = choose_compressed_spec(a, hints, stats)
-            predicted = predict(stats, spec)
+            predicted = _predicted_bytes(a, spec, stats)
             del stats
         else:
             spec = choose_codec(a, meta, name)
-            predicted = a.size * (2 if spec["codec"] == "fp16" else a.dtype.itemsize)
+            predicted = _predicted_bytes(a, spec)
         record = {**spec, "codec": spec.get("codec", "raw")}
-        layers.append(
-            {
-                "name": name,
-                "codec": codec_label(record),
-                "kept": float(np.count_nonzero(a)) / max(a.size, 1),
-                "elements": int(a.size),
-                "weight_bits": _weight_bits(record, a.dtype.itemsize),
-                "index_bits": spec.get("index_bits"),
-                "codebook_bytes": None,
-                "bytes": int(predicted),
-                "original_bytes": int(a.nbytes),
-                "predicted_bytes": int(predicted),
-            }
-        )
-    elements = sum(r["elements"] for r in layers)
-    total = {
-        "kept": sum(r["kept"] * r["elements"] for r in layers) / max(elements, 1),
-        "elements": elements,
-        "bytes": sum(r["bytes"] for r in layers),
-        "original_bytes": sum(r["original_bytes"] for r in layers),
-        "predicted_bytes": sum(r["predicted_bytes"] for r in layers),
-    }
-    total["compression"] = total["original_bytes"] / max(total["bytes"], 1)
-    return {"layers": layers, "total": total, "predicted": True}
+        layers.append(_row(name, a, record, predicted, predicted, None))
+    return {"layers": layers, "total": _totals(layers), "predicted": True}
