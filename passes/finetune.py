@@ -146,6 +146,28 @@ def distillation_kl(student: np.ndarray, teacher: np.ndarray, temperature: float
     return float(t * t * kl), (t * (ps - pt) / n).astype(student.dtype)
 
 
+def top1_margin_hinge(student: np.ndarray, teacher: np.ndarray, cap: float = 1.0) -> tuple[float, np.ndarray]:
+    """Keeps the teacher's top-1 class ahead: mean over samples of sum over classes j of
+    max(0, d - (s_a - s_j)), where a is the teacher's top-1 class and d is half the teacher's
+    own top-1 minus top-2 logit margin, capped at ``cap``. Zero when the student ranks the
+    teacher's top class first by at least d; d loss / d s is -1/N on a, +1/N on each violator.
+
+    KL and MSE penalise a logit error the same whether or not it flips the top-1 class, so a
+    sample the teacher finds close (margin 0.05) loses nothing when it flips; this term does.
+    """
+    s = student.astype(np.float64)
+    n, rows = len(s), np.arange(len(s))
+    a = teacher.argmax(1)
+    top2 = np.sort(teacher, axis=1)[:, -2:]
+    need = np.minimum(0.5 * (top2[:, 1] - top2[:, 0]), cap)
+    violation = need[:, None] - (s[rows, a][:, None] - s)
+    violation[rows, a] = 0.0
+    active = violation > 0
+    g = active.astype(np.float64)
+    g[rows, a] = -active.sum(axis=1)
+    return float(np.sum(violation[active]) / n), (g / n).astype(student.dtype)
+
+
 def mean_squared_error(student: np.ndarray, teacher: np.ndarray) -> tuple[float, np.ndarray]:
     d = student.astype(np.float64) - teacher
     return float(np.mean(d * d)), (2.0 * d / d.size).astype(student.dtype)
@@ -338,6 +360,9 @@ def finetune_model(
                 value, g = distillation_kl(s, teacher[idx], config.temperature)
             else:
                 value, g = mean_squared_error(s, teacher[idx])
+            if config.margin and loss_kind != "xent" and s.ndim == 2:
+                hinge, gh = top1_margin_hinge(s, teacher[idx])
+                value, g = value + config.margin * hinge, g + config.margin * gh
             return value, {loss_value: g}
 
         return fn
@@ -353,6 +378,8 @@ def finetune_model(
         losses, sizes = [], []
         for b in _batches(len(train), config.batch_size, rng):
             idx = train[b]
+            if config.schedule == "cosine":  # decays from lr to 0 over the pass's steps
+                opt.lr = 0.5 * config.lr * (1.0 + np.cos(np.pi * done / total))
             value, grads = student.value_and_grad({k: v[idx] for k, v in feeds.items()}, loss_fn(idx), wrt)
             losses.append(value)
             sizes.append(len(idx))
@@ -414,7 +441,13 @@ class Finetune(Pass):
        by the pipeline to the model before its first pass): Hinton's T^2 * KL(softmax(t/T) ||
        softmax(s/T)) with ``temperature`` T on class scores, MSE on other outputs. When the
        score output is Softmax(z), the loss reads z (logits), not the probabilities.
-    5. Optimizer ``sgd`` (with ``momentum``) or ``adam``; ``epochs`` over a seeded shuffle in
+       ``margin = w > 0`` adds w times :func:`top1_margin_hinge` to the KL: a sample whose
+       top-1 class the student ranks below another (or ahead by less than half the teacher's
+       own margin) costs in proportion, so near-ties are kept on the teacher's side, which
+       top-1 agreement counts and KL alone does not.
+    5. Optimizer ``sgd`` (with ``momentum``) or ``adam``; ``schedule = "cosine"`` decays the
+       rate from ``lr`` to 0 over the pass's steps (``"constant"``, the default, keeps it);
+       ``epochs`` over a seeded shuffle in
        ``batch_size`` batches; ``holdout`` of the data (a seeded slice) is never trained on and
        measures accuracy (with labels) or top-1 agreement with the teacher after every epoch.
        Deterministic for a given ``seed`` (default: the pipeline's seed).
@@ -436,16 +469,24 @@ class Finetune(Pass):
         loss: Literal["auto", "xent", "kl", "mse"] = "auto"
         temperature: float = 2.0
         freeze: bool = False
+        schedule: Literal["constant", "cosine"] = "constant"
+        margin: float = 0.0
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         if ctx.data is None:
             return self.report(False, notes=["skipped: no data (give --data to fine-tune)"])
-        if config.epochs < 0 or config.batch_size < 1 or not 0 <= config.holdout < 1 or config.lr <= 0:
+        if (
+            config.epochs < 0
+            or config.batch_size < 1
+            or not 0 <= config.holdout < 1
+            or config.lr <= 0
+            or config.margin < 0
+        ):
             raise InputError(
                 f"bad finetune settings: epochs={config.epochs}, batch_size={config.batch_size}, "
-                f"holdout={config.holdout}, lr={config.lr}",
+                f"holdout={config.holdout}, lr={config.lr}, margin={config.margin}",
                 where="pass finetune",
-                hint="epochs >= 0, batch_size >= 1, 0 <= holdout < 1, lr > 0",
+                hint="epochs >= 0, batch_size >= 1, 0 <= holdout < 1, lr > 0, margin >= 0",
             )
 
         def frozen(node: ir.Node) -> bool:

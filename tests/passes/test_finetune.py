@@ -8,7 +8,7 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 from mconv import passes as P
-from mconv.passes.finetune import FinetuneConfig, cluster_gradient, finetune_model
+from mconv.passes.finetune import FinetuneConfig, cluster_gradient, finetune_model, top1_margin_hinge
 from onnx import TensorProto, helper
 
 RNG = np.random.default_rng(7)
@@ -124,6 +124,58 @@ def test_one_sgd_step_moves_each_centroid_by_its_summed_gradient(build):
     dw = 2.0 / (6 * 3) * x64.T @ (x64 @ w64 - x64 @ t_w.astype(np.float64))
     expected = codebook.astype(np.float64) - lr * np.array([dw[assign == k].sum() for k in range(3)])
     np.testing.assert_allclose(weight(student, "w"), expected[assign], rtol=1e-5, atol=1e-6)
+
+
+def test_cosine_schedule_takes_lr_then_half_lr_over_two_steps(build):
+    """SGD without momentum, full batch, 2 steps: lr_t = lr/2 (1 + cos(pi t / 2)), so lr then lr/2.
+    y = x W with MSE to a teacher; dL/dW = 2/(N*M) x^T (x W - t) by hand."""
+    w0 = RNG.standard_normal((4, 3)).astype(np.float32)
+    t_w = RNG.standard_normal((4, 3)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")]
+    student = build(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 3])], [("w", w0)])
+    teacher = build(nodes, [("x", F, ["N", 4])], [("y", F, ["N", 3])], [("w", t_w)])
+    x = RNG.standard_normal((6, 4)).astype(np.float32)
+    lr = 0.1
+    config = FinetuneConfig(
+        optimizer="sgd",
+        momentum=0.0,
+        lr=lr,
+        epochs=2,
+        batch_size=6,
+        holdout=0.0,
+        loss="mse",
+        schedule="cosine",
+    )
+    finetune_model(student, {"x": x}, config, reference_model=teacher)
+    x64, t64 = x.astype(np.float64), x.astype(np.float64) @ t_w.astype(np.float64)
+
+    def grad(w):
+        return 2.0 / (6 * 3) * x64.T @ (x64 @ w - t64)
+
+    w1 = w0.astype(np.float64) - lr * grad(w0.astype(np.float64))
+    w2 = w1 - 0.5 * lr * grad(w1)
+    np.testing.assert_allclose(weight(student, "w"), w2, rtol=1e-5, atol=1e-6)
+
+
+def test_top1_margin_hinge_by_hand_and_its_gradient():
+    teacher = np.array([[3.0, 2.9, 0.0], [0.0, 5.0, 1.0]])
+    # sample 0: teacher top-1 is class 0, margin 0.1 -> needs s0 - sj >= 0.05
+    # sample 1: top-1 class 1, margin 4 -> need capped at 1.0
+    student = np.array([[2.0, 2.5, 1.99], [0.0, 3.0, 2.5]])
+    loss, g = top1_margin_hinge(student, teacher)
+    # sample 0: class 1 violates by 0.05 - (2.0 - 2.5) = 0.55, class 2 by 0.05 - 0.01 = 0.04
+    # sample 1: class 0 by 1 - 3 < 0 (none), class 2 by 1 - 0.5 = 0.5
+    assert loss == pytest.approx((0.55 + 0.04 + 0.5) / 2)
+    np.testing.assert_allclose(g, [[-1.0, 0.5, 0.5], [0.0, -0.5, 0.5]])
+    for i, j in np.ndindex(student.shape):  # central differences away from the hinge's kinks
+        e = np.zeros_like(student)
+        e[i, j] = 1e-6
+        numeric = (
+            top1_margin_hinge(student + e, teacher)[0] - top1_margin_hinge(student - e, teacher)[0]
+        ) / 2e-6
+        assert numeric == pytest.approx(g[i, j], abs=1e-6)
+    satisfied = np.array([[3.0, 2.9, 0.0], [0.0, 5.0, 1.0]])  # the teacher itself keeps its own margins
+    assert top1_margin_hinge(satisfied, teacher) == (0.0, pytest.approx(np.zeros((2, 3))))
 
 
 def test_cross_entropy_loss_decreases_on_a_tiny_problem(build):
