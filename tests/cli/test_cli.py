@@ -261,3 +261,40 @@ def test_optimize_predicts_the_byte_account_that_export_then_stores(tmp_path):
         x["name"]: x["bytes"] for x in stored["layers"]
     }
     assert predicted["total"]["bytes"] == stored["total"]["bytes"]
+
+
+def test_optimize_distils_with_cosine_schedule_and_margin_from_the_cli(tmp_path):
+    """prune then finetune on unlabeled data: distillation from the unpruned model, with the
+    cosine schedule and the top-1 margin hinge set in the spec; masks stay exact zeros."""
+    m = small_cnn(tmp_path / "m.onnx")
+    x = np.random.default_rng(5).standard_normal((64, 1, 6, 6)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x)
+    spec = "prune(sparsity=0.6),finetune(epochs=3,lr=0.01,holdout=0.0,schedule='cosine',margin=0.3)"
+    out = tmp_path / "ft.onnx"
+    r = mconv(
+        "optimize", str(m), "--passes", spec, "--data", str(tmp_path / "d.npz"), "-o", str(out), "--json"
+    )
+    assert r.returncode == 0, r.stderr
+    finetune = json.loads(r.stdout)["passes"][1]
+    assert finetune["name"] == "finetune"
+    assert any("loss kl" in note for note in finetune["notes"]), finetune["notes"]
+    assert max(t["max_change"] for t in finetune["tensors"]) > 0
+    pruned = {i.name: numpy_helper.to_array(i) for i in onnx.load(out).graph.initializer}
+    for name in ("w", "fc"):
+        assert np.count_nonzero(pruned[name] == 0) == round(0.6 * pruned[name].size), name
+    before = ort.InferenceSession(str(m)).run(None, {"x": x})[0].argmax(1)
+    after = ort.InferenceSession(str(out)).run(None, {"x": x})[0].argmax(1)
+    assert np.mean(before == after) >= 0.9
+
+    for bad, needle in (("margin=-1", "margin"), ("schedule='linear'", "schedule")):
+        r = mconv(
+            "optimize",
+            str(m),
+            "--passes",
+            f"finetune({bad})",
+            "--data",
+            str(tmp_path / "d.npz"),
+            "-o",
+            str(out),
+        )
+        assert_one_line_error(r, needle)
