@@ -213,6 +213,7 @@ def test_large_tensor_values_sit_at_their_nearest_shared_value(init):
 
 def test_large_optimal_is_no_worse_than_scikit_learn_kmeans():
     import sklearn.cluster as sklearn_cluster  # a test dependency (the [test] extra): never skipped
+
     x = (np.random.default_rng(14).standard_t(3, 150_000) * 0.01).astype(np.float32)
     km = sklearn_cluster.KMeans(8, n_init=3, random_state=0).fit(x.reshape(-1, 1).astype(np.float64))
     sk = float(np.sum(np.min((x[:, None] - km.cluster_centers_.ravel()[None, :]) ** 2, axis=1)))
