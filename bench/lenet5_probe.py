@@ -27,6 +27,7 @@ Variants (each was one arm of the sweeps in bench/results/lenet5_sweep_2.md):
 Run: python bench/lenet5_probe.py [--seed 0] [--method none] [--bss 0] [--schedule cosine]
      [--margin 0.3] [--sparsity ip1=0.9] [--bits ip1=5] [--shared ../shared]
      (about 100 s on one core with the defaults)
+     python bench/lenet5_probe.py --fragility 0.05   (the teacher's own noise floor, 30 draws)
 """
 
 from __future__ import annotations
@@ -157,6 +158,28 @@ def boundary_samples(teacher: ir.Model, frames: np.ndarray, towards: int, target
     return x
 
 
+def fragility(teacher_files: list[Path], test: dict, eps: float, draws: int = 30) -> None:
+    """How often each measuring digit flips when every weight of the teacher is multiplied by
+    (1 + eps * N(0, 1)), over ``draws`` seeded draws: a student's noise floor."""
+    from mconv.formats import import_model
+    from mconv.passes._weights import weight_refs
+    from mconv.targets.reference.executor import Executor
+
+    teacher = import_model(teacher_files)
+    z = Executor(teacher).run(test, outputs=["ip2"])["ip2"]
+    flips, misses = np.zeros(len(z), int), []
+    for seed in range(draws):
+        noisy, rng = import_model(teacher_files), np.random.default_rng(seed)
+        for ref in weight_refs(noisy):
+            w = ref.array()
+            ref.set_array((w * (1 + eps * rng.standard_normal(w.shape))).astype(np.float32))
+        flipped = Executor(noisy).run(test, outputs=["ip2"])["ip2"].argmax(1) != z.argmax(1)
+        flips += flipped
+        misses.append(int(flipped.sum()))
+    print(f"weights x (1 + {eps} N(0,1)), {draws} draws: misses per draw {misses}")
+    print("digits that flipped (index: draws): " + " ".join(f"{i}:{flips[i]}" for i in np.flatnonzero(flips)))
+
+
 def main() -> int:
     from mconv import passes as P
     from mconv.datasets import digits_as_mnist
@@ -188,6 +211,7 @@ def main() -> int:
     ap.add_argument("--init", default="linear")
     ap.add_argument("--sparsity", default="")
     ap.add_argument("--bits", default="")
+    ap.add_argument("--fragility", type=float, default=0.0, help="only the teacher's noise floor at this eps")
     args = ap.parse_args()
     sparsity, bits = dict(FINAL_SPARSITY), dict(BITS)
     for table, text, kind in ((sparsity, args.sparsity, float), (bits, args.bits, int)):
@@ -204,6 +228,9 @@ def main() -> int:
         (tune_images, _), (test_images, _) = split(z["images"], z["labels"])
     tune_frames = digits_as_mnist(tune_images)
     test = {"data": digits_as_mnist(test_images)}
+    if args.fragility:
+        fragility(files, test, args.fragility)
+        return 0
     teacher = import_model(files)
     reference = Executor(teacher).run(test)["prob"].argmax(1)
     frames = augment(tune_frames, args.augment, seed=args.seed, jitter=0.5)
