@@ -135,10 +135,31 @@ def mixup(frames: np.ndarray, copies: int, seed: int = 0) -> np.ndarray:
     return np.concatenate(out) if out else frames[:0]
 
 
-def main() -> int:
-    from mconv import passes as P
+def p2_data(shared: Path) -> tuple[list[Path], np.ndarray, np.ndarray] | None:
+    """The Caffe LeNet-5's two files and the fine-tuning and measuring digits as MNIST frames
+    (the fixtures' seeded split), or None (after saying so) when ``shared`` lacks them."""
     from mconv.datasets import digits_as_mnist
     from mconv.fixtures.train_digits_mlp import split
+
+    caffe = shared / "models" / "caffe"
+    files = [caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"]
+    if not all(f.is_file() for f in files):
+        print(f"{caffe} is missing (set --shared or MCONV_SHARED)")
+        return None
+    with np.load(shared / "data" / "digits.npz") as z:
+        (tune_images, _), (test_images, _) = split(z["images"], z["labels"])
+    return files, digits_as_mnist(tune_images), digits_as_mnist(test_images)
+
+
+def apply_overrides(table: dict, text: str, kind: type) -> None:
+    """``text`` like ``ip1=0.925,conv2=0.8`` into ``table``, each value through ``kind``."""
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        table[key] = kind(value)
+
+
+def main() -> int:
+    from mconv import passes as P
     from mconv.formats import import_model
     from mconv.irio import model_stats
     from mconv.runtime import open_runner
@@ -189,28 +210,22 @@ def main() -> int:
     args = ap.parse_args()
     final_lr = tuple(float(x) for x in args.final_lr.split(","))
     settle = tuple(float(x) for x in filter(None, args.settle.split(",")))
-    for table, text, kind in ((FINAL_SPARSITY, args.sparsity, float), (BITS, args.bits, int)):
-        for item in filter(None, text.split(",")):
-            key, _, value = item.partition("=")
-            table[key] = kind(value)
+    apply_overrides(FINAL_SPARSITY, args.sparsity, float)
+    apply_overrides(BITS, args.bits, int)
     if args.steps:
         global STEPS
         STEPS = tuple(float(f) for f in args.steps.split(","))
 
-    caffe = args.shared / "models" / "caffe"
-    files = [caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"]
-    if not all(f.is_file() for f in files):
-        print(f"{caffe} is missing (set --shared or MCONV_SHARED)")
+    loaded = p2_data(args.shared)
+    if loaded is None:
         return 2
-    with np.load(args.shared / "data" / "digits.npz") as z:
-        (tune_images, _), (test_images, _) = split(z["images"], z["labels"])
-    tune_frames = digits_as_mnist(tune_images)
+    files, tune_frames, test_frames = loaded
     val = None
     if args.val:  # a seeded slice of the fine-tuning digits, never trained on: for model selection
         order = np.random.default_rng(1).permutation(len(tune_frames))
         val = {"data": augment(tune_frames[order[: args.val]], 2, seed=1)}
         tune_frames = tune_frames[order[args.val :]]
-    test = {"data": digits_as_mnist(test_images)}
+    test = {"data": test_frames}
     original = import_model(files)
     original_bytes = model_stats(original).bytes
     reference = Executor(original).run(test)["prob"]
@@ -253,7 +268,7 @@ def main() -> int:
 
         print(
             f"P2: Caffe LeNet-5, distilled on {len(tune_frames)} digits (+{args.augment} jittered copies each: "
-            f"{len(tune['data'])} frames), measured on {len(test_images)} others"
+            f"{len(tune['data'])} frames), measured on {len(test_frames)} others"
         )
         print(f"  pipeline ({seconds:.1f}s): {spec}")
         print(f"  then float16 values for: {', '.join(halved)}")
@@ -290,7 +305,7 @@ def main() -> int:
                 f"model selection, {args.val} held-out fine-tuning digits: agreement {val_clean:.4f}, "
                 f"{val_all:.4f} with 2 jittered copies each ({len(val['data'])} frames)"
             )
-        print(f"top-1 agreement with the uncompressed model: {agreement:.4f} ({len(test_images)} digits)")
+        print(f"top-1 agreement with the uncompressed model: {agreement:.4f} ({len(test_frames)} digits)")
         print(
             f"  before the biases were rounded to float16: "
             f"{float(np.mean(before_half == reference.argmax(1))):.4f}"

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-from lenet5_compress import BITS, FINAL_SPARSITY, STEPS, augment
+from lenet5_compress import BITS, FINAL_SPARSITY, STEPS, apply_overrides, augment, p2_data
 from mlp_compress import biases_to_half
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -182,8 +182,6 @@ def fragility(teacher_files: list[Path], test: dict, eps: float, draws: int = 30
 
 def main() -> int:
     from mconv import passes as P
-    from mconv.datasets import digits_as_mnist
-    from mconv.fixtures.train_digits_mlp import split
     from mconv.formats import import_model
     from mconv.passes.pipeline import snapshot_model
     from mconv.targets import get_target
@@ -214,20 +212,13 @@ def main() -> int:
     ap.add_argument("--fragility", type=float, default=0.0, help="only the teacher's noise floor at this eps")
     args = ap.parse_args()
     sparsity, bits = dict(FINAL_SPARSITY), dict(BITS)
-    for table, text, kind in ((sparsity, args.sparsity, float), (bits, args.bits, int)):
-        for item in filter(None, text.split(",")):
-            key, _, value = item.partition("=")
-            table[key] = kind(value)
-
-    caffe = args.shared / "models" / "caffe"
-    files = [caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"]
-    if not all(f.is_file() for f in files):
-        print(f"{caffe} is missing (set --shared or MCONV_SHARED)")
+    apply_overrides(sparsity, args.sparsity, float)
+    apply_overrides(bits, args.bits, int)
+    loaded = p2_data(args.shared)
+    if loaded is None:
         return 2
-    with np.load(args.shared / "data" / "digits.npz") as z:
-        (tune_images, _), (test_images, _) = split(z["images"], z["labels"])
-    tune_frames = digits_as_mnist(tune_images)
-    test = {"data": digits_as_mnist(test_images)}
+    files, tune_frames, test_frames = loaded
+    test = {"data": test_frames}
     if args.fragility:
         fragility(files, test, args.fragility)
         return 0
