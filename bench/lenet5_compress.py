@@ -54,12 +54,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from mlp_compress import biases_to_half
+from mlp_compress import biases_to_half, exported
 
 ROOT = Path(__file__).resolve().parent.parent
 # Kept fractions in the spirit of the paper's Table 2 (conv1 66%, conv2 12%, ip1 8%, ip2 19%).
@@ -162,8 +161,6 @@ def main() -> int:
     from mconv import passes as P
     from mconv.formats import import_model
     from mconv.irio import model_stats
-    from mconv.runtime import open_runner
-    from mconv.targets import get_target
     from mconv.targets.reference.executor import Executor
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -253,15 +250,10 @@ def main() -> int:
         halved = biases_to_half(model)
         seconds = time.perf_counter() - t0
 
-        with tempfile.TemporaryDirectory(prefix="mconv-p2-") as tmp:
-            out = args.out or Path(tmp) / "bundle"
-            bundle = get_target("cpu").export(model, out, {})
-            got = open_runner(out).run(test)["prob"]
-            mcw = (out / "weights.mcw").stat().st_size
+        with exported(model, args.out, "mconv-p2-") as (bundle, runner, mcw):
+            got = runner.run(test)["prob"]
             if val is not None:
-                same = open_runner(out).run(val)["prob"].argmax(1) == Executor(original).run(val)[
-                    "prob"
-                ].argmax(1)
+                same = runner.run(val)["prob"].argmax(1) == Executor(original).run(val)["prob"].argmax(1)
                 val_clean, val_all = float(np.mean(same[: args.val])), float(np.mean(same))
         agreement = float(np.mean(got.argmax(1) == reference.argmax(1)))
         account = bundle.manifest["account"]

@@ -19,6 +19,7 @@ import argparse
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -61,12 +62,24 @@ def biases_to_half(model) -> list[str]:
     return done
 
 
+@contextmanager
+def exported(model, out: Path | None, prefix: str):
+    """``model`` exported as a cpu bundle to ``out`` (or a temporary folder removed on exit):
+    yields the bundle, a runner over it, and the bytes of its weights.mcw."""
+    from mconv.runtime import open_runner
+    from mconv.targets import get_target
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        folder = out or Path(tmp) / "bundle"
+        bundle = get_target("cpu").export(model, folder, {})
+        yield bundle, open_runner(folder), (folder / "weights.mcw").stat().st_size
+
+
 def main() -> int:
     from mconv import passes as P
     from mconv.demo import digits_feeds, fixture_path
     from mconv.irio import load_onnx, model_stats
     from mconv.runtime import open_runner
-    from mconv.targets import get_target
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=8)
@@ -90,11 +103,8 @@ def main() -> int:
     halved = biases_to_half(model)
     seconds = time.perf_counter() - t0
 
-    with tempfile.TemporaryDirectory(prefix="mconv-p3-") as tmp:
-        out = args.out or Path(tmp) / "bundle"
-        bundle = get_target("cpu").export(model, out, {})
-        got = open_runner(out).run(test)["logits"]
-        mcw = (out / "weights.mcw").stat().st_size
+    with exported(model, args.out, "mconv-p3-") as (bundle, runner, mcw):
+        got = runner.run(test)["logits"]
     accuracy = float(np.mean(got.argmax(1) == labels))
     account = bundle.manifest["account"]
 
