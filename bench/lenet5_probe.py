@@ -217,7 +217,7 @@ def main() -> int:
     loaded = p2_data(args.shared)
     if loaded is None:
         return 2
-    files, tune_frames, test_frames = loaded
+    files, tune_frames, test_frames = loaded.files, loaded.tune_frames, loaded.test_frames
     test = {"data": test_frames}
     if args.fragility:
         fragility(files, test, args.fragility)
