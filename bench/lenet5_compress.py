@@ -156,8 +156,9 @@ def redraw(images: np.ndarray, copies: int, seed: int = 0, strength: float = 1.0
     rng = np.random.default_rng([seed, 0x8D8])
     out = np.empty((copies * len(images), 8, 8), np.uint8)
     yy, xx = np.mgrid[0:32, 0:32].astype(np.float64) - 15.5
+    densities = [np.clip(ndimage.zoom(img / 16.0, 4, order=1), 0.0, 1.0) for img in images]  # once each
     for k in range(len(out)):
-        density = np.clip(ndimage.zoom(images[k % len(images)] / 16.0, 4, order=1), 0.0, 1.0)
+        density = densities[k % len(images)]
         a = np.deg2rad(rng.uniform(-10, 10) * strength)
         sy, sx = 1.0 + rng.uniform(-0.1, 0.1, size=2) * strength
         shear = rng.uniform(-0.2, 0.2) * strength
