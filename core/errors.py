@@ -8,10 +8,55 @@ Every user-facing error renders as one line: ``FILE: WHERE: WHAT (hint: HINT)``.
 
 from __future__ import annotations
 
+import unicodedata
+
 EXIT_OK = 0
 EXIT_GATE = 1
 EXIT_INPUT = 2
 EXIT_INTERNAL = 3
+
+
+NAME_LIMIT = 60
+LINE_LIMIT = 600
+
+
+def _escape(text: str) -> str:
+    """Printable text: control, format and surrogate characters as ``\\xNN``/``\\uNNNN`` escapes."""
+    out = []
+    for ch in text:
+        cat = unicodedata.category(ch)
+        if cat[0] == "C" or cat in ("Zl", "Zp"):
+            code = ord(ch)
+            out.append(
+                f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+            )
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut in the middle to at most ``limit`` characters (an ellipsis marks the cut)."""
+    if len(text) <= limit:
+        return text
+    keep = max(limit - 1, 2)
+    head = (keep + 1) // 2
+    return text[:head] + "\u2026" + text[len(text) - (keep - head) :]
+
+
+def show(name: object, limit: int = NAME_LIMIT) -> str:
+    """A name taken from a file (a layer, a tensor, a path inside an archive), safe for a message.
+
+    Bytes are decoded with backslash escapes, control characters are escaped, and the result is
+    shortened to ``limit`` characters: a hostile file cannot put newlines, terminal escapes or
+    kilobytes of binary into the one-line error. Quote it in the message as ``'{show(name)}'``.
+    """
+    if isinstance(name, (bytes, bytearray, memoryview)):
+        text = bytes(name).decode("utf-8", errors="backslashreplace")
+    else:
+        text = str(name)
+    # Escaping first, then shortening, so a cut never splits an escape's meaning from its marker.
+    return shorten(_escape(text), limit)
 
 
 class MconvError(Exception):
@@ -29,9 +74,11 @@ class MconvError(Exception):
         self.hint = hint
 
     def line(self) -> str:
-        parts = [p for p in (self.path, self.where) if p]
-        head = ": ".join(parts + [self.message])
-        return f"{head} (hint: {self.hint})" if self.hint else head
+        """The one-line rendering. Every part is escaped and bounded: whatever a message was built
+        from (names from a hostile file included), the line holds no newline or control character."""
+        parts = [show(p, 200) for p in (self.path, self.where) if p]
+        head = ": ".join(parts + [show(self.message, LINE_LIMIT)])
+        return f"{head} (hint: {show(self.hint, 200)})" if self.hint else head
 
     def __str__(self) -> str:
         return self.line()
