@@ -1,5 +1,5 @@
-"""Conv, ConvTranspose, ConvInteger, DeformConv, Col2Im: forward against onnxruntime, VJPs
-against finite differences."""
+"""Conv, ConvTranspose, DeformConv, Col2Im: forward against onnxruntime, VJPs against finite
+differences; ConvInteger against exact integer arithmetic."""
 
 from __future__ import annotations
 
@@ -107,20 +107,61 @@ def test_conv_transpose_is_the_adjoint_of_conv() -> None:
     assert np.isclose(np.vdot(cx.astype(np.float64), y), np.vdot(x.astype(np.float64), ty), rtol=1e-4)
 
 
+def conv_integer_exact(x, w, x_zero=0, w_zero=0, attrs=None) -> np.ndarray:
+    """ConvInteger (2-D, NCHW) in int64 arithmetic: subtract the zero points, pad with zeros, and
+    sum window by window. ONNX Runtime is no oracle for integer ops (saturating kernels)."""
+    attrs = attrs or {}
+    group = attrs.get("group", 1)
+    sh, sw = attrs.get("strides", [1, 1])
+    dh, dw = attrs.get("dilations", [1, 1])
+    pt, pl, pb, pr = attrs.get("pads", [0, 0, 0, 0])
+    xi = np.pad(x.astype(np.int64) - np.int64(x_zero), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    wz = np.asarray(w_zero, np.int64).reshape(-1, *([1] * 3)) if np.ndim(w_zero) else np.int64(w_zero)
+    wi = w.astype(np.int64) - wz
+    n, c, hp, wp = xi.shape
+    m, cg, kh, kw = wi.shape
+    oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((n, m, oh, ow), np.int64)
+    per_group = m // group
+    for o in range(m):
+        g = o // per_group
+        for i in range(oh):
+            for j in range(ow):
+                win = xi[
+                    :, g * cg : (g + 1) * cg, i * sh : i * sh + dh * kh : dh, j * sw : j * sw + dw * kw : dw
+                ]
+                out[:, o, i, j] = (win * wi[o]).sum(axis=(1, 2, 3))
+    assert np.abs(out).max() < 2**31
+    return out.astype(np.int32)
+
+
 @pytest.mark.parametrize(
     ("x_zero", "w_zero", "attrs"),
     [(None, None, {}), (3, 100, {"pads": [1, 1, 1, 1]}), (128, 7, {"strides": [2, 2], "group": 2})],
 )
-def test_conv_integer_matches_onnxruntime(x_zero, w_zero, attrs) -> None:
-    x = RNG.integers(0, 255, (1, 4, 6, 6)).astype(np.uint8)
-    w = RNG.integers(0, 255, (2, 4 // attrs.get("group", 1), 3, 3)).astype(np.uint8)
+def test_conv_integer_matches_exact_integer_arithmetic(x_zero, w_zero, attrs) -> None:
+    rng = np.random.default_rng(21)
+    x = rng.integers(0, 255, (1, 4, 6, 6), endpoint=True).astype(np.uint8)
+    w = rng.integers(0, 255, (2, 4 // attrs.get("group", 1), 3, 3), endpoint=True).astype(np.uint8)
     inputs = [x, w]
+    expected = conv_integer_exact(x, w, attrs=attrs)
     if x_zero is not None:
         inputs += [np.array(x_zero, np.uint8), np.array(w_zero, np.uint8)]
-    (expected,) = run_ort("ConvInteger", inputs, attrs, opset=10)
+        expected = conv_integer_exact(x, w, x_zero, w_zero, attrs)
     (got,) = run_mconv("ConvInteger", inputs, attrs, opset=10)
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, expected)
+
+
+def test_conv_integer_exact_oracle_agrees_with_onnx_reference() -> None:
+    """The oracle itself: strides, dilations, pads and groups against onnx.reference's ConvInteger."""
+    rng = np.random.default_rng(22)
+    x = rng.integers(0, 256, (2, 4, 7, 6)).astype(np.uint8)
+    w = rng.integers(0, 256, (4, 2, 2, 3)).astype(np.uint8)
+    attrs = {"strides": [2, 1], "dilations": [2, 1], "pads": [1, 0, 2, 1], "group": 2}
+    inputs = [x, w, np.array(9, np.uint8), np.array(250, np.uint8)]
+    (want,) = run_onnx_reference("ConvInteger", inputs, attrs, opset=10)
+    np.testing.assert_array_equal(conv_integer_exact(x, w, 9, 250, attrs), want)
 
 
 def test_conv_integer_per_channel_weight_zero_point_matches_hand_math() -> None:

@@ -1,5 +1,5 @@
-"""MatMul, Gemm, MatMulInteger, Einsum: forward against onnxruntime, VJPs against finite
-differences."""
+"""MatMul, Gemm, Einsum: forward against onnxruntime, VJPs against finite differences;
+MatMulInteger against exact integer arithmetic."""
 
 from __future__ import annotations
 
@@ -62,18 +62,33 @@ def test_gemm_defaults_are_alpha_beta_one() -> None:
     np.testing.assert_allclose(run_mconv("Gemm", [a, b, c], {})[0], a @ b + c, rtol=1e-5, atol=1e-6)
 
 
+def matmul_integer_exact(a, b, a_zero=0, b_zero=0) -> np.ndarray:
+    """MatMulInteger in int64 arithmetic (numpy's integer matmul is exact; no BLAS, no saturation).
+
+    ONNX Runtime is no oracle here: its u8 x s8 kernels saturate on CPUs without VNNI."""
+    acc = (a.astype(np.int64) - np.asarray(a_zero, np.int64)) @ (
+        b.astype(np.int64) - np.asarray(b_zero, np.int64)
+    )
+    assert np.abs(acc).max() < 2**31
+    return acc.astype(np.int32)
+
+
 @pytest.mark.parametrize(
     ("a_dtype", "b_dtype", "zero_points"),
     [(np.uint8, np.uint8, None), (np.uint8, np.int8, (7, -3)), (np.int8, np.uint8, (-5, 200))],
 )
-def test_matmul_integer_matches_onnxruntime(a_dtype, b_dtype, zero_points) -> None:
+def test_matmul_integer_matches_exact_integer_arithmetic(a_dtype, b_dtype, zero_points) -> None:
+    rng = np.random.default_rng(20)
     info_a, info_b = np.iinfo(a_dtype), np.iinfo(b_dtype)
-    a = RNG.integers(info_a.min, info_a.max, (2, 3, 4)).astype(a_dtype)
-    b = RNG.integers(info_b.min, info_b.max, (4, 5)).astype(b_dtype)
+    # the full range, extremes included: these are the values a saturating kernel gets wrong
+    a = rng.integers(info_a.min, info_a.max, (2, 3, 4), endpoint=True).astype(a_dtype)
+    b = rng.integers(info_b.min, info_b.max, (4, 5), endpoint=True).astype(b_dtype)
+    a[0, 0], b[:, 0] = info_a.max, info_b.min
     inputs = [a, b]
+    expected = matmul_integer_exact(a, b)
     if zero_points is not None:
         inputs += [np.array(zero_points[0], a_dtype), np.array(zero_points[1], b_dtype)]
-    (expected,) = run_ort("MatMulInteger", inputs, {})
+        expected = matmul_integer_exact(a, b, *zero_points)
     (got,) = run_mconv("MatMulInteger", inputs, {})
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, expected)

@@ -1,4 +1,5 @@
-"""Per-op-family lowering checks: each ONNX op through XLA against ONNX Runtime (the oracle)."""
+"""Per-op-family lowering checks: each ONNX op through XLA against ONNX Runtime (the oracle), except
+the integer ops (MatMulInteger, ConvInteger, QLinear*), checked against exact integer arithmetic."""
 
 from __future__ import annotations
 
@@ -440,7 +441,39 @@ def test_misc_ops_match_onnxruntime():
     _check(m, {"x": x}, options=opts)
 
 
-def test_integer_ops_match_onnxruntime():
+def _check_exact(proto, feeds, expected, atol=0, options=None):
+    """The XLA lowering against an expected output computed in the test (integer ops: ONNX
+    Runtime is no oracle for them, its u8 x s8 kernels saturate on CPUs without VNNI)."""
+    runner = load_model(ir.serde.deserialize_model(proto), options=options)
+    (name,) = runner.outputs
+    got = runner.run(feeds)[name]
+    assert got.shape == expected.shape and got.dtype == expected.dtype, (got.shape, got.dtype)
+    diff = np.abs(got.astype(np.int64) - expected.astype(np.int64))
+    assert diff.max() <= atol, diff.max()
+
+
+def _conv_int_exact(x, w, x_zero, w_zero, strides=(1, 1), pads=(0, 0, 0, 0)):
+    """2-D convolution of (x - x_zero) and (w - w_zero) in int64, zero padding after the subtraction."""
+    pt, pl, pb, pr = pads
+    xi = np.pad(x.astype(np.int64) - np.int64(x_zero), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    wi = w.astype(np.int64) - np.asarray(w_zero, np.int64).reshape(-1, 1, 1, 1)
+    (sh, sw), (kh, kw) = strides, wi.shape[2:]
+    oh, ow = (xi.shape[2] - kh) // sh + 1, (xi.shape[3] - kw) // sw + 1
+    out = np.zeros((x.shape[0], wi.shape[0], oh, ow), np.int64)
+    for i in range(oh):
+        for j in range(ow):
+            win = xi[:, None, :, i * sh : i * sh + kh, j * sw : j * sw + kw]
+            out[:, :, i, j] = (win * wi[None]).sum(axis=(2, 3, 4))
+    return out
+
+
+def _requantize(acc, scale, zero):
+    """QLinear* output: round half to even in float32, add the zero point, saturate to uint8."""
+    y = np.rint(acc.astype(np.float32) * np.asarray(scale, np.float32)) + np.float32(zero)
+    return np.clip(y, 0, 255).astype(np.uint8)
+
+
+def test_integer_ops_match_exact_integer_arithmetic():
     a = RNG.integers(0, 255, (3, 4)).astype(np.uint8)
     b = RNG.integers(0, 255, (4, 5)).astype(np.uint8)
     node = helper.make_node("MatMulInteger", ["a", "b", "az", "bz"], ["y"])
@@ -450,7 +483,8 @@ def test_integer_ops_match_onnxruntime():
         [_vi("y", None)],
         [_init("b", b), _init("az", np.uint8(3)), _init("bz", np.uint8(7))],
     )
-    _check(m, {"a": a}, options={"batch": 3})
+    expected = ((a.astype(np.int64) - 3) @ (b.astype(np.int64) - 7)).astype(np.int32)
+    _check_exact(m, {"a": a}, expected, options={"batch": 3})
     x = RNG.integers(0, 1000, (3, 4)).astype(np.int32)
     for direction in ("LEFT", "RIGHT"):
         node = helper.make_node("BitShift", ["x", "s"], ["y"], direction=direction)
@@ -475,7 +509,7 @@ def test_bitcast_and_tensor_scatter_match_the_reference():
         _ref_check(m, {"c": cache, "u": upd, "i": np.array(idx, np.int64)}, options={"batch": 2})
 
 
-def test_quantized_conv_and_matmul_match_onnxruntime():
+def test_quantized_conv_and_matmul_match_exact_integer_arithmetic():
     x = RNG.integers(0, 255, (1, 2, 5, 5)).astype(np.uint8)
     w = RNG.integers(-100, 100, (3, 2, 3, 3)).astype(np.int8)
     node = helper.make_node("ConvInteger", ["x", "w", "xz"], ["y"], pads=[1, 1, 1, 1])
@@ -485,27 +519,33 @@ def test_quantized_conv_and_matmul_match_onnxruntime():
         [_vi("y", None)],
         [_init("w", w), _init("xz", np.uint8(5))],
     )
-    _check(m, {"x": x}, options={"batch": 1})
+    expected = _conv_int_exact(x, w, 5, np.zeros(3, np.int64), pads=(1, 1, 1, 1)).astype(np.int32)
+    _check_exact(m, {"x": x}, expected, options={"batch": 1})
+    ws = np.array([0.01, 0.02, 0.015], np.float32)
+    bias = RNG.integers(-500, 500, 3).astype(np.int32)
     inits = [
         _init("xs", np.float32(0.05)),
         _init("xz", np.uint8(7)),
         _init("w", w),
-        _init("ws", np.array([0.01, 0.02, 0.015], np.float32)),
+        _init("ws", ws),
         _init("wz", np.zeros(3, np.int8)),
         _init("ys", np.float32(0.3)),
         _init("yz", np.uint8(100)),
-        _init("b", RNG.integers(-500, 500, 3).astype(np.int32)),
+        _init("b", bias),
     ]
     node = helper.make_node(
         "QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], strides=[2, 2]
     )
     m = _model(node, [_vi("x", [1, 2, 5, 5], TensorProto.UINT8)], [_vi("y", None)], inits)
-    _check(m, {"x": x}, atol=1, options={"batch": 1})
+    acc = _conv_int_exact(x, w, 7, np.zeros(3, np.int64), strides=(2, 2)) + bias[None, :, None, None]
+    scale = (np.float32(0.05) * ws / np.float32(0.3)).reshape(1, 3, 1, 1)
+    _check_exact(m, {"x": x}, _requantize(acc, scale, 100), atol=1, options={"batch": 1})
     a = RNG.integers(0, 255, (3, 4)).astype(np.uint8)
+    b = RNG.integers(0, 255, (4, 5)).astype(np.uint8)
     inits = [
         _init("as", np.float32(0.02)),
         _init("az", np.uint8(120)),
-        _init("b", RNG.integers(0, 255, (4, 5)).astype(np.uint8)),
+        _init("b", b),
         _init("bs", np.float32(0.03)),
         _init("bz", np.uint8(128)),
         _init("ys", np.float32(0.1)),
@@ -513,7 +553,9 @@ def test_quantized_conv_and_matmul_match_onnxruntime():
     ]
     node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"])
     m = _model(node, [_vi("a", [3, 4], TensorProto.UINT8)], [_vi("y", None)], inits)
-    _check(m, {"a": a}, atol=1, options={"batch": 3})
+    acc = (a.astype(np.int64) - 120) @ (b.astype(np.int64) - 128)
+    scale = np.float32(0.02) * np.float32(0.03) / np.float32(0.1)
+    _check_exact(m, {"a": a}, _requantize(acc, scale, 128), atol=1, options={"batch": 3})
 
 
 def test_signal_ops_match_onnxruntime():
