@@ -24,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -34,8 +36,8 @@ import mconv
 import numpy as np
 import onnx_ir as ir
 from mconv.container import Container, choose_codec, container_from_bytes, read_container, write_container
-from mconv.errors import InputError, IntegrityError
-from mconv.fileio import atomic_dir, atomic_path, sha256_file
+from mconv.errors import InputError, IntegrityError, show
+from mconv.fileio import atomic_dir, atomic_path, load_json, sha256_file
 
 __all__ = [
     "FORMAT",
@@ -159,13 +161,30 @@ class Bundle:
         return zipfile.Path(self.root, self.zip_prefix + rel)
 
     def read_bytes(self, rel: str) -> bytes:
+        """A listed file's bytes (checked to be a regular file inside the bundle); one-line errors."""
+        label = str(self.root)
         if rel not in self.files and rel != MANIFEST:
             raise InputError(
-                f"bundle has no file '{rel}'",
-                path=str(self.root),
+                f"bundle has no file '{show(rel)}'",
+                path=label,
                 hint=f"the {self.target} target needs it; re-export the bundle",
             )
-        return self.path(rel).read_bytes()
+        if self.zip_prefix is None:
+            return _read_member(self.root, rel, label)
+        try:
+            with zipfile.ZipFile(self.root) as zf:
+                return zf.read(self.zip_prefix + rel)
+        except KeyError:
+            raise IntegrityError(
+                f"{show(rel)}: listed in manifest.json but missing", path=label, hint=_HINT_TAMPERED
+            ) from None
+        except _ZIP_ERRORS as exc:
+            raise InputError(
+                f"cannot read {show(rel)} from the bundle zip ({type(exc).__name__}: {str(exc)[:80]})",
+                path=label,
+                where=show(rel),
+                hint=_HINT_TAMPERED,
+            ) from None
 
     def container(self) -> Container:
         """The bundle's ``weights.mcw`` (memory-mapped for a directory, in memory for a zip)."""
@@ -176,7 +195,7 @@ class Bundle:
                 hint="load it with its target",
             )
         if self.zip_prefix is None:
-            return read_container(self.root / WEIGHTS)
+            return read_container(_member_path(self.root, WEIGHTS, str(self.root)))
         return container_from_bytes(self.read_bytes(WEIGHTS), f"{self.root}!{WEIGHTS}")
 
 
@@ -184,7 +203,7 @@ def _check_relpath(rel: str, root: str) -> str:
     p = PurePosixPath(rel)
     if not rel or p.is_absolute() or ".." in p.parts or "\\" in rel or rel != p.as_posix():
         raise InputError(
-            f"file name '{rel}' is not a plain relative path",
+            f"file name '{show(rel)}' is not a plain relative path",
             path=root,
             hint="bundle files must stay inside the bundle",
         )
@@ -344,32 +363,184 @@ def is_bundle(path: str | os.PathLike) -> bool:
     return False
 
 
+# What a damaged zip can raise while its directory or a member is read.
+_ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    OSError,
+    EOFError,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    ValueError,
+)
+_MAX_INT = (1 << 63) - 1
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class _Schema:
+    """Type checks of a parsed manifest; every failure is one line naming the field."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+
+    def bad(self, field: str, what: str) -> InputError:
+        return InputError(
+            f"manifest.json field '{field}' {what}",
+            path=self.label,
+            where=MANIFEST,
+            hint=_HINT_TAMPERED,
+        )
+
+    def typed(self, v: Any, field: str, types: tuple, what: str) -> Any:
+        if isinstance(v, bool) and bool not in types:
+            raise self.bad(field, f"is {json.dumps(v)}, expected {what}")
+        if not isinstance(v, types):
+            raise self.bad(field, f"is {_kind(v)}, expected {what}")
+        return v
+
+    def string(self, v: Any, field: str) -> str:
+        return self.typed(v, field, (str,), "a string")
+
+    def count(self, v: Any, field: str) -> int:
+        self.typed(v, field, (int,), "a non-negative integer")
+        if not 0 <= v <= _MAX_INT:
+            raise self.bad(field, f"is {str(v)[:30]}, expected a non-negative integer below 2**63")
+        return v
+
+    def number(self, v: Any, field: str) -> float:
+        return self.typed(v, field, (int, float), "a number")
+
+    def obj(self, v: Any, field: str) -> dict:
+        return self.typed(v, field, (dict,), "an object")
+
+    def array(self, v: Any, field: str) -> list:
+        return self.typed(v, field, (list,), "a list")
+
+    def optional(self, m: Mapping, key: str, check, field: str) -> None:
+        if key in m and m[key] is not None:
+            check(m[key], field)
+
+    def spec(self, v: Any, field: str) -> None:
+        self.obj(v, field)
+        for key in ("name", "dtype"):
+            if key not in v:
+                raise self.bad(f"{field}.{key}", "is missing")
+            self.string(v[key], f"{field}.{key}")
+        shape = v.get("shape")
+        if shape is not None:
+            self.array(shape, f"{field}.shape")
+            for j, d in enumerate(shape):
+                if d is not None and not isinstance(d, str):
+                    self.count(d, f"{field}.shape[{j}]")
+
+    def shape(self, v: Any, field: str) -> None:
+        self.array(v, field)
+        elements = 1
+        for j, d in enumerate(v):
+            elements *= self.count(d, f"{field}[{j}]")
+        if elements > _MAX_INT:
+            raise self.bad(field, "has more than 2**63 elements")
+
+    def weight(self, v: Any, field: str) -> None:
+        self.obj(v, field)
+        for key, check in (
+            ("name", self.string),
+            ("codec", self.string),
+            ("bytes", self.count),
+            ("dtype", self.string),
+            ("shape", self.shape),
+        ):
+            if key not in v:
+                raise self.bad(f"{field}.{key}", "is missing")
+            check(v[key], f"{field}.{key}")
+        if "streams" in v:
+            for k, n in self.obj(v["streams"], f"{field}.streams").items():
+                self.count(n, f"{field}.streams.{show(k, 30)}")
+
+    def account(self, v: Any, field: str) -> None:
+        self.obj(v, field)
+        rows = self.array(v.get("layers", []), f"{field}.layers")
+        for i, row in enumerate(rows):
+            where = f"{field}.layers[{i}]"
+            self.obj(row, where)
+            for key in ("name", "bytes", "original_bytes"):
+                if key not in row:
+                    raise self.bad(f"{where}.{key}", "is missing")
+            self.string(row["name"], f"{where}.name")
+            self.optional(row, "codec", self.string, f"{where}.codec")
+            for key in ("bytes", "original_bytes", "elements", "predicted_bytes", "codebook_bytes"):
+                self.optional(row, key, self.count, f"{where}.{key}")
+            for key in ("weight_bits", "index_bits", "kept"):
+                self.optional(row, key, self.number, f"{where}.{key}")
+        if "total" in v:
+            total = self.obj(v["total"], f"{field}.total")
+            for key in ("bytes", "original_bytes"):
+                if key not in total:
+                    raise self.bad(f"{field}.total.{key}", "is missing")
+            for key, val in total.items():
+                if val is not None:
+                    self.number(val, f"{field}.total.{show(key, 30)}")
+
+    def manifest(self, m: Any) -> dict:
+        if not isinstance(m, dict) or m.get("format") != FORMAT:
+            raise InputError(
+                f"manifest.json is not an {FORMAT} manifest",
+                path=self.label,
+                hint="give a bundle made by mconv export",
+            )
+        version = m.get("format_version")
+        if isinstance(version, bool) or version != FORMAT_VERSION:
+            raise InputError(
+                f"bundle format_version {show(json.dumps(version), 30)} is not supported "
+                f"(this mconv reads {FORMAT_VERSION})",
+                path=self.label,
+                hint="upgrade mconv or re-export the bundle",
+            )
+        for key in ("target", "files"):
+            if key not in m:
+                raise InputError(f"manifest.json lacks '{key}'", path=self.label, hint=_HINT_TAMPERED)
+        self.string(m["target"], "target")
+        self.optional(m, "model_name", self.string, "model_name")
+        for rel, meta in self.obj(m["files"], "files").items():
+            where = f"files['{show(rel, 40)}']"
+            _check_relpath(rel, self.label)
+            self.obj(meta, where)
+            for key in ("bytes", "sha256"):
+                if key not in meta:
+                    raise self.bad(f"{where}.{key}", "is missing")
+            self.count(meta["bytes"], f"{where}.bytes")
+            if not isinstance(meta["sha256"], str) or not _SHA256.match(meta["sha256"]):
+                raise self.bad(f"{where}.sha256", "is not a sha256 hex digest")
+        for key in ("inputs", "outputs"):
+            if key in m:
+                for i, spec in enumerate(self.array(m[key], key)):
+                    self.spec(spec, f"{key}[{i}]")
+        if "weights" in m:
+            for i, w in enumerate(self.array(m["weights"], "weights")):
+                self.weight(w, f"weights[{i}]")
+        for key in ("options", "provenance", "verification"):
+            self.optional(m, key, self.obj, key)
+        self.optional(m, "account", self.account, "account")
+        return m
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }.get(type(v), type(v).__name__)
+
+
 def _parse_manifest(data: bytes, label: str) -> dict:
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except ValueError as exc:
-        raise InputError(
-            f"manifest.json is not valid JSON ({str(exc)[:80]})", path=label, hint=_HINT_TAMPERED
-        ) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise InputError(
-            f"manifest.json is not an {FORMAT} manifest",
-            path=label,
-            hint="give a bundle made by mconv export",
-        )
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise InputError(
-            f"bundle format_version {version!r} is not supported (this mconv reads {FORMAT_VERSION})",
-            path=label,
-            hint="upgrade mconv or re-export the bundle",
-        )
-    for key in ("target", "files"):
-        if key not in manifest:
-            raise InputError(f"manifest.json lacks '{key}'", path=label, hint=_HINT_TAMPERED)
-    if not isinstance(manifest["files"], dict):
-        raise InputError("manifest.json 'files' is not a mapping", path=label, hint=_HINT_TAMPERED)
-    return manifest
+    manifest = load_json(data, "manifest.json", label, _HINT_TAMPERED)
+    return _Schema(label).manifest(manifest)
 
 
 def _mismatch(label: str, rel: str, what: str, expected: Any, got: Any) -> IntegrityError:
@@ -377,7 +548,7 @@ def _mismatch(label: str, rel: str, what: str, expected: Any, got: Any) -> Integ
         detail = f"expected {str(expected)[:12]}..., got {str(got)[:12]}..."
     else:
         detail = f"expected {expected} bytes, got {got}"
-    return IntegrityError(f"{rel}: {what} mismatch ({detail})", path=label, hint=_HINT_TAMPERED)
+    return IntegrityError(f"{show(rel)}: {what} mismatch ({detail})", path=label, hint=_HINT_TAMPERED)
 
 
 def _sha256_zip_member(zf: zipfile.ZipFile, name: str) -> str:
@@ -386,6 +557,83 @@ def _sha256_zip_member(zf: zipfile.ZipFile, name: str) -> str:
         while block := f.read(1 << 20):
             h.update(block)
     return h.hexdigest()
+
+
+def _member_error(exc: OSError, label: str, rel: str) -> InputError:
+    reason = exc.strerror or type(exc).__name__
+    return InputError(
+        f"cannot read {show(rel)} ({reason})",
+        path=label,
+        where=show(rel),
+        hint="check that the bundle's files are readable regular files; re-export it",
+    )
+
+
+def _member_path(root: Path, rel: str, label: str) -> Path:
+    """``root / rel`` for a listed file: a regular file inside the bundle (no symlink out of it)."""
+    _check_relpath(rel, label)
+    f = root / rel
+    try:
+        if not os.path.lexists(f):
+            raise IntegrityError(
+                f"{show(rel)}: listed in manifest.json but missing", path=label, hint=_HINT_TAMPERED
+            )
+        real_root = root.resolve()
+        real = f.resolve()
+        if real != real_root and real_root not in real.parents:
+            raise InputError(
+                f"{show(rel)} is a link that points outside the bundle",
+                path=label,
+                where=show(rel),
+                hint="bundle files must stay inside the bundle; re-export it",
+            )
+        if not f.is_file():
+            raise InputError(
+                f"{show(rel)} is not a regular file (a directory, a FIFO or a device in its place)",
+                path=label,
+                where=show(rel),
+                hint=_HINT_TAMPERED,
+            )
+    except OSError as exc:
+        raise _member_error(exc, label, rel) from None
+    return f
+
+
+def _stat_member(f: Path, rel: str, label: str) -> os.stat_result:
+    try:
+        return f.stat()
+    except OSError as exc:
+        raise _member_error(exc, label, rel) from None
+
+
+def _read_member(root: Path, rel: str, label: str, limit: int | None = None) -> bytes:
+    """The bytes of ``root / rel`` (a regular file inside the bundle), at most ``limit`` of them."""
+    f = _member_path(root, rel, label)
+    try:
+        with open(f, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if limit is not None and size > limit:
+                raise InputError(
+                    f"{show(rel)} is {size} bytes, too large (at most {limit})",
+                    path=label,
+                    where=show(rel),
+                    hint=_HINT_TAMPERED,
+                )
+            data = fh.read(size + 1)
+    except OSError as exc:
+        raise _member_error(exc, label, rel) from None
+    return data
+
+
+def _walk_files(root: Path) -> set[str]:
+    """Relative paths of the regular files under ``root`` (symlinked folders are not followed)."""
+    out = set()
+    for dirpath, _dirs, files in os.walk(root, onerror=lambda e: None):
+        for n in files:
+            f = Path(dirpath) / n
+            if f.is_file() and not f.is_symlink():
+                out.add(f.relative_to(root).as_posix())
+    return out
 
 
 def load_bundle(path: str | os.PathLike, *, verify: bool = True) -> Bundle:
@@ -398,27 +646,20 @@ def load_bundle(path: str | os.PathLike, *, verify: bool = True) -> Bundle:
             raise InputError(
                 "not a bundle: no manifest.json", path=label, hint="give a directory made by mconv export"
             )
-        if mpath.stat().st_size > _MANIFEST_MAX_BYTES:
-            raise InputError(
-                f"manifest.json is {mpath.stat().st_size} bytes, too large", path=label, hint=_HINT_TAMPERED
-            )
-        manifest = _parse_manifest(mpath.read_bytes(), label)
+        manifest = _parse_manifest(_read_member(p, MANIFEST, label, _MANIFEST_MAX_BYTES), label)
         for rel, meta in sorted(manifest["files"].items()):
-            _check_relpath(rel, label)
-            f = p / rel
-            if not f.is_file():
-                raise IntegrityError(
-                    f"{rel}: listed in manifest.json but missing", path=label, hint=_HINT_TAMPERED
-                )
+            f = _member_path(p, rel, label)
             if verify:
-                size = f.stat().st_size
-                if size != meta.get("bytes"):
-                    raise _mismatch(label, rel, "size", meta.get("bytes"), size)
-                got = sha256_file(f)
-                if got != meta.get("sha256"):
-                    raise _mismatch(label, rel, "sha256", meta.get("sha256"), got)
-        present = {f.relative_to(p).as_posix() for f in p.rglob("*") if f.is_file()}
-        extra = sorted(present - set(manifest["files"]) - {MANIFEST})
+                size = _stat_member(f, rel, label).st_size
+                if size != meta["bytes"]:
+                    raise _mismatch(label, rel, "size", meta["bytes"], size)
+                try:
+                    got = sha256_file(f)
+                except OSError as exc:
+                    raise _member_error(exc, label, rel) from None
+                if got != meta["sha256"]:
+                    raise _mismatch(label, rel, "sha256", meta["sha256"], got)
+        extra = sorted(_walk_files(p) - set(manifest["files"]) - {MANIFEST})
         return Bundle(p, manifest, extra_files=extra)
 
     if p.is_file() and zipfile.is_zipfile(p):
@@ -445,18 +686,20 @@ def load_bundle(path: str | os.PathLike, *, verify: bool = True) -> Bundle:
                     info = infos.get(prefix + rel)
                     if info is None or info.is_dir():
                         raise IntegrityError(
-                            f"{rel}: listed in manifest.json but missing", path=label, hint=_HINT_TAMPERED
+                            f"{show(rel)}: listed in manifest.json but missing",
+                            path=label,
+                            hint=_HINT_TAMPERED,
                         )
                     if verify:
                         # The size is checked from the zip directory before any byte is inflated.
-                        if info.file_size != meta.get("bytes"):
-                            raise _mismatch(label, rel, "size", meta.get("bytes"), info.file_size)
+                        if info.file_size != meta["bytes"]:
+                            raise _mismatch(label, rel, "size", meta["bytes"], info.file_size)
                         got = _sha256_zip_member(zf, info.filename)
-                        if got != meta.get("sha256"):
-                            raise _mismatch(label, rel, "sha256", meta.get("sha256"), got)
+                        if got != meta["sha256"]:
+                            raise _mismatch(label, rel, "sha256", meta["sha256"], got)
                 present = {n[len(prefix) :] for n in infos if n.startswith(prefix) and not n.endswith("/")}
                 extra = sorted(present - set(manifest["files"]) - {MANIFEST})
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError) as exc:
+        except _ZIP_ERRORS as exc:
             raise InputError(
                 f"cannot read the bundle zip ({type(exc).__name__}: {str(exc)[:80]})",
                 path=label,

@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 from mconv import codecs
 from mconv.codecs.choose import fp16_exact
-from mconv.errors import InputError, IntegrityError
-from mconv.fileio import atomic_path
+from mconv.errors import InputError, IntegrityError, show
+from mconv.fileio import atomic_path, load_json
 
 MAGIC = b"MCW1"
 VERSION = 1
@@ -132,7 +132,7 @@ def write_container(
     for name, array, spec in tensors:
         if name in seen:
             raise InputError(
-                f"tensor '{name}' given twice", path=str(path), hint="weight names must be unique"
+                f"tensor '{show(name)}' given twice", path=str(path), hint="weight names must be unique"
             )
         seen.add(name)
         blob, record = codecs.encode(np.asarray(array), spec or {"codec": "raw"})
@@ -197,7 +197,7 @@ class Container:
     def _entry(self, name: str) -> TensorEntry:
         if name not in self.entries:
             raise InputError(
-                f"no tensor named '{name}' in the weights container",
+                f"no tensor named '{show(name)}' in the weights container",
                 path=self.label,
                 hint="the bundle and the graph do not match; re-export the bundle",
             )
@@ -211,29 +211,52 @@ class Container:
         return self._view[e.offset : e.offset + e.nbytes]
 
     def array(self, name: str, *, verify: bool = True) -> np.ndarray:
-        """Decode one tensor (bit-identical to what was written); check its sha256 first."""
+        """Decode one tensor (bit-identical to what was written); check its sha256 first.
+
+        Every error names the container (``label``: the bundle's ``weights.mcw``), the tensor
+        and the blob's byte offset."""
         e = self._entry(name)
         blob = self.blob(name)
+        tensor = f"tensor '{show(name)}'"
         if verify:
             got = hashlib.sha256(blob).hexdigest()
             if got != e.sha256:
                 raise IntegrityError(
-                    f"tensor '{name}': sha256 mismatch (expected {e.sha256[:12]}..., got {got[:12]}...)",
+                    f"{tensor}: sha256 mismatch (expected {show(e.sha256, 12)}..., got {got[:12]}...)",
                     path=self.label,
                     where=f"byte offset {e.offset}",
                     hint="the weights file was modified or truncated; re-export the bundle",
                 )
         try:
-            return codecs.decode(blob, e.record)
-        except InputError:
-            raise
-        except Exception as exc:  # a record that does not fit its blob
+            array = codecs.decode(blob, e.record)
+        except InputError as exc:  # the codec's own message, placed in this file and tensor
+            where = f"{tensor}, blob at byte offset {e.offset}" + (f", {exc.where}" if exc.where else "")
+            raise type(exc)(
+                f"{tensor}: {exc.message}", path=self.label, where=where, hint=exc.hint or _HINT_CORRUPT
+            ) from None
+        except MemoryError:
             raise InputError(
-                f"tensor '{name}' cannot be decoded ({type(exc).__name__}: {exc})",
+                f"{tensor}: shape {e.record.get('shape')} is too large to decode in memory",
                 path=self.label,
                 where=f"byte offset {e.offset}",
                 hint=_HINT_CORRUPT,
             ) from None
+        except Exception as exc:  # noqa: BLE001 - a record that does not fit its blob
+            raise InputError(
+                f"{tensor} cannot be decoded ({type(exc).__name__}: {str(exc)[:120]})",
+                path=self.label,
+                where=f"byte offset {e.offset}",
+                hint=_HINT_CORRUPT,
+            ) from None
+        if list(array.shape) != e.record["shape"] or array.dtype != numeric_dtype(e.record["dtype"]):
+            raise InputError(
+                f"{tensor} decodes to {array.dtype.name}{list(array.shape)}, its record says "
+                f"{show(e.record['dtype'])}{e.record['shape']}",
+                path=self.label,
+                where=f"byte offset {e.offset}",
+                hint=_HINT_CORRUPT,
+            )
+        return array
 
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
         for name in self.entries:
@@ -287,54 +310,114 @@ def _parse_index(view: memoryview, label: str) -> dict[str, TensorEntry]:
             where=f"byte offset 8 (index ends at {HEADER.size + index_len})",
             hint=_HINT_CORRUPT,
         )
-    try:
-        index = json.loads(bytes(view[HEADER.size : HEADER.size + index_len]).decode("utf-8"))
-        raw_entries = index["tensors"]
-        entries = [
-            TensorEntry(
-                str(t["name"]),
-                int(t["offset"]),
-                int(t["nbytes"]),
-                str(t.get("sha256", "")),
-                dict(t["record"]),
-            )
-            for t in raw_entries
-        ]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(
-            f"index is not valid ({type(exc).__name__}: {str(exc)[:80]})",
-            path=label,
-            where=f"byte offset {HEADER.size}",
-            hint=_HINT_CORRUPT,
-        ) from None
+    where_index = f"byte offset {HEADER.size} (index)"
+
+    def bad(what: str, where: str = where_index) -> InputError:
+        return InputError(what, path=label, where=where, hint=_HINT_CORRUPT)
+
+    index = load_json(
+        bytes(view[HEADER.size : HEADER.size + index_len]), "index", label, _HINT_CORRUPT, where_index
+    )
+    if not isinstance(index, dict) or not isinstance(index.get("tensors"), list):
+        raise bad("index is not an object with a 'tensors' list")
     data_start = HEADER.size + index_len
     out: dict[str, TensorEntry] = {}
-    for e in entries:
-        if e.offset < data_start or e.nbytes < 0 or e.offset + e.nbytes > size:
+    for i, t in enumerate(index["tensors"]):
+        if not isinstance(t, dict):
+            raise bad(f"index entry {i} is {_kind(t)}, expected an object")
+        name = t.get("name")
+        if not isinstance(name, str):
+            raise bad(f"index entry {i}: 'name' is {_kind(name)}, expected a string")
+        tensor = f"tensor '{show(name)}'"
+        for key in ("offset", "nbytes"):
+            if not _is_count(t.get(key)):
+                raise bad(f"{tensor}: '{key}' is {_kind(t.get(key))}, expected a non-negative integer")
+        sha = t.get("sha256", "")
+        if not isinstance(sha, str):
+            raise bad(f"{tensor}: 'sha256' is {_kind(sha)}, expected a string")
+        record = t.get("record")
+        if not isinstance(record, dict):
+            raise bad(f"{tensor}: 'record' is {_kind(record)}, expected an object")
+        e = TensorEntry(name, t["offset"], t["nbytes"], sha, record)
+        if e.offset < data_start or e.offset + e.nbytes > size:
             raise InputError(
-                f"tensor '{e.name}' blob [{e.offset}, {e.offset + e.nbytes}) lies outside the data "
+                f"{tensor} blob [{e.offset}, {e.offset + e.nbytes}) lies outside the data "
                 f"area [{data_start}, {size})",
                 path=label,
                 where=f"byte offset {e.offset}",
                 hint=_HINT_CORRUPT,
             )
-        for key in ("codec", "shape", "dtype"):
-            if key not in e.record:
-                raise InputError(
-                    f"tensor '{e.name}' record lacks '{key}'",
-                    path=label,
-                    where=f"byte offset {HEADER.size}",
-                    hint=_HINT_CORRUPT,
-                )
-        if e.name in out:
-            raise InputError(
-                f"tensor '{e.name}' listed twice",
-                path=label,
-                where=f"byte offset {HEADER.size}",
-                hint=_HINT_CORRUPT,
-            )
-        out[e.name] = e
+        _check_record(record, tensor, bad)
+        if name in out:
+            raise bad(f"{tensor} listed twice")
+        out[name] = e
     return out
+
+
+_MAX_ELEMENTS = 1 << 62
+
+
+def _kind(v: object) -> str:
+    if v is None:
+        return "null"
+    kinds = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+    }
+    return kinds.get(type(v), type(v).__name__)
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 63)
+
+
+def numeric_dtype(name: object) -> np.dtype | None:
+    """The numpy dtype a record names when it is a plain numeric one (bool, ints, floats,
+    complex), else None (object, strings, void/structured, datetimes, unknown names)."""
+    if not isinstance(name, str) or len(name) > 32:
+        return None
+    try:
+        dtype = np.dtype(name)
+    except Exception:  # noqa: BLE001 - numpy raises TypeError, ValueError, SyntaxError, ...
+        return None
+    if (
+        dtype.kind not in "biufc"
+        or dtype.fields is not None
+        or dtype.subdtype is not None
+        or dtype.itemsize == 0
+    ):
+        return None
+    return dtype
+
+
+def _check_record(record: dict, tensor: str, bad) -> None:
+    """Every field a decoder reads has the right type (rule 2): codec, shape, dtype, streams."""
+    for key in ("codec", "shape", "dtype"):
+        if key not in record:
+            raise bad(f"{tensor} record lacks '{key}'")
+    if not isinstance(record["codec"], str):
+        raise bad(f"{tensor}: codec is {_kind(record['codec'])}, expected a string")
+    if record["codec"] not in codecs.CODECS:
+        raise bad(
+            f"{tensor}: unknown codec '{show(record['codec'])}'",
+        )
+    shape = record["shape"]
+    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+        raise bad(f"{tensor}: shape {show(json.dumps(shape), 40)} is not a list of non-negative integers")
+    elements = 1
+    for d in shape:
+        elements *= d
+    if elements > _MAX_ELEMENTS:
+        raise bad(f"{tensor}: shape {show(json.dumps(shape), 40)} has more than 2**62 elements")
+    if numeric_dtype(record["dtype"]) is None:
+        raise bad(f"{tensor}: dtype '{show(record['dtype'])}' is not a numeric dtype")
+    streams = record.get("streams", {})
+    if not isinstance(streams, dict) or not all(_is_count(n) for n in streams.values()):
+        raise bad(f"{tensor}: 'streams' is not an object of byte counts")
 
 
 def read_container(path: str | os.PathLike) -> Container:

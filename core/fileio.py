@@ -3,82 +3,419 @@
 Every output is written next to its final place under a temporary name and renamed into place
 when complete, so an interrupted or failed run leaves nothing half-written and never touches
 its input.
+
+Rules:
+
+1. Temporaries are named ``.{dest.name}.{pid}.{random}.tmp`` (``.old`` for a directory being
+   replaced on the fallback path) and the writer holds an ``flock`` on them while it lives. The
+   next write of the same ``dest`` removes the ones whose writer is gone (its pid is not alive
+   and the lock is free), so a killed run leaves no garbage behind for long, and a concurrent
+   writer's temporaries are never touched (:func:`clean_stale`). Scratch folders
+   (``.mconv-spill-{pid}-*``, :func:`mconv.irio.spilling`) follow the same rule.
+2. A directory output replaces an existing one with one ``renameat2(RENAME_EXCHANGE)``: at every
+   instant ``dest`` holds the old complete directory or the new one. Where the kernel or the
+   file system cannot exchange, two renames are used and the next run restores a complete
+   ``.old`` if it finds ``dest`` missing (:func:`recover_dir`).
+3. An ``OSError`` while writing (a full disk, a read-only file system, a parent that is a file,
+   no permission, ...) becomes one :class:`mconv.errors.InputError` naming the output and what
+   failed (:func:`output_errors`).
+4. Cleanup never raises and never hides the error that made it run (:func:`remove_quietly`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
+import json
 import os
+import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from mconv.errors import InputError
+
+try:  # POSIX only; elsewhere temporaries are told apart by their pid alone
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+_WRITE_HINTS = {
+    errno.ENOSPC: "free space on the device and run again",
+    errno.EDQUOT: "the disk quota is exhausted; free space or raise the quota",
+    errno.EROFS: "the file system is read-only; choose another -o path",
+    errno.EACCES: "no permission to write there; choose another -o path",
+    errno.EPERM: "no permission to write there; choose another -o path",
+    errno.ENOTDIR: "a parent of the output path is not a directory; choose another -o path",
+    errno.EISDIR: "the output path is a directory; choose another -o path",
+    errno.ENAMETOOLONG: "shorten the output path",
+    errno.EFBIG: "the file is too large for this file system; choose another -o path",
+    errno.EEXIST: "a parent of the output path is a file; choose another -o path",
+    errno.ENOENT: "the output folder cannot be created there; choose another -o path",
+}
+
+
+def write_error(exc: OSError, dest: str | os.PathLike, what: str = "write the output") -> InputError:
+    """The one-line error for an ``OSError`` raised while writing ``dest``."""
+    reason = exc.strerror or type(exc).__name__
+    code = errno.errorcode.get(exc.errno or 0, "")
+    hint = _WRITE_HINTS.get(exc.errno or 0, "check the output path and the device")
+    return InputError(f"cannot {what} ({code + ': ' if code else ''}{reason})", path=str(dest), hint=hint)
+
+
+def _inside(name: str | None, roots: tuple[Path, ...]) -> bool:
+    if name is None:
+        return True
+    try:
+        p = Path(os.fsdecode(name)).absolute()
+    except (TypeError, ValueError):
+        return True
+    return any(p == r or r in p.parents for r in roots)
+
+
+@contextlib.contextmanager
+def output_errors(dest: str | os.PathLike, *also: str | os.PathLike, what: str = "write the output"):
+    """Turn an ``OSError`` about ``dest`` (or ``also``: its temporaries), or one naming no file
+    (``os.write``, ``file.write``), into an :class:`InputError` naming ``dest``. An ``OSError``
+    about another file (an input read inside the block) passes through unchanged."""
+    roots = tuple(Path(p).absolute() for p in (dest, *also))
+    try:
+        yield
+    except InputError:
+        raise
+    except OSError as exc:
+        if not _inside(exc.filename, roots) and not _inside(exc.filename2, roots):
+            raise
+        raise write_error(exc, dest, what) from None
+
+
+def remove_quietly(path: str | os.PathLike) -> None:
+    """Remove a file, a link or a whole tree at ``path``; never raise (cleanup in ``finally``)."""
+    p = Path(path)
+    try:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink()
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- temporaries
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not ours to judge
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, owned by someone else
+        return True
+    return True
+
+
+def _lock(fd: int) -> None:
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def _lock_free(path: Path) -> bool:
+    """Whether no process holds an flock on ``path`` (the writer of a temporary holds one)."""
+    if fcntl is None:
+        return True
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return True  # gone already, or unopenable: the pid decides
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _stale_pattern(name: str) -> re.Pattern:
+    return re.compile(rf"^\.{re.escape(name)}\.(\d+)\.[A-Za-z0-9_]+\.(tmp|old)$")
+
+
+def _dead_entries(parent: Path, pattern: re.Pattern) -> list[tuple[Path, str]]:
+    out = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return out
+    for n in names:
+        m = pattern.match(n)
+        if m is None:
+            continue
+        p = parent / n
+        if not _pid_alive(int(m.group(1))) and not p.is_symlink() and _lock_free(p):
+            out.append((p, m.group(m.lastindex or 1)))
+    return out
+
+
+def recover_dir(dest: str | os.PathLike) -> bool:
+    """Where a replacement on the two-rename fallback was killed between its renames (``dest``
+    missing, the old directory complete under ``.{name}.{pid}.*.old``), put the old one back.
+    True when something was restored."""
+    dest = Path(dest)
+    if os.path.lexists(dest):
+        return False
+    olds = [p for p, kind in _dead_entries(dest.parent, _stale_pattern(dest.name)) if kind == "old"]
+    # An .old is complete from the moment it has that name (one rename of the whole directory);
+    # an empty one is the placeholder made just before that rename.
+    olds = [p for p in olds if p.is_dir() and any(p.iterdir())]
+    for old in sorted(olds, key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            os.rename(old, dest)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def clean_stale(dest: str | os.PathLike) -> list[Path]:
+    """Remove ``dest``'s temporaries left by writers that are gone (rule 1); return them."""
+    dest = Path(dest)
+    removed = []
+    for p, _kind in _dead_entries(dest.parent, _stale_pattern(dest.name)):
+        remove_quietly(p)
+        removed.append(p)
+    return removed
+
+
+def clean_stale_scratch(parent: str | os.PathLike, prefix: str) -> list[Path]:
+    """Remove ``{prefix}{pid}-*`` scratch folders in ``parent`` whose writer is gone."""
+    pattern = re.compile(rf"^{re.escape(prefix)}(\d+)-[A-Za-z0-9_]+$")
+    removed = []
+    for p, _kind in _dead_entries(Path(parent), pattern):
+        remove_quietly(p)
+        removed.append(p)
+    return removed
+
+
+def _prepare_parent(dest: Path) -> None:
+    with output_errors(dest, dest.parent, what="create the output folder"):
+        if dest.parent.exists() and not dest.parent.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(dest.parent))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+
+
+def temp_file(dest: str | os.PathLike) -> tuple[Path, int]:
+    """A new locked temporary file beside ``dest`` (rule 1): its path and the fd holding the lock."""
+    dest = Path(dest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=".tmp", dir=dest.parent)
+    _lock(fd)
+    return Path(tmp), fd
+
+
+def temp_dir(dest: str | os.PathLike, suffix: str = ".tmp") -> tuple[Path, int]:
+    """A new locked temporary directory beside ``dest``: its path and the fd holding the lock."""
+    dest = Path(dest)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=suffix, dir=dest.parent))
+    try:
+        fd = os.open(tmp, os.O_RDONLY)
+    except OSError:
+        return tmp, -1
+    _lock(fd)
+    return tmp, fd
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary file path beside ``dest``; rename it onto ``dest`` on success."""
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
+    _prepare_parent(dest)
+    clean_stale(dest)
+    tmp_path = None
+    fd = -1
     try:
-        yield tmp_path
-        os.replace(tmp_path, dest)
+        with output_errors(dest, dest.parent):
+            tmp_path, fd = temp_file(dest)
+            yield tmp_path
+            if dest.is_dir() and not dest.is_symlink():
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(dest))
+            os.replace(tmp_path, dest)
     finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+        _close(fd)
+        if tmp_path is not None and os.path.lexists(tmp_path):
+            remove_quietly(tmp_path)
 
 
 def atomic_write_bytes(dest: str | os.PathLike, data: bytes) -> None:
-    with atomic_path(dest) as tmp:
-        tmp.write_bytes(data)
+    with atomic_path(dest) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+# --------------------------------------------------------------------------- directory exchange
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_renameat2 = None
+
+
+def _libc_renameat2():
+    global _renameat2
+    if _renameat2 is None:
+        fn = False
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                fn = getattr(libc, "renameat2", False)  # glibc >= 2.28
+                if fn:
+                    fn.argtypes = [
+                        ctypes.c_int,
+                        ctypes.c_char_p,
+                        ctypes.c_int,
+                        ctypes.c_char_p,
+                        ctypes.c_uint,
+                    ]
+                    fn.restype = ctypes.c_int
+            except OSError:
+                fn = False
+        _renameat2 = fn
+    return _renameat2 or None
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swap ``a`` and ``b`` in one step (``renameat2(RENAME_EXCHANGE)``). False where the kernel,
+    the C library or the file system cannot; an ``OSError`` for any other failure."""
+    fn = _libc_renameat2()
+    if fn is None:
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(os.fspath(a)), _AT_FDCWD, os.fsencode(os.fspath(b)), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(b))
+
+
+# Tests set this to False to exercise the two-rename fallback.
+USE_EXCHANGE = True
 
 
 @contextlib.contextmanager
 def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory beside ``dest``; swap it into place on success.
 
-    An existing ``dest`` directory is replaced only once the new one is complete.
+    An existing ``dest`` directory is replaced only once the new one is complete, in one
+    exchange (rule 2).
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists() and not dest.is_dir():
         raise InputError(
             "output exists and is not a directory", path=str(dest), hint="choose another -o path"
         )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    _prepare_parent(dest)
+    recover_dir(dest)
+    clean_stale(dest)
+    tmp = None
+    fd = -1
     try:
-        yield tmp
-        if dest.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old", dir=dest.parent))
-            os.rmdir(old)
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
+        with output_errors(dest, dest.parent):
+            tmp, fd = temp_dir(dest)
+            yield tmp
+            if not os.path.lexists(dest):
+                os.rename(tmp, dest)
+            elif USE_EXCHANGE and exchange(tmp, dest):
+                pass  # tmp now holds the old directory; removed below
+            else:
+                # Fallback (no renameat2 here): two renames. A run killed between them leaves
+                # dest missing and the old directory complete as .old; recover_dir (run by the
+                # next write of dest) puts it back.
+                old, old_fd = temp_dir(dest, suffix=".old")
+                _close(old_fd)
+                os.rmdir(old)
+                os.rename(dest, old)
+                os.rename(tmp, dest)
+                remove_quietly(old)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        _close(fd)
+        if tmp is not None and os.path.lexists(tmp):
+            remove_quietly(tmp)
 
 
 def require_file(path: str | os.PathLike, what: str = "file") -> Path:
     """Check that ``path`` is an existing, non-empty regular file; raise a one-line error if not."""
     p = Path(path)
-    if not p.exists():
-        raise InputError(f"{what} not found", path=str(p), hint="check the path")
-    if p.is_dir():
-        raise InputError(f"is a directory, expected a {what}", path=str(p), hint="give a file path")
-    if p.stat().st_size == 0:
+    try:
+        if not p.exists():
+            raise InputError(f"{what} not found", path=str(p), hint="check the path")
+        if p.is_dir():
+            raise InputError(f"is a directory, expected a {what}", path=str(p), hint="give a file path")
+        if not p.is_file():
+            raise InputError(
+                f"is not a regular file, expected a {what}", path=str(p), hint="give a file path"
+            )
+        size = p.stat().st_size
+    except OSError as exc:
+        raise read_error(exc, p, what) from None
+    if size == 0:
         raise InputError(
             f"{what} is empty (0 bytes)", path=str(p), hint="the file was truncated or not written"
         )
     return p
+
+
+def read_error(exc: OSError, path: str | os.PathLike, what: str = "file") -> InputError:
+    """The one-line error for an ``OSError`` raised while reading ``path``."""
+    code = errno.errorcode.get(exc.errno or 0, "")
+    reason = exc.strerror or type(exc).__name__
+    return InputError(
+        f"cannot read the {what} ({code + ': ' if code else ''}{reason})",
+        path=str(path),
+        hint="check that it is a readable regular file",
+    )
+
+
+MAX_JSON_DEPTH = 64
+
+
+def json_depth_ok(obj: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``obj`` (parsed JSON) nests at most ``limit`` levels (iterative: no recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (dict, list)):
+            if d > limit:
+                return False
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return True
+
+
+def load_json(data: bytes, what: str, label: str, hint: str, where: str | None = None) -> Any:
+    """Parse untrusted JSON: bad UTF-8, bad syntax and deep nesting are one-line errors naming
+    ``label`` (the file), ``where`` and ``what`` (the part of the file)."""
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise InputError(f"{what} is nested too deeply", path=label, where=where, hint=hint) from None
+    except ValueError as exc:
+        raise InputError(
+            f"{what} is not valid JSON ({str(exc)[:80]})", path=label, where=where, hint=hint
+        ) from None
+    if not json_depth_ok(obj):
+        raise InputError(
+            f"{what} nests more than {MAX_JSON_DEPTH} levels deep", path=label, where=where, hint=hint
+        )
+    return obj
 
 
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
