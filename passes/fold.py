@@ -151,6 +151,7 @@ class ConstantFolding(Pass):
                 continue
             name = out.name or fresh_name(f"{node.name or node.op_type}_folded", taken)
             out.name = None  # free the name for the initializer that replaces it
-            const = add_initializer(graph, name, np.ascontiguousarray(array))
+            # np.asarray(order='C'), not np.ascontiguousarray, which turns a 0-d array into shape [1].
+            const = add_initializer(graph, name, np.asarray(array, order="C"))
             replace_value(out, const)
         graph.remove(node, safe=True)

@@ -107,3 +107,54 @@ def test_fold_and_dce_turn_light_alexnet_constantofshape_into_initializers(run_o
     onnx.checker.check_model(to_proto(model))
     got = run_ort(model, {"data_0": x})
     np.testing.assert_allclose(got["prob_1"], expected["prob_1"], rtol=1e-6, atol=1e-7)
+
+
+def _scalar_chain(build):
+    """Scalars everywhere a detector has them: a Constant scalar, scalar initializers, a scalar
+    Gather index computed from constants, and Unsqueeze -> Concat -> Reshape of a folded scalar."""
+    nodes = [
+        helper.make_node("Constant", [], ["two"], value=onnx.numpy_helper.from_array(np.int64(2))),
+        helper.make_node("Sub", ["two", "one"], ["idx"]),  # folds to a 0-d int64
+        helper.make_node("Gather", ["x", "idx"], ["g"], axis=1),  # x[:, 1] -> rank 1
+        helper.make_node("Mul", ["two", "three"], ["six"]),  # 0-d, folded
+        helper.make_node("Unsqueeze", ["six", "axes0"], ["six1"]),
+        helper.make_node("Concat", ["minus1", "six1"], ["shape"], axis=0),  # folds to [-1, 6]
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("Add", ["half", "quarter"], ["s"]),  # 0-d float
+        helper.make_node("Mul", ["r", "s"], ["y"]),
+    ]
+    inits = [
+        ("one", np.int64(1)),
+        ("three", np.int64(3)),
+        ("axes0", np.int64([0])),
+        ("minus1", np.int64([-1])),
+        ("half", np.float32(0.5)),
+        ("quarter", np.float32(0.25)),
+    ]
+    return build(
+        nodes,
+        [("x", TensorProto.FLOAT, [2, 6])],
+        [("g", TensorProto.FLOAT, [2]), ("y", TensorProto.FLOAT, [2, 6])],
+        inits,
+    )
+
+
+def test_fold_keeps_scalars_zero_dimensional(build, run_ort):
+    model = _scalar_chain(build)
+    x = np.random.default_rng(11).standard_normal((2, 6)).astype(np.float32)
+    expected = run_ort(model, {"x": x})
+    model, (report,) = P.run_pipeline(model, P.parse_spec("fold"))
+    assert report.modified
+    inits = model.graph.initializers
+    # Folded outputs and the Constant's initializer keep their rank: a 0-d index stays 0-d
+    # (as [1], Gather would give [2, 1] and the checker rejects the declared output g[2]).
+    for name in ("two", "idx", "six", "s"):
+        assert inits[name].const_value.numpy().shape == (), name
+        assert list(inits[name].shape) == [], name
+    assert inits["shape"].const_value.numpy().tolist() == [-1, 6]
+    proto = to_proto(model)
+    onnx.checker.check_model(proto, full_check=True)
+    assert {t.name: list(t.dims) for t in proto.graph.initializer}["idx"] == []
+    got = run_ort(model, {"x": x})
+    np.testing.assert_array_equal(got["g"], expected["g"])
+    np.testing.assert_array_equal(got["y"], expected["y"])
