@@ -38,10 +38,17 @@ class EliminateIdentity(Pass):
            before: x -> Conv -> Dropout -> Relu        after: x -> Conv -> Relu
 
     2. If ``y`` is not a graph output, every use of ``y`` becomes a use of ``x``.
-    3. If ``y`` is a graph output and ``x`` is produced by a node (not a graph input, initializer
-       or another graph output), ``x`` is renamed to ``y`` so the graph's output names are stable.
-    4. Otherwise (``y`` a graph output fed straight from a graph input or initializer) the node
-       stays: removing it would change the interface.
+    3. If ``y`` is a graph output and ``x`` is produced by a node of the same graph (not a graph
+       input, initializer or another graph output), ``x`` is renamed to ``y`` so the graph's
+       output names are stable.
+    4. Otherwise the node stays: ``y`` a graph output fed straight from a graph input or
+       initializer (removing it would change the interface), or a subgraph output (If branch,
+       Loop / Scan body) fed from an outer-scope value, which ONNX requires a node to produce::
+
+           then_branch: () => (y) { y = Identity(x_outer) }    kept as it is
+
+    Subgraphs (If, Loop, Scan bodies, nested at any depth) are visited like the main graph; uses
+    of ``y`` inside subgraphs become uses of ``x`` as well.
     """
 
     @dataclass
@@ -70,7 +77,14 @@ class EliminateIdentity(Pass):
             return False
         x, y = node.inputs[0], node.outputs[0]
         if y.is_graph_output():
-            if x.is_graph_input() or x.is_initializer() or x.is_graph_output() or x.producer() is None:
+            producer = x.producer()
+            if (
+                x.is_graph_input()
+                or x.is_initializer()
+                or x.is_graph_output()
+                or producer is None
+                or producer.graph is not graph  # an outer-scope value: a subgraph must produce y
+            ):
                 return False
             # x's other consumers keep seeing the same value under its new name.
             name = y.name
