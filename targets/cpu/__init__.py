@@ -19,7 +19,10 @@ Load rules:
    ONNX Runtime receives as bytes.
 2. When graph plus weights would pass the protobuf limit, each weight is kept as a placeholder
    initializer pointing at in-memory data and the real arrays are handed to ONNX Runtime as
-   OrtValues (``SessionOptions.add_external_initializers``).
+   OrtValues (``SessionOptions.add_external_initializers``). Small weights (under
+   ``INLINE_BYTES``, smallest first, ``INLINE_BUDGET`` in all) stay inside the proto: ONNX
+   Runtime's shape inference reads the values of shape tensors (Reshape's shape, Unsqueeze's
+   axes, 0-d Gather indices) and cannot read a placeholder.
 3. Feeds are checked against the inputs (names, dtype, rank and fixed dimensions) before ONNX
    Runtime sees them; a bad feed raises :class:`mconv.errors.InputError` naming the input.
 """
@@ -46,6 +49,9 @@ PAYLOAD = "model.onnx"
 PROTOBUF_LIMIT = (2 << 30) - (64 << 20)
 # Location named by placeholder initializers of an over-limit model; no such file exists.
 _PLACEHOLDER_LOCATION = "mconv-in-memory-weights"
+# Over the limit, weights up to this size stay in the proto (shape tensors), up to the budget.
+INLINE_BYTES = 64 << 10
+INLINE_BUDGET = 32 << 20  # well inside the 64 MB margin of PROTOBUF_LIMIT
 
 
 def _split_model(model: ir.Model) -> tuple[onnx.ModelProto, list[tuple[str, np.ndarray]]]:
@@ -64,8 +70,13 @@ def _serialize(proto: onnx.ModelProto) -> bytes:
     return proto.SerializeToString(deterministic=True)
 
 
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    """``array`` in C order with its shape kept (``np.ascontiguousarray`` makes a 0-d array 1-d)."""
+    return np.asarray(array, order="C")
+
+
 def _tensor_proto(name: str, array: np.ndarray) -> onnx.TensorProto:
-    return ir.serde.serialize_tensor(ir.Tensor(np.ascontiguousarray(array), name=name))
+    return ir.serde.serialize_tensor(ir.Tensor(_contiguous(array), name=name))
 
 
 def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
@@ -189,6 +200,15 @@ def _make_session(
     else:
         # Placeholders keep each weight an initializer of the graph (ORT only replaces existing
         # external initializers); ORT swaps in the OrtValues before it reads any data.
+        inline, budget = set(), INLINE_BUDGET
+        for i in sorted(range(len(weights)), key=lambda i: weights[i][1].nbytes):
+            nbytes = int(weights[i][1].nbytes)
+            if nbytes > INLINE_BYTES or nbytes > budget:
+                break
+            inline.add(i)
+            budget -= nbytes
+        proto.graph.initializer.extend(_tensor_proto(*weights[i]) for i in sorted(inline))
+        weights = [w for i, w in enumerate(weights) if i not in inline]
         for name, array in weights:
             placeholder = _tensor_proto(name, np.zeros((0,), dtype=array.dtype))
             del placeholder.dims[:]
@@ -205,7 +225,7 @@ def _make_session(
                 entry.key, entry.value = key, val
             proto.graph.initializer.append(placeholder)
         names = [n for n, _ in weights]
-        values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for _, a in weights]
+        values = [ort.OrtValue.ortvalue_from_numpy(_contiguous(a)) for _, a in weights]
         so.add_external_initializers(names, values)
         keepalive = [values, [a for _, a in weights]]
     try:

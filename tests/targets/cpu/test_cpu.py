@@ -173,6 +173,7 @@ def test_models_over_the_protobuf_limit_load_through_external_initializers(tmp_p
     expected = _ort_original(proto, tmp_path / "orig.onnx")
     cpu.export(from_proto(proto), tmp_path / "b", {})
     monkeypatch.setattr(cpu, "PROTOBUF_LIMIT", 0)  # every model counts as too big for one protobuf
+    monkeypatch.setattr(cpu, "INLINE_BYTES", 0)  # and every weight goes to ORT as an OrtValue
     np.testing.assert_allclose(cpu.load(tmp_path / "b").run({"x": X})["y"], expected, rtol=1e-6, atol=0)
     np.testing.assert_allclose(
         cpu.load_model(from_proto(proto)).run({"x": X})["y"], expected, rtol=1e-6, atol=0
@@ -276,3 +277,111 @@ def test_dense_export_over_the_protobuf_limit_is_refused(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="2 GB protobuf limit"):
         cpu.export(from_proto(conv_gemm()), tmp_path / "d", {"dense": True})
     assert not (tmp_path / "d").exists()
+
+
+def scalar_model() -> onnx.ModelProto:
+    """0-d initializers where detectors and OCR models have them: a Gather index, the factor of
+    a Mul, and a scalar Unsqueezed into a Concat that feeds Reshape."""
+    nodes = [
+        helper.make_node("Gather", ["x", "idx"], ["g"], axis=1, name="gather"),
+        helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"], name="unsqueeze"),
+        helper.make_node("Concat", ["minus1", "n1"], ["shape"], axis=0, name="concat"),
+        helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+        helper.make_node("Mul", ["r", "k"], ["y"], name="mul"),
+    ]
+    inits = {
+        "idx": np.array(1, np.int64),
+        "n": np.array(3, np.int64),
+        "axes0": np.array([0], np.int64),
+        "minus1": np.array([-1], np.int64),
+        "k": np.array(1.5, np.float32),
+    }
+    graph = helper.make_graph(
+        nodes,
+        "scalars",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [
+            helper.make_tensor_value_info("g", TensorProto.FLOAT, ["N"]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3]),
+        ],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+SCALARS = ("idx", "n", "k")
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_scalar_initializers_stay_zero_dimensional_through_export_and_load(tmp_path, dense, monkeypatch):
+    proto = scalar_model()
+    x = np.random.default_rng(21).standard_normal((4, 3)).astype(np.float32)
+    expected = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )
+    b = cpu.export(from_proto(proto), tmp_path / "b", {"dense": dense})
+    assert {w["name"]: w["shape"] for w in b.weights if w["name"] in SCALARS} == dict.fromkeys(SCALARS, [])
+    if dense:
+        stored = onnx.load(tmp_path / "b" / "model.onnx")
+    else:  # weights.mcw decoded and attached as load does it
+        with load_bundle(tmp_path / "b").container() as c:
+            assert all(c.array(n).shape == () for n in SCALARS)
+        stored = onnx.ModelProto()
+        stored.CopyFrom(cpu.ir.serde.serialize_model(cpu.to_model(tmp_path / "b")))
+    assert {t.name: list(t.dims) for t in stored.graph.initializer if t.name in SCALARS} == dict.fromkeys(
+        SCALARS, []
+    )
+    onnx.checker.check_model(stored, full_check=True)
+    for limit in (cpu.PROTOBUF_LIMIT, 0):  # 0: weights go to ORT as external OrtValues
+        monkeypatch.setattr(cpu, "PROTOBUF_LIMIT", limit)
+        got = cpu.load(tmp_path / "b").run({"x": x})
+        np.testing.assert_array_equal(got["g"], expected[0])
+        np.testing.assert_array_equal(got["y"], expected[1])
+
+
+def test_over_the_limit_small_shape_tensors_stay_in_the_proto(tmp_path, monkeypatch):
+    # ORT's shape inference reads Reshape's shape and Unsqueeze's axes; a placeholder it cannot.
+    proto = scalar_model()
+    x = np.random.default_rng(22).standard_normal((2, 3)).astype(np.float32)
+    expected = cpu.load_model(from_proto(proto)).run({"x": x})
+    seen = {}
+    real = cpu._serialize
+
+    def spy(p):
+        seen.update({t.name: t.data_location for t in p.graph.initializer})
+        return real(p)
+
+    monkeypatch.setattr(cpu, "_serialize", spy)
+    monkeypatch.setattr(cpu, "PROTOBUF_LIMIT", 0)
+    monkeypatch.setattr(cpu, "INLINE_BYTES", 4)  # only the 0-d float32 k (4 bytes) stays inline
+    with pytest.raises(InputError, match="ONNX Runtime cannot load"):
+        cpu.load_model(from_proto(proto))  # int64 shape data left as placeholders: refused
+    assert seen["k"] == TensorProto.DEFAULT and seen["axes0"] == TensorProto.EXTERNAL
+    monkeypatch.setattr(cpu, "INLINE_BYTES", 1 << 16)
+    seen.clear()
+    got = cpu.load_model(from_proto(proto)).run({"x": x})
+    assert set(seen.values()) == {TensorProto.DEFAULT}
+    np.testing.assert_array_equal(got["y"], expected["y"])
+    monkeypatch.setattr(cpu, "INLINE_BUDGET", 4 + 8)  # the budget bounds what stays inline
+    seen.clear()
+    with pytest.raises(InputError, match="ONNX Runtime cannot load"):
+        cpu.load_model(from_proto(proto))
+    assert {n for n, loc in seen.items() if loc == TensorProto.DEFAULT} == {"k", "idx"}  # smallest first
+
+
+def test_zero_dimensional_weight_handed_to_ort_as_an_ortvalue(tmp_path, monkeypatch):
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "k"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        [numpy_helper.from_array(np.array(-2.5, np.float32), "k")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    cpu.export(from_proto(model), tmp_path / "b", {})
+    monkeypatch.setattr(cpu, "PROTOBUF_LIMIT", 0)
+    monkeypatch.setattr(cpu, "INLINE_BYTES", 0)
+    got = cpu.load(tmp_path / "b").run({"x": np.float32([1, 2, 4])})["y"]
+    np.testing.assert_array_equal(got, np.float32([-2.5, -5, -10]))
