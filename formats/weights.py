@@ -12,21 +12,33 @@ Weight-only rules:
 1. :func:`weight_only_model` builds the model; ``metadata_props["mconv.weight_only"] = "1"``
    marks it, and :func:`is_weight_only` recognises one by structure (no nodes, no outputs, at
    least one initializer), so a model read back from ``.onnx`` is still recognised.
-2. Tensor names are kept verbatim (``conv1/kernel``, ``layer.0.weight``); only an empty name or
-   a name given twice is refused.
+2. Tensor names are kept verbatim (``conv1/kernel``, ``layer.0.weight``); only an empty name, a
+   name given twice or one that is not valid Unicode (a lone surrogate) is refused.
+3. :func:`check_shape` is the one shape check of every weight reader: a list of non-negative
+   integers (not booleans), at most ``MAX_NDIM`` of them, whose byte size (the product of its
+   non-zero dimensions times the item size) stays below 2**63, numpy's limit; it returns
+   ``prod(shape) * itemsize`` for the reader to compare with the bytes the file really holds.
 
 safetensors rules (https://github.com/huggingface/safetensors, format version 1):
 
 1. Layout: u64 little-endian header length ``N``, ``N`` bytes of UTF-8 JSON, then the data
-   area. The JSON maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}``
-   (offsets relative to the data area) plus an optional ``"__metadata__"`` of strings.
+   area. The JSON is an object mapping each tensor name to ``{"dtype", "shape",
+   "data_offsets": [begin, end]}`` (offsets relative to the data area) plus an optional
+   ``"__metadata__"`` object of string values.
 2. Reads are bounded: ``N`` is checked against the real file size (and a 100 MB cap, as the
-   reference reader does) before the header is read; every tensor's ``[begin, end)`` must lie
-   inside the data area and hold exactly ``prod(shape) * itemsize`` bytes. Any violation is an
-   :class:`mconv.errors.InputError` naming the file, the tensor and the byte offset.
-3. Tensors are memory-mapped (one ``np.memmap`` of the file, a view per tensor): nothing is
+   reference reader does) before the header is read. The header is parsed by
+   :func:`parse_json` (strict UTF-8, nesting depth at most ``JSON_MAX_DEPTH``, a bounded number
+   of containers, no NaN/Infinity, no key given twice), so no header reaches ``json.loads``'
+   recursion or blows up into millions of objects.
+3. As the safetensors reference reader validates: ``dtype`` is a known code, ``shape`` passes
+   :func:`check_shape`, ``data_offsets`` is two integers ``0 <= begin <= end <= len(data)`` and
+   ``end - begin == prod(shape) * itemsize``; sorted by offset, the tensors cover the data area
+   exactly: each begins where the previous one ends (no overlap, no hole) and the last one ends
+   at the end of the file. Any violation is an :class:`mconv.errors.InputError` naming the
+   file, the tensor and the byte offset.
+4. Tensors are memory-mapped (one ``np.memmap`` of the file, a view per tensor): nothing is
    copied until a pass or a writer touches the values.
-4. ``save`` writes every initializer of any model (weight-only or not) with the official
+5. ``save`` writes every initializer of any model (weight-only or not) with the official
    ``safetensors.numpy`` writer, atomically; ``__metadata__`` carries the model's string
    ``metadata_props`` (provenance).
 """
@@ -35,19 +47,27 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-from mconv.errors import InputError
+from mconv.errors import InputError, show
 from mconv.fileio import atomic_path
 from mconv.formats import Format
 
 WEIGHT_ONLY_KEY = "mconv.weight_only"
 # The reference reader's cap on the JSON header (safetensors' MAX_HEADER_SIZE).
 SAFETENSORS_MAX_HEADER = 100_000_000
+# A safetensors header nests three deep ({name: {"shape": [...]}}); anything past this is hostile.
+JSON_MAX_DEPTH = 64
+# The smallest real tensor entry ('"a":{"dtype":"U8","shape":[],"data_offsets":[0,0]},') spends
+# 16 bytes per container; a header with a container per few bytes ('[{},{},...]') is a bomb.
+JSON_BYTES_PER_CONTAINER = 8
+# numpy's limit on dimensions (NPY_MAXDIMS in numpy 2).
+MAX_NDIM = 64
 _HINT_CORRUPT = "the file is truncated or corrupt; re-save it"
 
 # safetensors dtype names -> numpy dtypes (bfloat16 and float8 through ml_dtypes, as onnx_ir uses).
@@ -79,9 +99,10 @@ def weight_only_model(
     for tensor_name, array in arrays:
         if not tensor_name:
             raise InputError("a tensor has an empty name", path=path, hint="name every tensor")
+        check_name(tensor_name, path=path)
         if tensor_name in graph.initializers:
             raise InputError(
-                f"tensor '{tensor_name}' appears twice", path=path, hint="tensor names must be unique"
+                f"tensor '{show(tensor_name)}' appears twice", path=path, hint="tensor names must be unique"
             )
         tensor = ir.Tensor(array, name=tensor_name)
         value = ir.Value(name=tensor_name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype))
@@ -90,6 +111,19 @@ def weight_only_model(
     model = ir.Model(graph, ir_version=10, producer_name="mconv")
     model.metadata_props[WEIGHT_ONLY_KEY] = "1"
     return model
+
+
+def check_name(name: str, *, path: str | None, where: str | None = None) -> None:
+    """A tensor name must be encodable as UTF-8 (JSON escapes can spell lone surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"tensor name '{show(name)}' is not valid Unicode (a lone surrogate)",
+            path=path,
+            where=where,
+            hint="rename the tensor",
+        ) from None
 
 
 def is_weight_only(model: ir.Model) -> bool:
@@ -107,36 +141,132 @@ def model_arrays(model: ir.Model) -> dict[str, np.ndarray]:
     }
 
 
-def _shape_bytes(shape: list, itemsize: int, name: str, path: Path, where: str) -> int:
-    """Bytes a tensor of ``shape`` needs; refuses negative or non-integer dimensions."""
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+def check_shape(
+    shape: object, itemsize: int, *, what: str, path: str | None, where: str | None, hint: str
+) -> int:
+    """Rule 3: the bytes a tensor of ``shape`` needs, or an InputError naming ``what``."""
+    if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
         raise InputError(
-            f"tensor '{name}' has an invalid shape {shape!r}", path=str(path), where=where, hint=_HINT_CORRUPT
+            f"{what} has an invalid shape {show(repr(shape), 80)} (dimensions must be non-negative integers)",
+            path=path,
+            where=where,
+            hint=hint,
+        )
+    if len(shape) > MAX_NDIM:
+        raise InputError(
+            f"{what} has {len(shape)} dimensions, more than {MAX_NDIM}", path=path, where=where, hint=hint
+        )
+    if math.prod(d for d in shape if d) * itemsize >= 1 << 63:
+        raise InputError(
+            f"{what} has shape {show(repr(list(shape)), 80)}, too large for any array",
+            path=path,
+            where=where,
+            hint=hint,
         )
     return math.prod(shape) * itemsize
+
+
+# --- bounded JSON --------------------------------------------------------------------------------
+
+_JSON_STRING = re.compile(r'"[^"]*"')
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+class _JsonRefused(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> object:
+    raise _JsonRefused(f"{name} is not JSON")
+
+
+def _unique_object(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise _JsonRefused(f"key '{show(key)}' appears twice")
+    return out
+
+
+def json_nesting(text: str) -> tuple[int, int]:
+    """(deepest nesting, number of containers) of a JSON text, without parsing it.
+
+    Escape pairs go first (``\\\\`` then ``\\"``, left to right as JSON reads them), so every
+    remaining quote opens or closes a string; strings go next (a bracket inside one is text);
+    the brackets left are summed into a running depth with numpy a chunk at a time. Linear in
+    the text, no recursion, and it reads strings exactly where ``json.loads`` would."""
+    bare = _JSON_STRING.sub("", text.replace("\\\\", "").replace('\\"', ""))
+    brackets = bare.encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS)
+    codes = np.frombuffer(brackets, dtype=np.uint8)
+    step = np.zeros(256, dtype=np.int64)
+    step[[ord("["), ord("{")]] = 1
+    step[[ord("]"), ord("}")]] = -1
+    depth = deepest = opens = 0
+    for i in range(0, codes.size, 1 << 20):
+        run = step[codes[i : i + (1 << 20)]]
+        levels = depth + np.cumsum(run)
+        deepest = max(deepest, int(levels.max()))
+        opens += int(np.count_nonzero(run > 0))
+        depth = int(levels[-1])
+    return deepest, opens
+
+
+def parse_json(raw: bytes, *, path: str, where: str, what: str = "header", hint: str) -> object:
+    """Rule 2: strict, bounded JSON. The text must be UTF-8, nest at most ``JSON_MAX_DEPTH``
+    deep, hold at most one container per ``JSON_BYTES_PER_CONTAINER`` bytes, and use no NaN /
+    Infinity and no key twice in an object; anything else is one InputError."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(
+            f"{what} is not UTF-8 (byte {exc.start} of the {what})", path=path, where=where, hint=hint
+        ) from None
+    deepest, containers = json_nesting(text)
+    if deepest > JSON_MAX_DEPTH:
+        raise InputError(
+            f"{what} nests {deepest} levels deep, more than {JSON_MAX_DEPTH}",
+            path=path,
+            where=where,
+            hint=hint,
+        )
+    if containers > len(raw) // JSON_BYTES_PER_CONTAINER + 8:
+        raise InputError(
+            f"{what} holds {containers} JSON arrays/objects in {len(raw)} bytes, far more than "
+            "tensor entries need",
+            path=path,
+            where=where,
+            hint=hint,
+        )
+    try:
+        return json.loads(text, object_pairs_hook=_unique_object, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, _JsonRefused, int digit limit
+        raise InputError(
+            f"{what} is not valid JSON ({show(str(exc), 100)})", path=path, where=where, hint=hint
+        ) from None
 
 
 # --- safetensors -------------------------------------------------------------------------------
 
 
-def _st_dtype(code: str, name: str, path: Path, where: str) -> np.dtype:
-    if code in _ST_DTYPES:
+def _st_dtype(code: object, name: str, path: Path, where: str) -> np.dtype:
+    if isinstance(code, str) and code in _ST_DTYPES:
         return np.dtype(_ST_DTYPES[code])
-    if code in _ML_DTYPES:
+    if isinstance(code, str) and code in _ML_DTYPES:
         import ml_dtypes
 
         return np.dtype(getattr(ml_dtypes, _ML_DTYPES[code]))
+    shown = f"'{show(code)}'" if isinstance(code, str) else f"{show(repr(code))} (not a string)"
     raise InputError(
-        f"tensor '{name}' has unsupported dtype {code!r}",
+        f"tensor '{show(name)}' has unsupported dtype {shown}",
         path=str(path),
         where=where,
         hint=f"supported: {', '.join([*_ST_DTYPES, *_ML_DTYPES])}",
     )
 
 
-def read_safetensors(path: str | Path) -> tuple[list[tuple[str, np.ndarray]], dict[str, str]]:
-    """Tensors (memory-mapped, file order by offset) and ``__metadata__`` of a safetensors file."""
-    path = Path(path)
+def _st_header(path: Path) -> tuple[dict, int, int]:
+    """Rules 1-2: the parsed header object, the data area's start and its length."""
     size = path.stat().st_size
     if size < 8:
         raise InputError(
@@ -147,66 +277,146 @@ def read_safetensors(path: str | Path) -> tuple[list[tuple[str, np.ndarray]], di
         )
     with open(path, "rb") as f:
         (header_len,) = struct.unpack("<Q", f.read(8))
-        if header_len > size - 8 or header_len > SAFETENSORS_MAX_HEADER:
+        if header_len > size - 8:
             raise InputError(
                 f"header length {header_len} runs past the end of the {size}-byte file",
                 path=str(path),
                 where="byte offset 0",
                 hint=_HINT_CORRUPT,
             )
+        if header_len > SAFETENSORS_MAX_HEADER:
+            raise InputError(
+                f"header length {header_len} exceeds the {SAFETENSORS_MAX_HEADER:,}-byte limit",
+                path=str(path),
+                where="byte offset 0",
+                hint="safetensors readers refuse headers over 100 MB; re-save the file",
+            )
         raw = f.read(header_len)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-        if not isinstance(header, dict):
-            raise ValueError("the header is not a JSON object")
-    except (ValueError, UnicodeDecodeError) as exc:
+    if len(raw) != header_len:
         raise InputError(
-            f"header is not valid JSON ({str(exc)[:80]})",
+            "file shrank while being read", path=str(path), where="byte offset 8", hint="read a stable copy"
+        )
+    if raw.lstrip(b" \t\r\n")[:1] != b"{":
+        raise InputError(
+            "header is not a JSON object (it must start with '{')",
             path=str(path),
             where="byte offset 8",
             hint=_HINT_CORRUPT,
-        ) from None
-    metadata = header.pop("__metadata__", None) or {}
+        )
+    header = parse_json(raw, path=str(path), where="byte offset 8", hint=_HINT_CORRUPT)
+    if not isinstance(header, dict):
+        raise InputError(
+            "header is not a JSON object", path=str(path), where="byte offset 8", hint=_HINT_CORRUPT
+        )
+    return header, 8 + header_len, size - 8 - header_len
+
+
+def _st_metadata(header: dict, path: Path) -> dict[str, str]:
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        return {}
     if not isinstance(metadata, dict):
-        metadata = {}
-    data_start = 8 + header_len
-    data_len = size - data_start
+        raise InputError(
+            f"__metadata__ is a JSON {type(metadata).__name__}, not an object of strings",
+            path=str(path),
+            where="header entry '__metadata__' (byte offset 8)",
+            hint="__metadata__ maps strings to strings; re-save the file",
+        )
+    for key, value in metadata.items():
+        if not isinstance(value, str):
+            raise InputError(
+                f"__metadata__ value of '{show(key)}' is a JSON {type(value).__name__}, not a string",
+                path=str(path),
+                where="header entry '__metadata__' (byte offset 8)",
+                hint="__metadata__ maps strings to strings; re-save the file",
+            )
+    return metadata
+
+
+def read_safetensors(path: str | Path) -> tuple[list[tuple[str, np.ndarray]], dict[str, str]]:
+    """Tensors (memory-mapped, file order by offset) and ``__metadata__`` of a safetensors file."""
+    path = Path(path)
+    header, data_start, data_len = _st_header(path)
+    metadata = _st_metadata(header, path)
     specs = []
     for name, info in header.items():
-        where = f"header entry '{name}' (byte offset 8)"
-        try:
-            code, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
+        where = f"header entry '{show(name)}' (byte offset 8)"
+        tensor = f"tensor '{show(name)}'"
+        check_name(name, path=str(path), where=where)
+        if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= info.keys():
             raise InputError(
-                f"tensor '{name}' entry lacks dtype/shape/data_offsets",
+                f"{tensor} entry lacks dtype/shape/data_offsets",
                 path=str(path),
                 where=where,
                 hint=_HINT_CORRUPT,
-            ) from None
+            )
+        code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
         dtype = _st_dtype(code, name, path, where)
-        need = _shape_bytes(shape, dtype.itemsize, name, path, where)
-        if not (isinstance(begin, int) and isinstance(end, int)) or not 0 <= begin <= end <= data_len:
+        need = check_shape(
+            shape, dtype.itemsize, what=tensor, path=str(path), where=where, hint=_HINT_CORRUPT
+        )
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)):
             raise InputError(
-                f"tensor '{name}' data [{begin}, {end}) lies outside the {data_len}-byte data area",
+                f"{tensor} data_offsets {show(repr(offsets), 80)} are not two integers [begin, end]",
                 path=str(path),
-                where=f"byte offset {data_start + (begin if isinstance(begin, int) else 0)}",
+                where=where,
+                hint=_HINT_CORRUPT,
+            )
+        begin, end = offsets
+        if begin < 0 or end < 0 or begin > end:
+            raise InputError(
+                f"{tensor} data_offsets [{begin}, {end}] are negative or run backwards",
+                path=str(path),
+                where=where,
+                hint=_HINT_CORRUPT,
+            )
+        if end > data_len:
+            raise InputError(
+                f"{tensor} data [{begin}, {end}) lies outside the {data_len}-byte data area",
+                path=str(path),
+                where=f"byte offset {data_start + min(begin, data_len)}",
                 hint=_HINT_CORRUPT,
             )
         if end - begin != need:
             raise InputError(
-                f"tensor '{name}' holds {end - begin} bytes but shape {shape} of {code} needs {need}",
+                f"{tensor} holds {end - begin} bytes but shape {shape} of {code} needs {need}",
                 path=str(path),
                 where=f"byte offset {data_start + begin}",
                 hint=_HINT_CORRUPT,
             )
-        specs.append((begin, name, dtype, tuple(shape), end))
-    specs.sort(key=lambda s: (s[0], s[1]))
+        specs.append((begin, end, name, dtype, tuple(shape)))
+    # Rule 3: sorted by offset, the tensors tile the data area exactly.
+    specs.sort(key=lambda s: (s[0], s[1], s[2]))
+    covered, last = 0, None
+    for begin, end, name, _, _ in specs:
+        if begin < covered:
+            raise InputError(
+                f"tensor '{show(name)}' data [{begin}, {end}) overlaps tensor '{show(last)}' (which ends at {covered})",
+                path=str(path),
+                where=f"byte offset {data_start + begin}",
+                hint="every byte of the data area belongs to exactly one tensor; re-save the file",
+            )
+        if begin > covered:
+            raise InputError(
+                f"data area bytes [{covered}, {begin}) belong to no tensor (before tensor '{show(name)}')",
+                path=str(path),
+                where=f"byte offset {data_start + covered}",
+                hint="every byte of the data area belongs to exactly one tensor; re-save the file",
+            )
+        covered, last = end, name
+    if covered != data_len:
+        raise InputError(
+            f"data area bytes [{covered}, {data_len}) after the last tensor belong to no tensor",
+            path=str(path),
+            where=f"byte offset {data_start + covered}",
+            hint="the file has trailing bytes or is truncated; re-save it",
+        )
     blob = np.memmap(path, dtype=np.uint8, mode="r") if data_len > 0 else np.zeros(0, np.uint8)
     arrays = []
-    for begin, name, dtype, shape, end in specs:
+    for begin, end, name, dtype, shape in sorted(specs, key=lambda s: (s[0], s[2])):
         chunk = blob[data_start + begin : data_start + end]
         arrays.append((name, chunk.view(dtype).reshape(shape) if chunk.size else np.zeros(shape, dtype)))
-    return arrays, {str(k): str(v) for k, v in metadata.items()}
+    return arrays, metadata
 
 
 def _load_safetensors(paths: list[Path], options: dict) -> ir.Model:
