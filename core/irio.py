@@ -19,7 +19,7 @@ import onnx
 import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.fileio import require_file
-from mconv.wire import encode_varint, iter_fields, length_delimited
+from mconv.wire import encode_varint, iter_fields, length_delimited, read_varint
 
 # Above this many weight bytes a saved model puts its tensors in "<name>.data" beside it.
 EXTERNAL_DATA_THRESHOLD = 1 << 27
@@ -42,32 +42,74 @@ def load_onnx(path: str | os.PathLike, *, lazy: bool | None = None) -> ir.Model:
        file itself. Peak memory is then the model's structure, not its weights; a weight is
        read when a pass asks for it. The file is never written.
     2. Files with external data load as onnx_ir does: each tensor memory-mapped on first use.
+    3. Before anything reads a weight, :func:`mconv.onnx_check.check_model` checks the parsed
+       protobuf: structure (SSA, defined inputs, no cycle), dtypes, every tensor's data size, and
+       every external location (inside the model's folder, symlinks resolved, within the file).
+       External tensors then read from the resolved paths under the folder.
     """
+    from mconv.onnx_check import check_model
+
     p = require_file(path, "ONNX model")
     size = p.stat().st_size
     real = p.resolve()  # references name the file itself, not a symlink to it (onnx_ir refuses those)
     if lazy is None:
         lazy = size >= LAZY_LOAD_THRESHOLD
     lazy = lazy and real.stat().st_nlink == 1  # onnx_ir refuses to map files with hard links
+    # External locations are relative to the folder of the file as named (onnx's rule); a lazy
+    # load's references name the resolved file, so its folder is the resolved one.
+    folder = os.path.realpath(real.parent if lazy else p.parent)
     try:
-        if lazy:
-            model = ir.serde.deserialize_model(lazy_model_proto(real))
-            ir.external_data.set_base_dir(model.graph, str(real.parent))
-        else:
-            model = ir.load(p)
+        proto = lazy_model_proto(real) if lazy else onnx.load(p, load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError and friends
-        raise InputError(
-            f"not a valid ONNX model ({type(exc).__name__}: {str(exc)[:120]})",
-            path=str(p),
-            where=f"{size} bytes",
-            hint="the file is truncated or corrupt; re-export it",
-        ) from None
+        raise _invalid(p, size, exc) from None
+    check_model(proto, path=p, folder=folder)
+    try:
+        model = ir.serde.deserialize_model(proto)
+    except Exception as exc:
+        raise _invalid(p, size, exc) from None
+    del proto
+    for tensor in _external_tensors(model):
+        tensor.base_dir = folder
     # A weight-only model (mconv.formats.weights: initializers, no nodes) is not empty.
     if model.graph is None or (
         len(model.graph) == 0 and not model.graph.outputs and not model.graph.initializers
     ):
         raise InputError("ONNX model has an empty graph", path=str(p), hint="re-export the model")
     return model
+
+
+def _invalid(p: Path, size: int, exc: Exception) -> InputError:
+    return InputError(
+        f"not a valid ONNX model ({type(exc).__name__}: {str(exc)[:120]})",
+        path=str(p),
+        where=f"{size} bytes",
+        hint="the file is truncated or corrupt; re-export it",
+    )
+
+
+def _external_tensors(model: ir.Model):
+    """Every external tensor of the model: initializers and attribute tensors of the main graph,
+    its subgraphs and the model-local functions (onnx_ir's set_base_dir skips functions)."""
+    graphs = [model.graph, *model.functions.values()]
+    for graph in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(graph):
+            for attr in node.attributes.values():
+                if attr.is_ref():
+                    continue
+                if attr.type == ir.AttributeType.TENSOR:
+                    tensors = [attr.value]
+                elif attr.type == ir.AttributeType.TENSORS:
+                    tensors = list(attr.value)
+                elif attr.type == ir.AttributeType.GRAPH:
+                    tensors = [v.const_value for v in attr.value.initializers.values()]
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    tensors = [v.const_value for g in attr.value for v in g.initializers.values()]
+                else:
+                    continue
+                yield from (t for t in tensors if isinstance(t, ir.ExternalTensor))
+    for value in model.graph.initializers.values():
+        if isinstance(value.const_value, ir.ExternalTensor):
+            yield value.const_value
 
 
 # --------------------------------------------------------------------------- protobuf wire format
@@ -107,9 +149,21 @@ def lazy_model_proto(path: Path, min_bytes: int | None = None) -> onnx.ModelProt
                 if g_number != _GRAPH_INITIALIZER or g_wire != 2:
                     graph_parts.append(buf[g_start:g_end])
                     continue
+                fields = list(iter_fields(buf, g_payload, g_end))
+                # A tensor already marked external keeps its raw_data: the checks refuse it whole.
+                external = any(
+                    f[0] == _TENSOR_EXTERNAL_DATA
+                    or (f[0] == _TENSOR_DATA_LOCATION and f[1] == 0 and read_varint(buf, f[3])[0] != 0)
+                    for f in fields
+                )
                 tensor_parts, moved = [], None
-                for t_number, t_wire, t_start, t_payload, t_end in iter_fields(buf, g_payload, g_end):
-                    if t_number == _TENSOR_RAW_DATA and t_wire == 2 and t_end - t_payload >= min_bytes:
+                for t_number, t_wire, t_start, t_payload, t_end in fields:
+                    if (
+                        t_number == _TENSOR_RAW_DATA
+                        and t_wire == 2
+                        and t_end - t_payload >= min_bytes
+                        and not external
+                    ):
                         moved = (t_payload, t_end - t_payload)
                     else:
                         tensor_parts.append(buf[t_start:t_end])
