@@ -15,7 +15,12 @@ read here without TensorFlow as a weight-only model (:mod:`mconv.formats.weights
    key[non_shared], value[value_len]`` (the key shares its first ``shared`` bytes with the
    previous key), then ``u32 restart offsets[n]`` and ``u32 n``.
 4. The index block maps a separator key to the handle of each data block; the data blocks hold
-   the bundle's entries in key order.
+   the bundle's entries in key order. Data blocks lie one after another: a handle that points
+   back into an earlier block (or repeats one) is refused, so no table makes more work than its
+   own size.
+5. Reads are bounded: a key is at most ``MAX_KEY`` bytes, and the keys a table's prefix
+   compression expands to total at most ``KEY_EXPANSION`` times the file (plus 1 MiB), so a
+   table of 3-byte entries that each share a long prefix cannot expand into gigabytes.
 
 Bundle rules (``tensorflow/core/protobuf/tensor_bundle.proto``), decoded by hand from the
 protobuf wire format:
@@ -24,8 +29,12 @@ protobuf wire format:
    version=3). Every other key is a tensor name holding ``BundleEntryProto`` (dtype=1,
    shape=2 (``TensorShapeProto``: dim=2 {size=1, name=2}, unknown_rank=3), shard_id=3,
    offset=4, size=5, crc32c=6 (fixed32, masked CRC-32C of the tensor bytes), slices=7).
-2. A tensor's bytes are ``data-<shard_id>`` at ``[offset, offset + size)``; ``size`` must equal
-   ``prod(shape) * itemsize`` and lie inside the shard file (bounded reads). Big-endian
+   Every known field must come with its declared wire type (an integer where a message
+   belongs, or bytes where an integer belongs, is refused naming the field); int32 fields are
+   sign-extended as protobuf writes them; ``num_shards`` is 1 to 99999 and ``endianness`` 0 or 1.
+2. A tensor's bytes are ``data-<shard_id>`` at ``[offset, offset + size)``; the shape must pass
+   :func:`mconv.formats.weights.check_shape`, ``size`` must equal ``prod(shape) * itemsize`` and
+   lie inside the shard file (bounded reads). Big-endian
    bundles are byte-swapped. The CRC is checked (``options["verify_crc"]``, default on).
 3. String tensors (the object graph ``_CHECKPOINTABLE_OBJECT_GRAPH`` of TF2 checkpoints) are
    metadata, not weights: skipped and named in the import notes. Sliced (partitioned)
@@ -44,9 +53,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-from mconv.errors import InputError, UnsupportedError
+from mconv.errors import InputError, UnsupportedError, show
 from mconv.formats import Format
-from mconv.formats.weights import weight_only_model
+from mconv.formats.weights import check_shape, weight_only_model
 from mconv.wire import WireError, iter_fields, read_varint
 
 TABLE_MAGIC = 0xDB4775248B80FB57
@@ -54,6 +63,9 @@ FOOTER_SIZE = 48
 BLOCK_TRAILER_SIZE = 5
 _HINT = "the checkpoint is truncated or corrupt; re-save it"
 _DATA_RE = re.compile(r"\.data-(\d{5})-of-(\d{5})$")
+MAX_KEY = 1 << 16
+KEY_EXPANSION = 16
+MAX_SHARDS = 99_999
 
 # TensorFlow DataType enum (types.proto) -> numpy; DT_STRING (7) is handled apart.
 DT_STRING = 7
@@ -176,7 +188,11 @@ _Truncated = WireError  # args[0] is the byte offset
 def proto_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
     """(field number, value) pairs of a protobuf message: varints as ints, fixed32/64 as ints,
     length-delimited fields as bytes."""
-    out: list[tuple[int, int | bytes]] = []
+    return [(num, val) for num, _, val in _typed_fields(buf)]
+
+
+def _typed_fields(buf: bytes) -> list[tuple[int, int, int | bytes]]:
+    out: list[tuple[int, int, int | bytes]] = []
     for num, wire, _, payload, end in iter_fields(buf):
         if wire == 0:
             val = read_varint(buf, payload)[0]
@@ -186,8 +202,77 @@ def proto_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
             val = bytes(buf[payload:end])
         else:
             (val,) = struct.unpack_from("<I", buf, payload)
+        out.append((num, wire, val))
+    return out
+
+
+class FieldError(ValueError):
+    """A known field with the wrong wire type (or out of range): ``args[0]`` says which."""
+
+
+_WIRE_NAMES = {0: "an integer (varint)", 1: "8 fixed bytes", 2: "bytes/a message", 5: "4 fixed bytes"}
+
+
+def _fields(buf: bytes, message: str, expected: dict[int, tuple[str, int]]) -> list[tuple[int, int | bytes]]:
+    """Fields of ``message`` whose numbers ``expected`` knows, each checked for its wire type."""
+    out = []
+    for num, wire, val in _typed_fields(buf):
+        if num not in expected:
+            continue  # unknown fields are skipped, as protobuf does
+        name, want = expected[num]
+        if wire != want:
+            raise FieldError(
+                f"{message}.{name} (field {num}) is {_WIRE_NAMES.get(wire, wire)}, expected {_WIRE_NAMES[want]}"
+            )
         out.append((num, val))
     return out
+
+
+def _int32(v: int) -> int:
+    """An int32/enum varint: negative values are written as 10-byte sign extensions. A value
+    outside int32 is returned as it is, for the range checks to refuse by its own number."""
+    return _int64(v)
+
+
+def _int64(v: int) -> int:
+    v &= (1 << 64) - 1
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_HEADER_FIELDS = {1: ("num_shards", 0), 2: ("endianness", 0), 3: ("version", 2)}
+_ENTRY_FIELDS = {
+    1: ("dtype", 0),
+    2: ("shape", 2),
+    3: ("shard_id", 0),
+    4: ("offset", 0),
+    5: ("size", 0),
+    6: ("crc32c", 5),
+    7: ("slices", 2),
+}
+_SHAPE_FIELDS = {2: ("dim", 2), 3: ("unknown_rank", 0)}
+_DIM_FIELDS = {1: ("size", 0), 2: ("name", 2)}
+
+
+@dataclass
+class BundleHeader:
+    """``BundleHeaderProto``: how many shards, which byte order."""
+
+    num_shards: int = 1
+    endianness: int = 0
+
+    @classmethod
+    def parse(cls, buf: bytes) -> BundleHeader:
+        h = cls()
+        for num, val in _fields(buf, "BundleHeaderProto", _HEADER_FIELDS):
+            if num == 1:
+                h.num_shards = _int32(val) or 1  # proto3 leaves 0 out; TensorFlow writes >= 1
+            elif num == 2:
+                h.endianness = _int32(val)
+        if not 1 <= h.num_shards <= MAX_SHARDS:
+            raise FieldError(f"BundleHeaderProto.num_shards is {h.num_shards}, not 1 to {MAX_SHARDS}")
+        if h.endianness not in (0, 1):
+            raise FieldError(f"BundleHeaderProto.endianness is {h.endianness}, not 0 (little) or 1 (big)")
+        return h
 
 
 @dataclass
@@ -206,22 +291,22 @@ class BundleEntry:
     @classmethod
     def parse(cls, buf: bytes) -> BundleEntry:
         e = cls()
-        for num, val in proto_fields(buf):
+        for num, val in _fields(buf, "BundleEntryProto", _ENTRY_FIELDS):
             if num == 1:
-                e.dtype = int(val)
+                e.dtype = _int32(val)
             elif num == 2:
-                for snum, sval in proto_fields(val):  # TensorShapeProto
+                for snum, sval in _fields(val, "TensorShapeProto", _SHAPE_FIELDS):
                     if snum == 2:
-                        size = next((int(v) for n, v in proto_fields(sval) if n == 1), 0)
-                        e.shape.append(size - (1 << 64) if size >= 1 << 63 else size)
+                        dim = _fields(sval, "TensorShapeProto.Dim", _DIM_FIELDS)
+                        e.shape.append(next((_int64(v) for n, v in dim if n == 1), 0))
                     elif snum == 3:
                         e.unknown_rank = bool(sval)
             elif num == 3:
-                e.shard_id = int(val)
+                e.shard_id = _int32(val)
             elif num == 4:
-                e.offset = int(val)
+                e.offset = _int64(val)
             elif num == 5:
-                e.size = int(val)
+                e.size = _int64(val)
             elif num == 6:
                 e.crc32c = int(val)
             elif num == 7:
@@ -316,8 +401,10 @@ def snappy_decompress(data: bytes) -> bytes:
         if back == 0 or back > len(out):
             raise ValueError(f"copy offset {back} outside the {len(out)} bytes written")
         start = len(out) - back
-        for i in range(length):  # may overlap its own output (run-length style)
-            out.append(out[start + i])
+        if back >= length:
+            out += out[start : start + length]
+        else:  # overlaps its own output (run-length style): the last ``back`` bytes repeat
+            out += (out[start:] * (length // back + 1))[:length]
         if len(out) > total:
             raise ValueError("output exceeds the declared length")
     if len(out) != total:
@@ -325,8 +412,18 @@ def snappy_decompress(data: bytes) -> bytes:
     return bytes(out)
 
 
-def block_entries(block: bytes, path: Path, where: int) -> list[tuple[bytes, bytes]]:
+class _KeyBudget:
+    """Rule 5: what a table's keys may expand to, in all."""
+
+    def __init__(self, table_size: int) -> None:
+        self.left = KEY_EXPANSION * table_size + (1 << 20)
+
+
+def block_entries(
+    block: bytes, path: Path, where: int, budget: _KeyBudget | None = None
+) -> list[tuple[bytes, bytes]]:
     """Rule 3: the (key, value) pairs of one block."""
+    budget = budget or _KeyBudget(len(block))
     try:
         if len(block) < 4:
             raise _Truncated(0)
@@ -338,11 +435,21 @@ def block_entries(block: bytes, path: Path, where: int) -> list[tuple[bytes, byt
         pos = 0
         key = b""
         while pos < limit:
+            start = pos
             shared, pos = read_varint(block, pos)
             non_shared, pos = read_varint(block, pos)
             value_len, pos = read_varint(block, pos)
             if shared > len(key) or pos + non_shared + value_len > limit:
                 raise _Truncated(pos)
+            if shared + non_shared > MAX_KEY or shared + non_shared > budget.left:
+                raise InputError(
+                    f"block entry's key of {shared + non_shared} bytes exceeds what the table can hold "
+                    f"(keys at most {MAX_KEY} bytes, {KEY_EXPANSION}x the file in all)",
+                    path=str(path),
+                    where=f"byte offset {where + start}",
+                    hint=_HINT,
+                )
+            budget.left -= shared + non_shared
             key = key[:shared] + block[pos : pos + non_shared]
             pos += non_shared
             out.append((key, block[pos : pos + value_len]))
@@ -358,7 +465,7 @@ def block_entries(block: bytes, path: Path, where: int) -> list[tuple[bytes, byt
 
 
 def read_table(path: Path) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of an SSTable file, in key order (rules 1-4)."""
+    """Every (key, value) of an SSTable file, in key order (rules 1-5)."""
     data = path.read_bytes()
     if len(data) < FOOTER_SIZE:
         raise InputError(
@@ -386,9 +493,11 @@ def read_table(path: Path) -> list[tuple[bytes, bytes]]:
         raise InputError(
             "footer block handles are malformed", path=str(path), where=f"byte offset {foot}", hint=_HINT
         ) from None
+    budget = _KeyBudget(len(data))
     index = _block(data, (handles[2], handles[3]), path, "index")
     entries = []
-    for _sep, handle in block_entries(index, path, handles[2]):
+    next_free = 0
+    for _sep, handle in block_entries(index, path, handles[2], budget):
         try:
             off, p = read_varint(handle, 0)
             size, _ = read_varint(handle, p)
@@ -396,7 +505,15 @@ def read_table(path: Path) -> list[tuple[bytes, bytes]]:
             raise InputError(
                 "index entry is malformed", path=str(path), where=f"byte offset {handles[2]}", hint=_HINT
             ) from None
-        entries.extend(block_entries(_block(data, (off, size), path, "data"), path, off))
+        if off < next_free:
+            raise InputError(
+                f"data block at byte {off} overlaps the previous data block (which ends at byte {next_free})",
+                path=str(path),
+                where=f"byte offset {handles[2]}",
+                hint=_HINT,
+            )
+        entries.extend(block_entries(_block(data, (off, size), path, "data"), path, off, budget))
+        next_free = off + size + BLOCK_TRAILER_SIZE
     return entries
 
 
@@ -432,27 +549,52 @@ def read_checkpoint(
             'table has no bundle header (key "")', path=str(index_path), hint="not a tensor bundle index"
         )
     try:
-        hdr = dict(proto_fields(header))
-        entries = [(k.decode("utf-8"), BundleEntry.parse(v)) for k, v in table if k != b""]
-    except (_Truncated, UnicodeDecodeError):
-        raise InputError("bundle entries are malformed", path=str(index_path), hint=_HINT) from None
-    num_shards = int(hdr.get(1, 1))
-    big_endian = int(hdr.get(2, 0)) == 1
-    sliced = [(name, "sliced tensor") for name, e in entries if e.sliced]
+        hdr = BundleHeader.parse(header)
+    except (_Truncated, FieldError) as exc:
+        raise InputError(
+            f"bundle header is malformed ({exc})", path=str(index_path), where='key ""', hint=_HINT
+        ) from None
+    entries = []
+    for k, v in table:
+        if k == b"":
+            continue
+        try:
+            name = k.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(
+                f"tensor name '{show(k)}' is not UTF-8", path=str(index_path), hint=_HINT
+            ) from None
+        try:
+            entries.append((name, BundleEntry.parse(v)))
+        except (_Truncated, FieldError) as exc:
+            raise InputError(
+                f"BundleEntryProto is malformed ({exc})",
+                path=str(index_path),
+                where=f"tensor '{show(name)}'",
+                hint=_HINT,
+            ) from None
+    num_shards = hdr.num_shards
+    big_endian = hdr.endianness == 1
+    sliced = [(show(name), "sliced tensor") for name, e in entries if e.sliced]
     if sliced:
         raise UnsupportedError(
             sliced, what="tensor", path=str(index_path), hint="save the variables unpartitioned"
         )
-    shards: dict[int, np.memmap] = {}
+    shards: dict[int, np.ndarray] = {}
     arrays: list[tuple[str, np.ndarray]] = []
     skipped: list[str] = []
     for name, e in entries:
-        where = f"tensor '{name}'"
+        where = f"tensor '{show(name)}'"
         if e.dtype == DT_STRING:
             skipped.append(name)
             continue
         if e.dtype not in TF_DTYPES:
-            raise UnsupportedError([(name, f"DataType {e.dtype}")], what="tensor dtype", path=str(index_path))
+            raise UnsupportedError(
+                [(show(name), f"DataType {e.dtype}")],
+                what="tensor dtype",
+                path=str(index_path),
+                hint="mconv reads the numeric TensorFlow dtypes (float, int, uint, bool, complex, bfloat16)",
+            )
         if e.unknown_rank or any(d < 0 for d in e.shape):
             raise InputError(f"{where} has no full shape {e.shape}", path=str(index_path), hint=_HINT)
         if not 0 <= e.shard_id < num_shards:
@@ -460,27 +602,21 @@ def read_checkpoint(
                 f"{where} names shard {e.shard_id} of {num_shards}", path=str(index_path), hint=_HINT
             )
         dtype = np.dtype(TF_DTYPES[e.dtype]) if e.dtype != 14 else _bfloat16()
-        need = math.prod(e.shape) * dtype.itemsize
+        need = check_shape(e.shape, dtype.itemsize, what=where, path=str(index_path), where=None, hint=_HINT)
         if e.size != need:
             raise InputError(
                 f"{where} holds {e.size} bytes but shape {e.shape} of {dtype} needs {need}",
                 path=str(index_path),
                 hint=_HINT,
             )
+        shard = f"{prefix}.data-{e.shard_id:05d}-of-{num_shards:05d}"
         if e.shard_id not in shards:
-            shard = Path(f"{prefix}.data-{e.shard_id:05d}-of-{num_shards:05d}")
-            if not shard.is_file():
-                raise InputError(
-                    "data shard not found", path=str(shard), hint="keep the .data-* files beside the .index"
-                )
-            shards[e.shard_id] = (
-                np.memmap(shard, dtype=np.uint8, mode="r") if shard.stat().st_size else np.zeros(0, np.uint8)
-            )
+            shards[e.shard_id] = _open_shard(Path(shard))
         blob = shards[e.shard_id]
         if e.offset < 0 or e.offset + e.size > blob.size:
             raise InputError(
                 f"{where} bytes [{e.offset}, {e.offset + e.size}) run past the {blob.size}-byte data shard",
-                path=f"{prefix}.data-{e.shard_id:05d}-of-{num_shards:05d}",
+                path=shard,
                 where=f"byte offset {e.offset}",
                 hint=_HINT,
             )
@@ -488,7 +624,7 @@ def read_checkpoint(
         if verify_crc and e.crc32c is not None and crc32c(raw) != unmask_crc(e.crc32c):
             raise InputError(
                 f"{where} checksum does not match its bytes",
-                path=f"{prefix}.data-{e.shard_id:05d}-of-{num_shards:05d}",
+                path=shard,
                 where=f"byte offset {e.offset}",
                 hint=_HINT,
             )
@@ -497,6 +633,21 @@ def read_checkpoint(
             array = array.view(dtype.newbyteorder(">")).astype(dtype)
         arrays.append((name, array))
     return arrays, skipped
+
+
+def _open_shard(shard: Path) -> np.ndarray:
+    if not shard.is_file():
+        raise InputError(
+            "data shard not found", path=str(shard), hint="keep the .data-* files beside the .index"
+        )
+    try:
+        return np.memmap(shard, dtype=np.uint8, mode="r") if shard.stat().st_size else np.zeros(0, np.uint8)
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"data shard cannot be read ({show(str(exc), 100)})",
+            path=str(shard),
+            hint="check its permissions",
+        ) from None
 
 
 def _bfloat16() -> np.dtype:
@@ -514,7 +665,9 @@ def _load(paths: list[Path], options: dict) -> ir.Model:
         )
     model = weight_only_model(arrays, name=Path(prefix).name, path=str(index_path))
     if skipped:
-        model.metadata_props["mconv.import_notes"] = f"skipped string tensor(s): {', '.join(skipped)}"
+        model.metadata_props["mconv.import_notes"] = (
+            f"skipped string tensor(s): {', '.join(map(show, skipped))}"
+        )
     return model
 
 
