@@ -420,3 +420,188 @@ def test_mutated_checkpoints_import_or_fail_with_one_input_error(tmp_path_factor
             assert "\n" not in exc.line()
 
     check()
+
+
+# --- hostile checkpoints (issue 11, item 8) ----------------------------------------------------------
+
+
+def _bundle(path: Path, header: bytes, entries: list[tuple[bytes, bytes]], data: bytes = b"\0" * 16) -> Path:
+    write_table(Path(f"{path}.index"), [(b"", header), *entries])
+    Path(f"{path}.data-00000-of-00001").write_bytes(data)
+    return Path(f"{path}.index")
+
+
+def _entry(**fields) -> bytes:
+    shape = fields.pop("shape", (2,))
+    e = PROTOS["BundleEntryProto"](**{"dtype": 1, "offset": 0, "size": 8, **fields})
+    for d in shape:
+        e.shape.dim.add(size=d)
+    return e.SerializeToString()
+
+
+def _key(num: int, wire: int) -> bytes:
+    return _varint(num << 3 | wire)
+
+
+HEADER = PROTOS["BundleHeaderProto"](num_shards=1).SerializeToString()
+ENTRY = _entry()
+
+TF_CASES = {
+    # name: (header bytes, entry bytes, message pattern)
+    "shape_as_integer": (HEADER, _key(1, 0) + b"\x01" + _key(2, 0) + b"\x05" + _key(5, 0) + b"\x08",
+                         r"BundleEntryProto.shape \(field 2\) is an integer \(varint\), expected bytes"),
+    "dtype_as_bytes": (HEADER, _key(1, 2) + b"\x01A" + ENTRY[2:], r"BundleEntryProto.dtype \(field 1\) is bytes"),
+    "shard_id_as_bytes": (HEADER, ENTRY + _key(3, 2) + b"\x01\x00", r"BundleEntryProto.shard_id \(field 3\)"),
+    "offset_as_fixed64": (HEADER, ENTRY + _key(4, 1) + b"\0" * 8, r"BundleEntryProto.offset \(field 4\) is 8 fixed"),
+    "crc_as_bytes": (HEADER, ENTRY + _key(6, 2) + b"\x01\x00", r"BundleEntryProto.crc32c \(field 6\) is bytes"),
+    "crc_as_varint": (HEADER, ENTRY + _key(6, 0) + b"\x01", r"crc32c \(field 6\) is an integer \(varint\), expected 4"),
+    "slices_as_integer": (HEADER, ENTRY + _key(7, 0) + b"\x01", r"BundleEntryProto.slices \(field 7\)"),
+    "dim_as_integer": (HEADER, _key(1, 0) + b"\x01" + _key(2, 2) + b"\x02" + _key(2, 0) + b"\x07",
+                       r"TensorShapeProto.dim \(field 2\) is an integer"),
+    "dim_size_as_bytes": (HEADER, _key(1, 0) + b"\x01" + _key(2, 2) + b"\x05" + _key(2, 2) + b"\x03"
+                          + _key(1, 2) + b"\x01A", r"TensorShapeProto.Dim.size \(field 1\) is bytes"),
+    "unknown_rank_as_bytes": (HEADER, _key(1, 0) + b"\x01" + _key(2, 2) + b"\x03" + _key(3, 2) + b"\x01\x01",
+                              r"TensorShapeProto.unknown_rank \(field 3\)"),
+    "group_wire_type": (HEADER, ENTRY + _key(9, 3), r"unsupported wire type 3"),
+    "truncated_entry": (HEADER, ENTRY[:-1], r"BundleEntryProto is malformed"),
+    "non_numeric_shard_count": (_key(1, 2) + b"\x03abc", ENTRY,
+                                r"BundleHeaderProto.num_shards \(field 1\) is bytes/a message, expected an integer"),
+    "shard_count_as_digit_text": (_key(1, 2) + b"\x011", ENTRY, r"num_shards \(field 1\) is bytes"),
+    "endianness_as_bytes": (_key(2, 2) + b"\x00", ENTRY, r"BundleHeaderProto.endianness \(field 2\) is bytes"),
+    "version_as_integer": (_key(3, 0) + b"\x01", ENTRY, r"BundleHeaderProto.version \(field 3\) is an integer"),
+    "negative_shard_count": (PROTOS["BundleHeaderProto"](num_shards=-1).SerializeToString(), ENTRY,
+                             r"num_shards is -1, not 1 to 99999"),
+    "huge_shard_count": (_key(1, 0) + _varint(1 << 40), ENTRY, r"num_shards is 1099511627776, not 1 to 99999"),
+    "endianness_7": (PROTOS["BundleHeaderProto"](num_shards=1, endianness=7).SerializeToString(), ENTRY,
+                     r"endianness is 7, not 0 \(little\) or 1 \(big\)"),
+    "zero_size_with_huge_dim": (HEADER, _entry(size=0, shape=(0, 1 << 62)), r"too large for any array"),
+    "too_many_dims": (HEADER, _entry(size=4, shape=(1,) * 65), r"65 dimensions, more than 64"),
+    "negative_shard_id": (HEADER, _entry(shard_id=-1), r"names shard -1 of 1"),
+    "offset_past_the_shard": (HEADER, _entry(offset=12), r"bytes \[12, 20\) run past the 16-byte data shard"),
+    "negative_offset": (HEADER, _entry(offset=-8), r"bytes \[-8, 0\) run past"),
+    "crc_mismatch": (HEADER, _entry(crc32c=12345), r"checksum does not match its bytes"),
+    "unknown_dtype": (HEADER, _entry(dtype=99), r"w \(DataType 99\)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(TF_CASES))
+def test_hostile_bundle_protos_are_one_input_error(tmp_path: Path, case: str) -> None:
+    header, entry, pattern = TF_CASES[case]
+    index = _bundle(tmp_path / "ckpt", header, [(b"w", entry)])
+    with pytest.raises(InputError, match=pattern) as err:
+        import_model([index])
+    text = _one_line(err)
+    assert str(tmp_path / "ckpt") in text and "(hint: " in text
+
+
+def test_hostile_checkpoints_fail_the_same_way_at_the_cli(tmp_path: Path) -> None:
+    from mconv.cli.app import app
+    from typer.testing import CliRunner
+
+    for case in ("shape_as_integer", "non_numeric_shard_count", "offset_past_the_shard", "crc_mismatch"):
+        header, entry, _ = TF_CASES[case]
+        (tmp_path / case).mkdir()
+        index = _bundle(tmp_path / case / "ckpt", header, [(b"w", entry)])
+        r = CliRunner().invoke(app, ["import", str(index), "-o", str(tmp_path / case / "w.onnx")])
+        assert r.exit_code == 2, r.output
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and str(tmp_path / case / "ckpt") in lines[0], r.output
+        assert not (tmp_path / case / "w.onnx").exists()
+
+
+def test_missing_shard_of_several_is_named(tmp_path: Path) -> None:
+    header = PROTOS["BundleHeaderProto"](num_shards=3).SerializeToString()
+    index = _bundle(tmp_path / "ckpt", header, [(b"a", _entry()), (b"b", _entry(shard_id=2))])
+    Path(f"{tmp_path}/ckpt.data-00000-of-00003").write_bytes(b"\0" * 8)
+    with pytest.raises(InputError, match="data shard not found") as err:
+        import_model([index])
+    assert "ckpt.data-00002-of-00003" in _one_line(err)
+
+
+def _raw_table(path: Path, data_block: bytes, copies: int = 1) -> Path:
+    """A table whose one data block is given raw; the index may point at it ``copies`` times.
+    (mconv's own CRC-32C, checked against the bitwise one above, keeps the large bombs quick.)"""
+    out = bytearray()
+
+    def put(contents: bytes) -> bytes:
+        handle = _varint(len(out)) + _varint(len(contents))
+        out.extend(contents + b"\0" + struct.pack("<I", _mask(crc32c(contents + b"\0"))))
+        return handle
+
+    data = put(data_block)
+    meta = put(_block([]))
+    idx = put(_block([(b"k%d" % i, data) for i in range(copies)], restart_interval=1))
+    path.write_bytes(bytes(out) + (meta + idx).ljust(40, b"\0") + struct.pack("<Q", MAGIC))
+    return path
+
+
+def _prefix_bomb(entries: int) -> bytes:
+    """One 60 KB key, then ``entries`` 6-byte entries that each repeat it and add a byte (each a
+    new 60 KB key: shared = 60,000, non_shared = 1)."""
+    key = b"k" * 60_000
+    head = _varint(0) + _varint(len(key)) + _varint(0) + key
+    return head + (_varint(len(key)) + _varint(1) + _varint(0) + b"x") * entries + struct.pack("<II", 0, 1)
+
+
+def test_key_prefix_bomb_is_refused(tmp_path: Path) -> None:
+    index = _raw_table(tmp_path / "bomb.index", _prefix_bomb(2_000))  # 120 MB of keys from 72 KB
+    with pytest.raises(InputError, match=r"key of 60001 bytes exceeds what the table can hold") as err:
+        import_model([index], format="tf-checkpoint")
+    assert "byte offset" in _one_line(err)
+
+
+def test_index_pointing_at_one_data_block_many_times_is_refused(tmp_path: Path) -> None:
+    block = _block([(b"", HEADER), (b"w", ENTRY)])
+    index = _raw_table(tmp_path / "rep.index", block, copies=3)
+    Path(f"{tmp_path}/rep.data-00000-of-00001").write_bytes(b"\0" * 8)
+    with pytest.raises(InputError, match=r"data block at byte 0 overlaps the previous data block") as err:
+        import_model([index])
+    _one_line(err)
+    Path(f"{tmp_path}/one.data-00000-of-00001").write_bytes(b"\0" * 8)
+    assert list(model_arrays(import_model([_raw_table(tmp_path / "one.index", block)]))) == ["w"]
+
+
+def test_key_prefix_bomb_stays_within_4_gb_of_address_space(tmp_path: Path) -> None:
+    index = _raw_table(tmp_path / "bomb.index", _prefix_bomb(100_000))  # 6 GB of keys from 660 KB
+    code = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
+        "from mconv.errors import InputError\nfrom mconv.formats import import_model\n"
+        "try:\n    import_model([sys.argv[1]], format='tf-checkpoint')\nexcept InputError as e:\n    print(e.line())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(index)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "exceeds what the table can hold" in proc.stdout
+
+
+def test_seeded_mutations_of_a_checkpoint_import_or_fail_with_one_input_error(tmp_path: Path) -> None:
+    rng = np.random.default_rng(21)
+    base = tmp_path / "base"
+    write_checkpoint(base, _tensors(3), strings=("_CHECKPOINTABLE_OBJECT_GRAPH",))
+    index = Path(f"{base}.index").read_bytes()
+    data = Path(f"{base}.data-00000-of-00001").read_bytes()
+    mutants = []
+    for which, raw in (("index", index), ("data", data)):
+        for pos in rng.integers(0, len(raw), 15):
+            mutants.append((which, raw[: int(pos)]))
+        for pos in rng.integers(0, len(raw), 40):
+            b = bytearray(raw)
+            b[int(pos)] ^= 1 << int(rng.integers(0, 8))
+            mutants.append((which, bytes(b)))
+    # 5-byte overwrites at fixed offsets of the index: every 7th byte, the footer's every byte
+    for pos in [*range(0, len(index) - 48, 7), *range(len(index) - 48, len(index) - 4)]:
+        for junk in (b"\xff\xff\xff\xff\x0f", b"\x00" * 5, b"\x12\x01A\x08\x02"):
+            mutants.append(("index", index[:pos] + junk + index[pos + 5 :]))
+    outcomes = {"ok": 0, "InputError": 0}
+    for k, (which, raw) in enumerate(mutants):
+        prefix = tmp_path / f"m{k}"
+        Path(f"{prefix}.index").write_bytes(raw if which == "index" else index)
+        Path(f"{prefix}.data-00000-of-00001").write_bytes(raw if which == "data" else data)
+        try:
+            import_model([Path(f"{prefix}.index")])
+            outcomes["ok"] += 1
+        except InputError as exc:
+            assert "\n" not in exc.line() and str(prefix) in exc.line(), exc.line()
+            outcomes["InputError"] += 1
+    assert outcomes["InputError"] > len(mutants) // 2
