@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from google.protobuf import text_format
-from mconv.errors import InputError, UnsupportedError
+from mconv.errors import InputError, UnsupportedError, show
 from mconv.fileio import atomic_write_bytes
 from mconv.formats import Format
 from mconv.formats import caffe_pb as pb
@@ -51,6 +52,8 @@ OPSET = 17
 IR_VERSION = 9
 # No blob or activation may hold more elements than this (2**31: Caffe's own int32 count limit).
 MAX_ELEMENTS = 1 << 31
+# Caffe's kMaxBlobAxes: no blob, input or reshape target has more axes.
+MAX_AXES = 32
 FLT_MAX = float(np.finfo(np.float32).max)
 
 DATA_LAYERS = {"Data", "ImageData", "HDF5Data", "WindowData", "MemoryData", "DummyData", "AnnotatedData"}
@@ -130,12 +133,15 @@ def _is_text(data: bytes, path: Path) -> bool:
 
 def parse_prototxt(text: str, path: str = "<prototxt>", notes: list[str] | None = None):
     """Parse a text NetParameter. Unknown fields are skipped (noted) after a strict attempt fails."""
+    _check_nesting(text, path)
     net = pb.NetParameter()
     try:
         text_format.Parse(text, net)
         return net
     except text_format.ParseError as exc:
         strict_error = exc
+    except RecursionError:
+        raise _too_deep(path) from None
     if "has no field named" not in str(strict_error):
         raise _text_error(strict_error, path)
     net = pb.NetParameter()
@@ -143,9 +149,43 @@ def parse_prototxt(text: str, path: str = "<prototxt>", notes: list[str] | None 
         text_format.Parse(text, net, allow_unknown_field=True)
     except text_format.ParseError as exc:
         raise _text_error(exc, path) from None
+    except RecursionError:
+        raise _too_deep(path) from None
     if notes is not None:
-        notes.append(f"prototxt fields unknown to caffe.proto were ignored (first: {strict_error})")
+        notes.append(
+            f"prototxt fields unknown to caffe.proto were ignored (first: {show(strict_error, 200)})"
+        )
     return net
+
+
+# caffe.proto nests messages a few levels deep (net > layer > param > filler); a prototxt nested
+# deeper than this is not a Caffe net, and protobuf's recursive text parser would overflow the stack.
+MAX_NESTING = 64
+# Braces, angle brackets, quoted strings (skipped: they may hold braces) and # comments.
+_NESTING_TOKENS = re.compile(r"""[{}<>]|"(?:[^"\\\n]|\\.)*"?|'(?:[^'\\\n]|\\.)*'?|#[^\n]*""")
+
+
+def _check_nesting(text: str, path: str) -> None:
+    """Refuse a prototxt whose messages nest deeper than ``MAX_NESTING`` (one linear scan)."""
+    depth = 0
+    for m in _NESTING_TOKENS.finditer(text):
+        ch = m.group()[0]
+        if ch in "{<":
+            depth += 1
+            if depth > MAX_NESTING:
+                line = text.count("\n", 0, m.start()) + 1
+                raise _too_deep(path, f"line {line}")
+        elif ch in "}>":
+            depth -= 1
+
+
+def _too_deep(path: str, where: str | None = None) -> InputError:
+    return InputError(
+        f"prototxt messages nest more than {MAX_NESTING} levels deep",
+        path=path,
+        where=where,
+        hint="a Caffe net nests a few levels (net, layer, parameter); the file is damaged or not a prototxt",
+    )
 
 
 def _text_error(exc: text_format.ParseError, path: str) -> InputError:
@@ -153,7 +193,7 @@ def _text_error(exc: text_format.ParseError, path: str) -> InputError:
     where = f"line {line}, column {col}" if line is not None else None
     msg = str(exc).split(" : ", 1)[-1] if line is not None else str(exc)
     return InputError(
-        f"prototxt syntax error: {msg}",
+        f"prototxt syntax error: {show(msg, 200)}",
         path=path,
         where=where,
         hint="fix the prototxt text (caffe.proto field names and braces)",
@@ -207,13 +247,15 @@ def read_net(path: str | Path, notes: list[str] | None = None):
     return parse_caffemodel(data, str(p)), "binary"
 
 
-def upgrade_v1(net) -> None:
+def upgrade_v1(net, path: str | None = None) -> None:
     """Move V1 ``layers`` (enum types) into ``layer`` in place, as Caffe's UpgradeV1Net does."""
     if not net.layers:
         return
     if net.layer:
         raise InputError(
-            "net mixes V1 'layers' and new 'layer' fields", hint="upgrade the net with Caffe's tools"
+            "net mixes V1 'layers' and new 'layer' fields",
+            path=path,
+            hint="upgrade the net with Caffe's tools",
         )
     for v1 in net.layers:
         layer = net.layer.add()
@@ -284,13 +326,11 @@ class _Builder:
     used: set = field(default_factory=set)
     notes: list = field(default_factory=list)
 
+    # The next suffix to try for each base: a base taken N times costs O(1) per new name, not O(N).
+    _next: dict = field(default_factory=dict)
+
     def fresh(self, base: str) -> str:
-        name, i = base, 1
-        while name in self.used:
-            name = f"{base}/{i}"
-            i += 1
-        self.used.add(name)
-        return name
+        return _fresh_name(base, self.used, self._next)
 
     def const(self, base: str, array: np.ndarray) -> str:
         name = self.fresh(base)
@@ -308,14 +348,28 @@ class _Builder:
         return outs
 
     _node_names: set = field(default_factory=set)
+    _node_next: dict = field(default_factory=dict)
 
     def fresh_node(self, layer: str) -> str:
-        name, i = layer, 1
-        while name in self._node_names:
-            name = f"{layer}/{i}"
-            i += 1
-        self._node_names.add(name)
-        return name
+        return _fresh_name(layer, self._node_names, self._node_next)
+
+
+def _fresh_name(base: str, used: set, next_suffix: dict) -> str:
+    """``base`` if free, else the first free ``base/1``, ``base/2``, ... (added to ``used``).
+
+    ``next_suffix`` remembers where the search for each base stopped, so a base asked for N times
+    (N in-place layers writing one blob) costs N probes in all, not N**2 / 2."""
+    if base not in used:
+        used.add(base)
+        return base
+    i = next_suffix.get(base, 1)
+    name = f"{base}/{i}"
+    while name in used:
+        i += 1
+        name = f"{base}/{i}"
+    next_suffix[base] = i + 1
+    used.add(name)
+    return name
 
 
 @dataclass
@@ -327,27 +381,34 @@ class LayerCtx:
     weights: list  # BlobProto list
     bottoms: list[Blob]
     top_names: list[str]  # fresh ONNX value names for the tops, in order
+    weights_path: str | None = None  # the file the weight blobs came from (the caffemodel, if given)
 
     @property
     def name(self) -> str:
         return self.layer.name
 
+    @property
+    def where(self) -> str:
+        return f"layer '{show(self.name)}' ({show(self.layer.type)})"
+
     def fail(self, message: str, hint: str = "check the layer's parameters") -> InputError:
-        return InputError(
-            message, path=self.b.path, where=f"layer '{self.name}' ({self.layer.type})", hint=hint
-        )
+        return InputError(message, path=self.b.path, where=self.where, hint=hint)
+
+    def blob_fail(self, message: str, hint: str) -> InputError:
+        """A weight blob that does not fit the layer: the error names the file the blobs came from."""
+        return InputError(message, path=self.weights_path or self.b.path, where=self.where, hint=hint)
 
     def blob(self, i: int, shape: tuple[int, ...], what: str) -> np.ndarray:
         """Weight blob ``i`` reshaped to ``shape`` (its element count must match)."""
         if i >= len(self.weights):
-            raise self.fail(
+            raise self.blob_fail(
                 f"missing weight blob {i} ({what}): the layer has {len(self.weights)} blob(s)",
                 hint="give the trained .caffemodel that matches this net",
             )
         arr = self.weights[i]
         expected = math.prod(shape)
         if arr.size != expected:
-            raise self.fail(
+            raise self.blob_fail(
                 f"blob {i} ({what}) has {arr.size} values with shape {list(arr.shape)}, "
                 f"expected shape {list(shape)} ({expected} values)",
                 hint="the caffemodel does not match the prototxt",
@@ -542,7 +603,7 @@ def _pooling(ctx: LayerCtx):
         raise ctx.fail(f"pooling needs a 4-D input, got {list(x.shape)}")
     n, c, h, w = x.shape
     if p.pool not in (0, 1):
-        raise UnsupportedError([(ctx.name, "Pooling(STOCHASTIC)")], what="layer", path=ctx.b.path)
+        raise UnsupportedError([(show(ctx.name), "Pooling(STOCHASTIC)")], what="layer", path=ctx.b.path)
     is_max = p.pool == 0
     if p.global_pooling:
         ctx.node("GlobalMaxPool" if is_max else "GlobalAveragePool", [x.value])
@@ -839,6 +900,8 @@ def _reshape(ctx: LayerCtx):
     if not 0 <= axis <= rank or p.num_axes < -1 or end > rank:
         raise ctx.fail(f"axis {p.axis} / num_axes {p.num_axes} do not fit the input {list(x.shape)}")
     dims = list(p.shape.dim)
+    if len(dims) > MAX_AXES:
+        raise ctx.fail(f"shape has {len(dims)} axes (Caffe allows {MAX_AXES})")
     if dims.count(-1) > 1 or any(d < -1 for d in dims):
         raise ctx.fail(f"shape {dims}: at most one -1 and no other negative dims")
     spec = [0] * axis + dims + list(x.shape[end:])
@@ -980,6 +1043,13 @@ def _blob_array(blob, path: str, where: str, limit: int) -> np.ndarray:
         shape = [blob.num, blob.channels, blob.height, blob.width]
     else:
         shape = [len(blob.data) or len(blob.double_data)]
+    if len(shape) > MAX_AXES:
+        raise InputError(
+            f"blob shape has {len(shape)} axes (Caffe allows {MAX_AXES})",
+            path=path,
+            where=where,
+            hint="the caffemodel is corrupt",
+        )
     if any(d < 0 for d in shape):
         raise InputError(
             f"blob shape {shape} has a negative dimension",
@@ -1024,10 +1094,18 @@ def _parse_shape_option(value) -> dict[str | None, list[int]]:
     return {None: one(value)}
 
 
+def _names(names, limit: int = 4) -> str:
+    """A few names from the file, escaped, for a message: 'a', 'b', ... (N in all)."""
+    names = list(names)
+    shown = ", ".join(f"'{show(n)}'" for n in names[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
 def _check_input_shape(name: str, shape: list[int], path: str) -> tuple[int, ...]:
-    if not shape or any(d < 1 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
+    # The rank first: math.prod over a million huge dims would run for minutes.
+    if not shape or len(shape) > MAX_AXES or any(d < 1 for d in shape) or math.prod(shape) > MAX_ELEMENTS:
         raise InputError(
-            f"input '{name}' has an unusable shape {shape}",
+            f"input '{show(name)}' has an unusable shape {shape[:12]}",
             path=path,
             hint="every dimension must be >= 1 and the total below 2**31",
         )
@@ -1042,11 +1120,16 @@ def net_to_model(
     path: str = "<caffe>",
     notes: list[str] | None = None,
     size_limit: int = MAX_ELEMENTS,
+    weights_path: str | None = None,
 ) -> ir.Model:
-    """Convert a NetParameter (structure) plus weight blobs by layer name into an ``ir.Model``."""
-    upgrade_v1(net)
+    """Convert a NetParameter (structure) plus weight blobs by layer name into an ``ir.Model``.
+
+    ``path`` is the file of the structure, ``weights_path`` the file of ``weights`` (the
+    caffemodel; default ``path``): a blob that does not fit its layer is reported against it."""
+    upgrade_v1(net, path)
     notes = list(notes or [])
     b = _Builder(path=path, notes=notes)
+    weights_path = weights_path or path
     blobs: dict[str, Blob] = {}
     inputs: list[tuple[str, tuple[int, ...]]] = []
     metadata: dict[str, str] = {}
@@ -1061,7 +1144,7 @@ def net_to_model(
         chosen = override.get(name) or (override.get(None) if not inputs else None) or shape
         if chosen is None:
             raise InputError(
-                f"input '{name}' of {source} has no shape",
+                f"input '{show(name)}' of {source} has no shape",
                 path=path,
                 hint="pass input_shape (e.g. --input-shape 1,1,28,28) or give the deploy prototxt",
             )
@@ -1096,42 +1179,43 @@ def net_to_model(
         if ltype in TRAIN_ONLY_LAYERS:
             if ltype == "Dropout" and layer.bottom and layer.top and layer.bottom[0] in blobs:
                 blobs[layer.top[0]] = blobs[layer.bottom[0]]  # identity at test time
-            notes.append(f"skipped train-time layer '{lname}' ({ltype})")
+            notes.append(f"skipped train-time layer '{show(lname)}' ({show(ltype)})")
             continue
         if ltype not in CONVERTERS:
-            unsupported.append((lname, ltype or "<no type>"))
+            unsupported.append((show(lname), show(ltype) if ltype else "<no type>"))
             continue
         if unsupported:
             continue  # keep collecting names; the graph will not be built
         missing = [bt for bt in layer.bottom if bt not in blobs]
         if missing:
             raise InputError(
-                f"bottom blob(s) {missing} are produced by no earlier layer",
+                f"bottom blob(s) {_names(missing)} are produced by no earlier layer",
                 path=path,
-                where=f"layer '{lname}' ({ltype})",
+                where=f"layer '{show(lname)}' ({show(ltype)})",
                 hint="check the layer order and top names",
             )
         if lname in seen_layers:
-            notes.append(f"layer name '{lname}' repeats; weights are matched by name")
+            notes.append(f"layer name '{show(lname)}' repeats; weights are matched by name")
         seen_layers.add(lname)
+        layer_blobs, blob_path = _weights_for(layer, lname, weights, path, weights_path)
         arrays = [
-            _blob_array(blob, path, f"layer '{lname}' blob {i}", size_limit)
-            for i, blob in enumerate(_weights_for(layer, lname, weights))
+            _blob_array(blob, blob_path, f"layer '{show(lname)}' blob {i}", size_limit)
+            for i, blob in enumerate(layer_blobs)
         ]
         bottoms = [blobs[bt] for bt in layer.bottom]
         tops = [b.fresh(t) for t in layer.top]
-        ctx = LayerCtx(b, layer, arrays, bottoms, tops)
+        ctx = LayerCtx(b, layer, arrays, bottoms, tops, blob_path)
         if not tops:
             raise ctx.fail("layer has no top")
         try:
             shapes = CONVERTERS[ltype](ctx)
         except (ValueError, ZeroDivisionError, OverflowError, IndexError) as exc:
-            raise ctx.fail(f"cannot convert: {exc}") from None
+            raise ctx.fail(f"cannot convert: {show(exc, 200)}") from None
         for bt in bottoms:
             consumed.add(bt.value)
         for t, value, shape in zip(layer.top, tops, shapes):
-            if math.prod(shape) > MAX_ELEMENTS or min(shape, default=1) < 1:
-                raise ctx.fail(f"top '{t}' would have shape {list(shape)}")
+            if len(shape) > MAX_AXES or math.prod(shape) > MAX_ELEMENTS or min(shape, default=1) < 1:
+                raise ctx.fail(f"top '{show(t)}' would have shape {list(shape)}")
             blobs[t] = Blob(value, tuple(shape))
             produced.append(value)
     if unsupported:
@@ -1155,17 +1239,21 @@ def _check_utf8(layer, index: int, path: str) -> None:
     for value in [layer.name, layer.type, *layer.bottom, *layer.top]:
         if not isinstance(value, str):
             raise InputError(
-                f"layer name, type or blob name {value!r} is not UTF-8 text",
+                f"layer name, type or blob name '{show(value)}' is not UTF-8 text",
                 path=path,
                 where=f"layer #{index}",
                 hint="the file is corrupt",
             )
 
 
-def _weights_for(layer, lname: str, weights: dict[str, list] | None) -> list:
+def _weights_for(layer, lname: str, weights: dict[str, list] | None, path: str, weights_path: str):
+    """The layer's blobs and the file they come from: the caffemodel's blobs by layer name, else
+    the structure's own (a caffemodel alone, a DLK JSON, or a prototxt with blobs in it)."""
     if weights is None:
-        return list(layer.blobs)
-    return list(weights.get(lname, layer.blobs))
+        return list(layer.blobs), path
+    if lname in weights or not layer.blobs:
+        return list(weights.get(lname, ())), weights_path
+    return list(layer.blobs), path
 
 
 def _data_layer(layer, ltype: str, lname: str, add_input, notes: list[str], metadata: dict) -> None:
@@ -1179,7 +1267,7 @@ def _data_layer(layer, ltype: str, lname: str, add_input, notes: list[str], meta
                 if i < len(shapes)
                 else (list(shapes[0].dim) if len(shapes) == 1 else None)
             )
-            add_input(top, dims, f"Input layer '{lname}'")
+            add_input(top, dims, f"Input layer '{show(lname)}'")
         return
     shape = None
     if ltype == "MemoryData":
@@ -1187,10 +1275,10 @@ def _data_layer(layer, ltype: str, lname: str, add_input, notes: list[str], meta
         shape = [p.batch_size, p.channels, p.height, p.width]
     elif ltype == "DummyData" and layer.dummy_data_param.shape:
         shape = list(layer.dummy_data_param.shape[0].dim)
-    add_input(layer.top[0], shape, f"{ltype} layer '{lname}'")
+    add_input(layer.top[0], shape, f"{ltype} layer '{show(lname)}'")
     notes.append(
-        f"data layer '{lname}' ({ltype}) skipped; its top '{layer.top[0]}' is the net input"
-        + (f"; top(s) {list(layer.top[1:])} (labels) are not produced" if len(layer.top) > 1 else "")
+        f"data layer '{show(lname)}' ({ltype}) skipped; its top '{show(layer.top[0])}' is the net input"
+        + (f"; top(s) {_names(layer.top[1:])} (labels) are not produced" if len(layer.top) > 1 else "")
     )
     tp = layer.transform_param
     if layer.HasField("transform_param"):
@@ -1202,7 +1290,7 @@ def _data_layer(layer, ltype: str, lname: str, add_input, notes: list[str], meta
             metadata["mconv.input_mean"] = f"file:{tp.mean_file}"
         if tp.scale != 1.0 or tp.mean_value or tp.mean_file:
             notes.append(
-                f"'{lname}' transform (mean subtracted, then scale {float(np.float32(tp.scale))}) "
+                f"'{show(lname)}' transform (mean subtracted, then scale {float(np.float32(tp.scale))}) "
                 "is NOT in the graph: preprocess inputs the same way"
             )
 
@@ -1255,7 +1343,7 @@ def load_caffe(paths: list[Path], options: dict) -> ir.Model:
     if binaries:
         bin_path, model_net = binaries[0]
         size_limit = max(1, Path(bin_path).stat().st_size // 4)
-        upgrade_v1(model_net)
+        upgrade_v1(model_net, str(bin_path))
         weights = {layer.name: list(layer.blobs) for layer in model_net.layer if layer.blobs}
     if texts:
         path, net = texts[0]
@@ -1268,7 +1356,15 @@ def load_caffe(paths: list[Path], options: dict) -> ir.Model:
     else:
         path, net = binaries[0]
         weights = None
-    return net_to_model(net, weights, options, path=str(path), notes=notes, size_limit=size_limit)
+    return net_to_model(
+        net,
+        weights,
+        options,
+        path=str(path),
+        notes=notes,
+        size_limit=size_limit,
+        weights_path=str(binaries[0][0]) if binaries else None,
+    )
 
 
 def _sniff(head: bytes, path: Path) -> bool:
