@@ -237,17 +237,10 @@ def random_feeds(
 def load_npz_feeds(path: str | Path, inputs) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """Feeds from an ``.npz`` keyed by input name (optional ``labels``), checked against the inputs."""
     from mconv.fileio import require_file
+    from mconv.formats.npz_format import read_npz  # bounded: sizes checked before inflating
 
     p = require_file(path, "data file (.npz)")
-    try:
-        with np.load(p, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except Exception as exc:
-        raise InputError(
-            f"not a readable .npz ({type(exc).__name__}: {exc})",
-            path=str(p),
-            hint="write it with numpy.savez",
-        ) from None
+    arrays = dict(read_npz(p))
     labels = arrays.pop("labels", None)
     names = [s.name for s in inputs]
     missing = [n for n in names if n not in arrays]

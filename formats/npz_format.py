@@ -292,6 +292,48 @@ def read_npz(path: str | Path) -> list[tuple[str, np.ndarray]]:
         ]
 
 
+def read_npy(path: str | Path) -> np.ndarray:
+    """One ``.npy`` file (rules 1 and 3: numeric dtypes only, the header's size equals the file's)."""
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version in ((2, 0), (3, 0)):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
+            header_len = f.tell()
+            if dtype.hasobject or f"{dtype.kind}{dtype.itemsize}" not in _NUMERIC or dtype.fields:
+                raise _refuse(
+                    f"holds dtype {show(str(dtype))}, not a numeric array",
+                    path,
+                    hint="mconv reads bool, integer, float16/32/64 and complex arrays (no pickles)",
+                )
+            need = check_shape(shape, dtype.itemsize, what="array", path=str(path), where=None, hint=_HINT)
+            if need != size - header_len:
+                raise _refuse(
+                    f"header claims shape {shape} of {dtype} ({need} bytes) but the file holds "
+                    f"{size - header_len} after its {header_len}-byte header",
+                    path,
+                    hint="the file is truncated or corrupt; re-save it with numpy.save",
+                )
+            buf = np.fromfile(f, dtype=np.uint8, count=need)
+    except InputError:
+        raise
+    except (*_ZIP_ERRORS, TypeError, SyntaxError, tokenize.TokenError, RecursionError, MemoryError) as exc:
+        raise _refuse(
+            f"not a readable .npy ({show(str(exc), 100)})", path, hint="write it with numpy.save"
+        ) from None
+    array = buf.view(dtype)
+    array = array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
+    if not dtype.isnative:
+        array = array.astype(dtype.newbyteorder("="))
+    return array
+
+
 def _load(paths: list[Path], options: dict) -> ir.Model:
     arrays = read_npz(paths[0])
     if not arrays:
