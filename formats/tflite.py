@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-from mconv.errors import InputError, UnsupportedError
+from mconv.errors import InputError, UnsupportedError, show
 from mconv.formats import Format
 from mconv.irio import from_proto
 from onnx import TensorProto, helper
@@ -221,7 +221,8 @@ class _Reader:
             code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
             if code == 32:  # CUSTOM
                 custom = oc.CustomCode()
-                codes.append("CUSTOM:" + (custom.decode("utf-8", "replace") if custom else "?"))
+                # Only ever shown (no lowering is keyed by a custom code): escaped and bounded now.
+                codes.append("CUSTOM:" + (show(custom) if custom else "?"))
             else:
                 codes.append(builtin.get(code, f"BUILTIN_{code}"))
         nbuf = self.length(model.BuffersLength(), 4, "buffers")
@@ -277,19 +278,20 @@ class _Reader:
         self.at(t, f"tensor {i}")
         raw = t.Name()
         name = raw.decode("utf-8", "replace") if raw else f"tensor_{i}"
+        shown = show(name)  # the name as messages quote it: escaped, at most 60 characters
         ttype = int(t.Type())
         shape = tuple(int(d) for d in (t.ShapeAsNumpy() if t.ShapeLength() else []))
         sig = tuple(int(d) for d in t.ShapeSignatureAsNumpy()) if t.ShapeSignatureLength() else None
         if len(shape) > MAX_RANK or any(d < 0 for d in shape):
-            raise self.fail(f"tensor '{name}' has absurd shape {list(shape)[:12]}")
+            raise self.fail(f"tensor '{shown}' has absurd shape {list(shape)[:12]}")
         if sig is not None and (len(sig) != len(shape) or any(d < -1 for d in sig)):
             raise self.fail(
-                f"tensor '{name}' has shape signature {list(sig)[:12]} that does not fit its shape"
+                f"tensor '{shown}' has shape signature {list(sig)[:12]} that does not fit its shape"
             )
         count = int(np.prod(shape, dtype=np.float64)) if shape else 1
         if count > MAX_ELEMENTS:
             raise self.fail(
-                f"tensor '{name}' shape {list(shape)} holds {count} elements (limit {MAX_ELEMENTS})"
+                f"tensor '{shown}' shape {list(shape)} holds {count} elements (limit {MAX_ELEMENTS})"
             )
         scale = zp = None
         qdim = 0
@@ -304,23 +306,23 @@ class _Reader:
                 )
                 qdim = int(q.QuantizedDimension())
                 if zp.size not in (1, scale.size):
-                    raise self.fail(f"tensor '{name}' has {scale.size} scales but {zp.size} zero points")
+                    raise self.fail(f"tensor '{shown}' has {scale.size} scales but {zp.size} zero points")
                 if scale.size > 1 and len(shape) == 1 and shape[0] == scale.size:
                     qdim = 0  # converters copy a filter's quantized_dimension onto its 1-D bias
                 if scale.size > 1 and not (0 <= qdim < len(shape) and shape[qdim] == scale.size):
                     raise self.fail(
-                        f"tensor '{name}' has {scale.size} scales along dimension {qdim} "
+                        f"tensor '{shown}' has {scale.size} scales along dimension {qdim} "
                         f"of shape {list(shape)}"
                     )
                 if not np.all(np.isfinite(scale)):
-                    raise self.fail(f"tensor '{name}' has a non-finite quantization scale")
+                    raise self.fail(f"tensor '{shown}' has a non-finite quantization scale")
         b = int(t.Buffer())
         if not 0 <= b < max(nbuf, 1):
-            raise self.fail(f"tensor '{name}' refers to buffer {b}, the model has {nbuf}")
+            raise self.fail(f"tensor '{shown}' refers to buffer {b}, the model has {nbuf}")
         data = None
         if b > 0 and nbuf:
             bb = model.Buffers(b)
-            self.at(bb, f"buffer {b} of tensor '{name}'")
+            self.at(bb, f"buffer {b} of tensor '{shown}'")
             off, size = int(bb.Offset()), int(bb.Size())
             if off > 1:  # large models: data lies outside the flatbuffer, at an absolute offset
                 if off + size > self.size:
@@ -338,16 +340,16 @@ class _Reader:
                 dt = _DTYPES.get(ttype)
                 if dt is None:
                     raise InputError(
-                        f"constant tensor '{name}' has type {ttype}, which mconv cannot read",
+                        f"constant tensor '{shown}' has type {ttype}, which mconv cannot read",
                         path=self.path,
                         where=self.where,
                         hint="unsupported tensor type",
                     )
                 itemsize = dt[0].itemsize
                 if raw_bytes.size != count * itemsize:
-                    self.where = f"buffer {b} of tensor '{name}'"
+                    self.where = f"buffer {b} of tensor '{shown}'"
                     raise self.fail(
-                        f"tensor '{name}' shape {list(shape)} needs {count * itemsize} bytes, "
+                        f"tensor '{shown}' shape {list(shape)} needs {count * itemsize} bytes, "
                         f"its buffer holds {raw_bytes.size}"
                     )
                 data = np.frombuffer(raw_bytes.tobytes(), dtype=dt[0].newbyteorder("<")).astype(dt[0])
@@ -365,7 +367,7 @@ def read_tflite(data: bytes, path: str = "<bytes>") -> TflModel:
     except InputError:
         raise
     except _PARSE_ERRORS as exc:
-        raise reader.fail(f"corrupt flatbuffer ({type(exc).__name__}: {str(exc)[:80]})") from None
+        raise reader.fail(f"corrupt flatbuffer ({type(exc).__name__}: {show(exc, 80)})") from None
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -445,6 +447,7 @@ class _Converter:
         self.vals: dict[int, str] = {}  # tensor index -> ONNX name of its (float, NHWC) value
         self.nchw_src: dict[str, str] = {}  # NHWC value made by a back-Transpose -> its NCHW source
         self.used_names: set[str] = set()
+        self.next_suffix: dict[str, int] = {}
         self.node_names: set[str] = set()
         self.notes: list[str] = []
         self.node_base = ""
@@ -463,10 +466,18 @@ class _Converter:
         return self.m.tensors[i]
 
     def fresh(self, base: str) -> str:
-        name, k = base, 1
+        """``base`` if free, else the first free ``base/1``, ``base/2``, ...; the search for each base
+        resumes where it stopped, so N names from one base (an unrolled LSTM's steps, a shared
+        constant's name) cost N probes in all, not N**2 / 2."""
+        if base not in self.used_names:
+            self.used_names.add(base)
+            return base
+        k = self.next_suffix.get(base, 1)
+        name = f"{base}/{k}"
         while name in self.used_names:
-            name = f"{base}/{k}"
             k += 1
+            name = f"{base}/{k}"
+        self.next_suffix[base] = k + 1
         self.used_names.add(name)
         return name
 
@@ -479,7 +490,7 @@ class _Converter:
     def need_const(self, i: int, what: str) -> np.ndarray:
         a = self.const_array(i)
         if a is None:
-            raise _Unsupported(f"{what} must be a constant tensor ('{self.T(i).name}' is computed)")
+            raise _Unsupported(f"{what} must be a constant tensor ('{show(self.T(i).name)}' is computed)")
         return a
 
     def init(self, base: str, array: np.ndarray) -> str:
@@ -499,9 +510,9 @@ class _Converter:
         if a is None:
             if t.variable:  # variable tensors without data start at zero
                 a = np.zeros(t.shape, np.float32)
-                self.notes.append(f"variable tensor '{t.name}' starts at zero (the graph is stateless)")
+                self.notes.append(f"variable tensor '{show(t.name)}' starts at zero (the graph is stateless)")
             else:
-                raise _Unsupported(f"tensor '{t.name}' is read before it is computed")
+                raise _Unsupported(f"tensor '{show(t.name)}' is read before it is computed")
         name = self.tname[i] if self.tname[i] not in self.bound else self.fresh(self.tname[i])
         self.bound.add(name)
         self.inits[name] = onnx.numpy_helper.from_array(np.asarray(a), name)
@@ -602,7 +613,7 @@ class _Converter:
             dt = _DTYPES.get(t.type)
             if dt is None:
                 raise InputError(
-                    f"input tensor '{t.name}' has type {t.type}",
+                    f"input tensor '{show(t.name)}' has type {t.type}",
                     path=self.path,
                     where=f"tensor {i}",
                     hint="only numeric inputs are supported",
@@ -629,12 +640,12 @@ class _Converter:
         written: set[int] = set(self.vals)
         unsupported: list[tuple[str, str]] = []
         for op in m.ops:
-            label = self.tname[op.outputs[0]] if op.outputs else f"op_{op.index}"
+            label = show(self.tname[op.outputs[0]]) if op.outputs else f"op_{op.index}"
             for k in op.inputs:
                 t = self.T(k) if k >= 0 else None
                 if t is not None and t.data is None and not t.variable and k not in written:
                     raise InputError(
-                        f"operator {op.index} ({op.code}) reads tensor '{t.name}' before any "
+                        f"operator {op.index} ({op.code}) reads tensor '{show(t.name)}' before any "
                         "operator writes it",
                         path=self.path,
                         where=f"operator {op.index}",
@@ -643,7 +654,7 @@ class _Converter:
             for k in op.outputs:
                 if k in written or self.T(k).data is not None:
                     raise InputError(
-                        f"operator {op.index} ({op.code}) writes tensor '{self.T(k).name}' "
+                        f"operator {op.index} ({op.code}) writes tensor '{show(self.T(k).name)}' "
                         "that is already defined",
                         path=self.path,
                         where=f"operator {op.index}",
@@ -671,14 +682,14 @@ class _Converter:
             except (IndexError, ValueError, KeyError, TypeError, ZeroDivisionError, OverflowError) as exc:
                 # Tensors that do not fit the op (too few inputs, wrong ranks, bad sizes).
                 raise InputError(
-                    f"operator {op.index} ({op.code}) is malformed: {type(exc).__name__}: {str(exc)[:100]}",
+                    f"operator {op.index} ({op.code}) is malformed: {type(exc).__name__}: {show(exc, 100)}",
                     path=self.path,
                     where=f"operator {op.index}",
                     hint="the file is damaged or uses this op in a way mconv does not know",
                 ) from None
             except _Unsupported as exc:
                 del self.nodes[mark:]
-                unsupported.append((label, f"{op.code}: {exc.why}"))
+                unsupported.append((label, f"{op.code}: {show(exc.why, 200)}"))
                 for k in op.outputs:  # keep going so every unsupported op is named
                     self.vals[k] = self.tname[k]
         if unsupported:

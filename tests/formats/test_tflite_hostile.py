@@ -49,8 +49,14 @@ def _load(data: bytes):
     try:
         return load_tflite_bytes(data, "hostile.tflite")
     except InputError as exc:
+        # One line, of bounded length: a mutated name length once put kilobytes of the file's
+        # binary across several lines into the message.
         line = str(exc)
-        assert "\n" not in line and line.startswith("hostile.tflite")
+        assert "\n" not in line and "\r" not in line and line.startswith("hostile.tflite"), line
+        assert len(line) <= 700, line
+        # ... and not only thanks to line()'s backstop: the importer quotes names through show().
+        for part in (exc.message, exc.where or ""):
+            assert "\n" not in part and len(part) <= 600, part
         return exc
 
 
