@@ -36,7 +36,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from google.protobuf import json_format
-from mconv.errors import InputError, UnsupportedError
+from mconv.errors import InputError, MconvError, UnsupportedError, show
 from mconv.fileio import atomic_write_bytes
 from mconv.formats import Format
 from mconv.formats import caffe_pb as pb
@@ -88,6 +88,13 @@ def _normalize(doc: dict, path: str) -> dict:
             )
         layer = dict(layer)
         name = layer.setdefault("name", f"layer{i}")
+        if not isinstance(name, str):
+            raise InputError(
+                f"layer name is a JSON {type(name).__name__}, not a string",
+                path=path,
+                where=f"layer[{i}]",
+                hint='each layer is {"name": "...", "type": "...", ...}',
+            )
         if "convolution_param" in layer and isinstance(layer["convolution_param"], dict):
             p = dict(layer["convolution_param"])
             for key in _CONV_REPEATED:
@@ -106,7 +113,7 @@ def _normalize(doc: dict, path: str) -> dict:
                         raise InputError(
                             f"pooling_param.{key} must be one number",
                             path=path,
-                            where=f"layer '{name}'",
+                            where=f"layer '{show(name)}'",
                             hint="use kernel_h/kernel_w for rectangles",
                         )
                     p[key] = p[key][0]
@@ -116,6 +123,14 @@ def _normalize(doc: dict, path: str) -> dict:
         for key in ("bottom", "top"):
             if isinstance(layer.get(key), str):
                 layer[key] = [layer[key]]
+            value = layer.get(key)
+            if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise InputError(
+                    f"'{key}' must be a blob name or a list of blob names",
+                    path=path,
+                    where=f"layer '{show(name)}'",
+                    hint='e.g. "bottom": ["conv1"]',
+                )
         # DLK chain semantics: no bottom means "the previous layer's output".
         if "bottom" not in layer and layer.get("type") not in ("Input", "Data"):
             if previous is None:  # DLK feeds the image to the first layer: call it "data"
@@ -147,10 +162,22 @@ def load_dlk_json(paths: list[Path], options: dict) -> ir.Model:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         where = f"line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else None
         raise InputError(
-            f"not valid JSON ({str(exc)[:100]})",
+            f"not valid JSON ({show(exc, 100)})",
             path=str(path),
             where=where,
             hint="the file is truncated or not a DLK JSON model",
+        ) from None
+    except RecursionError:  # json's decoder recurses once per nested array or object
+        raise InputError(
+            "JSON nests too deeply",
+            path=str(path),
+            hint="a DLK JSON model nests a few levels; the file is damaged or not a DLK JSON model",
+        ) from None
+    except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)
+        raise InputError(
+            f"JSON value out of range ({show(exc, 100)})",
+            path=str(path),
+            hint="the file is damaged or not a DLK JSON model",
         ) from None
     if not isinstance(doc, dict):
         raise InputError(
@@ -160,9 +187,9 @@ def load_dlk_json(paths: list[Path], options: dict) -> ir.Model:
     net = pb.NetParameter()
     try:
         json_format.ParseDict(doc, net, ignore_unknown_fields=True)
-    except (json_format.ParseError, TypeError, ValueError) as exc:
+    except (json_format.ParseError, TypeError, ValueError, RecursionError) as exc:
         raise InputError(
-            f"DLK JSON does not fit Caffe's NetParameter: {str(exc)[:160]}",
+            f"DLK JSON does not fit Caffe's NetParameter: {show(exc, 160)}",
             path=str(path),
             hint="field names and value types must follow caffe.proto",
         ) from None
@@ -215,9 +242,18 @@ def _pool_param(node: ir.Node, in_shape, out_shape) -> tuple[dict | None, str]:
     return {"pool": 0 if node.op_type == "MaxPool" else 1, "pad": p, "kernel_size": k, "stride": s}, ""
 
 
-def model_to_dlk(model: ir.Model) -> dict:
-    """The DLK JSON document for ``model`` (raises UnsupportedError naming every node outside DLK's set)."""
-    proto = onnx.shape_inference.infer_shapes(to_proto(model))
+def model_to_dlk(model: ir.Model, source: str | None = None) -> dict:
+    """The DLK JSON document for ``model`` (raises UnsupportedError naming every node outside DLK's set).
+
+    ``source`` is the model's file, named in every refusal."""
+    try:
+        proto = onnx.shape_inference.infer_shapes(to_proto(model))
+    except Exception as exc:  # onnx raises several types (InferenceError, ValueError above 2 GB, ...)
+        raise InputError(
+            f"ONNX shape inference failed: {show(exc, 200)}",
+            path=source,
+            hint="DLK JSON needs every layer's shape; check the model with mconv inspect",
+        ) from None
     shapes = {}
     for vi in list(proto.graph.input) + list(proto.graph.value_info) + list(proto.graph.output):
         dims = vi.type.tensor_type.shape.dim
@@ -225,13 +261,16 @@ def model_to_dlk(model: ir.Model) -> dict:
     inputs = real_inputs(model.graph)
     if len(inputs) != 1:
         raise InputError(
-            f"DLK JSON holds one input, the model has {len(inputs)}", hint="export a single-input model"
+            f"DLK JSON holds one input, the model has {len(inputs)}",
+            path=source,
+            hint="export a single-input model",
         )
     x = inputs[0]
     in_shape = shapes.get(x.name)
     if not in_shape or len(in_shape) != 4 or any(d is None for d in in_shape[1:]):
         raise InputError(
-            f"DLK JSON needs a 4-D NCHW input with known C, H, W; '{x.name}' is {in_shape}",
+            f"DLK JSON needs a 4-D NCHW input with known C, H, W; '{show(x.name)}' is {in_shape}",
+            path=source,
             hint="fix the input shape before exporting",
         )
     layers, bad = [], []
@@ -241,43 +280,52 @@ def model_to_dlk(model: ir.Model) -> dict:
             "",
             "ai.onnx",
         ):
-            bad.append((node.name or "?", node.op_type))
+            bad.append((show(node.name or "?"), show(node.op_type)))
             continue
         src = node.inputs[0].name if node.inputs and node.inputs[0] is not None else None
+        if not node.outputs:
+            bad.append((show(node.name or "?"), f"{node.op_type} without outputs"))
+            continue
         out = node.outputs[0].name
         if src != current:
-            bad.append((node.name or "?", f"{node.op_type} off the chain"))
+            bad.append((show(node.name or "?"), f"{node.op_type} off the chain"))
             continue
         layer = {"name": node.name or out, "type": None, "bottom": [src], "top": [out]}
         if node.op_type == "Relu":
             layer["type"] = "ReLU"
         elif node.op_type == "Conv":
-            param, why = _conv_param(node, model)
+            param, why = _checked(_conv_param, node, model)
             if param is None:
-                bad.append((node.name, f"Conv ({why})"))
+                bad.append((show(node.name or "?"), f"Conv ({why})"))
                 continue
             layer["type"] = "Convolution"
             layer["convolution_param"] = param.pop("param")
             layer["blobs"] = param["blobs"]
         else:
-            param, why = _pool_param(node, shapes.get(src), shapes.get(out))
+            param, why = _checked(_pool_param, node, shapes.get(src), shapes.get(out))
             if param is None:
-                bad.append((node.name, f"{node.op_type} ({why})"))
+                bad.append((show(node.name or "?"), f"{node.op_type} ({why})"))
                 continue
             layer["type"] = "Pooling"
             layer["pooling_param"] = param
         layers.append(layer)
         current = out
     if bad:
-        raise UnsupportedError(bad, what="node", hint="DLK JSON holds Convolution, Pooling and ReLU only")
+        raise UnsupportedError(
+            bad, what="node", path=source, hint="DLK JSON holds Convolution, Pooling and ReLU only"
+        )
     if not layers:
         raise InputError(
-            "the model has no layer DLK can run", hint="DLK JSON holds Convolution, Pooling and ReLU"
+            "the model has no layer DLK can run",
+            path=source,
+            hint="DLK JSON holds Convolution, Pooling and ReLU",
         )
     outputs = [v.name for v in model.graph.outputs]
     if outputs != [current]:
+        shown = ", ".join(f"'{show(o)}'" for o in outputs[:4]) + (", ..." if len(outputs) > 4 else "")
         raise InputError(
-            f"the model's outputs {outputs} are not the end of the layer chain ('{current}')",
+            f"the model's outputs [{shown}] are not the end of the layer chain ('{show(current)}')",
+            path=source,
             hint="DLK runs one chain of layers to one output",
         )
     batch = in_shape[0] if isinstance(in_shape[0], int) and in_shape[0] > 0 else 1
@@ -287,6 +335,14 @@ def model_to_dlk(model: ir.Model) -> dict:
         "input_shape": [{"dim": [batch, *in_shape[1:]]}],
         "layer": layers,
     }
+
+
+def _checked(derive, node: ir.Node, *args) -> tuple[dict | None, str]:
+    """``derive(node, ...)``, with attributes of the wrong length or type reported as a reason."""
+    try:
+        return derive(node, *args)
+    except (IndexError, TypeError, ValueError, AttributeError) as exc:
+        return None, f"malformed attributes: {type(exc).__name__}"
 
 
 def _conv_param(node: ir.Node, model: ir.Model) -> tuple[dict | None, str]:
@@ -319,7 +375,14 @@ def _conv_param(node: ir.Node, model: ir.Model) -> tuple[dict | None, str]:
 
 
 def save_dlk_json(model: ir.Model, dest: Path, options: dict) -> list[Path]:
-    doc = model_to_dlk(model)
+    """Write ``model`` as DLK JSON; ``options["source"]`` (the model's file) is named in refusals."""
+    source = options.get("source")
+    try:
+        doc = model_to_dlk(model, source)
+    except MconvError as exc:
+        if exc.path is None and source:  # e.g. shape inference refusing the graph
+            exc.path = str(source)
+        raise
     atomic_write_bytes(dest, json.dumps(doc, separators=(",", ":")).encode())
     return [Path(dest)]
 
