@@ -788,8 +788,40 @@ def demo_cmd(
     run_command(out, body)
 
 
+def _usage_line(exc) -> str:
+    """Click's three-line usage error as one line: ``error: WHAT (hint: see 'mconv CMD --help')``."""
+    from mconv.errors import InputError
+
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None and ctx.command_path else "mconv"
+    return "error: " + InputError(exc.format_message(), hint=f"see '{command} --help'").line()
+
+
 def main() -> None:
-    app()
+    """The ``mconv`` entry point: the app with click's usage errors rendered as one line, exit 2.
+
+    ``mconv`` alone and ``--help`` print the help as click does.
+    """
+    import sys
+
+    try:
+        from typer._click import exceptions as click_exc  # typer >= 0.2x vendors click
+    except ImportError:  # pragma: no cover - older typer on the real click
+        from click import exceptions as click_exc
+
+    no_args_help = getattr(click_exc, "NoArgsIsHelpError", None)
+    try:
+        code = app(prog_name="mconv", standalone_mode=False)  # 'mconv' in hints under python -m too
+    except click_exc.ClickException as exc:
+        if no_args_help is not None and isinstance(exc, no_args_help):
+            exc.show()
+            sys.exit(exc.exit_code)
+        print(_usage_line(exc), file=sys.stderr)
+        sys.exit(2)
+    except click_exc.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -89,7 +89,8 @@ def output_errors(dest: str | os.PathLike, *also: str | os.PathLike, what: str =
     except InputError:
         raise
     except OSError as exc:
-        if not _inside(exc.filename, roots) and not _inside(exc.filename2, roots):
+        names = [n for n in (exc.filename, exc.filename2) if n is not None]
+        if names and not any(_inside(n, roots) for n in names):
             raise
         raise write_error(exc, dest, what) from None
 
@@ -204,11 +205,38 @@ def clean_stale_scratch(parent: str | os.PathLike, prefix: str) -> list[Path]:
     return removed
 
 
-def _prepare_parent(dest: Path) -> None:
+def prepare_output(dest: str | os.PathLike, kind: str = "file") -> Path:
+    """Make ``dest``'s folder (one-line errors: a parent that is a file, /proc, no permission)
+    and remove the temporaries that dead writers of ``dest`` left there (rule 1).
+
+    An existing ``dest`` must be what the writer replaces (``kind``: a regular file, or a
+    directory for ``"dir"``): a device, a FIFO or a socket is never replaced by a rename (as
+    root that would swap ``/dev/null`` for a regular file)."""
+    dest = Path(dest)
+    if os.path.lexists(dest):
+        if kind == "dir" and not dest.is_dir():
+            raise InputError(
+                "output exists and is not a directory", path=str(dest), hint="choose another -o path"
+            )
+        if kind == "file" and dest.is_dir():
+            raise InputError(
+                "output is a directory, expected a file path", path=str(dest), hint="choose another -o path"
+            )
+        if kind == "file" and not dest.is_file():  # a link is followed: /dev/stdout is a link
+            raise InputError(
+                "output exists and is not a regular file (a device, a FIFO or a socket)",
+                path=str(dest),
+                hint="choose another -o path",
+            )
     with output_errors(dest, dest.parent, what="create the output folder"):
-        if dest.parent.exists() and not dest.parent.is_dir():
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(dest.parent))
+        for parent in (dest.parent, *dest.parent.parents):
+            if os.path.lexists(parent):
+                if not parent.is_dir():
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(parent))
+                break
         dest.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(dest)
+    return dest
 
 
 def temp_file(dest: str | os.PathLike) -> tuple[Path, int]:
@@ -223,12 +251,18 @@ def temp_dir(dest: str | os.PathLike, suffix: str = ".tmp") -> tuple[Path, int]:
     """A new locked temporary directory beside ``dest``: its path and the fd holding the lock."""
     dest = Path(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", suffix=suffix, dir=dest.parent))
+    return tmp, lock_fd(tmp)
+
+
+def lock_fd(path: str | os.PathLike) -> int:
+    """An fd holding an flock on ``path`` (a file or a folder) for as long as it stays open: what
+    tells a live writer's temporary from a dead one's (rule 1). -1 where it cannot be opened."""
     try:
-        fd = os.open(tmp, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return tmp, -1
+        return -1
     _lock(fd)
-    return tmp, fd
+    return fd
 
 
 def _close(fd: int) -> None:
@@ -240,14 +274,15 @@ def _close(fd: int) -> None:
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary file path beside ``dest``; rename it onto ``dest`` on success."""
-    dest = Path(dest)
-    _prepare_parent(dest)
-    clean_stale(dest)
+    dest = prepare_output(dest)
     tmp_path = None
     fd = -1
     try:
-        with output_errors(dest, dest.parent):
+        with output_errors(dest, dest.parent, what="create a temporary file beside the output"):
             tmp_path, fd = temp_file(dest)
+        # Only errors about the output and its temporary are the output's: an input read
+        # inside the block keeps its own error.
+        with output_errors(dest, tmp_path):
             yield tmp_path
             if dest.is_dir() and not dest.is_symlink():
                 raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(dest))
@@ -318,20 +353,16 @@ def atomic_dir(dest: str | os.PathLike) -> Iterator[Path]:
     An existing ``dest`` directory is replaced only once the new one is complete, in one
     exchange (rule 2).
     """
-    dest = Path(dest)
-    if dest.exists() and not dest.is_dir():
-        raise InputError(
-            "output exists and is not a directory", path=str(dest), hint="choose another -o path"
-        )
-    _prepare_parent(dest)
+    dest = prepare_output(dest, "dir")
     recover_dir(dest)
-    clean_stale(dest)
     tmp = None
     fd = -1
     try:
-        with output_errors(dest, dest.parent):
+        with output_errors(dest, dest.parent, what="create a temporary folder beside the output"):
             tmp, fd = temp_dir(dest)
+        with output_errors(dest, tmp):
             yield tmp
+        with output_errors(dest, dest.parent, what="move the new folder into place"):
             if not os.path.lexists(dest):
                 os.rename(tmp, dest)
             elif USE_EXCHANGE and exchange(tmp, dest):

@@ -281,3 +281,151 @@ def test_weights_container_of_a_bundle_reads_standalone(tmp_path):
     _write(tmp_path / "b")
     with read_container(tmp_path / "b" / "weights.mcw") as c:
         assert c.names == ["w", "b"]
+
+
+# --- hostile manifests and members (issue 11, item 8): one InputError naming the bundle
+
+
+def _edit_manifest(root: Path, mutate) -> None:
+    mpath = root / "manifest.json"
+    m = json.loads(mpath.read_text())
+    mutate(m)
+    mpath.write_text(json.dumps(m))
+
+
+def _assign(path: str, value):
+    """Set ``m[path]`` where path is 'a/b/0/c' (list indices as integers)."""
+
+    def mutate(m):
+        keys = [int(k) if k.isdigit() else k for k in path.split("/")]
+        cur = m
+        for k in keys[:-1]:
+            cur = cur[k]
+        cur[keys[-1]] = value
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "match"),
+    [
+        ("inputs", 7, "'inputs' is an integer, expected a list"),
+        ("inputs/0", "x", "'inputs\\[0\\]' is a string, expected an object"),
+        ("inputs/0/name", 5, "'inputs\\[0\\].name' is an integer"),
+        ("inputs/0/shape", "N,3", "'inputs\\[0\\].shape' is a string"),
+        ("inputs/0/shape/1", -3, "'inputs\\[0\\].shape\\[1\\]'"),
+        ("outputs", {"y": 1}, "'outputs' is an object, expected a list"),
+        ("files/model.onnx", 7, "is an integer, expected an object"),
+        ("files/model.onnx", [], "is a list, expected an object"),
+        ("files/model.onnx/bytes", "11", "bytes' is a string"),
+        ("files/model.onnx/bytes", True, "bytes' is true"),
+        ("files/model.onnx/sha256", 1, "not a sha256 hex digest"),
+        ("target", ["cpu"], "'target' is a list, expected a string"),
+        ("model_name", 3.5, "'model_name' is a number"),
+        ("weights", {}, "'weights' is an object, expected a list"),
+        ("weights/0", None, "'weights\\[0\\]' is null"),
+        ("weights/0/shape", [4, "3"], "'weights\\[0\\].shape\\[1\\]' is a string"),
+        ("weights/0/shape", [1 << 40, 1 << 40], "more than 2\\*\\*63 elements"),
+        ("weights/0/bytes", -1, "'weights\\[0\\].bytes' is -1"),
+        ("weights/0/dtype", 32, "'weights\\[0\\].dtype' is an integer"),
+        ("weights/0/streams", [], "'weights\\[0\\].streams' is a list"),
+        ("weights/0/streams/data", "48", "streams.data' is a string"),
+        ("options", "fast", "'options' is a string, expected an object"),
+        ("provenance", [], "'provenance' is a list"),
+        ("account", 1, "'account' is an integer"),
+        ("account/layers/0/bytes", "x", "'account.layers\\[0\\].bytes' is a string"),
+        ("account/layers/0", 1, "'account.layers\\[0\\]' is an integer"),
+        ("account/total/bytes", [], "'account.total.bytes' is a list"),
+    ],
+)
+def test_manifest_fields_of_the_wrong_type_are_one_input_error(tmp_path, path, value, match):
+    _write(tmp_path / "b")
+    _edit_manifest(tmp_path / "b", _assign(path, value))
+    with pytest.raises(InputError, match=match) as exc:
+        load_bundle(tmp_path / "b")
+    line = exc.value.line()
+    assert line.startswith(str(tmp_path / "b")) and "manifest.json" in line and "\n" not in line
+
+
+def test_manifest_nested_100k_deep_is_one_input_error(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InputError, match="nested too deeply") as exc:
+        load_bundle(tmp_path / "b")
+    assert str(tmp_path / "b") in exc.value.line()
+
+
+def test_manifest_nesting_below_the_recursion_limit_is_refused_too(tmp_path):
+    _write(tmp_path / "b")
+    deep: list = []
+    for _ in range(200):  # parses, but would crash a recursive walk later (JSON output, inspect)
+        deep = [deep]
+    _edit_manifest(tmp_path / "b", _assign("options", {"x": deep}))
+    with pytest.raises(InputError, match="levels deep"):
+        load_bundle(tmp_path / "b")
+
+
+def test_a_directory_in_place_of_a_listed_file_is_one_input_error(tmp_path):
+    _write(tmp_path / "b")
+    (tmp_path / "b" / "model.onnx").unlink()
+    (tmp_path / "b" / "model.onnx").mkdir()
+    with pytest.raises(InputError, match="model.onnx is not a regular file") as exc:
+        load_bundle(tmp_path / "b")
+    assert str(tmp_path / "b") in exc.value.line()
+
+
+def test_a_fifo_in_place_of_weights_is_refused_without_blocking(tmp_path):
+    import os
+
+    _write(tmp_path / "b")
+    (tmp_path / "b" / "weights.mcw").unlink()
+    os.mkfifo(tmp_path / "b" / "weights.mcw")
+    with pytest.raises(InputError, match="weights.mcw is not a regular file") as exc:
+        load_bundle(tmp_path / "b")
+    assert str(tmp_path / "b") in exc.value.line()
+    with pytest.raises(InputError, match="not a regular file"):
+        load_bundle(tmp_path / "b", verify=False)
+
+
+def test_a_listed_file_linking_outside_the_bundle_is_refused(tmp_path):
+    _write(tmp_path / "b")
+    outside = tmp_path / "secret.txt"
+    outside.write_bytes(b"graph bytes")
+    (tmp_path / "b" / "model.onnx").unlink()
+    (tmp_path / "b" / "model.onnx").symlink_to(outside)
+    with pytest.raises(InputError, match="points outside the bundle"):
+        load_bundle(tmp_path / "b")
+
+
+def test_an_unreadable_member_names_the_bundle_and_the_member(tmp_path, monkeypatch):
+    _write(tmp_path / "b")
+
+    def denied(path, *a, **k):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(bundle_mod, "sha256_file", denied)
+    with pytest.raises(InputError, match="cannot read") as exc:
+        load_bundle(tmp_path / "b")
+    assert str(tmp_path / "b") in exc.value.line() and "Permission denied" in exc.value.line()
+    monkeypatch.undo()
+    b = load_bundle(tmp_path / "b")
+    real_open = open
+
+    def open_denied(path, *a, **k):
+        if str(path).endswith("model.onnx"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", open_denied)
+    with pytest.raises(InputError, match="cannot read model.onnx") as exc:
+        b.read_bytes("model.onnx")
+    assert str(tmp_path / "b") in exc.value.line()
+
+
+def test_a_directory_in_place_of_weights_fails_container_with_the_bundle_named(tmp_path):
+    b = _write(tmp_path / "b")
+    (tmp_path / "b" / "weights.mcw").unlink()
+    (tmp_path / "b" / "weights.mcw").mkdir()
+    with pytest.raises(InputError, match="weights.mcw is not a regular file") as exc:
+        b.container()
+    assert str(tmp_path / "b") in exc.value.line()

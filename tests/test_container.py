@@ -253,3 +253,107 @@ def test_choose_codec_picks_fp16_only_for_exactly_representable_float32():
     assert choose_codec(np.array([70000.0], np.float32), {}) == {"codec": "raw"}
     assert choose_codec(np.array([1e-8], np.float32), {}) == {"codec": "raw"}
     assert choose_codec(np.arange(5, dtype=np.int64), {}) == {"codec": "raw"}
+
+
+# --- hostile index records (issue 11, items 8 and 10): one InputError naming the file and tensor
+
+
+def _set(key, value):
+    def mutate(index):
+        index["tensors"][1]["sha256"] = ""  # room in the same index length for longer values
+        t = index["tensors"][0]
+        target = t["record"] if key in ("dtype", "shape", "codec", "streams") else t
+        target[key] = value
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("dtype", "object", "not a numeric dtype"),
+        ("dtype", "O", "not a numeric dtype"),
+        ("dtype", "<U4", "not a numeric dtype"),
+        ("dtype", "V8", "not a numeric dtype"),
+        ("dtype", "float32, int32", "not a numeric dtype"),
+        ("dtype", "floaty", "not a numeric dtype"),
+        ("dtype", 7, "not a numeric dtype"),
+        ("shape", [-1], "not a list of non-negative integers"),
+        ("shape", [1.5], "not a list of non-negative integers"),
+        ("shape", "100", "not a list of non-negative integers"),
+        ("shape", [True], "not a list of non-negative integers"),
+        ("shape", [1 << 40, 1 << 40], "more than 2\\*\\*62 elements"),
+        ("codec", 3, "codec is an integer"),
+        ("codec", "zstd", "unknown codec"),
+        ("streams", {"data": -4}, "streams"),
+        ("offset", "64", "'offset' is a string"),
+        ("offset", True, "'offset' is a boolean"),
+        ("nbytes", None, "'nbytes' is null"),
+        ("nbytes", 1 << 70, "'nbytes' is an integer"),
+        ("sha256", [1], "'sha256' is a list"),
+        ("record", "raw", "'record' is a string"),
+    ],
+)
+def test_index_fields_of_the_wrong_type_are_one_input_error(good, key, value, match):
+    _with_index(good, _set(key, value))
+    with pytest.raises(InputError, match=match) as exc:
+        read_container(good)
+    line = str(exc.value)
+    assert str(good) in line and "\n" not in line
+    if key not in ("offset", "nbytes", "record", "sha256"):
+        assert "tensor 'a'" in line
+
+
+@pytest.mark.parametrize(
+    "index",
+    [[], 7, {"tensors": 7}, {"tensors": [7]}, {"tensors": [{"name": 3}]}, {"tensors": [{"name": "a"}]}],
+)
+def test_index_that_is_not_the_documented_shape_is_refused(good, index):
+    data = good.read_bytes()
+    _, n = _index(good)
+    new = json.dumps(index).encode()
+    good.write_bytes(data[:8] + struct.pack("<Q", len(new)) + new + data[16 + n :])
+    with pytest.raises(InputError) as exc:
+        read_container(good)
+    assert str(good) in str(exc.value) and "index" in str(exc.value)
+
+
+def test_deeply_nested_index_is_refused_without_recursion_error(good):
+    data = good.read_bytes()
+    _, n = _index(good)
+    new = b"[" * 100_000 + b"]" * 100_000
+    good.write_bytes(data[:8] + struct.pack("<Q", len(new)) + new + data[16 + n :])
+    with pytest.raises(InputError, match="nested too deeply") as exc:
+        read_container(good)
+    assert str(good) in str(exc.value)
+
+
+def test_codec_error_names_the_file_the_tensor_and_the_offset(good):
+    # A record whose shape does not match its blob: the codec's own error gets the place.
+    _with_index(good, _set("shape", [99]))
+    with read_container(good) as c:
+        with pytest.raises(InputError) as exc:
+            c.array("a")
+    line = str(exc.value)
+    assert str(good) in line and "tensor 'a'" in line and "byte offset" in line
+
+
+def test_hostile_tensor_names_are_escaped_in_errors(good):
+    with read_container(good) as c:
+        with pytest.raises(InputError) as exc:
+            c.array("missing\x07name\n" + "x" * 500)
+    line = exc.value.line()
+    assert "\x07" not in line and "\\x07" in line and "\n" not in line and len(line) < 1200
+
+
+def test_hostile_name_in_a_refused_index_is_one_escaped_line(good):
+    name = "w\n\x1b" + "y" * 300
+    data = good.read_bytes()
+    index, n = _index(good)
+    index["tensors"][0]["name"] = name  # the index grows: blob offsets now point into it
+    new = json.dumps(index, sort_keys=True, separators=(",", ":")).encode()
+    good.write_bytes(data[:8] + struct.pack("<Q", len(new)) + new + data[16 + n :])
+    with pytest.raises(InputError, match="outside the data area") as exc:
+        read_container(good)
+    line = exc.value.line()
+    assert str(good) in line and "\n" not in line and "\x1b" not in line and len(line) < 1200
