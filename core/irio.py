@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-from mconv.errors import InputError
+from mconv.errors import InputError, show
 from mconv.fileio import require_file
 from mconv.wire import encode_varint, iter_fields, length_delimited, read_varint
 
@@ -183,6 +182,7 @@ def lazy_model_proto(path: Path, min_bytes: int | None = None) -> onnx.ModelProt
 # --------------------------------------------------------------------------- tensors out of core
 # Inside ``spilling``, arrays of at least this many bytes go to scratch files.
 SPILL_MIN_BYTES = 1 << 25
+SPILL_PREFIX = ".mconv-spill-"
 _SPILL: dict = {"dir": None, "min_bytes": SPILL_MIN_BYTES, "count": 0}
 
 
@@ -192,7 +192,18 @@ def spilling(directory: str | os.PathLike, min_bytes: int | None = None):
     folder in ``directory`` and returns external tensors over them, so a pass rewriting a large
     model holds one weight in memory at a time, not all of them. The folder is deleted on exit:
     save the model (and read what you need of it) inside the block."""
-    scratch = Path(tempfile.mkdtemp(prefix=".mconv-spill-", dir=directory))
+    from mconv.fileio import clean_stale_scratch, lock_fd, output_errors, remove_quietly
+
+    # The folder is named .mconv-spill-{pid}-* and locked while this process lives, so the next
+    # run removes the ones that killed runs left (mconv.fileio rule 1) and never a live one.
+    clean_stale_scratch(directory, SPILL_PREFIX)
+    prefix = f"{SPILL_PREFIX}{os.getpid()}-"
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=directory))
+    except OSError:  # not writable there (the output's own error comes when it is saved)
+        with output_errors(tempfile.gettempdir(), what="create a scratch folder for large weights"):
+            scratch = Path(tempfile.mkdtemp(prefix=prefix))
+    fd = lock_fd(scratch)
     saved = dict(_SPILL)
     _SPILL.update(dir=scratch, min_bytes=SPILL_MIN_BYTES if min_bytes is None else min_bytes)
     try:
@@ -200,19 +211,24 @@ def spilling(directory: str | os.PathLike, min_bytes: int | None = None):
     finally:
         _SPILL.clear()
         _SPILL.update(saved)
-        shutil.rmtree(scratch, ignore_errors=True)
+        if fd >= 0:
+            os.close(fd)
+        remove_quietly(scratch)
 
 
 def weight_tensor(array: np.ndarray, name: str | None) -> ir.TensorProtocol:
     """``array`` as an IR tensor: in memory, or spilled to the scratch folder (see :func:`spilling`)."""
-    array = np.ascontiguousarray(array)
+    array = np.asarray(array, order="C")  # keeps a 0-d array 0-d (ascontiguousarray: shape [1])
     scratch = _SPILL["dir"]
     if scratch is None or array.nbytes < _SPILL["min_bytes"] or array.dtype.byteorder == ">":
         return ir.tensor(array, name=name)
     _SPILL["count"] += 1
     location = f"{_SPILL['count']}.bin"
-    with open(scratch / location, "wb") as f:
-        f.write(memoryview(array).cast("B"))
+    from mconv.fileio import output_errors
+
+    with output_errors(scratch / location, what="write a large weight to the scratch folder"):
+        with open(scratch / location, "wb") as f:
+            f.write(memoryview(array).cast("B"))
     return ir.ExternalTensor(
         location,
         offset=0,
@@ -256,35 +272,81 @@ def save_onnx(
 ) -> list[Path]:
     """Save ``model`` atomically; large weights go to ``<name>.data`` beside it.
 
-    Returns the files written.
+    Returns the files written. Rules:
+
+    1. Everything is written into a temporary folder beside ``path`` (named and cleaned up as
+       :mod:`mconv.fileio` rule 1 says) and renamed into place when complete; a failure leaves
+       no temporary and the first error propagates (cleanup never raises).
+    2. An ``OSError`` writing the output is one line naming it (a full disk, a read-only or
+       missing folder); one reading the model's external data names that file.
+    3. When the output gets ``<name>.data`` and the model still reads weights from ``path`` or
+       its ``<name>.data`` (``-o`` naming the input), the save is refused: the pair cannot be
+       replaced in one step, and a run killed between the two renames would leave the input
+       unreadable.
     """
-    dest = Path(path)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    from mconv.fileio import output_errors, prepare_output, read_error, remove_quietly, temp_dir
+
+    dest = prepare_output(path)
     total = weight_bytes(model)
     data_name = dest.name + ".data" if total > external_threshold else None
-    tmpdir = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    if data_name:
+        _refuse_overwriting_sources(model, dest, [dest, dest.parent / data_name])
+    tmpdir = None
+    fd = -1
     try:
+        with output_errors(dest, dest.parent, what="create a temporary folder beside the output"):
+            tmpdir, fd = temp_dir(dest)
         tmp_model = tmpdir / dest.name
-        if data_name:
-            ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=1024)
-        else:
-            # One self-contained file: tensors that still live elsewhere (a lazily loaded source,
-            # spilled scratch) are read in first; onnx_ir would otherwise keep the references.
-            for value in model.graph.initializers.values():
-                if isinstance(value.const_value, ir.ExternalTensor):
-                    value.const_value = ir.tensor(owned_array(value.const_value), name=value.name)
-            ir.save(model, tmp_model)
-        written = []
-        if data_name:
-            os.replace(tmpdir / data_name, dest.parent / data_name)
-            written.append(dest.parent / data_name)
-        os.replace(tmp_model, dest)
+        targets = [dest, tmpdir] + ([dest.parent / data_name] if data_name else [])
+        try:
+            with output_errors(*targets):
+                if data_name:
+                    ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=1024)
+                else:
+                    # One self-contained file: tensors that still live elsewhere (a lazily loaded
+                    # source, spilled scratch) are read in first; onnx_ir would otherwise keep
+                    # the references.
+                    for value in model.graph.initializers.values():
+                        if isinstance(value.const_value, ir.ExternalTensor):
+                            value.const_value = ir.tensor(owned_array(value.const_value), name=value.name)
+                    ir.save(model, tmp_model)
+                written = []
+                if data_name:
+                    os.replace(tmpdir / data_name, dest.parent / data_name)
+                    written.append(dest.parent / data_name)
+                os.replace(tmp_model, dest)
+        except OSError as exc:  # not about the output: an external-data file of the model
+            raise read_error(exc, exc.filename or dest, "model's external data") from None
         written.insert(0, dest)
         return written
     finally:
-        for leftover in tmpdir.glob("*"):
-            leftover.unlink()
-        tmpdir.rmdir()
+        if fd >= 0:
+            os.close(fd)
+        if tmpdir is not None:
+            remove_quietly(tmpdir)
+
+
+def _refuse_overwriting_sources(model: ir.Model, dest: Path, outputs: list[Path]) -> None:
+    """Rule 3 of :func:`save_onnx`: no initializer may read from a file the save replaces."""
+    existing = [o for o in outputs if o.exists()]
+    if not existing:
+        return
+    for value in model.graph.initializers.values():
+        t = value.const_value
+        if not isinstance(t, ir.ExternalTensor):
+            continue
+        for o in existing:
+            try:
+                same = os.path.samefile(t.path, o)
+            except OSError:
+                same = False
+            if same:
+                raise InputError(
+                    f"the output would replace '{o.name}', which the model's weights are read from "
+                    f"(tensor '{show(value.name)}')",
+                    path=str(dest),
+                    hint="write to another -o path, then move it over the input",
+                )
 
 
 def real_inputs(graph: ir.Graph) -> list[ir.Value]:
