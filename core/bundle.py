@@ -386,7 +386,7 @@ class _Schema:
 
     def bad(self, field: str, what: str) -> InputError:
         return InputError(
-            f"manifest.json field '{field}' {what}",
+            f"field '{field}' {what}",
             path=self.label,
             where=MANIFEST,
             hint=_HINT_TAMPERED,
@@ -731,5 +731,5 @@ def zip_bundle(bundle_dir: str | os.PathLike, dest: str | os.PathLike) -> Path:
             info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_STORED if rel == WEIGHTS else zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
-            zf.writestr(info, (src / rel).read_bytes())
+            zf.writestr(info, bundle.read_bytes(rel))
     return dest

@@ -429,3 +429,21 @@ def test_a_directory_in_place_of_weights_fails_container_with_the_bundle_named(t
     with pytest.raises(InputError, match="weights.mcw is not a regular file") as exc:
         b.container()
     assert str(tmp_path / "b") in exc.value.line()
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        "[" * 100_000 + "]" * 100_000,
+        '{"format": "mconv-bundle", "format_version": 1, "target": "cpu", "files": {"model.onnx": 3}}',
+    ],
+)
+def test_hostile_manifest_inside_a_zip_is_one_input_error(tmp_path, manifest):
+    _write(tmp_path / "b")
+    with zipfile.ZipFile(tmp_path / "bad.zip", "w") as zf:
+        for f in sorted((tmp_path / "b").iterdir()):
+            if f.is_file():
+                zf.writestr(f.name, manifest if f.name == "manifest.json" else f.read_bytes())
+    with pytest.raises(InputError) as exc:
+        load_bundle(tmp_path / "bad.zip")
+    assert exc.value.line().startswith(str(tmp_path / "bad.zip"))
