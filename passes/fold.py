@@ -34,7 +34,26 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None], opset: int) ->
 
     attrs = {k: attr_to_python(a) for k, a in node.attributes.items()}
     outs = run_node(node.op_type, inputs, attrs, domain=node.domain, opset=opset)
-    return [np.asarray(o) for o in outs[: len(node.outputs)]]
+    arrays = []
+    for o in outs[: len(node.outputs)]:
+        if not isinstance(o, (np.ndarray, np.generic)):  # a sequence, an optional, a map
+            raise TypeError(f"gives a {type(o).__name__}, not a tensor")
+        arrays.append(np.asarray(o))
+    return arrays
+
+
+def _fits(value: ir.Value, array: np.ndarray) -> bool:
+    """Whether ``array`` can stand for ``value``: a tensor of the declared dtype and shape."""
+    if value.type is not None and not isinstance(value.type, ir.TensorType):
+        return False
+    if value.dtype is not None and ir.DataType.from_numpy(array.dtype) != value.dtype:
+        return False
+    if value.shape is not None:
+        if len(value.shape) != array.ndim:
+            return False
+        if any(isinstance(d, int) and d != n for d, n in zip(value.shape, array.shape)):
+            return False
+    return True
 
 
 @register_pass("fold")
@@ -52,7 +71,10 @@ class ConstantFolding(Pass):
 
     3. Not folded: random ops (a fold would freeze one draw); ops that decompress stored
        weights (``Cast`` to a wider type, ``DequantizeLinear``), which would undo fp16 / int8
-       storage; nodes with subgraphs; nodes that feed a graph output directly.
+       storage; nodes with subgraphs; nodes that feed a graph output directly; nodes with an
+       output that is not a tensor (``SequenceEmpty``, ``Optional``: an initializer is always a
+       tensor). A folded output keeps its rank, 0-d included, and must match the dtype and
+       shape declared for it, else the node stays (note).
     4. Size cap: an output over ``max_bytes`` that is larger than the node's inputs (Expand,
        Tile, ...) is left unfolded, except for op types in ``always`` (ConstantOfShape, which
        the ONNX ``light_*`` models use to generate their weights).
@@ -103,6 +125,11 @@ class ConstantFolding(Pass):
                 o.dtype == object for o in outputs
             ):
                 continue
+            if not all(_fits(v, a) for v, a in zip(node.outputs, outputs) if v is not None):
+                notes.append(
+                    f"{node.name or node.op_type}: not folded (result does not match the declared type)"
+                )
+                continue
             in_bytes = sum(x.nbytes for x in inputs if x is not None)
             out_bytes = sum(o.nbytes for o in outputs)
             if out_bytes > config.max_bytes and out_bytes > in_bytes and node.op_type not in config.always:
@@ -129,6 +156,8 @@ class ConstantFolding(Pass):
         if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
             return False
         if any(o.is_graph_output() for o in node.outputs):
+            return False
+        if any(o.type is not None and not isinstance(o.type, ir.TensorType) for o in node.outputs):
             return False
         return bool(node.outputs)
 

@@ -158,3 +158,19 @@ def test_fold_keeps_scalars_zero_dimensional(build, run_ort):
     got = run_ort(model, {"x": x})
     np.testing.assert_array_equal(got["g"], expected["g"])
     np.testing.assert_array_equal(got["y"], expected["y"])
+
+
+def test_fold_leaves_nodes_whose_outputs_are_sequences(build, run_ort):
+    # SequenceEmpty has only constant inputs (none), but an initializer is always a tensor.
+    nodes = [
+        helper.make_node("SequenceEmpty", [], ["empty"], dtype=TensorProto.FLOAT),
+        helper.make_node("SequenceInsert", ["empty", "x"], ["seq"]),
+        helper.make_node("ConcatFromSequence", ["seq"], ["y"], axis=0),
+    ]
+    model = build(nodes, [("x", TensorProto.FLOAT, [2])], [("y", TensorProto.FLOAT, [2])])
+    x = np.float32([3, -1])
+    model, (report,) = P.run_pipeline(model, P.parse_spec("fold"))
+    assert _ops(model) == {"SequenceEmpty": 1, "SequenceInsert": 1, "ConcatFromSequence": 1}
+    assert not model.graph.initializers and not report.modified
+    onnx.checker.check_model(to_proto(model), full_check=True)
+    np.testing.assert_array_equal(run_ort(model, {"x": x})["y"], x)
