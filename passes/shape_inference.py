@@ -61,8 +61,8 @@ def merge_inferred(model: ir.Model, inferred: onnx.ModelProto) -> int:
             if other is None:
                 continue
             hit = False
-            if other.dtype is not None and value.dtype is None:
-                value.dtype = other.dtype
+            if other.type is not None and value.type is None:  # the type, not only the dtype:
+                value.type = other.type  # setting .dtype would make a sequence a tensor
                 hit = True
             if other.shape is not None and (value.shape is None or _less_known(value.shape, other.shape)):
                 value.shape = other.shape
