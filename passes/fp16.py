@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 from mconv.passes._weights import move_compression
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
@@ -44,8 +45,58 @@ _ALWAYS_BLOCKED = frozenset(
         "EyeLike",
     }
 )
-# Inputs that the ONNX spec requires to be float32 whatever the data type (Resize scales...).
+# Inputs that the ONNX spec requires to be float32 whatever the data type (Resize scales...);
+# the op schemas say the same (``_half_plan``), this list is the floor when a schema is missing.
 _FLOAT32_INPUTS = {"Resize": {1, 2}, "Upsample": {1}}
+# Attributes that pick an output's data type: such a node keeps float32 (its output would not
+# follow its inputs; BitCast's ``to`` needs the input's bit width). ``Cast``'s ``to`` is
+# rewritten instead.
+_DTYPE_ATTRS = frozenset({"dtype", "output_dtype", "output_datatype", "to"})
+_HALF = "tensor(float16)"
+
+
+def _is_tensor(value: ir.Value) -> bool:
+    """A value typed as a tensor (not a sequence, optional or map, and not untyped)."""
+    return isinstance(value.type, ir.TensorType)
+
+
+def _half_plan(node: ir.Node, opset: int) -> set[int] | None:
+    """Input positions that must stay float32 when ``node`` computes in float16, from its schema.
+
+    None when the node cannot compute in float16 at this opset: no schema, an input position the
+    schema does not have, or a float32 output whose type constraint has no ``tensor(float16)``
+    (``QuantizeLinear`` before opset 19 takes only float32, ``TfIdfVectorizer`` gives float32).
+    """
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    except Exception:  # onnx.defs.SchemaError: unknown op or opset
+        return None
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+
+    def formal(params, i):
+        if i < len(params):
+            return params[i]
+        last = params[-1] if params else None
+        if last is not None and last.option == onnx.defs.OpSchema.FormalParameterOption.Variadic:
+            return last
+        return None
+
+    keep32 = set(_FLOAT32_INPUTS.get(node.op_type, ()))
+    for i, v in enumerate(node.inputs):
+        if v is None or v.dtype not in (F32, F16):
+            continue
+        param = formal(schema.inputs, i)
+        if param is None:
+            return None
+        if _HALF not in allowed.get(param.type_str, {param.type_str}):
+            keep32.add(i)
+    for i, v in enumerate(node.outputs):
+        if v.dtype != F32:
+            continue
+        param = formal(schema.outputs, i)
+        if param is None or _HALF not in allowed.get(param.type_str, {param.type_str}):
+            return None
+    return keep32
 
 
 @register_pass("fp16")
@@ -75,6 +126,14 @@ class Float16(Pass):
        each node not in ``block_list`` runs in float16 (float32 inputs are cast down, ``Cast(to=
        FLOAT)`` becomes ``to=FLOAT16``), each blocked node (and any node whose dtypes are unknown,
        or with subgraphs) runs in float32 with Casts around it.
+    8. Only what the op's schema at the model's opset allows runs in float16: an input whose type
+       constraint has no ``tensor(float16)`` (Resize's scales) stays float32; a node with such
+       an output (``QuantizeLinear`` before opset 19), a node with a non-tensor value
+       (sequences, optionals), a node whose output dtype comes from an attribute (``dtype``,
+       BitCast's ``to``, ``ConstantOfShape`` without ``value``) stays float32 as a whole.
+    9. If / Loop / Scan bodies are not rewritten: they compute in float32, outer float16 values
+       they capture are cast back first, so every branch keeps the types of the node's outputs
+       and every subgraph output is still produced inside its subgraph.
     7. ``keep_io_types=True``: graph inputs and outputs stay float32 with Casts at the boundary
        (the outputs keep their names); otherwise float32 inputs and outputs become float16.
     """
@@ -157,6 +216,7 @@ class Float16(Pass):
     def _all(self, model: ir.Model, config: Config) -> PassReport:
         graph = model.graph
         ir_version = model.ir_version or 10
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 21))
         inferred = infer_on_stripped_copy(model, keep_bytes=1024, strict=False, data_prop=True)
         if inferred is not None:
             merge_inferred(model, inferred)
@@ -215,13 +275,13 @@ class Float16(Pass):
             )
         if not config.keep_io_types:
             for value in graph.inputs:
-                if value.dtype == F32 and not value.is_initializer():
+                if _is_tensor(value) and value.dtype == F32 and not value.is_initializer():
                     value.dtype = F16
                     half.add(value)
 
         for node in list(graph):
-            run_half = self._runs_half(node, blocked_ops)
-            keep32 = _FLOAT32_INPUTS.get(node.op_type, set())
+            keep32 = _half_plan(node, opset) if self._runs_half(node, blocked_ops) else None
+            run_half = keep32 is not None
             for i, v in enumerate(node.inputs):
                 if v is None:
                     continue
@@ -248,7 +308,7 @@ class Float16(Pass):
                 v = list(node.attributes.pop("value_floats").value)
                 node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(v, dtype=np.float16)))
             for out in node.outputs:
-                if out.dtype == F32:
+                if out.dtype == F32:  # a tensor: _runs_half saw to that
                     out.dtype = F16
                     half.add(out)
 
@@ -271,13 +331,21 @@ class Float16(Pass):
 
     @staticmethod
     def _runs_half(node: ir.Node, blocked_ops: set[str]) -> bool:
-        """Whether ``node`` can run in float16: standard op, not blocked, no subgraph, known dtypes."""
+        """Whether ``node`` can run in float16: standard op, not blocked, no subgraph, tensors of
+        known dtypes only, and no attribute that fixes an output's dtype (``ConstantOfShape``
+        without ``value`` gives float32 zeros)."""
         if node.domain not in ("", "ai.onnx") or node.op_type in blocked_ops:
             return False
         if any(a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) for a in node.attributes.values()):
             return False
+        if node.op_type != "Cast" and _DTYPE_ATTRS & set(node.attributes):
+            return False
+        if node.op_type == "ConstantOfShape" and "value" not in node.attributes:
+            return False
+        if node.op_type == "Constant" and "sparse_value" in node.attributes:
+            return False
         values = [v for v in node.inputs if v is not None] + list(node.outputs)
-        return all(v.dtype is not None for v in values)
+        return all(_is_tensor(v) and v.dtype is not None for v in values)
 
     @staticmethod
     def _unhalve_captured(node: ir.Node, half: set[ir.Value], cast) -> None:
