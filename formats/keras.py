@@ -23,9 +23,9 @@ Rules:
 
 from __future__ import annotations
 
-import io
 import json
 import re
+import struct
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-from mconv.errors import InputError, UnsupportedError
+from mconv.errors import InputError, UnsupportedError, show
 from mconv.formats import Format
 from mconv.formats.keras_layers import LAYERS, GraphBuilder, KTensor, LayerCall, WeightList
 from mconv.irio import from_proto
@@ -49,6 +49,8 @@ MAX_MODEL_NESTING = 16
 MAX_ZIP_MEMBER = 4 << 30
 MAX_ZIP_RATIO = 200  # declared uncompressed / compressed; HDF5 of random floats barely compresses
 MAX_ZIP_MEMBERS = 64
+MIN_ZIP_TOTAL = 64 << 10  # a tiny archive may still declare this much in all
+MAX_WEIGHT_GROUPS = 4096  # groups under one Keras 3 layer (cell, forward_layer, ...)
 
 # h5py raises many exception types on corrupt files; all of them mean "bad input" here.
 _H5_ERRORS = (
@@ -135,34 +137,26 @@ def _parse_json(data: bytes | str, path: str, where: str) -> dict:
 
 
 def _check_dataset(ds, file_size: int, path: str, where: str) -> np.ndarray:
-    import h5py
+    """The array of a weight dataset; the HDF5 snapshot has checked its storage and size already."""
+    from mconv.formats._hdf5_safe import Dataset
 
-    if not isinstance(ds, h5py.Dataset):
+    if not isinstance(ds, Dataset):
         raise InputError(
             "weight entry is not an HDF5 dataset", path=path, where=where, hint="the weights file is damaged"
         )
-    if ds.dtype.kind not in "fiu" or ds.dtype.itemsize > 8:
+    arr = ds.array()
+    if arr.dtype.kind not in "fiu" or arr.dtype.itemsize > 8:
         raise InputError(
-            f"weight has dtype {ds.dtype}, expected numbers",
+            f"weight has dtype {arr.dtype}, expected numbers",
             path=path,
             where=where,
             hint="the weights file is damaged",
         )
-    shape = ds.shape or ()
-    if any(d < 0 for d in shape) or len(shape) > 8:
+    if arr.ndim > 8:
         raise InputError(
-            f"weight has absurd shape {shape}", path=path, where=where, hint="the weights file is damaged"
+            f"weight has absurd shape {arr.shape}", path=path, where=where, hint="the weights file is damaged"
         )
-    nbytes = int(np.prod(shape, dtype=np.float64)) * ds.dtype.itemsize
-    limit = file_size if ds.compression is None else file_size * 1000
-    if nbytes > limit:
-        raise InputError(
-            f"weight claims {nbytes} bytes, more than the file holds ({file_size})",
-            path=path,
-            where=where,
-            hint="the weights file is truncated or damaged",
-        )
-    return np.asarray(ds[()])
+    return arr
 
 
 class _LegacyWeights:
@@ -184,10 +178,19 @@ class _LegacyWeights:
         else:
             group = self.root
             names = [n for n in self.names if name in n.split("/")[:-1]]
-        return [
-            _check_dataset(group[n], self.file_size, self.path, f"layer '{name}', weight '{n}'")
-            for n in names
-        ]
+        out = []
+        for n in names:
+            where = f"layer '{show(name)}', weight '{show(n)}'"
+            ds = group.get(n)
+            if ds is None:
+                raise InputError(
+                    "weight listed in weight_names is not in the file (or is a dangling link)",
+                    path=self.path,
+                    where=where,
+                    hint="the weights file is damaged",
+                )
+            out.append(_check_dataset(ds, self.file_size, self.path, where))
+        return out
 
     def sub(self, name: str) -> _LegacyWeights:
         if self.names is None:
@@ -207,16 +210,16 @@ class _Keras3Weights:
     """Keras 3 layout: ``layers/<key>/vars/<i>``; ``vars`` carries the layer name as attribute."""
 
     def __init__(self, group, path: str, file_size: int, layer_order: list[tuple[str, str]]) -> None:
-        import h5py
+        from mconv.formats._hdf5_safe import Group
 
         self.group, self.path, self.file_size = group, path, file_size
         self.by_name: dict[str, object] = {}
-        layers = group.get("layers") if isinstance(group, h5py.Group) else None
-        if layers is not None:
+        layers = group.get("layers") if isinstance(group, Group) else None
+        if isinstance(layers, Group):
             unnamed = []
             for key in layers:
-                g = layers[key]
-                vars_ = g.get("vars") if isinstance(g, h5py.Group) else None
+                g = layers.get(key)
+                vars_ = g.get("vars") if isinstance(g, Group) else None
                 nm = vars_.attrs.get("name") if vars_ is not None else None
                 if isinstance(nm, bytes):
                     nm = nm.decode("utf-8")
@@ -234,20 +237,27 @@ class _Keras3Weights:
                     if key in layers and lname not in self.by_name:
                         self.by_name[lname] = layers[key]
 
-    def _collect(self, g, where: str) -> list[np.ndarray]:
-        import h5py
+    def _collect(self, g, where: str, seen: set | None = None) -> list[np.ndarray]:
+        from mconv.formats._hdf5_safe import Group
 
+        seen = set() if seen is None else seen
+        if id(g) in seen or len(seen) > MAX_WEIGHT_GROUPS:  # hard links can make the tree a cyclic graph
+            raise InputError(
+                "layer's weight groups link back into themselves or are too many",
+                path=self.path,
+                where=where,
+                hint="the weights file is damaged or hostile",
+            )
+        seen.add(id(g))
         out = []
         vars_ = g.get("vars")
-        if isinstance(vars_, h5py.Group):
+        if isinstance(vars_, Group):
             keys = sorted((k for k in vars_ if k.isdigit()), key=int)
             out += [_check_dataset(vars_[k], self.file_size, self.path, f"{where}, var {k}") for k in keys]
-        children = [k for k in g if k != "vars" and isinstance(g[k], h5py.Group)]
+        children = [k for k in g if k not in ("vars", "layers") and isinstance(g.get(k), Group)]
         children.sort(key=lambda k: (_CHILD_ORDER.index(k) if k in _CHILD_ORDER else 99, k))
         for k in children:
-            if k == "layers":
-                continue
-            out += self._collect(g[k], where)
+            out += self._collect(g[k], where, seen)
         return out
 
     def layer(self, name: str) -> list[np.ndarray] | None:
@@ -260,54 +270,104 @@ class _Keras3Weights:
 
 
 def _open_h5(data: bytes | Path, path: str):
-    import h5py
+    """The root group of a checked snapshot of the HDF5 file (see ``_hdf5_safe``)."""
+    from mconv.formats._hdf5_safe import open_tree
 
-    try:
-        return h5py.File(io.BytesIO(data) if isinstance(data, bytes) else data, "r")
-    except _H5_ERRORS as exc:
+    return open_tree(data, path, skip=("optimizer_weights", "optimizer")).root
+
+
+def _zip_refuse(path: str, name: str, msg: str, hint: str = "the file is hostile or damaged") -> InputError:
+    return InputError(msg, path=path, where=f"member '{show(name)}'", hint=hint)
+
+
+def _check_zip_members(infos: list[zipfile.ZipInfo], path: str, archive_size: int) -> None:
+    """Refuse hostile entries from the central directory alone, before anything is inflated."""
+    if len(infos) > MAX_ZIP_MEMBERS:
         raise InputError(
-            f"cannot open as HDF5: {str(exc).splitlines()[0][:120]}",
+            f"zip holds {len(infos)} members (limit {MAX_ZIP_MEMBERS})",
             path=path,
-            hint="the file is truncated, damaged, or not HDF5",
-        ) from None
+            hint="this is not a Keras 3 model file",
+        )
+    seen: set[str] = set()
+    total = 0
+    for info in infos:
+        n = info.filename
+        if n.startswith(("/", "\\")) or ".." in re.split(r"[/\\]", n) or re.match(r"^[A-Za-z]:", n):
+            raise _zip_refuse(
+                path,
+                n,
+                "zip member name escapes the archive",
+                "refusing a path-traversal entry; the file is hostile or damaged",
+            )
+        if n in seen:
+            raise _zip_refuse(
+                path, n, "zip holds two members of this name", "a .keras file names each member once"
+            )
+        seen.add(n)
+        if info.flag_bits & 0x1:
+            raise _zip_refuse(path, n, "zip member is encrypted", "a .keras file is never encrypted")
+        if info.volume != 0:
+            raise _zip_refuse(path, n, f"zip member starts on disk {info.volume} (multi-disk archive)")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise _zip_refuse(
+                path,
+                n,
+                f"zip member uses compression method {info.compress_type}",
+                "Keras writes stored or deflated members",
+            )
+        if info.compress_size > archive_size:
+            raise _zip_refuse(
+                path,
+                n,
+                f"member claims {info.compress_size} compressed bytes, more than the archive holds ({archive_size})",
+            )
+        if info.file_size > MAX_ZIP_MEMBER or info.file_size > info.compress_size * MAX_ZIP_RATIO + 4096:
+            raise _zip_refuse(
+                path,
+                n,
+                f"member declares {info.file_size} bytes from {info.compress_size} compressed (zip bomb limit)",
+            )
+        total += info.file_size
+    limit = max(MIN_ZIP_TOTAL, MAX_ZIP_RATIO * archive_size)
+    if total > limit:
+        raise InputError(
+            f"zip members declare {total} bytes in all from a {archive_size} byte archive "
+            f"(limit {limit}: zip bomb)",
+            path=path,
+            hint="the file is hostile or damaged",
+        )
+
+
+def _check_zip_end(p: Path, path: str) -> None:
+    """Refuse multi-disk archives from the end-of-central-directory record (zipfile does not)."""
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        f.seek(max(0, size - (22 + 0xFFFF)))
+        tail = f.read(22 + 0xFFFF)
+    at = tail.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(tail):
+        return  # zipfile reports it
+    disk, cd_disk, here, total = struct.unpack_from("<HHHH", tail, at + 4)
+    if disk != 0 or cd_disk != 0 or here != total:
+        raise InputError(
+            f"zip spans several disks (disk {disk}, central directory on disk {cd_disk})",
+            path=path,
+            hint="a .keras file is one archive",
+        )
 
 
 def _read_zip(p: Path) -> tuple[dict, bytes]:
     path = str(p)
+    _check_zip_end(p, path)
     try:
         zf = zipfile.ZipFile(p)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as exc:
         raise InputError(
             f"not a readable zip: {exc}", path=path, hint="a .keras file is a zip archive"
         ) from None
     with zf:
         infos = zf.infolist()
-        if len(infos) > MAX_ZIP_MEMBERS:
-            raise InputError(
-                f"zip holds {len(infos)} members (limit {MAX_ZIP_MEMBERS})",
-                path=path,
-                hint="this is not a Keras 3 model file",
-            )
-        for info in infos:
-            n = info.filename
-            if n.startswith(("/", "\\")) or ".." in re.split(r"[/\\]", n) or re.match(r"^[A-Za-z]:", n):
-                raise InputError(
-                    "zip member name escapes the archive",
-                    path=path,
-                    where=f"member '{n}'",
-                    hint="refusing a path-traversal entry; the file is hostile or damaged",
-                )
-            if (
-                info.file_size > MAX_ZIP_MEMBER
-                or info.file_size > max(info.compress_size, 1 << 20) * MAX_ZIP_RATIO
-            ):
-                raise InputError(
-                    f"member declares {info.file_size} bytes from {info.compress_size} "
-                    f"compressed (zip bomb limit)",
-                    path=path,
-                    where=f"member '{n}'",
-                    hint="the file is hostile or damaged",
-                )
+        _check_zip_members(infos, path, p.stat().st_size)
         names = {i.filename for i in infos}
         for need in ("config.json", "model.weights.h5"):
             if need not in names:
@@ -328,7 +388,8 @@ def _read_zip(p: Path) -> tuple[dict, bytes]:
 def _read_member(zf: zipfile.ZipFile, name: str) -> bytes:
     info = zf.getinfo(name)
     with zf.open(info) as f:
-        data = f.read(info.file_size + 1)  # never more than declared (+1 to notice a lie)
+        # inflates at most the declared size (+1 to notice a central directory that lies)
+        data = f.read(info.file_size + 1)
     if len(data) != info.file_size:
         raise zipfile.BadZipFile(f"member '{name}' is not the size its header declares")
     return data
@@ -390,7 +451,6 @@ def _open_sources(paths: list[Path], handles: list) -> _Source:
         if k == "zip":
             config, wbytes = _read_zip(p)
             f = _open_h5(wbytes, f"{p}:model.weights.h5")
-            handles.append(f)
             return _Source(config, ("keras3", f, len(wbytes)), True, f"{p}:model.weights.h5", str(p))
         if k == "json":
             raise InputError(
@@ -399,7 +459,6 @@ def _open_sources(paths: list[Path], handles: list) -> _Source:
                 hint="pass the weights .h5 too: mconv import model.json weights.h5",
             )
         f = _open_h5(p, str(p))
-        handles.append(f)
         try:
             raw = f.attrs.get("model_config")
         except _H5_ERRORS:
@@ -440,7 +499,6 @@ def _open_sources(paths: list[Path], handles: list) -> _Source:
         raise InputError("JSON over the size limit", path=str(jp), hint="this is not a Keras model config")
     config = _parse_json(jp.read_bytes(), str(jp), "top level")
     f = _open_h5(hp, str(hp))
-    handles.append(f)
     try:
         root = f["model_weights"] if "model_weights" in f else f
         w, ver = _weights_from_h5(f, str(hp), hp.stat().st_size, root)

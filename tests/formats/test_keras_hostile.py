@@ -274,7 +274,7 @@ def test_dataset_claiming_more_bytes_than_the_file_holds_is_refused(pair, tmp_pa
         del f["fc/fc/kernel:0"]
         f["fc"].create_dataset("fc/kernel:0", shape=(100_000, 100_000), dtype="f4")  # never written
     err = _expect_input_error([pair[0], w], match="more than the file holds")
-    assert "layer 'fc'" in str(err)
+    assert "dataset '/fc/fc/kernel:0'" in str(err) and str(w) in str(err)
 
 
 def test_missing_weights_for_a_layer_name_the_layer(pair, tmp_path):
