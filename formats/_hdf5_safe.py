@@ -45,7 +45,7 @@ MAX_LINK_HOPS = 16
 MAX_DEPTH = 64  # group nesting in the walk
 MAX_OBJECTS = 1 << 20
 MAX_RANK = 32
-TIMEOUT_S = 60.0  # plus a second per 50 MB of file
+TIMEOUT_S = 30.0  # plus a second per 50 MB of file
 CHILD_BASE_AS = 768 << 20  # address space for the child's bookkeeping above its start-up size
 ALLOWED_FILTERS = {
     1: "deflate",

@@ -16,9 +16,14 @@ Rules:
 3. Keras version matters for ``hard_sigmoid`` (Keras 2: ``0.2x + 0.5``; Keras 3: ``relu6(x+3)/6``).
 4. Nothing from the file is executed: ``Lambda`` layers are refused, custom objects are unknown
    layers, and every unknown layer is named in one ``UnsupportedError``.
-5. Hostile files fail with ``InputError`` naming the file and the layer or member: bounded JSON
-   depth and size, bounded model nesting, zip members checked for path traversal and declared
-   sizes before reading, datasets checked against the file size before reading.
+5. Hostile files fail with ``InputError`` naming the file and the layer, member or HDF5 path:
+   bounded JSON depth and size, bounded model nesting. HDF5 is read by ``_hdf5_safe`` in a child
+   process under CPU, memory and wall-clock limits (libhdf5 can loop or allocate gigabytes on one
+   damaged byte); nothing from other files (external links, external storage, virtual datasets),
+   no filter plugins, sizes of attributes and datasets checked before reading. ``.keras`` zips
+   are checked from the central directory before inflating (names, duplicates, encryption,
+   disks, every member's ratio, the total against the archive's size) and inflate at most the
+   declared sizes.
 """
 
 from __future__ import annotations
@@ -262,7 +267,7 @@ class _Keras3Weights:
 
     def layer(self, name: str) -> list[np.ndarray] | None:
         g = self.by_name.get(name)
-        return None if g is None else self._collect(g, f"layer '{name}'")
+        return None if g is None else self._collect(g, f"layer '{show(name)}'")
 
     def sub(self, name: str, layer_order: list[tuple[str, str]]) -> _Keras3Weights:
         g = self.by_name.get(name)
@@ -554,7 +559,7 @@ class _Importer:
                 raise InputError(
                     f"Lambda layer '{name}' holds Python code; mconv never executes code from a model file",
                     path=self.src.config_path,
-                    where=f"layer '{name}'",
+                    where=f"layer '{show(name)}'",
                     hint="replace the Lambda with standard layers and save the model again",
                 )
             elif cls != "InputLayer" and cls not in LAYERS:
@@ -640,7 +645,7 @@ class _Importer:
             raise InputError(
                 f"cannot read weights: {exc}",
                 path=self.src.path,
-                where=f"model '{name}'",
+                where=f"model '{show(name)}'",
                 hint="the weights file is damaged",
             ) from None
 

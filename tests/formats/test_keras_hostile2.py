@@ -428,3 +428,17 @@ def test_zip_names_escaping_the_archive_are_refused_and_shown_escaped(tmp_path, 
     p = _keras_zip(tmp_path, extra=[(name, b"x")])
     line = _refused(p, "escapes the archive")
     assert "\x1b" not in line
+
+
+def test_hard_link_cycle_in_keras3_weights_is_an_error_not_a_recursion(tmp_path):
+    p = _keras_zip(tmp_path)
+    h5 = tmp_path / "model.weights.h5"
+    with h5py.File(h5, "a") as f:
+        f["layers/dense/cell"] = f["layers/dense"]  # the layer's group now contains itself
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as z:
+        cfg = json.loads(json.dumps(CONFIG))
+        cfg["keras_version"] = "3.15.0"
+        z.writestr("config.json", json.dumps(cfg))
+        z.write(h5, "model.weights.h5")
+    line = _refused(p, "link back into themselves")
+    assert "layer 'fc'" in line
