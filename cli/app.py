@@ -185,7 +185,7 @@ def optimize_cmd(
             with out.progress("optimize", total=len(specs)) as update:
                 ctx.progress = update
                 model, reports = P.run_pipeline(model, specs, ctx)
-            written = _save_model(model, output, format)
+            written = _save_model(model, output, format, model_path)
             after = model_stats(model)
             render_pass_reports(out, reports)
             from mconv.account import predicted_account
@@ -212,7 +212,7 @@ def optimize_cmd(
     run_command(out, body)
 
 
-def _save_model(model, output: Path, format: str | None) -> list[Path]:
+def _save_model(model, output: Path, format: str | None, source: Path | None = None) -> list[Path]:
     from mconv.formats import get_format, registry
 
     name = format
@@ -231,7 +231,8 @@ def _save_model(model, output: Path, format: str | None) -> list[Path]:
     fmt = get_format(name)
     if fmt.save is None:
         raise InputError(f"format '{name}' has no writer", hint="write .onnx")
-    return fmt.save(model, output, {})
+    # ``source``: the model file given, which a writer's refusal names (dlk-json).
+    return fmt.save(model, output, {"source": str(source)} if source else {})
 
 
 # --- export ------------------------------------------------------------------------------------
@@ -280,7 +281,7 @@ def export_cmd(
                     hint="use --target weights (a weights bundle) or --format safetensors",
                 )
         if format:
-            written = _save_model(model, output, format)
+            written = _save_model(model, output, format, model_path)
             size = sum(p.stat().st_size for p in written)
             out.print(f"wrote {', '.join(map(str, written))} ({human_bytes(size)})")
             out.emit(
