@@ -131,6 +131,15 @@ def test_export_refusals_name_the_model_file(tmp_path):
     assert _one_line(err.value).startswith(str(src))
 
 
+def test_cli_export_refusal_names_the_model_file(tmp_path):
+    src = tmp_path / "model.onnx"
+    _onnx(src, [helper.make_node("Sigmoid", ["x"], ["y"], name="sig")])
+    out = tmp_path / "x.json"
+    code, lines = _cli("export", str(src), "--format", "dlk-json", "-o", str(out))
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {src}: "), lines
+    assert "sig (Sigmoid)" in lines[0] and not out.exists()
+
+
 def test_export_of_a_model_without_a_chain_end_names_the_file(tmp_path):
     src = tmp_path / "two.onnx"
     model = _onnx(
