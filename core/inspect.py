@@ -54,7 +54,7 @@ def inspect_path(path: str | Path, *, top: int = 10) -> dict:
         if graph_file is not None and graph_file.exists():
             from mconv.irio import load_onnx
 
-            g = model_stats(load_onnx(graph_file))
+            g = model_stats(load_onnx(graph_file, provided=[w["name"] for w in weights]))
             ops, nodes = g.ops, g.nodes
         by_dtype: dict[str, int] = {}
         for w in weights:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import tempfile
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +33,9 @@ LAZY_LOAD_THRESHOLD = 1 << 26
 LAZY_TENSOR_BYTES = 1 << 20
 
 
-def load_onnx(path: str | os.PathLike, *, lazy: bool | None = None) -> ir.Model:
+def load_onnx(
+    path: str | os.PathLike, *, lazy: bool | None = None, provided: Collection[str] = ()
+) -> ir.Model:
     """Load an ``.onnx`` file (external data memory-mapped lazily) with one-line errors.
 
     Rules:
@@ -44,7 +48,8 @@ def load_onnx(path: str | os.PathLike, *, lazy: bool | None = None) -> ir.Model:
     3. Before anything reads a weight, :func:`mconv.onnx_check.check_model` checks the parsed
        protobuf: structure (SSA, defined inputs, no cycle), dtypes, every tensor's data size, and
        every external location (inside the model's folder, symlinks resolved, within the file).
-       External tensors then read from the resolved paths under the folder.
+       External tensors then read from the resolved paths under the folder. ``provided`` names
+       values defined outside the file (a bundle's weightless graph: its weights).
     """
     from mconv.onnx_check import check_model
 
@@ -61,9 +66,12 @@ def load_onnx(path: str | os.PathLike, *, lazy: bool | None = None) -> ir.Model:
         proto = lazy_model_proto(real) if lazy else onnx.load(p, load_external_data=False)
     except Exception as exc:  # protobuf raises DecodeError and friends
         raise _invalid(p, size, exc) from None
-    check_model(proto, path=p, folder=folder)
+    check_model(proto, path=p, folder=folder, provided=provided)
+    # onnx_ir logs a warning for each value used but not defined: the provided ones are expected.
+    quiet = contextlib.nullcontext() if not provided else _quiet_logger("onnx_ir.serde")
     try:
-        model = ir.serde.deserialize_model(proto)
+        with quiet:
+            model = ir.serde.deserialize_model(proto)
     except Exception as exc:
         raise _invalid(p, size, exc) from None
     del proto
@@ -75,6 +83,17 @@ def load_onnx(path: str | os.PathLike, *, lazy: bool | None = None) -> ir.Model:
     ):
         raise InputError("ONNX model has an empty graph", path=str(p), hint="re-export the model")
     return model
+
+
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _invalid(p: Path, size: int, exc: Exception) -> InputError:

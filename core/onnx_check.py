@@ -37,6 +37,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Collection
 
 import onnx
 import onnx_ir as ir
@@ -57,12 +58,20 @@ _HINT = "the model is invalid; re-export it"
 _EXT_HINT = "external data must be a readable file inside the model's folder, named by a relative path"
 
 
-def check_model(proto: onnx.ModelProto, *, path: str | os.PathLike, folder: str | os.PathLike) -> None:
+def check_model(
+    proto: onnx.ModelProto,
+    *,
+    path: str | os.PathLike,
+    folder: str | os.PathLike,
+    provided: Collection[str] = (),
+) -> None:
     """Check ``proto`` (parsed from ``path``, external data not loaded) as the module doc says.
 
     ``folder`` is the directory that external data locations are relative to; nothing outside
-    it may be named. Rewrites checked external locations in place (resolved, relative)."""
-    _Checker(path, folder).model(proto)
+    it may be named. ``provided`` names values the main graph may use without defining them (a
+    bundle's weightless ``model.onnx``: the weights live in ``weights.mcw``). Rewrites checked
+    external locations in place (resolved, relative)."""
+    _Checker(path, folder, frozenset(provided)).model(proto)
 
 
 def _where(trail: tuple) -> str:
@@ -87,7 +96,8 @@ def _dims_text(dims) -> str:
 
 
 class _Checker:
-    def __init__(self, path, folder) -> None:
+    def __init__(self, path, folder, provided: frozenset[str] = frozenset()) -> None:
+        self.provided = provided
         self.path = str(path)
         self.folder = os.path.realpath(folder)
         self.model_file = os.path.realpath(path)
@@ -100,7 +110,7 @@ class _Checker:
     def model(self, proto: onnx.ModelProto) -> None:
         self.strings(proto, ("model",))
         graph = proto.graph
-        self.graph(graph, None, (("graph", graph.name, None),))
+        self.graph(graph, [set(self.provided)] if self.provided else None, (("graph", graph.name, None),))
         for i, func in enumerate(proto.functions):
             self.function(func, (("function", f"{func.domain}::{func.name}", i),))
         for i, info in enumerate(proto.training_info):
