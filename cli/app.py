@@ -403,6 +403,7 @@ def run_cmd(
 
     def body() -> int:
         from mconv.fileio import atomic_path, require_file
+        from mconv.formats.npz_format import read_npy
         from mconv.runtime import open_runner
         from mconv.verify import load_npz_feeds
 
@@ -418,14 +419,7 @@ def run_cmd(
             if name not in names:
                 raise InputError(f"model has no input '{name}'", hint=f"inputs: {', '.join(sorted(names))}")
             f = require_file(file, "input array (.npy)")
-            try:
-                feeds[name] = np.load(f, allow_pickle=False)
-            except Exception as exc:
-                raise InputError(
-                    f"not a readable .npy ({type(exc).__name__})",
-                    path=str(f),
-                    hint="write it with numpy.save",
-                ) from None
+            feeds[name] = read_npy(f)  # the header's size checked against the file first
         missing = sorted(names - set(feeds))
         if missing:
             raise InputError(f"no value for input(s) {', '.join(missing)}", hint="pass --input NAME=file.npy")

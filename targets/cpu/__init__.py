@@ -29,7 +29,9 @@ Load rules:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,7 +231,11 @@ def _make_session(
         so.add_external_initializers(names, values)
         keepalive = [values, [a for _, a in weights]]
     try:
-        session = ort.InferenceSession(_serialize(proto), sess_options=so, providers=["CPUExecutionProvider"])
+        # ORT's Python wrapper prints its provider-fallback notes to stdout; stdout is the JSON's.
+        with contextlib.redirect_stdout(sys.stderr):
+            session = ort.InferenceSession(
+                _serialize(proto), sess_options=so, providers=["CPUExecutionProvider"]
+            )
     except Exception as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(
