@@ -279,6 +279,24 @@ def test_archive_claiming_to_span_disks_is_exit_2(tmp_path, disk, cd_disk) -> No
     assert "Traceback" not in result.output
 
 
+def _as_zip64(data: bytes, n_disks: int = 1) -> bytes:
+    """The same archive with a ZIP64 end record (as torch writes past 4 GB) and a plain record of 0xFF.."""
+    eocd = data.rfind(b"PK\x05\x06")
+    _, _, n_disk, n_total, cd_size, cd_offset = struct.unpack_from("<4H2L", data, eocd + 4)
+    record = b"PK\x06\x06" + struct.pack("<QHHLLQQQQ", 44, 45, 45, 0, 0, n_disk, n_total, cd_size, cd_offset)
+    locator = b"PK\x06\x07" + struct.pack("<LQL", 0, eocd, n_disks)
+    end = b"PK\x05\x06" + struct.pack("<4H2LH", *[0xFFFF] * 4, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return data[:eocd] + record + locator + end
+
+
+def test_zip64_archive_imports_and_a_zip64_split_is_refused(tmp_path) -> None:
+    data = _script(tmp_path).read_bytes()
+    (tmp_path / "z64.pt").write_bytes(_as_zip64(data))
+    assert {n.op_type for n in import_model([tmp_path / "z64.pt"], options=OPTIONS).graph} >= {"Gemm"}
+    (tmp_path / "split.pt").write_bytes(_as_zip64(data, n_disks=2))
+    _expect(tmp_path / "split.pt", r"archive spans 2 disks \(ZIP64 locator\)")
+
+
 def test_entry_counts_that_disagree_are_refused(tmp_path, monkeypatch) -> None:
     data = bytearray(_script(tmp_path).read_bytes())
     eocd = data.rfind(b"PK\x05\x06")
