@@ -86,7 +86,10 @@ def read_directory(path: Path) -> list[ZipEntry]:
     path = Path(path)
     size = os.path.getsize(path)
     with open(path, "rb") as f:
-        return _read_directory(f, path, size)
+        try:
+            return _read_directory(f, path, size)
+        except struct.error as exc:  # a record cut short: every field read is bounded by the file
+            raise _bad(path, f"zip record cut short ({exc})", "zip directory") from None
 
 
 def _read_directory(f, path: Path, size: int) -> list[ZipEntry]:
@@ -95,8 +98,11 @@ def _read_directory(f, path: Path, size: int) -> list[ZipEntry]:
     tail_start = max(0, size - (22 + 0xFFFF))
     tail = _read_at(f, tail_start, size - tail_start)
     at = tail.rfind(_EOCD)
-    while at >= 0 and at + 22 + struct.unpack_from("<H", tail, at + 20)[0] != len(tail):
-        at = tail.rfind(_EOCD, 0, at)  # the record's comment must end the file
+    # The record's comment must end the file; a signature too near the end to hold a record is not one.
+    while at >= 0 and (
+        at + 22 > len(tail) or at + 22 + struct.unpack_from("<H", tail, at + 20)[0] != len(tail)
+    ):
+        at = tail.rfind(_EOCD, 0, at)
     if at < 0:
         raise _bad(path, "no zip end-of-central-directory record", "last 64 KiB")
     eocd = tail_start + at

@@ -466,3 +466,17 @@ def test_mutants_exit_0_or_2_within_time_and_memory(tmp_path) -> None:
     # A refused file costs little beyond the imports the fork inherited (before: up to 4 GB).
     worst = max(r["rss_kb"] for r in report["results"] if r["rc"] == 2)
     assert worst < report["base_kb"] + (512 << 10), (worst, report["base_kb"])
+
+
+def test_every_cut_through_the_end_record_is_refused_as_input(tmp_path: Path) -> None:
+    """Found by bench/fuzz.py: a cut that leaves the end record's signature but not its 22 bytes
+    made the directory reader index past the buffer (struct.error, exit 3)."""
+    from mconv.errors import InputError
+    from mconv.formats._zipsafe import read_directory
+
+    data = _script(tmp_path).read_bytes()
+    cut_file = tmp_path / "cut.pt"
+    for cut in range(len(data) - 60, len(data)):
+        cut_file.write_bytes(data[:cut])
+        with pytest.raises(InputError, match="cut.pt"):
+            read_directory(cut_file)
