@@ -27,8 +27,21 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No tables or prog
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks of internal errors.")]
 InputShapeOpt = Annotated[
     list[str] | None,
-    typer.Option("--input-shape", help="Concrete shape for a symbolic input: NAME=1,3,224,224 (repeatable)."),
+    typer.Option(
+        "--input-shape",
+        help="Fix a symbolic input shape: NAME=1,3,224,224 (repeatable). An unknown name or a dim "
+        "that contradicts a fixed one is refused; downstream shapes are inferred.",
+    ),
 ]
+SamplesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--samples",
+        help="Random samples when no --data/--input (default 4): a symbolic batch dim is set to N "
+        "(one run); a fixed batch B runs N/B times (N must be a multiple of B).",
+    ),
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the random inputs (same seed, same inputs).")]
 
 
 def _out(json_: bool, quiet: bool, debug: bool) -> Out:
@@ -72,10 +85,18 @@ def import_cmd(
         from mconv.irio import model_stats, save_onnx
         from mconv.verify import parse_input_shapes
 
+        from mconv.shapes import fix_input_shapes
+
         t0 = time.perf_counter()
-        options = {"input_shapes": parse_input_shapes(input_shape)}
+        shapes = parse_input_shapes(input_shape)
+        options = {"input_shapes": shapes}
         model = import_model(src, format=format, options=options)
+        # Every format: the names are checked, symbolic dims fixed, shapes inferred downstream.
+        shape_notes = fix_input_shapes(model, shapes, path=str(src[0]))
         written = save_onnx(model, output)
+        from mconv.validity import check_written
+
+        check_written(output, src[0] if len(src) == 1 else None, what="import")
         stats = model_stats(model)
         doc = {
             "output": str(output),
@@ -85,8 +106,8 @@ def import_cmd(
             **stats.as_dict(),
         }
         notes = model.metadata_props.get("mconv.import_notes")
-        if notes:
-            doc["notes"] = notes.split("\n")
+        if notes or shape_notes:
+            doc["notes"] = (notes.split("\n") if notes else []) + shape_notes
         out.print(
             f"imported [bold]{', '.join(map(str, src))}[/] ({doc['source_format']}) -> {output}: "
             f"{stats.nodes} nodes, {stats.params:,} parameters, {human_bytes(stats.bytes)}"
@@ -193,6 +214,10 @@ def optimize_cmd(
             account = predicted_account(model)
             if account:  # what export will store, predicted before encoding (the paper's Table 4)
                 render_byte_account(out, {"account": account}, title="weight storage at export (predicted)")
+        from mconv.validity import check_written
+
+        del model
+        check_written(output, model_path, what="optimize")
         out.print(
             f"wrote {output}: {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} "
             f"({before.bytes / max(after.bytes, 1):.1f}x)"
@@ -304,6 +329,10 @@ def export_cmd(
         options = {k: v for k, v in options.items() if v not in (None, False)}
         with out.progress(f"export {target}"):
             bundle = get_target(target).export(model, output, options)
+        if target == "cpu":
+            from mconv.validity import check_written
+
+            check_written(output, model_path, what="export")
         files = bundle.manifest.get("files", {})
         weights_bytes = sum(w.get("bytes", 0) for w in bundle.manifest.get("weights", []))
         total = sum(f["bytes"] for f in files.values())
@@ -394,20 +423,37 @@ def run_cmd(
     target: Annotated[
         str | None, typer.Option("--target", help="Run a bare model on this target (default: reference).")
     ] = None,
+    samples: SamplesOpt = None,
+    seed: SeedOpt = 0,
+    input_shape: InputShapeOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Run a bundle on its target, or a model on the reference executor (or --target)."""
+    """Run a bundle on its target, or a model on the reference executor (or --target).
+
+    Without --input or --data the inputs are random (--samples, --seed), as verify draws them."""
     out = _out(json_, quiet, debug)
 
     def body() -> int:
         from mconv.fileio import atomic_path, require_file
         from mconv.formats.npz_format import read_npy
-        from mconv.runtime import open_runner
-        from mconv.verify import load_npz_feeds
+        from mconv.verify import check_samples, load_npz_feeds, parse_input_shapes, plan_random_feeds, run_feeds
 
-        runner = open_runner(path, target)
+        check_samples(samples)
+        shapes = parse_input_shapes(input_shape)
+        runner = open_runner_cli(path, target, shapes)
+        if samples is not None and (inputs or data is not None):
+            raise InputError(
+                "--samples draws random inputs; it does not go with --input or --data",
+                hint="drop --samples, or drop --input/--data",
+            )
+        if not inputs and data is None:  # random inputs, drawn as verify draws them
+            plan = plan_random_feeds(runner.inputs, samples=samples, seed=seed, input_shapes=shapes)
+            t0 = time.perf_counter()
+            results = run_feeds(runner, plan.feeds)
+            seconds = time.perf_counter() - t0
+            return _emit_run(out, results, output, seconds, plan)
         feeds: dict[str, np.ndarray] = {}
         if data is not None:
             feeds, _ = load_npz_feeds(data, runner.inputs)
@@ -426,6 +472,16 @@ def run_cmd(
         t0 = time.perf_counter()
         results = runner.run(feeds)
         seconds = time.perf_counter() - t0
+        return _emit_run(out, results, output, seconds, None)
+
+    run_command(out, body)
+
+
+def _emit_run(out: Out, results: dict, output: Path | None, seconds: float, plan) -> int:
+    """The run command's outputs: -o .npz (atomic), a table on stderr, the JSON summary."""
+    from mconv.fileio import atomic_path
+
+    if True:
         if output is not None:
             with atomic_path(output) as tmp:
                 with open(tmp, "wb") as fh:
@@ -454,10 +510,12 @@ def run_cmd(
                 f"{s['mean']:.4g}" if num else "",
             )
         out.print(table)
-        out.emit({"output": str(output) if output else None, "outputs": summary, "seconds": seconds})
+        doc = {"output": str(output) if output else None, "outputs": summary, "seconds": seconds}
+        if plan is not None:  # random inputs: how many samples, and how they were batched
+            doc.update({"samples": plan.samples, "batching": plan.as_dict()})
+            out.print(f"random inputs: {plan.samples} samples, {plan.as_dict()['how']}", markup=False)
+        out.emit(doc)
         return 0
-
-    run_command(out, body)
 
 
 # --- verify ------------------------------------------------------------------------------------
@@ -470,29 +528,67 @@ def verify_cmd(
     data: Annotated[
         Path | None, typer.Option("--data", help=".npz keyed by input name (+ optional labels).")
     ] = None,
-    samples: Annotated[int, typer.Option("--samples", help="Random samples when no --data.")] = 4,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    samples: SamplesOpt = None,
+    seed: SeedOpt = 0,
     input_shape: InputShapeOpt = None,
-    atol: Annotated[float | None, typer.Option("--atol")] = None,
-    rtol: Annotated[float | None, typer.Option("--rtol")] = None,
-    min_cosine: Annotated[float | None, typer.Option("--min-cosine")] = None,
-    min_top1: Annotated[float | None, typer.Option("--min-top1")] = None,
+    atol: Annotated[
+        float | None,
+        typer.Option(
+            "--atol", help="Gate: every |cand - ref| <= atol + rtol*|ref| (atol >= 0; with --rtol)."
+        ),
+    ] = None,
+    rtol: Annotated[
+        float | None, typer.Option("--rtol", help="Gate: relative tolerance >= 0 (see --atol).")
+    ] = None,
+    min_cosine: Annotated[
+        float | None,
+        typer.Option("--min-cosine", help="Gate: cosine similarity per output >= this, in [-1, 1]."),
+    ] = None,
+    min_top1: Annotated[
+        float | None,
+        typer.Option(
+            "--min-top1",
+            help="Gate: top-1 agreement in [0, 1], for class-score outputs (2-D [N, C], C >= 2).",
+        ),
+    ] = None,
+    min_snr_db: Annotated[
+        float | None, typer.Option("--min-snr-db", help="Gate: SNR per output or tensor >= this (dB).")
+    ] = None,
     localize: Annotated[bool, typer.Option("--localize", help="Name the first node that drifts.")] = False,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Compare a candidate (model or bundle) against a reference, with gates."""
+    """Compare a candidate (model or bundle) against a reference, with gates.
+
+    Without gate options the defaults apply: cosine >= 0.99 and top-1 agreement >= 0.99 (top-1 on
+    class-score outputs only); weight files compared by name: SNR >= 10 dB per tensor. Any gate
+    option replaces the defaults."""
     out = _out(json_, quiet, debug)
 
     def body() -> int:
-        from mconv.verify import Gates, load_npz_feeds, parse_input_shapes, random_feeds, verify_outputs
+        from mconv.verify import (
+            Gates,
+            check_samples,
+            load_npz_feeds,
+            parse_input_shapes,
+            plan_random_feeds,
+            run_feeds,
+            verify_outputs,
+        )
         from mconv.weightbundle import verify_weights, weight_pair
 
+        check_samples(samples)
+        user_gates = Gates(
+            atol=atol, rtol=rtol, min_cosine=min_cosine, min_top1=min_top1, min_snr_db=min_snr_db
+        ).check()
+        shapes = parse_input_shapes(input_shape)
         pair = weight_pair(reference, candidate)
         if pair is not None:  # both sides are tensors only: compare them by name
-            gates = Gates(atol=atol, rtol=rtol, min_cosine=min_cosine, min_top1=min_top1)
+            gates = user_gates if user_gates.any() else Gates.weight_defaults()
             report = verify_weights(*pair, gates)
+            report.gates = gates.as_dict()
+            report.gates_source = "user" if user_gates.any() else "default"
             render_verify(out, report)
             out.emit(report.as_dict())
             if not report.passed:
@@ -501,25 +597,37 @@ def verify_cmd(
                     + "; ".join(f"{k}: {', '.join(v)}" for k, v in report.failures.items())
                 )
             return 0
-        ref = open_runner_cli(reference)
-        cand = open_runner_cli(candidate)
-        shapes = parse_input_shapes(input_shape)
+        ref = open_runner_cli(reference, None, shapes)
+        cand = open_runner_cli(candidate, None, shapes)
         labels = None
         if data is not None:
+            if samples is not None:
+                raise InputError(
+                    "--samples draws random inputs; with --data every sample of the file is used",
+                    hint="drop --samples or --data",
+                )
             feeds, labels = load_npz_feeds(data, ref.inputs)
+            feed_list = [feeds]
+            first = next((a for a in feeds.values() if np.ndim(a) > 0), None)
+            n_samples = int(first.shape[0]) if first is not None else 1
+            batching = {"mode": "data", "batch": n_samples, "runs": 1, "how": f"one run of {data}"}
         else:
-            feeds = random_feeds(ref.inputs, samples=samples, seed=seed, input_shapes=shapes)
-        gates = Gates(atol=atol, rtol=rtol, min_cosine=min_cosine, min_top1=min_top1)
+            plan = plan_random_feeds(ref.inputs, samples=samples, seed=seed, input_shapes=shapes)
+            feed_list, n_samples, batching = plan.feeds, plan.samples, plan.as_dict()
+        gates = user_gates if user_gates.any() else Gates.defaults()
         with out.progress("verify", total=2) as bar:
-            ref_out = ref.run(feeds)
+            ref_out = run_feeds(ref, feed_list)
             bar.advance(1)
-            cand_out = cand.run(feeds)
+            cand_out = run_feeds(cand, feed_list)
             bar.advance(1)
-        report = verify_outputs(ref_out, cand_out, gates, labels)
+        report = verify_outputs(ref_out, cand_out, gates, labels, samples=n_samples)
+        report.batching = batching
+        report.gates_source = "user" if user_gates.any() else "default"
         if localize:
             from mconv.localize import localize as do_localize
 
-            report.localized = do_localize(reference, candidate, feeds, gates)
+            # The first run's feeds: a drift shows in one batch as well as in all.
+            report.localized = do_localize(reference, candidate, feed_list[0], user_gates, shapes)
         render_verify(out, report)
         out.emit(report.as_dict())
         if not report.passed:
@@ -532,16 +640,32 @@ def verify_cmd(
     run_command(out, body)
 
 
-def open_runner_cli(path: Path):
+def open_runner_cli(path: Path, target: str | None = None, shapes: dict | None = None):
+    """A runner for a bundle or a model, with ``--input-shape`` checked (a bundle) or fixed in."""
+    from mconv.bundle import is_bundle
     from mconv.runtime import open_runner
 
-    return open_runner(path)
+    p = Path(path)
+    if not shapes or is_bundle(p) or p.is_dir():
+        runner = open_runner(p, target)
+        if shapes:
+            from mconv.shapes import check_input_shapes
+
+            check_input_shapes(runner.inputs, shapes, path=str(p))
+        return runner
+    from mconv.shapes import open_model_with_shapes
+    from mconv.targets import get_target
+
+    return get_target(target or "reference").load_model(open_model_with_shapes(p, shapes))
 
 
 def render_verify(out: Out, report) -> None:
     if not out.show:
         return
-    table = Table(title=f"verify ({report.samples} samples)", title_justify="left")
+    how = (report.batching or {}).get("how")
+    table = Table(
+        title=f"verify ({report.samples} samples{', ' + how if how else ''})", title_justify="left"
+    )
     cols = [
         "output",
         "max_abs",
@@ -576,13 +700,18 @@ def render_verify(out: Out, report) -> None:
             "FAIL" if name in report.failures else "ok",
         )
     out.print(table)
+    gates = ", ".join(f"{k} {v:g}" for k, v in report.gates.items()) or "none"
+    out.print(f"gates ({getattr(report, 'gates_source', 'user')}): {gates}", markup=False)
     if report.localized:
         loc = report.localized
-        out.print(
-            f"first drifting node: {loc.get('node')} ({loc.get('op_type')}), value {loc.get('value')}: "
-            f"max_abs {loc.get('max_abs', float('nan')):.3g}",
-            markup=False,
-        )
+        if loc.get("node") is None and loc.get("value") is None:
+            out.print(f"localize: {loc.get('note')}", markup=False)
+        else:
+            out.print(
+                f"first drifting node: {loc.get('node')} ({loc.get('op_type')}), value {loc.get('value')}: "
+                f"max_abs {loc['max_abs']:.3g}, cosine {loc['cosine']:.6f}",
+                markup=False,
+            )
 
 
 # --- inspect -----------------------------------------------------------------------------------
@@ -592,6 +721,7 @@ def render_verify(out: Out, report) -> None:
 def inspect_cmd(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="A model file or a bundle.")],
     top: Annotated[int, typer.Option("--top", help="How many of the largest tensors to list.")] = 10,
+    input_shape: InputShapeOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -600,9 +730,25 @@ def inspect_cmd(
     out = _out(json_, quiet, debug)
 
     def body() -> int:
-        from mconv.inspect import inspect_path
+        from mconv.bundle import is_bundle
+        from mconv.inspect import inspect_model, inspect_path
+        from mconv.verify import parse_input_shapes
 
-        doc = inspect_path(path, top=top)
+        shapes = parse_input_shapes(input_shape)
+        if shapes and not is_bundle(path) and not path.is_dir():
+            from mconv.shapes import open_model_with_shapes
+
+            model = open_model_with_shapes(path, shapes)  # shapes fixed, downstream dims inferred
+            kind = model.metadata_props.get("mconv.source_format", "onnx")
+            doc = {"path": str(path), "kind": kind, **inspect_model(model, top=top)}
+        else:
+            doc = inspect_path(path, top=top)
+            if shapes:  # a bundle's inputs are what they are: the shapes are checked only
+                from mconv.bundle import TensorSpec
+                from mconv.shapes import check_input_shapes
+
+                specs = [TensorSpec.from_dict(d) for d in doc.get("inputs") or []]
+                check_input_shapes(specs, shapes, path=str(path))
         render_inspect(out, doc)
         out.emit(doc)
         return 0

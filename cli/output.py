@@ -121,7 +121,8 @@ def run_command(out: Out, fn: Callable[[], int | None]) -> None:
     try:
         code = fn() or 0
     except MconvError as exc:
-        err_console.print(f"error: {exc.line()}", markup=False, soft_wrap=True)
+        label = "internal error" if exc.exit_code == EXIT_INTERNAL else "error"
+        err_console.print(f"{label}: {exc.line()}", markup=False, soft_wrap=True)
         if out.debug:
             traceback.print_exc()
         raise typer.Exit(exc.exit_code) from None

@@ -108,6 +108,12 @@ class IntegrityError(InputError):
     """A bundle whose files do not match their recorded sha256 or size (exit 2)."""
 
 
+class MconvBug(MconvError):
+    """mconv's own fault, found by a check it makes on its output (exit 3, one line)."""
+
+    exit_code = EXIT_INTERNAL
+
+
 class GateFailed(MconvError):
     """A verification or budget gate failed (exit 1)."""
 
