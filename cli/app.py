@@ -83,9 +83,8 @@ def import_cmd(
     def body() -> int:
         from mconv.formats import import_model
         from mconv.irio import model_stats, save_onnx
-        from mconv.verify import parse_input_shapes
-
         from mconv.shapes import fix_input_shapes
+        from mconv.verify import parse_input_shapes
 
         t0 = time.perf_counter()
         shapes = parse_input_shapes(input_shape)
@@ -436,18 +435,24 @@ def run_cmd(
     out = _out(json_, quiet, debug)
 
     def body() -> int:
-        from mconv.fileio import atomic_path, require_file
+        from mconv.fileio import require_file
         from mconv.formats.npz_format import read_npy
-        from mconv.verify import check_samples, load_npz_feeds, parse_input_shapes, plan_random_feeds, run_feeds
+        from mconv.verify import (
+            check_samples,
+            load_npz_feeds,
+            parse_input_shapes,
+            plan_random_feeds,
+            run_feeds,
+        )
 
         check_samples(samples)
-        shapes = parse_input_shapes(input_shape)
-        runner = open_runner_cli(path, target, shapes)
         if samples is not None and (inputs or data is not None):
             raise InputError(
                 "--samples draws random inputs; it does not go with --input or --data",
                 hint="drop --samples, or drop --input/--data",
             )
+        shapes = parse_input_shapes(input_shape)
+        runner = open_runner_cli(path, target, shapes)
         if not inputs and data is None:  # random inputs, drawn as verify draws them
             plan = plan_random_feeds(runner.inputs, samples=samples, seed=seed, input_shapes=shapes)
             t0 = time.perf_counter()
@@ -481,41 +486,40 @@ def _emit_run(out: Out, results: dict, output: Path | None, seconds: float, plan
     """The run command's outputs: -o .npz (atomic), a table on stderr, the JSON summary."""
     from mconv.fileio import atomic_path
 
-    if True:
-        if output is not None:
-            with atomic_path(output) as tmp:
-                with open(tmp, "wb") as fh:
-                    np.savez(fh, **results)
-        table = Table(title="outputs", title_justify="left")
-        for col in ("name", "dtype", "shape", "min", "max", "mean"):
-            table.add_column(col)
-        summary = {}
-        for name, arr in results.items():
-            a = np.asarray(arr)
-            num = a.size and np.issubdtype(a.dtype, np.number)
-            summary[name] = {
-                "dtype": a.dtype.name,
-                "shape": list(a.shape),
-                "min": float(a.min()) if num else None,
-                "max": float(a.max()) if num else None,
-                "mean": float(a.mean()) if num else None,
-            }
-            s = summary[name]
-            table.add_row(
-                name,
-                s["dtype"],
-                str(s["shape"]),
-                f"{s['min']:.4g}" if num else "",
-                f"{s['max']:.4g}" if num else "",
-                f"{s['mean']:.4g}" if num else "",
-            )
-        out.print(table)
-        doc = {"output": str(output) if output else None, "outputs": summary, "seconds": seconds}
-        if plan is not None:  # random inputs: how many samples, and how they were batched
-            doc.update({"samples": plan.samples, "batching": plan.as_dict()})
-            out.print(f"random inputs: {plan.samples} samples, {plan.as_dict()['how']}", markup=False)
-        out.emit(doc)
-        return 0
+    if output is not None:
+        with atomic_path(output) as tmp:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **results)
+    table = Table(title="outputs", title_justify="left")
+    for col in ("name", "dtype", "shape", "min", "max", "mean"):
+        table.add_column(col)
+    summary = {}
+    for name, arr in results.items():
+        a = np.asarray(arr)
+        num = a.size and np.issubdtype(a.dtype, np.number)
+        summary[name] = {
+            "dtype": a.dtype.name,
+            "shape": list(a.shape),
+            "min": float(a.min()) if num else None,
+            "max": float(a.max()) if num else None,
+            "mean": float(a.mean()) if num else None,
+        }
+        s = summary[name]
+        table.add_row(
+            name,
+            s["dtype"],
+            str(s["shape"]),
+            f"{s['min']:.4g}" if num else "",
+            f"{s['max']:.4g}" if num else "",
+            f"{s['mean']:.4g}" if num else "",
+        )
+    out.print(table)
+    doc = {"output": str(output) if output else None, "outputs": summary, "seconds": seconds}
+    if plan is not None:  # random inputs: how many samples, and how they were batched
+        doc.update({"samples": plan.samples, "batching": plan.as_dict()})
+        out.print(f"random inputs: {plan.samples} samples, {plan.as_dict()['how']}", markup=False)
+    out.emit(doc)
+    return 0
 
 
 # --- verify ------------------------------------------------------------------------------------
@@ -663,9 +667,7 @@ def render_verify(out: Out, report) -> None:
     if not out.show:
         return
     how = (report.batching or {}).get("how")
-    table = Table(
-        title=f"verify ({report.samples} samples{', ' + how if how else ''})", title_justify="left"
-    )
+    table = Table(title=f"verify ({report.samples} samples{', ' + how if how else ''})", title_justify="left")
     cols = [
         "output",
         "max_abs",

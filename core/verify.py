@@ -20,15 +20,62 @@ from mconv.errors import InputError
 REL_FLOOR = 1e-3
 
 
+# Gates in force when the user gives none (as Polygraphy checks by default): the candidate's
+# outputs point the same way as the reference's, and class scores pick the same class.
+DEFAULT_MIN_COSINE = 0.99
+DEFAULT_MIN_TOP1 = 0.99
+# Weight-only verify (tensors compared by name, no inference): signal-to-noise per tensor.
+DEFAULT_MIN_SNR_DB = 10.0
+
+
 @dataclass
 class Gates:
+    """Thresholds an output must meet; None: not checked.
+
+    ``min_top1`` applies only to outputs that look like class scores (:func:`looks_like_scores`:
+    2-D ``[N, C]`` floating outputs with ``C >= 2``, one row per sample); other outputs have no
+    top-1 metric and are gated by the rest. ``min_snr_db`` gates the SNR (weight-only verify).
+    """
+
     atol: float | None = None
     rtol: float | None = None
     min_cosine: float | None = None
     min_top1: float | None = None
+    min_snr_db: float | None = None
 
     def any(self) -> bool:
         return any(v is not None for v in asdict(self).values())
+
+    def as_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def defaults(cls) -> Gates:
+        return cls(min_cosine=DEFAULT_MIN_COSINE, min_top1=DEFAULT_MIN_TOP1)
+
+    @classmethod
+    def weight_defaults(cls) -> Gates:
+        return cls(min_snr_db=DEFAULT_MIN_SNR_DB)
+
+    def check(self) -> Gates:
+        """Refuse thresholds that mean nothing (exit 2, one line); returns self."""
+        ranges = {
+            "atol": (0.0, math.inf, "an absolute tolerance >= 0, e.g. --atol 1e-4"),
+            "rtol": (0.0, math.inf, "a relative tolerance >= 0, e.g. --rtol 1e-3"),
+            "min_cosine": (-1.0, 1.0, "a cosine similarity in [-1, 1], e.g. --min-cosine 0.99"),
+            "min_top1": (0.0, 1.0, "a fraction of samples in [0, 1], e.g. --min-top1 0.99"),
+            "min_snr_db": (-math.inf, math.inf, "decibels, e.g. --min-snr-db 20"),
+        }
+        for key, (lo, hi, hint) in ranges.items():
+            v = getattr(self, key)
+            if v is None:
+                continue
+            option = "--" + key.replace("_", "-")
+            if not math.isfinite(v) and not (key in ("atol", "rtol") and v == math.inf):
+                raise InputError(f"{option} {v} is not a number", hint=f"give {hint}")
+            if not lo <= v <= hi:
+                raise InputError(f"{option} {v:g} is out of range", hint=f"give {hint}")
+        return self
 
 
 def looks_like_scores(a: np.ndarray) -> bool:
@@ -115,6 +162,8 @@ def gate_failures(
         and metrics["top1_agreement"] < gates.min_top1
     ):
         fails.append(f"top1_agreement {metrics['top1_agreement']:.4f} < {gates.min_top1}")
+    if gates.min_snr_db is not None and metrics["snr_db"] < gates.min_snr_db:
+        fails.append(f"snr_db {metrics['snr_db']:.2f} < {gates.min_snr_db:g}")
     return fails
 
 
@@ -125,6 +174,9 @@ class VerifyReport:
     failures: dict[str, list[str]] = field(default_factory=dict)
     samples: int = 0
     localized: dict | None = None
+    gates: dict = field(default_factory=dict)  # the gates in force (defaults or the user's)
+    gates_source: str = "user"  # "user" or "default"
+    batching: dict | None = None  # how the samples were fed: batch size per run, runs
 
     def as_dict(self) -> dict:
         return {
@@ -132,6 +184,9 @@ class VerifyReport:
             "outputs": self.outputs,
             "failures": self.failures,
             "samples": self.samples,
+            "batching": self.batching,
+            "gates": self.gates,
+            "gates_source": self.gates_source,
             "localized": self.localized,
         }
 
@@ -141,7 +196,11 @@ def verify_outputs(
     cand_out: dict[str, np.ndarray],
     gates: Gates,
     labels: np.ndarray | None = None,
+    *,
+    samples: int | None = None,
 ) -> VerifyReport:
+    """Metrics and gate failures per output. ``samples``: how many samples were fed (the caller
+    knows; without it, the leading dimension of the first batched output, a guess)."""
     outputs, failures = {}, {}
     for name, r in ref_out.items():
         if name not in cand_out:
@@ -153,8 +212,11 @@ def verify_outputs(
         f = gate_failures(m, gates, r, cand_out[name])
         if f:
             failures[name] = f
-    samples = next((int(np.asarray(v).shape[0]) for v in ref_out.values() if np.ndim(v) > 0), 1)
-    return VerifyReport(passed=not failures, outputs=outputs, failures=failures, samples=samples)
+    if samples is None:
+        samples = next((int(np.asarray(v).shape[0]) for v in ref_out.values() if np.ndim(v) > 0), 1)
+    return VerifyReport(
+        passed=not failures, outputs=outputs, failures=failures, samples=samples, gates=gates.as_dict()
+    )
 
 
 # --- feeds -------------------------------------------------------------------------------------
@@ -232,6 +294,125 @@ def random_feeds(
         else:
             feeds[spec.name] = rng.integers(0, 10, dims).astype(dtype)
     return feeds
+
+
+def _batch_dim(spec, given: dict[str, list[int]]):
+    """The input's leading dimension: ('free', None) symbolic, ('fixed', B), or (None, None) rank 0."""
+    if spec.name in given:
+        return ("fixed", given[spec.name][0]) if given[spec.name] else (None, None)
+    if spec.shape is None or len(spec.shape) == 0:
+        return (None, None)
+    d = spec.shape[0]
+    if isinstance(d, int) and d >= 0:
+        return ("fixed", d)
+    return ("free", None)
+
+
+@dataclass
+class FeedPlan:
+    """Random feeds for ``samples`` samples: one run when the batch dimension is free (symbolic),
+    else ``runs`` runs of the fixed batch (``samples`` = ``runs`` x ``batch``)."""
+
+    feeds: list[dict[str, np.ndarray]]
+    samples: int
+    batch: int
+    mode: str  # "symbolic" (one run), "fixed" (runs of the fixed batch), "unbatched" (no batch dim)
+
+    def as_dict(self) -> dict:
+        runs = len(self.feeds)
+        how = {
+            "symbolic": f"one run with the symbolic batch dimension set to {self.batch}",
+            "fixed": f"{runs} run(s) of the fixed batch size {self.batch}",
+            "unbatched": f"{runs} run(s), one sample each (no input has a batch dimension)",
+        }[self.mode]
+        return {"mode": self.mode, "batch": self.batch, "runs": runs, "how": how}
+
+
+def check_samples(samples: int | None) -> None:
+    if samples is not None and samples < 1:
+        raise InputError(f"--samples {samples} must be at least 1", hint="e.g. --samples 4")
+
+
+def plan_random_feeds(
+    inputs,
+    *,
+    samples: int | None = None,
+    seed: int = 0,
+    input_shapes: dict[str, list[int]] | None = None,
+    default_samples: int = 4,
+) -> FeedPlan:
+    """Random feeds for ``samples`` samples (``None``: ``default_samples``, rounded up to whole
+    fixed batches). The leading dimension of each input is its batch: a symbolic one is set to
+    the sample count (one run); a fixed one (in the model or by ``--input-shape``) is kept and the
+    samples are fed as several runs of that batch; an explicit ``--samples`` that is not a
+    multiple of the fixed batch is refused."""
+    check_samples(samples)
+    inputs = list(inputs)
+    given = dict(input_shapes or {})
+    kinds = [_batch_dim(s, given) for s in inputs]
+    free = any(k == "free" for k, _ in kinds)
+    fixed = next((b for k, b in kinds if k == "fixed"), None)
+    if free or fixed is None:
+        n = samples if samples is not None else default_samples
+        if not free:  # no batched input at all (scalars): each run is one sample
+            n_runs, batch = n, 1
+        else:
+            n_runs, batch = 1, n
+    else:
+        batch = max(int(fixed), 1)
+        if samples is None:
+            n_runs = -(-default_samples // batch)
+        else:
+            if samples % batch:
+                raise InputError(
+                    f"--samples {samples} is not a multiple of the model's fixed batch size {batch}",
+                    hint=f"use --samples {max(batch, samples // batch * batch)} or "
+                    f"{-(-samples // batch) * batch} (runs of {batch}), or make the batch "
+                    "dimension symbolic",
+                )
+            n_runs = samples // batch
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(n_runs):
+        feeds.append(_draw(inputs, rng, given, batch if free else None))
+    mode = "symbolic" if free else ("unbatched" if fixed is None else "fixed")
+    return FeedPlan(feeds=feeds, samples=n_runs * batch, batch=batch, mode=mode)
+
+
+def _draw(inputs, rng, given, free_batch) -> dict[str, np.ndarray]:
+    out = {}
+    for spec in inputs:
+        dims = resolve_shape(spec.name, spec.shape, given)
+        if free_batch is not None and _batch_dim(spec, given)[0] == "free":
+            dims[0] = free_batch
+        dtype = _NP_DTYPES.get(str(spec.dtype), np.float32)
+        if np.issubdtype(dtype, np.floating):
+            out[spec.name] = rng.standard_normal(dims).astype(dtype)
+        elif dtype == np.bool_:
+            out[spec.name] = rng.integers(0, 2, dims).astype(bool)
+        else:
+            out[spec.name] = rng.integers(0, 10, dims).astype(dtype)
+    return out
+
+
+def run_feeds(runner, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Run every feed dict and join each output over the runs (along the batch axis; outputs of
+    rank 0 are stacked; outputs whose shape changes between runs are flattened and joined)."""
+    results = [runner.run(f) for f in feeds]
+    if len(results) == 1:
+        return dict(results[0])
+    joined = {}
+    for name in results[0]:
+        parts = [np.asarray(r[name]) for r in results if name in r]
+        if len(parts) != len(results):
+            continue
+        if parts[0].ndim == 0:
+            joined[name] = np.stack(parts)
+        elif all(p.shape[1:] == parts[0].shape[1:] for p in parts):
+            joined[name] = np.concatenate(parts, axis=0)
+        else:
+            joined[name] = np.concatenate([p.ravel() for p in parts])
+    return joined
 
 
 def load_npz_feeds(path: str | Path, inputs) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
