@@ -214,7 +214,7 @@ def parse_caffemodel(data: bytes, path: str = "<caffemodel>"):
         net.ParseFromString(data)
     except Exception as exc:  # DecodeError, or RuntimeError from upb on deep nesting
         raise InputError(
-            f"not a valid caffemodel ({type(exc).__name__}: {str(exc)[:100]})",
+            f"not a valid caffemodel ({type(exc).__name__}: {show(exc, 100)})",
             path=path,
             where=f"{len(data)} bytes",
             hint="the file is truncated or corrupt",
@@ -992,7 +992,8 @@ def _slice(ctx: LayerCtx):
     points = list(p.slice_point)
     if points:
         if len(points) != count - 1 or points != sorted(points) or points[0] <= 0 or points[-1] >= size:
-            raise ctx.fail(f"slice_point {points} does not split {size} into {count} parts")
+            shown = points[:8] + (["..."] if len(points) > 8 else [])
+            raise ctx.fail(f"slice_point {shown} does not split {size} into {count} parts")
         sizes = [b - a for a, b in zip([0] + points, points + [size])]
     else:
         if count < 1 or size % count:
