@@ -93,9 +93,12 @@ def import_cmd(
         # Every format: the names are checked, symbolic dims fixed, shapes inferred downstream.
         shape_notes = fix_input_shapes(model, shapes, path=str(src[0]))
         written = save_onnx(model, output)
+        from mconv.formats.weights import is_weight_only
         from mconv.validity import check_written
 
-        check_written(output, src[0] if len(src) == 1 else None, what="import")
+        check_written(
+            output, src[0] if len(src) == 1 else None, what="import", graph=not is_weight_only(model)
+        )
         stats = model_stats(model)
         doc = {
             "output": str(output),
@@ -213,10 +216,12 @@ def optimize_cmd(
             account = predicted_account(model)
             if account:  # what export will store, predicted before encoding (the paper's Table 4)
                 render_byte_account(out, {"account": account}, title="weight storage at export (predicted)")
+        from mconv.formats.weights import is_weight_only
         from mconv.validity import check_written
 
+        has_graph = not is_weight_only(model)
         del model
-        check_written(output, model_path, what="optimize")
+        check_written(output, model_path, what="optimize", graph=has_graph)
         out.print(
             f"wrote {output}: {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} "
             f"({before.bytes / max(after.bytes, 1):.1f}x)"

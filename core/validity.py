@@ -1,12 +1,15 @@
 """mconv never writes a model less valid than its input (issue 12, item 1).
 
-After ``import``, ``optimize`` and ``export --target cpu`` write a model, :func:`check_written`
-opens what was written the way a user would: ONNX's checker and an ONNX Runtime session (graph
-optimizations off, so only loading, type and shape inference run). When that fails, the input is
-opened the same way; if the input was accepted (or came from another framework, which mconv
-accepted), the refusal is mconv's bug: :class:`mconv.errors.MconvBug`, exit 3, one line naming
-the file written and ONNX Runtime's first line. An input that ONNX Runtime refuses itself (a
-custom op, say) makes no promise about its output, and nothing is reported.
+After ``import``, ``optimize`` and ``export --target cpu`` write a model with a graph,
+:func:`check_written` opens what was written the way a user would: ONNX's checker and an ONNX
+Runtime session (graph optimizations off, so only loading, type and shape inference run). When
+that fails:
+- the input was an ONNX model, opened the same way: if it was accepted, the refusal is mconv's
+  bug, :class:`mconv.errors.MconvBug`, exit 3, one line naming the file written and ONNX
+  Runtime's first line; an input refused itself (a custom op, say) makes no promise;
+- the input was another framework's file: mconv has no oracle for it at run time (it runs no
+  framework), and a damaged file can import into a graph whose shapes contradict each other, so
+  the refusal is exit 2, saying that the source may be damaged or mconv has a bug.
 
 The written file stays in place either way (it is complete; the user may want to look at it).
 """
@@ -14,11 +17,11 @@ The written file stays in place either way (it is complete; the user may want to
 from __future__ import annotations
 
 import contextlib
+import io
 import os
-import sys
 from pathlib import Path
 
-from mconv.errors import MconvBug, show
+from mconv.errors import InputError, MconvBug, show
 
 
 def _first_line(exc: BaseException) -> str:
@@ -40,8 +43,9 @@ def onnx_refusal(path: str | os.PathLike) -> str | None:
     so.log_severity_level = 4
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        # ORT's Python wrapper prints provider-fallback notes to stdout; stdout is the JSON's.
-        with contextlib.redirect_stdout(sys.stderr):
+        # ORT's Python wrapper prints provider-fallback notes to stdout, which is the JSON's; the
+        # refusal itself comes back as the exception.
+        with contextlib.redirect_stdout(io.StringIO()):
             ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
     except Exception as exc:
         return f"ONNX Runtime: {_first_line(exc)}"
@@ -62,12 +66,20 @@ def bundle_refusal(path: str | os.PathLike) -> str | None:
     return None
 
 
-def check_written(written: str | os.PathLike, source: str | os.PathLike | None, *, what: str) -> None:
-    """Raise :class:`MconvBug` when ``written`` is refused although ``source`` was accepted.
+def check_written(
+    written: str | os.PathLike, source: str | os.PathLike | None, *, what: str, graph: bool = True
+) -> None:
+    """Raise when ``written`` is refused: :class:`MconvBug` when ``source`` was an ONNX model that
+    ONNX Runtime accepted, else :class:`InputError`.
 
     ``written`` is an ``.onnx`` file or a cpu bundle folder; ``source`` the model file the command
-    read (None or a non-ONNX file: mconv's own import accepted it). ``what`` names the command.
+    read. A source in another framework's format has no oracle here (mconv runs no framework), so
+    a refusal then says that the source may be damaged or that mconv has a bug, exit 2.
+    ``graph=False`` (a weight-only model: tensors, no graph to run) skips the check. ``what``
+    names the command.
     """
+    if not graph:
+        return
     written = Path(written)
     if written.is_dir():
         from mconv.bundle import load_bundle
@@ -81,9 +93,16 @@ def check_written(written: str | os.PathLike, source: str | os.PathLike | None, 
         return
     if refusal is None:
         return
-    if source is not None and Path(source).suffix.lower() == ".onnx" and Path(source).is_file():
-        if onnx_refusal(source) is not None:
-            return  # the input was refused too: no promise to keep
+    onnx_source = source is not None and Path(source).suffix.lower() == ".onnx" and Path(source).is_file()
+    if onnx_source and onnx_refusal(source) is not None:
+        return  # the input was refused too: no promise to keep
+    if not onnx_source:
+        raise InputError(
+            f"{what} made a model that ONNX Runtime or ONNX's checker refuses ({refusal})",
+            path=str(written),
+            hint=f"the source {show(source or 'file', 120)} may be damaged (check that it runs in its own "
+            "framework); if it does, this is a bug in mconv: please report it",
+        )
     raise MconvBug(
         f"{what} wrote a model that ONNX Runtime or ONNX's checker refuses although its input was "
         f"accepted ({refusal})",

@@ -30,8 +30,9 @@ Load rules:
 from __future__ import annotations
 
 import contextlib
+import io
 import os
-import sys
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ from mconv.bundle import DENSE, Bundle, TensorSpec, load_bundle, provenance_from
 from mconv.container import choose_codec
 from mconv.errors import InputError
 from mconv.irio import real_inputs, to_proto
+from mconv.onnx_check import check_model
 
 NAME = "cpu"
 PAYLOAD = "model.onnx"
@@ -232,7 +234,7 @@ def _make_session(
         keepalive = [values, [a for _, a in weights]]
     try:
         # ORT's Python wrapper prints its provider-fallback notes to stdout; stdout is the JSON's.
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(io.StringIO()):
             session = ort.InferenceSession(
                 _serialize(proto), sess_options=so, providers=["CPUExecutionProvider"]
             )
@@ -279,6 +281,13 @@ def _bundle_parts(
     if any(w.get("codec") != DENSE for w in bundle.weights):
         with bundle.container() as container:
             weights = [(name, container.array(name)) for name in container.names]
+    if bundle.is_zip:
+        folder = tempfile.gettempdir()  # a zipped bundle's graph holds no external references
+    else:
+        folder = os.path.realpath(bundle.root)
+    # The graph is a file from the bundle like any model file: checked before ONNX Runtime sees it
+    # (strings, SSA, sizes, external locations inside the bundle), its weights as provided names.
+    check_model(proto, path=f"{label}/{PAYLOAD}", folder=folder, provided=[n for n, _ in weights])
     return bundle, proto, weights
 
 
