@@ -94,7 +94,7 @@ def import_cmd(
         shape_notes = fix_input_shapes(model, shapes, path=str(src[0]))
         written = save_onnx(model, output)
         from mconv.formats.weights import is_weight_only
-        from mconv.validity import check_written
+        from mconv.targets.validity import check_written
 
         check_written(
             output, src[0] if len(src) == 1 else None, what="import", graph=not is_weight_only(model)
@@ -217,7 +217,7 @@ def optimize_cmd(
             if account:  # what export will store, predicted before encoding (the paper's Table 4)
                 render_byte_account(out, {"account": account}, title="weight storage at export (predicted)")
         from mconv.formats.weights import is_weight_only
-        from mconv.validity import check_written
+        from mconv.targets.validity import check_written
 
         has_graph = not is_weight_only(model)
         del model
@@ -334,7 +334,7 @@ def export_cmd(
         with out.progress(f"export {target}"):
             bundle = get_target(target).export(model, output, options)
         if target == "cpu":
-            from mconv.validity import check_written
+            from mconv.targets.validity import check_written
 
             check_written(output, model_path, what="export")
         files = bundle.manifest.get("files", {})
@@ -441,7 +441,7 @@ def run_cmd(
 
     def body() -> int:
         from mconv.fileio import require_file
-        from mconv.formats.npz_format import read_npy
+        from mconv.npzio import read_npy
         from mconv.verify import (
             check_samples,
             load_npz_feeds,

@@ -29,6 +29,7 @@ import ctypes
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -38,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from mconv.errors import InputError
+from mconv.errors import InputError, show
 
 try:  # POSIX only; elsewhere temporaries are told apart by their pid alone
     import fcntl
@@ -455,3 +456,32 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+# The most dimensions a tensor read from a file may have (numpy's own limit is 64).
+MAX_NDIM = 64
+
+
+def check_shape(
+    shape: object, itemsize: int, *, what: str, path: str | None, where: str | None, hint: str
+) -> int:
+    """Rule 3: the bytes a tensor of ``shape`` needs, or an InputError naming ``what``."""
+    if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
+        raise InputError(
+            f"{what} has an invalid shape {show(repr(shape), 80)} (dimensions must be non-negative integers)",
+            path=path,
+            where=where,
+            hint=hint,
+        )
+    if len(shape) > MAX_NDIM:
+        raise InputError(
+            f"{what} has {len(shape)} dimensions, more than {MAX_NDIM}", path=path, where=where, hint=hint
+        )
+    if math.prod(d for d in shape if d) * itemsize >= 1 << 63:
+        raise InputError(
+            f"{what} has shape {show(repr(list(shape)), 80)}, too large for any array",
+            path=path,
+            where=where,
+            hint=hint,
+        )
+    return math.prod(shape) * itemsize

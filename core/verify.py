@@ -271,31 +271,6 @@ _NP_DTYPES = {
 }
 
 
-def random_feeds(
-    inputs, *, samples: int = 1, seed: int = 0, input_shapes: dict[str, list[int]] | None = None
-) -> dict[str, np.ndarray]:
-    """Draw feeds for ``inputs`` (TensorSpec-like: name, dtype, shape); ``samples`` sets the batch."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in inputs:
-        given = dict(input_shapes or {})
-        dims = resolve_shape(spec.name, spec.shape, given)
-        if (
-            spec.name not in given
-            and dims
-            and (spec.shape is None or not isinstance(spec.shape[0], int) or spec.shape[0] < 0)
-        ):
-            dims[0] = samples
-        dtype = _NP_DTYPES.get(str(spec.dtype), np.float32)
-        if np.issubdtype(dtype, np.floating):
-            feeds[spec.name] = rng.standard_normal(dims).astype(dtype)
-        elif dtype == np.bool_:
-            feeds[spec.name] = rng.integers(0, 2, dims).astype(bool)
-        else:
-            feeds[spec.name] = rng.integers(0, 10, dims).astype(dtype)
-    return feeds
-
-
 def _batch_dim(spec, given: dict[str, list[int]]):
     """The input's leading dimension: ('free', None) symbolic, ('fixed', B), or (None, None) rank 0."""
     if spec.name in given:
@@ -418,7 +393,7 @@ def run_feeds(runner, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
 def load_npz_feeds(path: str | Path, inputs) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """Feeds from an ``.npz`` keyed by input name (optional ``labels``), checked against the inputs."""
     from mconv.fileio import require_file
-    from mconv.formats.npz_format import read_npz  # bounded: sizes checked before inflating
+    from mconv.npzio import read_npz  # bounded: sizes checked before inflating
 
     p = require_file(path, "data file (.npz)")
     arrays = dict(read_npz(p))

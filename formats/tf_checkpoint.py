@@ -33,7 +33,7 @@ protobuf wire format:
    belongs, or bytes where an integer belongs, is refused naming the field); int32 fields are
    sign-extended as protobuf writes them; ``num_shards`` is 1 to 99999 and ``endianness`` 0 or 1.
 2. A tensor's bytes are ``data-<shard_id>`` at ``[offset, offset + size)``; the shape must pass
-   :func:`mconv.formats.weights.check_shape`, ``size`` must equal ``prod(shape) * itemsize`` and
+   :func:`mconv.fileio.check_shape`, ``size`` must equal ``prod(shape) * itemsize`` and
    lie inside the shard file (bounded reads). Big-endian
    bundles are byte-swapped. The CRC is checked (``options["verify_crc"]``, default on).
 3. String tensors (the object graph ``_CHECKPOINTABLE_OBJECT_GRAPH`` of TF2 checkpoints) are
@@ -54,8 +54,9 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError, UnsupportedError, show
+from mconv.fileio import check_shape
 from mconv.formats import Format
-from mconv.formats.weights import check_shape, weight_only_model
+from mconv.formats.weights import weight_only_model
 from mconv.wire import WireError, iter_fields, read_varint
 
 TABLE_MAGIC = 0xDB4775248B80FB57

@@ -14,8 +14,8 @@ Weight-only rules:
    least one initializer), so a model read back from ``.onnx`` is still recognised.
 2. Tensor names are kept verbatim (``conv1/kernel``, ``layer.0.weight``); only an empty name, a
    name given twice or one that is not valid Unicode (a lone surrogate) is refused.
-3. :func:`check_shape` is the one shape check of every weight reader: a list of non-negative
-   integers (not booleans), at most ``MAX_NDIM`` of them, whose byte size (the product of its
+3. :func:`mconv.fileio.check_shape` is the one shape check of every weight reader: a list of non-negative
+   integers (not booleans), at most ``mconv.fileio.MAX_NDIM`` of them, whose byte size (the product of its
    non-zero dimensions times the item size) stays below 2**63, numpy's limit; it returns
    ``prod(shape) * itemsize`` for the reader to compare with the bytes the file really holds.
 
@@ -46,7 +46,6 @@ safetensors rules (https://github.com/huggingface/safetensors, format version 1)
 from __future__ import annotations
 
 import json
-import math
 import re
 import struct
 from collections.abc import Iterable
@@ -55,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError, show
-from mconv.fileio import atomic_path
+from mconv.fileio import atomic_path, check_shape
 from mconv.formats import Format
 
 WEIGHT_ONLY_KEY = "mconv.weight_only"
@@ -67,7 +66,6 @@ JSON_MAX_DEPTH = 64
 # 16 bytes per container; a header with a container per few bytes ('[{},{},...]') is a bomb.
 JSON_BYTES_PER_CONTAINER = 8
 # numpy's limit on dimensions (NPY_MAXDIMS in numpy 2).
-MAX_NDIM = 64
 _HINT_CORRUPT = "the file is truncated or corrupt; re-save it"
 
 # safetensors dtype names -> numpy dtypes (bfloat16 and float8 through ml_dtypes, as onnx_ir uses).
@@ -139,31 +137,6 @@ def model_arrays(model: ir.Model) -> dict[str, np.ndarray]:
         for name, value in model.graph.initializers.items()
         if value.const_value is not None
     }
-
-
-def check_shape(
-    shape: object, itemsize: int, *, what: str, path: str | None, where: str | None, hint: str
-) -> int:
-    """Rule 3: the bytes a tensor of ``shape`` needs, or an InputError naming ``what``."""
-    if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
-        raise InputError(
-            f"{what} has an invalid shape {show(repr(shape), 80)} (dimensions must be non-negative integers)",
-            path=path,
-            where=where,
-            hint=hint,
-        )
-    if len(shape) > MAX_NDIM:
-        raise InputError(
-            f"{what} has {len(shape)} dimensions, more than {MAX_NDIM}", path=path, where=where, hint=hint
-        )
-    if math.prod(d for d in shape if d) * itemsize >= 1 << 63:
-        raise InputError(
-            f"{what} has shape {show(repr(list(shape)), 80)}, too large for any array",
-            path=path,
-            where=where,
-            hint=hint,
-        )
-    return math.prod(shape) * itemsize
 
 
 # --- bounded JSON --------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_export_and_import_pass_the_check_on_a_valid_model(tmp_path):
 
 
 def test_the_check_itself_tells_a_refused_file(tmp_path):
-    from mconv.validity import onnx_refusal
+    from mconv.targets.validity import onnx_refusal
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((4, 4)).astype(np.float32)
