@@ -83,7 +83,7 @@ def import_cmd(
     def body() -> int:
         from mconv.formats import import_model
         from mconv.irio import model_stats, save_onnx
-        from mconv.shapes import fix_input_shapes
+        from mconv.passes.input_shapes import fix_input_shapes
         from mconv.verify import parse_input_shapes
 
         t0 = time.perf_counter()
@@ -658,11 +658,11 @@ def open_runner_cli(path: Path, target: str | None = None, shapes: dict | None =
     if not shapes or is_bundle(p) or p.is_dir():
         runner = open_runner(p, target)
         if shapes:
-            from mconv.shapes import check_input_shapes
+            from mconv.passes.input_shapes import check_input_shapes
 
             check_input_shapes(runner.inputs, shapes, path=str(p))
         return runner
-    from mconv.shapes import open_model_with_shapes
+    from mconv.passes.input_shapes import open_model_with_shapes
     from mconv.targets import get_target
 
     return get_target(target or "reference").load_model(open_model_with_shapes(p, shapes))
@@ -743,7 +743,7 @@ def inspect_cmd(
 
         shapes = parse_input_shapes(input_shape)
         if shapes and not is_bundle(path) and not path.is_dir():
-            from mconv.shapes import open_model_with_shapes
+            from mconv.passes.input_shapes import open_model_with_shapes
 
             model = open_model_with_shapes(path, shapes)  # shapes fixed, downstream dims inferred
             kind = model.metadata_props.get("mconv.source_format", "onnx")
@@ -752,7 +752,7 @@ def inspect_cmd(
             doc = inspect_path(path, top=top)
             if shapes:  # a bundle's inputs are what they are: the shapes are checked only
                 from mconv.bundle import TensorSpec
-                from mconv.shapes import check_input_shapes
+                from mconv.passes.input_shapes import check_input_shapes
 
                 specs = [TensorSpec.from_dict(d) for d in doc.get("inputs") or []]
                 check_input_shapes(specs, shapes, path=str(path))

@@ -25,7 +25,7 @@ def _model_for(path: Path, shapes: dict | None = None):
         if not hasattr(target, "to_model"):
             return None, f"the {bundle.target} bundle {path} keeps no ONNX graph to run node by node"
         return target.to_model(bundle), None
-    from mconv.shapes import open_model_with_shapes
+    from mconv.passes.input_shapes import open_model_with_shapes
 
     return open_model_with_shapes(path, shapes), None
 

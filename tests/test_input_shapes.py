@@ -11,7 +11,7 @@ import pytest
 from mconv.cli.app import app
 from mconv.errors import InputError
 from mconv.irio import load_onnx
-from mconv.shapes import fix_input_shapes
+from mconv.passes.input_shapes import fix_input_shapes
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
