@@ -285,6 +285,7 @@ def export_cmd(
     precision: Annotated[str | None, typer.Option("--precision", help="fp16 or fp32 (metal).")] = None,
     bake_weights: Annotated[bool, typer.Option("--bake-weights", help="Embed weights (xla).")] = False,
     mlir_text: Annotated[bool, typer.Option("--mlir-text", help="Also write StableHLO text (xla).")] = False,
+    input_shape: InputShapeOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -296,10 +297,19 @@ def export_cmd(
         from mconv.irio import model_stats
         from mconv.runtime import open_model
         from mconv.targets import get_target
+        from mconv.verify import parse_input_shapes
 
         t0 = time.perf_counter()
+        shapes = parse_input_shapes(input_shape)
         model = open_model(model_path)
         before = model_stats(model).bytes
+        shape_notes: list[str] = []
+        if shapes:
+            from mconv.passes.input_shapes import fix_input_shapes
+
+            shape_notes = fix_input_shapes(model, shapes, path=str(model_path))
+            for note in shape_notes:
+                out.print(note)
         if not format and target != "weights":
             from mconv.formats.weights import is_weight_only
 
@@ -357,6 +367,7 @@ def export_cmd(
                 "passes": [],
                 "seconds": round(time.perf_counter() - t0, 3),
                 "account": bundle.manifest.get("account"),
+                "notes": shape_notes,
             }
         )
         return 0

@@ -137,3 +137,22 @@ def test_input_shape_on_a_bundle_is_checked(tmp_path):
     r = _cli("verify", str(m), str(tmp_path / "b"), "--input-shape", "a=3,4", "--samples", "3", "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["samples"] == 3
+
+
+def test_export_takes_input_shape_and_bakes_it_into_the_bundle(tmp_path):
+    m = _two_inputs(tmp_path / "m.onnx")
+    b = tmp_path / "b"
+    r = _cli("export", str(m), "-o", str(b), "--input-shape", "a=2,4", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["notes"] == ["input 'a' fixed to [2, 4]"]
+    r = _cli("inspect", str(b), "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [i["shape"] for i in doc["inputs"]] == [[2, 4], [2, 4]]
+    # the bundle runs at the baked size and matches the source model there
+    r = _cli("verify", str(m), str(b), "--input-shape", "a=2,4", "--json")
+    assert r.exit_code == 0, r.output
+    _one_line_exit_2(
+        _cli("export", str(m), "-o", str(tmp_path / "c"), "--input-shape", "q=2,4"), "m.onnx", "'q'"
+    )
+    assert not (tmp_path / "c").exists()
