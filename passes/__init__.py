@@ -99,6 +99,7 @@ _PASS_MODULES = (
     "prune",
     "cluster",
     "quantize",
+    "dynamic_batch",
 )
 
 for _module in _PASS_MODULES:
