@@ -40,6 +40,13 @@ inline float rsqrt(float x) { return 1.0f / std::sqrt(x); }
 inline float pow(float x, float y) { return std::pow(x, y); }
 inline float fabs(float x) { return std::fabs(x); }
 inline float abs(float x) { return std::fabs(x); }
+inline float floor(float x) { return std::floor(x); }
+inline float ceil(float x) { return std::ceil(x); }
+inline float rint(float x) { return std::rint(x); }
+inline float sin(float x) { return std::sin(x); }
+inline float cos(float x) { return std::cos(x); }
+inline float fmod(float x, float y) { return std::fmod(x, y); }
+inline bool isinf(float x) { return std::isinf(x); }
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline float min(float a, float b) { return std::fmin(a, b); }
 inline int max(int a, int b) { return a > b ? a : b; }

@@ -33,7 +33,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError, UnsupportedError
 from mconv.irio import real_inputs
-from mconv.targets.metal.kernels import FUSIBLE, LOWER, Activation, LowerContext
+from mconv.targets.metal.kernels import CHECKS, FUSIBLE, LOWER, Activation, LowerContext
 from mconv.targets.metal.kernels.elementwise import activation_of
 
 PLAN_VERSION = 1
@@ -100,17 +100,25 @@ class MetalPlan:
         return [b for b in self.buffers if b.kind == "weight"]
 
 
-def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
-    """A copy of ``model`` with BatchNorm folded, a static batch and inferred shapes (rule 1)."""
-    from mconv.passes import parse_spec, run_pipeline
-    from mconv.passes.pipeline import snapshot_model
+def _dims_text(shape, batch: int) -> str:
+    return ",".join(
+        str(d) if isinstance(d, int) else (str(batch) if i == 0 else str(getattr(d, "value", None) or "?"))
+        for i, d in enumerate(shape)
+    )
 
-    model = snapshot_model(model)
-    model, _ = run_pipeline(model, parse_spec(PREPASSES))
+
+def _bake_inputs(model: ir.Model, batch: int) -> None:
+    """Rule 1: a symbolic batch becomes ``batch``; any other symbolic dimension is refused."""
+    from mconv.errors import show
+    from mconv.passes.input_shapes import fix_input_shapes
+
+    shapes: dict[str, list[int]] = {}
     for v in real_inputs(model.graph):
         if v.shape is None:
             raise InputError(
-                "input has no shape", where=f"input '{v.name}'", hint="give the model a static input shape"
+                "input has no shape",
+                where=f"input '{show(v.name)}'",
+                hint=f"give it one with export --input-shape {show(v.name)}=DIMS",
             )
         dims = []
         for i, d in enumerate(v.shape):
@@ -120,11 +128,75 @@ def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
                 dims.append(batch)
             else:
                 raise InputError(
-                    f"input dimension {i} is symbolic ({d})",
-                    where=f"input '{v.name}'",
-                    hint="the metal target bakes shapes; export a model with static shapes",
+                    f"input dimension {i} is symbolic ({show(str(d))})",
+                    where=f"input '{show(v.name)}'",
+                    hint=f"the metal target bakes shapes: give them with export --input-shape "
+                    f"{show(v.name)}={_dims_text(v.shape, batch)} (a number for each symbol)",
                 )
-        v.shape = ir.Shape(dims)
+        if any(not isinstance(d, int) for d in v.shape):
+            shapes[v.name] = dims
+    if shapes:
+        fix_input_shapes(model, shapes)
+
+
+def _materialize(model: ir.Model) -> int:
+    """Shape/Size of static values become constants; Cast and DequantizeLinear of constants are
+    evaluated (fold keeps them to keep stored weights narrow; the metal target converts every
+    weight to its storage type anyway); Cast between float types is an Identity. Returns the
+    number of nodes rewritten."""
+    from mconv.passes.fold import evaluate_node
+    from mconv.passes.rewrite import add_initializer, fresh_name, replace_value, taken_names
+
+    graph = model.graph
+    taken = taken_names(graph)
+    opset = _opset(model)
+    floats = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE, ir.DataType.BFLOAT16}
+    changed = 0
+    for node in list(graph):
+        if node.domain not in ("", "ai.onnx") or not node.outputs or node.outputs[0].is_graph_output():
+            continue
+        out = node.outputs[0]
+        array = None
+        if node.op_type in ("Shape", "Size") and node.inputs and _static_shape(node.inputs[0]) is not None:
+            shape = _static_shape(node.inputs[0])
+            if node.op_type == "Size":
+                array = np.array(int(np.prod(shape)), np.int64)
+            else:
+                start = node.attributes.get_int("start", 0)
+                end = node.attributes.get_int("end", len(shape))
+                array = np.array(shape[slice(start, end)], np.int64)
+        elif node.op_type in ("Cast", "CastLike", "DequantizeLinear"):
+            consts = [
+                v.const_value.numpy() if v is not None and v.const_value is not None else None
+                for v in node.inputs
+            ]
+            if all(c is not None for c, v in zip(consts, node.inputs) if v is not None):
+                try:
+                    array = evaluate_node(node, consts, opset)[0]
+                except Exception:  # noqa: BLE001 - left for the planner to name
+                    array = None
+            elif (
+                node.op_type == "Cast"
+                and node.inputs[0].dtype in floats
+                and ir.DataType(node.attributes.get_int("to", 0)) in floats
+            ):
+                node.op_type = "Identity"
+                node.attributes.clear()
+                changed += 1
+                continue
+        if array is None:
+            continue
+        name = out.name or fresh_name(f"{node.name or node.op_type}_const", taken)
+        out.name = None
+        replace_value(out, add_initializer(graph, name, np.asarray(array, order="C")))
+        graph.remove(node, safe=True)
+        changed += 1
+    return changed
+
+
+def _infer(model: ir.Model) -> ir.Model:
+    from mconv.passes import parse_spec, run_pipeline
+
     for node in model.graph:  # stale symbolic shapes would survive a merge with inferred ones
         for out in node.outputs:
             out.shape = None
@@ -132,6 +204,26 @@ def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
         out.shape = None
     model, _ = run_pipeline(model, parse_spec("shape-inference"))
     return model
+
+
+def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
+    """A copy of ``model`` with static shapes, shape arithmetic folded, BatchNorm folded and
+    shapes inferred (rule 1)."""
+    from mconv.passes import parse_spec, run_pipeline
+    from mconv.passes.pipeline import snapshot_model
+
+    model = snapshot_model(model)
+    _bake_inputs(model, batch)
+    model = _infer(model)
+    for _ in range(8):  # Shape -> Gather -> Concat -> Reshape chains fold a step at a time
+        changed = _materialize(model)
+        before = len(list(model.graph))
+        model, _ = run_pipeline(model, parse_spec("fold,dce,eliminate-identity"))
+        model = _infer(model)
+        if not changed and len(list(model.graph)) == before:
+            break
+    model, _ = run_pipeline(model, parse_spec(PREPASSES))
+    return _infer(model)
 
 
 def _static_shape(value: ir.Value) -> list[int] | None:
@@ -177,6 +269,32 @@ def _safe(op: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "", op).lower()
 
 
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
+
+
+def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
+    """None when the node lowers (a kernel or a view); else "" (unknown op) or why not."""
+    if node.domain not in ("", "ai.onnx") or (node.op_type not in LOWER and node.op_type not in VIEWS):
+        return ""
+    if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1].uses():
+        return "mask output"
+    if node.op_type in VIEWS:
+        return None
+    data = [v for v in node.inputs[:1] if v is not None]
+    if any(_static_shape(v) is None for v in data):
+        return "input shape not static"
+    for v in [*[v for v in node.inputs if v is not None and v.const_value is None], *node.outputs]:
+        if (
+            v is not None
+            and v.dtype is not None
+            and v.dtype not in _FLOATS
+            and (v.uses() or v.is_graph_output())
+        ):
+            return f"{v.dtype.name.lower()} values (the metal target computes floats)"
+    check = CHECKS.get(node.op_type)
+    return check(ctx, node) if check is not None else None
+
+
 def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     """Lower a prepared model (see :func:`prepare`) to a :class:`MetalPlan` with MSL sources."""
     options = dict(options or {})
@@ -191,17 +309,10 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
 
     unsupported: list[tuple[str, str]] = []
     for node in graph:
-        ok = node.domain in ("", "ai.onnx") and (node.op_type in LOWER or node.op_type in VIEWS)
-        if ok and node.op_type in ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Gelu"):
-            ok = activation_of(ctx, node) is not None
-        if ok and node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1].uses():
-            ok = False
-        if ok and node.op_type == "Sum":
-            ok = len(node.inputs) == 2
-        if ok and node.op_type not in VIEWS:
-            ok = all(_static_shape(v) is not None for v in [*node.inputs, *node.outputs][:1] if v is not None)
-        if not ok:
-            unsupported.append((node.name or f"#{len(unsupported)}", node.op_type))
+        reason = _unsupported_reason(ctx, node)
+        if reason is not None:
+            label = node.op_type if reason == "" else f"{node.op_type}: {reason}"
+            unsupported.append((node.name or f"#{len(unsupported)}", label))
     if unsupported:
         raise UnsupportedError(
             unsupported,
@@ -244,33 +355,34 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
         act, extra = fused.get(id(node), (None, []))
         kernel = f"L{len(layers)}_{_safe(node.op_type)}"
         try:
-            ks = LOWER[node.op_type](ctx, node, kernel, act)
+            lowered = LOWER[node.op_type](ctx, node, kernel, act)
         except InputError as exc:
             if exc.where is None:
                 exc.where = f"node '{node.name}'"
             raise
-        out_value = extra[-1].outputs[0] if extra else node.outputs[0]
-        # a fused node's result is the last absorbed node's output; the kernel writes it
-        if len(ks.reads) + 1 > MAX_BUFFER_ARGUMENTS:
-            raise UnsupportedError(
-                [(node.name, node.op_type)],
-                what="node",
-                hint=f"Metal binds at most {MAX_BUFFER_ARGUMENTS} buffers per kernel; split the node",
+        for ks in lowered if isinstance(lowered, list) else [lowered]:
+            out_value = ks.output or (extra[-1].outputs[0] if extra else node.outputs[0])
+            # a fused node's result is the last absorbed node's output; the kernel writes it
+            if len(ks.reads) + 1 > MAX_BUFFER_ARGUMENTS:
+                raise UnsupportedError(
+                    [(node.name, node.op_type)],
+                    what="node",
+                    hint=f"Metal binds at most {MAX_BUFFER_ARGUMENTS} buffers per kernel; split the node",
+                )
+            reads = [buffer_for(v, "weight" if v.const_value is not None else "activation") for v in ks.reads]
+            out = buffer_for(out_value, "activation")
+            layers.append(
+                Layer(
+                    kernel=ks.name,
+                    op=node.op_type if act is None else f"{node.op_type}+{act.kind}",
+                    nodes=[node.name, *[n.name for n in extra]],
+                    bindings=[*reads, out],
+                    binding_names=[*[v.name for v in ks.reads], out_value.name],
+                    grid=list(ks.grid),
+                    threadgroup=list(ks.threadgroup),
+                )
             )
-        reads = [buffer_for(v, "weight" if v.const_value is not None else "activation") for v in ks.reads]
-        out = buffer_for(out_value, "activation")
-        layers.append(
-            Layer(
-                kernel=ks.name,
-                op=node.op_type if act is None else f"{node.op_type}+{act.kind}",
-                nodes=[node.name, *[n.name for n in extra]],
-                bindings=[*reads, out],
-                binding_names=[*[v.name for v in ks.reads], out_value.name],
-                grid=list(ks.grid),
-                threadgroup=list(ks.threadgroup),
-            )
-        )
-        sources[ks.name] = ks.source
+            sources[ks.name] = ks.source
     outputs = []
     for v in graph.outputs:
         if v.name not in by_value:
@@ -296,6 +408,13 @@ MSL_PRELUDE = """// Generated by mconv: one kernel per layer, shapes baked as co
 // Storage {storage}, accumulation float. Kernels use no threadgroup memory and no barriers.
 #include <metal_stdlib>
 using namespace metal;
+
+// x^y for every x: a negative base with an integral exponent as ONNX Pow gives it.
+inline float mconv_pow(float a, float b) {{
+    if (a >= 0.0f || b != floor(b)) return pow(a, b);
+    const float r = pow(-a, b);
+    return fmod(b, 2.0f) != 0.0f ? -r : r;
+}}
 
 // erf (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7): Metal's standard library has none.
 inline float mconv_erf(float x) {{

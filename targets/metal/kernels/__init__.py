@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 __all__ = [
     "ACTIVATIONS",
+    "CHECKS",
     "FUSIBLE",
     "LOWER",
     "Activation",
@@ -39,7 +40,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Activation:
-    """A fused activation: kind (relu, clip, leaky, sigmoid, tanh, gelu, gelu_tanh, swish) and params."""
+    """A fused activation (an elementwise function of one float): kind (relu, clip, leaky, sigmoid,
+    tanh, gelu, gelu_tanh, swish, hardsigmoid, hardswish, elu, selu, celu, softplus, softsign,
+    mish, neg, exp, log, sqrt, abs, reciprocal, erf, floor, ceil, round, sin, cos, identity) and
+    params."""
 
     kind: str
     params: tuple[float, ...] = ()
@@ -84,6 +88,40 @@ def activation_expr(act: Activation | None, v: str = "v") -> str:
         return f"(0.5f * {v} * (1.0f + tanh(0.79788456080286536f * ({v} + 0.044715f * {v} * {v} * {v}))))"
     if k == "swish":
         return f"({v} / (1.0f + exp(-{v})))"
+    if k == "hardsigmoid":
+        return f"min(max({flit(p[0])} * {v} + {flit(p[1])}, 0.0f), 1.0f)"
+    if k == "hardswish":
+        return f"({v} * min(max({v} * {flit(1 / 6)} + 0.5f, 0.0f), 1.0f))"
+    if k == "elu":
+        return f"({v} >= 0.0f ? {v} : {flit(p[0])} * (exp({v}) - 1.0f))"
+    if k == "celu":
+        return f"(max({v}, 0.0f) + min(0.0f, {flit(p[0])} * (exp({v} / {flit(p[0])}) - 1.0f)))"
+    if k == "selu":
+        a, g = p
+        return f"({v} > 0.0f ? {flit(g)} * {v} : {flit(g * a)} * (exp({v}) - 1.0f))"
+    if k == "softplus":  # log(1 + e^v) without overflow
+        return f"(max({v}, 0.0f) + log(1.0f + exp(-fabs({v}))))"
+    if k == "softsign":
+        return f"({v} / (1.0f + fabs({v})))"
+    if k == "mish":
+        return f"({v} * tanh(max({v}, 0.0f) + log(1.0f + exp(-fabs({v})))))"
+    simple = {
+        "neg": "(-{v})",
+        "exp": "exp({v})",
+        "log": "log({v})",
+        "sqrt": "sqrt({v})",
+        "abs": "fabs({v})",
+        "reciprocal": "(1.0f / {v})",
+        "erf": "mconv_erf({v})",
+        "floor": "floor({v})",
+        "ceil": "ceil({v})",
+        "round": "rint({v})",
+        "sin": "sin({v})",
+        "cos": "cos({v})",
+        "identity": "{v}",
+    }
+    if k in simple:
+        return simple[k].format(v=v)
     raise ValueError(f"unknown activation {k}")
 
 
@@ -91,7 +129,8 @@ def activation_expr(act: Activation | None, v: str = "v") -> str:
 class KernelSource:
     """A generated kernel: name, MSL text, the values it reads (binding order) and grid size.
 
-    The output value is bound last, after ``reads``.
+    The output value is bound last, after ``reads``. A rule for a node with several outputs
+    (Split) returns one KernelSource per output, each naming its ``output``.
     """
 
     name: str
@@ -99,6 +138,7 @@ class KernelSource:
     reads: list[ir.Value]
     grid: tuple[int, int, int]
     threadgroup: tuple[int, int, int] = field(default=(1, 1, 1))
+    output: ir.Value | None = None  # the value written; None: the node's first output
 
     def __post_init__(self) -> None:
         if self.threadgroup == (1, 1, 1):
@@ -139,24 +179,66 @@ def threadgroup_for(grid: tuple[int, int, int]) -> tuple[int, int, int]:
     return (x, y, z)
 
 
-# op_type -> rule(ctx, node, kernel_name, act) -> KernelSource; filled by the family modules.
+# op_type -> rule(ctx, node, kernel_name, act) -> KernelSource (or a list: one per output);
+# filled by the family modules.
 LOWER: dict[str, Callable] = {}
+# op_type -> check(ctx, node) -> None (lowerable) or the reason it is not; consulted by the
+# planner before lowering so that every unsupported node is named at once.
+CHECKS: dict[str, Callable] = {}
 # op types whose kernel may apply a following activation node.
 FUSIBLE: set[str] = set()
 # activation op types (standalone: the unary kernel; after a FUSIBLE op: fused).
-ACTIVATIONS = ("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Gelu")
+ACTIVATIONS = (
+    "Relu",
+    "Clip",
+    "LeakyRelu",
+    "Sigmoid",
+    "Tanh",
+    "Gelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Elu",
+    "Celu",
+    "Selu",
+    "Softplus",
+    "Softsign",
+    "Mish",
+    "Neg",
+    "Exp",
+    "Log",
+    "Sqrt",
+    "Abs",
+    "Reciprocal",
+    "Erf",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Sin",
+    "Cos",
+)
 
 
-def register(*op_types: str, fusible: bool = False) -> Callable[[Callable], Callable]:
+def register(
+    *op_types: str, fusible: bool = False, check: Callable | None = None
+) -> Callable[[Callable], Callable]:
     def deco(fn: Callable) -> Callable:
         for op in op_types:
             LOWER[op] = fn
             if fusible:
                 FUSIBLE.add(op)
+            if check is not None:
+                CHECKS[op] = check
         return fn
 
     return deco
 
 
 # One line per family module.
-from mconv.targets.metal.kernels import conv, elementwise, normalization, pooling, shape  # noqa: E402,F401
+from mconv.targets.metal.kernels import (  # noqa: E402,F401
+    conv,
+    elementwise,
+    normalization,
+    pooling,
+    reduction,
+    shape,
+)

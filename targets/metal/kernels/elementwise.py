@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 from mconv.targets.metal.kernels import (
+    ACTIVATIONS,
     Activation,
     KernelSource,
     LowerContext,
@@ -25,7 +26,33 @@ from mconv.targets.metal.kernels import (
 )
 from mconv.targets.metal.kernels.conv import constants
 
-_BINARY = {"Add": "a + b", "Sum": "a + b", "Sub": "a - b", "Mul": "a * b", "Div": "a / b"}
+_BINARY = {
+    "Add": "a + b",
+    "Sum": "a + b",
+    "Sub": "a - b",
+    "Mul": "a * b",
+    "Div": "a / b",
+    "Max": "max(a, b)",
+    "Min": "min(a, b)",
+    "Mean": "(a + b) * 0.5f",
+    "Pow": "mconv_pow(a, b)",
+    "PRelu": "(a >= 0.0f ? a : a * b)",
+}
+
+
+def _pow_expr(node: ir.Node, ctx: LowerContext) -> str | None:
+    """A cheaper expression for Pow with a constant scalar exponent (x^2, x^0.5, ...)."""
+    e = LowerContext.const(node.inputs[1])
+    if e is None or e.size != 1:
+        return None
+    e = float(e.reshape(()))
+    return {1.0: "a", 2.0: "a * a", 3.0: "a * a * a", 0.5: "sqrt(a)", -1.0: "1.0f / a", 0.0: "1.0f"}.get(e)
+
+
+def _check_binary(ctx: LowerContext, node: ir.Node) -> str | None:
+    if len(node.inputs) != 2 or any(v is None for v in node.inputs):
+        return f"{len(node.inputs)} inputs (the metal target lowers 2)"
+    return None
 
 
 def broadcast_strides(in_shape: list[int], out_shape: list[int]) -> list[int]:
@@ -53,13 +80,16 @@ def _offsets(out_shape: list[int], operands: list[tuple[str, list[int]]]) -> str
     return "\n    ".join(lines)
 
 
-@register("Add", "Sum", "Sub", "Mul", "Div", fusible=True)
+@register(
+    "Add", "Sum", "Sub", "Mul", "Div", "Max", "Min", "Mean", "Pow", "PRelu", fusible=True, check=_check_binary
+)
 def lower_binary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
     ys = ctx.shape(y)
     count = int(np.prod(ys)) if ys else 1
     sa = broadcast_strides(ctx.shape(a), ys)
     sb = broadcast_strides(ctx.shape(b), ys)
+    expr = (_pow_expr(node, ctx) if node.op_type == "Pow" else None) or _BINARY[node.op_type]
     P = kernel
     params = [ctx.buffer_param(0, "A"), ctx.buffer_param(1, "B"), ctx.buffer_param(2, "Y", out=True)]
     src = (
@@ -70,12 +100,32 @@ def lower_binary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
     int r = int(gid.x);
     {_offsets(ys, [("a", sa), ("b", sb)])}
     const float a = float(A[i_a]), b = float(B[i_b]);
-    const float v = {_BINARY[node.op_type]};
+    const float v = {expr};
     Y[gid.x] = {ctx.storage}({activation_expr(act)});
 }}
 """
     )
     return KernelSource(kernel, src, [a, b], (count, 1, 1))
+
+
+_SIMPLE = {
+    "HardSwish": "hardswish",
+    "Softplus": "softplus",
+    "Softsign": "softsign",
+    "Mish": "mish",
+    "Neg": "neg",
+    "Exp": "exp",
+    "Log": "log",
+    "Sqrt": "sqrt",
+    "Abs": "abs",
+    "Reciprocal": "reciprocal",
+    "Erf": "erf",
+    "Floor": "floor",
+    "Ceil": "ceil",
+    "Round": "round",
+    "Sin": "sin",
+    "Cos": "cos",
+}
 
 
 def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
@@ -92,6 +142,20 @@ def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
     if op == "Gelu":
         kind = "gelu_tanh" if node.attributes.get_string("approximate", "none") == "tanh" else "gelu"
         return Activation(kind, (), (node.name,))
+    if op == "HardSigmoid":
+        a = node.attributes.get_float("alpha", 0.2)
+        b = node.attributes.get_float("beta", 0.5)
+        return Activation("hardsigmoid", (a, b), (node.name,))
+    if op == "Elu":
+        return Activation("elu", (node.attributes.get_float("alpha", 1.0),), (node.name,))
+    if op == "Celu":
+        return Activation("celu", (node.attributes.get_float("alpha", 1.0),), (node.name,))
+    if op == "Selu":
+        a = node.attributes.get_float("alpha", 1.67326319217681884765625)
+        g = node.attributes.get_float("gamma", 1.05070102214813232421875)
+        return Activation("selu", (a, g), (node.name,))
+    if op in _SIMPLE:
+        return Activation(_SIMPLE[op], (), (node.name,))
     if op == "Clip":
         if ctx.opset < 11 or len(node.inputs) == 1:
             lo = node.attributes.get_float("min", -np.inf) if ctx.opset < 11 else -np.inf
@@ -111,7 +175,11 @@ def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
     return None
 
 
-@register("Relu", "Clip", "LeakyRelu", "Sigmoid", "Tanh", "Gelu")
+def _check_unary(ctx: LowerContext, node: ir.Node) -> str | None:
+    return None if activation_of(ctx, node) is not None else "bounds that are not constant scalars"
+
+
+@register(*ACTIVATIONS, check=_check_unary)
 def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = node.inputs[0]
     count = int(np.prod(ctx.shape(x)))

@@ -1,4 +1,5 @@
-"""Normalization kernels: Softmax, LogSoftmax and LRN (across channels, as the ONNX spec says).
+"""Normalization kernels: Softmax, LogSoftmax, LRN (across channels, as the ONNX spec says) and
+LayerNormalization.
 
 Rules:
 
@@ -8,6 +9,8 @@ Rules:
    normalizes along ``axis`` alone.
 2. LRN: one thread per element; ``y = x / (bias + alpha / size * sum(x[c']^2))^beta`` over
    ``c' in [c - floor((size-1)/2), c + ceil((size-1)/2)]`` clipped to the channels.
+3. LayerNormalization: one thread per row (everything from ``axis`` on); scale and bias of the
+   row's shape (or one value); mean and variance in float, ``rsqrt(var + epsilon)``.
 """
 
 from __future__ import annotations
@@ -89,3 +92,59 @@ def lower_lrn(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | N
 """
     )
     return KernelSource(kernel, src, [x], (count, 1, 1))
+
+
+def _check_layernorm(ctx: LowerContext, node: ir.Node) -> str | None:
+    xs = node.inputs[0].shape
+    if xs is None:
+        return None
+    axis = node.attributes.get_int("axis", -1)
+    axis = axis + len(xs) if axis < 0 else axis
+    size = int(np.prod([int(d) for d in xs[axis:]]))
+    for v in node.inputs[1:3]:
+        if v is not None and v.shape is not None and int(np.prod([int(d) for d in v.shape])) not in (1, size):
+            return "scale or bias not of the normalized shape"
+    if any(o is not None and o.uses() for o in node.outputs[1:]):
+        return "mean or inv_std_dev output used"
+    return None
+
+
+@register("LayerNormalization", check=_check_layernorm)
+def lower_layernorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """rule 3: one thread per row (the axes from ``axis`` on), two float passes (mean, variance)."""
+    x = node.inputs[0]
+    xs = ctx.shape(x)
+    axis = node.attributes.get_int("axis", -1)
+    axis = axis + len(xs) if axis < 0 else axis
+    size = int(np.prod(xs[axis:]))
+    rows = int(np.prod(xs[:axis]))
+    eps = node.attributes.get_float("epsilon", 1e-5)
+    reads = [x, node.inputs[1]]
+    params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "S")]
+    s_idx = "j" if int(np.prod(ctx.shape(node.inputs[1]))) == size else "0"
+    bias = ""
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        reads.append(node.inputs[2])
+        params.append(ctx.buffer_param(2, "B"))
+        b_idx = "j" if int(np.prod(ctx.shape(node.inputs[2]))) == size else "0"
+        bias = f" + float(B[{b_idx}])"
+    params.append(ctx.buffer_param(len(params), "Y", out=True))
+    P = kernel
+    src = (
+        constants(P, dict(ROWS=rows, SIZE=size))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_ROWS)) return;
+    const int base = int(gid.x) * {P}_SIZE;
+    float mean = 0.0f;
+    for (int j = 0; j < {P}_SIZE; ++j) mean += float(X[base + j]);
+    mean /= float({P}_SIZE);
+    float var = 0.0f;
+    for (int j = 0; j < {P}_SIZE; ++j) {{ const float d = float(X[base + j]) - mean; var += d * d; }}
+    const float inv = rsqrt(var / float({P}_SIZE) + {flit(eps)});
+    for (int j = 0; j < {P}_SIZE; ++j)
+        Y[base + j] = {ctx.storage}((float(X[base + j]) - mean) * inv * float(S[{s_idx}]){bias});
+}}
+"""
+    )
+    return KernelSource(kernel, src, reads, (rows, 1, 1))

@@ -1,21 +1,36 @@
-"""Data-movement kernels: Concat and Transpose (Reshape, Flatten, Squeeze, Unsqueeze, Identity
-and Dropout are views: the planner aliases their output to the input's buffer, no kernel).
+"""Data-movement kernels: Concat, Transpose, Slice, Split, Pad, Gather, Expand, Tile, Resize,
+Upsample, DepthToSpace, SpaceToDepth (Reshape, Flatten, Squeeze, Unsqueeze, Identity and Dropout
+are views: the planner aliases their output to the input's buffer, no kernel).
 
 Rules:
 
-1. Concat: one thread per output element, grid ``(count, 1, 1)``; the coordinate along ``axis``
-   picks the input, each input bound in the node's order.
-2. Transpose: one thread per output element; output coordinates map to input offsets through
-   the permuted input strides (baked).
+1. One thread per output element, grid ``(count, 1, 1)``, for every kernel here.
+2. Concat: the coordinate along ``axis`` picks the input, each input bound in the node's order.
+3. Strided copies: output coordinates map to input offsets through baked strides: Transpose
+   (permuted strides), Slice (constant starts/ends/axes/steps, clamped as Python slices are:
+   a start offset plus ``step * stride``), Split (one kernel per output, each a Slice), Expand
+   (stride 0 along broadcast axes), DepthToSpace/SpaceToDepth (the 6-D transpose of their
+   definition).
+4. Pad (constant pads, ``axes``; modes constant, reflect, edge, wrap; negative pads crop): each
+   output coordinate minus the begin pad is mapped into the input (reflected about the borders,
+   clamped, or wrapped) or, in constant mode, out of range gives the constant value. Tile: each
+   coordinate modulo the input's extent.
+5. Gather with constant indices (negative ones counted from the end): the index table is baked
+   as a ``constant int`` array (none when the indices are one value or an arithmetic run).
+6. Resize/Upsample (constant scales or sizes; every mode and coordinate transformation the
+   reference executor has): separable, one tap table per resized axis computed by the
+   reference executor's own ``resize_matrix`` (nearest: one tap; linear: two; cubic: four),
+   baked as constant arrays; the kernel sums the product of the axes' weights over their taps.
+   ``tf_crop_and_resize`` outputs outside the RoI take ``extrapolation_value``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, register
+from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, flit, register
 from mconv.targets.metal.kernels.conv import constants
-from mconv.targets.metal.kernels.elementwise import _offsets
+from mconv.targets.metal.kernels.elementwise import _offsets, broadcast_strides
 
 
 @register("Concat")
@@ -73,6 +88,362 @@ def lower_transpose(ctx: LowerContext, node: ir.Node, kernel: str, act: Activati
     int r = int(gid.x);
     {_offsets(ys, [("x", strides)])}
     Y[gid.x] = X[i_x];
+}}
+"""
+    )
+    return KernelSource(kernel, src, [x], (count, 1, 1))
+
+
+def _strides(shape: list[int]) -> list[int]:
+    out, step = [0] * len(shape), 1
+    for axis in reversed(range(len(shape))):
+        out[axis] = step
+        step *= shape[axis]
+    return out
+
+
+def strided_copy(
+    ctx: LowerContext,
+    kernel: str,
+    x: ir.Value,
+    out_shape: list[int],
+    strides: list[int],
+    base: int = 0,
+    output: ir.Value | None = None,
+) -> KernelSource:
+    """Y[flat] = X[base + sum(coord_i * strides_i)] over ``out_shape`` (rule 3)."""
+    count = int(np.prod(out_shape)) if out_shape else 1
+    P = kernel
+    params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "Y", out=True)]
+    src = (
+        constants(P, dict(COUNT=count))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_COUNT)) return;
+    int r = int(gid.x);
+    {_offsets(out_shape, [("x", strides)])}
+    Y[gid.x] = X[{base} + i_x];
+}}
+"""
+    )
+    return KernelSource(kernel, src, [x], (count, 1, 1), output=output)
+
+
+def _const_ints(v: ir.Value | None) -> list[int] | None:
+    arr = LowerContext.const(v)
+    return None if arr is None else [int(a) for a in arr.ravel()]
+
+
+def _slice_params(ctx: LowerContext, node: ir.Node) -> tuple[list[int], list[int]] | str:
+    """(start per axis, step per axis) of a Slice over its input, or why it cannot be lowered."""
+    xs = [int(d) for d in node.inputs[0].shape]
+    rank = len(xs)
+    if ctx.opset < 10:
+        starts = list(node.attributes.get_ints("starts", []))
+        ends = list(node.attributes.get_ints("ends", []))
+        axes = list(node.attributes.get_ints("axes", list(range(len(starts)))))
+        steps = [1] * len(starts)
+    else:
+        ins = list(node.inputs) + [None] * 5
+        starts, ends = _const_ints(ins[1]), _const_ints(ins[2])
+        axes = _const_ints(ins[3]) if ins[3] is not None else None
+        steps = _const_ints(ins[4]) if ins[4] is not None else None
+        if starts is None or ends is None or (ins[3] is not None and axes is None):
+            return "starts, ends or axes not constant"
+        if ins[4] is not None and steps is None:
+            return "steps not constant"
+        axes = axes if axes is not None else list(range(len(starts)))
+        steps = steps if steps is not None else [1] * len(starts)
+    begin, step = [0] * rank, [1] * rank
+    for a, st, en, sp in zip(axes, starts, ends, steps):
+        a = a + rank if a < 0 else a
+        if sp == 0:
+            return "a step of 0"
+        first, _, stride = slice(st, en, sp).indices(xs[a])
+        begin[a], step[a] = first, stride
+    return begin, step
+
+
+def _check_slice(ctx: LowerContext, node: ir.Node) -> str | None:
+    got = _slice_params(ctx, node)
+    return got if isinstance(got, str) else None
+
+
+@register("Slice", check=_check_slice)
+def lower_slice(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, y = node.inputs[0], node.outputs[0]
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    got = _slice_params(ctx, node)
+    assert not isinstance(got, str)
+    begin, step = got
+    st = _strides(xs)
+    base = sum(b * s for b, s in zip(begin, st))
+    return strided_copy(ctx, kernel, x, ys, [sp * s for sp, s in zip(step, st)], base)
+
+
+@register("Split")
+def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> list[KernelSource]:
+    x = node.inputs[0]
+    xs = ctx.shape(x)
+    axis = node.attributes.get_int("axis", 0)
+    axis = axis + len(xs) if axis < 0 else axis
+    st = _strides(xs)
+    out, start = [], 0
+    for i, y in enumerate(node.outputs):
+        ys = ctx.shape(y)
+        if y.uses() or y.is_graph_output():
+            out.append(strided_copy(ctx, f"{kernel}_o{i}", x, ys, st, start * st[axis], output=y))
+        start += ys[axis]
+    return out
+
+
+@register("Expand")
+def lower_expand(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, y = node.inputs[0], node.outputs[0]
+    return strided_copy(ctx, kernel, x, ctx.shape(y), broadcast_strides(ctx.shape(x), ctx.shape(y)))
+
+
+@register("DepthToSpace", "SpaceToDepth")
+def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = node.inputs[0]
+    n, c, h, w = ctx.shape(x)
+    bs = node.attributes.get_int("blocksize")
+    if node.op_type == "DepthToSpace":
+        if node.attributes.get_string("mode", "DCR") == "DCR":
+            shape6, perm = [n, bs, bs, c // (bs * bs), h, w], [0, 3, 4, 1, 5, 2]
+        else:
+            shape6, perm = [n, c // (bs * bs), bs, bs, h, w], [0, 1, 4, 2, 5, 3]
+    else:
+        shape6, perm = [n, c, h // bs, bs, w // bs, bs], [0, 3, 5, 1, 2, 4]
+    st = _strides(shape6)
+    return strided_copy(ctx, kernel, x, [shape6[p] for p in perm], [st[p] for p in perm])
+
+
+def _pad_params(ctx: LowerContext, node: ir.Node) -> tuple[list[int], str, float] | str:
+    """(begin pads per axis, mode, constant value) or why not."""
+    rank = len(node.inputs[0].shape)
+    if ctx.opset < 11:
+        pads = list(node.attributes.get_ints("pads", [0] * (2 * rank)))
+        value = node.attributes.get_float("value", 0.0)
+    else:
+        pads = _const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+        if pads is None:
+            return "pads not constant"
+        value = 0.0
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            cv = LowerContext.const(node.inputs[2])
+            if cv is None or cv.size > 1:
+                return "constant_value not a constant"
+            value = float(cv.ravel()[0]) if cv.size else 0.0
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            axes = _const_ints(node.inputs[3])
+            if axes is None:
+                return "axes not constant"
+            full = [0] * (2 * rank)
+            for i, a in enumerate(axes):
+                a = a + rank if a < 0 else a
+                full[a], full[a + rank] = pads[i], pads[i + len(axes)]
+            pads = full
+    mode = node.attributes.get_string("mode", "constant")
+    if mode not in ("constant", "reflect", "edge", "wrap"):
+        return f"mode {mode}"
+    return pads[:rank], mode, value
+
+
+def _check_pad(ctx: LowerContext, node: ir.Node) -> str | None:
+    got = _pad_params(ctx, node)
+    return got if isinstance(got, str) else None
+
+
+@register("Pad", check=_check_pad)
+def lower_pad(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, y = node.inputs[0], node.outputs[0]
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    got = _pad_params(ctx, node)
+    assert not isinstance(got, str)
+    begins, mode, value = got
+    return _remap(ctx, kernel, x, xs, ys, [(b, mode) for b in begins], value)
+
+
+def _remap(ctx, kernel, x, xs, ys, axes, value=0.0) -> KernelSource:
+    """Per output axis (begin, mode): i = c - begin mapped into [0, D) by the mode (rule 4)."""
+    st = _strides(xs)
+    count = int(np.prod(ys)) if ys else 1
+    lines = ["int off = 0; bool outside = false;"]
+    for a in reversed(range(len(ys))):
+        dim, d_in, (b, mode) = ys[a], xs[a], axes[a]
+        if d_in == 1 and mode != "constant":
+            lines.append(f"r /= {dim};")  # every mode maps to the one element
+            continue
+        fix = ""
+        if mode == "constant":
+            fix = f"if (i < 0 || i >= {d_in}) outside = true;"
+        elif mode == "edge":
+            fix = f"i = min(max(i, 0), {d_in - 1});"
+        elif mode == "reflect":
+            m = 2 * (d_in - 1)
+            fix = f"i = ((i % {m}) + {m}) % {m}; if (i >= {d_in}) i = {m} - i;"
+        elif mode in ("wrap", "tile"):
+            fix = f"i = ((i % {d_in}) + {d_in}) % {d_in};"
+        if b == 0 and dim == d_in and mode != "tile":
+            fix = ""
+        lines.append(f"{{ int i = r % {dim} - {b}; r /= {dim}; {fix} off += i * {st[a]}; }}")
+    P = kernel
+    params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "Y", out=True)]
+    src = (
+        constants(P, dict(COUNT=count))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_COUNT)) return;
+    int r = int(gid.x);
+    {(chr(10) + "    ").join(lines)}
+    Y[gid.x] = outside ? {ctx.storage}({flit(value)}) : X[outside ? 0 : off];
+}}
+"""
+    )
+    return KernelSource(kernel, src, [x], (count, 1, 1))
+
+
+@register("Tile")
+def lower_tile(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, y = node.inputs[0], node.outputs[0]
+    xs = ctx.shape(x)
+    return _remap(ctx, kernel, x, xs, ctx.shape(y), [(0, "tile")] * len(xs))
+
+
+def _check_gather(ctx: LowerContext, node: ir.Node) -> str | None:
+    if LowerContext.const(node.inputs[1]) is None:
+        return "indices not constant"
+    return None
+
+
+@register("Gather", check=_check_gather)
+def lower_gather(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = node.inputs[0]
+    xs = ctx.shape(x)
+    axis = node.attributes.get_int("axis", 0)
+    axis = axis + len(xs) if axis < 0 else axis
+    idx = [int(i) + xs[axis] if int(i) < 0 else int(i) for i in LowerContext.const(node.inputs[1]).ravel()]
+    inner = int(np.prod(xs[axis + 1 :]))
+    n_idx = len(idx)
+    count = int(np.prod(xs[:axis])) * n_idx * inner
+    P = kernel
+    table = ""
+    if n_idx == 1:
+        pick = str(idx[0])
+    elif all(idx[i + 1] - idx[i] == idx[1] - idx[0] for i in range(n_idx - 1)):
+        pick = f"({idx[0]} + j * {idx[1] - idx[0]})"
+    else:
+        table = f"constant int {P}_IDX[{n_idx}] = {{{', '.join(map(str, idx))}}};\n"
+        pick = f"{P}_IDX[j]"
+    params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "Y", out=True)]
+    src = (
+        table
+        + constants(P, dict(COUNT=count, INNER=inner, NIDX=n_idx, AXIS=xs[axis]))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_COUNT)) return;
+    const int i = int(gid.x);
+    const int ii = i % {P}_INNER, j = (i / {P}_INNER) % {P}_NIDX, o = i / ({P}_INNER * {P}_NIDX);
+    Y[gid.x] = X[(o * {P}_AXIS + {pick}) * {P}_INNER + ii];
+}}
+"""
+    )
+    return KernelSource(kernel, src, [x], (count, 1, 1))
+
+
+def _resize_axes(ctx: LowerContext, node: ir.Node):
+    """The reference executor's per-axis plan [(axis, weights n_out x n_in, extrapolated)]."""
+    from mconv.targets.reference.executor import attr_to_python
+    from mconv.targets.reference.ops import shape as ref
+
+    xs = [int(d) for d in node.inputs[0].shape]
+    attrs = {k: attr_to_python(a) for k, a in node.attributes.items()}
+    inputs: list = [np.broadcast_to(np.float32(0), xs)]
+    for v in node.inputs[1:]:
+        if v is None:
+            inputs.append(None)
+            continue
+        arr = LowerContext.const(v)
+        if arr is None:
+            raise ValueError("scales, sizes or roi not constant")
+        inputs.append(arr)
+
+    class _Ctx:
+        opset = ctx.opset
+
+    if node.op_type == "Upsample":
+        a = ref._upsample_attrs(attrs)
+        old = True
+    else:
+        a = ref._resize_attrs(attrs, _Ctx)
+        old = ctx.opset < 11
+    return ref._resize_plan(inputs, a, _Ctx, old_style=old), a
+
+
+def _check_resize(ctx: LowerContext, node: ir.Node) -> str | None:
+    try:
+        plan, _ = _resize_axes(ctx, node)
+    except Exception as exc:  # noqa: BLE001 - the reason is reported
+        return str(exc).removeprefix("Resize: ")[:80] or type(exc).__name__
+    if len(plan) > 4:
+        return f"{len(plan)} resized axes"
+    return None
+
+
+@register("Resize", "Upsample", check=_check_resize)
+def lower_resize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, y = node.inputs[0], node.outputs[0]
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    plan, attrs = _resize_axes(ctx, node)
+    P = kernel
+    st = _strides(xs)
+    tables, loops_open, loops_close, weights, offs = [], [], [], [], []
+    resized = {axis: (w, ext) for axis, w, ext in plan}
+    any_ext = any(ext.any() for _, _, ext in plan)
+    coords = ["int r = int(gid.x); int off = 0; bool outside = false;"]
+    for a in reversed(range(len(ys))):
+        if a in resized:
+            w, ext = resized[a]
+            coords.append(f"const int c{a} = r % {ys[a]}; r /= {ys[a]};")
+            if ext.any():
+                tables.append(
+                    f"constant int {P}_E{a}[{len(ext)}] = {{{', '.join(str(int(e)) for e in ext)}}};\n"
+                )
+                coords.append(f"if ({P}_E{a}[c{a}]) outside = true;")
+        else:
+            coords.append(f"off += (r % {ys[a]}) * {st[a]}; r /= {ys[a]};")
+    for a in sorted(resized):
+        w, _ = resized[a]
+        taps = max(1, int((w != 0).sum(axis=1).max()))
+        idx, wts = [], []
+        for row in w:
+            nz = np.flatnonzero(row)[:taps]
+            idx += [int(i) for i in nz] + [0] * (taps - len(nz))
+            wts += [float(row[i]) for i in nz] + [0.0] * (taps - len(nz))
+        tables.append(f"constant int {P}_I{a}[{len(idx)}] = {{{', '.join(map(str, idx))}}};\n")
+        if attrs.get("mode", "nearest") != "nearest":
+            tables.append(f"constant float {P}_W{a}[{len(wts)}] = {{{', '.join(flit(v) for v in wts)}}};\n")
+            weights.append(f"{P}_W{a}[c{a} * {taps} + t{a}]")
+        loops_open.append(f"for (int t{a} = 0; t{a} < {taps}; ++t{a}) {{")
+        loops_close.append("}")
+        offs.append(f"{P}_I{a}[c{a} * {taps} + t{a}] * {st[a]}")
+    count = int(np.prod(ys))
+    weight = " * ".join(weights) if weights else "1.0f"
+    value = flit(attrs.get("extrapolation_value", 0.0))
+    params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "Y", out=True)]
+    src = (
+        "".join(tables)
+        + constants(P, dict(COUNT=count))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_COUNT)) return;
+    {(chr(10) + "    ").join(coords)}
+    float acc = 0.0f;
+    {" ".join(loops_open)}
+        acc += {weight} * float(X[off + {" + ".join(offs) or "0"}]);
+    {" ".join(loops_close)}
+    Y[gid.x] = {ctx.storage}({"outside ? " + value + " : acc" if any_ext else "acc"});
 }}
 """
     )

@@ -13,11 +13,19 @@ from metal_models import assert_fp16_close, make_model, needs_cxx, run_ort
 from onnx import helper
 
 pytestmark = needs_cxx
-RNG = np.random.default_rng(7)
+_STATE: dict[str, np.random.Generator] = {}
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Each test draws from its own generator, seeded the same whatever runs before it."""
+    _STATE["rng"] = np.random.default_rng(7)
+    yield
+    _STATE.clear()
 
 
 def randn(*shape, scale=1.0):
-    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+    return (_STATE["rng"].standard_normal(shape) * scale).astype(np.float32)
 
 
 def check(model, feeds, tmp_path, precision="fp32"):

@@ -20,14 +20,14 @@ def _conv_net(act_nodes, opset=17):
 def test_unsupported_nodes_are_all_named_in_one_error_and_nothing_is_written(tmp_path):
     nodes = [
         helper.make_node("Relu", ["x"], ["a"], name="ok"),
-        helper.make_node("Erf", ["a"], ["b"], name="erf1"),
+        helper.make_node("Hardmax", ["a"], ["b"], name="hm1"),
         helper.make_node("TopK", ["b", "k"], ["y", "idx"], name="topk1"),
     ]
     model = make_model(nodes, [("x", [1, 8])], ["y"], {"k": np.array([2], np.int64)})
     with pytest.raises(UnsupportedError) as info:
         TARGET.export(model, tmp_path / "out", {})
-    assert info.value.items == [("erf1", "Erf"), ("topk1", "TopK")]
-    assert info.value.exit_code == 2 and "erf1 (Erf)" in info.value.line()
+    assert info.value.items == [("hm1", "Hardmax"), ("topk1", "TopK")]
+    assert info.value.exit_code == 2 and "hm1 (Hardmax)" in info.value.line()
     assert not (tmp_path / "out").exists()
 
 
@@ -62,10 +62,11 @@ def test_batch_option_bakes_the_symbolic_batch_and_caller_model_keeps_it():
     assert not isinstance(model.graph.inputs[0].shape[0], int)  # the caller's model is untouched
 
 
-def test_symbolic_non_batch_dimension_is_refused_naming_the_input():
+def test_symbolic_non_batch_dimension_is_refused_naming_the_input_and_input_shape():
     model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [1, "L"])], ["y"], {})
-    with pytest.raises(InputError, match="input 'x'.*dimension 1 is symbolic"):
+    with pytest.raises(InputError, match="input 'x'.*dimension 1 is symbolic") as info:
         prepare(model)
+    assert "--input-shape x=1,L" in info.value.line()
 
 
 def test_unknown_precision_is_refused():
