@@ -56,6 +56,9 @@ from mconv.irio import from_proto
 from onnx import TensorProto, helper
 
 OPSET = 21
+# options["activations"]: quantized activations rounded by QuantizeLinear/DequantizeLinear pairs
+# ("qdq", the default; "fake-quant" is its older name) or left in float.
+ACTIVATION_MODES = {"qdq": True, "fake-quant": True, "float": False}
 IR_VERSION = 10
 IDENTIFIER = b"TFL3"
 MAX_ELEMENTS = 1 << 31
@@ -416,6 +419,10 @@ class _Unsupported(Exception):
         self.why = why
 
 
+class _Missing(ValueError):
+    """A required input slot holds -1 (reported as a malformed op)."""
+
+
 # ------------------------------------------------------------------------------------- converter
 
 Lowering = Callable[["_Converter", TflOp], None]
@@ -437,11 +444,20 @@ class _Converter:
     def __init__(self, m: TflModel, path: str, options: dict) -> None:
         self.m, self.path = m, path
         self.io = options.get("io", "tflite")
-        self.fake_quant = options.get("activations", "float") == "fake-quant"
+        acts = options.get("activations", "qdq")
         if self.io not in ("tflite", "float"):
             raise InputError(
-                f"option io='{self.io}' is not one of tflite, float", hint="io=tflite or io=float"
+                f"option io='{show(self.io)}' is not one of tflite, float",
+                path=path,
+                hint="io=tflite or io=float",
             )
+        if acts not in ACTIVATION_MODES:
+            raise InputError(
+                f"option activations='{show(acts)}' is not one of qdq, float",
+                path=path,
+                hint="activations=qdq (the default: Quantize/DequantizeLinear pairs) or activations=float",
+            )
+        self.fake_quant = ACTIVATION_MODES[acts]
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, TensorProto] = {}
         self.vals: dict[int, str] = {}  # tensor index -> ONNX name of its (float, NHWC) value
@@ -457,13 +473,43 @@ class _Converter:
             names[t.name] = names.get(t.name, 0) + 1
         self.tname = {t.index: (t.name if names[t.name] == 1 else f"{t.name}_{t.index}") for t in m.tensors}
         self.used_names.update(self.tname.values())
-        self.tensor_names = set(self.tname.values())
+        # Names a weight may keep: constant tensors' names. A computed tensor's name is reserved for
+        # its value (rule 2), so no initializer ever takes it (an op named 'x/Reshape' asks for
+        # 'x/Reshape/shape', which may be another op's output tensor).
+        self.tensor_names = {self.tname[t.index] for t in m.tensors if t.data is not None}
+        self.poisoned: set[int] = set()  # outputs of unsupported ops (and of ops reading only those)
+        self.folded: dict[int, np.ndarray] = {}  # computed tensors known at import (DEQUANTIZE of a constant)
         self.bound: set[str] = set()  # tensor names already given to an initializer
 
     # -- values --------------------------------------------------------------------------
 
     def T(self, i: int) -> TflTensor:
+        if i < 0:  # an optional input left out (-1): never Python's "last tensor"
+            raise _Missing("a required input is missing (tensor index -1)")
         return self.m.tensors[i]
+
+    def has(self, op: TflOp, k: int) -> bool:
+        """Whether optional input slot ``k`` of ``op`` is given (present and not -1)."""
+        return len(op.inputs) > k and op.inputs[k] >= 0
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        return self.T(i).shape
+
+    def onnx_type(self, i: int) -> int:
+        """The ONNX element type of tensor ``i``'s value (quantized and float16 tensors are float)."""
+        t = self.T(i)
+        if t.type in (0, 1) or (t.quantized and t.type in _QUANT_TYPES):
+            return TensorProto.FLOAT
+        dt = _DTYPES.get(t.type)
+        if dt is None:
+            raise _Unsupported(f"tensor '{show(t.name)}' of type {t.type}")
+        return dt[1]
+
+    def const_ints(self, i: int, what: str) -> np.ndarray:
+        a = self.need_const(i, what)
+        if a.dtype.kind not in "iub":
+            raise _Unsupported(f"{what} of type {a.dtype}")
+        return a.astype(np.int64)
 
     def fresh(self, base: str) -> str:
         """``base`` if free, else the first free ``base/1``, ``base/2``, ...; the search for each base
@@ -485,12 +531,35 @@ class _Converter:
         t = self.T(i)
         if t.data is not None:
             return dequantize(t)
-        return None
+        return self.folded.get(i)
+
+    def qweight(self, i: int, fn: Callable[[np.ndarray], np.ndarray], qdim: int, axis: int) -> str | None:
+        """With Q/DQ activations, a quantized constant (weights int8/uint8, biases int32) as its
+        codes ``fn(q)`` plus a DequantizeLinear (per channel along ``axis`` of the transformed codes,
+        which is dimension ``qdim`` of the TFLite tensor). A runtime that quantizes float weights
+        itself (ONNX Runtime's QDQ weight transformer) then keeps TFLite's own codes and scales.
+        None where the tensor is not such a constant (the caller dequantizes it at import)."""
+        t = self.T(i)
+        if not (self.fake_quant and t.data is not None and t.quantized and t.type in (2, 3, 9)):
+            return None
+        per_channel = t.scale.size > 1
+        if per_channel and t.quantized_dimension != qdim:
+            return None
+        codes = np.ascontiguousarray(fn(t.data))
+        zp = np.broadcast_to(t.zero_point.reshape(-1), t.scale.shape).astype(t.data.dtype)
+        base = self.tname[i]
+        q = self.init(base, codes)
+        if per_channel:
+            s, z = self.init(f"{base}/scale", t.scale), self.init(f"{base}/zero_point", zp)
+            return self.one("DequantizeLinear", [q, s, z], axis=axis)
+        s = self.init(f"{base}/scale", t.scale.reshape(()))
+        z = self.init(f"{base}/zero_point", zp.reshape(()))
+        return self.one("DequantizeLinear", [q, s, z])
 
     def need_const(self, i: int, what: str) -> np.ndarray:
         a = self.const_array(i)
         if a is None:
-            raise _Unsupported(f"{what} must be a constant tensor ('{show(self.T(i).name)}' is computed)")
+            raise _Unsupported(f"{what} must be a constant tensor")
         return a
 
     def init(self, base: str, array: np.ndarray) -> str:
@@ -508,8 +577,9 @@ class _Converter:
         t = self.T(i)
         a = self.const_array(i)
         if a is None:
-            if t.variable:  # variable tensors without data start at zero
-                a = np.zeros(t.shape, np.float32)
+            if t.variable:  # variable tensors without data start at zero (real zero when quantized)
+                ft = self.onnx_type(i) == TensorProto.FLOAT
+                a = np.zeros(t.shape, np.float32 if ft else _DTYPES[t.type][0])
                 self.notes.append(f"variable tensor '{show(t.name)}' starts at zero (the graph is stateless)")
             else:
                 raise _Unsupported(f"tensor '{show(t.name)}' is read before it is computed")
@@ -662,11 +732,17 @@ class _Converter:
                     )
                 written.add(k)
             fn = OPS.get(op.code)
+            # An op downstream of an unsupported one is lowered as usual (it may be unsupported
+            # itself, and is then named), but a refusal caused by a poisoned input (a shape or
+            # constant that is not known because its producer was not lowered) is not reported.
+            reads_poison = any(k in self.poisoned for k in op.inputs)
             if fn is None:
                 unsupported.append((label, op.code))
+                self._poison(op)
                 continue
             if any(self.T(k).sparse for k in op.inputs if k >= 0):
                 unsupported.append((label, f"{op.code} with sparse weights"))
+                self._poison(op)
                 continue
             self.node_base, self.node_count = label, 0
             mark = len(self.nodes)
@@ -679,7 +755,14 @@ class _Converter:
                 )
             try:
                 fn(self, op)
+                missing = [k for k in op.outputs if k not in self.vals]
+                if missing:
+                    raise _Unsupported(f"output '{show(self.T(missing[0]).name)}' is not produced")
             except (IndexError, ValueError, KeyError, TypeError, ZeroDivisionError, OverflowError) as exc:
+                if reads_poison:
+                    del self.nodes[mark:]
+                    self._poison(op)
+                    continue
                 # Tensors that do not fit the op (too few inputs, wrong ranks, bad sizes).
                 raise InputError(
                     f"operator {op.index} ({op.code}) is malformed: {type(exc).__name__}: {show(exc, 100)}",
@@ -689,9 +772,9 @@ class _Converter:
                 ) from None
             except _Unsupported as exc:
                 del self.nodes[mark:]
-                unsupported.append((label, f"{op.code}: {show(exc.why, 200)}"))
-                for k in op.outputs:  # keep going so every unsupported op is named
-                    self.vals[k] = self.tname[k]
+                if not reads_poison:
+                    unsupported.append((label, f"{op.code}: {show(exc.why, 200)}"))
+                self._poison(op)
         if unsupported:
             raise UnsupportedError(
                 unsupported,
@@ -733,6 +816,13 @@ class _Converter:
         if notes:
             helper.set_model_props(model, {"mconv.import_notes": "\n".join(notes)})
         return model
+
+    def _poison(self, op: TflOp) -> None:
+        """Outputs of an op that was not lowered: later readers get a placeholder name and go on
+        (so that every unsupported op is named), and their own refusals are not reported."""
+        for k in op.outputs:
+            self.vals[k] = self.tname[k]
+            self.poisoned.add(k)
 
     def _rename_or_emit(self, op_type: str, inputs: list[str], out: str) -> None:
         self.emit(op_type, inputs, [out])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 from mconv.formats.tflite import (
+    _QUANT_TYPES,
     ACT_RELU,
     ACT_RELU6,
     ACT_RELU_N1_TO_1,
@@ -23,6 +24,7 @@ from mconv.formats.tflite import (
     lowering,
     tf_same_pads,
 )
+from onnx import TensorProto, helper
 
 # ------------------------------------------------------------------------------ convolution
 
@@ -49,8 +51,15 @@ def _bias(c: _Converter, op: TflOp, k: int, n: int) -> list[str]:
         b = c.need_const(op.inputs[k], "bias").astype(np.float32).reshape(-1)
         if b.size != n:
             raise _Unsupported(f"bias of {b.size} values for {n} output channels")
-        return [c.init(f"{c.tname[op.inputs[k]]}", b)]
+        q = c.qweight(op.inputs[k], lambda a: a.reshape(-1), 0, 0)
+        return [q if q is not None else c.init(f"{c.tname[op.inputs[k]]}", b)]
     return []
+
+
+def _weight(c: _Converter, i: int, w: np.ndarray, fn, qdim: int, axis: int) -> str:
+    """The filter ``fn(w)`` as an initializer, or its codes and a DequantizeLinear (Q/DQ mode)."""
+    q = c.qweight(i, fn, qdim, axis)
+    return q if q is not None else c.init(c.tname[i], fn(w))
 
 
 @lowering("CONV_2D")
@@ -65,7 +74,7 @@ def conv_2d(c: _Converter, op: TflOp) -> None:
     sh, sw = c.opt(op, "StrideH", 1), c.opt(op, "StrideW", 1)
     dh, dw = c.opt(op, "DilationHFactor", 1) or 1, c.opt(op, "DilationWFactor", 1) or 1
     pads = _spatial_pads(c, op, x, w.shape[1], w.shape[2], sh, sw, dh, dw)
-    wn = c.init(c.tname[w_i], w.transpose(0, 3, 1, 2))
+    wn = _weight(c, w_i, w, lambda a: a.transpose(0, 3, 1, 2), 0, 0)
     y = c.one(
         "Conv",
         [c.to_nchw(x), wn, *_bias(c, op, 2, w.shape[0])],
@@ -90,7 +99,7 @@ def depthwise_conv_2d(c: _Converter, op: TflOp) -> None:
     dh, dw = c.opt(op, "DilationHFactor", 1) or 1, c.opt(op, "DilationWFactor", 1) or 1
     pads = _spatial_pads(c, op, x, w.shape[1], w.shape[2], sh, sw, dh, dw)
     # Output channel c*M + m reads input channel c: exactly ONNX's grouped conv with group = Cin.
-    wn = c.init(c.tname[w_i], w[0].transpose(2, 0, 1)[:, None])
+    wn = _weight(c, w_i, w, lambda a: a[0].transpose(2, 0, 1)[:, None], 3, 0)
     y = c.one(
         "Conv",
         [c.to_nchw(x), wn, *_bias(c, op, 2, w.shape[3])],
@@ -126,7 +135,7 @@ def transpose_conv(c: _Converter, op: TflOp) -> None:
         pads[d], pads[d + 2], out_pad[d] = before, after, extra
     if out_pad[0] >= sh and sh > 0 or out_pad[1] >= sw and sw > 0:
         raise _Unsupported(f"output_shape {out_shape.tolist()} is not reachable with stride {sh}x{sw}")
-    wn = c.init(c.tname[w_i], w.transpose(3, 0, 1, 2))  # ONNX: [Cin, Cout, KH, KW]
+    wn = _weight(c, w_i, w, lambda a: a.transpose(3, 0, 1, 2), 0, 1)  # ONNX: [Cin, Cout, KH, KW]
     y = c.one(
         "ConvTranspose",
         [c.to_nchw(x), wn, *_bias(c, op, 3, w.shape[0])],
@@ -165,7 +174,7 @@ def fully_connected(c: _Converter, op: TflOp) -> None:
     xv = c.value(x)
     if len(c.T(x).shape) != 2:
         xv = c.one("Reshape", [xv, c.ints("flat", [-1, k])])
-    wn = c.init(c.tname[w_i], w)
+    wn = _weight(c, w_i, w, lambda a: a, 0, 0)
     y = c.one("Gemm", [xv, wn, *_bias(c, op, 2, units)], transB=1)
     out = c.T(op.outputs[0])
     if len(out.shape) != 2:
@@ -224,8 +233,11 @@ def quantize(c: _Converter, op: TflOp) -> None:
 @lowering("DEQUANTIZE")
 def dequantize_op(c: _Converter, op: TflOp) -> None:
     x = op.inputs[0]
-    if c.T(x).data is not None:  # fp16 / int8 weights dequantized for a float kernel: fold
-        c.vals[op.outputs[0]] = c.init(c.tname[op.outputs[0]], c.const_array(x).astype(np.float32))
+    a = c.const_array(x)
+    if a is not None:  # fp16 / int8 weights dequantized for a float kernel: fold
+        a = a.astype(np.float32)
+        c.folded[op.outputs[0]] = a  # a later op may need it as a constant (a filter)
+        c.vals[op.outputs[0]] = c.init(c.tname[op.outputs[0]], a)
         return
     c.bind(op.outputs[0], c.value(x), quantize=False)
 
@@ -235,12 +247,6 @@ def dequantize_op(c: _Converter, op: TflOp) -> None:
 
 @lowering("RESHAPE")
 def reshape(c: _Converter, op: TflOp) -> None:
-    out = c.T(op.outputs[0])
-    c.bind(op.outputs[0], c.one("Reshape", [c.value(op.inputs[0]), c.ints("shape", _target_shape(out))]))
-
-
-@lowering("SQUEEZE")
-def squeeze(c: _Converter, op: TflOp) -> None:
     out = c.T(op.outputs[0])
     c.bind(op.outputs[0], c.one("Reshape", [c.value(op.inputs[0]), c.ints("shape", _target_shape(out))]))
 
@@ -412,3 +418,668 @@ def _unrolled_lstm(c, ins, x, steps, wx, wr, b, peep, proj_w, proj_b, act, cell_
             h = clip(h, proj_clip)
         outs.append(c.one("Unsqueeze", [h, c.ints("axes", [0])]))
     return outs[0] if len(outs) == 1 else c.one("Concat", outs, axis=0)
+
+
+# ------------------------------------------------------------------------------ helpers (issue 12)
+
+_INT_MAX, _INT_MIN = (1 << 63) - 1, -(1 << 63)
+
+
+def _axis(a: int, rank: int) -> int:
+    if not -rank <= a < rank:
+        raise ValueError(f"axis {a} is outside a tensor of rank {rank}")
+    return a + rank if a < 0 else a
+
+
+def _scalar_int(c: _Converter, i: int, what: str) -> int:
+    a = c.const_ints(i, what).reshape(-1)
+    if a.size != 1:
+        raise ValueError(f"{what} holds {a.size} values, expected one")
+    return int(a[0])
+
+
+def _int64(c: _Converter, i: int) -> str:
+    """Tensor ``i`` as int64 (a constant is converted at import, a computed value is Cast)."""
+    a = c.const_array(i)
+    if a is not None:
+        if a.dtype.kind not in "iub":
+            raise _Unsupported(f"tensor '{c.tname[i]}' of type {a.dtype} used as indices/shape")
+        return c.ints("i64", a.astype(np.int64))
+    return c.one("Cast", [c.value(i)], to=TensorProto.INT64)
+
+
+def _cast_to(c: _Converter, x: str, i: int, have: int = TensorProto.INT64) -> str:
+    """``x`` (of ONNX type ``have``) cast to tensor ``i``'s type when that differs."""
+    want = c.onnx_type(i)
+    return x if want == have else c.one("Cast", [x], to=want)
+
+
+def _np_dtype(c: _Converter, i: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(c.onnx_type(i)))
+
+
+# ------------------------------------------------------------------------------ unary / binary
+
+_UNARY = {
+    "NEG": "Neg",
+    "ABS": "Abs",
+    "EXP": "Exp",
+    "LOG": "Log",
+    "SQRT": "Sqrt",
+    "SIN": "Sin",
+    "COS": "Cos",
+    "FLOOR": "Floor",
+    "CEIL": "Ceil",
+    "ROUND": "Round",  # TFLite rounds half to even, as ONNX does
+    "SIGN": "Sign",
+    "HARD_SWISH": "HardSwish",
+    "ELU": "Elu",
+    "LOGICAL_NOT": "Not",
+}
+
+
+@lowering(*_UNARY)
+def unary(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], c.one(_UNARY[op.code], [c.value(op.inputs[0])]))
+
+
+@lowering("RSQRT")
+def rsqrt(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], c.one("Reciprocal", [c.one("Sqrt", [c.value(op.inputs[0])])]))
+
+
+@lowering("SQUARE")
+def square(c: _Converter, op: TflOp) -> None:
+    x = c.value(op.inputs[0])
+    c.bind(op.outputs[0], c.one("Mul", [x, x]))
+
+
+@lowering("LEAKY_RELU")
+def leaky_relu(c: _Converter, op: TflOp) -> None:
+    alpha = float(c.opt(op, "Alpha", 0.2))
+    c.bind(op.outputs[0], c.one("LeakyRelu", [c.value(op.inputs[0])], alpha=alpha))
+
+
+@lowering("PRELU")
+def prelu(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], c.one("PRelu", [c.value(op.inputs[0]), c.value(op.inputs[1])]))
+
+
+@lowering("GELU")
+def gelu(c: _Converter, op: TflOp) -> None:
+    approx = "tanh" if c.opt(op, "Approximate", False) else "none"
+    c.bind(op.outputs[0], c.one("Gelu", [c.value(op.inputs[0])], approximate=approx))
+
+
+@lowering("LOG_SOFTMAX")
+def log_softmax(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], c.one("LogSoftmax", [c.value(op.inputs[0])], axis=-1))
+
+
+@lowering("L2_NORMALIZATION")
+def l2_normalization(c: _Converter, op: TflOp) -> None:
+    # TFLite: x / max(sqrt(sum(x^2, last axis)), 1e-6)
+    x = c.value(op.inputs[0])
+    ss = c.one("ReduceSum", [c.one("Mul", [x, x]), c.ints("axes", [-1])], keepdims=1)
+    norm = c.one("Max", [c.one("Sqrt", [ss]), c.init("epsilon", np.float32(1e-6))])
+    c.bind(op.outputs[0], c.one("Div", [x, norm]), c.opt(op, "FusedActivationFunction"))
+
+
+@lowering("LOCAL_RESPONSE_NORMALIZATION")
+def local_response_normalization(c: _Converter, op: TflOp) -> None:
+    # TF: x / (bias + alpha * sum_{c-r..c+r} x^2) ^ beta; ONNX LRN divides alpha by size = 2r+1.
+    r = int(c.opt(op, "Radius", 5))
+    size = 2 * r + 1
+    y = c.one(
+        "LRN",
+        [c.to_nchw(op.inputs[0])],
+        size=size,
+        alpha=float(c.opt(op, "Alpha", 1.0)) * size,
+        beta=float(c.opt(op, "Beta", 0.5)),
+        bias=float(c.opt(op, "Bias", 1.0)),
+    )
+    c.bind(op.outputs[0], y, nchw=True)
+
+
+_BINARY_MORE = {
+    "POW": "Pow",
+    "EQUAL": "Equal",
+    "LESS": "Less",
+    "LESS_EQUAL": "LessOrEqual",
+    "GREATER": "Greater",
+    "GREATER_EQUAL": "GreaterOrEqual",
+    "LOGICAL_AND": "And",
+    "LOGICAL_OR": "Or",
+}
+
+
+@lowering(*_BINARY_MORE)
+def binary_more(c: _Converter, op: TflOp) -> None:
+    a, b = (c.value(i) for i in op.inputs[:2])
+    c.bind(op.outputs[0], c.one(_BINARY_MORE[op.code], [a, b]))
+
+
+@lowering("NOT_EQUAL")
+def not_equal(c: _Converter, op: TflOp) -> None:
+    a, b = (c.value(i) for i in op.inputs[:2])
+    c.bind(op.outputs[0], c.one("Not", [c.one("Equal", [a, b])]))
+
+
+@lowering("SQUARED_DIFFERENCE")
+def squared_difference(c: _Converter, op: TflOp) -> None:
+    d = c.one("Sub", [c.value(op.inputs[0]), c.value(op.inputs[1])])
+    c.bind(op.outputs[0], c.one("Mul", [d, d]))
+
+
+@lowering("FLOOR_DIV")
+def floor_div(c: _Converter, op: TflOp) -> None:
+    a, b = (c.value(i) for i in op.inputs[:2])
+    t = c.onnx_type(op.outputs[0])
+    if t == TensorProto.FLOAT:
+        c.bind(op.outputs[0], c.one("Floor", [c.one("Div", [a, b])]))
+        return
+    # Integers: floor(a / b) in float64 (exact for 32-bit integers), cast back.
+    a64, b64 = (c.one("Cast", [v], to=TensorProto.DOUBLE) for v in (a, b))
+    q = c.one("Floor", [c.one("Div", [a64, b64])])
+    c.bind(op.outputs[0], c.one("Cast", [q], to=t))
+
+
+@lowering("FLOOR_MOD")
+def floor_mod(c: _Converter, op: TflOp) -> None:
+    a, b = (c.value(i) for i in op.inputs[:2])
+    if c.onnx_type(op.outputs[0]) != TensorProto.FLOAT:
+        c.bind(op.outputs[0], c.one("Mod", [a, b], fmod=0))  # integer Mod: the divisor's sign
+        return
+    # TFLite: r = fmod(a, b); r + b where r != 0 and r, b differ in sign.
+    r = c.one("Mod", [a, b], fmod=1)
+    zero = c.init("zero", np.float32(0))
+    fix = c.one(
+        "And",
+        [
+            c.one("Not", [c.one("Equal", [r, zero])]),
+            c.one("Xor", [c.one("Less", [b, zero]), c.one("Less", [r, zero])]),
+        ],
+    )
+    c.bind(op.outputs[0], c.one("Where", [fix, c.one("Add", [r, b]), r]))
+
+
+@lowering("ADD_N")
+def add_n(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], c.one("Sum", [c.value(i) for i in op.inputs]))
+
+
+@lowering("SELECT", "SELECT_V2")
+def select(c: _Converter, op: TflOp) -> None:
+    cond, x, y = op.inputs[:3]
+    cv = c.value(cond)
+    cs, xs = c.shape(cond), c.shape(x)
+    if op.code == "SELECT" and len(cs) == 1 and len(xs) > 1:
+        # SELECT (v1) with a vector condition picks whole rows along dimension 0.
+        cv = c.one("Reshape", [cv, c.ints("shape", [-1] + [1] * (len(xs) - 1))])
+    c.bind(op.outputs[0], c.one("Where", [cv, c.value(x), c.value(y)]))
+
+
+@lowering("CAST")
+def cast(c: _Converter, op: TflOp) -> None:
+    src, dst = c.T(op.inputs[0]), c.T(op.outputs[0])
+    if (src.quantized and src.type in _QUANT_TYPES) or (dst.quantized and dst.type in _QUANT_TYPES):
+        raise _Unsupported("CAST of quantized codes")
+    c.bind(op.outputs[0], c.one("Cast", [c.value(op.inputs[0])], to=c.onnx_type(op.outputs[0])))
+
+
+# ------------------------------------------------------------------------------ reductions
+
+
+@lowering("REDUCE_PROD")
+def reduce_prod(c: _Converter, op: TflOp) -> None:
+    axes = c.const_ints(op.inputs[1], "axis").reshape(-1)
+    y = c.one(
+        "ReduceProd",
+        [c.value(op.inputs[0]), c.ints("axes", axes)],
+        keepdims=int(bool(c.opt(op, "KeepDims", 0))),
+    )
+    c.bind(op.outputs[0], y)
+
+
+@lowering("REDUCE_ANY", "REDUCE_ALL")
+def reduce_bool(c: _Converter, op: TflOp) -> None:
+    axes = c.const_ints(op.inputs[1], "axis").reshape(-1)
+    x = c.one("Cast", [c.value(op.inputs[0])], to=TensorProto.INT32)
+    kind = "ReduceMax" if op.code == "REDUCE_ANY" else "ReduceMin"
+    y = c.one(kind, [x, c.ints("axes", axes)], keepdims=int(bool(c.opt(op, "KeepDims", 0))))
+    c.bind(op.outputs[0], c.one("Cast", [y], to=TensorProto.BOOL))
+
+
+@lowering("ARG_MAX", "ARG_MIN")
+def arg_max_min(c: _Converter, op: TflOp) -> None:
+    axis = _scalar_int(c, op.inputs[1], "axis")
+    kind = "ArgMax" if op.code == "ARG_MAX" else "ArgMin"
+    y = c.one(kind, [c.value(op.inputs[0])], axis=axis, keepdims=0)
+    c.bind(op.outputs[0], _cast_to(c, y, op.outputs[0]))
+
+
+@lowering("CUMSUM")
+def cumsum(c: _Converter, op: TflOp) -> None:
+    axis = c.ints("axis", np.int64(_scalar_int(c, op.inputs[1], "axis")))
+    y = c.one(
+        "CumSum",
+        [c.value(op.inputs[0]), axis],
+        exclusive=int(bool(c.opt(op, "Exclusive", False))),
+        reverse=int(bool(c.opt(op, "Reverse", False))),
+    )
+    c.bind(op.outputs[0], y)
+
+
+@lowering("TOPK_V2")
+def topk_v2(c: _Converter, op: TflOp) -> None:
+    k = _scalar_int(c, op.inputs[1], "k")
+    vals, idx = c.emit("TopK", [c.value(op.inputs[0]), c.ints("k", [k])], 2, axis=-1, largest=1, sorted=1)
+    c.bind(op.outputs[0], vals)
+    if len(op.outputs) > 1:
+        c.bind(op.outputs[1], _cast_to(c, idx, op.outputs[1]))
+
+
+# ------------------------------------------------------------------------------ shape and layout
+
+
+@lowering("SHAPE")
+def shape_op(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], _cast_to(c, c.one("Shape", [c.value(op.inputs[0])]), op.outputs[0]))
+
+
+@lowering("RANK")
+def rank_op(c: _Converter, op: TflOp) -> None:
+    r = np.asarray(len(c.shape(op.inputs[0])), dtype=_np_dtype(c, op.outputs[0]))
+    c.vals[op.outputs[0]] = c.init(c.tname[op.outputs[0]], r.reshape(c.shape(op.outputs[0])))
+
+
+@lowering("EXPAND_DIMS")
+def expand_dims(c: _Converter, op: TflOp) -> None:
+    axis = _scalar_int(c, op.inputs[1], "axis")
+    _axis(axis, len(c.shape(op.inputs[0])) + 1)
+    c.bind(op.outputs[0], c.one("Unsqueeze", [c.value(op.inputs[0]), c.ints("axes", [axis])]))
+
+
+@lowering("SQUEEZE")
+def squeeze_op(c: _Converter, op: TflOp) -> None:
+    t = c.T(op.inputs[0])
+    rank = len(t.shape)
+    dims = [int(d) for d in np.asarray(c.opt(op, "SqueezeDims", np.zeros(0))).reshape(-1)]
+    if not dims:  # every dimension of size 1 (a dynamic dimension is never squeezed)
+        sig = t.signature or t.shape
+        dims = [k for k, d in enumerate(sig) if d == 1]
+    axes = sorted({_axis(d, rank) for d in dims})
+    x = c.value(op.inputs[0])
+    c.bind(op.outputs[0], c.one("Squeeze", [x, c.ints("axes", axes)]) if axes else c.one("Identity", [x]))
+
+
+@lowering("BROADCAST_TO")
+def broadcast_to(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], c.one("Expand", [c.value(op.inputs[0]), _int64(c, op.inputs[1])]))
+
+
+@lowering("TILE")
+def tile(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], c.one("Tile", [c.value(op.inputs[0]), _int64(c, op.inputs[1])]))
+
+
+@lowering("FILL")
+def fill(c: _Converter, op: TflOp) -> None:
+    value = c.value(op.inputs[1])
+    if len(c.shape(op.inputs[1])) != 0:
+        value = c.one("Reshape", [value, c.ints("scalar", np.zeros(0, np.int64))])
+    c.bind(op.outputs[0], c.one("Expand", [value, _int64(c, op.inputs[0])]))
+
+
+@lowering("ZEROS_LIKE")
+def zeros_like(c: _Converter, op: TflOp) -> None:
+    x = op.inputs[0]
+    v = np.zeros((), dtype=_np_dtype(c, op.outputs[0]))
+    shape = c.one("Shape", [c.value(x)])
+    c.bind(op.outputs[0], c.one("Expand", [c.init("value", v), shape]))
+
+
+@lowering("RANGE")
+def range_op(c: _Converter, op: TflOp) -> None:
+    start, limit, delta = (c.value(i) for i in op.inputs[:3])
+    c.bind(op.outputs[0], c.one("Range", [start, limit, delta]))
+
+
+@lowering("SLICE")
+def slice_op(c: _Converter, op: TflOp) -> None:
+    x = op.inputs[0]
+    begin = c.const_ints(op.inputs[1], "begin").reshape(-1)
+    size = c.const_ints(op.inputs[2], "size").reshape(-1)
+    rank = len(c.shape(x))
+    if begin.size != rank or size.size != rank:
+        raise ValueError(f"begin/size of {begin.size}/{size.size} values for a tensor of rank {rank}")
+    ends = [_INT_MAX if s == -1 else int(b + s) for b, s in zip(begin.tolist(), size.tolist(), strict=True)]
+    y = c.one(
+        "Slice",
+        [c.value(x), c.ints("starts", begin), c.ints("ends", ends), c.ints("axes", list(range(rank)))],
+    )
+    c.bind(op.outputs[0], y)
+
+
+@lowering("STRIDED_SLICE")
+def strided_slice(c: _Converter, op: TflOp) -> None:
+    """TF's strided slice: the sparse spec (ellipsis, new axes) is made dense over the input's
+    dimensions, masked bounds run to the end, shrunk axes take one element at ``begin``; one ONNX
+    Slice, then a Squeeze of shrunk axes and an Unsqueeze of new ones."""
+    x = op.inputs[0]
+    begin = c.const_ints(op.inputs[1], "begin").reshape(-1).tolist()
+    end = c.const_ints(op.inputs[2], "end").reshape(-1).tolist()
+    strides = c.const_ints(op.inputs[3], "strides").reshape(-1).tolist() if c.has(op, 3) else [1] * len(begin)
+    n = len(begin)
+    if len(end) != n or len(strides) != n:
+        raise ValueError(f"begin, end and strides hold {n}, {len(end)} and {len(strides)} values")
+    bm, em = int(c.opt(op, "BeginMask", 0)), int(c.opt(op, "EndMask", 0))
+    elm, nam, sam = (int(c.opt(op, k, 0)) for k in ("EllipsisMask", "NewAxisMask", "ShrinkAxisMask"))
+    offset = bool(c.opt(op, "Offset", False))
+    rank = len(c.shape(x))
+
+    def bit(mask: int, i: int) -> bool:
+        return bool(mask >> i & 1)
+
+    real = sum(1 for i in range(n) if not bit(elm, i) and not bit(nam, i))
+    entries: list[tuple] = []  # ("new",), ("full",) or ("dim", i)
+    ellipsis = False
+    for i in range(n):
+        if bit(elm, i):
+            if ellipsis:
+                raise ValueError("more than one ellipsis")
+            ellipsis = True
+            entries += [("full",)] * (rank - real)
+        elif bit(nam, i):
+            entries.append(("new",))
+        else:
+            entries.append(("dim", i))
+    if not ellipsis:
+        entries += [("full",)] * (rank - real)
+    if sum(e[0] != "new" for e in entries) != rank:
+        raise ValueError(f"a slice of {real} dimensions for a tensor of rank {rank}")
+    starts, ends, axes, steps, squeeze, unsqueeze = [], [], [], [], [], []
+    axis = out_pos = 0
+    for e in entries:
+        if e[0] == "new":
+            unsqueeze.append(out_pos)
+            out_pos += 1
+            continue
+        if e[0] == "dim":
+            i = e[1]
+            s = int(strides[i])
+            if s == 0:
+                raise ValueError("stride 0")
+            b, en = int(begin[i]), int(end[i]) + (int(begin[i]) if offset else 0)
+            if bit(sam, i):
+                if bit(bm, i):
+                    b = 0
+                starts.append(b)
+                ends.append(b + 1 if b != -1 else _INT_MAX)
+                steps.append(1)
+                axes.append(axis)
+                squeeze.append(axis)
+            else:
+                starts.append((0 if s > 0 else _INT_MAX) if bit(bm, i) else b)
+                ends.append((_INT_MAX if s > 0 else _INT_MIN) if bit(em, i) else en)
+                steps.append(s)
+                axes.append(axis)
+                out_pos += 1
+        else:
+            out_pos += 1
+        axis += 1
+    y = c.value(x)
+    if axes:
+        y = c.one(
+            "Slice",
+            [y, c.ints("starts", starts), c.ints("ends", ends), c.ints("axes", axes), c.ints("steps", steps)],
+        )
+    if squeeze:
+        y = c.one("Squeeze", [y, c.ints("squeeze", squeeze)])
+    if unsqueeze:
+        y = c.one("Unsqueeze", [y, c.ints("unsqueeze", unsqueeze)])
+    if y == c.value(x):
+        y = c.one("Identity", [y])
+    c.bind(op.outputs[0], y)
+
+
+@lowering("REVERSE_V2")
+def reverse_v2(c: _Converter, op: TflOp) -> None:
+    rank = len(c.shape(op.inputs[0]))
+    axes = sorted({_axis(int(a), rank) for a in c.const_ints(op.inputs[1], "axis").reshape(-1)})
+    k = len(axes)
+    y = c.one(
+        "Slice",
+        [
+            c.value(op.inputs[0]),
+            c.ints("starts", [-1] * k),
+            c.ints("ends", [_INT_MIN] * k),
+            c.ints("axes", axes),
+            c.ints("steps", [-1] * k),
+        ],
+    )
+    c.bind(op.outputs[0], y)
+
+
+@lowering("MIRROR_PAD")
+def mirror_pad(c: _Converter, op: TflOp) -> None:
+    p = c.const_ints(op.inputs[1], "paddings").reshape(-1, 2)
+    rank = len(c.shape(op.inputs[0]))
+    if p.shape[0] != rank or (p < 0).any():
+        raise ValueError(f"paddings {p.tolist()} for a tensor of rank {rank}")
+    x = c.value(op.inputs[0])
+    if int(c.opt(op, "Mode", 0)) == 0:  # REFLECT: the edge is not repeated, as ONNX's reflect
+        c.bind(
+            op.outputs[0],
+            c.one("Pad", [x, c.ints("pads", np.concatenate([p[:, 0], p[:, 1]]))], mode="reflect"),
+        )
+        return
+    # SYMMETRIC (the edge repeated) has no ONNX mode: reversed slices concatenated per axis.
+    for a in range(rank):
+        lo, hi = int(p[a, 0]), int(p[a, 1])
+        if not (lo or hi):
+            continue
+        parts = []
+        if lo:
+            parts.append(
+                c.one(
+                    "Slice",
+                    [x, c.ints("s", [lo - 1]), c.ints("e", [_INT_MIN]), c.ints("a", [a]), c.ints("st", [-1])],
+                )
+            )
+        parts.append(x)
+        if hi:
+            parts.append(
+                c.one(
+                    "Slice",
+                    [x, c.ints("s", [-1]), c.ints("e", [-1 - hi]), c.ints("a", [a]), c.ints("st", [-1])],
+                )
+            )
+        x = c.one("Concat", parts, axis=a)
+    c.bind(op.outputs[0], x if x != c.value(op.inputs[0]) else c.one("Identity", [x]))
+
+
+@lowering("SPLIT", "SPLIT_V")
+def split(c: _Converter, op: TflOp) -> None:
+    if op.code == "SPLIT":
+        axis_i, x = op.inputs[0], op.inputs[1]
+    else:
+        x, axis_i = op.inputs[0], op.inputs[2]
+    xs = c.T(x).signature or c.shape(x)
+    axis = _axis(_scalar_int(c, axis_i, "axis"), len(xs))
+    n, dim = len(op.outputs), xs[axis]
+    if op.code == "SPLIT_V":
+        sizes = c.const_ints(op.inputs[1], "size_splits").reshape(-1).tolist()
+        if len(sizes) != n or sum(s == -1 for s in sizes) > 1:
+            raise ValueError(f"size_splits {sizes[:8]} for {n} outputs")
+        if -1 in sizes:
+            if dim < 0:
+                raise _Unsupported("size_splits with -1 along a dynamic dimension")
+            sizes[sizes.index(-1)] = dim - sum(s for s in sizes if s != -1)
+    else:
+        if dim >= 0 and dim % n:
+            raise ValueError(f"dimension {dim} does not split into {n} equal parts")
+        sizes = [dim // n] * n if dim >= 0 else None
+    if sizes is not None and (min(sizes) < 0 or (dim >= 0 and sum(sizes) != dim)):
+        raise ValueError(f"split sizes {sizes[:8]} for a dimension of {dim}")
+    inputs = [c.value(x)] + ([c.ints("split", sizes)] if sizes is not None else [])
+    extra = {} if sizes is not None else {"num_outputs": n}
+    outs = c.emit("Split", inputs, n, axis=axis, **extra) if n > 1 else [c.one("Identity", [c.value(x)])]
+    for k, v in zip(op.outputs, outs, strict=True):
+        c.bind(k, v)
+
+
+@lowering("PACK")
+def pack(c: _Converter, op: TflOp) -> None:
+    rank = len(c.shape(op.inputs[0])) + 1
+    axis = _axis(int(c.opt(op, "Axis", 0)), rank)
+    parts = [c.one("Unsqueeze", [c.value(i), c.ints("axes", [axis])]) for i in op.inputs]
+    c.bind(op.outputs[0], c.one("Concat", parts, axis=axis) if len(parts) > 1 else parts[0])
+
+
+@lowering("UNPACK")
+def unpack(c: _Converter, op: TflOp) -> None:
+    xs = c.shape(op.inputs[0])
+    axis = _axis(int(c.opt(op, "Axis", 0)), len(xs))
+    n = len(op.outputs)
+    x = c.value(op.inputs[0])
+    parts = c.emit("Split", [x, c.ints("split", [1] * n)], n, axis=axis) if n > 1 else [x]
+    for k, v in zip(op.outputs, parts, strict=True):
+        c.bind(k, c.one("Squeeze", [v, c.ints("axes", [axis])]))
+
+
+@lowering("GATHER")
+def gather(c: _Converter, op: TflOp) -> None:
+    if int(c.opt(op, "BatchDims", 0)) != 0:
+        raise _Unsupported("batch_dims")
+    y = c.one("Gather", [c.value(op.inputs[0]), c.value(op.inputs[1])], axis=int(c.opt(op, "Axis", 0)))
+    c.bind(op.outputs[0], y)
+
+
+@lowering("EMBEDDING_LOOKUP")
+def embedding_lookup(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], c.one("Gather", [c.value(op.inputs[1]), c.value(op.inputs[0])], axis=0))
+
+
+@lowering("GATHER_ND")
+def gather_nd(c: _Converter, op: TflOp) -> None:
+    c.bind(op.outputs[0], c.one("GatherND", [c.value(op.inputs[0]), _int64(c, op.inputs[1])]))
+
+
+@lowering("BATCH_MATMUL")
+def batch_matmul(c: _Converter, op: TflOp) -> None:
+    xs = []
+    for k, adj in ((0, "AdjX"), (1, "AdjY")):
+        v = c.value(op.inputs[k])
+        if c.opt(op, adj, False):
+            r = len(c.shape(op.inputs[k]))
+            if r < 2:
+                raise ValueError(f"adjoint of a tensor of rank {r}")
+            v = c.one("Transpose", [v], perm=list(range(r - 2)) + [r - 1, r - 2])
+        xs.append(v)
+    c.bind(op.outputs[0], c.one("MatMul", xs))
+
+
+@lowering("DEPTH_TO_SPACE", "SPACE_TO_DEPTH")
+def depth_space(c: _Converter, op: TflOp) -> None:
+    bs = int(c.opt(op, "BlockSize", 0))
+    if bs < 1:
+        raise ValueError(f"block size {bs}")
+    if op.code == "DEPTH_TO_SPACE":  # TF's channel order is ONNX's DCR
+        y = c.one("DepthToSpace", [c.to_nchw(op.inputs[0])], blocksize=bs, mode="DCR")
+    else:
+        y = c.one("SpaceToDepth", [c.to_nchw(op.inputs[0])], blocksize=bs)
+    c.bind(op.outputs[0], y, nchw=True)
+
+
+@lowering("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR")
+def resize(c: _Converter, op: TflOp) -> None:
+    """TF's resize (NHWC, the size input [new_h, new_w]) as ONNX Resize over axes 1, 2:
+    bilinear: align_corners -> align_corners, half_pixel_centers -> half_pixel, else asymmetric;
+    nearest: align_corners rounds half up (round_prefer_ceil); half_pixel_centers takes
+    floor((x + 0.5) * in/out), which is half_pixel with round_prefer_ceil; else asymmetric floor."""
+    size = c.const_ints(op.inputs[1], "size").reshape(-1)
+    if size.size != 2 or (size < 1).any() or len(c.shape(op.inputs[0])) != 4:
+        raise ValueError(f"size {size.tolist()} for input of shape {list(c.shape(op.inputs[0]))}")
+    align, half = bool(c.opt(op, "AlignCorners", False)), bool(c.opt(op, "HalfPixelCenters", False))
+    if align and half:
+        raise _Unsupported("align_corners with half_pixel_centers")
+    ctm = "align_corners" if align else "half_pixel" if half else "asymmetric"
+    if op.code == "RESIZE_BILINEAR":
+        attrs = {"mode": "linear"}
+    else:
+        attrs = {"mode": "nearest", "nearest_mode": "round_prefer_ceil" if (align or half) else "floor"}
+    x = c.to_nchw(op.inputs[0])
+    t = c.T(op.inputs[0])
+    dims = t.signature or t.shape
+    if dims[0] >= 0 and dims[3] >= 0:  # full NCHW sizes (ORT 1.32 mis-reads sizes with ``axes``)
+        sizes = c.ints("sizes", [t.shape[0], t.shape[3], *size.tolist()])
+    else:
+        nc = c.one("Slice", [c.one("Shape", [x]), c.ints("zero", [0]), c.ints("two", [2])])
+        sizes = c.one("Concat", [nc, c.ints("hw", size)], axis=0)
+    y = c.one("Resize", [x, "", "", sizes], coordinate_transformation_mode=ctm, **attrs)
+    c.bind(op.outputs[0], y, nchw=True)
+
+
+def _space_batch(c: _Converter, op: TflOp, to_batch: bool) -> None:
+    x = op.inputs[0]
+    xs = list(c.shape(x))
+    block = c.const_ints(op.inputs[1], "block_shape").reshape(-1).tolist()
+    pads = c.const_ints(op.inputs[2], "paddings" if to_batch else "crops").reshape(-1, 2).tolist()
+    m = len(block)
+    if m < 1 or len(pads) != m or len(xs) < m + 1 or min(block) < 1 or min(min(p) for p in pads) < 0:
+        raise ValueError(f"block {block[:4]} / pads {pads[:4]} for shape {xs}")
+    if any(d < 0 for d in xs) or (c.T(x).signature and -1 in c.T(x).signature):
+        raise _Unsupported("dynamic dimensions")
+    rest = xs[m + 1 :]
+    v = c.value(x)
+    if to_batch:
+        full = [[0, 0]] + pads + [[0, 0]] * len(rest)
+        if any(p != [0, 0] for p in pads):
+            v = c.one("Pad", [v, c.ints("pads", [p[0] for p in full] + [p[1] for p in full])])
+        sp = [xs[1 + k] + pads[k][0] + pads[k][1] for k in range(m)]
+        if any(s % b for s, b in zip(sp, block, strict=True)):
+            raise ValueError(f"padded dimensions {sp} do not divide by block {block}")
+        shape = [xs[0]]
+        for s, b in zip(sp, block, strict=True):
+            shape += [s // b, b]
+        v = c.one("Reshape", [v, c.ints("shape", shape + rest)])
+        perm = [2 + 2 * k for k in range(m)] + [0] + [1 + 2 * k for k in range(m)]
+        perm += list(range(1 + 2 * m, 1 + 2 * m + len(rest)))
+        v = c.one("Transpose", [v], perm=perm)
+        out = [xs[0] * int(np.prod(block))] + [s // b for s, b in zip(sp, block, strict=True)] + rest
+        v = c.one("Reshape", [v, c.ints("shape", out)])
+    else:
+        nb = int(np.prod(block))
+        if xs[0] % nb:
+            raise ValueError(f"batch {xs[0]} does not divide by block {block}")
+        n = xs[0] // nb
+        v = c.one("Reshape", [v, c.ints("shape", block + [n] + xs[1:])])
+        perm = [m]
+        for k in range(m):
+            perm += [m + 1 + k, k]
+        perm += list(range(2 * m + 1, 2 * m + 1 + len(rest)))
+        v = c.one("Transpose", [v], perm=perm)
+        sp = [xs[1 + k] * block[k] for k in range(m)]
+        v = c.one("Reshape", [v, c.ints("shape", [n] + sp + rest)])
+        if any(p != [0, 0] for p in pads):
+            v = c.one(
+                "Slice",
+                [
+                    v,
+                    c.ints("starts", [p[0] for p in pads]),
+                    c.ints("ends", [s - p[1] for s, p in zip(sp, pads, strict=True)]),
+                    c.ints("axes", list(range(1, m + 1))),
+                ],
+            )
+    c.bind(op.outputs[0], v)
+
+
+@lowering("SPACE_TO_BATCH_ND")
+def space_to_batch_nd(c: _Converter, op: TflOp) -> None:
+    _space_batch(c, op, True)
+
+
+@lowering("BATCH_TO_SPACE_ND")
+def batch_to_space_nd(c: _Converter, op: TflOp) -> None:
+    _space_batch(c, op, False)

@@ -318,26 +318,30 @@ def test_int8_per_channel_conv_is_dequantized_and_within_one_step_of_litert():
 def test_unsupported_ops_are_all_named_in_one_error():
     b = TflBuilder()
     x = b.tensor("x", [1, 4])
-    y = b.tensor("floored", [1, 4])
-    b.op("FLOOR", [x], [y])
-    z = b.tensor("l2", [1, 4])
-    b.op("L2_NORMALIZATION", [y], [z])
+    y = b.tensor("hashed", [1, 4])
+    b.op("LSH_PROJECTION", [x], [y])
+    z = b.tensor("svdf", [1, 4])
+    b.op("SVDF", [y], [z])
     with pytest.raises(UnsupportedError) as err:
         load_tflite_bytes(b.build([x], [z]), "u.tflite")
-    assert [n for n, _ in err.value.items] == ["floored", "l2"]
-    assert "FLOOR" in str(err.value) and "L2_NORMALIZATION" in str(err.value)
+    assert [n for n, _ in err.value.items] == ["hashed", "svdf"]
+    assert "LSH_PROJECTION" in str(err.value) and "SVDF" in str(err.value)
 
 
 # ------------------------------------------------------------------------------ shared models
 
 # Tolerances per file. Float models: rtol 1e-4 / atol 1e-5. Quantized models: in output codes
-# (steps of the output scale); the imported graph computes in float, litert in integers.
+# (steps of the output scale), (reference executor, ONNX Runtime): the imported graph rounds every
+# activation with Q/DQ pairs, litert computes in integers. Measured on the reference executor:
+# 0 codes for the two int8 CNN/MLP files, 3 for dtln (int8 LSTM gates through float sigmoid/tanh).
+# ONNX Runtime fuses the pairs into its u8s8 kernels, whose int16 sums saturate: person_detect
+# drifts up to 5 codes there, so ORT is held to a looser bound (it is not the oracle).
 SHARED = {
     "hello_world_float.tflite": None,
     "trained_lstm.tflite": None,
-    "hello_world_int8.tflite": 2,
-    "person_detect.tflite": 2,
-    "dtln_noise_suppression.tflite": 4,
+    "hello_world_int8.tflite": (1, 1),
+    "person_detect.tflite": (1, 6),
+    "dtln_noise_suppression.tflite": (3, 4),
 }
 
 
@@ -388,8 +392,8 @@ def test_shared_tflite_model_matches_litert(shared, name):
                 np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
                 np.testing.assert_allclose(r, e, rtol=1e-4, atol=1e-5)
             else:
-                assert np.abs(g.astype(int) - e.astype(int)).max() <= steps
-                assert np.abs(r.astype(int) - e.astype(int)).max() <= steps
+                assert np.abs(r.astype(int) - e.astype(int)).max() <= steps[0]
+                assert np.abs(g.astype(int) - e.astype(int)).max() <= steps[1]
 
 
 def test_person_detect_bias_with_quantized_dimension_3_imports(shared):

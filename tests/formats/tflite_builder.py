@@ -8,12 +8,15 @@ import tflite
 from tflite.utils import BUILTIN_OPCODE2NAME
 
 OPCODE = {name: code for code, name in BUILTIN_OPCODE2NAME.items()}
+# Ops whose kernels start at a version above 1 (version 1 was taken by a custom op).
+_VERSIONS = {"BROADCAST_TO": 2}
 _TYPES = {
     np.dtype(np.float32): 0,
     np.dtype(np.float16): 1,
     np.dtype(np.int32): 2,
     np.dtype(np.uint8): 3,
     np.dtype(np.int64): 4,
+    np.dtype(np.bool_): 6,
     np.dtype(np.int16): 7,
     np.dtype(np.int8): 9,
 }
@@ -145,8 +148,12 @@ class TflBuilder:
             opt = None
             if op["options"]:
                 name = op["options"]
+                fields = dict(op["fields"])
+                for k, v in fields.items():  # vector fields (SqueezeDims) are built before the table
+                    if isinstance(v, list | tuple):
+                        fields[k] = ivec(v, getattr(tflite, f"{name}Start{k}Vector"))
                 getattr(tflite, f"{name}Start")(b)
-                for k, v in op["fields"].items():
+                for k, v in fields.items():
                     getattr(tflite, f"{name}Add{k}")(b, v)
                 opt = getattr(tflite, f"{name}End")(b)
             tflite.OperatorStart(b)
@@ -174,7 +181,7 @@ class TflBuilder:
             tflite.OperatorCodeStart(b)
             tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(c, 127))
             tflite.OperatorCodeAddBuiltinCode(b, c)
-            tflite.OperatorCodeAddVersion(b, 1)
+            tflite.OperatorCodeAddVersion(b, _VERSIONS.get(BUILTIN_OPCODE2NAME[c], 1))
             code_offs.append(tflite.OperatorCodeEnd(b))
         cv = tables(code_offs, tflite.ModelStartOperatorCodesVector)
         gv = tables([g], tflite.ModelStartSubgraphsVector)
