@@ -113,12 +113,13 @@ def _bake_inputs(model: ir.Model, batch: int) -> None:
     from mconv.passes.input_shapes import fix_input_shapes
 
     shapes: dict[str, list[int]] = {}
+    # an UnsupportedError (exit 2), so that the CLI names the model file the input belongs to
     for v in real_inputs(model.graph):
         if v.shape is None:
-            raise InputError(
-                "input has no shape",
-                where=f"input '{show(v.name)}'",
-                hint=f"give it one with export --input-shape {show(v.name)}=DIMS",
+            raise UnsupportedError(
+                [(show(v.name), "no shape")],
+                what="input",
+                hint=f"the metal target bakes shapes: give it one with export --input-shape {show(v.name)}=DIMS",
             )
         dims = []
         for i, d in enumerate(v.shape):
@@ -127,9 +128,9 @@ def _bake_inputs(model: ir.Model, batch: int) -> None:
             elif i == 0:
                 dims.append(batch)
             else:
-                raise InputError(
-                    f"input dimension {i} is symbolic ({show(str(d))})",
-                    where=f"input '{show(v.name)}'",
+                raise UnsupportedError(
+                    [(show(v.name), f"dimension {i} is symbolic: {show(str(d))}")],
+                    what="input",
                     hint=f"the metal target bakes shapes: give them with export --input-shape "
                     f"{show(v.name)}={_dims_text(v.shape, batch)} (a number for each symbol)",
                 )
