@@ -43,6 +43,10 @@ def load_model(model: Any, label: str = "model", options: Mapping | None = None)
     from mconv.targets.xla.runtime import Spec, XlaRunner
 
     exported, lowered, shapes, x64 = export_program(model, options)
+    if lowered.shape_note:
+        import sys
+
+        print(lowered.shape_note, file=sys.stderr)
     n_in = len(lowered.input_names)
     with jax.enable_x64(x64):
         weights = [jax.device_put(a) for _, a in lowered.weights()]

@@ -19,6 +19,13 @@ Rules:
    versions give byte-identical files on any checkout or install path.
 6. 64-bit mode (``jax_enable_x64``) is on when a graph input or output is 64-bit, so int64 and
    float64 keep their types; it is recorded in ``xla.json`` for the loader.
+7. Symbolic dimensions: ``?``, empty and negative sizes get one symbol each (``d{input}_{axis}``);
+   every symbol is constrained ``<= DIM_BOUND`` (1e9), so bounds of 1e9 / INT64_MAX simplify.
+   When tracing with symbolic dimensions fails and the model's inputs are all fixed (the CLI's
+   ``--input-shape`` fixes them before export), the program is exported with those static
+   shapes instead, said in one line on stderr and recorded as ``static_fallback`` in the
+   manifest's options and in ``xla.json``; when a dimension is still open, the error (exit 2)
+   names the node and asks for ``--input-shape``.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -34,7 +42,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.bundle import DENSE, Bundle, TensorSpec, provenance_from_model, write_bundle
 from mconv.container import choose_codec
-from mconv.errors import InputError
+from mconv.errors import InputError, MconvError, shorten, show
 from mconv.irio import real_inputs
 from mconv.targets.xla.lower import lower_graph
 from mconv.targets.xla.runtime import CONVENTION, PAYLOAD
@@ -51,31 +59,63 @@ def _dtype_name(value: ir.Value) -> str:
     return TensorSpec.from_value(value).dtype
 
 
-def _symbol(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_]", "_", name)
-    return s if s and (s[0].isalpha() or s[0] == "_") else "d_" + s
+# Names jax's symbolic-shape parser reads as operators or keeps for itself.
+_RESERVED = {"mod", "floordiv", "max", "min", "non_negative", "_", "b"}
+DIM_BOUND = 1_000_000_000
+"""Every symbolic dimension is declared ``<= DIM_BOUND`` (a jax symbolic constraint, checked at
+call time): then a Slice end of 1e9 or INT64_MAX (``min(d, 1e9)``) simplifies to ``d``."""
 
 
-def input_shapes(model: ir.Model, batch: int | None) -> tuple[list[list], bool]:
-    """Each real input's shape for export (ints and symbol names) and whether batch 1 became ``b``."""
-    shapes, replaced = [], False
-    for i, v in enumerate(real_inputs(model.graph)):
+def _symbol(name: str | None) -> str | None:
+    """A jax symbol for an ONNX dim_param, or None when the name is no name (``?``, ``-1``, empty)."""
+    if not name:
+        return None
+    s = re.sub(r"[^A-Za-z0-9_]", "_", name).strip("_")
+    if not s:
+        return None
+    s = s if s[0].isalpha() else "d_" + s
+    return "d_" + s if s in _RESERVED else s
+
+
+def input_shapes(model: ir.Model, batch: int | None, *, static: bool = False) -> tuple[list[list], bool]:
+    """Each real input's shape for export (ints and symbol names) and whether batch 1 became ``b``.
+
+    The leading dimension of an input is the batch ``b`` when it is symbolic, or 1 on an input
+    of rank >= 2 (``batch`` fixes it instead); a dim_param named on a leading dimension is ``b``
+    wherever else it appears. Other dim_params keep their names (sanitized; the same name is the
+    same symbol); unnamed ones (``?``, negative sizes) get one symbol each. ``static``: the shapes
+    as the model declares them (None where a dimension is not fixed), for the static fallback.
+    """
+    inputs = list(real_inputs(model.graph))
+    for v in inputs:
         if v.shape is None:
             raise InputError(
-                f"input '{v.name}' has no shape",
-                where=f"input '{v.name}'",
-                hint="give the model static input shapes",
+                f"input '{show(v.name)}' has no shape",
+                where=f"input '{show(v.name)}'",
+                hint="give the model static input shapes (--input-shape NAME=DIMS)",
             )
+    if static:
+        return [[int(d) if isinstance(d, int) and d >= 0 else None for d in v.shape] for v in inputs], False
+    leading: set[str] = set()
+    for v in inputs:
+        if len(v.shape) and not isinstance(v.shape[0], int) and v.shape[0].value:
+            leading.add(str(v.shape[0].value))
+    batch_sym = batch if batch is not None else "b"
+    shapes, replaced = [], False
+    for i, v in enumerate(inputs):
         dims: list = []
         for j, d in enumerate(v.shape):
-            fixed = isinstance(d, int)
+            fixed = isinstance(d, int) and d >= 0
+            name = None if isinstance(d, int) else (str(d.value) if d.value else None)
             if j == 0 and (not fixed or (d == 1 and len(v.shape) >= 2)):
-                dims.append(batch if batch is not None else "b")
+                dims.append(batch_sym)
                 replaced = replaced or (fixed and batch is None)
             elif fixed:
                 dims.append(int(d))
+            elif name is not None and name in leading:
+                dims.append(batch_sym)
             else:
-                dims.append(_symbol(str(d.value)) if d.value else f"d{i}_{j}")
+                dims.append(_symbol(name) or f"d{i}_{j}")
         shapes.append(dims)
     return shapes, replaced
 
@@ -107,17 +147,12 @@ def _needs_x64(model: ir.Model) -> bool:
     return any(_dtype_name(v) in wide for v in vals)
 
 
-def export_program(model: ir.Model, options: Mapping | None = None):
-    """Lower and ``jax.export`` ``model``: (exported, lowered graph, input shapes, x64)."""
-    options = dict(options or {})
-    _check_options(options)
-    lowered = lower_graph(model, bake_weights=bool(options.get("bake_weights", False)))
-    shapes, replaced = input_shapes(model, options.get("batch"))
-    x64 = _needs_x64(model)
-    platforms = tuple(options.get("platforms") or DEFAULT_PLATFORMS)
+def _trace(lowered, model: ir.Model, shapes: list[list], replaced: bool, x64: bool, platforms: tuple):
+    """``jax.export`` the lowered graph for input ``shapes`` (ints and symbol names)."""
     inputs = real_inputs(model.graph)
+    symbols = sorted({d for dims in shapes for d in dims if isinstance(d, str)})
     with jax.enable_x64(x64):
-        scope = jax.export.SymbolicScope()
+        scope = jax.export.SymbolicScope([f"{s} <= {DIM_BOUND}" for s in symbols])
         specs = []
         batch_dim = None
         for v, dims in zip(inputs, shapes):
@@ -128,16 +163,78 @@ def export_program(model: ir.Model, options: Mapping | None = None):
             specs.append(jax.ShapeDtypeStruct(shape, np.dtype(_dtype_name(v))))
         for _name, arr in lowered.weights():
             specs.append(jax.ShapeDtypeStruct(arr.shape, arr.dtype))
-        if not replaced:
-            lowered.declared_batch = None
+        lowered.declared_batch = lowered.model_batch if replaced else None
         fn = lowered.function(batch_dim=batch_dim)
         # Rule 5: no source locations in the program (they hold this checkout's paths).
         with (
             jax._src.config.include_full_tracebacks_in_locations(False),
             jax._src.config.hlo_source_file_canonicalization_regex(r"^.*[/\\]"),
         ):
-            exported = jax.export.export(jax.jit(fn), platforms=platforms)(*specs)
-    return exported, lowered, shapes, x64
+            return jax.export.export(jax.jit(fn), platforms=platforms)(*specs)
+
+
+def _static_shapes(model: ir.Model, shapes: list[list]) -> tuple[list[list], list[str]]:
+    """The symbolic entries of ``shapes`` replaced by the sizes the model declares; and the
+    inputs (``name [dims]``) that still have a dimension no one fixed."""
+    declared, _ = input_shapes(model, None, static=True)
+    out, open_inputs = [], []
+    for v, dims, decl in zip(real_inputs(model.graph), shapes, declared):
+        fixed = [d if isinstance(d, int) else decl[j] for j, d in enumerate(dims)]
+        if any(d is None for d in fixed):
+            shown = ",".join("?" if d is None else str(d) for d in fixed)
+            open_inputs.append(f"{show(v.name)} [{shown}]")
+        out.append(fixed)
+    return out, open_inputs
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, MconvError):
+        return (f"{exc.where}: " if exc.where else "") + exc.message
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def export_program(model: ir.Model, options: Mapping | None = None):
+    """Lower and ``jax.export`` ``model``: (exported, lowered graph, input shapes, x64).
+
+    The program is first traced with symbolic dimensions (rule 1). When that fails and every
+    input dimension is fixed in the model (``--input-shape`` fixes them before the target sees
+    the model), it is traced again with those static shapes; ``lowered.shape_note`` then says
+    so (the exporter prints it on stderr and records it in the manifest and ``xla.json``). When
+    a dimension is still open, the error names the node and asks for ``--input-shape``.
+    """
+    options = dict(options or {})
+    _check_options(options)
+    lowered = lower_graph(model, bake_weights=bool(options.get("bake_weights", False)))
+    lowered.model_batch = lowered.declared_batch
+    shapes, replaced = input_shapes(model, options.get("batch"))
+    x64 = _needs_x64(model)
+    platforms = tuple(options.get("platforms") or DEFAULT_PLATFORMS)
+    if not any(isinstance(d, str) for dims in shapes for d in dims):
+        return _trace(lowered, model, shapes, replaced, x64, platforms), lowered, shapes, x64
+    try:
+        return _trace(lowered, model, shapes, replaced, x64, platforms), lowered, shapes, x64
+    except Exception as exc:  # noqa: BLE001 - any failure under symbolic shapes may be one of them
+        first = exc
+    static, open_inputs = _static_shapes(model, shapes)
+    if open_inputs:
+        where = first.where if isinstance(first, MconvError) else None
+        message = first.message if isinstance(first, MconvError) else _why(first)
+        raise InputError(
+            f"cannot be lowered with symbolic input dimensions: {message}",
+            path=first.path if isinstance(first, MconvError) else None,
+            where=where,
+            hint="pass --input-shape NAME=DIMS to export static shapes for "
+            + ", ".join(open_inputs[:4])
+            + (f" and {len(open_inputs) - 4} more" if len(open_inputs) > 4 else ""),
+        ) from first
+    exported = _trace(lowered, model, static, False, x64, platforms)
+    described = ", ".join(
+        f"{show(v.name)}=[{','.join(map(str, d))}]" for v, d in zip(real_inputs(model.graph), static)
+    )
+    lowered.shape_note = shorten(
+        f"xla: exported with static shapes {described} (symbolic shapes failed: {_why(first)})", 400
+    )
+    return exported, lowered, static, x64
 
 
 def _aval_shape(aval) -> list:
@@ -167,6 +264,8 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         {"name": n, "dtype": np.dtype(a.dtype).name, "shape": _aval_shape(a)}
         for n, a in zip(lowered.output_names, exported.out_avals)
     ]
+    if lowered.shape_note:
+        print(lowered.shape_note, file=sys.stderr)
     convention = {
         "inputs": in_specs,
         "weight_args": weight_args,
@@ -177,6 +276,8 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         "calling_convention_version": exported.calling_convention_version,
         "jax_version": jax.__version__,
     }
+    if lowered.shape_note:
+        convention["static_fallback"] = lowered.shape_note
     payload = {
         PAYLOAD: bytes(exported.serialize()),
         MLIR_BYTECODE: bytes(exported.mlir_module_serialized),
@@ -192,7 +293,8 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         outputs=out_specs,
         weights=weight_specs,
         payload=payload,
-        options={k: v for k, v in options.items() if k != "verification"},
+        options={k: v for k, v in options.items() if k != "verification"}
+        | ({"static_fallback": lowered.shape_note} if lowered.shape_note else {}),
         provenance=provenance_from_model(model),
         verification=options.get("verification"),
     )

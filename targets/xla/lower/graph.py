@@ -155,6 +155,8 @@ class LoweredGraph:
     declared_batch: int | None = None
     opset: int = 21
     baked: dict[str, np.ndarray] = field(default_factory=dict)
+    model_batch: int | None = None  # the leading dimension the model declares (declared_batch's source)
+    shape_note: str | None = None  # set by the exporter when it fell back to static shapes
 
     def weights(self) -> list[tuple[str, np.ndarray]]:
         """The weight arguments as (name, array), in argument order."""
