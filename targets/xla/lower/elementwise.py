@@ -7,7 +7,9 @@ Rules:
 3. Variadic Max/Min/Sum/Mean fold left over all inputs with broadcasting.
 4. Cast to a type jax cannot hold (strings) is not lowered; float -> int casts truncate.
 5. When every input is a static shape value (possibly holding a symbolic dimension) the op
-   is evaluated with numpy on object arrays, so shape arithmetic stays static.
+   is evaluated with numpy on object arrays, so shape arithmetic stays static. Equal on a
+   symbolic dimension is True or False only when jax can prove it; otherwise the node fails to
+   lower (and the exporter falls back to static shapes, or asks for ``--input-shape``).
 """
 
 from __future__ import annotations
@@ -51,7 +53,32 @@ lower("Add")(_binary(np.add, jnp.add))
 lower("Sub")(_binary(np.subtract, jnp.subtract))
 lower("Mul")(_binary(np.multiply, jnp.multiply))
 lower("Div")(_binary(_np_div, _int_div))
-lower("Equal")(_binary(np.equal, jnp.equal))
+
+
+def _decide_equal(x, y) -> bool:
+    """``x == y`` where either may be a symbolic dimension: jax's ``==`` answers False when it
+    cannot prove equality, which would silently pick one branch of a ``size == 1`` test."""
+    d = x - y
+    if isinstance(d, (int, np.integer)):
+        return bool(d == 0)
+    if d == 0:
+        return True
+    for test in (lambda: d >= 1, lambda: d <= -1):
+        try:
+            if test():
+                return False
+        except Exception:  # noqa: BLE001 - InconclusiveDimensionOperation
+            pass
+    raise ValueError(f"whether symbolic dimension {x} equals {y} is decided only at run time")
+
+
+def _np_equal(a, b):
+    if a.dtype == object or b.dtype == object:
+        return np.vectorize(_decide_equal, otypes=[bool])(a, b)
+    return np.equal(a, b)
+
+
+lower("Equal")(_binary(_np_equal, jnp.equal))
 lower("Less")(_binary(np.less, jnp.less))
 lower("LessOrEqual")(_binary(np.less_equal, jnp.less_equal))
 lower("Greater")(_binary(np.greater, jnp.greater))

@@ -8,7 +8,9 @@ Rules:
 2. MaxPool pads with -inf; AveragePool divides by the number of counted cells: with
    ``count_include_pad`` the explicit pads count, otherwise only input cells (the ceil-mode
    extra never counts), as ONNX Runtime does.
-3. MaxPool's optional Indices output is not lowered.
+3. MaxPool's optional Indices output is not lowered. Along a symbolic axis, floor mode lowers
+   (its extra end padding is always 0) and AveragePool's divisor mask is built in the
+   program; ``ceil_mode`` is refused there (its last window depends on the size).
 4. MaxUnpool scatters X into zeros at its flat Indices over the inferred shape
    ``(in-1)*s + k - pad_begin - pad_end`` (the reference executor's reading); a static
    ``output_shape`` crops or zero-pads that at the end of each axis.
@@ -35,17 +37,23 @@ def _window(x, attrs):
     pads = conv_pads(attrs, size, kernel, strides, dilations)
     extra = []
     for i in range(r):
+        if not attrs.get("ceil_mode", 0):
+            extra.append(0)  # floor mode: the last window ends inside the (padded) input
+            continue
+        if not isinstance(size[i], (int, np.integer)):
+            raise NotImplementedError("ceil_mode along a symbolic axis")
         eff = (kernel[i] - 1) * dilations[i] + 1
         span = size[i] + pads[i][0] + pads[i][1] - eff
-        if attrs.get("ceil_mode", 0):
-            out = math.ceil(span / strides[i]) + 1
-            if (out - 1) * strides[i] >= size[i] + pads[i][0]:
-                out -= 1
-        else:
-            out = span // strides[i] + 1
+        out = math.ceil(span / strides[i]) + 1
+        if (out - 1) * strides[i] >= size[i] + pads[i][0]:
+            out -= 1
         need = (out - 1) * strides[i] + eff - (size[i] + pads[i][0] + pads[i][1])
         extra.append(max(need, 0))
     return kernel, strides, dilations, pads, extra
+
+
+def _static(size) -> bool:
+    return all(isinstance(d, (int, np.integer)) for d in size)
 
 
 def _reduce(x, init, op, kernel, strides, dilations, padding):
@@ -79,7 +87,16 @@ def average_pool(inputs, attrs, ctx):
     total = _reduce(x, jnp.array(0, x.dtype), lax.add, kernel, strides, dilations, padding)
     # Divisor: a window sum over a mask that is 1 on counted cells (computed once, in numpy).
     size = x.shape[2:]
-    if attrs.get("count_include_pad", 0):
+    if not any(b or e for b, e in padding):
+        return ((total / np.float32(np.prod(kernel))).astype(x.dtype),)
+    if not _static(size):  # a symbolic axis: the mask is built in the program
+        one = jnp.ones(size, jnp.float32)
+        if attrs.get("count_include_pad", 0):
+            one = lax.pad(one, jnp.float32(1), [(b, e, 0) for b, e in pads])
+            mask = lax.pad(one, jnp.float32(0), [(0, x_, 0) for x_ in extra])
+        else:
+            mask = lax.pad(one, jnp.float32(0), [(b, e, 0) for b, e in padding])
+    elif attrs.get("count_include_pad", 0):
         mask = np.pad(np.ones(size, np.float32), [(b, e) for b, e in pads], constant_values=1.0)
         mask = np.pad(mask, [(0, x_) for x_ in extra])
     else:

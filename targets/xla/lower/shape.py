@@ -17,6 +17,10 @@ Rules:
    matrix per resized axis, built at export time from the 4-tap kernel (``cubic_coeff_a``,
    edge-clamped taps, or dropped and renormalized with ``exclude_outside``);
    tf_crop_and_resize is refused.
+6. Slice along a symbolic axis: an int bound that jax can prove lies past the axis (every
+   symbolic dimension is declared ``<= 1e9``, so ends of 1e9 or INT64_MAX do) is dropped, so
+   the result is ``d`` and not ``min(d, 1e9)``. Pad reflect/edge/wrap along a symbolic axis is a
+   gather with indices computed from the axis size (see :func:`_pad_axis`).
 5. ReverseSequence reverses each batch row's first ``sequence_lens[b]`` steps with one gather
    (the lengths may be traced). CenterCropPad's shape input is static.
 """
@@ -24,6 +28,7 @@ Rules:
 from __future__ import annotations
 
 import math
+import operator
 
 import jax.numpy as jnp
 import numpy as np
@@ -150,11 +155,28 @@ def slice_(inputs, attrs, ctx):
     steps = [1] * len(starts) if steps is None else steps
     index = [slice(None)] * rank
     big = 1 << 62
+    dims = np.shape(x) if is_static(x) else x.shape
     for s, e, a, st in zip(starts, ends, axes, steps):
         s = max(min(s, big), -big) if _is_int(s) else s
         e = max(min(e, big), -big) if _is_int(e) else e
-        index[_norm_axis(a, rank)] = slice(s, e, st)
+        a = _norm_axis(a, rank)
+        n = dims[a]
+        if not _is_int(n):  # a symbolic axis: a bound past its end is no bound (rule 6)
+            forward = st > 0
+            if _is_int(s) and (_decided(operator.le, s, -n) if forward else _decided(operator.ge, s, n)):
+                s = None
+            if _is_int(e) and (_decided(operator.ge, e, n) if forward else _decided(operator.le, e, -n - 1)):
+                e = None
+        index[a] = slice(s, e, st)
     return (x[tuple(index)],)
+
+
+def _decided(op, a, b) -> bool:
+    """``op(a, b)`` with a symbolic dimension, False when jax cannot decide it."""
+    try:
+        return bool(op(a, b))
+    except Exception:  # noqa: BLE001 - InconclusiveDimensionOperation: keep the bound
+        return False
 
 
 @lower("Pad", static=(1, 3))
@@ -175,9 +197,40 @@ def pad(inputs, attrs, ctx):
     if mode == "constant":
         v = jnp.asarray(value, x.dtype).reshape(())
         return (lax.pad(x, v, [(lo, hi, 0) for lo, hi in widths]),)
+    if mode not in ("reflect", "edge", "wrap"):
+        raise NotImplementedError(f"Pad mode {mode!r}")
     if any(lo < 0 or hi < 0 for lo, hi in widths):
         raise NotImplementedError(f"Pad mode {mode} with negative pads")
-    return (jnp.pad(x, widths, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]),)
+    y = x
+    for axis, (lo, hi) in enumerate(widths):
+        if lo or hi:
+            y = _pad_axis(y, axis, lo, hi, mode)
+    return (y,)
+
+
+def _pad_axis(x, axis: int, lo: int, hi: int, mode: str):
+    """Reflect, edge or wrap padding of one axis. A static axis is ``jnp.pad``; along a symbolic
+    axis (whose size jax cannot compare with the pads) it is one gather whose indices are
+    computed from the size at run time: reflect ``|i|`` folded at ``n - 1``, edge clipped to
+    ``[0, n - 1]``, wrap ``i mod n`` (ONNX requires pads below the axis size for reflect)."""
+    n = x.shape[axis]
+    if _is_int(n):
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (lo, hi)
+        return jnp.pad(x, widths, mode=mode)
+    from jax._src import core
+
+    size = core.dimension_as_value(n)
+    i = lax.iota(np.int32, n + lo + hi) - lo
+    if mode == "reflect":
+        period = jnp.maximum(2 * (size - 1), 1)
+        j = jnp.abs(i) % period
+        idx = jnp.where(j >= size, period - j, j)
+    elif mode == "edge":
+        idx = jnp.clip(i, 0, size - 1)
+    else:
+        idx = i % size
+    return jnp.take(x, idx.astype(np.int32), axis=axis, mode="clip")
 
 
 def _broadcast(a: list, b: list) -> list:
@@ -232,8 +285,29 @@ def constant_of_shape(inputs, attrs, ctx):
 @lower("Range", static=(0, 1, 2))
 def range_(inputs, attrs, ctx):
     start, limit, delta = (np.asarray(v).reshape(()) for v in inputs)
-    n = max(int(math.ceil((limit - start) / delta)), 0)
-    return ((start + delta * np.arange(n)).astype(start.dtype),)
+    if start.dtype != object and limit.dtype != object and delta.dtype != object:
+        n = max(int(math.ceil((limit - start) / delta)), 0)
+        return ((start + delta * np.arange(n)).astype(start.dtype),)
+    # A symbolic bound (Range(0, Shape(x)[i], 1)): integer steps only; the length is a
+    # dimension expression and the values are computed in the program.
+    from jax._src import core
+
+    s, lim, d = start.item(), limit.item(), delta.item()
+    if not _is_int(d) or isinstance(s, (float, np.floating)) or isinstance(lim, (float, np.floating)):
+        raise NotImplementedError("Range with a symbolic bound and a non-integer step")
+    if d == 0:
+        raise ValueError("Range delta is 0")
+    d = int(d)
+    n = ((lim - s) + d - 1) // d if d > 0 else ((s - lim) - d - 1) // -d
+    if not _decided(operator.ge, n, 0):
+        n = core.max_dim(n, 0)
+    plain = [a.dtype for a in (start, limit, delta) if a.dtype != object]
+    dtype = plain[0] if plain else np.dtype(np.int64)
+    first = s if _is_int(s) else core.dimension_as_value(s)
+    import jax
+
+    dtype = jax.dtypes.canonicalize_dtype(dtype)  # int64 is int32 outside 64-bit mode
+    return ((first + d * lax.iota(dtype, n)).astype(dtype),)
 
 
 @lower("Gather")
