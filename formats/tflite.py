@@ -9,6 +9,8 @@ Rules
    length, buffer offset and tensor size is checked against the file size before it is used; a
    truncated or corrupt file raises ``InputError`` naming the byte offset of the table being read.
    No tensor may hold more than ``MAX_ELEMENTS`` elements; a constant's bytes must match its shape.
+1b. Sparse constants (``sparsity``: traversal order, block map, DENSE / SPARSE_CSR levels) are made
+   dense when read, every segment and index checked against the shape first; DENSIFY folds.
 2. Graph. Subgraph 0 is the model. Operators must come in execution order (as TFLite requires):
    a tensor read before any op writes it, written twice, or an index outside the tensor table is
    bad input. Each TFLite tensor becomes one ONNX value named after the tensor (duplicates get
@@ -265,6 +267,90 @@ class _Reader:
             ops.append(TflOp(i, codes[ci], tuple(ins), tuple(outs), options))
         return TflModel(version, tensors, ops, list(inputs), list(outputs))
 
+    def _densify(self, sp, vals: np.ndarray, shape: tuple[int, ...], shown: str) -> np.ndarray:
+        """TFLite's sparse format (SparsityParameters) to a dense array: the traversal order walks
+        the tensor's dimensions and then its block dimensions; a DENSE level has ``dense_size``
+        entries, a SPARSE_CSR level the entries ``array_indices[segments[p]:segments[p+1]]``.
+        Every segment, index and the number of values is checked before it is used."""
+        rank = len(shape)
+        order = (
+            [int(v) for v in sp.TraversalOrderAsNumpy()] if sp.TraversalOrderLength() else list(range(rank))
+        )
+        block_map = [int(v) for v in sp.BlockMapAsNumpy()] if sp.BlockMapLength() else []
+        nd = rank + len(block_map)
+        if (
+            sorted(order) != list(range(nd))
+            or sp.DimMetadataLength() != nd
+            or any(not 0 <= d < rank for d in block_map)
+        ):
+            raise self.fail(
+                f"sparse tensor '{shown}' has a traversal order or block map that does not fit "
+                f"its rank {rank}"
+            )
+        metas = [sp.DimMetadata(k) for k in range(nd)]
+        # Extent of every traversal dimension: a blocked dimension d is (outer, block) with
+        # outer * block == shape[d].
+        block_size = {}
+        for k, d in enumerate(block_map):
+            level = order.index(rank + k)
+            if metas[level].Format() != 0:
+                raise self.fail(f"sparse tensor '{shown}' has a sparse block dimension")
+            block_size[d] = int(metas[level].DenseSize())
+            if block_size[d] < 1 or shape[d] % block_size[d]:
+                raise self.fail(f"sparse tensor '{shown}' has block {block_size[d]} for dimension {shape[d]}")
+        extent = [shape[d] // block_size.get(d, 1) for d in range(rank)]
+        extent += [block_size[d] for d in block_map]
+        # Walk level by level, keeping (position in the level's arrays, coordinates) for each entry.
+        pos = np.zeros(1, np.int64)
+        coords = np.zeros((1, nd), np.int64)
+        for level, dim in enumerate(order):
+            dm = metas[level]
+            if dm.Format() == 0:  # DENSE
+                size = int(dm.DenseSize())
+                if size != extent[dim] or pos.size * max(size, 1) > MAX_ELEMENTS:
+                    raise self.fail(
+                        f"sparse tensor '{shown}' level {level} has dense size {size}, expected {extent[dim]}"
+                    )
+                pos = (pos[:, None] * size + np.arange(size)[None]).reshape(-1)
+                coords = np.repeat(coords, size, axis=0)
+                coords[:, dim] = np.tile(np.arange(size), coords.shape[0] // max(size, 1))
+            else:  # SPARSE_CSR
+                seg, idx = _index_vector(dm, "segments"), _index_vector(dm, "indices")
+                if seg is None or idx is None or seg.size < 1:
+                    raise self.fail(f"sparse tensor '{shown}' level {level} lacks its segments or indices")
+                if (
+                    seg[0] != 0
+                    or (np.diff(seg) < 0).any()
+                    or seg[-1] > idx.size
+                    or seg.size != pos.size + 1
+                    or (idx < 0).any()
+                    or (idx >= extent[dim]).any()
+                ):
+                    raise self.fail(
+                        f"sparse tensor '{shown}' level {level} has segments or indices out of range"
+                    )
+                counts = np.diff(seg)[pos] if pos.size else np.zeros(0, np.int64)
+                starts = seg[pos]
+                new_pos = (
+                    np.concatenate([np.arange(a, a + n) for a, n in zip(starts, counts, strict=True)])
+                    if pos.size
+                    else pos
+                )
+                coords = np.repeat(coords, counts, axis=0)
+                coords[:, dim] = idx[new_pos.astype(np.int64)] if new_pos.size else 0
+                pos = new_pos.astype(np.int64)
+        if pos.size != vals.size or (pos.size and (pos.max() >= vals.size or pos.min() < 0)):
+            raise self.fail(
+                f"sparse tensor '{shown}' holds {vals.size} values, its sparsity addresses {pos.size}"
+            )
+        full = coords[:, :rank].copy()
+        for k, d in enumerate(block_map):
+            full[:, d] = full[:, d] * block_size[d] + coords[:, rank + k]
+        dense = np.zeros(shape, dtype=vals.dtype)
+        if pos.size:
+            dense[tuple(full.T)] = vals[pos]
+        return dense
+
     def _indices(self, arr, n: int, what: str, optional: bool = False) -> list[int]:
         vals = [int(v) for v in np.asarray(arr).reshape(-1)]
         self.length(len(vals), 4, what)
@@ -349,6 +435,16 @@ class _Reader:
                         hint="unsupported tensor type",
                     )
                 itemsize = dt[0].itemsize
+                sp = t.Sparsity()
+                if sp is not None:  # stored compressed (rule 1b): densified, every index checked
+                    if raw_bytes.size % itemsize:
+                        raise self.fail(
+                            f"sparse tensor '{shown}' has {raw_bytes.size} bytes of {itemsize}-byte values"
+                        )
+                    vals = np.frombuffer(raw_bytes.tobytes(), dtype=dt[0].newbyteorder("<")).astype(dt[0])
+                    self.where = f"sparsity of tensor '{shown}'"
+                    data = self._densify(sp, vals, shape, shown)
+                    return TflTensor(i, name, ttype, shape, sig, data, scale, zp, qdim, bool(t.IsVariable()))
                 if raw_bytes.size != count * itemsize:
                     self.where = f"buffer {b} of tensor '{shown}'"
                     raise self.fail(
@@ -360,6 +456,20 @@ class _Reader:
         return TflTensor(
             i, name, ttype, shape, sig, data, scale, zp, qdim, bool(t.IsVariable()), t.Sparsity() is not None
         )
+
+
+def _index_vector(dm, kind: str) -> np.ndarray | None:
+    """A DimensionMetadata's array_segments / array_indices union (Int32, Uint16 or Uint8 vector)."""
+    import tflite
+
+    vtype = dm.ArraySegmentsType() if kind == "segments" else dm.ArrayIndicesType()
+    table = dm.ArraySegments() if kind == "segments" else dm.ArrayIndices()
+    cls = {1: tflite.Int32Vector, 2: tflite.Uint16Vector, 3: tflite.Uint8Vector}.get(int(vtype))
+    if cls is None or table is None:
+        return None
+    v = cls()
+    v.Init(table.Bytes, table.Pos)
+    return np.array(v.ValuesAsNumpy() if v.ValuesLength() else [], dtype=np.int64).reshape(-1)
 
 
 def read_tflite(data: bytes, path: str = "<bytes>") -> TflModel:
@@ -758,6 +868,8 @@ class _Converter:
                 missing = [k for k in op.outputs if k not in self.vals]
                 if missing:
                     raise _Unsupported(f"output '{show(self.T(missing[0]).name)}' is not produced")
+                if reads_poison:  # computed from a placeholder: as unknown as its input
+                    self.poisoned.update(op.outputs)
             except (IndexError, ValueError, KeyError, TypeError, ZeroDivisionError, OverflowError) as exc:
                 if reads_poison:
                     del self.nodes[mark:]

@@ -230,6 +230,14 @@ def quantize(c: _Converter, op: TflOp) -> None:
     c.bind(op.outputs[0], c.value(op.inputs[0]))
 
 
+@lowering("DENSIFY")
+def densify(c: _Converter, op: TflOp) -> None:
+    # The sparse constant was made dense when the file was read (tflite.py rule 1b): fold.
+    a = c.need_const(op.inputs[0], "sparse input")
+    c.folded[op.outputs[0]] = a
+    c.vals[op.outputs[0]] = c.init(c.tname[op.outputs[0]], a)
+
+
 @lowering("DEQUANTIZE")
 def dequantize_op(c: _Converter, op: TflOp) -> None:
     x = op.inputs[0]

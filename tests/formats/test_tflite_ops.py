@@ -765,3 +765,59 @@ def test_basic_pitch_nmp_imports_and_matches_litert():
     for e, g, r in zip(expected, got_ort, got_ref, strict=True):
         np.testing.assert_allclose(g, e, rtol=0, atol=1e-5)
         np.testing.assert_allclose(r, e, rtol=0, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------ sparse constants
+
+
+def _sparse_model(dims, values, order=(0, 1), block_map=()) -> bytes:
+    b = TflBuilder()
+    x = b.tensor("x", [4, 6])
+    w = b.tensor(
+        "w_sparse",
+        [4, 6],
+        F32,
+        data=np.asarray(values, F32),
+        sparsity={"order": list(order), "block_map": list(block_map), "dims": dims},
+    )
+    d = b.tensor("w", [4, 6])
+    b.op("DENSIFY", [w], [d])
+    y = b.tensor("y", [4, 6])
+    b.op("ADD", [x, d], [y], "AddOptions")
+    return b.build([x], [y])
+
+
+def test_sparse_constants_csr_and_blocked_are_densified_like_litert():
+    rng = np.random.default_rng(36)
+    x = rng.normal(size=(4, 6)).astype(F32)
+    # CSR over rows: row r holds the listed columns (mediapipe's sparse detectors store filters so).
+    segs, idx = [0, 2, 2, 5, 6], [1, 4, 0, 2, 5, 3]
+    _check(_sparse_model([("dense", 4), ("csr", segs, idx)], rng.normal(size=6)), [x])
+    # 2x3 blocks: outer rows dense, outer columns CSR, each kept block dense.
+    dims = [("dense", 2), ("csr", [0, 1, 3], [1, 0, 1]), ("dense", 2), ("dense", 3)]
+    data = _sparse_model(dims, rng.normal(size=18), order=(0, 1, 2, 3), block_map=(0, 1))
+    _check(data, [x])
+
+
+@pytest.mark.parametrize(
+    "dims,values,match",
+    [
+        ([("dense", 4), ("csr", [0, 2, 2, 5, 6], [1, 4, 0, 2, 9, 3])], 6, "out of range"),
+        ([("dense", 4), ("csr", [0, 2, 1, 5, 6], [1, 4, 0, 2, 5, 3])], 6, "out of range"),
+        ([("dense", 4), ("csr", [0, 2, 2, 5, 6], [1, 4, 0, 2, 5, 3])], 5, "holds 5 values"),
+        ([("dense", 5), ("dense", 6)], 30, "dense size 5"),
+    ],
+)
+def test_hostile_sparsity_is_refused_with_the_file_named(tmp_path, dims, values, match):
+    from mconv.cli.app import app
+    from typer.testing import CliRunner
+
+    rng = np.random.default_rng(37)
+    data = _sparse_model(dims, rng.normal(size=values))
+    with pytest.raises(InputError, match=match) as err:
+        load_tflite_bytes(data, "sparse.tflite")
+    assert err.value.path == "sparse.tflite" and "w_sparse" in str(err.value)
+    src = tmp_path / "sparse.tflite"
+    src.write_bytes(data)
+    res = CliRunner().invoke(app, ["import", str(src), "-o", str(tmp_path / "o.onnx")])
+    assert res.exit_code == 2 and str(src) in res.output and len(res.output.strip().splitlines()) == 1

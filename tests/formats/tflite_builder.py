@@ -41,6 +41,7 @@ class TflBuilder:
         zero_point=None,
         quantized_dimension: int = 0,
         variable: bool = False,
+        sparsity: dict | None = None,
     ) -> int:
         buf = 0
         if data is not None:
@@ -59,6 +60,7 @@ class TflBuilder:
                 zero_point=zero_point,
                 qdim=quantized_dimension,
                 variable=variable,
+                sparsity=sparsity,
             )
         )
         return len(self.tensors) - 1
@@ -131,7 +133,43 @@ class TflBuilder:
                 tflite.QuantizationParametersAddZeroPoint(b, zv)
                 tflite.QuantizationParametersAddQuantizedDimension(b, t["qdim"])
                 q = tflite.QuantizationParametersEnd(b)
+            sp = None
+            if t.get("sparsity"):
+                # {"order": [...], "block_map": [...], "dims": [("dense", n) | ("csr", segs, idx)]}
+                spec = t["sparsity"]
+                metas = []
+                for d in spec["dims"]:
+                    segs = idx = None
+                    if d[0] == "csr":
+                        segs = ivec(d[1], tflite.Int32VectorStartValuesVector)
+                        tflite.Int32VectorStart(b)
+                        tflite.Int32VectorAddValues(b, segs)
+                        segs = tflite.Int32VectorEnd(b)
+                        idx = ivec(d[2], tflite.Int32VectorStartValuesVector)
+                        tflite.Int32VectorStart(b)
+                        tflite.Int32VectorAddValues(b, idx)
+                        idx = tflite.Int32VectorEnd(b)
+                    tflite.DimensionMetadataStart(b)
+                    tflite.DimensionMetadataAddFormat(b, 0 if d[0] == "dense" else 1)
+                    if d[0] == "dense":
+                        tflite.DimensionMetadataAddDenseSize(b, d[1])
+                    else:
+                        tflite.DimensionMetadataAddArraySegmentsType(b, 1)
+                        tflite.DimensionMetadataAddArraySegments(b, segs)
+                        tflite.DimensionMetadataAddArrayIndicesType(b, 1)
+                        tflite.DimensionMetadataAddArrayIndices(b, idx)
+                    metas.append(tflite.DimensionMetadataEnd(b))
+                order = ivec(spec["order"], tflite.SparsityParametersStartTraversalOrderVector)
+                bmap = ivec(spec.get("block_map", []), tflite.SparsityParametersStartBlockMapVector)
+                mv = tables(metas, tflite.SparsityParametersStartDimMetadataVector)
+                tflite.SparsityParametersStart(b)
+                tflite.SparsityParametersAddTraversalOrder(b, order)
+                tflite.SparsityParametersAddBlockMap(b, bmap)
+                tflite.SparsityParametersAddDimMetadata(b, mv)
+                sp = tflite.SparsityParametersEnd(b)
             tflite.TensorStart(b)
+            if sp is not None:
+                tflite.TensorAddSparsity(b, sp)
             tflite.TensorAddShape(b, shape)
             tflite.TensorAddType(b, t["type"])
             tflite.TensorAddBuffer(b, t["buffer"])
