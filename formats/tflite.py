@@ -25,10 +25,11 @@ Rules
    constants become float32. The graph computes in float. Quantized graph inputs/outputs keep
    their integer dtype (``options["io"] = "tflite"``, the default: a DequantizeLinear after each
    input, a QuantizeLinear before each output) or become float (``io = "float"``). With
-   ``options["activations"] = "fake-quant"`` (default) every per-tensor quantized activation gets
-   a QuantizeLinear/DequantizeLinear pair, so rounding and clamping to the int8 range follow the
-   interpreter; ``"float"`` leaves activations unrounded. QUANTIZE becomes such a pair (identity
-   with ``"float"``), DEQUANTIZE an identity (a constant folds).
+   ``options["activations"] = "qdq"`` (the default; "fake-quant" is its older name) every per-tensor
+   quantized activation gets a QuantizeLinear/DequantizeLinear pair, so rounding and clamping to the
+   int8 range follow the interpreter, and quantized filters/biases are kept as their codes plus a
+   DequantizeLinear; ``"float"`` leaves activations unrounded. QUANTIZE becomes such a pair
+   (identity with ``"float"``), DEQUANTIZE an identity (a constant folds).
 5. Padding follows TF: SAME pads ``max((ceil(in/s)-1)*s + (k-1)*d + 1 - in, 0)`` split with the
    smaller half first; SAME average pooling divides by the valid (unpadded) window.
 6. UNIDIRECTIONAL_SEQUENCE_LSTM: TFLite's gates i, f, c, o become ONNX LSTM's i, o, f, c (weights
