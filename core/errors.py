@@ -59,6 +59,21 @@ def show(name: object, limit: int = NAME_LIMIT) -> str:
     return shorten(_escape(text), limit)
 
 
+SUMMARY_FIRST = 5
+
+
+def summarize_names(names, first: int = SUMMARY_FIRST, *, noun: str = "more", limit: int = NAME_LIMIT) -> str:
+    """``a, b, c, d, e and 137 more``: the first ``first`` of ``names`` (each through
+    :func:`show` with ``limit``), then a count of the rest, so a list of any length fits a
+    one-line message. An empty list gives ``none``."""
+    names = [show(n, limit) for n in names]
+    if not names:
+        return "none"
+    head = ", ".join(names[:first])
+    rest = len(names) - min(first, len(names))
+    return f"{head} and {rest} {noun}" if rest else head
+
+
 class MconvError(Exception):
     """An error the user can act on. Rendered as one line, never a traceback."""
 
@@ -88,8 +103,15 @@ class InputError(MconvError):
     """Bad input or usage: a file that cannot be read, a shape that does not fit, ... (exit 2)."""
 
 
+UNSUPPORTED_LISTED = 8  # up to this many unsupported items are all named in the one line
+
+
 class UnsupportedError(InputError):
-    """Nodes/layers that a registry does not know. Names every one of them in one line."""
+    """Nodes/layers that a registry does not know.
+
+    Up to ``UNSUPPORTED_LISTED`` items are all named in the one line; more are summarized (a
+    count per kind, the first few by name) and :meth:`details` lists every one (the CLI puts it
+    in ``--json``'s error document and prints it with ``--debug``)."""
 
     def __init__(
         self,
@@ -100,8 +122,29 @@ class UnsupportedError(InputError):
         hint: str | None = None,
     ) -> None:
         self.items = list(items)
-        listed = ", ".join(f"{name} ({kind})" for name, kind in self.items)
-        super().__init__(f"{len(self.items)} unsupported {what}(s): {listed}", path=path, hint=hint)
+        self.what = what
+        n = len(self.items)
+        if n <= UNSUPPORTED_LISTED:
+            listed = ", ".join(f"{name} ({kind})" for name, kind in self.items)
+            message = f"{n} unsupported {what}(s): {listed}"
+        else:  # a count per kind and the first few by name; every one in --json / --debug
+            counts: dict[str, int] = {}
+            for _, kind in self.items:
+                counts[kind] = counts.get(kind, 0) + 1
+            kinds = sorted(counts, key=lambda k: (-counts[k], k))
+            by_kind = summarize_names(
+                [f"{show(k, 40)} x{counts[k]}" for k in kinds], 8, noun="more kinds", limit=50
+            )
+            first = ", ".join(f"{show(nm, 40)} ({show(k, 40)})" for nm, k in self.items[:SUMMARY_FIRST])
+            message = (
+                f"{n} unsupported {what}(s) of {len(kinds)} kind(s): {by_kind}; first: {first} "
+                f"and {n - SUMMARY_FIRST} more (every one with --json or --debug)"
+            )
+        super().__init__(message, path=path, hint=hint)
+
+    def details(self) -> dict:
+        """Every item, for ``--json`` and ``--debug`` (the one-line message names only the first few)."""
+        return {"what": self.what, "items": [{"name": str(n), "kind": str(k)} for n, k in self.items]}
 
 
 class IntegrityError(InputError):
