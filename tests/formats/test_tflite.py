@@ -23,6 +23,14 @@ from tflite_builder import TflBuilder  # noqa: E402
 RNG = np.random.default_rng(0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_rng():
+    """Each test draws from its own generator, seeded the same, whatever ran before it."""
+    global RNG
+    RNG = np.random.default_rng(0)
+    yield
+
+
 def _litert(model: bytes | Path, feeds: list[np.ndarray]) -> list[np.ndarray]:
     kw = {"model_content": model} if isinstance(model, bytes) else {"model_path": str(model)}
     it = litert.Interpreter(**kw)
