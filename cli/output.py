@@ -1,5 +1,19 @@
 """How the CLI talks: JSON on stdout (and nothing else there), tables and progress on stderr.
 
+Rules:
+
+- ``--json``: one JSON document on stdout and nothing else; on an error before any document
+  it is ``{"error": {...}}`` (the one line, exit code, kind, file, place, hint and, for
+  unsupported ops, every item); a failed gate (exit 1) has its report as the document.
+- Reports of work done (tables of passes, byte accounts, verify's metrics), notes and progress
+  go to stderr, so a pipe of ``--json`` stays parseable and logs keep them.
+- A command whose result *is* the table (``inspect``) prints it on stdout when not ``--json``
+  (``mconv inspect m.onnx | less`` works); ``--quiet`` prints nothing there.
+- Progress (:meth:`Out.progress`): on a terminal a bar with the stage, ``done/total`` and an
+  ETA; off a terminal (CI, logs, pipes) one line every ``MCONV_PROGRESS_INTERVAL`` seconds
+  (default 5) on stderr: ``progress: TITLE: STAGE | step 37/120 (31%) | elapsed 1m02s, ETA 2m10s``.
+  Work that ends within the interval prints no progress line.
+
 ``run_command`` turns exceptions into the stable exit codes: 1 gate failed, 2 bad input or usage
 (one line), 3 internal error (a traceback only with ``--debug``).
 """
@@ -8,29 +22,128 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import typer
-from mconv.errors import EXIT_INTERNAL, MconvError
+from mconv.errors import EXIT_INTERNAL, MconvError, show
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 # Off a terminal (logs, CI, pipes) rich would wrap at 80 columns and truncate the size tables.
 err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 140)
 
 
+PROGRESS_INTERVAL_ENV = "MCONV_PROGRESS_INTERVAL"
+DEFAULT_PROGRESS_INTERVAL = 5.0
+
+
+def progress_interval() -> float:
+    """Seconds between progress lines off a terminal (``MCONV_PROGRESS_INTERVAL``, default 5)."""
+    try:
+        value = float(os.environ.get(PROGRESS_INTERVAL_ENV, DEFAULT_PROGRESS_INTERVAL))
+    except ValueError:
+        return DEFAULT_PROGRESS_INTERVAL
+    return value if value >= 0 and math.isfinite(value) else DEFAULT_PROGRESS_INTERVAL
+
+
+def format_duration(seconds: float | None) -> str:
+    """``42s``, ``3m05s``, ``1h02m``; ``?`` when unknown."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+class ProgressState:
+    """What a progress display shows: a title, the current stage's text, ``completed/total``,
+    elapsed time and an ETA.
+
+    The ETA is the rate of the current count since it started (a new ``total``, or a count that
+    went back, starts a new count: a pipeline's pass counter gives way to a fine-tune's step
+    counter) times what is left of it."""
+
+    def __init__(self, title: str, total: float | None, clock: Callable[[], float]) -> None:
+        self.title = title
+        self.description = title
+        self.info = ""
+        self.completed: float = 0
+        self.total = total
+        self.clock = clock
+        self.start = clock()
+        self._count_start = (self.start, 0.0)
+
+    def update(self, description=None, completed=None, total=None, info=None) -> None:
+        now = self.clock()
+        if total is not None and total != self.total:
+            self.total = total
+            self._count_start = (now, float(completed or 0))
+        if completed is not None:
+            if completed < self.completed:
+                self._count_start = (now, float(completed))
+            self.completed = completed
+        if description is not None:
+            self.description = description
+        if info is not None:
+            self.info = info
+
+    def eta(self) -> float | None:
+        if not self.total:
+            return None
+        t0, c0 = self._count_start
+        done = self.completed - c0
+        if done <= 0:
+            return None
+        return (self.total - self.completed) * (self.clock() - t0) / done
+
+    def line(self) -> str:
+        parts = [f"progress: {self.title}"]
+        if self.description and self.description != self.title:
+            parts[0] += f": {self.description}"
+        if self.info:
+            parts.append(self.info)
+        if self.total:
+            pct = 100.0 * self.completed / self.total
+            parts.append(f"{self.completed:g}/{self.total:g} ({pct:.0f}%)")
+        timing = f"elapsed {format_duration(self.clock() - self.start)}"
+        if self.total:
+            timing += f", ETA {format_duration(self.eta())}"
+        parts.append(timing)
+        return " | ".join(parts)
+
+
 @dataclass
 class Out:
-    """Per-command output settings."""
+    """Per-command output settings.
+
+    ``tty``: whether progress draws a bar (None: whether stderr is a terminal); ``clock`` and
+    ``interval``: the time source and the seconds between progress lines off a terminal
+    (None: ``MCONV_PROGRESS_INTERVAL`` or 5); tests set them."""
 
     json: bool = False
     quiet: bool = False
     debug: bool = False
+    tty: bool | None = None
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    interval: float | None = None
+    emitted: bool = field(default=False, repr=False)  # a document is on stdout already
 
     @property
     def show(self) -> bool:
@@ -41,17 +154,25 @@ class Out:
         if self.show:
             err_console.print(*objects, **kwargs)
 
+    def print_result(self, *objects, **kwargs) -> None:
+        """A command's result in human form (``inspect``'s tables): stdout, unless ``--json``
+        (then stdout holds the JSON document only) or ``--quiet``."""
+        if self.show and not self.json:
+            Console(highlight=False, width=None if sys.stdout.isatty() else 140).print(*objects, **kwargs)
+
     def emit(self, doc: dict) -> None:
         if self.json:
+            self.emitted = True
             sys.stdout.write(json.dumps(jsonable(doc), sort_keys=True, indent=2) + "\n")
             sys.stdout.flush()
 
     @contextmanager
     def progress(self, description: str, total: float | None = None):
-        """A progress bar on stderr.
+        """Progress of long work on stderr: a bar on a terminal, a line every few seconds off one.
 
         Yields ``update(description=None, completed=None, total=None, info=None)``, the signature
-        passes use (``PassContext.progress``); ``update.advance(n)`` steps it by ``n``.
+        passes use (``PassContext.progress``: ``update(description, completed, total)``);
+        ``update.advance(n)`` steps it by ``n``.
         """
 
         def noop(*args, **kwargs) -> None:
@@ -61,15 +182,23 @@ class Out:
         if not self.show:
             yield noop
             return
+        tty = err_console.is_terminal if self.tty is None else self.tty
+        if not tty:
+            yield from self._progress_lines(description, total)
+            return
         with Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
+            MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
             console=err_console,
             transient=True,
         ) as prog:
             task = prog.add_task(description, total=total, info="")
+            state = ProgressState(description, total, self.clock)
 
             def update(
                 description: str | None = None,
@@ -77,20 +206,49 @@ class Out:
                 total: float | None = None,
                 info: str | None = None,
             ) -> None:
+                state.update(description, completed, total, info)
+                if total is not None and total != prog.tasks[0].total:
+                    prog.reset(task, total=total, completed=completed or 0)
                 kw = {
                     k: v
                     for k, v in (
                         ("description", description),
                         ("completed", completed),
-                        ("total", total),
                         ("info", info),
                     )
                     if v is not None
                 }
                 prog.update(task, **kw)
 
-            update.advance = lambda n=1: prog.update(task, advance=n)
+            def advance(n: float = 1) -> None:
+                state.update(completed=state.completed + n)
+                prog.update(task, advance=n)
+
+            update.advance = advance
             yield update
+
+    def _progress_lines(self, description: str, total: float | None):
+        """Off a terminal: a line on stderr when ``interval`` seconds passed since the last one."""
+        interval = progress_interval() if self.interval is None else self.interval
+        state = ProgressState(description, total, self.clock)
+        last = [state.start]
+
+        def maybe_print() -> None:
+            now = self.clock()
+            if now - last[0] >= interval:
+                last[0] = now
+                err_console.print(state.line(), markup=False, highlight=False, soft_wrap=True)
+
+        def update(description=None, completed=None, total=None, info=None) -> None:
+            state.update(description, completed, total, info)
+            maybe_print()
+
+        def advance(n: float = 1) -> None:
+            state.update(completed=state.completed + n)
+            maybe_print()
+
+        update.advance = advance
+        yield update
 
 
 def jsonable(obj):
@@ -122,9 +280,26 @@ def run_command(out: Out, fn: Callable[[], int | None]) -> None:
         code = fn() or 0
     except MconvError as exc:
         label = "internal error" if exc.exit_code == EXIT_INTERNAL else "error"
-        err_console.print(f"{label}: {exc.line()}", markup=False, soft_wrap=True)
+        line = exc.line()
+        err_console.print(f"{label}: {line}", markup=False, soft_wrap=True)
+        details = exc.details() if hasattr(exc, "details") else None
         if out.debug:
             traceback.print_exc()
+            for item in (details or {}).get("items", []):  # every unsupported op, one a line
+                err_console.print(f"  {show(item['name'], 200)} ({show(item['kind'], 200)})", markup=False)
+        if out.json and not out.emitted:  # a failed gate's report is the document already
+            error = {
+                "exit_code": exc.exit_code,
+                "kind": type(exc).__name__,
+                "line": line,
+                "message": exc.message,
+                "path": exc.path,
+                "where": exc.where,
+                "hint": exc.hint,
+            }
+            if details:
+                error.update(details)
+            out.emit({"error": error})
         raise typer.Exit(exc.exit_code) from None
     except typer.Exit:
         raise

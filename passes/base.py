@@ -260,7 +260,8 @@ class PassContext:
 
     data: calibration / fine-tuning feeds keyed by input name (optional ``labels``).
     reference_model: the uncompressed model, for distillation.
-    progress: ``progress(description, completed, total)`` or None (the CLI draws a bar).
+    progress: ``progress(description, completed, total)`` or None (the CLI draws a bar, or
+        prints a line every few seconds off a terminal). Passes report through :meth:`tick`.
     seed: seed of every random choice a pass makes.
     """
 
@@ -269,6 +270,7 @@ class PassContext:
     progress: Progress | None = None
     seed: int = 0
     spec: PassSpec | None = None  # the pass being run; set by the pipeline
+    stage: str | None = field(default=None, repr=False)  # "pass 3/5 finetune", set by tick()
 
     def config_for(self, node: ir.Node | None = None) -> Any:
         """The running pass's config for ``node`` (global when None): name beats type beats global."""
@@ -279,9 +281,22 @@ class PassContext:
     def rng(self, salt: int = 0) -> np.random.Generator:
         return np.random.default_rng([self.seed, salt])
 
-    def tick(self, description: str, completed: int, total: int) -> None:
-        if self.progress is not None:
+    def tick(self, description: str, completed: float, total: float | None) -> None:
+        """Report progress to ``progress``.
+
+        The pipeline ticks between passes (no pass running: ``pass NAME``, i, n, passed on as
+        it is); that tick names the stage. A tick from inside a pass (``spec`` set) is shown under its stage:
+        ``pass 3/5 finetune: epoch 2/10 loss 0.41 | 37/120``, so a long pass's own count (and
+        its ETA) keeps the pipeline's place in view."""
+        if self.progress is None:
+            return
+        if self.spec is None:
+            name = description[len("pass ") :] if description.startswith("pass ") else None
+            self.stage = f"pass {int(completed) + 1}/{int(total)} {name}" if name and total else None
             self.progress(description, completed, total)
+            return
+        stage = self.stage or f"pass {self.spec.name}"
+        self.progress(f"{stage}: {description}", completed, total)
 
 
 @dataclass

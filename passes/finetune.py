@@ -274,7 +274,7 @@ def finetune_model(
     *,
     reference_model: ir.Model | None = None,
     frozen: Callable[[ir.Node], bool] | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: Callable[[str, int, int | None], None] | None = None,
     seed: int = 0,
 ) -> FinetuneResult:
     """Retrain ``model``'s weights in place on ``data``; see :class:`Finetune` for the rules."""
@@ -318,6 +318,8 @@ def finetune_model(
     if loss_kind == "xent" and labels is None:
         raise InputError("loss 'xent' needs labels", where="pass finetune", hint="add 'labels' to the .npz")
     if loss_kind != "xent" or labels is None:
+        if progress is not None:
+            progress("teacher outputs", 0, None)
         ref = reference_model
         if ref is None:
             result.notes.append("no reference model: distilling from the model as it is before fine-tuning")
@@ -367,8 +369,11 @@ def finetune_model(
 
         return fn
 
+    if progress is not None:
+        progress("held-out metric before training", 0, None)
     m0, metric_name = metric()
     result.epochs.append(EpochStats(0, None, m0, metric_name))
+    last_metric = f", {metric_name} {m0:.4f} before training"
     opt = Optimizer(config.optimizer, config.lr, config.momentum, config.weight_decay)
     wrt = [p.name for p in params]
     steps_per_epoch = -(-len(train) // config.batch_size)
@@ -388,19 +393,21 @@ def finetune_model(
                 p.commit()
                 student.set_initializer(p.name, p.weights)
             done += 1
-            if progress is not None and (done % 8 == 0 or done == total):
+            if progress is not None:  # every step: the display decides how often to show it
                 progress(
-                    f"finetune epoch {epoch}/{config.epochs} loss {np.average(losses, weights=sizes):.4f}",
+                    f"epoch {epoch}/{config.epochs}, loss {np.average(losses, weights=sizes):.4f}"
+                    f"{last_metric}",
                     done,
                     total,
                 )
+        if progress is not None:
+            progress(f"epoch {epoch}/{config.epochs}: {metric_name} on held-out samples", done, total)
         m, _ = metric()
         loss = float(np.average(losses, weights=sizes))
         result.epochs.append(EpochStats(epoch, loss, m, metric_name))
+        last_metric = f", {metric_name} {m:.4f} after epoch {epoch}"
         if progress is not None:
-            progress(
-                f"finetune epoch {epoch}/{config.epochs} loss {loss:.4f} {metric_name} {m:.4f}", done, total
-            )
+            progress(f"epoch {epoch}/{config.epochs}, loss {loss:.4f}{last_metric}", done, total)
 
     for p in params:
         old = p.value.const_value
@@ -498,7 +505,7 @@ class Finetune(Pass):
             config,
             reference_model=ctx.reference_model,
             frozen=frozen,
-            progress=ctx.progress,
+            progress=ctx.tick,  # shown under the pipeline's stage ("pass 3/5 finetune: epoch ...")
             seed=ctx.seed,
         )
         notes = list(res.notes)
