@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -10,8 +11,85 @@ import numpy as np
 import typer
 from mconv import __version__
 from mconv.cli.output import Out, human_bytes, run_command
-from mconv.errors import GateFailed, InputError
+from mconv.errors import GateFailed, InputError, UnsupportedError
+from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperCommand
+
+
+def _argument_label(param, usage: bool = False) -> str:
+    """``MODEL``, ``FILE...``, ``[DIR]``: an argument as the help shows it (no braces, no types)."""
+    label = param.metavar or param.name.upper()
+    if param.nargs != 1:
+        label += "..."
+    return f"[{label}]" if usage and not param.required else label
+
+
+class Command(TyperCommand):
+    """Help text for people: arguments as ``MODEL`` / ``FILE...`` / ``[DIR]`` (typer would write
+    ``{MODEL}`` and ``<list[Path]>``), every option with its metavar and help, and a listing
+    from the registries after the options where a command has one (``EPILOGS``)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                pieces.append(_argument_label(param, usage=True))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+    def format_options(self, ctx, formatter) -> None:
+        args, opts = [], []
+        for param in self.get_params(ctx):
+            if getattr(param, "hidden", False):
+                continue
+            if param.param_type_name == "argument":
+                extra = "  [required]" if param.required else ""
+                args.append((_argument_label(param), (param.help or "") + extra))
+            else:
+                record = param.get_help_record(ctx)
+                if record is not None:
+                    opts.append(record)
+        if args:
+            with formatter.section("Arguments"):
+                formatter.write_dl(args)
+        if opts:
+            with formatter.section("Options"):
+                formatter.write_dl(opts)
+
+    def format_epilog(self, ctx, formatter) -> None:
+        listing = EPILOGS.get(self.name)
+        if listing is not None:
+            for title, rows in listing():
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+        super().format_epilog(ctx, formatter)
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().splitlines()[0].replace("``", "'") if (text or "").strip() else ""
+
+
+def _optimize_listing() -> list[tuple[str, list[tuple[str, str]]]]:
+    """optimize --help: the registered passes and the built-in recipes, read from the registries."""
+    import tomllib
+
+    from mconv.passes.base import PASSES
+    from mconv.passes.pipeline import RECIPE_DIR, recipe_names
+
+    passes = [(name, _first_line(cls.__doc__)) for name, cls in sorted(PASSES.items())]
+    recipes = []
+    for name in recipe_names():
+        try:
+            desc = tomllib.loads((RECIPE_DIR / f"{name}.toml").read_text()).get("description", "")
+        except (OSError, ValueError):
+            desc = ""
+        recipes.append((name, str(desc)))
+    return [("Passes (--passes)", passes), ("Recipes (--recipe)", recipes)]
+
+
+EPILOGS = {"optimize": _optimize_listing}
 
 app = typer.Typer(
     name="mconv",
@@ -29,6 +107,7 @@ InputShapeOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--input-shape",
+        metavar="NAME=DIMS",
         help="Fix a symbolic input shape: NAME=1,3,224,224 (repeatable). An unknown name or a dim "
         "that contradicts a fixed one is refused; downstream shapes are inferred.",
     ),
@@ -37,11 +116,14 @@ SamplesOpt = Annotated[
     int | None,
     typer.Option(
         "--samples",
+        metavar="N",
         help="Random samples when no --data/--input (default 4): a symbolic batch dim is set to N "
         "(one run); a fixed batch B runs N/B times (N must be a multiple of B).",
     ),
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the random inputs (same seed, same inputs).")]
+SeedOpt = Annotated[
+    int, typer.Option("--seed", metavar="INT", help="Seed of the random inputs (same seed, same inputs).")
+]
 
 
 def _out(json_: bool, quiet: bool, debug: bool) -> Out:
@@ -67,12 +149,36 @@ def _root(
 # --- import ------------------------------------------------------------------------------------
 
 
-@app.command("import")
+@app.command("import", cls=Command)
 def import_cmd(
-    src: Annotated[list[Path], typer.Argument(help="Model file(s): FILE or FILE1 FILE2 for split formats.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Output .onnx path.")],
-    format: Annotated[str | None, typer.Option("--format", help="Force the source format.")] = None,
+    src: Annotated[
+        list[Path],
+        typer.Argument(metavar="FILE", help="Model file(s): FILE, or FILE1 FILE2 for split formats."),
+    ],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="FILE", help="Output .onnx path.")],
+    format: Annotated[
+        str | None,
+        typer.Option("--format", metavar="NAME", help="Force the source format (default: from the file)."),
+    ] = None,
     input_shape: InputShapeOpt = None,
+    input_value: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input-value",
+            metavar="NAME=VALUE",
+            help="PyTorch: bake an int, float or bool argument of forward() into the model as a "
+            "constant, e.g. sr=16000 (repeatable).",
+        ),
+    ] = None,
+    example_inputs: Annotated[
+        Path | None,
+        typer.Option(
+            "--example-inputs",
+            metavar="FILE.npz",
+            help="PyTorch: example inputs, arrays keyed by forward() argument name; a 0-d array gives "
+            "an int, float or bool argument's value.",
+        ),
+    ] = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -89,7 +195,17 @@ def import_cmd(
         t0 = time.perf_counter()
         shapes = parse_input_shapes(input_shape)
         options = {"input_shapes": shapes}
+        if input_value or example_inputs:  # PyTorch only (formats/torch_format.py rule 3)
+            from mconv.formats.torch_format import parse_input_values
+
+            options.update(input_values=parse_input_values(input_value), example_inputs=example_inputs)
         model = import_model(src, format=format, options=options)
+        if (input_value or example_inputs) and model.metadata_props.get("mconv.source_format") != "torch":
+            raise InputError(
+                "--input-value and --example-inputs apply to PyTorch models only",
+                path=str(src[0]),
+                hint="give ONNX and other formats' input shapes with --input-shape",
+            )
         # Every format: the names are checked, symbolic dims fixed, shapes inferred downstream.
         shape_notes = fix_input_shapes(model, shapes, path=str(src[0]))
         written = save_onnx(model, output)
@@ -160,24 +276,32 @@ def render_pass_reports(out: Out, reports) -> None:
             out.print(f"  {d['name']}: {note}", markup=False)
 
 
-@app.command("optimize")
+@app.command("optimize", cls=Command)
 def optimize_cmd(
     model_path: Annotated[
         Path, typer.Argument(metavar="IN", help="Input model (.onnx or any importable file).")
     ],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Output path (.onnx).")],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="FILE", help="Output path (.onnx).")],
     passes: Annotated[
-        str | None, typer.Option("--passes", help="Pass spec, e.g. 'fold,dce,fuse-bn,fp16'.")
+        str | None,
+        typer.Option(
+            "--passes", metavar="SPEC", help="Pass spec, e.g. 'fold,dce,prune(sparsity=0.9)' (passes below)."
+        ),
     ] = None,
     recipe: Annotated[
-        str | None, typer.Option("--recipe", help="Built-in recipe name or a TOML file.")
+        str | None,
+        typer.Option("--recipe", metavar="NAME|FILE", help="Built-in recipe (below) or a TOML file."),
     ] = None,
     data: Annotated[
-        Path | None, typer.Option("--data", help="Calibration / fine-tuning data (.npz).")
+        Path | None,
+        typer.Option("--data", metavar="FILE", help="Calibration / fine-tuning data (.npz)."),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="INT", help="Seed of every random choice the passes make.")
+    ] = 0,
     format: Annotated[
-        str | None, typer.Option("--format", help="Output format (default from extension).")
+        str | None,
+        typer.Option("--format", metavar="NAME", help="Output format (default: from the extension)."),
     ] = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -205,7 +329,7 @@ def optimize_cmd(
             model = open_model(model_path)
             before = model_stats(model)
             ctx = P.PassContext(data=_load_data(data, model), seed=seed)
-            with out.progress("optimize", total=len(specs)) as update:
+            with out.progress(f"optimize {recipe or passes}", total=len(specs)) as update:
                 ctx.progress = update
                 model, reports = P.run_pipeline(model, specs, ctx)
             written = _save_model(model, output, format, model_path)
@@ -222,16 +346,26 @@ def optimize_cmd(
         has_graph = not is_weight_only(model)
         del model
         check_written(output, model_path, what="optimize", graph=has_graph)
+        file_bytes = sum(p.stat().st_size for p in written if p.is_file())
+        predicted = account["total"]["bytes"] if account else None
         out.print(
-            f"wrote {output}: {human_bytes(before.bytes)} -> {human_bytes(after.bytes)} "
-            f"({before.bytes / max(after.bytes, 1):.1f}x)"
+            optimize_summary(output, before.bytes, after.bytes, file_bytes, predicted),
+            markup=False,
+            soft_wrap=True,
         )
         out.emit(
             {
                 "output": str(output),
                 "files": [str(p) for p in written],
+                # like for like: weight bytes in the input and in the written model (dense)
                 "bytes_before": before.bytes,
                 "bytes_after": after.bytes,
+                "weight_bytes_before": before.bytes,
+                "weight_bytes_after": after.bytes,
+                "file_bytes_after": file_bytes,
+                # what an export stores for these weights, from the byte account (None: not
+                # predicted, the model carries no pruning or clustering facts)
+                "predicted_bundle_weight_bytes": predicted,
                 "passes": [r.as_dict() for r in reports],
                 "account": account,
             }
@@ -239,6 +373,24 @@ def optimize_cmd(
         return 0
 
     run_command(out, body)
+
+
+def optimize_summary(
+    output: Path, weights_before: int, weights_after: int, file_bytes: int, predicted: int | None
+) -> str:
+    """optimize's last line: weights before -> after in the .onnx, and (when the byte account
+    predicts one) what a bundle will store; pruned and clustered weights stay dense in the
+    .onnx (exact zeros, repeated values) until export encodes them."""
+    line = (
+        f"wrote {output} ({human_bytes(file_bytes)}): weights {human_bytes(weights_before)} -> "
+        f"{human_bytes(weights_after)} in the .onnx ({weights_before / max(weights_after, 1):.1f}x)"
+    )
+    if predicted is not None:
+        line += (
+            f"; predicted bundle weights {human_bytes(predicted)} "
+            f"({weights_before / max(predicted, 1):.1f}x; stored dense in the .onnx until export)"
+        )
+    return line
 
 
 def _save_model(model, output: Path, format: str | None, source: Path | None = None) -> list[Path]:
@@ -267,22 +419,35 @@ def _save_model(model, output: Path, format: str | None, source: Path | None = N
 # --- export ------------------------------------------------------------------------------------
 
 
-@app.command("export")
+@app.command("export", cls=Command)
 def export_cmd(
-    model_path: Annotated[Path, typer.Argument(metavar="MODEL")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Bundle directory (or file for --format).")],
-    target: Annotated[str, typer.Option("--target", help="cpu, xla or metal.")] = "cpu",
+    model_path: Annotated[
+        Path, typer.Argument(metavar="MODEL", help="Model (.onnx or any importable file).")
+    ],
+    output: Annotated[
+        Path,
+        typer.Option("-o", "--output", metavar="PATH", help="Bundle directory (or file for --format)."),
+    ],
+    target: Annotated[
+        str, typer.Option("--target", metavar="NAME", help="cpu, xla, metal or weights.")
+    ] = "cpu",
     format: Annotated[
         str | None,
         typer.Option(
-            "--format", help="Write a model file instead of a bundle (dlk-json, safetensors, onnx)."
+            "--format",
+            metavar="NAME",
+            help="Write a model file instead of a bundle (dlk-json, safetensors, onnx).",
         ),
     ] = None,
     dense: Annotated[
         bool, typer.Option("--dense", help="Plain ONNX with dense weights, no container.")
     ] = False,
-    batch: Annotated[int | None, typer.Option("--batch", help="Static batch size (xla).")] = None,
-    precision: Annotated[str | None, typer.Option("--precision", help="fp16 or fp32 (metal).")] = None,
+    batch: Annotated[
+        int | None, typer.Option("--batch", metavar="N", help="Static batch size (xla).")
+    ] = None,
+    precision: Annotated[
+        str | None, typer.Option("--precision", metavar="fp16|fp32", help="Compute precision (metal).")
+    ] = None,
     bake_weights: Annotated[bool, typer.Option("--bake-weights", help="Embed weights (xla).")] = False,
     mlir_text: Annotated[bool, typer.Option("--mlir-text", help="Also write StableHLO text (xla).")] = False,
     input_shape: InputShapeOpt = None,
@@ -319,6 +484,7 @@ def export_cmd(
                     path=str(model_path),
                     hint="use --target weights (a weights bundle) or --format safetensors",
                 )
+        file_before = input_file_bytes(model_path, model)
         if format:
             written = _save_model(model, output, format, model_path)
             size = sum(p.stat().st_size for p in written)
@@ -326,8 +492,11 @@ def export_cmd(
             out.emit(
                 {
                     "output": str(output),
-                    "bytes_before": before,
-                    "bytes_after": size,
+                    "bytes_before": before,  # weight bytes of the input model
+                    "bytes_after": size,  # a model file holds its weights: the file's bytes
+                    "weight_bytes_before": before,
+                    "file_bytes_before": file_before,
+                    "file_bytes_after": size,
                     "passes": [],
                     "files": [str(p) for p in written],
                 }
@@ -341,7 +510,7 @@ def export_cmd(
             "mlir_text": mlir_text,
         }
         options = {k: v for k, v in options.items() if v not in (None, False)}
-        with out.progress(f"export {target}"):
+        with out.progress(f"export {target}"), naming_the_file(model_path):
             bundle = get_target(target).export(model, output, options)
         if target == "cpu":
             from mconv.targets.validity import check_written
@@ -349,20 +518,26 @@ def export_cmd(
             check_written(output, model_path, what="export")
         files = bundle.manifest.get("files", {})
         weights_bytes = sum(w.get("bytes", 0) for w in bundle.manifest.get("weights", []))
-        total = sum(f["bytes"] for f in files.values())
+        file_after = bundle_file_bytes(output, files)
         render_byte_account(out, bundle.manifest)
         out.print(
-            f"wrote bundle {output} for {target}: {len(files)} files, {human_bytes(total)} "
-            f"(weights {human_bytes(weights_bytes)}, from {human_bytes(before)}) "
-            f"in {time.perf_counter() - t0:.2f}s"
+            export_summary(output, target, len(files), before, weights_bytes, file_before, file_after),
+            markup=False,
+            soft_wrap=True,
         )
         out.emit(
             {
                 "output": str(output),
                 "target": target,
+                # like for like (README, "JSON keys"): weights before and after (the stored
+                # blobs), and the input's file bytes before, the bundle's (manifest included) after
                 "bytes_before": before,
-                "bytes_after": total,
+                "bytes_after": weights_bytes,
+                "weight_bytes_before": before,
+                "weight_bytes_after": weights_bytes,
                 "weights_bytes": weights_bytes,
+                "file_bytes_before": file_before,
+                "file_bytes_after": file_after,
                 "files": files,
                 "passes": [],
                 "seconds": round(time.perf_counter() - t0, 3),
@@ -375,11 +550,72 @@ def export_cmd(
     run_command(out, body)
 
 
-def render_byte_account(out: Out, manifest: dict, title: str = "weight storage (per tensor)") -> None:
-    """The per-layer byte account (the Deep Compression paper's Table 4) when the manifest has one."""
+def input_file_bytes(path: Path, model=None) -> int:
+    """Bytes on disk of a model as given: the file (every file of a directory), plus the
+    external-data files its tensors point at outside it."""
+    p = Path(path)
+    seen: set[Path] = set()
+    total = 0
+
+    def add(f: Path) -> None:
+        nonlocal total
+        try:
+            r = f.resolve()
+            if r not in seen and r.is_file():
+                seen.add(r)
+                total += r.stat().st_size
+        except OSError:
+            pass
+
+    if p.is_dir():
+        for f in sorted(p.rglob("*")):
+            add(f)
+    else:
+        add(p)
+    if model is not None:
+        import onnx_ir as ir
+
+        for value in model.graph.initializers.values():
+            t = value.const_value
+            if isinstance(t, ir.ExternalTensor):
+                add(Path(t.path))
+    return total
+
+
+def bundle_file_bytes(output: Path, files: dict) -> int:
+    """Bytes of a bundle on disk: its files (the manifest lists them) and the manifest itself."""
+    total = sum(int(f.get("bytes", 0)) for f in files.values())
+    manifest = Path(output) / "manifest.json"
+    return total + (manifest.stat().st_size if manifest.is_file() else 0)
+
+
+def export_summary(
+    output: Path,
+    target: str,
+    n_files: int,
+    weights_before: int,
+    weights_after: int,
+    file_before: int,
+    file_after: int,
+) -> str:
+    """export's last line: weights before -> after and files before -> after, never mixed."""
+    return (
+        f"wrote bundle {output} for {target}: weights {human_bytes(weights_before)} -> "
+        f"{human_bytes(weights_after)} ({weights_before / max(weights_after, 1):.2f}x); files "
+        f"{human_bytes(file_before)} -> {human_bytes(file_after)} ({n_files} files + manifest)"
+    )
+
+
+def render_byte_account(
+    out: Out, manifest: dict, title: str = "weight storage (per tensor)", *, result: bool = False
+) -> None:
+    """The per-layer byte account (the Deep Compression paper's Table 4) when the manifest has one.
+
+    ``result``: part of a command's result (inspect), printed on stdout; else a report on stderr."""
     account = manifest.get("account")
     if not out.show or not account:
         return
+    say = out.print_result if result else out.print
     rows = account.get("layers", [])
     table = Table(title=title, title_justify="left")
     for col in (
@@ -396,7 +632,7 @@ def render_byte_account(out: Out, manifest: dict, title: str = "weight storage (
         table.add_column(col, justify="left" if col in ("tensor", "codec") else "right")
     for r in rows:
         table.add_row(
-            r["name"],
+            escape(r["name"]),
             r.get("codec", ""),
             f"{100 * r.get('kept', 1):.1f}%",
             str(r.get("weight_bits", "")),
@@ -419,24 +655,31 @@ def render_byte_account(out: Out, manifest: dict, title: str = "weight storage (
             f"{100 * tot['bytes'] / max(tot['original_bytes'], 1):.2f}%",
             f"{tot.get('predicted_bytes', '')}",
         )
-    out.print(table)
+    say(table)
 
 
 # --- run ---------------------------------------------------------------------------------------
 
 
-@app.command("run")
+@app.command("run", cls=Command)
 def run_cmd(
-    path: Annotated[Path, typer.Argument(metavar="BUNDLE_OR_MODEL")],
+    path: Annotated[Path, typer.Argument(metavar="BUNDLE_OR_MODEL", help="A bundle, or a model file.")],
     inputs: Annotated[
-        list[str] | None, typer.Option("--input", "-i", help="NAME=file.npy (repeatable).")
+        list[str] | None,
+        typer.Option("--input", "-i", metavar="NAME=FILE", help="An input from a .npy file (repeatable)."),
     ] = None,
     data: Annotated[
-        Path | None, typer.Option("--data", help="Feeds from an .npz keyed by input name.")
+        Path | None,
+        typer.Option("--data", metavar="FILE", help="Feeds from an .npz keyed by input name."),
     ] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Write outputs to this .npz.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", metavar="FILE", help="Write outputs to this .npz.")
+    ] = None,
     target: Annotated[
-        str | None, typer.Option("--target", help="Run a bare model on this target (default: reference).")
+        str | None,
+        typer.Option(
+            "--target", metavar="NAME", help="Run a bare model on this target (default: reference)."
+        ),
     ] = None,
     samples: SamplesOpt = None,
     seed: SeedOpt = 0,
@@ -541,12 +784,17 @@ def _emit_run(out: Out, results: dict, output: Path | None, seconds: float, plan
 # --- verify ------------------------------------------------------------------------------------
 
 
-@app.command("verify")
+@app.command("verify", cls=Command)
 def verify_cmd(
-    reference: Annotated[Path, typer.Argument(metavar="REF")],
-    candidate: Annotated[Path, typer.Argument(metavar="CANDIDATE")],
+    reference: Annotated[
+        Path, typer.Argument(metavar="REF", help="The reference: a model file or a bundle.")
+    ],
+    candidate: Annotated[
+        Path, typer.Argument(metavar="CANDIDATE", help="The candidate: a model file or a bundle.")
+    ],
     data: Annotated[
-        Path | None, typer.Option("--data", help=".npz keyed by input name (+ optional labels).")
+        Path | None,
+        typer.Option("--data", metavar="FILE", help=".npz keyed by input name (+ optional labels)."),
     ] = None,
     samples: SamplesOpt = None,
     seed: SeedOpt = 0,
@@ -554,27 +802,36 @@ def verify_cmd(
     atol: Annotated[
         float | None,
         typer.Option(
-            "--atol", help="Gate: every |cand - ref| <= atol + rtol*|ref| (atol >= 0; with --rtol)."
+            "--atol",
+            metavar="X",
+            help="Gate: every |cand - ref| <= atol + rtol*|ref| (atol >= 0; with --rtol).",
         ),
     ] = None,
     rtol: Annotated[
-        float | None, typer.Option("--rtol", help="Gate: relative tolerance >= 0 (see --atol).")
+        float | None,
+        typer.Option("--rtol", metavar="X", help="Gate: relative tolerance >= 0 (see --atol)."),
     ] = None,
     min_cosine: Annotated[
         float | None,
-        typer.Option("--min-cosine", help="Gate: cosine similarity per output >= this, in [-1, 1]."),
+        typer.Option(
+            "--min-cosine", metavar="X", help="Gate: cosine similarity per output >= X, in [-1, 1]."
+        ),
     ] = None,
     min_top1: Annotated[
         float | None,
         typer.Option(
             "--min-top1",
-            help="Gate: top-1 agreement in [0, 1], for class-score outputs (2-D [N, C], C >= 2).",
+            metavar="X",
+            help="Gate: top-1 agreement >= X, in [0, 1], for class-score outputs (2-D [N, C], C >= 2).",
         ),
     ] = None,
     min_snr_db: Annotated[
-        float | None, typer.Option("--min-snr-db", help="Gate: SNR per output or tensor >= this (dB).")
+        float | None,
+        typer.Option("--min-snr-db", metavar="DB", help="Gate: SNR per output or tensor >= DB (dB)."),
     ] = None,
-    localize: Annotated[bool, typer.Option("--localize", help="Name the first node that drifts.")] = False,
+    localize: Annotated[
+        bool, typer.Option("--localize", help="Name the first node that drifts (reference executor).")
+    ] = False,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -635,11 +892,12 @@ def verify_cmd(
             plan = plan_random_feeds(ref.inputs, samples=samples, seed=seed, input_shapes=shapes)
             feed_list, n_samples, batching = plan.feeds, plan.samples, plan.as_dict()
         gates = user_gates if user_gates.any() else Gates.defaults()
-        with out.progress("verify", total=2) as bar:
-            ref_out = run_feeds(ref, feed_list)
-            bar.advance(1)
-            cand_out = run_feeds(cand, feed_list)
-            bar.advance(1)
+        runs = len(feed_list)
+        with out.progress("verify", total=2 * runs) as bar:
+            bar(description=f"reference, {runs} run(s)")
+            ref_out = run_feeds(_Ticking(ref, bar.advance), feed_list)
+            bar(description=f"candidate, {runs} run(s)")
+            cand_out = run_feeds(_Ticking(cand, bar.advance), feed_list)
         report = verify_outputs(ref_out, cand_out, gates, labels, samples=n_samples)
         report.batching = batching
         report.gates_source = "user" if user_gates.any() else "default"
@@ -660,23 +918,49 @@ def verify_cmd(
     run_command(out, body)
 
 
+@contextmanager
+def naming_the_file(path: Path):
+    """An unsupported-op refusal raised without a file (the executor, a target's lowering) names
+    the model file it came from: every exit-2 line says which file."""
+    try:
+        yield
+    except UnsupportedError as exc:
+        if exc.path is None:
+            exc.path = str(path)
+        raise
+
+
+class _Ticking:
+    """A runner that reports each run to a progress display (verify over many batches)."""
+
+    def __init__(self, runner, advance) -> None:
+        self._runner, self._advance = runner, advance
+        self.inputs = runner.inputs
+
+    def run(self, feeds):
+        result = self._runner.run(feeds)
+        self._advance(1)
+        return result
+
+
 def open_runner_cli(path: Path, target: str | None = None, shapes: dict | None = None):
     """A runner for a bundle or a model, with ``--input-shape`` checked (a bundle) or fixed in."""
     from mconv.bundle import is_bundle
     from mconv.runtime import open_runner
 
     p = Path(path)
-    if not shapes or is_bundle(p) or p.is_dir():
-        runner = open_runner(p, target)
-        if shapes:
-            from mconv.passes.input_shapes import check_input_shapes
+    with naming_the_file(p):
+        if not shapes or is_bundle(p) or p.is_dir():
+            runner = open_runner(p, target)
+            if shapes:
+                from mconv.passes.input_shapes import check_input_shapes
 
-            check_input_shapes(runner.inputs, shapes, path=str(p))
-        return runner
-    from mconv.passes.input_shapes import open_model_with_shapes
-    from mconv.targets import get_target
+                check_input_shapes(runner.inputs, shapes, path=str(p))
+            return runner
+        from mconv.passes.input_shapes import open_model_with_shapes
+        from mconv.targets import get_target
 
-    return get_target(target or "reference").load_model(open_model_with_shapes(p, shapes))
+        return get_target(target or "reference").load_model(open_model_with_shapes(p, shapes))
 
 
 def render_verify(out: Out, report) -> None:
@@ -721,24 +1005,66 @@ def render_verify(out: Out, report) -> None:
     gates = ", ".join(f"{k} {v:g}" for k, v in report.gates.items()) or "none"
     out.print(f"gates ({getattr(report, 'gates_source', 'user')}): {gates}", markup=False)
     if report.localized:
-        loc = report.localized
-        if loc.get("node") is None and loc.get("value") is None:
-            out.print(f"localize: {loc.get('note')}", markup=False)
-        else:
-            out.print(
-                f"first drifting node: {loc.get('node')} ({loc.get('op_type')}), value {loc.get('value')}: "
-                f"max_abs {loc['max_abs']:.3g}, cosine {loc['cosine']:.6f}",
-                markup=False,
-            )
+        out.print(localize_line(report.localized), markup=False)
+
+
+def _metric(value, fmt: str = "{:.3g}") -> str | None:
+    """A metric for a sentence, or None when there is none to show (missing, NaN)."""
+    if value is None or isinstance(value, str):
+        return value
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if np.isnan(v) else fmt.format(v)
+
+
+def localize_line(loc: dict) -> str:
+    """What ``--localize`` found, as a sentence: the first drifting node (its name, or its op and
+    output when unnamed) with the metrics that exist, or that no node drifts and why; never a
+    ``None`` or ``nan`` standing in for something unknown."""
+    from mconv.errors import show
+
+    node, value = loc.get("node"), loc.get("value")
+    if not node and not value:  # nothing named: localize's reason says why
+        return f"localize: {loc.get('note') or 'no drifting node found'}"
+    op = loc.get("op_type")
+    who = f"node '{show(node)}'" if node else "an unnamed node"
+    if op:
+        who += f" ({show(op)})"
+    if value:
+        who += f", output '{show(value)}'"
+    facts = [
+        f"{k} {v}"
+        for k, v in (
+            ("max_abs", _metric(loc.get("max_abs"))),
+            ("cosine", _metric(loc.get("cosine"), "{:.6f}")),
+            ("snr_db", _metric(loc.get("snr_db"), "{:.1f}")),
+        )
+        if v is not None
+    ]
+    fails = loc.get("failures") or []
+    if fails:
+        facts.append("fails " + ", ".join(map(str, fails)))
+    if loc.get("fused_from"):
+        facts.append(f"fused from {show(loc['fused_from'])}")
+    line = f"first drifting node: {who}"
+    if facts:
+        line += ": " + "; ".join(facts)
+    if loc.get("note"):
+        line += f" ({loc['note']})"
+    return line
 
 
 # --- inspect -----------------------------------------------------------------------------------
 
 
-@app.command("inspect")
+@app.command("inspect", cls=Command)
 def inspect_cmd(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="A model file or a bundle.")],
-    top: Annotated[int, typer.Option("--top", help="How many of the largest tensors to list.")] = 10,
+    top: Annotated[
+        int, typer.Option("--top", metavar="N", help="How many of the largest tensors to list.")
+    ] = 10,
     input_shape: InputShapeOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -774,42 +1100,55 @@ def inspect_cmd(
     run_command(out, body)
 
 
+def format_shape(shape) -> str:
+    """``[1,3,224,224]``, ``[N,3,?,?]`` (a symbolic dim by its name, an unknown one as ``?``),
+    ``[]`` for a scalar, ``?`` when the rank is unknown."""
+    if shape is None:
+        return "?"
+    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+
+
 def render_inspect(out: Out, doc: dict) -> None:
-    if not out.show:
+    """inspect's result in human form, on stdout (``--json`` prints the document instead)."""
+    if not out.show or out.json:
         return
-    out.print(
-        f"[bold]{doc['path']}[/] ({doc['kind']}): {doc['nodes']} nodes, {doc['params']:,} parameters, "
-        f"{human_bytes(doc['bytes'])}"
+    say = out.print_result
+    say(
+        f"{doc['path']} ({doc['kind']}): {doc['nodes']} nodes, {doc['params']:,} parameters, "
+        f"{human_bytes(doc['bytes'])}",
+        markup=False,
     )
     io = Table(title="inputs and outputs", title_justify="left")
     for c in ("", "name", "dtype", "shape"):
         io.add_column(c)
     for kind in ("inputs", "outputs"):
         for v in doc[kind]:
-            io.add_row(kind[:-1], v["name"], v["dtype"], str(v["shape"]))
-    out.print(io)
+            io.add_row(kind[:-1], escape(v["name"]), v["dtype"], escape(format_shape(v["shape"])))
+    say(io)
     ops = Table(title="ops", title_justify="left")
     ops.add_column("op")
     ops.add_column("count", justify="right")
     for op, n in sorted(doc["ops"].items(), key=lambda kv: (-kv[1], kv[0])):
-        ops.add_row(op, str(n))
-    out.print(ops)
+        ops.add_row(escape(op), str(n))
+    say(ops)
     if doc.get("bytes_by_dtype"):
-        out.print(
-            "bytes by dtype: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in doc["bytes_by_dtype"].items())
+        say(
+            "bytes by dtype: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in doc["bytes_by_dtype"].items()),
+            markup=False,
         )
     big = Table(title="largest tensors", title_justify="left")
     for c in ("name", "dtype", "shape", "bytes"):
         big.add_column(c, justify="right" if c == "bytes" else "left")
     for t in doc["largest"]:
-        big.add_row(t["name"], t["dtype"], str(t["shape"]), f"{t['bytes']:,}")
-    out.print(big)
+        big.add_row(escape(t["name"]), t["dtype"], escape(format_shape(t["shape"])), f"{t['bytes']:,}")
+    say(big)
     if doc.get("manifest"):
-        render_byte_account(out, doc["manifest"])
+        render_byte_account(out, doc["manifest"], result=True)
         m = doc["manifest"]
-        out.print(
+        say(
             f"bundle: target {m.get('target')}, files: "
-            + ", ".join(f"{k} ({human_bytes(v['bytes'])})" for k, v in sorted(m.get("files", {}).items()))
+            + ", ".join(f"{k} ({human_bytes(v['bytes'])})" for k, v in sorted(m.get("files", {}).items())),
+            markup=False,
         )
 
 
@@ -825,22 +1164,32 @@ def _float_list(text: str, option: str) -> list[float]:
         ) from None
 
 
-@app.command("analyze")
+@app.command("analyze", cls=Command)
 def analyze_cmd(
     model_path: Annotated[
         Path, typer.Argument(metavar="MODEL", help="Model (.onnx or any importable file).")
     ],
-    data: Annotated[Path, typer.Option("--data", help=".npz keyed by input name (+ optional labels).")],
+    data: Annotated[
+        Path,
+        typer.Option("--data", metavar="FILE", help=".npz keyed by input name (+ optional labels)."),
+    ],
     max_drop: Annotated[
         float | None,
         typer.Option(
-            "--max-drop", help="Metric budget per layer as a fraction (0.01 = one point); writes -o."
+            "--max-drop",
+            metavar="X",
+            help="Metric budget per layer as a fraction (0.01 = one point); writes -o.",
         ),
     ] = None,
-    output: Annotated[Path | None, typer.Option("-o", "--output", help="Recipe to write (.toml).")] = None,
-    sweep: Annotated[str, typer.Option("--sweep", help="Sparsities to try per layer.")] = "0.5,0.7,0.9",
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", metavar="FILE", help="Recipe to write (.toml).")
+    ] = None,
+    sweep: Annotated[
+        str, typer.Option("--sweep", metavar="S,S,...", help="Sparsities to try per layer.")
+    ] = "0.5,0.7,0.9",
     bits: Annotated[
-        str | None, typer.Option("--bits", help="Also cluster at these bits, e.g. 8,6,5,4.")
+        str | None,
+        typer.Option("--bits", metavar="B,B,...", help="Also cluster at these bits, e.g. 8,6,5,4."),
     ] = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -922,13 +1271,15 @@ def render_sensitivity(out: Out, report) -> None:
 # --- demo --------------------------------------------------------------------------------------
 
 
-@app.command("demo")
+@app.command("demo", cls=Command)
 def demo_cmd(
     workdir: Annotated[
-        Path | None, typer.Option("--workdir", "-o", help="Write here instead of a temporary folder.")
+        Path | None,
+        typer.Option("--workdir", "-o", metavar="DIR", help="Write here instead of a temporary folder."),
     ] = None,
     recipe: Annotated[
-        str | None, typer.Option("--recipe", help="Recipe to run (default: the demo's).")
+        str | None,
+        typer.Option("--recipe", metavar="NAME|FILE", help="Recipe to run (default: the demo's)."),
     ] = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
