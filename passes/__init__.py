@@ -100,6 +100,7 @@ _PASS_MODULES = (
     "cluster",
     "quantize",
     "dynamic_batch",
+    "budget",
 )
 
 for _module in _PASS_MODULES:

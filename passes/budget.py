@@ -1,0 +1,1043 @@
+"""Deep Compression under a budget: per-layer sparsity and bits chosen from sensitivity, the
+paper's schedule, a held-out gate and back-off (issue 14).
+
+:func:`compress_to_budget` is the library call behind ``mconv optimize MODEL --recipe
+deep-compression --data D.npz --max-drop F [--target-size SIZE] [--save-recipe FILE.toml]``.
+
+Rules
+-----
+1. **Split.** The samples are split once, seeded (``seed``): a fraction ``holdout`` (default
+   0.25) is held out and never trained on; fine-tuning sees only the rest. The split is the
+   ``finetune`` pass's own (``holdout``/``seed`` options), so the saved recipe splits the same
+   way. The report names both counts.
+2. **Metric.** With ``labels`` in the data, top-1 accuracy; without, top-1 agreement with the
+   original model's class scores; cosine similarity for outputs that are not class scores (as
+   ``mconv analyze``). ``drop = baseline - metric`` on the held-out samples (0.005 = half a
+   point).
+3. **Sensitivity.** Per layer (weights of Conv/ConvTranspose/Gemm/MatMul with a node name) and
+   per candidate setting (sparsity in :data:`SPARSITIES`, bits in :data:`BITS`), the cost of
+   the setting is estimated in nats of loss:
+   - ``fisher`` (default): the diagonal empirical Fisher ``F`` of the cross-entropy (labels, or
+     the original's top-1 class), from batch gradients of the reference executor over at most
+     256 training samples, and ``cost = 0.5 * sum(F * (w - w')**2)`` (an OBD / Taylor estimate);
+   - ``sweep``: the measured mean KL divergence between the original's outputs and the outputs
+     with that one layer compressed (``analyze``'s one-layer-at-a-time sweep, continuous).
+   :func:`compare_estimators` puts both against the measured one-layer drop.
+4. **Bytes.** Each candidate's bytes are what export would store for it: the tensor pruned and
+   clustered as the passes do, then :func:`mconv.codecs.choose.best_spec` (sparse relative
+   indices, palettes, Huffman). Tensors that are not compressed (biases) count as float16.
+5. **Global allocation.** For a trade-off ``lam``, each layer takes the setting minimising
+   ``bytes + lam * cost``; sweeping ``lam`` gives the frontier of allocations, from the smallest
+   to the original. Bytes go where they buy the most metric per byte, across layers.
+6. **Schedule** (the paper's), per attempt from the uncompressed model: prune in steps
+   (:data:`PRUNE_STEPS` of the final sparsity) with masked retraining after each; cluster
+   (k-means, linear init) the chosen layers; two centroid fine-tuning stages; biases rounded to
+   float16 values (``round-fp16``). Every fine-tuning stage (and the rounding) is measured on
+   the held-out split before and after, and rolled back when it makes the metric worse.
+7. **Search.** ``max_drop``: the frontier is searched (bisection, at most ``attempts`` full
+   schedules) for the smallest allocation whose held-out drop is within ``max_drop``; the
+   first attempt is the smallest allocation whose uncompressed-to-compressed drop *before any
+   fine-tuning* is at most ``max(10 * max_drop, 0.05)`` on the training samples. A failed
+   gate backs off towards the original (larger ``lam``: the layers that cost most per byte get
+   their bytes back first). ``target_size`` alone: the least costly allocation whose predicted
+   weight file fits, checked after export (smaller ones if the export overshoots). Both: only
+   allocations that fit are searched; when none passes the gate, :class:`GateFailed` (exit 1)
+   carries the best result found (:attr:`GateFailed.result`).
+8. **No data.** Only a data-free check: per layer the smallest setting whose weight SNR is at
+   least ``snr_db`` (default 20 dB); no fine-tuning; ``accuracy_measured`` is False and the
+   report says so.
+9. **Reproducible.** :attr:`BudgetResult.specs` are the passes that made the model (rolled-back
+   stages left out, every finetune with its seed and holdout); :meth:`BudgetResult.recipe_toml`
+   writes them, and ``mconv optimize MODEL --recipe FILE.toml --data D.npz`` rebuilds the same
+   model byte for byte (the model's ``mconv.passes`` provenance lists exactly those passes).
+10. **Memory.** Everything runs batch by batch (evaluation, gradients, fine-tuning): memory
+    grows with the batch, not with the number of samples (beyond the inputs and the original's
+    outputs).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+from mconv.errors import GateFailed, InputError
+from mconv.irio import real_inputs
+from mconv.passes._weights import compression_info, weight_refs
+from mconv.passes.base import Pass, PassContext, PassReport, PassSpec, register_pass
+from mconv.passes.pipeline import _record_provenance, make_spec, snapshot_model
+
+SPARSITIES = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97)
+BITS = (8, 6, 5, 4, 3)
+PRUNE_STEPS = (0.5, 0.8, 1.0)
+PRE_PASSES = ("fold", "eliminate-identity", "dce")
+Progress = Callable[[str, float, float | None], None]
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmg]i?b?|b)?\s*$", re.I)
+
+
+def parse_size(text: str | int) -> int:
+    """``44KB`` -> 45,056; ``6.9MB`` -> 7,235,174; ``5061`` -> 5,061 (KB = 1024 B, as the issue's
+    "44 KB (45,056 B)"; KiB and kB read the same)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = _SIZE.match(str(text))
+        if not m:
+            raise InputError(f"size {str(text)[:40]!r} is not a size", hint="e.g. 44KB, 6.9MB or 45056")
+        unit = (m.group(2) or "b").lower()[:1]
+        value = int(float(m.group(1)) * {"b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[unit])
+    if value <= 0:
+        raise InputError(f"size {text!r} is not positive", hint="e.g. 44KB, 6.9MB or 45056")
+    return value
+
+
+# --------------------------------------------------------------------------- metric
+
+
+@dataclass
+class _Evaluator:
+    """Batched evaluation of a model on fixed feeds against the original's outputs (rule 2)."""
+
+    feeds: dict[str, np.ndarray]
+    output: str
+    reference: np.ndarray  # the original's outputs on every sample
+    labels: np.ndarray | None
+    batch: int = 256
+
+    @property
+    def is_scores(self) -> bool:
+        return self.reference.ndim == 2 and self.reference.shape[1] >= 2
+
+    @property
+    def metric_name(self) -> str:
+        if not self.is_scores:
+            return "cosine"
+        return "accuracy" if self.labels is not None else "top1_agreement"
+
+    def outputs(self, model_or_executor, idx: np.ndarray) -> np.ndarray:
+        from mconv.targets.reference.executor import Executor
+
+        ex = model_or_executor if isinstance(model_or_executor, Executor) else Executor(model_or_executor)
+        parts = []
+        for s in range(0, len(idx), self.batch):
+            sel = idx[s : s + self.batch]
+            parts.append(
+                ex.run({k: v[sel] for k, v in self.feeds.items()}, outputs=[self.output])[self.output]
+            )
+        return np.concatenate(parts) if parts else self.reference[:0]
+
+    def metric(self, got: np.ndarray, idx: np.ndarray) -> float:
+        ref = self.reference[idx]
+        if self.is_scores:
+            target = self.labels[idx] if self.labels is not None else ref.argmax(1)
+            return float(np.mean(got.argmax(1) == target))
+        a, b = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+        na, nb = np.linalg.norm(a), np.linalg.norm(b)
+        return 1.0 if na == nb == 0 else float(a @ b / max(na * nb, 1e-300))
+
+    def agreement(self, got: np.ndarray, idx: np.ndarray) -> float | None:
+        if not self.is_scores:
+            return None
+        return float(np.mean(got.argmax(1) == self.reference[idx].argmax(1)))
+
+    def kl(self, got: np.ndarray, idx: np.ndarray) -> float:
+        """Mean KL(original || model) of softmax scores; mean squared error otherwise."""
+        ref = self.reference[idx].astype(np.float64)
+        if not self.is_scores:
+            return float(np.mean((got.astype(np.float64) - ref) ** 2))
+        return float(np.mean(np.sum(_softmax(ref) * (_logsm(ref) - _logsm(got.astype(np.float64))), axis=1)))
+
+
+def _logsm(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    return np.exp(_logsm(z))
+
+
+def _score_value(model: ir.Model) -> str:
+    """The first 2-D graph output (class scores), else the first output (as analyze and finetune)."""
+    outs = list(model.graph.outputs)
+    scores = [v for v in outs if v.shape is not None and len(v.shape) == 2]
+    return (scores or outs)[0].name
+
+
+def split_indices(n: int, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) sample indices, exactly as the finetune pass splits with the same
+    ``holdout`` and ``seed`` (its first draw from ``default_rng([seed, 0x5EED])``)."""
+    order = np.random.default_rng([seed, 0x5EED]).permutation(n)
+    n_hold = int(round(holdout * n)) if n >= 2 else 0
+    n_hold = min(max(n_hold, 1 if holdout > 0 else 0), n - 1) if n >= 2 else 0
+    return order[n_hold:], order[:n_hold]
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+@dataclass
+class _Layer:
+    name: str  # node name (recipe op_name key)
+    op_type: str
+    tensor: str
+    params: int
+    weights: np.ndarray
+    # (sparsity, bits) -> (bytes, cost); bits None: not clustered
+    options: dict[tuple[float, int | None], tuple[int, float]] = field(default_factory=dict)
+    snr: dict[tuple[float, int | None], float] = field(default_factory=dict)
+
+
+def _compressed(w: np.ndarray, sparsity: float, bits: int | None) -> np.ndarray:
+    from mconv.passes.cluster import cluster_array
+    from mconv.passes.prune import magnitude_mask
+
+    out = w
+    if sparsity > 0:
+        keep, _ = magnitude_mask(w, sparsity)
+        out = np.where(keep, w, np.zeros((), w.dtype))
+    if bits is not None:
+        out = cluster_array(out, bits, "linear")
+    return out
+
+
+def _stored_bytes(a: np.ndarray, sparsity: float, bits: int | None) -> int:
+    from mconv.codecs.choose import best_spec
+
+    hints: dict = {}
+    if sparsity > 0:
+        hints["pruned"] = True
+    if bits is not None:
+        hints["bits"] = bits
+    return int(best_spec(a, hints)[1])
+
+
+def _fisher(model: ir.Model, ev: _Evaluator, idx: np.ndarray, tensors: list[str], batch: int = 8) -> dict:
+    """Diagonal empirical Fisher of the cross-entropy for ``tensors`` (rule 3): B * mean(g_B**2)."""
+    from mconv.passes.finetune import _score_output, softmax_cross_entropy
+    from mconv.targets.reference.executor import Executor
+
+    _, loss_value = _score_output(model)
+    ex = Executor(model)
+    ex.output_names = [loss_value]
+    target = ev.labels if ev.labels is not None else (ev.reference.argmax(1) if ev.is_scores else None)
+    acc = {t: np.zeros(ex.initializers[t].shape) for t in tensors}
+    steps = 0
+    for s in range(0, len(idx), batch):
+        sel = idx[s : s + batch]
+
+        def loss_fn(outputs, sel=sel):
+            z = outputs[loss_value]
+            if target is not None and z.ndim == 2:
+                value, g = softmax_cross_entropy(z, target[sel])
+            else:  # not class scores: squared error against the original
+                d = z.astype(np.float64) - ev.reference[sel]
+                value, g = float(np.mean(d * d)), (2 * d / d.size).astype(z.dtype)
+            return value, {loss_value: g}
+
+        _, grads = ex.value_and_grad({k: v[sel] for k, v in ev.feeds.items()}, loss_fn, tensors)
+        for t in tensors:
+            acc[t] += np.square(grads[t].astype(np.float64)) * len(sel)
+        steps += 1
+    return {t: a / max(steps, 1) for t, a in acc.items()}
+
+
+def _candidates(
+    model: ir.Model,
+    ev: _Evaluator | None,
+    train: np.ndarray | None,
+    estimator: str,
+    progress: Progress | None,
+    sparsities=SPARSITIES,
+    bits=BITS,
+) -> tuple[list[_Layer], dict]:
+    """Every layer's options with bytes and estimated cost (rules 3, 4); and timing facts."""
+    from mconv.targets.reference.executor import Executor
+
+    layers = []
+    for ref in weight_refs(model):
+        if not ref.node.name:
+            continue
+        w = ref.array()
+        if w.dtype.kind != "f" or w.size < 16:
+            continue
+        layers.append(_Layer(ref.node.name, ref.node.op_type, ref.name, int(w.size), w))
+    t0 = time.perf_counter()
+    fisher = None
+    sample = None if train is None else train[:256]
+    executor = None
+    base_kl = 0.0
+    if ev is not None and estimator == "fisher":
+        fisher = _fisher(model, ev, sample, [layer.tensor for layer in layers])
+    elif ev is not None:
+        executor = Executor(model)
+    total = len(layers) * len(sparsities) * (1 + len(bits))
+    done = 0
+    for layer in layers:
+        w = layer.weights
+        energy = float(np.sum(np.square(w, dtype=np.float64)))
+        for s in sparsities:
+            pruned = _compressed(w, s, None)
+            for b in (None, *bits):
+                a = pruned if b is None else _compressed(pruned, 0.0, b)
+                nbytes = _stored_bytes(a, s, b) if (s > 0 or b is not None) else w.size * 2
+                err = float(np.sum(np.square(a.astype(np.float64) - w)))
+                if ev is None:
+                    cost = err / max(energy, 1e-300)
+                elif fisher is not None:
+                    cost = 0.5 * float(np.sum(fisher[layer.tensor] * np.square(a.astype(np.float64) - w)))
+                elif s == 0 and b is None:
+                    cost = 0.0
+                else:
+                    executor.set_initializer(layer.tensor, a)
+                    cost = ev.kl(ev.outputs(executor, sample), sample) - base_kl
+                    executor.set_initializer(layer.tensor, w)
+                layer.options[(s, b)] = (nbytes, max(cost, 0.0))
+                layer.snr[(s, b)] = 10 * np.log10(energy / err) if err > 0 else np.inf
+                done += 1
+                if progress is not None:
+                    progress(f"sensitivity ({estimator}) {layer.name}", done, total)
+    facts = {"estimator": estimator if ev is not None else "weight-snr", "seconds": time.perf_counter() - t0}
+    return layers, facts
+
+
+def _frontier(layers: list[_Layer]) -> list[dict[str, tuple[float, int | None]]]:
+    """Allocations minimising bytes + lam * cost for lam over a log grid (rule 5), smallest
+    first, distinct; the last one is the original (lam large)."""
+    out, seen = [], set()
+    costs = [c for layer in layers for _, c in layer.options.values() if c > 0]
+    lo = 1e-3 / max(max(costs, default=1.0), 1e-300)
+    for lam in [0.0, *np.geomspace(lo, lo * 1e14, 240)]:
+        alloc = {}
+        for layer in layers:
+            alloc[layer.name] = min(
+                layer.options, key=lambda k, L=layer: (L.options[k][0] + lam * L.options[k][1], -k[0])
+            )
+        key = tuple(sorted(alloc.items(), key=lambda kv: kv[0]))
+        if key not in seen:
+            seen.add(key)
+            out.append(alloc)
+    out.append({layer.name: (0.0, None) for layer in layers})
+    uniq, keys = [], set()
+    for a in out:
+        k = tuple(sorted(a.items()))
+        if k not in keys:
+            keys.add(k)
+            uniq.append(a)
+    uniq.sort(key=lambda a: _alloc_bytes(layers, a))
+    return uniq
+
+
+def _alloc_bytes(layers: list[_Layer], alloc: Mapping) -> int:
+    return sum(layer.options[alloc[layer.name]][0] for layer in layers)
+
+
+# --------------------------------------------------------------------------- passes
+
+
+@register_pass("round-fp16")
+class RoundFp16(Pass):
+    """Round float32 initializers that no compression pass recorded (biases, BatchNorm) to
+    float16 values, keeping dtype float32: the graph is unchanged and export stores them with
+    its lossless fp16 codec. Tensors holding values beyond float16's range are left alone."""
+
+    lossless = False
+
+    @dataclass
+    class Config:
+        min_elements: int = 1
+
+    def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
+        recorded = compression_info(model)
+        done = []
+        for name, value in model.graph.initializers.items():
+            t = value.const_value
+            if name in recorded or t is None or t.dtype != ir.DataType.FLOAT or t.size < config.min_elements:
+                continue
+            a = t.numpy()
+            if a.size and float(np.max(np.abs(a))) > 65504.0:
+                continue
+            half = a.astype(np.float16).astype(np.float32)
+            if np.array_equal(half, a):
+                continue
+            value.const_value = ir.Tensor(half, name=name)
+            done.append(name)
+        return self.report(
+            bool(done),
+            notes=[f"{len(done)} tensors rounded to float16 values"],
+            tensors=[{"name": n} for n in done],
+        )
+
+
+# --------------------------------------------------------------------------- result
+
+
+@dataclass
+class BudgetResult:
+    """What :func:`compress_to_budget` did; ``as_dict()`` is the JSON report (keys in the README)."""
+
+    model: ir.Model
+    metric: str
+    accuracy_measured: bool
+    met: bool
+    baseline: float | None = None
+    final: float | None = None
+    held_out_drop: float | None = None
+    agreement: float | None = None
+    max_drop: float | None = None
+    target_size: int | None = None
+    split: dict = field(default_factory=dict)
+    layers: list[dict] = field(default_factory=list)
+    stages: list[dict] = field(default_factory=list)
+    attempts: list[dict] = field(default_factory=list)
+    size: dict = field(default_factory=dict)
+    estimator: dict = field(default_factory=dict)
+    specs: list[PassSpec] = field(default_factory=list)
+    seed: int = 0
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "metric": self.metric,
+            "accuracy_measured": self.accuracy_measured,
+            "met": self.met,
+            "baseline": self.baseline,
+            "final": self.final,
+            "held_out_drop": self.held_out_drop,
+            "agreement": self.agreement,
+            "max_drop": self.max_drop,
+            "target_size": self.target_size,
+            "split": self.split,
+            "layers": self.layers,
+            "stages": self.stages,
+            "attempts": self.attempts,
+            "size": self.size,
+            "estimator": self.estimator,
+            "recipe": [s.as_dict() for s in self.specs],
+            "seed": self.seed,
+            "notes": self.notes,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def recipe_toml(self) -> str:
+        """The passes that made the model as a TOML recipe (rule 9)."""
+        lines = [
+            "description = "
+            + _toml_str(
+                f"chosen by mconv optimize --recipe deep-compression (seed {self.seed}; "
+                f"{self.metric} drop {self.held_out_drop} on {self.split.get('held_out', 0)} held-out samples)"
+            )
+        ]
+        for spec in self.specs:
+            lines += ["", "[[pass]]", f"name = {_toml_str(spec.name)}"]
+            lines += [f"{k} = {_toml_value(v)}" for k, v in sorted(spec.config.items())]
+            for kind, table in (("op_type", spec.op_type), ("op_name", spec.op_name)):
+                for key, values in sorted(table.items()):
+                    lines += ["", f"[pass.{kind}.{_toml_str(key)}]"]
+                    lines += [f"{k} = {_toml_value(v)}" for k, v in sorted(values.items())]
+        return "\n".join(lines) + "\n"
+
+    def write_recipe(self, path: str | Path) -> Path:
+        from mconv.fileio import atomic_write_bytes
+
+        atomic_write_bytes(path, self.recipe_toml().encode("utf-8"))
+        return Path(path)
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s, ensure_ascii=True)  # a JSON string is a TOML basic string
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return _toml_str(v)
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML for {v!r}")
+
+
+# --------------------------------------------------------------------------- the flow
+
+
+def _check_data(model: ir.Model, data: Mapping[str, np.ndarray]) -> tuple[dict, np.ndarray | None, int]:
+    names = [v.name for v in real_inputs(model.graph)]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise InputError(
+            f"data has no array for input(s) {', '.join(missing)}",
+            hint=f"the .npz needs arrays named {', '.join(names)} (+ optional 'labels')",
+        )
+    feeds = {n: np.asarray(data[n]) for n in names}
+    counts = {len(v) if v.ndim else 0 for v in feeds.values()}
+    n = min(counts) if counts else 0
+    if len(counts) != 1 or n < 8:
+        raise InputError(
+            f"data has {sorted(counts)} samples per input",
+            hint="give at least 8 samples, the same number for every input",
+        )
+    labels = data.get("labels")
+    if labels is not None:
+        labels = np.asarray(labels).reshape(-1)
+        if len(labels) != n or labels.dtype.kind not in "iu":
+            raise InputError(
+                f"'labels' has {len(labels)} entries of {labels.dtype} for {n} samples",
+                hint="labels: one integer class per sample",
+            )
+        labels = labels.astype(np.int64)
+    return feeds, labels, n
+
+
+def _run_specs(model: ir.Model, specs: list[PassSpec], ctx: PassContext) -> list[PassReport]:
+    """The pipeline's loop without provenance (recorded once at the end, rule 9)."""
+    reports = []
+    for spec in specs:
+        ctx.spec = spec
+        try:
+            report = spec.pass_class().run(model, spec.resolve(), ctx)
+        finally:
+            ctx.spec = None
+        if report.model is not None:
+            raise RuntimeError(f"pass {spec.name} replaced the model; the budget flow mutates in place")
+        reports.append(report)
+    return reports
+
+
+def _weights_state(model: ir.Model) -> dict:
+    return {name: v.const_value for name, v in model.graph.initializers.items()}
+
+
+def _restore(model: ir.Model, state: dict) -> None:
+    for name, v in model.graph.initializers.items():
+        if name in state:
+            v.const_value = state[name]
+
+
+def _export_sizes(model: ir.Model) -> dict:
+    """Bytes of the cpu bundle export would write: weights.mcw, the whole directory, and the
+    per-tensor account."""
+    from mconv.targets import get_target
+
+    with tempfile.TemporaryDirectory(prefix="mconv-budget-") as tmp:
+        folder = Path(tmp) / "bundle"
+        bundle = get_target("cpu").export(model, folder, {})
+        files = [p for p in folder.rglob("*") if p.is_file()]
+        account = bundle.manifest.get("account") or {}
+        return {
+            "weights_file": (folder / "weights.mcw").stat().st_size,
+            "bundle": sum(p.stat().st_size for p in files),
+            "stored": {row["name"]: row["bytes"] for row in account.get("layers", [])},
+        }
+
+
+def _finetune_spec(epochs: int, lr: float, seed: int, holdout: float, batch: int) -> PassSpec:
+    return make_spec(
+        "finetune",
+        {
+            "epochs": epochs,
+            "lr": lr,
+            "seed": seed,
+            "holdout": holdout,
+            "batch_size": batch,
+            "schedule": "cosine",
+        },
+    )
+
+
+def _schedule(
+    alloc: Mapping, epochs: int, seed: int, holdout: float, batch: int
+) -> list[tuple[str, list[PassSpec]]]:
+    """The paper's schedule for ``alloc`` (rule 6): (stage name, specs) in order."""
+    stages = []
+    for i, f in enumerate(PRUNE_STEPS):
+        table = {n: {"sparsity": round(s * f, 4)} for n, (s, _) in sorted(alloc.items()) if s > 0}
+        if not table:
+            break
+        stages.append((f"prune step {i + 1}/{len(PRUNE_STEPS)}", [make_spec("prune", {"op_name": table})]))
+        stages.append((f"masked retraining {i + 1}", [_finetune_spec(epochs, 2e-3, seed, holdout, batch)]))
+    clustered = {n: {"skip": False, "bits": b} for n, (_, b) in sorted(alloc.items()) if b is not None}
+    if clustered:
+        stages.append(
+            ("cluster", [make_spec("cluster", {"skip": True, "init": "linear", "op_name": clustered})])
+        )
+        stages.append(("centroid fine-tuning 1", [_finetune_spec(epochs, 3e-4, seed, holdout, batch)]))
+        stages.append(("centroid fine-tuning 2", [_finetune_spec(epochs, 1e-4, seed, holdout, batch)]))
+    stages.append(("biases to float16", [make_spec("round-fp16", {})]))
+    return stages
+
+
+def _prefix(progress: Progress | None, prefix: str) -> Progress | None:
+    if progress is None:
+        return None
+    return lambda d, c, t: progress(f"{prefix}: {d}", c, t)
+
+
+def compress_to_budget(
+    model: ir.Model,
+    data: Mapping[str, np.ndarray] | None,
+    *,
+    max_drop: float | None = None,
+    target_size: int | str | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+    engine: str = "reference",
+    estimator: str = "fisher",
+    holdout: float = 0.25,
+    epochs: int | None = None,
+    attempts: int = 4,
+    batch_size: int = 32,
+    snr_db_min: float = 20.0,
+) -> BudgetResult:
+    """Deep Compression of ``model`` (mutated) under a budget; see the module rules.
+
+    Raises :class:`GateFailed` (with ``.result``) when ``max_drop`` cannot be met within
+    ``target_size``; :class:`InputError` for bad options or data."""
+    t_start = time.perf_counter()
+    if engine != "reference":
+        raise InputError(f"engine {engine!r}", hint="the budget search runs on the 'reference' engine")
+    if estimator not in ("fisher", "sweep"):
+        raise InputError(f"estimator {estimator!r}", hint="use 'fisher' or 'sweep'")
+    if max_drop is not None and (isinstance(max_drop, bool) or not 0.0 <= float(max_drop) < 1.0):
+        raise InputError(f"max drop {max_drop!r} is not a fraction", hint="0.005 is half a point")
+    target = None if target_size is None else parse_size(target_size)
+    if not 0.0 < holdout < 1.0:
+        raise InputError(f"holdout {holdout!r}", hint="a fraction in (0, 1), e.g. 0.25")
+    if attempts < 1:
+        raise InputError(f"attempts {attempts!r}", hint="1 or more")
+    if data is not None and max_drop is None and target is None:
+        max_drop = 0.005
+    say = progress or (lambda *a: None)
+
+    history_before = model.metadata_props.get("mconv.passes")
+    ctx = PassContext(data=None if data is None else dict(data), seed=seed, progress=None)
+    reference = snapshot_model(model) if data is not None else None
+    ctx.reference_model = reference
+    pre = [make_spec(n, {}) for n in PRE_PASSES]
+    say("preparing (fold, eliminate-identity, dce)", 0, None)
+    _run_specs(model, pre, ctx)
+
+    if data is None:
+        return _data_free(model, pre, target, seed, snr_db_min, say, t_start, history_before)
+
+    feeds, labels, n = _check_data(model, data)
+    train, held = split_indices(n, holdout, seed)
+    say("original outputs", 0, None)
+    output = _score_value(model)
+    ev0 = _Evaluator(feeds, output, np.zeros((0,)), labels)
+    ev = _Evaluator(feeds, output, ev0.outputs(reference, np.arange(n)), labels)
+    baseline = ev.metric(ev.reference[held], held)
+    split = {
+        "samples": n,
+        "train": int(len(train)),
+        "held_out": int(len(held)),
+        "holdout": holdout,
+        "seed": seed,
+    }
+    if epochs is None:
+        epochs = int(np.clip(np.ceil(5000 / max(len(train), 1)), 2, 8))
+
+    layers, est = _candidates(model, ev, train, estimator, say)
+    if not layers:
+        raise InputError(
+            "no named Conv/Gemm/MatMul weights to compress", hint="the model has no weight layers"
+        )
+    frontier = _frontier(layers)
+    est["layers"] = len(layers)
+    est["frontier"] = len(frontier)
+    overhead = 512
+    if target is not None:
+        fitting = [
+            a for a in frontier if _alloc_bytes(layers, a) + _bias_bytes(model, layers) + overhead <= target
+        ]
+        if not fitting:
+            fitting = frontier[:1]
+    else:
+        fitting = frontier
+
+    base = snapshot_model(model)  # every attempt starts from here
+    base_history = history_before
+
+    def attempt(k: int, label: str) -> dict:
+        work = snapshot_model(base)
+        alloc = fitting[k]
+        kept: list[PassSpec] = list(pre)
+        stages = []
+        held_metric = baseline
+        plan = _schedule(alloc, epochs, seed, holdout, batch_size)
+        actx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
+        for si, (name, specs) in enumerate(plan):
+            actx.progress = _prefix(say, f"{label} [{si + 1}/{len(plan)}] {name}")
+            actx.stage = None
+            before_state = _weights_state(work)
+            t0 = time.perf_counter()
+            _run_specs(work, specs, actx)
+            got = ev.outputs(work, held)
+            m = ev.metric(got, held)
+            check = specs[0].name in ("finetune", "round-fp16")
+            rolled = check and m < held_metric - 1e-12
+            if rolled:
+                _restore(work, before_state)
+            else:
+                kept += specs
+            stages.append(
+                {
+                    "stage": name,
+                    "metric_before": held_metric,
+                    "metric_after": m,
+                    "rolled_back": rolled,
+                    "seconds": round(time.perf_counter() - t0, 3),
+                }
+            )
+            if not rolled:
+                held_metric = m
+        got = ev.outputs(work, held)
+        final = ev.metric(got, held)
+        if base_history is None:
+            work.metadata_props.pop("mconv.passes", None)
+        else:
+            work.metadata_props["mconv.passes"] = base_history
+        _record_provenance(work, kept)
+        sizes = _export_sizes(work)
+        drop = baseline - final
+        ok_drop = max_drop is None or drop <= max_drop + 1e-12
+        ok_size = target is None or sizes["weights_file"] <= target
+        return {
+            "index": k,
+            "alloc": alloc,
+            "model": work,
+            "specs": kept,
+            "stages": stages,
+            "final": final,
+            "agreement": ev.agreement(got, held),
+            "drop": drop,
+            "sizes": sizes,
+            "ok": ok_drop and ok_size,
+            "ok_drop": ok_drop,
+            "ok_size": ok_size,
+            "predicted": _alloc_bytes(layers, alloc),
+        }
+
+    tried: dict[int, dict] = {}
+
+    def run(k: int) -> dict:
+        if k not in tried:
+            tried[k] = attempt(k, f"attempt {len(tried) + 1}/{attempts}")
+        return tried[k]
+
+    if max_drop is None:  # target size alone: the least costly allocation that fits
+        k = len(fitting) - 1
+        r = run(k)
+        while not r["ok_size"] and k > 0 and len(tried) < attempts:
+            k = max(k - max(1, len(fitting) // 8), 0)
+            r = run(k)
+        best = min(tried.values(), key=lambda r: (not r["ok_size"], r["drop"], r["sizes"]["weights_file"]))
+    else:
+        start = _start_index(fitting, layers, base, ev, train, max_drop)
+        lo, hi = 0, len(fitting) - 1  # the answer lies in [lo, hi]
+        k = start
+        while len(tried) < attempts:
+            r = run(k)
+            if r["ok"]:
+                hi = k
+            else:
+                lo = k + 1
+            if lo >= hi:
+                break
+            k = (lo + hi) // 2 if r["ok"] else max(k + 1, (k + hi + 1) // 2)
+            k = min(max(k, lo), hi)
+            if k in tried:
+                break
+        passing = [r for r in tried.values() if r["ok"]]
+        if passing:
+            best = min(passing, key=lambda r: (r["sizes"]["weights_file"], r["drop"]))
+        else:
+            best = min(
+                tried.values(), key=lambda r: (not r["ok_size"], r["drop"], r["sizes"]["weights_file"])
+            )
+
+    result = _result(
+        best,
+        layers,
+        model_metric=ev.metric_name,
+        baseline=baseline,
+        max_drop=max_drop,
+        target=target,
+        split=split,
+        est=est,
+        seed=seed,
+        tried=tried,
+    )
+    result.notes.append(
+        f"{split['train']} samples for fine-tuning, {split['held_out']} held out for the gate (seed {seed})"
+    )
+    result.seconds = time.perf_counter() - t_start
+    if not result.met:
+        exc = GateFailed(
+            f"budget not met: held-out {ev.metric_name} drop {best['drop']:.4f} (max {max_drop}), "
+            f"weights {best['sizes']['weights_file']:,} B (target {target if target else '-'})",
+            hint="allow a larger --max-drop or --target-size",
+        )
+        exc.result = result
+        raise exc
+    return result
+
+
+def _bias_bytes(model: ir.Model, layers: list[_Layer]) -> int:
+    taken = {layer.tensor for layer in layers}
+    total = 0
+    for name, v in model.graph.initializers.items():
+        t = v.const_value
+        if name in taken or t is None or t.dtype != ir.DataType.FLOAT:
+            continue
+        total += 2 * t.size
+    return total
+
+
+def _start_index(fitting, layers, base, ev: _Evaluator, train, max_drop: float) -> int:
+    """Rule 7: the smallest allocation whose drop before fine-tuning is at most
+    max(10 * max_drop, 0.05) on (at most 512) training samples; bisection over the frontier."""
+    from mconv.targets.reference.executor import Executor
+
+    sample = train[:512]
+    ex = Executor(base)
+    originals = {layer.tensor: layer.weights for layer in layers}
+    base_metric = ev.metric(ev.reference[sample], sample)
+    limit = max(10 * max_drop, 0.05)
+    cache: dict = {}
+
+    def drop(k: int) -> float:
+        for layer in layers:
+            s, b = fitting[k][layer.name]
+            key = (layer.name, s, b)
+            if key not in cache:
+                cache[key] = (
+                    _compressed(originals[layer.tensor], s, b) if (s or b) else originals[layer.tensor]
+                )
+            ex.set_initializer(layer.tensor, cache[key])
+        return base_metric - ev.metric(ev.outputs(ex, sample), sample)
+
+    lo, hi = 0, len(fitting) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if drop(mid) <= limit:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _result(
+    best, layers, *, model_metric, baseline, max_drop, target, split, est, seed, tried
+) -> BudgetResult:
+    rows = []
+    for layer in layers:
+        s, b = best["alloc"][layer.name]
+        rows.append(
+            {
+                "name": layer.name,
+                "tensor": layer.tensor,
+                "op_type": layer.op_type,
+                "params": layer.params,
+                "sparsity": s,
+                "bits": b,
+                "estimated_cost": layer.options[(s, b)][1],
+                "predicted_bytes": layer.options[(s, b)][0],
+                "stored_bytes": best["sizes"]["stored"].get(layer.tensor),
+                "original_bytes": 4 * layer.params,
+            }
+        )
+    original = sum(4 * layer.params for layer in layers)
+    attempts = [
+        {
+            "index": r["index"],
+            "predicted_bytes": r["predicted"],
+            "weights_file": r["sizes"]["weights_file"],
+            "held_out_drop": r["drop"],
+            "passed": r["ok"],
+            "allocation": {n: {"sparsity": s, "bits": b} for n, (s, b) in sorted(r["alloc"].items())},
+        }
+        for r in tried.values()
+    ]
+    return BudgetResult(
+        model=best["model"],
+        metric=model_metric,
+        accuracy_measured=True,
+        met=bool(best["ok"]),
+        baseline=baseline,
+        final=best["final"],
+        held_out_drop=best["drop"],
+        agreement=best["agreement"],
+        max_drop=max_drop,
+        target_size=target,
+        split=split,
+        layers=rows,
+        stages=best["stages"],
+        attempts=attempts,
+        size={
+            "weights_file": best["sizes"]["weights_file"],
+            "bundle": best["sizes"]["bundle"],
+            "predicted_layers": best["predicted"],
+            "original_layers": original,
+            "ratio_weights_file": round(original / max(best["sizes"]["weights_file"], 1), 2),
+        },
+        estimator=est,
+        specs=best["specs"],
+        seed=seed,
+    )
+
+
+def _data_free(model, pre, target, seed, snr_min, say, t_start, history_before) -> BudgetResult:
+    """Rule 8: per layer the smallest setting with weight SNR >= snr_min; no fine-tuning."""
+    layers, est = _candidates(model, None, None, "weight-snr", say)
+    alloc = {}
+    for layer in layers:
+        ok = [k for k in layer.options if layer.snr[k] >= snr_min]
+        alloc[layer.name] = (
+            min(ok, key=lambda k, L=layer: (L.options[k][0], -L.snr[k])) if ok else (0.0, None)
+        )
+    specs = list(pre)
+    table = {n: {"sparsity": s} for n, (s, _) in sorted(alloc.items()) if s > 0}
+    clustered = {n: {"skip": False, "bits": b} for n, (_, b) in sorted(alloc.items()) if b is not None}
+    stages = []
+    if table:
+        stages.append(make_spec("prune", {"op_name": table}))
+    if clustered:
+        stages.append(make_spec("cluster", {"skip": True, "init": "linear", "op_name": clustered}))
+    ctx = PassContext(seed=seed)
+    _run_specs(model, stages, ctx)
+    specs += stages
+    if history_before is None:
+        model.metadata_props.pop("mconv.passes", None)
+    _record_provenance(model, specs)
+    sizes = _export_sizes(model)
+    rows = [
+        {
+            "name": layer.name,
+            "tensor": layer.tensor,
+            "op_type": layer.op_type,
+            "params": layer.params,
+            "sparsity": alloc[layer.name][0],
+            "bits": alloc[layer.name][1],
+            "weight_snr_db": round(float(layer.snr[alloc[layer.name]]), 2),
+            "predicted_bytes": layer.options[alloc[layer.name]][0],
+            "stored_bytes": sizes["stored"].get(layer.tensor),
+            "original_bytes": 4 * layer.params,
+        }
+        for layer in layers
+    ]
+    original = sum(4 * layer.params for layer in layers)
+    met = target is None or sizes["weights_file"] <= target
+    result = BudgetResult(
+        model=model,
+        metric="none",
+        accuracy_measured=False,
+        met=met,
+        target_size=target,
+        layers=rows,
+        stages=[
+            {"stage": s.name, "metric_before": None, "metric_after": None, "rolled_back": False}
+            for s in stages
+        ],
+        size={
+            "weights_file": sizes["weights_file"],
+            "bundle": sizes["bundle"],
+            "original_layers": original,
+            "ratio_weights_file": round(original / max(sizes["weights_file"], 1), 2),
+        },
+        estimator={**est, "snr_db_min": snr_min},
+        specs=specs,
+        seed=seed,
+        notes=[
+            f"ACCURACY WAS NOT MEASURED: no --data, so each layer was compressed only as far as a weight "
+            f"SNR of {snr_min:g} dB allows and nothing was fine-tuned; give --data D.npz to compress to a "
+            f"measured budget"
+        ],
+    )
+    result.seconds = time.perf_counter() - t_start
+    if not met:
+        exc = GateFailed(
+            f"budget not met without data: weights {sizes['weights_file']:,} B (target {target:,} B) at a weight "
+            f"SNR of {snr_min:g} dB",
+            hint="give --data D.npz so the budget can be measured and fine-tuned",
+        )
+        exc.result = result
+        raise exc
+    return result
+
+
+# --------------------------------------------------------------------------- estimators compared
+
+
+def compare_estimators(
+    model: ir.Model,
+    data: Mapping[str, np.ndarray],
+    *,
+    seed: int = 0,
+    holdout: float = 0.25,
+    settings=((0.5, None), (0.8, None), (0.9, None), (0.8, 4), (0.9, 3)),
+) -> dict:
+    """Fisher vs sweep (rule 3) against the measured one-layer drop in the metric and in KL on
+    the held-out split: per layer and setting, predicted cost, measured KL and drop; Spearman
+    correlations and seconds for each estimator."""
+    from mconv.targets.reference.executor import Executor
+
+    feeds, labels, n = _check_data(model, data)
+    train, held = split_indices(n, holdout, seed)
+    output = _score_value(model)
+    ev0 = _Evaluator(feeds, output, np.zeros((0,)), labels)
+    ev = _Evaluator(feeds, output, ev0.outputs(model, np.arange(n)), labels)
+    sp = tuple(sorted({0.0, *(s for s, _ in settings)}))
+    bt = tuple(sorted({b for _, b in settings if b is not None}, reverse=True))
+    out = {}
+    for name in ("fisher", "sweep"):
+        layers, facts = _candidates(model, ev, train, name, None, sp, bt)
+        out[name] = {"seconds": facts["seconds"], "layers": layers}
+    ex = Executor(model)
+    base = ev.metric(ev.reference[held], held)
+    rows = []
+    for lf, ls in zip(out["fisher"]["layers"], out["sweep"]["layers"]):
+        for s, b in settings:
+            a = _compressed(lf.weights, s, b)
+            ex.set_initializer(lf.tensor, a)
+            got = ev.outputs(ex, held)
+            ex.set_initializer(lf.tensor, lf.weights)
+            rows.append(
+                {
+                    "layer": lf.name,
+                    "sparsity": s,
+                    "bits": b,
+                    "fisher": lf.options[(s, b)][1],
+                    "sweep": ls.options[(s, b)][1],
+                    "kl_held_out": ev.kl(got, held),
+                    "drop_held_out": base - ev.metric(got, held),
+                }
+            )
+
+    def spearman(x, y) -> float:
+        rx, ry = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+        return float(np.corrcoef(rx, ry)[0, 1]) if len(x) > 2 else float("nan")
+
+    summary = {}
+    for name in ("fisher", "sweep"):
+        x = [r[name] for r in rows]
+        summary[name] = {
+            "seconds": round(out[name]["seconds"], 3),
+            "spearman_kl": spearman(x, [r["kl_held_out"] for r in rows]),
+            "spearman_drop": spearman(x, [r["drop_held_out"] for r in rows]),
+        }
+    return {"rows": rows, "summary": summary, "metric": ev.metric_name}
