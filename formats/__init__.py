@@ -9,6 +9,7 @@ its sha256 in the model's ``metadata_props`` (``mconv.source_format``, ``mconv.s
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,18 +51,27 @@ _MODULES = (
 _loaded: dict[str, Format] | None = None
 
 
+def check_modules(package: str, names: Sequence[str]) -> None:
+    """Every listed module exists in ``package`` (found, not imported: the modules load lazily,
+    on the first ``registry()`` call). A name that does not, a typo say, is an ImportError here,
+    when the package is imported, instead of a format silently missing."""
+    missing = [name for name in names if importlib.util.find_spec(f"{package}.{name}") is None]
+    if missing:
+        raise ImportError(
+            f"{package} lists format module(s) that do not exist: {', '.join(missing)}",
+            name=f"{package}.{missing[0]}",
+        )
+
+
+check_modules(__name__, _MODULES)
+
+
 def registry() -> dict[str, Format]:
     global _loaded
     if _loaded is None:
         found: dict[str, Format] = {}
         for mod in _MODULES:
-            try:
-                module = importlib.import_module(f"{__name__}.{mod}")
-            except ModuleNotFoundError as exc:
-                if exc.name == f"{__name__}.{mod}":
-                    continue  # format module not written yet
-                raise
-            fmt = module.FORMAT
+            fmt = importlib.import_module(f"{__name__}.{mod}").FORMAT
             found[fmt.name] = fmt
         _loaded = found
     return _loaded

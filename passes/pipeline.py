@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from mconv.errors import InputError
+from mconv.errors import InputError, show
 from mconv.passes.base import PASSES, PassContext, PassReport, PassSpec, config_as_dict, stats_triplet
 
 RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
@@ -58,14 +58,48 @@ def _split_top_level(text: str) -> list[str]:
     return parts
 
 
+# A bare word: a letter or underscore, then letters, digits and ``_ . + -`` (``kmeans++``).
+_WORD = re.compile(r"[A-Za-z_][\w.+\-]*")
+_KEY = re.compile(r"\s*=(?!=)")  # a word followed by '=' is an option's name
+_LITERAL_WORDS = {"True": "True", "False": "False", "None": "None", "true": "True", "false": "False"}
+
+
+def _quote_bare_words(args: str) -> str:
+    """``init=optimal`` -> ``init='optimal'``: every bare word outside quotes that is not an
+    option name (before ``=``) becomes a string; ``True``/``False``/``None`` stay literals and
+    ``true``/``false`` (as in TOML recipes) are booleans. Numbers are not words (``1e-3``)."""
+    out, i, n = [], 0, len(args)
+    while i < n:
+        ch = args[i]
+        if ch in "'\"":  # a quoted string, copied as it is (backslash escapes included)
+            j = i + 1
+            while j < n and args[j] != ch:
+                j += 2 if args[j] == "\\" else 1
+            out.append(args[i : j + 1])
+            i = j + 1
+            continue
+        word = _WORD.match(args, i)
+        if word and not (i and (args[i - 1].isalnum() or args[i - 1] in "_.")):
+            text = word.group()
+            if _KEY.match(args, word.end()):
+                out.append(text)
+            else:
+                out.append(_LITERAL_WORDS.get(text) or repr(text))
+            i = word.end()
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def _parse_args(name: str, args: str) -> dict[str, Any]:
     try:
-        call = ast.parse(f"f({args})", mode="eval").body
-    except SyntaxError:
+        call = ast.parse(f"f({_quote_bare_words(args)})", mode="eval").body
+    except (SyntaxError, MemoryError, RecursionError):
         raise InputError(
             f"cannot parse options '({args})'",
             where=f"pass {name}",
-            hint="write key=value pairs with Python literals, e.g. prune(sparsity=0.9)",
+            hint="write key=value pairs, e.g. prune(sparsity=0.9) or cluster(bits=4,init=optimal)",
         ) from None
     assert isinstance(call, ast.Call)
     if call.args:
@@ -76,11 +110,12 @@ def _parse_args(name: str, args: str) -> dict[str, Any]:
             raise InputError("'**' is not allowed in a pass spec", where=f"pass {name}")
         try:
             values[kw.arg] = ast.literal_eval(kw.value)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             raise InputError(
-                f"option '{kw.arg}' is not a literal: {ast.unparse(kw.value)}",
+                f"option '{kw.arg}' is not a literal: {show(ast.unparse(kw.value))}",
                 where=f"pass {name}",
-                hint="quote strings: init='linear'; use true literals: True, 0.9, [1, 2]",
+                hint="values are numbers, true/false, words or quoted strings, and lists: "
+                "init=optimal, sparsity=0.9, block_list=[Softmax, Exp]",
             ) from None
     return values
 
@@ -106,10 +141,12 @@ def make_spec(name: str, values: dict[str, Any]) -> PassSpec:
 
 
 def parse_spec(spec: str) -> list[PassSpec]:
-    """Parse ``fold,dce,prune(sparsity=0.9),cluster(bits=5,init='linear')``.
+    """Parse ``fold,dce,prune(sparsity=0.9),cluster(bits=5,init=linear)``.
 
-    Option values are Python literals. A name that is not a pass but a recipe (or a ``.toml``
-    path) expands to the recipe's passes.
+    Option values are Python literals (numbers, ``True``/``False``, quoted strings, lists,
+    dicts), ``true``/``false``, or bare words, which are strings (``init=linear`` is
+    ``init='linear'``; a word where a number is expected is refused naming the option). A name
+    that is not a pass but a recipe (or a ``.toml`` path) expands to the recipe's passes.
     """
     specs: list[PassSpec] = []
     for item in _split_top_level(spec):

@@ -75,7 +75,7 @@ def test_parse_spec_expands_a_recipe_name():
         ("fp16(mode='quarter')", "'mode' is 'quarter'"),
         ("test-threshold(sparsity=0.9", "unbalanced"),
         ("test-threshold(0.9)", "options must be named"),
-        ("test-threshold(init=linear)", "not a literal"),
+        ("test-threshold(init=open(0))", "not a literal"),  # a bare word is a string now (issue 13)
     ],
 )
 def test_bad_specs_raise_input_error_with_a_hint(spec, fragment):
