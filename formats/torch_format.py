@@ -15,18 +15,39 @@ Rules:
    anything else is not a PyTorch file. ``torch.load`` is only ever called with
    ``weights_only=True``, after rule 5's checks, to tell a state dict (tensors, no
    architecture) from a pickled module; neither is imported.
-3. Example inputs: ``options["input_shapes"]`` (the CLI's ``--input-shape NAME=1,3,224,224``)
-   gives one shape per argument of ``forward`` (names from the TorchScript schema or the
-   Python signature). Every argument without a default needs one; unknown names are refused.
-   Inputs are float32 unless ``options["input_dtypes"]`` names a torch dtype (``{"ids":
-   "int64"}``; integer example inputs are zeros, valid for any embedding).
+3. Inputs: each argument of ``forward`` (names and types from the TorchScript schema, or the
+   Python signature and its annotations; :func:`arguments`) is given by
+   ``options["input_shapes"]`` (the CLI's ``--input-shape NAME=1,3,224,224``: a tensor, an input
+   of the ONNX model), ``options["input_values"]`` (``--input-value NAME=VALUE``: an int, float
+   or bool argument, read by the argument's type and baked into the graph as a constant) or
+   ``options["example_inputs"]`` (``--example-inputs FILE.npz``, read by
+   :func:`mconv.npzio.read_npz`, or a dict of arrays: arrays become tensors with their own
+   dtype and values, 0-d arrays give int/float/bool values). Every argument without a default
+   needs one of them; an int/float/bool argument without a value, ``--input-shape`` for one,
+   ``--input-value`` for a tensor, other types (lists, strings, dicts), unknown names and
+   sources that disagree are refused, naming the argument and its type. Random inputs from
+   shapes are float32 unless ``options["input_dtypes"]`` names a torch dtype (``{"ids":
+   "int64"}``; integer example inputs are zeros, valid for any embedding), at most
+   ``MAX_EXAMPLE_BYTES`` each.
 4. Export: ``torch.onnx.export(..., dynamo=False)`` (the TorchScript-based exporter; the
    dynamo exporter needs ``onnxscript``, which mconv does not require), in eval mode, opset
    ``options["opset"]`` (default 17), constant folding on, into an in-memory buffer read by
    :func:`mconv.irio.from_proto`. Shapes are static as given: traced code may have baked
-   sizes in, so a symbolic batch would be a guess. Outputs are named ``output`` (one) or
-   ``output_0``, ``output_1``, ... Exporter failures (an op without an ONNX symbolic) become
-   one-line :class:`mconv.errors.InputError`.
+   sizes in, so a symbolic batch would be a guess. Values are bound by a wrapper whose
+   ``forward`` takes the tensors only: a TorchScript one (``define``d from the argument names
+   and the values as literals, so the exporter's constant propagation removes the branches the
+   values decide; the exporter would otherwise make every schema argument a graph input) or,
+   for a factory's module, a Python one that the tracer runs. For the export only, the
+   exporter's ``not`` casts a number to bool first (a scripted ``if not len(self._buf):``
+   otherwise fails). Outputs are named ``output`` (one) or ``output_0``, ``output_1``, ...
+   ``forward`` runs once first (on a copy, for a stateful module) to count the outputs and to
+   report a refusal of the inputs as ``forward() failed on inputs ...``. Exporter failures (an
+   op without an ONNX symbolic) become one-line :class:`mconv.errors.InputError`.
+   State: a TorchScript ``forward`` that reassigns module attributes (silero-vad's
+   ``self._state = ...``, :func:`mutated_attributes`) keeps state between calls in torch. The
+   ONNX model has no such state: each run computes from the attributes as loaded from the file
+   (for silero-vad: empty, i.e. just after ``reset_states()``) and the new state is dropped, so
+   the ONNX model equals torch's first call after loading. The import notes say so.
 5. Nothing from the file reaches torch before it is checked (:func:`examine`): the zip's
    central directory against the real file (``formats/_zipsafe.py``: disks, counts, sizes,
    compression ratios, names, overlaps); every pickle walked opcode by opcode without
@@ -41,9 +62,12 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib
 import inspect
 import io
+import keyword
+import math
 import os
 import re
 import sys
@@ -51,13 +75,16 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 from mconv.errors import InputError, show
+from mconv.fileio import require_file
 from mconv.formats import Format
 from mconv.formats._torch_pickle import STORAGE_ITEMSIZE, scan
 from mconv.formats._zipsafe import looks_like_zip, read_directory, read_member
 from mconv.irio import from_proto
+from mconv.npzio import read_npz
 
 # ``package.module:factory``: a Python import path and a callable, not a file name.
 SPEC_RE = re.compile(r"^[\w.]+:\w+$")
@@ -385,56 +412,476 @@ def _load_factory(spec: str):
 
 # --- inputs and export -------------------------------------------------------------------------
 
+MAX_EXAMPLE_BYTES = 4 << 30  # one example input drawn from --input-shape
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+_SCALARS = {"IntType": "int", "FloatType": "float", "BoolType": "bool", "NumberType": "number"}
+_SAMPLE = {"int": "<int>", "float": "<float>", "bool": "<true|false>", "number": "<number>", "any": "<value>"}
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+
+
+@dataclass
+class Argument:
+    """One argument of ``forward`` (rule 3)."""
+
+    name: str
+    kind: str  # "tensor", "int", "float", "bool", "number", "any" (unannotated Python), "other"
+    type_text: str  # as the schema or the annotation writes it
+    required: bool
+
+    @property
+    def scalar(self) -> bool:
+        return self.kind in ("int", "float", "bool", "number")
+
+    @property
+    def label(self) -> str:
+        """``name: type`` for messages (both come from the file)."""
+        return show(f"{self.name}: {self.type_text}", 80)
+
+    @property
+    def kind_text(self) -> str:
+        return {"int": "an int", "bool": "a bool", "float": "a float"}.get(self.kind, "a number")
+
+
+def _script_kind(jit_type) -> str:
+    kind = jit_type.kind()
+    if kind == "OptionalType":
+        return _script_kind(jit_type.getElementType())
+    if kind == "TensorType":
+        return "tensor"
+    return _SCALARS.get(kind, "other")
+
+
+def _python_kind(annotation, torch) -> tuple[str, str]:
+    """(kind, text) of a Python annotation; anything unknown is traced as a tensor ("any")."""
+    if annotation is inspect.Parameter.empty:
+        return "any", "unannotated"
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    origin = getattr(annotation, "__args__", None)
+    if origin and type(None) in origin and len(origin) == 2:  # Optional[T] / T | None
+        inner = next(a for a in origin if a is not type(None))
+        kind, _ = _python_kind(inner, torch)
+        return kind, str(annotation).replace("typing.", "")
+    if isinstance(annotation, str):
+        bare = re.sub(
+            r"^Optional\[(.*)\]$|^(.*?)\s*\|\s*None$", lambda m: m.group(1) or m.group(2), annotation.strip()
+        )
+        kind = {"int": "int", "float": "float", "bool": "bool"}.get(bare)
+        if kind:
+            return kind, annotation
+        return ("tensor" if bare in ("Tensor", "torch.Tensor") else "any"), annotation
+    if annotation is bool:
+        return "bool", "bool"
+    if annotation is int:
+        return "int", "int"
+    if annotation is float:
+        return "float", "float"
+    if annotation is torch.Tensor:
+        return "tensor", "Tensor"
+    return "any", text
+
+
+def arguments(module) -> list[Argument]:
+    """The arguments of ``forward`` with their kinds (rule 3): from the TorchScript schema, or
+    from the Python signature and its annotations."""
+    torch = _torch()
+    if isinstance(module, torch.jit.ScriptModule):
+        return [
+            Argument(
+                a.name,
+                _script_kind(a.type),
+                a.type.annotation_str,
+                a.default_value is None and not a.has_default_value(),
+            )
+            for a in module.forward.schema.arguments[1:]  # drop self
+        ]
+    out = []
+    for p in inspect.signature(module.forward).parameters.values():
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD):
+            kind, text = _python_kind(p.annotation, torch)
+            out.append(Argument(p.name, kind, text, p.default is inspect.Parameter.empty))
+    return out
+
 
 def forward_arguments(module) -> list[tuple[str, bool]]:
     """(name, required) for each argument of ``forward`` (rule 3)."""
-    torch = _torch()
-    if isinstance(module, torch.jit.ScriptModule):
-        args = module.forward.schema.arguments[1:]  # drop self
-        return [(a.name, a.default_value is None and not a.has_default_value()) for a in args]
-    params = inspect.signature(module.forward).parameters.values()
-    return [
-        (p.name, p.default is inspect.Parameter.empty)
-        for p in params
-        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    ]
+    return [(a.name, a.required) for a in arguments(module)]
 
 
-def _example_inputs(module, shapes: dict[str, list[int]], label: str, dtypes: dict[str, str]):
-    torch = _torch()
-    args = forward_arguments(module)
-    names = [n for n, _ in args]
-    unknown = sorted(set(shapes) - set(names))
-    if unknown:
-        raise InputError(
-            f"forward() has no argument(s) {', '.join(unknown)}",
-            path=label,
-            hint=f"forward's arguments: {', '.join(names) or '(none)'}",
-        )
-    missing = [n for n, required in args if required and n not in shapes]
-    if missing:
-        example = " ".join(f"--input-shape {n}=1,3,224,224" for n in missing)
-        raise InputError(
-            f"needs a shape for input(s) {', '.join(missing)}", path=label, hint=f"e.g. {example}"
-        )
-    used = []
-    for n, _ in args:
-        if n not in shapes:
-            break  # later optional arguments keep their defaults
-        used.append(n)
-    generator = torch.Generator().manual_seed(0)
-    tensors = []
-    for n in used:
-        dtype = getattr(torch, str(dtypes.get(n, "float32")), None)
-        if not isinstance(dtype, torch.dtype):
+def parse_input_values(specs: list[str] | None) -> dict[str, str]:
+    """The CLI's ``--input-value NAME=VALUE`` strings -> {name: text}; each argument's type
+    (from ``forward``) decides how the text is read."""
+    values: dict[str, str] = {}
+    for spec in specs or []:
+        name, sep, value = spec.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value:
             raise InputError(
-                f"unknown dtype {dtypes[n]!r} for input {n}", path=label, hint="e.g. float32, int64"
+                f"bad --input-value '{show(spec)}'", hint="use NAME=VALUE, e.g. --input-value sr=16000"
             )
-        if dtype.is_floating_point:
-            tensors.append(torch.randn(*shapes[n], generator=generator).to(dtype))
-        else:  # token ids, indices: zeros are valid for any embedding or gather
-            tensors.append(torch.zeros(*shapes[n], dtype=dtype))
-    return used, tuple(tensors)
+        if values.get(name, value) != value:
+            raise InputError(
+                f"--input-value {show(name)} given twice ({show(values[name])} and {show(value)})",
+                hint="give each argument one value",
+            )
+        values[name] = value
+    return values
+
+
+def _coerce(kind: str, raw) -> int | float | bool:
+    """A value for an int/float/bool/number argument, or ValueError saying why not."""
+    if isinstance(raw, np.generic):
+        raw = raw.item()
+    text = raw.strip().lower() if isinstance(raw, str) else None
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, int) and raw in (0, 1):
+            return bool(raw)
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise ValueError("not a bool (true/false or 1/0)")
+    if isinstance(raw, bool):
+        raise ValueError(f"a bool, not {'an int' if kind == 'int' else 'a number'}")
+    value: int | float
+    if isinstance(raw, (int, float)):
+        value = raw
+    elif text is not None:
+        try:
+            value = int(text.replace("_", ""))
+        except ValueError:
+            if kind == "int":
+                raise ValueError("not an int") from None
+            try:
+                value = float(text)
+            except ValueError:
+                if kind == "any" and (text in _TRUE or text in _FALSE):
+                    return text in _TRUE
+                raise ValueError("not a number") from None
+    else:
+        raise ValueError(f"a {type(raw).__name__}, not a number")
+    if kind == "int" and not isinstance(value, int):
+        raise ValueError("not an int")
+    if kind == "float":
+        value = float(value)
+    if isinstance(value, int) and not _INT64[0] <= value <= _INT64[1]:
+        raise ValueError("outside the int64 range")
+    return value
+
+
+def _literal(value: int | float | bool) -> str:
+    """``value`` as TorchScript source (only values :func:`_coerce` made get here)."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return 'float("nan")'
+    if math.isinf(value):
+        return 'float("inf")' if value > 0 else '-float("inf")'
+    return repr(float(value))
+
+
+def _example_arrays(source, label: str) -> tuple[dict[str, np.ndarray], str]:
+    """``options["example_inputs"]``: an ``.npz`` path (read by the bounded reader) or a dict."""
+    if source is None:
+        return {}, label
+    if isinstance(source, dict):
+        return {str(k): np.asarray(v) for k, v in source.items()}, label
+    path = require_file(source, "example inputs file")
+    return dict(read_npz(path)), str(path)
+
+
+def _scalar_from_array(arg: Argument, array: np.ndarray, npz: str):
+    where = f"array '{show(arg.name)}'"
+    if array.size != 1 or array.ndim > 1:
+        raise InputError(
+            f"forward() argument '{arg.label}' takes one value, but the array holds shape "
+            f"{list(array.shape)}",
+            path=npz,
+            where=where,
+            hint="store one value as a 0-d array, e.g. np.savez(f, sr=np.int64(16000))",
+        )
+    allowed = {"int": "iu", "bool": "biu", "float": "iuf", "number": "iuf", "any": "biuf"}[arg.kind]
+    if array.dtype.kind not in allowed:
+        raise InputError(
+            f"forward() argument '{arg.label}' takes {arg.kind_text}, but the array's dtype is {array.dtype}",
+            path=npz,
+            where=where,
+            hint=f"store it as {'an integer' if arg.kind == 'int' else 'a numeric'} 0-d array",
+        )
+    try:
+        return _coerce(arg.kind, array.reshape(()).item())
+    except ValueError as exc:
+        raise InputError(
+            f"forward() argument '{arg.label}': the array's value is {exc}",
+            path=npz,
+            where=where,
+            hint="store a value of the argument's type",
+        ) from None
+
+
+def _random_input(torch, name: str, shape: list[int], dtype_name, label: str, generator):
+    dtype = getattr(torch, str(dtype_name or "float32"), None)
+    if not isinstance(dtype, torch.dtype):
+        raise InputError(
+            f"unknown dtype {dtype_name!r} for input {name}", path=label, hint="e.g. float32, int64"
+        )
+    if any(d < 0 for d in shape):
+        raise InputError(
+            f"--input-shape {show(name)}={','.join(map(str, shape))}: dimensions must be non-negative",
+            path=label,
+            hint=f"e.g. --input-shape {show(name)}=1,3,224,224",
+        )
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > MAX_EXAMPLE_BYTES:
+        raise InputError(
+            f"--input-shape {show(name)}={','.join(map(str, shape))} needs {nbytes} bytes for an example "
+            f"input (at most {MAX_EXAMPLE_BYTES})",
+            path=label,
+            hint="export with a smaller shape; the ONNX model's shapes are as given",
+        )
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=generator).to(dtype)
+    return torch.zeros(shape, dtype=dtype)  # token ids, indices: zeros are valid for any embedding or gather
+
+
+@dataclass
+class Plan:
+    """What ``forward`` gets (rule 3): tensors (ONNX inputs, in argument order) and baked values."""
+
+    args: list[Argument]
+    tensors: dict[str, object]
+    values: dict[str, int | float | bool]
+
+    def call(self) -> tuple[tuple, dict]:
+        """Positional arguments while every one is given, keywords after the first gap."""
+        given = {**self.tensors, **self.values}
+        positional: list = []
+        keywords: dict = {}
+        for i, a in enumerate(self.args):
+            if a.name in given and len(positional) == i:
+                positional.append(given[a.name])
+            elif a.name in given:
+                keywords[a.name] = given[a.name]
+        return tuple(positional), keywords
+
+    def describe(self) -> str:
+        parts = [f"{n}={list(t.shape)}" for n, t in self.tensors.items()]
+        return ", ".join(parts + [f"{n}={v!r}" for n, v in self.values.items()]) or "(none)"
+
+
+def plan_inputs(module, options: dict, label: str) -> Plan:
+    """Rule 3: each argument of ``forward`` from --input-shape, --input-value or --example-inputs."""
+    torch = _torch()
+    args = arguments(module)
+    shapes = {k: list(v) for k, v in (options.get("input_shapes") or {}).items()}
+    values = dict(options.get("input_values") or {})
+    arrays, npz = _example_arrays(options.get("example_inputs"), label)
+    dtypes = dict(options.get("input_dtypes") or {})
+    known = [a.name for a in args]
+    listing = ", ".join(f"{a.name}: {a.type_text}" for a in args) or "(none)"
+    for given, path, what in (
+        (shapes, label, ""),
+        (values, label, ""),
+        (arrays, npz, " (arrays of the example inputs)"),
+    ):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            more = f" (+{len(unknown) - 8} more)" if len(unknown) > 8 else ""
+            raise InputError(
+                f"forward() has no argument(s) {', '.join(show(u) for u in unknown[:8])}{more}{what}",
+                path=path,
+                hint=f"forward's arguments: {listing}",
+            )
+    generator = torch.Generator().manual_seed(0)
+    tensors: dict[str, object] = {}
+    bound: dict[str, int | float | bool] = {}
+    missing = []
+    for a in args:
+        n, shown = a.name, show(a.name)
+        in_shape, in_value, in_array = n in shapes, n in values, n in arrays
+        if a.kind == "other":
+            if in_shape or in_value or in_array or a.required:
+                raise InputError(
+                    f"forward() argument '{a.label}' has a type mconv cannot give"
+                    + ("" if in_shape or in_value or in_array else " and no default"),
+                    path=label,
+                    hint="mconv gives tensors (--input-shape, --example-inputs) and int, float and bool "
+                    "values (--input-value); script a wrapper whose forward takes those",
+                )
+            continue
+        if a.scalar or (a.kind == "any" and in_value):
+            if in_shape:
+                raise InputError(
+                    f"forward() argument '{a.label}' is not a tensor: --input-shape does not apply",
+                    path=label,
+                    hint=f"give its value, baked into the ONNX model as a constant: --input-value {shown}={_SAMPLE[a.kind]}",
+                )
+            value = None
+            if in_value:
+                try:
+                    value = _coerce(a.kind, values[n])
+                except ValueError as exc:
+                    raise InputError(
+                        f"--input-value {shown}={show(str(values[n]))}: {exc} (forward() argument '{a.label}')",
+                        path=label,
+                        hint=f"e.g. --input-value {shown}={_SAMPLE[a.kind]}",
+                    ) from None
+            if in_array:
+                from_array = _scalar_from_array(a, arrays[n], npz)
+                if in_value and from_array != value:
+                    raise InputError(
+                        f"forward() argument '{shown}' is {value!r} by --input-value but {from_array!r} in the example inputs",
+                        path=npz,
+                        where=f"array '{shown}'",
+                        hint="give it once",
+                    )
+                value = from_array
+            if value is not None:
+                bound[n] = value
+            elif a.required:
+                raise InputError(
+                    f"forward() argument '{a.label}' needs a value",
+                    path=label,
+                    hint=f"--input-value {shown}={_SAMPLE[a.kind]} (baked into the ONNX model as a constant), "
+                    f"or a 0-d array '{shown}' in --example-inputs",
+                )
+            continue
+        if in_value:
+            raise InputError(
+                f"forward() argument '{a.label}' is a tensor; --input-value gives int, float "
+                "and bool arguments",
+                path=label,
+                hint=f"give its shape (--input-shape {shown}=1,3,224,224) or an array '{shown}' in --example-inputs; "
+                "it becomes an input of the ONNX model",
+            )
+        if in_array:
+            array = arrays[n]
+            if in_shape and list(array.shape) != shapes[n]:
+                raise InputError(
+                    f"--input-shape {shown}={','.join(map(str, shapes[n]))} but the example input has shape "
+                    f"{list(array.shape)}",
+                    path=npz,
+                    where=f"array '{shown}'",
+                    hint="give one of them, or make them agree",
+                )
+            try:
+                tensors[n] = torch.from_numpy(np.array(array, copy=True))
+            except TypeError as exc:
+                raise InputError(
+                    f"example input '{shown}' has dtype {array.dtype}, which torch cannot hold ({show(str(exc), 80)})",
+                    path=npz,
+                    where=f"array '{shown}'",
+                    hint="store a float, integer or bool array",
+                ) from None
+        elif in_shape:
+            tensors[n] = _random_input(torch, n, shapes[n], dtypes.get(n), label, generator)
+        elif a.required:
+            missing.append(n)
+    if missing:
+        example = " ".join(f"--input-shape {show(n)}=1,3,224,224" for n in missing)
+        raise InputError(
+            f"needs a shape for input(s) {', '.join(show(n) for n in missing)}",
+            path=label,
+            hint=f"e.g. {example} (or arrays in --example-inputs)",
+        )
+    return Plan(args, tensors, bound)
+
+
+def mutated_attributes(module) -> list[str]:
+    """Module attributes a TorchScript ``forward`` reassigns (``self._state = ...``): state that
+    torch keeps between calls."""
+    torch = _torch()
+    if not isinstance(module, torch.jit.ScriptModule):
+        return []
+    names: set[str] = set()
+    try:
+        graph = module.forward.inlined_graph  # held: its nodes die with it
+        blocks = [graph]
+        while blocks:
+            for node in blocks.pop().nodes():
+                if node.kind() == "prim::SetAttr":
+                    names.add(node.s("name"))
+                blocks.extend(node.blocks())
+    except Exception:  # a graph torch cannot inline: nothing to say
+        return []
+    return sorted(names)
+
+
+def _needs_binding(module, plan: Plan, torch) -> bool:
+    """Rule 3: a wrapper binds values unless ``forward`` takes exactly a prefix of tensors."""
+    if isinstance(module, torch.jit.ScriptModule) and any(a.kind != "tensor" for a in plan.args):
+        return True  # the TorchScript exporter makes every schema argument a graph input
+    return bool(plan.values or plan.call()[1])
+
+
+def _script_binding(torch, module, plan: Plan, label: str):
+    """A TorchScript module whose ``forward(tensors...)`` calls ``module`` with the values as
+    constants, so that the exporter's constant folding removes the branches they decide."""
+    for n in [*plan.tensors, *plan.values]:
+        if not n.isidentifier() or keyword.iskeyword(n):  # schema names are identifiers; checked anyway
+            raise InputError(
+                f"forward() argument '{show(n)}' is not an identifier", path=label, hint="re-save the model"
+            )
+    params = "".join(f", {n}: Tensor" for n in plan.tensors)
+    call = ", ".join(
+        [f"{n}={n}" for n in plan.tensors] + [f"{n}={_literal(v)}" for n, v in plan.values.items()]
+    )
+
+    class Bound(torch.jit.ScriptModule):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+
+    bound = Bound(module)
+    try:
+        bound.define(f"def forward(self{params}):\n    return self.inner({call})\n")
+    except Exception as exc:
+        raise InputError(
+            f"cannot call forward({plan.describe()}) in TorchScript ({_describe(exc)})",
+            path=label,
+            hint="check --input-value against forward's argument types",
+        ) from None
+    return bound
+
+
+def _python_binding(torch, module, plan: Plan):
+    class Bound(torch.nn.Module):
+        def __init__(self, inner, names: list[str]) -> None:
+            super().__init__()
+            self.inner = inner
+            self.names = names
+
+        def forward(self, *tensors):
+            args, kwargs = Plan(plan.args, dict(zip(self.names, tensors)), plan.values).call()
+            return self.inner(*args, **kwargs)
+
+    return Bound(module, list(plan.tensors))
+
+
+@contextlib.contextmanager
+def _not_of_numbers(torch):
+    """torch's TorchScript exporter refuses ``not`` on an int (a scripted ``if not len(self.buf):``
+    becomes Not of an int64 constant). For the export, ``not`` casts to bool first, as Python's
+    ``not`` reads a number; a ``not`` symbolic the user registered is left alone."""
+    try:
+        from torch.onnx._internal.torchscript_exporter import registration
+
+        group = registration.registry.get_function_group("aten::__not_")
+        ours = group is not None and not group._functions._overrides
+    except Exception:  # another exporter layout: leave it as it is
+        ours = False
+    if ours:
+
+        def not_(g, value):
+            return g.op("Not", g.op("Cast", value, to_i=onnx.TensorProto.BOOL))
+
+        torch.onnx.register_custom_op_symbolic("aten::__not_", not_, 9)
+    try:
+        yield
+    finally:
+        if ours:
+            torch.onnx.unregister_custom_op_symbolic("aten::__not_", 9)
 
 
 def _count_outputs(result, torch) -> int:
@@ -447,31 +894,49 @@ def _count_outputs(result, torch) -> int:
     return 0
 
 
+def _describe(exc: BaseException, limit: int = 120) -> str:
+    """``Type: message`` of ``exc`` in one line; a TorchScript error's last line is the Python
+    error the script raised (``builtins.ValueError: ...``), after the source excerpt."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, torch.jit.Error) and lines:
+        return show(lines[-1].removeprefix("builtins."), limit)
+    return f"{type(exc).__name__}: {show(lines[0] if lines else '', limit)}"
+
+
 def export_to_model(module, options: dict, label: str) -> ir.Model:
     """Rule 4: ``module`` through torch.onnx.export into the IR."""
     torch = _torch()
     module.eval()
-    shapes = {k: list(v) for k, v in (options.get("input_shapes") or {}).items()}
-    names, example = _example_inputs(module, shapes, label, dict(options.get("input_dtypes") or {}))
+    plan = plan_inputs(module, options, label)
     opset = int(options.get("opset") or DEFAULT_OPSET)
-    try:
+    state = mutated_attributes(module)
+    try:  # a stateful forward runs on a copy: the export starts from the state as loaded
+        probe = copy.deepcopy(module) if state else module
+        args, kwargs = plan.call()
         with torch.no_grad():
-            n_out = _count_outputs(module(*example), torch)
+            n_out = _count_outputs(probe(*args, **kwargs), torch)
     except Exception as exc:
         raise InputError(
-            f"forward() failed on inputs of shape {[list(t.shape) for t in example]} "
-            f"({type(exc).__name__}: {str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ''})",
+            f"forward() failed on inputs {plan.describe()} ({_describe(exc)})",
             path=label,
-            hint="check --input-shape",
+            hint="check --input-shape, --input-value and --example-inputs against forward()",
         ) from None
+    target = module
+    if _needs_binding(module, plan, torch):
+        script = isinstance(module, torch.jit.ScriptModule)
+        target = (
+            _script_binding(torch, module, plan, label) if script else _python_binding(torch, module, plan)
+        )
+    names = list(plan.tensors)
     outputs = ["output"] if n_out == 1 else [f"output_{i}" for i in range(n_out)]
     buf = io.BytesIO()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _not_of_numbers(torch):
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                module,
-                example,
+                target,
+                tuple(plan.tensors.values()),
                 buf,
                 dynamo=False,
                 input_names=names,
@@ -481,17 +946,26 @@ def export_to_model(module, options: dict, label: str) -> ir.Model:
                 training=torch.onnx.TrainingMode.EVAL,
             )
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:160]
         raise InputError(
-            f"torch's ONNX exporter failed ({type(exc).__name__}: {first})",
+            f"torch's ONNX exporter failed ({_describe(exc, 160)})",
             path=label,
             hint=f"the module uses an op without an ONNX mapping at opset {opset}",
         ) from None
     model = from_proto(onnx.load_from_string(buf.getvalue()))
-    model.metadata_props["mconv.import_notes"] = (
+    notes = [
         f"exported by torch {torch.__version__} torch.onnx (TorchScript-based exporter, opset {opset}), "
-        f"inputs {', '.join(f'{n}={shapes[n]}' for n in names)}"
-    )
+        f"inputs {', '.join(f'{n}={list(t.shape)}' for n, t in plan.tensors.items()) or '(none)'}"
+    ]
+    if plan.values:
+        baked = ", ".join(f"{n}={v!r}" for n, v in plan.values.items())
+        notes.append(f"baked into the graph as constants: {baked} (the ONNX model has no input for them)")
+    if state:
+        notes.append(
+            f"forward() keeps state between calls in torch (it reassigns {', '.join(show(s) for s in state[:6])}"
+            f"{', ...' if len(state) > 6 else ''}): the ONNX model starts every run from the state as loaded "
+            "and returns no new state, so each run is the module's first call after loading"
+        )
+    model.metadata_props["mconv.import_notes"] = "\n".join(notes)
     return model
 
 
