@@ -6,10 +6,12 @@ output's scale, cosine) on the logits (the Softmax input, added as an output) an
 output. Prints a markdown table.
 
     python bench/metal_harness.py [--models lenet,lenet-fp32,mobilenet,alexnet,resnet50,lenet-dc]
+    python bench/metal_harness.py --models keras-mobilenetv2,keras-efficientnetb0,keras-resnet50,keras-densenet121
 
 Models: Caffe LeNet-5 (../shared/models/caffe), a MobileNet-style depthwise net built with
 onnx.helper, onnx's light AlexNet and ResNet-50 (folded, random He-scaled weights), and LeNet-5
-after ``prune(sparsity=0.8),cluster(bits=5)``. The harness compiles with -O2 -march=native; the
+after ``prune(sparsity=0.8),cluster(bits=5)``; Keras 3 applications (``keras-*``, 64x64 inputs,
+weights redrawn as in tests/targets/metal/test_framework_models.py). The harness compiles with -O2 -march=native; the
 first run of a bundle includes the compile (cached afterwards under $TMPDIR).
 """
 
@@ -56,7 +58,33 @@ def lenet_dc():
     return model
 
 
+def keras_app(app: str, size: int = 64):
+    """A Keras 3 application (KERAS_BACKEND=jax, weights=None, seeded) saved as .keras in a
+    subprocess, imported with mconv, kernels and BatchNorm statistics redrawn (the test's rule)."""
+    import os
+    import subprocess
+
+    from mconv.formats import import_model
+    from test_framework_models import redraw_weights
+
+    script = (
+        "import os, sys\nos.environ['KERAS_BACKEND'] = 'jax'\nimport keras\nkeras.utils.set_random_seed(0)\n"
+        f"keras.applications.{app}(weights=None, input_shape=({size}, {size}, 3)).save(sys.argv[1])\n"
+    )
+    path = Path(tempfile.mkdtemp(prefix="mconv-keras.")) / f"{app}.keras"
+    env = {**os.environ, "KERAS_BACKEND": "jax"}
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env, capture_output=True)
+    model = import_model([path])
+    shutil.rmtree(path.parent, ignore_errors=True)
+    redraw_weights(model, seed=3)
+    return model
+
+
 MODELS = {
+    **{
+        f"keras-{app.lower()}": (lambda app=app: keras_app(app), "fp16")
+        for app in ("MobileNetV2", "EfficientNetB0", "ResNet50", "DenseNet121")
+    },
     "lenet": (lenet, "fp16"),
     "lenet-fp32": (lenet, "fp32"),
     "mobilenet": (mobilenet_style, "fp16"),

@@ -250,8 +250,20 @@ def _fusions(model: ir.Model, ctx: LowerContext) -> dict[int, tuple[Activation, 
         uses = [u.node for u in y.uses()]
         if len(uses) == 1 and uses[0].domain in ("", "ai.onnx"):
             act = activation_of(ctx, uses[0])
-            if act is not None and uses[0].inputs[0] is y:
-                fused[id(node)] = (act, [uses[0]])
+            if act is None or uses[0].inputs[0] is not y:
+                continue
+            chain = [uses[0]]
+            while True:  # Relu then Min(6) (Keras' relu6) and such: one kernel applies both
+                last = chain[-1].outputs[0]
+                nxt = [u.node for u in last.uses()]
+                if last.name in outputs or len(nxt) != 1 or nxt[0].domain not in ("", "ai.onnx"):
+                    break
+                more = activation_of(ctx, nxt[0])
+                if more is None or nxt[0].inputs[0] is not last:
+                    break
+                act = act.then_apply(more)
+                chain.append(nxt[0])
+            fused[id(node)] = (act, chain)
             continue
         if len(uses) == 2:  # swish: y * Sigmoid(y)
             sig = next((u for u in uses if u.op_type == "Sigmoid"), None)

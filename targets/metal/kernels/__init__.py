@@ -48,6 +48,12 @@ class Activation:
     kind: str
     params: tuple[float, ...] = ()
     nodes: tuple[str, ...] = ()
+    then: Activation | None = None  # applied to this one's result (a fused chain)
+
+    def then_apply(self, other: Activation) -> Activation:
+        """This activation followed by ``other``; ``kind`` names the chain (``relu+clip``)."""
+        tail = other if self.then is None else self.then.then_apply(other)
+        return Activation(f"{self.kind.split('+')[0]}+{tail.kind}", self.params, self.nodes, tail)
 
 
 def flit(x: float) -> str:
@@ -65,6 +71,9 @@ def activation_expr(act: Activation | None, v: str = "v") -> str:
     """The MSL expression of ``act`` applied to the float ``v``."""
     if act is None:
         return v
+    if act.then is not None:
+        base = Activation(act.kind.split("+")[0], act.params, act.nodes)
+        return activation_expr(act.then, activation_expr(base, v))
     k, p = act.kind, act.params
     if k == "relu":
         return f"max({v}, 0.0f)"

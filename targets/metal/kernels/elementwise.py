@@ -156,6 +156,12 @@ def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
         return Activation("selu", (a, g), (node.name,))
     if op in _SIMPLE:
         return Activation(_SIMPLE[op], (), (node.name,))
+    if op in ("Min", "Max") and len(node.inputs) == 2:  # Min(x, 6) after a Relu: Keras' relu6
+        c = LowerContext.const(node.inputs[1])
+        if c is None or c.size != 1 or LowerContext.const(node.inputs[0]) is not None:
+            return None
+        bound = float(c.reshape(()))
+        return Activation("clip", (-np.inf, bound) if op == "Min" else (bound, np.inf), (node.name,))
     if op == "Clip":
         if ctx.opset < 11 or len(node.inputs) == 1:
             lo = node.attributes.get_float("min", -np.inf) if ctx.opset < 11 else -np.inf

@@ -83,15 +83,20 @@ def test_unary_activations_and_broadcast_binary_ops_match(tmp_path, precision):
         n("Min", ["x", "pos"], ["min"]),
         n("Add", ["x", "pos"], ["sum0"]),
         n("HardSwish", ["sum0"], ["add_hswish"]),  # fused into the Add
+        n("Conv", ["x", "w1x1"], ["conv"]),
+        n("Relu", ["conv"], ["conv_relu"]),
+        n("Min", ["conv_relu", "three"], ["relu6"]),  # Keras' relu6: Relu then Min, one kernel
     ]
-    outs = [o for node in nodes for o in node.output if o not in ("ax", "sum0")]
+    w["w1x1"] = rng.standard_normal((4, 4, 1, 1)).astype(np.float32)
+    outs = [o for node in nodes for o in node.output if o not in ("ax", "sum0", "conv", "conv_relu")]
     model = make_model(nodes, [("x", [2, 4, 3, 5]), ("pos", [2, 1, 3, 5])], outs, w, opset=18)
     feeds = {
         "x": rng.standard_normal((2, 4, 3, 5)).astype(np.float32),
         "pos": rng.uniform(0.5, 2.0, (2, 1, 3, 5)).astype(np.float32),
     }
     runner = check(model, feeds, tmp_path, precision)
-    assert "Add+hardswish" in [layer.op for layer in runner.plan.layers]
+    ops = [layer.op for layer in runner.plan.layers]
+    assert "Add+hardswish" in ops and "Conv+relu+clip" in ops
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
