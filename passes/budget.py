@@ -76,7 +76,7 @@ from mconv.passes.pipeline import _record_provenance, make_spec, snapshot_model
 SPARSITIES = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97)
 BITS = (8, 6, 5, 4, 3)
 PRUNE_STEPS = (0.5, 0.8, 1.0)
-PRE_PASSES = ("fold", "eliminate-identity", "dce")
+PRE_PASSES = ("fold", "eliminate-identity", "fuse-bn", "dce")
 Progress = Callable[[str, float, float | None], None]
 
 
@@ -602,6 +602,8 @@ def compress_to_budget(
     attempts: int = 4,
     batch_size: int = 32,
     snr_db_min: float = 20.0,
+    sparsities: tuple[float, ...] = SPARSITIES,
+    bits: tuple[int, ...] = BITS,
 ) -> BudgetResult:
     """Deep Compression of ``model`` (mutated) under a budget; see the module rules.
 
@@ -627,12 +629,19 @@ def compress_to_budget(
     ctx = PassContext(data=None if data is None else dict(data), seed=seed, progress=None)
     reference = snapshot_model(model) if data is not None else None
     ctx.reference_model = reference
+    if any(not 0.0 <= float(x) < 1.0 for x in sparsities) or any(not 1 <= int(b) <= 8 for b in bits):
+        raise InputError(
+            f"sparsities {list(sparsities)}, bits {list(bits)}", hint="sparsities in [0, 1), bits 1..8"
+        )
+    sparsities = tuple(sorted({0.0, *(float(x) for x in sparsities)}))
     pre = [make_spec(n, {}) for n in PRE_PASSES]
     say("preparing (fold, eliminate-identity, dce)", 0, None)
     _run_specs(model, pre, ctx)
 
     if data is None:
-        return _data_free(model, pre, target, seed, snr_db_min, say, t_start, history_before)
+        return _data_free(
+            model, pre, target, seed, snr_db_min, say, t_start, history_before, sparsities, bits
+        )
 
     feeds, labels, n = _check_data(model, data)
     train, held = split_indices(n, holdout, seed)
@@ -651,7 +660,7 @@ def compress_to_budget(
     if epochs is None:
         epochs = int(np.clip(np.ceil(5000 / max(len(train), 1)), 2, 8))
 
-    layers, est = _candidates(model, ev, train, estimator, say)
+    layers, est = _candidates(model, ev, train, estimator, say, tuple(sparsities), tuple(bits))
     if not layers:
         raise InputError(
             "no named Conv/Gemm/MatMul weights to compress", hint="the model has no weight layers"
@@ -901,9 +910,11 @@ def _result(
     )
 
 
-def _data_free(model, pre, target, seed, snr_min, say, t_start, history_before) -> BudgetResult:
+def _data_free(
+    model, pre, target, seed, snr_min, say, t_start, history_before, sparsities, bits
+) -> BudgetResult:
     """Rule 8: per layer the smallest setting with weight SNR >= snr_min; no fine-tuning."""
-    layers, est = _candidates(model, None, None, "weight-snr", say)
+    layers, est = _candidates(model, None, None, "weight-snr", say, sparsities, bits)
     alloc = {}
     for layer in layers:
         ok = [k for k in layer.options if layer.snr[k] >= snr_min]

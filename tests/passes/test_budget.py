@@ -1,0 +1,193 @@
+"""Deep Compression under a budget (mconv.passes.budget): the held-out gate, the recipe round trip,
+an unmeetable budget, rollback of a harmful stage, the data-free mode and bad options.
+
+Small settings (a subset of the digits, one epoch per stage, two attempts, a coarse grid) keep
+the whole file to a few tens of seconds; the benches run the full targets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mconv.fixtures
+from mconv.errors import GateFailed, InputError
+from mconv.irio import load_onnx, save_onnx
+from mconv.passes import PassContext, load_recipe, run_pipeline
+from mconv.passes import budget as B
+
+FIXTURES = Path(mconv.fixtures.__file__).resolve().parent
+
+
+def fixture_path(name: str) -> Path:
+    return FIXTURES / name
+
+
+def digits_feeds(split: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / f"digits_{split}.npz") as z:
+        return {
+            "input": z["images"].reshape(len(z["labels"]), 64).astype(np.float32) / 16.0,
+            "labels": z["labels"],
+        }
+
+
+FAST = {"epochs": 1, "attempts": 2, "sparsities": (0.5, 0.8, 0.9), "bits": (6, 4)}
+
+
+def _subset(n: int, seed: int) -> dict[str, np.ndarray]:
+    data = digits_feeds("train")
+    idx = np.sort(np.random.default_rng(seed).permutation(len(data["labels"]))[:n])
+    return {k: v[idx] for k, v in data.items()}
+
+
+@pytest.fixture(scope="module")
+def mlp_run():
+    data = _subset(320, seed=1)
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    result = B.compress_to_budget(model, data, max_drop=0.05, seed=3, **FAST)
+    return data, result
+
+
+def _held_out_accuracy(model, data, holdout=0.25, seed=3) -> float:
+    from mconv.targets.reference.executor import Executor
+
+    _, held = B.split_indices(len(data["labels"]), holdout, seed)
+    got = Executor(model).run({"input": data["input"][held]})["logits"]
+    return float(np.mean(got.argmax(1) == data["labels"][held]))
+
+
+def test_parse_size():
+    assert B.parse_size("44KB") == 45_056
+    assert B.parse_size("6.9MB") == int(6.9 * (1 << 20))
+    assert B.parse_size("5061") == 5061
+    assert B.parse_size(" 2 KiB ") == 2048
+    for bad in ("44 parsecs", "-3KB", "0", ""):
+        with pytest.raises(InputError):
+            B.parse_size(bad)
+
+
+def test_split_matches_finetune_and_never_overlaps():
+    train, held = B.split_indices(400, 0.25, 7)
+    assert len(held) == 100 and len(train) == 300
+    assert not set(train) & set(held)
+    assert sorted([*train, *held]) == list(range(400))
+    # the finetune pass draws the same permutation first
+    order = np.random.default_rng([7, 0x5EED]).permutation(400)
+    assert list(held) == list(order[:100])
+
+
+def test_mlp_meets_the_budget_on_held_out_samples(mlp_run):
+    data, result = mlp_run
+    assert result.met and result.accuracy_measured
+    assert result.metric == "accuracy"
+    assert result.split["train"] + result.split["held_out"] == 320 and result.split["held_out"] == 80
+    assert result.held_out_drop <= 0.05 + 1e-12
+    # measured again, independently, on the held-out digits
+    acc = _held_out_accuracy(result.model, data)
+    assert acc == pytest.approx(result.final)
+    assert result.baseline - acc <= 0.05 + 1e-12
+    # smaller than float32 by a real factor, per layer stored bytes reported
+    assert result.size["weights_file"] * 4 < result.size["original_layers"]
+    names = {row["name"] for row in result.layers}
+    assert names == {"fc1", "fc2", "fc3"}
+    assert all(row["stored_bytes"] is not None for row in result.layers)
+    d = result.as_dict()
+    for key in ("metric", "split", "layers", "stages", "held_out_drop", "size", "recipe", "attempts"):
+        assert key in d
+    assert all({"metric_before", "metric_after", "rolled_back"} <= set(s) for s in d["stages"])
+
+
+def test_saved_recipe_rebuilds_the_model_byte_for_byte(mlp_run, tmp_path):
+    data, result = mlp_run
+    a = tmp_path / "budget.onnx"
+    save_onnx(result.model, a)
+    recipe = result.write_recipe(tmp_path / "chosen.toml")
+    specs = load_recipe(recipe)
+    assert [s.name for s in specs][:4] == ["fold", "eliminate-identity", "fuse-bn", "dce"]
+    model, _ = run_pipeline(load_onnx(fixture_path("digits_mlp.onnx")), specs, PassContext(data=data, seed=3))
+    b = tmp_path / "replay.onnx"
+    save_onnx(model, b)
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_unmeetable_budget_raises_gate_failed_with_the_best_result():
+    data = _subset(200, seed=2)
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    with pytest.raises(GateFailed) as info:
+        B.compress_to_budget(model, data, max_drop=0.0, target_size=600, seed=0, **{**FAST, "attempts": 1})
+    result = info.value.result
+    assert not result.met
+    assert result.attempts and result.size["weights_file"] > 0
+    assert "budget not met" in str(info.value)
+
+
+def test_a_harmful_fine_tuning_stage_is_rolled_back(monkeypatch):
+    real = B._finetune_spec
+
+    def wild(epochs, lr, seed, holdout, batch):  # a learning rate that wrecks the model
+        return real(epochs, 5.0, seed, holdout, batch)
+
+    monkeypatch.setattr(B, "_finetune_spec", wild)
+    data = _subset(200, seed=4)
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    try:
+        result = B.compress_to_budget(model, data, max_drop=0.2, seed=1, **{**FAST, "attempts": 1})
+    except GateFailed as exc:
+        result = exc.result
+    tuned = [s for s in result.stages if "retraining" in s["stage"] or "centroid" in s["stage"]]
+    assert tuned and any(s["rolled_back"] for s in tuned)
+    for s in tuned:
+        if s["rolled_back"]:
+            assert s["metric_after"] < s["metric_before"]
+    # the rolled-back stages are not in the recipe: it lists only the stages kept
+    kept = sum(1 for s in tuned if not s["rolled_back"])
+    assert sum(1 for s in result.specs if s.name == "finetune") == kept
+
+
+def test_without_data_only_the_weight_snr_check_and_a_loud_note():
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    result = B.compress_to_budget(model, None, sparsities=(0.3, 0.5, 0.9), bits=(8, 6, 3))
+    assert not result.accuracy_measured
+    assert any("NOT MEASURED" in n for n in result.notes)
+    assert all(row["weight_snr_db"] >= 20.0 for row in result.layers)
+    assert not any(s.name == "finetune" for s in result.specs)
+    assert any(row["sparsity"] < 0.9 for row in result.layers)  # 90% is far below 20 dB
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"max_drop": 1.5}, "fraction"),
+        ({"max_drop": 0.01, "target_size": "lots"}, "not a size"),
+        ({"max_drop": 0.01, "estimator": "magic"}, "estimator"),
+        ({"max_drop": 0.01, "holdout": 1.0}, "holdout"),
+        ({"max_drop": 0.01, "bits": (9,)}, "bits"),
+    ],
+)
+def test_bad_options_are_input_errors(kwargs, words):
+    data = _subset(40, seed=5)
+    with pytest.raises(InputError) as info:
+        B.compress_to_budget(load_onnx(fixture_path("digits_mlp.onnx")), data, **kwargs)
+    assert words in info.value.line()
+
+
+def test_bad_data_is_an_input_error():
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    data = _subset(40, seed=6)
+    with pytest.raises(InputError, match="no array for input"):
+        B.compress_to_budget(model, {"x": data["input"]}, max_drop=0.01)
+    with pytest.raises(InputError, match="labels"):
+        B.compress_to_budget(model, {"input": data["input"], "labels": data["labels"][:5]}, max_drop=0.01)
+    with pytest.raises(InputError, match="at least 8"):
+        B.compress_to_budget(model, {"input": data["input"][:3]}, max_drop=0.01)
+
+
+def test_depthwise_cnn_with_batchnorm_meets_a_budget():
+    path = fixture_path("digits_dwcnn.onnx")
+    data = _subset(240, seed=7)
+    data = {"input": data["input"].reshape(-1, 1, 8, 8), "labels": data["labels"]}
+    result = B.compress_to_budget(load_onnx(path), data, max_drop=0.05, seed=2, **FAST)
+    assert result.met and result.held_out_drop <= 0.05 + 1e-12
+    assert not any(n.op_type == "BatchNormalization" for n in result.model.graph)  # folded first
+    assert {row["name"] for row in result.layers} >= {"dw1", "pw1", "pw2", "fc"}
