@@ -5,17 +5,24 @@ code and the Linux harness are generated from.
 
 Rules:
 
-1. Before planning, the model (a copy; the caller's model is not touched) runs
-   ``fold,dce,eliminate-identity,fuse-bn`` so BatchNorm is folded into convolutions, then its
-   symbolic batch dimension is fixed to ``options["batch"]`` (default 1) and shapes are inferred.
-   Every value must then have a static shape.
+1. Before planning, the model (a copy; the caller's model is not touched) gets static input
+   shapes: a symbolic batch dimension becomes ``options["batch"]`` (default 1); any other
+   symbolic dimension is refused (exit 2) with a hint naming the input and the
+   ``export --input-shape NAME=DIMS`` that bakes it (the CLI fixes those before the target
+   sees the model, so the planner reads them from the value infos). Then, until nothing
+   changes: Shape/Size of static values become constants, Cast/DequantizeLinear of constants
+   are evaluated (fp16/int8 storage), float-to-float Casts become Identity, and
+   ``fold,dce,eliminate-identity`` runs with shapes re-inferred; finally ``fuse-bn`` folds
+   BatchNorm into convolutions. Every value must then have a static shape.
 2. Every node is either a kernel (a rule of :data:`mconv.targets.metal.kernels.LOWER`), a view
    (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout: the output aliases the input's
    buffer) or unsupported. All unsupported nodes are named in one
    :class:`~mconv.errors.UnsupportedError`.
 3. An activation whose input has no other use and is not a graph output is fused into the
-   kernel of a fusible producer (Conv, Gemm, MatMul, pooling, Add/Sub/Mul/Div, BatchNorm);
-   ``y * Sigmoid(y)`` is fused as swish the same way.
+   kernel of a fusible producer (Conv, ConvTranspose, Gemm, MatMul, pooling, reductions,
+   binary elementwise ops, BatchNorm), and so is a chain of them (Relu then Min(x, 6), Keras'
+   relu6); ``y * Sigmoid(y)`` is fused as swish the same way. Kernels compute floats: a node
+   reading or writing non-float activations is unsupported, named with the reason.
 4. Buffers: one per graph input, per weight a kernel reads (an initializer), and per value a
    kernel writes; in the order first seen. A layer's bindings are its kernel's reads in order,
    then its output; binding ``i`` is ``[[buffer(i)]]``.
