@@ -35,8 +35,8 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnx_ir as ir
-from mconv.errors import InputError, UnsupportedError
-from mconv.targets.reference.ops import OpContext, OpDef, lookup
+from mconv.errors import InputError, UnsupportedError, show
+from mconv.targets.reference.ops import OpContext, OpDef, fast_math, lookup
 
 _AT = ir.AttributeType
 DEFAULT_OPSET = 21
@@ -612,7 +612,10 @@ class Executor:
                 step.ctx.scope = env
             try:
                 results = step.opdef.forward(args, step.attrs, step.ctx)
-            except InputError:
+            except InputError as exc:
+                if not (exc.where or "").startswith("node "):  # the innermost node names itself
+                    here = f"node {show(step.name or '<unnamed>')} ({step.op_type})"
+                    exc.where = f"{here}: {exc.where}" if exc.where and exc.where != step.op_type else here
                 raise
             except Exception as exc:
                 raise _node_failure(step, exc) from exc
@@ -655,17 +658,26 @@ class Executor:
     def vjp(
         self, feeds: Mapping[str, Any], cotangents: Mapping[str, np.ndarray], wrt: list[str]
     ) -> dict[str, np.ndarray]:
-        """Gradients of ``sum(cotangent * output)`` with respect to the ``wrt`` values."""
-        env = self._check_feeds(feeds)
-        self._execute(self.plan, env, tuple(cotangents), keep_all=True)
-        self._check_wrt(wrt, env)
-        return self._reverse(self.plan, env, dict(cotangents), wrt)
+        """Gradients of ``sum(cotangent * output)`` with respect to the ``wrt`` values (forward
+        and sweep under ``fast_math``: see the op registry's Exactness)."""
+        with fast_math():
+            env = self._check_feeds(feeds)
+            self._execute(self.plan, env, tuple(cotangents), keep_all=True)
+            self._check_wrt(wrt, env)
+            return self._reverse(self.plan, env, dict(cotangents), wrt)
 
     def value_and_grad(
         self, feeds: Mapping[str, Any], loss: str | Callable[[dict], tuple[float, dict]], wrt: list[str]
     ) -> tuple[float, dict[str, np.ndarray]]:
         """The loss and its gradients. ``loss`` names a scalar graph output, or is a callable
-        taking the outputs and returning ``(loss, {output_name: dloss/doutput})``."""
+        taking the outputs and returning ``(loss, {output_name: dloss/doutput})``. Runs under
+        ``fast_math`` (float32 accumulation: training needs no oracle precision)."""
+        with fast_math():
+            return self._value_and_grad(feeds, loss, wrt)
+
+    def _value_and_grad(
+        self, feeds: Mapping[str, Any], loss: str | Callable[[dict], tuple[float, dict]], wrt: list[str]
+    ) -> tuple[float, dict[str, np.ndarray]]:
         env = self._check_feeds(feeds)
         if isinstance(loss, str):
             self._execute(self.plan, env, (loss,), keep_all=True)
@@ -767,7 +779,7 @@ def _node_failure(step: Step, exc: Exception) -> Exception:
     """Kernel failures on user data name the node; the original stays chained for --debug."""
     return InputError(
         f"{step.op_type} failed: {type(exc).__name__}: {str(exc)[:200]}",
-        where=f"node {step.name or '<unnamed>'}",
+        where=f"node {show(step.name or '<unnamed>')}",
         hint="check the input shapes and dtypes against the model",
     )
 

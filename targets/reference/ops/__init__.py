@@ -15,12 +15,25 @@ forward(inputs, attrs, ctx) -> tuple of outputs
 vjp(inputs, attrs, outputs, grads, ctx) -> list with one gradient (or None) per input
     ``outputs`` are the forward results, ``grads`` the cotangents of each output (``None`` where
     an output received no gradient). Gradients must have the exact shape and dtype of the input.
+
+Exactness
+---------
+The reference is the oracle every other runtime is checked against, so its forwards are the most
+exact in the room: products and sums over many terms (Conv, ConvTranspose, MatMul, Gemm, Einsum,
+the summing reductions, average pooling, normalization statistics, Softmax, the recurrent cells)
+accumulate in float64 when the inputs are float16, bfloat16 or float32 (:func:`wide`), and the
+result is rounded once to the ONNX output type. A float32 BLAS GEMM over K terms is off by about
+``sqrt(K) * 6e-8`` relative; float64 leaves only the final rounding. Reverse mode
+(:meth:`Executor.value_and_grad`, :meth:`Executor.vjp`) runs under :func:`fast_math`: gradients
+for fine-tuning need no oracle precision, and float32 GEMMs are about twice as fast.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +41,39 @@ import numpy as np
 
 Forward = Callable[[list, dict, "OpContext"], Sequence[Any]]
 Vjp = Callable[[list, dict, Sequence[Any], Sequence[Any], "OpContext"], list]
+
+
+_EXACT: contextvars.ContextVar[bool] = contextvars.ContextVar("mconv_reference_exact", default=True)
+_NARROW_FLOATS = {"float16", "bfloat16", "float32"}
+
+
+def exact() -> bool:
+    """Whether forwards accumulate wide (the default; off inside :func:`fast_math`)."""
+    return _EXACT.get()
+
+
+@contextlib.contextmanager
+def fast_math() -> Iterator[None]:
+    """Accumulate in the inputs' own float type (reverse mode, where speed beats the last bits)."""
+    token = _EXACT.set(False)
+    try:
+        yield
+    finally:
+        _EXACT.reset(token)
+
+
+def wide(dtype: np.dtype) -> np.dtype:
+    """The dtype a forward accumulates in for inputs of ``dtype``: float64 for float16, bfloat16
+    and float32 (in exact mode), else ``dtype`` itself (float64, integers, ...)."""
+    dtype = np.dtype(dtype)
+    if dtype.name in _NARROW_FLOATS and _EXACT.get():
+        return np.dtype(np.float64)
+    return dtype
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    """``x`` in :func:`wide` of its dtype (no copy when it already is)."""
+    return x.astype(wide(x.dtype), copy=False)
 
 
 @dataclass

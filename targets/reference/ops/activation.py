@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
-from . import register, register_vjp
+from . import register, register_vjp, wide
 from .elementwise import _same, is_float, unbroadcast
 
 
@@ -171,7 +171,8 @@ def _softmax_axes(x: np.ndarray, attrs: dict, ctx) -> tuple[np.ndarray, tuple[in
 @register("Softmax")
 def softmax(inputs, attrs, ctx):
     x, axes = _softmax_axes(inputs[0], attrs, ctx)
-    e = np.exp(x - np.max(x, axis=axes, keepdims=True))
+    xs = x.astype(wide(x.dtype), copy=False)  # float64 for narrow floats (ops/__init__: Exactness)
+    e = np.exp(xs - np.max(xs, axis=axes, keepdims=True))
     return (_same(x, e / np.sum(e, axis=axes, keepdims=True)),)
 
 
@@ -186,7 +187,8 @@ def softmax_vjp(inputs, attrs, outputs, grads, ctx):
 @register("LogSoftmax")
 def log_softmax(inputs, attrs, ctx):
     x, axes = _softmax_axes(inputs[0], attrs, ctx)
-    s = x - np.max(x, axis=axes, keepdims=True)
+    xs = x.astype(wide(x.dtype), copy=False)
+    s = xs - np.max(xs, axis=axes, keepdims=True)
     return (_same(x, s - np.log(np.sum(np.exp(s), axis=axes, keepdims=True))),)
 
 

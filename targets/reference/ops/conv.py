@@ -7,7 +7,8 @@ Rules
 2. ``auto_pad``: NOTSET uses ``pads`` (default zeros); VALID pads nothing; SAME_UPPER/SAME_LOWER
    make ``out = ceil(in / stride)`` with total padding ``max(0, (out-1)*s + (k-1)*d + 1 - in)``,
    the odd pixel going at the end (UPPER) or the beginning (LOWER).
-3. Conv is im2col + one batched GEMM: the padded input is cut into a contiguous patch matrix
+3. Conv is im2col + one batched GEMM (accumulated in float64 for float16/bfloat16/float32 inputs,
+   rounded once to the output type; see ``ops/__init__``, Exactness): the padded input is cut into a contiguous patch matrix
    ``cols[n, g, (c, kernel tap), output pixel]`` by one strided copy per kernel tap (no Python loop
    over output elements), and ``Y[n, g] = W[g] @ cols[n, g]``.
    With stride 1 on every axis the canvas is laid out flat per channel, each tap becomes one
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import OpContext, register, register_vjp
+from . import OpContext, register, register_vjp, wide
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,8 @@ def conv(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     win, group = _conv_setup(x, w, attrs)
+    out_dtype = x.dtype
+    x = x.astype(wide(x.dtype), copy=False)  # accumulate in float64 (ops/__init__: Exactness)
     n, m = x.shape[0], w.shape[0]
     wg = w.reshape(group, m // group, -1).astype(x.dtype, copy=False)
     flat = _uses_flat_layout(win)
@@ -266,7 +269,7 @@ def conv(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     y = _drop_junk_columns(y, win) if flat else y.reshape((n, m) + win.out)
     if b is not None:
         y += b.reshape((1, m) + (1,) * len(win.out)).astype(y.dtype, copy=False)
-    return (y,)
+    return (y.astype(out_dtype, copy=False),)
 
 
 @register_vjp("Conv")
@@ -351,6 +354,8 @@ def conv_transpose(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarra
     x, w = inputs[0], inputs[1]
     b = inputs[2] if len(inputs) > 2 else None
     win, group, out = _conv_transpose_setup(x, w, attrs)
+    out_dtype = x.dtype
+    x = x.astype(wide(x.dtype), copy=False)
     n, c = x.shape[:2]
     mg = w.shape[1]
     xg = x.reshape(n, group, c // group, -1)
@@ -360,7 +365,7 @@ def conv_transpose(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarra
     y = crop_canvas(col2im(cols, win), win, out)  # output pixel o is canvas pixel o + pads_begin
     if b is not None:
         y += b.reshape((1, -1) + (1,) * len(out)).astype(y.dtype, copy=False)
-    return (y,)
+    return (y.astype(out_dtype, copy=False),)
 
 
 @register_vjp("ConvTranspose")
@@ -450,6 +455,7 @@ def deform_conv(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
         samples += vals.reshape(n, og, cpg, taps, oh, ow) * (wgt * valid * msk)[:, :, None]
     cols = samples.reshape(n, group, (c // group) * taps, oh * ow)
     m = w.shape[0]
+    cols = cols.astype(wide(cols.dtype), copy=False)
     y = np.matmul(w.reshape(group, m // group, -1)[None].astype(cols.dtype), cols).reshape(n, m, oh, ow)
     if b is not None:
         y = y + b.reshape(1, m, 1, 1)

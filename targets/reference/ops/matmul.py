@@ -2,6 +2,8 @@
 
 Rules
 -----
+0. Products accumulate in float64 for float16/bfloat16/float32 operands and are rounded once to
+   the output type (``ops/__init__``, Exactness).
 1. MatMul follows numpy.matmul: a 1-D first operand is a row ``(1, k)``, a 1-D second operand a
    column ``(k, 1)``, the added axis is removed from the result; batch axes broadcast. The VJP
    works on the promoted operands and sums gradients over broadcast batch axes.
@@ -21,7 +23,7 @@ import string
 
 import numpy as np
 
-from . import OpContext, register, register_vjp
+from . import OpContext, register, register_vjp, wide
 
 
 def _unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -35,8 +37,9 @@ def _unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 @register("MatMul")
 def matmul(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     a, b = inputs
-    # numpy computes ml_dtypes' bfloat16 products in float32; ONNX keeps the input type.
-    return (np.matmul(a, b).astype(a.dtype, copy=False),)
+    # Accumulated in float64 for narrow floats (ops/__init__: Exactness); ONNX keeps the input type.
+    acc = wide(np.result_type(a.dtype, b.dtype)) if a.dtype.kind != "V" else wide(a.dtype)
+    return (np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False)).astype(a.dtype, copy=False),)
 
 
 @register_vjp("MatMul")
@@ -58,14 +61,18 @@ def gemm(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     a, b = inputs[0], inputs[1]
     c = inputs[2] if len(inputs) > 2 else None
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    out_dtype = a.dtype
+    acc = wide(a.dtype)
     a = a.T if attrs.get("transA", 0) else a
     b = b.T if attrs.get("transB", 0) else b
-    y = np.matmul(a, b)  # a transposed view goes to BLAS without a copy
+    # a transposed view goes to BLAS without a copy; float64 accumulation for narrow floats
+    y = np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False))
     if alpha != 1.0:
         y *= np.asarray(alpha, y.dtype)
     if c is not None:
-        y += (c if beta == 1.0 else beta * c).astype(y.dtype, copy=False)
-    return (y,)
+        c = c.astype(y.dtype, copy=False)
+        y += c if beta == 1.0 else np.asarray(beta, y.dtype) * c
+    return (y.astype(out_dtype, copy=False),)
 
 
 def _outer_or_matmul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -156,10 +163,14 @@ def einsum(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
 def _einsum(eq: str, operands: list) -> np.ndarray:
     """np.einsum, run in float32 for float types numpy's einsum lacks (bfloat16 and friends)."""
     exotic = [x.dtype for x in operands if x.dtype.kind == "V"]  # ml_dtypes' types are kind "V"
-    if not exotic:
+    out = exotic[0] if exotic else np.result_type(*operands)
+    acc = wide(out)
+    if acc == out and not exotic:
         return np.asarray(np.einsum(eq, *operands, optimize=True))
-    y = np.einsum(eq, *[x.astype(np.float32) for x in operands], optimize=True)
-    return np.asarray(y).astype(exotic[0])
+    if acc == out:  # exotic types in fast mode: numpy's einsum has no bfloat16 loops
+        acc = np.dtype(np.float32)
+    y = np.einsum(eq, *[x.astype(acc) for x in operands], optimize=True)
+    return np.asarray(y).astype(out)
 
 
 @register_vjp("Einsum")

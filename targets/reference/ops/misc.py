@@ -6,8 +6,8 @@ Rules
 -----
 1. Quantization (QuantizeLinear/DequantizeLinear): the scale (and zero point) is per tensor
    (scalar), per axis (1-D along ``axis``) or per block (``block_size`` > 0: each scale covers
-   ``block_size`` consecutive elements along ``axis``). Integer targets round half to even and
-   saturate to the type's range; float8 targets saturate to the largest finite value when
+   ``block_size`` consecutive elements along ``axis``). Integer targets round ``x / scale`` half
+   to even, then add the zero point, and saturate to the type's range; float8 targets saturate to the largest finite value when
    ``saturate=1``. The output type is the zero point's, else ``output_dtype``, else uint8.
 2. Dropout is the identity at inference (``training_mode`` false or ratio 0) with an all-true
    mask; in training mode it draws a mask from the context's generator and scales by 1/(1-ratio).
@@ -202,8 +202,12 @@ def quantize_linear(inputs, attrs, ctx):
     axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
     s = _broadcast_param(scale, x, axis, block).astype(np.float32)
     v = x.astype(np.float32) / s
+    if not _is_float8(np.dtype(out_dtype)):
+        # saturate(round(x / scale) + zero_point): the rounding comes BEFORE the zero point (a
+        # quotient of exactly k + 0.5 rounds to even first; adding the zero point first moves the tie).
+        v = np.rint(v).astype(np.float64)
     if zp is not None:
-        v = v + _broadcast_param(zp, x, axis, block).astype(np.float32)
+        v = v + _broadcast_param(zp, x, axis, block).astype(v.dtype)
     return (_quantize_to(v, np.dtype(out_dtype), bool(attrs.get("saturate", 1))),)
 
 

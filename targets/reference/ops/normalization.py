@@ -26,11 +26,12 @@ import math
 
 import numpy as np
 
-from . import OpContext, register, register_vjp
+from . import OpContext, register, register_vjp, wide
 
 
 def _stat_dtype(dtype: np.dtype) -> np.dtype:
-    return np.promote_types(dtype, np.float32)
+    """float64 for narrow floats (ops/__init__: Exactness), at least float32 in fast mode."""
+    return np.promote_types(wide(dtype), np.float32)
 
 
 def _standardize(
@@ -171,7 +172,8 @@ def layer_normalization(inputs: list, attrs: dict, ctx: OpContext) -> tuple:
     y = xhat * scale.astype(sd)
     if bias is not None:
         y = y + bias.astype(sd)
-    return (y.astype(x.dtype, copy=False), mean.astype(sd), invstd.astype(sd))
+    stash = np.promote_types(x.dtype, np.float32)  # Mean/InvStdDev's ONNX type (stash_type=1)
+    return (y.astype(x.dtype, copy=False), mean.astype(stash), invstd.astype(stash))
 
 
 @register_vjp("LayerNormalization")

@@ -12,7 +12,8 @@ Rules
    ``storage_order=1`` the spatial part column-major (``n*C*H*W + c*H*W + w*H + h``).
 4. AveragePool divides by the number of taps inside the input (``count_include_pad=0``) or inside
    the input plus its explicit/auto pads (``count_include_pad=1``); taps in the extra ceil_mode
-   region never count.
+   region never count. Window sums (AveragePool, LpPool, the global ones) accumulate in float64
+   for float16/bfloat16/float32 inputs (``ops/__init__``, Exactness).
 5. LpPool: ``(sum over the window of |x|^p)^(1/p)``, zero padding, ``p`` defaults to 2.
 6. VJPs scatter the cotangent back through the same taps: MaxPool to the winning element,
    AveragePool ``g / count`` to every tap, LpPool ``g * (|x|/y)^(p-1) * sign(x)``.
@@ -24,7 +25,7 @@ import math
 
 import numpy as np
 
-from . import OpContext, register, register_vjp
+from . import OpContext, register, register_vjp, wide
 from .conv import Window, col2im, conv_window, crop_canvas, im2col, pad_to_canvas
 
 
@@ -155,7 +156,7 @@ def _window_sum(canvas: np.ndarray, win: Window) -> np.ndarray:
 def average_pool(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     x = inputs[0]
     win = _pool_window(x, attrs)
-    total = _window_sum(pad_to_canvas(x, win), win)
+    total = _window_sum(pad_to_canvas(x.astype(wide(x.dtype), copy=False), win), win)
     counts = _tap_counts(x.shape, win, bool(attrs.get("count_include_pad", 0)))
     return ((total / counts).astype(x.dtype, copy=False),)
 
@@ -182,7 +183,7 @@ def lp_pool(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     x = inputs[0]
     p = float(attrs.get("p", 2))
     win = _pool_window(x, attrs)
-    total = _window_sum(pad_to_canvas(np.abs(x) ** p, win), win)
+    total = _window_sum(pad_to_canvas(np.abs(x.astype(wide(x.dtype), copy=False)) ** p, win), win)
     return ((total ** (1.0 / p)).astype(x.dtype, copy=False),)
 
 
@@ -229,7 +230,9 @@ def global_max_pool_vjp(inputs: list, attrs: dict, outputs, grads, ctx: OpContex
 
 @register("GlobalAveragePool")
 def global_average_pool(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
-    return (inputs[0].mean(axis=_spatial_axes(inputs[0]), keepdims=True),)
+    x = inputs[0]
+    y = x.astype(wide(x.dtype), copy=False).mean(axis=_spatial_axes(x), keepdims=True)
+    return (y.astype(x.dtype, copy=False),)
 
 
 @register_vjp("GlobalAveragePool")
@@ -243,7 +246,9 @@ def global_average_pool_vjp(inputs: list, attrs: dict, outputs, grads, ctx: OpCo
 def global_lp_pool(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     x = inputs[0]
     p = float(attrs.get("p", 2))
-    y = (np.abs(x) ** p).sum(axis=_spatial_axes(x), keepdims=True) ** (1.0 / p)
+    y = (np.abs(x.astype(wide(x.dtype), copy=False)) ** p).sum(axis=_spatial_axes(x), keepdims=True) ** (
+        1.0 / p
+    )
     return (y.astype(x.dtype, copy=False),)
 
 

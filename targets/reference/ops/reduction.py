@@ -12,13 +12,15 @@ Rules:
    tied maxima (the average subgradient, so a finite difference sees the same value).
 5. ArgMax/ArgMin give int64 and the first index of the extremum, the last with
    ``select_last_index=1``. TopK breaks ties by the lower index; its VJP scatters onto ``values``.
+6. The summing reductions accumulate in float64 for float16/bfloat16/float32 inputs
+   (``ops/__init__``, Exactness).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import register, register_vjp
+from . import register, register_vjp, wide
 from .elementwise import _same, is_float
 
 
@@ -98,13 +100,26 @@ _REDUCE_OPS = (
 )
 
 
+# Sums over many terms accumulate in float64 for narrow floats (ops/__init__: Exactness).
+_SUMMING = {
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceSumSquare",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+}
+
+
 def _make_reduce(op: str):
     def forward(inputs, attrs, ctx):
         x = inputs[0]
         axes = _reduce_axes(inputs, attrs, x.ndim)
         if axes is None:
             return (_same(x, _NOOP_POINTWISE.get(op, lambda v: v)(x)),)
-        return (_same(x, _reduce(op, x, axes, bool(attrs.get("keepdims", 1)))),)
+        xs = x.astype(wide(x.dtype), copy=False) if op in _SUMMING else x
+        return (_same(x, _reduce(op, xs, axes, bool(attrs.get("keepdims", 1)))),)
 
     def vjp(inputs, attrs, outputs, grads, ctx):
         x = inputs[0]

@@ -23,12 +23,17 @@ _UNSEEDED = "expected values come from numpy's unseeded global generator; no imp
 EXPECTED_FAILURES: dict[str, str] = {
     "test_cast_e8m0_FLOAT_to_FLOAT8E8M0": _E8M0,
     "test_cast_e8m0_FLOAT16_to_FLOAT8E8M0": _E8M0,
-    "test_dynamicquantizelinear_expanded": (
-        "one element off by one in the expanded function body (Div/Round/Saturate chain)"
-    ),
     **{
         f"test_bernoulli{case}": _UNSEEDED
         for case in ("", "_double", "_double_expanded", "_expanded", "_seed", "_seed_expanded")
+    },
+    **{
+        name: (
+            "expected values come from numpy in float16 rounded at every step; the reference "
+            "accumulates in float64 and rounds once (2 of 192 values one float16 unit apart, the "
+            "reference the closer to the float64 result: 4.0e-4 vs 4.9e-4)"
+        )
+        for name in ("test_attention_4d_causal_fp16", "test_attention_4d_causal_fp16_expanded")
     },
     "test_loop16_seq_none": (
         "onnx's runner cannot compare a sequence that holds a 0-d tensor (len() of unsized object)"
