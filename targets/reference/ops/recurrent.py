@@ -28,7 +28,7 @@ import numpy as np
 from mconv.errors import InputError
 from scipy import special
 
-from . import register, register_vjp
+from . import register, register_vjp, wide
 
 # --------------------------------------------------------------------------- activations
 
@@ -141,37 +141,78 @@ def _opt(inputs: list, i: int):
     return inputs[i] if len(inputs) > i and inputs[i] is not None and np.size(inputs[i]) else None
 
 
+_INPUT_NAMES = ("X", "W", "R", "B", "sequence_lens", "initial_h", "initial_c", "P")
+
+
+def _check_shape(op: str, k: int, a: np.ndarray, want: tuple, layout_note: str = "") -> None:
+    """Input ``k`` must have shape ``want`` (ints, or None for any size): as ONNX Runtime checks."""
+    if a.ndim != len(want) or any(w is not None and s != w for s, w in zip(a.shape, want)):
+        dims = ", ".join("?" if w is None else str(w) for w in want)
+        raise InputError(
+            f"{op} input {k} ({_INPUT_NAMES[k]}) has shape {list(a.shape)}, expected [{dims}]{layout_note}",
+            where=op,
+            hint="the tensor feeding it has the wrong shape (an upstream Reshape/Unsqueeze, or the feeds)",
+        )
+
+
 def _setup(op: str, inputs: list, attrs: dict) -> _Setup:
     x, W, R = inputs[0], inputs[1], inputs[2]
     layout = attrs.get("layout", 0)
-    if layout:
-        x = np.swapaxes(x, 0, 1)
-    T, batch = x.shape[0], x.shape[1]
+    note = " (layout=1: [batch, seq, input])" if layout else " ([seq, batch, input])"
+    _check_shape(op, 0, x, (None, None, None), note)
     direction = attrs.get("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional"):
         raise InputError(
             f"{op}: unknown direction {direction!r}", where=op, hint="forward, reverse or bidirectional"
         )
     num_dir = 2 if direction == "bidirectional" else 1
-    H = attrs.get("hidden_size", R.shape[-1])
     G = _GATES[op]
-    dt = x.dtype
+    _check_shape(op, 2, R, (num_dir, None, None))
+    H = int(attrs.get("hidden_size", R.shape[-1]))
+    _check_shape(op, 1, W, (num_dir, G * H, x.shape[-1]))
+    _check_shape(op, 2, R, (num_dir, G * H, H))
+    # Everything is computed in float64 for narrow floats, rounded once at the outputs
+    # (ops/__init__: Exactness); ONNX Runtime's float16 cells compute in float32.
+    dt = wide(x.dtype)
+    x, W, R = x.astype(dt, copy=False), W.astype(dt, copy=False), R.astype(dt, copy=False)
+    if layout:
+        x = np.swapaxes(x, 0, 1)
+    T, batch = x.shape[0], x.shape[1]
+    st = (batch, num_dir, H) if layout else (num_dir, batch, H)
+    st_note = " (layout=1: [batch, num_directions, hidden])" if layout else ""
     B = _opt(inputs, 3)
-    B = np.zeros((num_dir, 2 * G * H), dtype=dt) if B is None else B
+    if B is not None:
+        _check_shape(op, 3, B, (num_dir, 2 * G * H))
+    B = np.zeros((num_dir, 2 * G * H), dtype=dt) if B is None else B.astype(dt, copy=False)
     lens = _opt(inputs, 4)
-    lens = np.full(batch, T, dtype=np.int64) if lens is None else np.asarray(lens).astype(np.int64)
-    h0 = _opt(inputs, 5)
-    h0 = np.zeros((num_dir, batch, H), dtype=dt) if h0 is None else (np.swapaxes(h0, 0, 1) if layout else h0)
+    if lens is not None:
+        _check_shape(op, 4, np.asarray(lens), (batch,))
+        lens = np.asarray(lens).astype(np.int64)
+        if lens.min() < 0 or lens.max() > T:
+            raise InputError(
+                f"{op} sequence_lens {lens.tolist()[:8]} outside [0, {T}] (the sequence length)",
+                where=op,
+                hint="each batch entry's length must be at most the sequence axis of X",
+            )
+    else:
+        lens = np.full(batch, T, dtype=np.int64)
+
+    def state(k: int):
+        a = _opt(inputs, k)
+        if a is None:
+            return np.zeros((num_dir, batch, H), dtype=dt)
+        _check_shape(op, k, a, st, st_note)
+        a = a.astype(dt, copy=False)
+        return np.swapaxes(a, 0, 1) if layout else a
+
+    h0 = state(5)
     c0 = P = None
     if op == "LSTM":
-        c0 = _opt(inputs, 6)
-        c0 = (
-            np.zeros((num_dir, batch, H), dtype=dt)
-            if c0 is None
-            else (np.swapaxes(c0, 0, 1) if layout else c0)
-        )
+        c0 = state(6)
         P = _opt(inputs, 7)
-        P = np.zeros((num_dir, 3 * H), dtype=dt) if P is None else P
+        if P is not None:
+            _check_shape(op, 7, P, (num_dir, 3 * H))
+        P = np.zeros((num_dir, 3 * H), dtype=dt) if P is None else P.astype(dt, copy=False)
     return _Setup(
         op=op,
         x=x,
@@ -388,7 +429,7 @@ def _backprop_direction(s: _Setup, d: int, reverse: bool, run, gY, gh, gc):
 
 def _vjp(op: str, inputs: list, attrs: dict, grads) -> list:
     _, s, runs = _forward(op, inputs, attrs, keep=True)
-    dt = inputs[0].dtype
+    dt = s.x.dtype
     T, batch = s.x.shape[0], s.x.shape[1]
     nd, H = s.num_dir, s.H
 
