@@ -1,8 +1,13 @@
 """Localization: the first node, in topological order, whose output drifts beyond tolerance.
 
-Both models run on the reference executor with every intermediate value kept. Values are matched
-by name; a node created by a fusing pass records the names it came from in its metadata
-(``mconv.fused_from``), so a fused node is compared at the value its originals produced last.
+Each side runs where ``verify`` ran it, with every intermediate value kept: a model file on the
+reference executor, a cpu bundle on ONNX Runtime (every node output of its graph exposed as a
+graph output of the same session kind the bundle loads with). A drift between the reference and
+ONNX Runtime on the same graph is therefore found at the node whose kernel differs, not missed
+because both sides ran on the reference. Values are matched by name; a node created by a fusing
+pass records the names it came from in its metadata (``mconv.fused_from``), so a fused node is
+compared at the value its originals produced last. NaNs (and infinities) in the same places on
+both sides are equal; in different places they are a drift.
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from mconv.errors import show
 from mconv.verify import Gates, compare, gate_failures
 
 
 def _model_for(path: Path, shapes: dict | None = None):
-    """(model, None) or (None, why no graph)."""
+    """(model, runtime, None) or (None, None, why no graph); runtime: "reference" or "cpu"."""
     from mconv.bundle import is_bundle, load_bundle
 
     if is_bundle(path):
@@ -23,11 +29,11 @@ def _model_for(path: Path, shapes: dict | None = None):
 
         target = get_target(bundle.target)
         if not hasattr(target, "to_model"):
-            return None, f"the {bundle.target} bundle {path} keeps no ONNX graph to run node by node"
-        return target.to_model(bundle), None
+            return None, None, f"the {bundle.target} bundle {path} keeps no ONNX graph to run node by node"
+        return target.to_model(bundle), bundle.target, None
     from mconv.passes.input_shapes import open_model_with_shapes
 
-    return open_model_with_shapes(path, shapes), None
+    return open_model_with_shapes(path, shapes), "reference", None
 
 
 def _tolerance(gates: Gates) -> Gates:
@@ -36,6 +42,58 @@ def _tolerance(gates: Gates) -> Gates:
     if gates.atol is not None or gates.rtol is not None or gates.min_cosine is not None:
         return Gates(atol=gates.atol, rtol=gates.rtol, min_cosine=gates.min_cosine)
     return Gates(atol=1e-4, rtol=1e-3)
+
+
+def ort_values(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every top-level value ONNX Runtime computes for ``model`` (an ``onnx_ir.Model``): each node
+    output whose type shape inference knows becomes a graph output of a cpu-target session."""
+    import onnx
+    import onnx_ir as ir
+    from mconv.targets.cpu import load_model
+
+    proto = ir.serde.serialize_model(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    except Exception:  # noqa: BLE001 - types then come only from what the file declares
+        inferred = proto
+    typed = {
+        v.name: v
+        for v in list(inferred.graph.value_info) + list(inferred.graph.output)
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type
+    }
+    have = {o.name for o in proto.graph.output}
+    for node in proto.graph.node:
+        for name in node.output:
+            if name and name not in have and name in typed:
+                proto.graph.output.append(typed[name])
+                have.add(name)
+    runner = load_model(ir.serde.deserialize_model(proto), label="localize")
+    return runner.run(feeds)
+
+
+def _values(model, runtime: str, feeds: dict[str, np.ndarray]) -> dict:
+    if runtime == "cpu":
+        return ort_values(model, feeds)
+    from mconv.targets.reference.executor import Executor
+
+    return Executor(model).run(feeds, intermediates=True)
+
+
+def _nonfinite_mismatch(r: np.ndarray, c: np.ndarray) -> int:
+    """How many places hold a NaN or an infinity on one side and not the same on the other."""
+    if not np.issubdtype(r.dtype, np.inexact) and not np.issubdtype(c.dtype, np.inexact):
+        return 0
+    rf, cf = r.astype(np.float64), c.astype(np.float64)
+    same_nan = np.isnan(rf) == np.isnan(cf)
+    same_inf = np.where(np.isinf(rf) | np.isinf(cf), rf == cf, True)
+    return int((~(same_nan & same_inf)).sum())
+
+
+def _finite_pair(r: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The entries where both sides are finite (shapes flattened)."""
+    rf, cf = r.astype(np.float64).ravel(), c.astype(np.float64).ravel()
+    keep = np.isfinite(rf) & np.isfinite(cf)
+    return rf[keep], cf[keep]
 
 
 def localize(
@@ -49,20 +107,19 @@ def localize(
     value in the reference beyond tolerance; or ``node: None`` with a ``note`` saying why not.
 
     ``gates``: the gates the user gave (not the defaults), see :func:`_tolerance`."""
-    from mconv.targets.reference.executor import Executor
-
-    ref_model, why_ref = _model_for(Path(reference), input_shapes)
-    cand_model, why_cand = _model_for(Path(candidate), input_shapes)
+    ref_model, ref_rt, why_ref = _model_for(Path(reference), input_shapes)
+    cand_model, cand_rt, why_cand = _model_for(Path(candidate), input_shapes)
     if ref_model is None or cand_model is None:
         return {
             "node": None,
             "compared": 0,
             "note": f"no intermediate value could be compared: {why_cand or why_ref}",
         }
-    ref_vals = Executor(ref_model).run(feeds, intermediates=True)
-    cand_vals = Executor(cand_model).run(feeds, intermediates=True)
+    ref_vals = _values(ref_model, ref_rt, feeds)
+    cand_vals = _values(cand_model, cand_rt, feeds)
     tol = _tolerance(gates)
     compared, worst = 0, None
+    runtimes = {"reference": ref_rt, "candidate": cand_rt}
     for node in cand_model.graph:
         for out in node.outputs:
             name = out.name
@@ -72,29 +129,41 @@ def localize(
             if r.shape != c.shape or not np.issubdtype(r.dtype, np.number):
                 continue
             compared += 1
-            m = compare(r, c)
-            fails = gate_failures(m, tol, r, c)
+            bad_places = _nonfinite_mismatch(r, c)
+            rf, cf = _finite_pair(r, c)
+            m = compare(rf, cf)
+            fails = gate_failures(m, tol, rf, cf)
+            if bad_places:
+                fails.insert(0, f"{bad_places} of {r.size} values NaN or infinite on one side only")
             entry = {
-                "node": node.name,
+                "node": show(node.name or f"<unnamed {node.op_type}>"),
                 "op_type": node.op_type,
-                "value": name,
+                "value": show(name),
                 "fused_from": node.metadata_props.get("mconv.fused_from"),
                 **m,
             }
             if fails:
-                return {**entry, "compared": compared, "tolerance": tol.as_dict(), "failures": fails}
+                return {
+                    **entry,
+                    "compared": compared,
+                    "runtimes": runtimes,
+                    "tolerance": tol.as_dict(),
+                    "failures": fails,
+                }
             if worst is None or m["cosine"] < worst["cosine"]:
                 worst = entry
     if compared == 0:
         return {
             "node": None,
             "compared": 0,
+            "runtimes": runtimes,
             "note": "no intermediate value could be compared: the candidate shares no numeric value "
             "name (of the same shape) with the reference (a pass renamed them?)",
         }
     return {
         "node": None,
         "compared": compared,
+        "runtimes": runtimes,
         "tolerance": tol.as_dict(),
         "worst": worst,
         "note": f"none of the {compared} values both models share drifts beyond "
