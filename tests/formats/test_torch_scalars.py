@@ -486,3 +486,33 @@ def test_silero_vad_imports_and_matches_torch_on_speech(tmp_path: Path) -> None:
     picked = chunks[:: max(1, len(chunks) // 12)]
     ref_out = np.array([next(iter(ref.run({"x": c}).values())).item() for c in picked])
     np.testing.assert_allclose(ref_out, want[:: max(1, len(chunks) // 12)], atol=1e-5)
+
+
+def test_silero_vad_stateless_core_streams_like_torch(tmp_path: Path) -> None:
+    """The documented way to stream a stateful model: its stateless core, state in and out."""
+    try:
+        jit = _wheels.fetch_member(*SILERO)
+    except _wheels.WheelUnavailable as exc:
+        pytest.skip(f"silero-vad's wheel is not reachable: {exc}")
+    vad = torch.jit.load(str(jit))
+    core = tmp_path / "core.pt"
+    torch.jit.save(vad._model, str(core))
+    model = import_model([core], options={"input_shapes": {"x": [1, 576], "state": [2, 1, 128]}})
+    assert [v.name for v in model.graph.inputs] == ["x", "state"]
+    session = ort.InferenceSession(to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    audio = _speech(tmp_path)
+    chunks = audio[: len(audio) // 512 * 512].reshape(-1, 1, 512)
+    context, state = np.zeros((1, 64), np.float32), np.zeros((2, 1, 128), np.float32)
+    want, got = [], []
+    vad.reset_states()
+    with torch.no_grad():
+        for chunk in chunks:
+            want.append(vad(torch.from_numpy(chunk), 16000).item())  # torch keeps its state
+            x = np.concatenate([context, chunk], axis=1)
+            prob, state = session.run(None, {"x": x, "state": state})
+            context = x[:, -64:]
+            got.append(prob.item())
+    want, got = np.array(want), np.array(got)
+    cosine = float(want @ got / np.linalg.norm(want) / np.linalg.norm(got))
+    assert cosine >= 0.99999, cosine
+    np.testing.assert_allclose(got, want, atol=1e-4)
