@@ -30,13 +30,13 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from mconv import codecs
-from mconv.codecs.choose import fp16_exact
+from mconv.codecs.choose import choose_spec, compression_hints
 from mconv.errors import InputError, IntegrityError, show
 from mconv.fileio import atomic_path, load_json
 
@@ -57,32 +57,12 @@ def _dumps(obj: object) -> bytes:
 
 
 def choose_codec(
-    array: np.ndarray, model_metadata: dict[str, str] | None = None, name: str | None = None
+    array: np.ndarray, model_metadata: Mapping[str, str] | None = None, name: str | None = None
 ) -> dict:
-    """Pick the storage codec spec for one weight tensor (the single place that decides).
-
-    Rules, first match wins:
-
-    0. a tensor named ``name`` that the prune or cluster pass recorded in
-       ``model_metadata["mconv.compression"]`` -> the smallest of raw, fp16, palette, grouped
-       palette and sparse (raw/fp16/palette values), with or without Huffman, using the recorded
-       ``bits`` and ``index_bits`` (:func:`mconv.account.choose_compressed_spec`).
-    1. float32 whose every value is exactly representable in float16 (weights rounded by the
-       fp16 pass, small integers, zeros) -> ``{"codec": "fp16"}``: half the bytes, lossless.
-    2. anything else (float16 initializers included: they are already half) -> ``{"codec": "raw"}``.
-
-    ``model_metadata`` is the model's ``metadata_props``; later codecs (palette after
-    clustering, sparse after pruning) read their hints from it.
-    """
-    array = np.asarray(array)
-    from mconv.account import choose_compressed_spec, compression_hints
-
-    hints = compression_hints(model_metadata, name)
-    if hints and (hints.get("bits") is not None or hints.get("pruned")):
-        return choose_compressed_spec(array, hints)
-    if array.dtype == np.float32 and array.size and fp16_exact(np.ascontiguousarray(array).ravel()):
-        return {"codec": "fp16"}
-    return {"codec": "raw"}
+    """The codec spec export stores weight tensor ``name`` with: the hints the prune and cluster
+    passes recorded for it in ``model_metadata`` (the model's ``metadata_props``), then the one
+    choice of :func:`mconv.codecs.choose.choose_spec` (the smallest lossless candidate)."""
+    return choose_spec(array, compression_hints(model_metadata, name))
 
 
 @dataclass

@@ -6,10 +6,11 @@ A weights bundle is what a weight-only pipeline (``mconv optimize weights.safete
 
 Rules:
 
-1. Export stores every initializer in the model's order, each with the smallest lossless codec
-   (:func:`mconv.codecs.choose.choose_spec`), told the bit width and relative-index width the
-   compression passes recorded (``mconv.compression``): a tensor clustered to 4 bits is a 4-bit
-   palette (or sparse + palette when that is smaller). Inputs and outputs are empty lists.
+1. Export stores every initializer in the model's order, each with the codec every target
+   picks (:func:`mconv.container.choose_codec`, the one choice of :mod:`mconv.codecs.choose`),
+   told the facts the compression passes recorded (``mconv.compression``): a tensor clustered
+   to 4 bits is a 4-bit palette (or sparse + palette when that is smaller). Inputs and outputs
+   are empty lists.
 2. :func:`weight_set` opens anything that is only tensors: a weights bundle, a safetensors /
    npz / TensorFlow checkpoint file, or an ``.onnx`` weight-only model; it returns ``None`` for
    anything with a graph, so ``mconv verify`` falls back to running models.
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 from mconv.bundle import Bundle, is_bundle, load_bundle, provenance_from_model, write_bundle
+from mconv.container import choose_codec
 from mconv.errors import InputError
 from mconv.verify import Gates, VerifyReport, compare, gate_failures
 
@@ -36,35 +38,17 @@ NAME = "weights"
 WEIGHT_FORMATS = ("safetensors", "npz", "tf-checkpoint")
 
 
-def codec_spec(array: np.ndarray, facts: dict | None) -> dict:
-    """Rule 1: the smallest lossless codec for one tensor, given its compression facts."""
-    from mconv.codecs.choose import choose_spec
-
-    facts = facts or {}
-    array = np.asarray(array)
-    if array.dtype.kind not in "fiub" or array.size == 0:
-        return {"codec": "raw"}
-    bits = facts.get("bits")
-    distinct_fit = bits is not None and np.unique(array).size <= 1 << int(bits)
-    return choose_spec(
-        array,
-        bits=int(bits) if distinct_fit else None,
-        index_bits=facts.get("index_bits"),
-    )
-
-
 def export_weights(model: ir.Model, out_dir: str | os.PathLike, options: dict | None = None) -> Bundle:
     """Write ``model``'s initializers as a weights bundle at ``out_dir`` (rule 1), atomically."""
     from mconv.formats.weights import model_arrays
-    from mconv.passes._weights import compression_info
 
     options = dict(options or {})
-    info = compression_info(model)
+    metadata = dict(model.metadata_props)
     forced = options.pop("codec", None)
     weights = []
     for name, array in model_arrays(model).items():
         array = np.ascontiguousarray(array)
-        spec = {"codec": forced} if forced else codec_spec(array, info.get(name))
+        spec = {"codec": forced} if forced else choose_codec(array, metadata, name)
         weights.append((name, array, spec))
     if not weights:
         raise InputError("model has no weights to store", path=str(out_dir), hint="nothing to export")

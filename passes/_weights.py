@@ -35,10 +35,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
+from mconv.codecs.choose import COMPRESSION_KEY  # defined once, beside the codec choice
 from mconv.irio import owned_array, weight_tensor
 from mconv.passes.rewrite import is_overridable
 
-COMPRESSION_KEY = "mconv.compression"
 PRUNED_KEY = "mconv.pruned"
 CLUSTER_KEY = "mconv.cluster"
 INDEX_BITS_KEY = "mconv.index_bits"

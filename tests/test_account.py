@@ -40,7 +40,9 @@ def test_choose_codec_reads_hints_by_tensor_name_only():
     w = _pruned_clustered(1)
     meta = {"mconv.compression": json.dumps({"W": {"bits": 5, "pruned": True, "index_bits": 4}})}
     assert choose_codec(w, meta, "W")["codec"] == "sparse"
-    assert choose_codec(w, meta, "other") == {"codec": "raw"}  # no hints: the plain rules
+    assert choose_codec(w, meta, "W")["index_bits"] == 4  # the recorded width
+    # no hints: the same one choice with free widths (issue 13 item 4: it used to be raw here)
+    assert choose_codec(w, meta, "other") == codecs.choose_spec(w) != choose_codec(w, meta, "W")
     assert compression_hints({"mconv.compression": "not json"}, "W") == {}
 
 

@@ -252,7 +252,45 @@ def test_choose_codec_picks_fp16_only_for_exactly_representable_float32():
     # 70000 overflows fp16; 1e-8 underflows to zero
     assert choose_codec(np.array([70000.0], np.float32), {}) == {"codec": "raw"}
     assert choose_codec(np.array([1e-8], np.float32), {}) == {"codec": "raw"}
-    assert choose_codec(np.arange(5, dtype=np.int64), {}) == {"codec": "raw"}
+    # integers are never fp16 (distinct nonzero values: nothing smaller than raw either)
+    assert choose_codec(np.arange(1, 6, dtype=np.int64), {}) == {"codec": "raw"}
+    assert choose_codec(np.arange(5, dtype=np.int64), {})["codec"] != "fp16"
+
+
+def test_choose_codec_is_the_weights_targets_choice_and_every_targets(tmp_path):
+    """One choice (issue 13 item 4): a tensor without hints gets palette/sparse when smaller,
+    in a cpu bundle as in a weights bundle, byte for byte the same container."""
+    import onnx_ir as ir
+    from mconv import codecs
+    from mconv.codecs import best_spec, choose_spec
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(7)
+    w = np.round(rng.standard_normal((32, 24)), 1).astype(np.float32)
+    w[rng.random(w.shape) < 0.7] = 0.0  # 70 % zeros, ~60 distinct values: not fp16-exact
+    spec, size = best_spec(w)
+    assert spec["codec"] in ("palette", "sparse") and size == len(codecs.encode(w, spec)[0])
+    assert choose_codec(w, {"mconv.compression": "{}"}, "W") == choose_spec(w) == spec
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([1, 32]))
+    wv = ir.Value(name="W", const_value=ir.Tensor(w, name="W"))
+    graph = ir.Graph([x], [], nodes=[], name="g", opset_imports={"": 17})
+    graph.register_initializer(wv)
+    node = ir.Node("", "MatMul", [x, wv], name="mm")
+    graph.append(node)
+    node.outputs[0].name = "y"
+    node.outputs[0].type, node.outputs[0].shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([1, 24])
+    graph.outputs.append(node.outputs[0])
+    model = ir.Model(graph, ir_version=8)
+    blobs = {}
+    for target in ("cpu", "weights"):
+        bundle = get_target(target).export(model, tmp_path / target, {})
+        (entry,) = [e for e in bundle.weights if e["name"] == "W"]
+        assert entry["codec"] == spec["codec"] and entry["bytes"] == size
+        with read_container(tmp_path / target / "weights.mcw") as c:
+            blobs[target] = bytes(c.blob("W"))
+            np.testing.assert_array_equal(c.array("W"), w)
+    assert blobs["cpu"] == blobs["weights"]
 
 
 # --- hostile index records (issue 11, items 8 and 10): one InputError naming the file and tensor

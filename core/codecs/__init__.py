@@ -109,6 +109,23 @@ _MODULES: tuple[str, ...] = ("huffman", "palette", "sparse")
 for _mod in _MODULES:
     importlib.import_module(f"{__name__}.{_mod}")
 
-from mconv.codecs.choose import choose_spec, predict_bytes  # noqa: E402  (needs the codecs above)
+from mconv.codecs.choose import (  # noqa: E402  (needs the codecs above)
+    COMPRESSION_KEY,
+    best_spec,
+    choose_spec,
+    compression_hints,
+    predict_bytes,
+)
 
-__all__ = ["CODECS", "Codec", "choose_spec", "decode", "encode", "predict_bytes", "register"]
+__all__ = [
+    "CODECS",
+    "COMPRESSION_KEY",
+    "Codec",
+    "best_spec",
+    "choose_spec",
+    "compression_hints",
+    "decode",
+    "encode",
+    "predict_bytes",
+    "register",
+]

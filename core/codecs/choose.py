@@ -1,4 +1,8 @@
-"""Codec choice by size: ``predict_bytes`` sizes a spec without encoding, ``choose_spec`` picks.
+"""The one codec choice: ``predict_bytes`` sizes a spec without encoding, ``choose_spec`` picks.
+
+Every exporter (cpu, xla, metal, weights) and ``mconv optimize``'s predicted account decide a
+tensor's codec here, through :func:`choose_spec` (or :func:`mconv.container.choose_codec`, which
+reads the hints out of a model's metadata first).
 
 Rules:
 1. ``predict_bytes(array, spec)`` is the analytical size of ``encode(array, spec)``'s blob, from
@@ -6,21 +10,38 @@ Rules:
    canonical Huffman code lengths (plus header, lengths table and sync table) for Huffman streams.
    No bit stream is built. It is exact, so "predicted vs actual bytes" differ only if a codec
    changes without its prediction.
-2. ``choose_spec(array, bits=, index_bits=, huffman=)`` sizes every applicable encoding and
-   returns the smallest spec: ``raw``; ``fp16`` when every value is fp16-exact; dense ``palette``
-   when the distinct values fit ``bits`` (any bits up to 8 when ``bits`` is None); ``sparse`` with
-   raw, fp16 or palette values for each ``index_bits`` (2..8 when None). Ties go to the simpler
-   codec (listed first). The tensor is analysed once: nonzero positions and value histograms are
-   shared by every candidate.
+2. ``choose_spec(array, hints)`` sizes every encoding that can hold the tensor and returns the
+   smallest, lossless by construction. Candidates, in this order (ties go to the one listed
+   first, the simpler): ``raw``; ``fp16`` when every value is fp16-exact (floats wider than 16
+   bits); a dense ``palette`` when the distinct values (zero included) fit a palette; a grouped
+   palette when the cluster pass used ``groups`` output-channel groups along axis 0; ``sparse``
+   with raw, fp16 (when exact) or palette values for the recorded ``index_bits``, else each of
+   2..8; every palette and sparse candidate without, then with, canonical Huffman coding. A
+   palette's width is the recorded ``bits`` when its values fit them, else the fewest bits that
+   fit (at most 8, 256 values). A codec that cannot hold the tensor is no candidate: each
+   condition is checked explicitly, and sizing never fails. Tensors other than bool, integer
+   and float (up to 8 bytes), and empty ones, are ``raw``.
+3. Hints are the facts the prune and cluster passes recorded per tensor in the model's
+   ``metadata_props[COMPRESSION_KEY]`` (:mod:`mconv.passes._weights`): ``bits``,
+   ``index_bits``, ``groups``, ``axis``. They only narrow widths and add the grouped palette;
+   a hint of the wrong type or out of range (a damaged or hostile file) is ignored, which still
+   gives a lossless choice.
+4. The tensor is analysed once: nonzero positions and value histograms are shared by every
+   candidate. Before that, two linear checks skip the analysis (the sort) when no coded
+   candidate could be smaller than raw or fp16: the nonzero values alone are at least that
+   large, and a prefix of the tensor already holds more than 257 distinct bit patterns (more
+   than any palette, sparse or dense, can hold). Skipping never changes the result.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 from mconv.codecs.bitstream import packed_nbytes
-from mconv.codecs.huffman import encoded_nbytes
+from mconv.codecs.huffman import HEADER_BYTES, encoded_nbytes
 from mconv.codecs.palette import (
     bit_view,
     bits_for,
@@ -30,6 +51,9 @@ from mconv.codecs.palette import (
     value_histogram,
 )
 from mconv.errors import InputError
+
+# The model metadata key under which the prune and cluster passes record per-tensor facts.
+COMPRESSION_KEY = "mconv.compression"
 
 
 @dataclass
@@ -166,30 +190,116 @@ def predict_bytes(array: np.ndarray, spec: dict) -> int:
     return predict(TensorStats.of(np.asarray(array)), spec)
 
 
-def choose_spec(
-    array: np.ndarray, *, bits: int | None = None, index_bits: int | None = None, huffman: bool = True
-) -> dict:
-    """The smallest applicable spec for ``array`` (rule 2)."""
-    array = np.asarray(array)
-    if array.dtype.kind not in "fiub" or array.dtype.itemsize > 8:
-        return {"codec": "raw"}
+def compression_hints(model_metadata: Mapping[str, str] | None, name: str | None) -> dict:
+    """The facts the prune and cluster passes recorded for tensor ``name`` under
+    ``model_metadata[COMPRESSION_KEY]`` (rule 3), or {} (no record, or one that is not JSON)."""
+    if not model_metadata or not name or COMPRESSION_KEY not in model_metadata:
+        return {}
+    try:
+        info = json.loads(model_metadata[COMPRESSION_KEY])
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    entry = info.get(name) if isinstance(info, dict) else None
+    return dict(entry) if isinstance(entry, dict) else {}
+
+
+def _hint_int(hints: Mapping, key: str, lo: int, hi: int) -> int | None:
+    """``hints[key]`` when it is an integer in ``lo .. hi``, else None (rule 3: hints are advice)."""
+    value = hints.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
+        return None
+    return int(value)
+
+
+def _width(entries: int, recorded: int | None) -> int | None:
+    """Index bits for a codebook of ``entries`` values (rule 2): the recorded width when they fit
+    it, else the fewest that fit; None when more than 256 values (no palette)."""
+    if entries < 1:
+        return None
+    if recorded is not None and entries <= 1 << recorded:
+        return recorded
+    return bits_for(entries) if entries <= 256 else None
+
+
+# The prefix whose distinct bit patterns are counted before the tensor is analysed (rule 4).
+_PREFIX = 1 << 14
+
+
+def _coded_may_win(flat: np.ndarray, fp16: bool, best: int) -> bool:
+    """Whether a palette or sparse spec can be smaller than ``best`` bytes (rule 4), from lower
+    bounds that need no sort of the tensor: sparse values take 2 bytes (fp16) or the itemsize
+    each; a palette stores a codebook entry (as narrow) per distinct value, nonzero ones for a
+    sparse palette, counted in a prefix (no more than in the tensor), and its index stream
+    takes at least a bit per element or a Huffman header."""
+    narrow = 2 if fp16 else flat.dtype.itemsize
+    nonzeros = int(np.count_nonzero(bit_view(flat)))
+    if nonzeros * narrow < best:
+        return True
+    seen = np.sort(bit_view(flat[:_PREFIX]))  # a plain sort: np.unique hashes, slower here
+    distinct = 1 + int(np.count_nonzero(seen[1:] != seen[:-1]))
+    seen_nonzero = distinct - int(seen[0] == 0)  # ascending: the zero pattern comes first
+
+    def palette_may_win(entries: int, indices: int) -> bool:
+        return entries <= 256 and entries * narrow + min((indices + 7) // 8, HEADER_BYTES) < best
+
+    return palette_may_win(distinct, int(flat.size)) or palette_may_win(seen_nonzero, nonzeros)
+
+
+def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dict, int]]:
+    """The candidates of rule 2 in their order, each with its predicted size."""
+    count = int(array.size)
+    itemsize = array.dtype.itemsize
+    out: list[tuple[dict, int]] = [({"codec": "raw"}, count * itemsize)]
+    if count == 0 or array.dtype.kind not in "fiub" or itemsize > 8:
+        return out
+    hints = hints or {}
+    bits = _hint_int(hints, "bits", 1, 8)
+    index_bits = _hint_int(hints, "index_bits", 1, 8)
+    groups = _hint_int(hints, "groups", 1, 1 << 62) or 1
+    grouped = groups > 1 and hints.get("axis", 0) == 0 and array.ndim >= 1 and array.shape[0] >= groups
+    flat = np.ascontiguousarray(array).ravel()
+    fp16 = array.dtype.kind == "f" and itemsize > 2 and fp16_exact(flat)
+    if fp16:
+        out.append(({"codec": "fp16"}, count * 2))
+
+    if not (grouped or _coded_may_win(flat, fp16, min(size for _, size in out))):
+        return out  # rule 4
+
     stats = TensorStats.of(array)
-    candidates: list[dict] = [{"codec": "raw"}]
-    if stats.fp16_exact and array.dtype.itemsize > 2:
-        candidates.append({"codec": "fp16"})
-    distinct = stats.dense_histogram()[0].size
-    limit = 256 if bits is None else 1 << bits
-    if 0 < distinct <= limit:
-        candidates.append({"codec": "palette", "bits": bits or bits_for(distinct), "huffman": huffman})
+    coded: list[dict] = []
+    b = _width(stats.dense_histogram()[0].size, bits)
+    if b is not None:
+        coded.append({"codec": "palette", "bits": b})
+    if grouped:
+        parts = np.split(flat, np.cumsum(group_sizes(array.shape, groups))[:-1])
+        b = _width(max(value_histogram(p)[0].size for p in parts), bits)
+        if b is not None:
+            coded.append({"codec": "palette", "bits": b, "groups": groups})
     nonzero_distinct = stats.nonzero_histogram()[0].size
-    for ib in [index_bits] if index_bits else range(2, 9):
-        base = {"codec": "sparse", "index_bits": ib, "huffman": huffman}
-        candidates.append({**base, "values": "raw"})
-        if stats.fp16_exact and array.dtype.itemsize > 2:
-            candidates.append({**base, "values": "fp16"})
+    for ib in [index_bits] if index_bits is not None else range(2, 9):
+        sparse = {"codec": "sparse", "index_bits": ib}
+        coded.append({**sparse, "values": "raw"})
+        if fp16:
+            coded.append({**sparse, "values": "fp16"})
         fillers = bool((stats.gaps >= 1 << ib).any())
-        need = nonzero_distinct + fillers
-        if need <= limit:
-            candidates.append({**base, "values": "palette", "bits": bits or bits_for(need)})
-    sizes = [predict(stats, c) for c in candidates]
-    return candidates[int(np.argmin(sizes))]
+        b = _width(nonzero_distinct + fillers, bits)
+        if b is not None:
+            coded.append({**sparse, "values": "palette", "bits": b})
+    for spec in coded:
+        for huffman in (False, True):
+            candidate = {**spec, "huffman": huffman}
+            out.append((candidate, predict(stats, candidate)))
+    return out
+
+
+def best_spec(array: np.ndarray, hints: Mapping | None = None) -> tuple[dict, int]:
+    """The smallest candidate spec for ``array`` (rule 2) and its exact blob size (rule 1)."""
+    candidates = _specs_and_sizes(np.asarray(array), hints)
+    sizes = [size for _, size in candidates]
+    spec, size = candidates[sizes.index(min(sizes))]  # the first of the smallest: the simplest
+    return spec, size
+
+
+def choose_spec(array: np.ndarray, hints: Mapping | None = None) -> dict:
+    """The one codec choice for a weight tensor (rule 2); ``hints`` are its compression facts."""
+    return best_spec(array, hints)[0]

@@ -92,3 +92,159 @@ def test_chunked_histograms_and_fp16_check_match_whole_array_oracles(monkeypatch
     assert int(nz_counts.sum()) == int(np.count_nonzero(bits))
     assert not fp16_exact(a, chunk=5)  # 0.1 is not a float16
     assert fp16_exact(a[a != np.float32(0.1)], chunk=5)
+
+
+# --- one choice (issue 13 item 4): the union of both former enumerations, no swallowed errors
+
+
+def _former_candidates(w: np.ndarray, hints: dict) -> list[dict]:
+    """Every spec either former chooser sized: the account's enumeration (container.choose_codec
+    for tensors with hints) and the weights target's choose_spec, re-derived as the oracle."""
+    from mconv.codecs.palette import bits_for, distinct_values
+
+    flat = w.ravel()
+    positions = np.flatnonzero(flat.view(np.uint32))
+    gaps = np.diff(positions, prepend=-1) - 1
+    dense, nonzero = distinct_values(flat).size, distinct_values(flat[positions]).size
+    index_widths = [hints["index_bits"]] if hints.get("index_bits") else range(2, 9)
+
+    def enumerate_(bits, grouped, huffmans):
+        limit = 256 if bits is None else 1 << bits
+        specs = [{"codec": "raw"}, {"codec": "fp16"}]
+        if dense <= limit:
+            specs.append({"codec": "palette", "bits": bits or bits_for(dense)})
+        if grouped:
+            specs.append({"codec": "palette", "bits": bits or 8, "groups": hints["groups"]})
+        for ib in index_widths:
+            specs += [{"codec": "sparse", "index_bits": ib, "values": v} for v in ("raw", "fp16")]
+            need = nonzero + bool((gaps >= 1 << ib).any())
+            if need <= limit:
+                specs.append(
+                    {"codec": "sparse", "index_bits": ib, "values": "palette", "bits": bits or bits_for(need)}
+                )
+        return [{**c, "huffman": h} for c in specs for h in huffmans]
+
+    bits = hints.get("bits")
+    account = enumerate_(bits, hints.get("groups", 1) > 1, (False, True))
+    weights = enumerate_(bits if bits is not None and dense <= 1 << bits else None, False, (True,))
+    return account + weights
+
+
+def _encoded_sizes(w: np.ndarray, specs: list[dict]) -> list[int]:
+    from mconv.errors import InputError
+
+    sizes = []
+    for spec in specs:
+        try:
+            sizes.append(len(encode(w, spec)[0]))
+        except InputError:  # the oracle may try specs a codec refuses
+            pass
+    return sizes
+
+
+def test_one_choice_is_no_larger_than_anything_either_former_chooser_offered():
+    from mconv.codecs import best_spec
+
+    rng = np.random.default_rng(11)
+    cases = [
+        (pruned_clustered((40, 60), 0.1, 5, seed=1), {"bits": 5, "index_bits": 4, "pruned": True}),
+        (pruned_clustered((40, 60), 0.1, 5, seed=1), {}),  # the same tensor without hints
+        (pruned_clustered((40, 60), 0.5, 3, seed=2), {"bits": 4}),  # fewer values than recorded
+        (pruned_clustered((40, 60), 1.0, 4, seed=3), {"bits": 4, "groups": 4, "axis": 0}),
+        (rng.standard_normal((30, 30)).astype(np.float16).astype(np.float32), {}),
+        (np.where(rng.random((50, 20)) < 0.8, 0, rng.standard_normal((50, 20))).astype(np.float32), {}),
+    ]
+    for w, hints in cases:
+        spec, size = best_spec(w, hints)
+        blob, record = encode(w, spec)
+        assert len(blob) == size  # the prediction is the real size
+        assert np.array_equal(decode(blob, record).view(np.uint32), w.view(np.uint32))
+        assert size <= min(_encoded_sizes(w, _former_candidates(w, hints))), (hints, spec)
+
+
+def test_skipping_the_analysis_never_changes_the_choice(monkeypatch):
+    import mconv.codecs.choose as choose
+
+    rng = np.random.default_rng(3)
+    dense = rng.standard_normal((64, 64)).astype(np.float32)
+    tensors = [
+        dense,
+        dense.astype(np.float16).astype(np.float32),
+        dense.astype(np.float16),
+        np.where(dense > 0.3, dense, 0).astype(np.float32),  # ~38 % nonzero, all distinct
+        np.where(dense > 2.5, dense, 0).astype(np.float32),  # ~1 % nonzero
+        np.round(dense).astype(np.float32),  # few values, fp16-exact
+        rng.integers(-3, 4, (40, 40)).astype(np.int8),
+        rng.integers(0, 1 << 40, 300).astype(np.int64),
+        rng.random(500) < 0.1,
+        np.zeros(257, np.float32),
+        rng.standard_normal(5).astype(np.float64),
+        np.array([0.0, 1.0, -0.0, np.nan], np.float32),
+        rng.standard_normal(300).astype(np.float32),  # small: every value distinct
+    ]
+    gated = [choose.best_spec(t) for t in tensors]
+    monkeypatch.setattr(choose, "_coded_may_win", lambda *a: True)  # always analyse
+    assert [choose.best_spec(t) for t in tensors] == gated
+    monkeypatch.undo()
+    monkeypatch.setattr(choose, "_PREFIX", 7)  # a short prefix: bounds looser, never wrong
+    assert [choose.best_spec(t) for t in tensors] == gated
+
+
+def test_a_grouped_palette_over_its_recorded_bits_takes_the_width_that_fits():
+    # Former enumeration: groups=2 at the recorded 2 bits was sized (packed) although each group
+    # holds 5 values; the smallest candidate then failed to encode. Now every candidate encodes.
+    from mconv.codecs import best_spec
+
+    rng = np.random.default_rng(5)
+    rows = [np.array([1, 2, 3, 4, 5], np.float32), np.array([10, 20, 30, 40, 50], np.float32)]
+    w = np.stack([r[rng.integers(0, 5, 1000)] for r in rows])
+    spec, size = best_spec(w, {"bits": 2, "groups": 2, "axis": 0})
+    assert spec["codec"] == "palette" and spec.get("groups") == 2 and spec["bits"] == 3
+    blob, record = encode(w, spec)
+    assert len(blob) == size and np.array_equal(decode(blob, record), w)
+
+
+def test_damaged_hints_are_ignored_and_the_choice_stays_lossless():
+    from mconv.codecs import best_spec, compression_hints
+
+    w = pruned_clustered((20, 30), 0.2, 4, seed=6)
+    want = best_spec(w)
+    for hints in [
+        {"bits": "4"},
+        {"bits": 99},
+        {"bits": True},
+        {"index_bits": -1},
+        {"index_bits": 2.5},
+        {"groups": "2"},
+        {"groups": 10**9},
+        {"groups": 4, "axis": [0]},
+        {"groups": 4, "axis": "0"},
+    ]:
+        spec, size = best_spec(w, hints)
+        assert (spec, size) == want, hints
+    key = "mconv.compression"
+    assert compression_hints({key: "[" * 100000}, "W") == {}  # too deep for json: no hints
+    assert compression_hints({key: '{"W": 3}'}, "W") == {}
+    assert compression_hints({key: '{"W": {"bits": 4}}'}, "W") == {"bits": 4}
+
+
+def test_compression_key_is_defined_once():
+    import ast
+    from pathlib import Path
+
+    import mconv.account
+    import mconv.codecs.choose
+    import mconv.passes._weights
+
+    assert mconv.passes._weights.COMPRESSION_KEY is mconv.codecs.choose.COMPRESSION_KEY
+    assert mconv.account.COMPRESSION_KEY is mconv.codecs.choose.COMPRESSION_KEY
+    root = Path(__file__).resolve().parents[2]
+    defined = [
+        str(path.relative_to(root))
+        for folder in ("core", "cli", "passes", "formats", "targets", "fixtures")
+        for path in sorted((root / folder).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "COMPRESSION_KEY" for t in node.targets)
+    ]
+    assert defined == ["core/codecs/choose.py"]
