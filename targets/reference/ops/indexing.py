@@ -68,7 +68,7 @@ def gather_vjp(inputs, attrs, outputs, grads, ctx):
 
 def _full_index(idx: np.ndarray, axis: int) -> tuple:
     """Index tuple addressing ``data`` at ``idx`` along ``axis`` and the element's own place elsewhere."""
-    grid = list(np.indices(idx.shape, sparse=True))
+    grid: list[np.ndarray] = list(np.indices(idx.shape, sparse=True))
     grid[axis] = idx
     return tuple(grid)
 
