@@ -92,7 +92,8 @@ class TensorSpec:
         shape = None
         if value.shape is not None:
             shape = tuple(
-                d if isinstance(d, int) else (d.value if d.value is not None else None) for d in value.shape
+                (d if d >= 0 else None) if isinstance(d, int) else (d.value if d.value is not None else None)
+                for d in value.shape
             )
         return cls(value.name, _dtype_name(value.dtype), shape)
 

@@ -77,12 +77,26 @@ def load_onnx(
     del proto
     for tensor in _external_tensors(model):
         tensor.base_dir = folder
+    _unknown_negative_dims(model.graph)
     # A weight-only model (mconv.formats.weights: initializers, no nodes) is not empty.
     if model.graph is None or (
         len(model.graph) == 0 and not model.graph.outputs and not model.graph.initializers
     ):
         raise InputError("ONNX model has an empty graph", path=str(p), hint="re-export the model")
     return model
+
+
+def _unknown_negative_dims(graph: ir.Graph) -> None:
+    """A negative ``dim_value`` (Paddle2ONNX writes -1 for a dynamic dim; ONNX Runtime reads it as
+    unknown) becomes an unknown dim, so nothing downstream takes -1 for a size (a bundle manifest
+    with shape -1 is refused on load)."""
+    values = [*graph.inputs, *graph.outputs]
+    for node in graph:
+        values.extend(v for v in node.outputs if v is not None)
+    for v in values:
+        shape = v.shape
+        if shape is not None and any(isinstance(d, int) and d < 0 for d in shape):
+            v.shape = ir.Shape([None if isinstance(d, int) and d < 0 else d for d in shape])
 
 
 @contextlib.contextmanager
