@@ -77,7 +77,7 @@ def exported(model, out: Path | None, prefix: str):
 
 def main() -> int:
     from mconv import passes as P
-    from mconv.demo import digits_feeds, fixture_path
+    from mconv.api.demo import digits_feeds, fixture_path
     from mconv.irio import load_onnx, model_stats
     from mconv.runtime import open_runner
 

@@ -14,3 +14,38 @@ Rooms: :mod:`mconv.formats` (files -> IR), :mod:`mconv.passes` (IR -> IR),
 """
 
 __version__ = "0.1.0"
+
+# The public API (mconv.api), reached from the package root: ``mconv.load(...)``. Forwarded
+# lazily, so that ``import mconv.errors`` (or any core module) loads no format, pass or target.
+_API = (
+    "load",
+    "save",
+    "convert",
+    "optimize",
+    "export",
+    "open",
+    "run",
+    "verify",
+    "inspect",
+    "analyze",
+    "open_model",
+    "ConvertResult",
+    "OptimizeResult",
+    "ExportResult",
+    "RunResult",
+    "VerifyResult",
+    "InspectResult",
+    "AnalyzeResult",
+)
+
+
+def __getattr__(name: str):
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module("mconv.api"), name)
+    raise AttributeError(f"module 'mconv' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

@@ -1,0 +1,849 @@
+"""The library's front door: what every ``mconv`` command does, callable from Python.
+
+``import mconv`` exposes these functions (the package root forwards them here)::
+
+    import mconv
+
+    model = mconv.load("lenet.prototxt", "lenet.caffemodel")            # ir.Model
+    res = mconv.optimize(model, recipe="deep-compression", data="calib.npz", output="c.onnx")
+    print(res.predicted_bundle_weight_bytes, res.as_dict()["passes"][0]["name"])
+    exp = mconv.export(res.model, "cpu", "bundle/")
+    report = mconv.verify("lenet.onnx", "bundle/", data="test.npz")
+    assert report.passed, report.failures
+
+Each command of the CLI is one call here with the same options (``mconv import`` is
+:func:`convert`; the others have the command's name), and each returns a dataclass whose
+``as_dict()`` is exactly the command's ``--json`` document. The CLI only parses options, calls
+one of these and renders the result. Errors are the same exception types as the CLI's, with the
+same exit codes (:mod:`mconv.errors`): ``InputError`` (2), ``UnsupportedError`` (2),
+``GateFailed`` (1; :func:`verify` returns the report and ``report.check()`` raises it), anything
+else is a bug.
+
+``progress``: where a call takes it, a factory ``progress(title, total)`` returning a context
+manager that yields ``update(description=None, completed=None, total=None, info=None)`` (with
+``update.advance(n)``), as the CLI's ``Out.progress``; None shows nothing.
+"""
+
+from __future__ import annotations
+
+import builtins
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from mconv.errors import GateFailed, InputError, UnsupportedError
+
+__all__ = [
+    "AnalyzeResult",
+    "ConvertResult",
+    "ExportResult",
+    "InspectResult",
+    "OptimizeResult",
+    "RunResult",
+    "VerifyResult",
+    "analyze",
+    "convert",
+    "export",
+    "inspect",
+    "load",
+    "open",
+    "optimize",
+    "run",
+    "save",
+    "verify",
+]
+
+PathLike = str | Path
+ModelLike = ir.Model | str | Path
+
+
+@contextmanager
+def _no_progress(title: str, total: float | None = None):
+    def update(*args, **kwargs) -> None:
+        return None
+
+    update.advance = update  # type: ignore[attr-defined]
+    yield update
+
+
+def _progress(progress):
+    return progress if progress is not None else _no_progress
+
+
+@contextmanager
+def naming_the_file(path: PathLike):
+    """An unsupported-op refusal raised without a file (the executor, a target's lowering) names
+    the model file it came from: every exit-2 line says which file."""
+    try:
+        yield
+    except UnsupportedError as exc:
+        if exc.path is None:
+            exc.path = str(path)
+        raise
+
+
+def _shapes(input_shapes) -> dict[str, list[int]]:
+    """``{"x": [1, 3, 224, 224]}`` as given, or the CLI's ``["x=1,3,224,224", ...]``."""
+    if not input_shapes:
+        return {}
+    if isinstance(input_shapes, Mapping):
+        return {str(k): [int(d) for d in v] for k, v in input_shapes.items()}
+    from mconv.verify import parse_input_shapes
+
+    return parse_input_shapes(list(input_shapes))
+
+
+# --- load / save / convert (mconv import) -----------------------------------------------------
+
+
+def load(
+    *paths: PathLike,
+    format: str | None = None,
+    input_shapes=None,
+    input_values: Mapping[str, Any] | Sequence[str] | None = None,
+    example_inputs: PathLike | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> ir.Model:
+    """Read a model from any supported format (two paths for split formats) into the IR.
+
+    ``input_shapes`` fixes symbolic input dims (checked and named; downstream shapes inferred);
+    ``input_values`` / ``example_inputs`` give a PyTorch ``forward()``'s non-tensor arguments;
+    ``options``: format options (e.g. ``{"activations": "float"}`` for an int8 TFLite).
+    The notes of the import are in ``model.metadata_props["mconv.import_notes"]``."""
+    model, _ = _load(list(paths), format, input_shapes, input_values, example_inputs, options)
+    return model
+
+
+def _load(paths, format, input_shapes, input_values, example_inputs, options):
+    from mconv.formats import import_model
+    from mconv.passes.input_shapes import fix_input_shapes
+
+    if not paths:
+        raise InputError("no model file given", hint="mconv.load('model.onnx')")
+    paths = [Path(p) for p in paths]
+    shapes = _shapes(input_shapes)
+    opts: dict[str, Any] = {**dict(options or {}), "input_shapes": shapes}
+    if input_values or example_inputs:  # PyTorch only (formats/torch_format.py rule 3)
+        from mconv.formats.torch_format import parse_input_values
+
+        values = input_values
+        if values is not None and not isinstance(values, Mapping):
+            values = parse_input_values(list(values))
+        opts.update(input_values=dict(values or {}), example_inputs=example_inputs)
+    model = import_model(paths, format=format, options=opts)
+    if (input_values or example_inputs) and model.metadata_props.get("mconv.source_format") != "torch":
+        raise InputError(
+            "--input-value and --example-inputs apply to PyTorch models only",
+            path=str(paths[0]),
+            hint="give ONNX and other formats' input shapes with --input-shape",
+        )
+    # Every format: the names are checked, symbolic dims fixed, shapes inferred downstream.
+    shape_notes = fix_input_shapes(model, shapes, path=str(paths[0]))
+    return model, shape_notes
+
+
+def open_model(path: PathLike) -> ir.Model:
+    """A model file as the IR: ``.onnx`` read directly, any other format imported."""
+    from mconv.runtime import open_model as _open
+
+    return _open(path)
+
+
+def _as_model(model: ModelLike) -> tuple[ir.Model, Path | None]:
+    if isinstance(model, ir.Model):
+        return model, None
+    return open_model(model), Path(model)
+
+
+@dataclass
+class ConvertResult:
+    """``mconv import``: the model read and written (``as_dict()`` is its ``--json``)."""
+
+    output: str
+    files: list[str]
+    source_format: str | None
+    seconds: float
+    stats: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    model: ir.Model | None = field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        doc = {
+            "output": self.output,
+            "files": self.files,
+            "source_format": self.source_format,
+            "seconds": self.seconds,
+            **self.stats,
+        }
+        if self.notes:
+            doc["notes"] = self.notes
+        return doc
+
+
+def convert(
+    src: PathLike | Sequence[PathLike],
+    output: PathLike,
+    *,
+    format: str | None = None,
+    input_shapes=None,
+    input_values=None,
+    example_inputs: PathLike | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> ConvertResult:
+    """``mconv import SRC -o OUTPUT``: read ``src`` (one path, or two for split formats), write
+    ``output`` (.onnx), and check that ONNX's checker and ONNX Runtime accept what was written."""
+    from mconv.formats.weights import is_weight_only
+    from mconv.irio import model_stats, save_onnx
+    from mconv.targets.validity import check_written
+
+    t0 = time.perf_counter()
+    paths = [Path(src)] if isinstance(src, str | Path) else [Path(p) for p in src]
+    output = Path(output)
+    model, shape_notes = _load(paths, format, input_shapes, input_values, example_inputs, options)
+    written = save_onnx(model, output)
+    check_written(
+        output, paths[0] if len(paths) == 1 else None, what="import", graph=not is_weight_only(model)
+    )
+    notes = model.metadata_props.get("mconv.import_notes")
+    return ConvertResult(
+        output=str(output),
+        files=[str(p) for p in written],
+        source_format=model.metadata_props.get("mconv.source_format"),
+        seconds=round(time.perf_counter() - t0, 3),
+        stats=model_stats(model).as_dict(),
+        notes=(notes.split("\n") if notes else []) + shape_notes,
+        model=model,
+    )
+
+
+def save(
+    model: ir.Model, path: PathLike, format: str | None = None, *, source: PathLike | None = None
+) -> list[Path]:
+    """Write ``model``: the format from ``format`` or the file name (``.onnx`` by default; a
+    tensors-only model to a name with no known extension becomes a weights bundle). Returns the
+    files written."""
+    from mconv.formats import get_format, registry
+
+    output = Path(path)
+    name = format
+    if name is None:
+        suffix = output.name.lower()
+        matches = [f for f in registry().values() if f.save and any(suffix.endswith(e) for e in f.extensions)]
+        if not matches and not suffix.endswith(".onnx"):
+            from mconv.formats.weights import is_weight_only
+
+            if is_weight_only(model):  # tensors only: a weights bundle directory
+                from mconv.weightbundle import export_weights
+
+                bundle = export_weights(model, output, {})
+                return [output / rel for rel in ("manifest.json", *bundle.files)]
+        name = matches[0].name if len(matches) == 1 else "onnx"
+    fmt = get_format(name)
+    if fmt.save is None:
+        raise InputError(f"format '{name}' has no writer", hint="write .onnx")
+    # ``source``: the model file given, which a writer's refusal names (dlk-json).
+    return fmt.save(model, output, {"source": str(source)} if source else {})
+
+
+# --- optimize ----------------------------------------------------------------------------------
+
+
+def load_data(data, model: ir.Model) -> dict[str, np.ndarray] | None:
+    """Feeds for ``model`` from an .npz path (inputs by name, optional ``labels``) or a dict."""
+    if data is None:
+        return None
+    if isinstance(data, Mapping):
+        return {k: np.asarray(v) for k, v in data.items()}
+    from mconv.irio import real_inputs
+    from mconv.runtime import value_spec
+    from mconv.verify import load_npz_feeds
+
+    feeds, labels = load_npz_feeds(data, [value_spec(v) for v in real_inputs(model.graph)])
+    if labels is not None:
+        feeds["labels"] = labels
+    return feeds
+
+
+@dataclass
+class OptimizeResult:
+    """``mconv optimize``: the optimized model, each pass's report, the predicted byte account."""
+
+    output: str | None
+    files: list[str]
+    weight_bytes_before: int
+    weight_bytes_after: int
+    file_bytes_after: int | None
+    predicted_bundle_weight_bytes: int | None
+    reports: list = field(default_factory=list)
+    account: dict | None = None
+    model: ir.Model | None = field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "output": self.output,
+            "files": self.files,
+            # like for like: weight bytes in the input and in the written model (dense)
+            "bytes_before": self.weight_bytes_before,
+            "bytes_after": self.weight_bytes_after,
+            "weight_bytes_before": self.weight_bytes_before,
+            "weight_bytes_after": self.weight_bytes_after,
+            "file_bytes_after": self.file_bytes_after,
+            # what an export stores for these weights, from the byte account (None: not
+            # predicted, the model carries no pruning or clustering facts)
+            "predicted_bundle_weight_bytes": self.predicted_bundle_weight_bytes,
+            "passes": [r.as_dict() for r in self.reports],
+            "account": self.account,
+        }
+
+
+def optimize(
+    model: ModelLike,
+    *,
+    passes: str | None = None,
+    recipe: str | None = None,
+    data=None,
+    seed: int = 0,
+    output: PathLike | None = None,
+    format: str | None = None,
+    progress=None,
+) -> OptimizeResult:
+    """``mconv optimize``: run a pass spec (``passes``) or a recipe (name or TOML path) over the
+    model (an ``ir.Model``, mutated, or a path); with ``output``, write it and check that ONNX's
+    checker and ONNX Runtime accept it. ``data``: calibration / fine-tuning feeds (.npz or dict)."""
+    from mconv import passes as P
+    from mconv.account import predicted_account
+    from mconv.irio import model_stats, spilling
+
+    if bool(passes) == bool(recipe):
+        raise InputError(
+            "give exactly one of --passes or --recipe", hint=f"recipes: {', '.join(P.recipe_names())}"
+        )
+    specs = P.parse_spec(passes) if passes else P.load_recipe(str(recipe))
+    out_path = Path(output) if output is not None else None
+    # Large rewritten weights wait in a scratch folder beside the output (deleted at the end),
+    # so the pipeline holds about one weight at a time in memory (mconv.irio.spilling).
+    parent = out_path.resolve().parent if out_path is not None else None
+    scratch = parent if parent is not None and parent.is_dir() else Path(tempfile.gettempdir())
+    written: list[Path] = []
+    source = None if isinstance(model, ir.Model) else Path(model)
+    with spilling(scratch):
+        m, _ = _as_model(model)
+        before = model_stats(m)
+        ctx = P.PassContext(data=load_data(data, m), seed=seed)
+        with _progress(progress)(f"optimize {recipe or passes}", len(specs)) as update:
+            ctx.progress = update
+            m, reports = P.run_pipeline(m, specs, ctx)
+        if out_path is not None:
+            written = save(m, out_path, format, source=source)
+        after = model_stats(m)
+        account = predicted_account(m)
+    file_bytes = None
+    if out_path is not None:
+        from mconv.formats.weights import is_weight_only
+        from mconv.targets.validity import check_written
+
+        check_written(out_path, source, what="optimize", graph=not is_weight_only(m))
+        file_bytes = sum(p.stat().st_size for p in written if p.is_file())
+    return OptimizeResult(
+        output=str(out_path) if out_path is not None else None,
+        files=[str(p) for p in written],
+        weight_bytes_before=before.bytes,
+        weight_bytes_after=after.bytes,
+        file_bytes_after=file_bytes,
+        predicted_bundle_weight_bytes=account["total"]["bytes"] if account else None,
+        reports=list(reports),
+        account=account or None,
+        model=m,
+    )
+
+
+# --- export ------------------------------------------------------------------------------------
+
+
+def input_file_bytes(path: PathLike | None, model: ir.Model | None = None) -> int:
+    """Bytes on disk of a model as given: the file (every file of a directory), plus the
+    external-data files its tensors point at outside it."""
+    seen: set[Path] = set()
+    total = 0
+
+    def add(f: Path) -> None:
+        nonlocal total
+        try:
+            r = f.resolve()
+            if r not in seen and r.is_file():
+                seen.add(r)
+                total += r.stat().st_size
+        except OSError:
+            pass
+
+    if path is not None:
+        p = Path(path)
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                add(f)
+        else:
+            add(p)
+    if model is not None:
+        for value in model.graph.initializers.values():
+            t = value.const_value
+            if isinstance(t, ir.ExternalTensor):
+                add(Path(t.path))
+    return total
+
+
+def bundle_file_bytes(output: PathLike, files: dict) -> int:
+    """Bytes of a bundle on disk: its files (the manifest lists them) and the manifest itself."""
+    total = sum(int(f.get("bytes", 0)) for f in files.values())
+    manifest = Path(output) / "manifest.json"
+    return total + (manifest.stat().st_size if manifest.is_file() else 0)
+
+
+@dataclass
+class ExportResult:
+    """``mconv export``: the bundle (or model file) written, with like-for-like byte counts."""
+
+    output: str
+    target: str | None
+    weight_bytes_before: int
+    weight_bytes_after: int
+    file_bytes_before: int
+    file_bytes_after: int
+    files: Any
+    seconds: float | None = None
+    account: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    manifest: dict | None = field(default=None, repr=False)
+    format: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.format is not None:  # a model file
+            return {
+                "output": self.output,
+                "bytes_before": self.weight_bytes_before,  # weight bytes of the input model
+                "bytes_after": self.file_bytes_after,  # a model file holds its weights: its bytes
+                "weight_bytes_before": self.weight_bytes_before,
+                "file_bytes_before": self.file_bytes_before,
+                "file_bytes_after": self.file_bytes_after,
+                "passes": [],
+                "files": self.files,
+            }
+        return {
+            "output": self.output,
+            "target": self.target,
+            # like for like (README, "JSON keys"): weights before and after (the stored
+            # blobs), and the input's file bytes before, the bundle's (manifest included) after
+            "bytes_before": self.weight_bytes_before,
+            "bytes_after": self.weight_bytes_after,
+            "weight_bytes_before": self.weight_bytes_before,
+            "weight_bytes_after": self.weight_bytes_after,
+            "weights_bytes": self.weight_bytes_after,
+            "file_bytes_before": self.file_bytes_before,
+            "file_bytes_after": self.file_bytes_after,
+            "files": self.files,
+            "passes": [],
+            "seconds": self.seconds,
+            "account": self.account,
+            "notes": self.notes,
+        }
+
+
+def export(
+    model: ModelLike,
+    target: str = "cpu",
+    out_dir: PathLike = "bundle",
+    *,
+    format: str | None = None,
+    input_shapes=None,
+    progress=None,
+    **options: Any,
+) -> ExportResult:
+    """``mconv export``: a deployable bundle for ``target`` (cpu, xla, metal, weights) in
+    ``out_dir``, or with ``format`` a model file. ``options``: the target's (``dense``, ``batch``,
+    ``precision``, ``bake_weights``, ``mlir_text``); ``input_shapes`` fixes symbolic dims first."""
+    from mconv.irio import model_stats
+    from mconv.targets import get_target
+
+    t0 = time.perf_counter()
+    output = Path(out_dir)
+    shapes = _shapes(input_shapes)
+    m, source = _as_model(model)
+    before = model_stats(m).bytes
+    notes: list[str] = []
+    if shapes:
+        from mconv.passes.input_shapes import fix_input_shapes
+
+        notes = fix_input_shapes(m, shapes, path=str(source) if source else None)
+    if not format and target != "weights":
+        from mconv.formats.weights import is_weight_only
+
+        if is_weight_only(m):
+            raise InputError(
+                f"holds tensors only; the {target} target needs a graph",
+                path=str(source) if source else None,
+                hint="use --target weights (a weights bundle) or --format safetensors",
+            )
+    file_before = input_file_bytes(source, m)
+    if format:
+        written = save(m, output, format, source=source)
+        size = sum(p.stat().st_size for p in written)
+        return ExportResult(
+            output=str(output),
+            target=None,
+            weight_bytes_before=before,
+            weight_bytes_after=size,
+            file_bytes_before=file_before,
+            file_bytes_after=size,
+            files=[str(p) for p in written],
+            notes=notes,
+            format=format,
+        )
+    opts = {k: v for k, v in options.items() if v not in (None, False)}
+    with _progress(progress)(f"export {target}", None), naming_the_file(source or output):
+        bundle = get_target(target).export(m, output, opts)
+    if target == "cpu":
+        from mconv.targets.validity import check_written
+
+        check_written(output, source, what="export")
+    files = bundle.manifest.get("files", {})
+    weights_bytes = sum(w.get("bytes", 0) for w in bundle.manifest.get("weights", []))
+    return ExportResult(
+        output=str(output),
+        target=target,
+        weight_bytes_before=before,
+        weight_bytes_after=weights_bytes,
+        file_bytes_before=file_before,
+        file_bytes_after=bundle_file_bytes(output, files),
+        files=files,
+        seconds=round(time.perf_counter() - t0, 3),
+        account=bundle.manifest.get("account"),
+        notes=notes,
+        manifest=bundle.manifest,
+    )
+
+
+# --- open / run --------------------------------------------------------------------------------
+
+
+def open(path: PathLike, target: str | None = None, input_shapes=None):  # noqa: A001 - the API's name
+    """A runner (``inputs``, ``outputs``, ``run(feeds) -> dict``) for a bundle (on its own
+    target) or a model file (the reference executor, or ``target``). ``input_shapes`` fixes a
+    model's symbolic dims, and is checked against a bundle's inputs."""
+    from mconv.bundle import is_bundle
+    from mconv.runtime import open_runner
+
+    p = Path(path)
+    shapes = _shapes(input_shapes)
+    with naming_the_file(p):
+        if not shapes or is_bundle(p) or p.is_dir():
+            runner = open_runner(p, target)
+            if shapes:
+                from mconv.passes.input_shapes import check_input_shapes
+
+                check_input_shapes(runner.inputs, shapes, path=str(p))
+            return runner
+        from mconv.passes.input_shapes import open_model_with_shapes
+        from mconv.targets import get_target
+
+        return get_target(target or "reference").load_model(open_model_with_shapes(p, shapes))
+
+
+def output_summary(results: Mapping[str, np.ndarray]) -> dict[str, dict]:
+    summary = {}
+    for name, arr in results.items():
+        a = np.asarray(arr)
+        num = bool(a.size) and np.issubdtype(a.dtype, np.number)
+        summary[name] = {
+            "dtype": a.dtype.name,
+            "shape": list(a.shape),
+            "min": float(a.min()) if num else None,
+            "max": float(a.max()) if num else None,
+            "mean": float(a.mean()) if num else None,
+        }
+    return summary
+
+
+@dataclass
+class RunResult:
+    """``mconv run``: the outputs (arrays), their summary, and how random inputs were drawn."""
+
+    outputs: dict[str, np.ndarray] = field(repr=False)
+    output: str | None
+    seconds: float
+    plan: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        doc = {"output": self.output, "outputs": output_summary(self.outputs), "seconds": self.seconds}
+        if self.plan is not None:  # random inputs: how many samples, and how they were batched
+            doc.update({"samples": self.plan.samples, "batching": self.plan.as_dict()})
+        return doc
+
+
+def run(
+    path: PathLike,
+    feeds: Mapping[str, np.ndarray | PathLike] | None = None,
+    *,
+    data: PathLike | None = None,
+    samples: int | None = None,
+    seed: int = 0,
+    input_shapes=None,
+    target: str | None = None,
+    output: PathLike | None = None,
+) -> RunResult:
+    """``mconv run``: run a bundle or model on ``feeds`` (arrays, or .npy paths by input name),
+    on ``data`` (.npz), or on random inputs drawn as verify draws them (``samples``, ``seed``);
+    with ``output`` the outputs go to an .npz (atomically)."""
+    from mconv.fileio import atomic_path, require_file
+    from mconv.npzio import read_npy
+    from mconv.verify import check_samples, load_npz_feeds, plan_random_feeds, run_feeds
+
+    check_samples(samples)
+    if samples is not None and (feeds or data is not None):
+        raise InputError(
+            "--samples draws random inputs; it does not go with --input or --data",
+            hint="drop --samples, or drop --input/--data",
+        )
+    shapes = _shapes(input_shapes)
+    runner = open(path, target, shapes)
+    plan = None
+    if not feeds and data is None:  # random inputs, drawn as verify draws them
+        plan = plan_random_feeds(runner.inputs, samples=samples, seed=seed, input_shapes=shapes)
+        t0 = time.perf_counter()
+        results = run_feeds(runner, plan.feeds)
+    else:
+        given: dict[str, np.ndarray] = {}
+        if data is not None:
+            given, _ = load_npz_feeds(data, runner.inputs)
+        names = {s.name for s in runner.inputs}
+        for name, value in (feeds or {}).items():
+            if name not in names:
+                raise InputError(f"model has no input '{name}'", hint=f"inputs: {', '.join(sorted(names))}")
+            if isinstance(value, str | Path):
+                value = read_npy(require_file(value, "input array (.npy)"))  # header checked first
+            given[name] = np.asarray(value)
+        missing = sorted(names - set(given))
+        if missing:
+            raise InputError(f"no value for input(s) {', '.join(missing)}", hint="pass --input NAME=file.npy")
+        t0 = time.perf_counter()
+        results = runner.run(given)
+    seconds = time.perf_counter() - t0
+    if output is not None:
+        with atomic_path(Path(output)) as tmp, builtins.open(tmp, "wb") as fh:
+            np.savez(fh, **results)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+    return RunResult(
+        outputs=dict(results), output=str(output) if output else None, seconds=seconds, plan=plan
+    )
+
+
+# --- verify ------------------------------------------------------------------------------------
+
+
+class _Ticking:
+    """A runner that reports each run to a progress display (verify over many batches)."""
+
+    def __init__(self, runner, advance) -> None:
+        self._runner, self._advance = runner, advance
+        self.inputs = runner.inputs
+
+    def run(self, feeds):
+        result = self._runner.run(feeds)
+        self._advance(1)
+        return result
+
+
+def _gate_failed(report) -> GateFailed:
+    return GateFailed(
+        "verification failed: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in report.failures.items())
+    )
+
+
+@dataclass
+class VerifyResult:
+    """``mconv verify``: the report (metrics per output, gates, batching); ``as_dict()`` is the
+    ``--json`` document, ``check()`` raises ``GateFailed`` (exit 1) when a gate failed."""
+
+    report: Any
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.report.passed)
+
+    @property
+    def failures(self) -> dict:
+        return self.report.failures
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.report.as_dict()
+
+    def check(self) -> VerifyResult:
+        if not self.passed:
+            raise _gate_failed(self.report)
+        return self
+
+
+def verify(
+    reference: PathLike,
+    candidate: PathLike,
+    *,
+    data: PathLike | None = None,
+    samples: int | None = None,
+    seed: int = 0,
+    input_shapes=None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    min_cosine: float | None = None,
+    min_top1: float | None = None,
+    min_snr_db: float | None = None,
+    localize: bool = False,
+    progress=None,
+) -> VerifyResult:
+    """``mconv verify REF CANDIDATE``: run both (models or bundles) on ``data`` or random inputs
+    and gate the metrics; no gate given: the defaults (cosine >= 0.99, top-1 agreement >= 0.99;
+    weight files: SNR >= 10 dB per tensor). Returns the result; ``.check()`` raises on failure."""
+    from mconv.verify import (
+        Gates,
+        check_samples,
+        load_npz_feeds,
+        plan_random_feeds,
+        run_feeds,
+        verify_outputs,
+    )
+    from mconv.weightbundle import verify_weights, weight_pair
+
+    check_samples(samples)
+    user_gates = Gates(
+        atol=atol, rtol=rtol, min_cosine=min_cosine, min_top1=min_top1, min_snr_db=min_snr_db
+    ).check()
+    shapes = _shapes(input_shapes)
+    reference, candidate = Path(reference), Path(candidate)
+    pair = weight_pair(reference, candidate)
+    if pair is not None:  # both sides are tensors only: compare them by name
+        gates = user_gates if user_gates.any() else Gates.weight_defaults()
+        report = verify_weights(*pair, gates)
+        report.gates = gates.as_dict()
+        report.gates_source = "user" if user_gates.any() else "default"
+        return VerifyResult(report)
+    ref = open(reference, None, shapes)
+    cand = open(candidate, None, shapes)
+    labels = None
+    if data is not None:
+        if samples is not None:
+            raise InputError(
+                "--samples draws random inputs; with --data every sample of the file is used",
+                hint="drop --samples or --data",
+            )
+        feeds, labels = load_npz_feeds(data, ref.inputs)
+        feed_list = [feeds]
+        first = next((a for a in feeds.values() if np.ndim(a) > 0), None)
+        n_samples = int(first.shape[0]) if first is not None else 1
+        batching = {"mode": "data", "batch": n_samples, "runs": 1, "how": f"one run of {data}"}
+    else:
+        plan = plan_random_feeds(ref.inputs, samples=samples, seed=seed, input_shapes=shapes)
+        feed_list, n_samples, batching = plan.feeds, plan.samples, plan.as_dict()
+    gates = user_gates if user_gates.any() else Gates.defaults()
+    runs = len(feed_list)
+    with _progress(progress)("verify", 2 * runs) as bar:
+        bar(description=f"reference, {runs} run(s)")
+        ref_out = run_feeds(_Ticking(ref, bar.advance), feed_list)
+        bar(description=f"candidate, {runs} run(s)")
+        cand_out = run_feeds(_Ticking(cand, bar.advance), feed_list)
+    report = verify_outputs(ref_out, cand_out, gates, labels, samples=n_samples)
+    report.batching = batching
+    report.gates_source = "user" if user_gates.any() else "default"
+    if localize:
+        from mconv.localize import localize as do_localize
+
+        # The first run's feeds: a drift shows in one batch as well as in all.
+        report.localized = do_localize(reference, candidate, feed_list[0], user_gates, shapes)
+    return VerifyResult(report)
+
+
+# --- inspect -----------------------------------------------------------------------------------
+
+
+@dataclass
+class InspectResult:
+    """``mconv inspect``: ops, parameters, bytes by dtype, inputs/outputs, largest tensors, and a
+    bundle's manifest."""
+
+    doc: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.doc
+
+
+def inspect(path: PathLike, *, top: int = 10, input_shapes=None) -> InspectResult:
+    """``mconv inspect PATH``: a model file or a bundle (``input_shapes`` fixes a model's
+    symbolic dims and is checked against a bundle's inputs)."""
+    from mconv.bundle import is_bundle
+    from mconv.inspect import inspect_model, inspect_path
+
+    p = Path(path)
+    shapes = _shapes(input_shapes)
+    if shapes and not is_bundle(p) and not p.is_dir():
+        from mconv.passes.input_shapes import open_model_with_shapes
+
+        model = open_model_with_shapes(p, shapes)  # shapes fixed, downstream dims inferred
+        kind = model.metadata_props.get("mconv.source_format", "onnx")
+        return InspectResult({"path": str(p), "kind": kind, **inspect_model(model, top=top)})
+    doc = inspect_path(p, top=top)
+    if shapes:  # a bundle's inputs are what they are: the shapes are checked only
+        from mconv.bundle import TensorSpec
+        from mconv.passes.input_shapes import check_input_shapes
+
+        specs = [TensorSpec.from_dict(d) for d in doc.get("inputs") or []]
+        check_input_shapes(specs, shapes, path=str(p))
+    return InspectResult(doc)
+
+
+# --- analyze -----------------------------------------------------------------------------------
+
+
+@dataclass
+class AnalyzeResult:
+    """``mconv analyze``: per-layer sensitivity (and the recipe written, if any)."""
+
+    report: Any
+    recipe: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        doc = self.report.as_dict()
+        doc["recipe"] = self.recipe
+        return doc
+
+
+def analyze(
+    model: ModelLike,
+    data,
+    *,
+    sweep: Sequence[float] = (0.5, 0.7, 0.9),
+    bits: Sequence[int] = (),
+    max_drop: float | None = None,
+    output: PathLike | None = None,
+    progress=None,
+) -> AnalyzeResult:
+    """``mconv analyze``: prune (and cluster at ``bits``) one layer at a time over ``sweep``,
+    measure the metric drop on ``data``; with ``max_drop`` choose per layer, and with ``output``
+    write that choice as a recipe (TOML)."""
+    from mconv.analyze import analyze_sensitivity, write_recipe
+
+    if output is not None and max_drop is None:
+        raise InputError("-o needs --max-drop", hint="e.g. --max-drop 0.01 -o recipe.toml")
+    m, _ = _as_model(model)
+    feeds = load_data(data, m)
+    if feeds is None:
+        raise InputError("analyze needs data", hint="--data calib.npz (inputs by name, optional labels)")
+    with _progress(progress)("analyze", None) as update:
+        report = analyze_sensitivity(
+            m, feeds, sweep=list(sweep), bits=[int(b) for b in bits], max_drop=max_drop, progress=update
+        )
+    recipe = None
+    if output is not None:
+        write_recipe(report, output)
+        recipe = str(output)
+    return AnalyzeResult(report, recipe)

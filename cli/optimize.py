@@ -1,0 +1,100 @@
+"""``mconv optimize``: run a pass pipeline over a model (:func:`mconv.api.optimize`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from mconv.cli import render
+from mconv.cli.common import (
+    Command,
+    DebugOpt,
+    JsonOpt,
+    QuietOpt,
+    app,
+    make_out,
+)
+from mconv.cli.output import run_command
+
+
+@app.command("optimize", cls=Command)
+def optimize_cmd(
+    model_path: Annotated[
+        Path, typer.Argument(metavar="IN", help="Input model (.onnx or any importable file).")
+    ],
+    output: Annotated[Path, typer.Option("-o", "--output", metavar="FILE", help="Output path (.onnx).")],
+    passes: Annotated[
+        str | None,
+        typer.Option(
+            "--passes", metavar="SPEC", help="Pass spec, e.g. 'fold,dce,prune(sparsity=0.9)' (passes below)."
+        ),
+    ] = None,
+    recipe: Annotated[
+        str | None,
+        typer.Option("--recipe", metavar="NAME|FILE", help="Built-in recipe (below) or a TOML file."),
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option("--data", metavar="FILE", help="Calibration / fine-tuning data (.npz)."),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option("--seed", metavar="INT", help="Seed of every random choice the passes make.")
+    ] = 0,
+    format: Annotated[
+        str | None,
+        typer.Option("--format", metavar="NAME", help="Output format (default: from the extension)."),
+    ] = None,
+    json_: JsonOpt = False,
+    quiet: QuietOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Run a pass pipeline (spec or recipe) over a model."""
+    out = make_out(json_, quiet, debug)
+
+    def body() -> int:
+        import mconv.api as api
+
+        with out.progress(f"optimize {recipe or passes}") as update:
+            result = api.optimize(
+                model_path,
+                passes=passes,
+                recipe=recipe,
+                data=data,
+                seed=seed,
+                output=output,
+                format=format,
+                progress=_reuse(update),
+            )
+        render.render_pass_reports(out, result.reports)
+        if result.account:  # what export will store, predicted before encoding (the paper's Table 4)
+            render.render_byte_account(
+                out, {"account": result.account}, title="weight storage at export (predicted)"
+            )
+        out.print(
+            render.optimize_summary(
+                output,
+                result.weight_bytes_before,
+                result.weight_bytes_after,
+                result.file_bytes_after or 0,
+                result.predicted_bundle_weight_bytes,
+            ),
+            markup=False,
+            soft_wrap=True,
+        )
+        out.emit(result.as_dict())
+        return 0
+
+    run_command(out, body)
+
+
+def _reuse(update):
+    """A progress factory for the API that hands back the display already open."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def factory(title, total=None):
+        update(description=title, total=total, completed=0)
+        yield update
+
+    return factory
