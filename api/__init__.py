@@ -239,7 +239,7 @@ def save(
             from mconv.formats.weights import is_weight_only
 
             if is_weight_only(model):  # tensors only: a weights bundle directory
-                from mconv.weightbundle import export_weights
+                from mconv.targets.weights import export_weights
 
                 bundle = export_weights(model, output, {})
                 return [output / rel for rel in ("manifest.json", *bundle.files)]
@@ -713,7 +713,7 @@ def verify(
         run_feeds,
         verify_outputs,
     )
-    from mconv.weightbundle import verify_weights, weight_pair
+    from mconv.targets.weights import verify_weights, weight_pair
 
     check_samples(samples)
     user_gates = Gates(
@@ -830,7 +830,7 @@ def analyze(
     """``mconv analyze``: prune (and cluster at ``bits``) one layer at a time over ``sweep``,
     measure the metric drop on ``data``; with ``max_drop`` choose per layer, and with ``output``
     write that choice as a recipe (TOML)."""
-    from mconv.analyze import analyze_sensitivity, write_recipe
+    from mconv.passes.analyze import analyze_sensitivity, write_recipe
 
     if output is not None and max_drop is None:
         raise InputError("-o needs --max-drop", hint="e.g. --max-drop 0.01 -o recipe.toml")

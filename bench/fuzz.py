@@ -522,7 +522,7 @@ def _import_cli(fmt: str | None = None):
         "mconv.bundle",
         "mconv.inspect",
         "mconv.container",
-        "mconv.weightbundle",
+        "mconv.targets.weights",
         "h5py",
         "onnxruntime",
         "tflite",

@@ -4,7 +4,7 @@ A weight file (safetensors, ``.npz``, TensorFlow checkpoint) holds named tensors
 mconv imports it as a *weight-only model*: an ``onnx_ir.Model`` whose graph has the tensors as
 initializers, in file order, and no nodes, no inputs and no outputs. It saves as a plain
 ``.onnx`` (every ONNX tool opens it), runs through passes that act on tensors (``cluster`` with
-``tensors="all"``, ``fp16``), and exports as a weights bundle (:mod:`mconv.weightbundle`) or
+``tensors="all"``, ``fp16``), and exports as a weights bundle (:mod:`mconv.targets.weights`) or
 back to a weight file.
 
 Weight-only rules:

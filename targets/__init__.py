@@ -23,7 +23,7 @@ _TARGETS = {
     "cpu": "mconv.targets.cpu",
     "xla": "mconv.targets.xla",
     "metal": "mconv.targets.metal",
-    "weights": "mconv.weightbundle",  # weight-only bundles (export only)
+    "weights": "mconv.targets.weights",  # weight-only bundles (export only)
 }
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from mconv.analyze import analyze_sensitivity, sparkline, write_recipe
+from mconv.passes.analyze import analyze_sensitivity, sparkline, write_recipe
 from mconv.errors import InputError
 from mconv.irio import from_proto
 from onnx import TensorProto, helper, numpy_helper

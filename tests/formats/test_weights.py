@@ -1,5 +1,5 @@
 """Weight files (formats/weights.py safetensors, formats/npz_format.py) as weight-only models, the
-weights bundle (core/weightbundle.py), and the weight-only CLI pipeline (optimize, verify)."""
+weights bundle (targets/weights/), and the weight-only CLI pipeline (optimize, verify)."""
 
 from __future__ import annotations
 
@@ -236,7 +236,7 @@ def test_cli_optimize_to_a_safetensors_path_writes_safetensors(tmp_path: Path) -
 
 def test_weights_bundle_cannot_be_run(tmp_path: Path) -> None:
     from mconv.runtime import open_runner
-    from mconv.weightbundle import export_weights
+    from mconv.targets.weights import export_weights
 
     np.savez(tmp_path / "w.npz", **_tensors())
     export_weights(import_model([tmp_path / "w.npz"]), tmp_path / "b", {})
@@ -257,7 +257,7 @@ def test_lossless_recipe_keeps_every_tensor_of_a_weight_only_model(tmp_path: Pat
 
 
 def test_weight_pair_matches_weight_files_bundles_and_weight_only_onnx_but_not_graphs(tmp_path: Path) -> None:
-    from mconv.weightbundle import export_weights, weight_pair
+    from mconv.targets.weights import export_weights, weight_pair
 
     src = _tensors()
     save_file(src, str(tmp_path / "w.safetensors"))
