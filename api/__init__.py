@@ -8,7 +8,7 @@
     res = mconv.optimize(model, recipe="deep-compression", data="calib.npz", output="c.onnx")
     print(res.predicted_bundle_weight_bytes, res.as_dict()["passes"][0]["name"])
     exp = mconv.export(res.model, "cpu", "bundle/")
-    report = mconv.verify("lenet.onnx", "bundle/", data="test.npz")
+    report = mconv.metrics("lenet.onnx", "bundle/", data="test.npz")
     assert report.passed, report.failures
 
 Each command of the CLI is one call here with the same options (``mconv import`` is
@@ -27,6 +27,7 @@ manager that yields ``update(description=None, completed=None, total=None, info=
 from __future__ import annotations
 
 import builtins
+import contextlib
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -78,11 +79,11 @@ def _progress(progress):
 
 @contextmanager
 def naming_the_file(path: PathLike):
-    """An unsupported-op refusal raised without a file (the executor, a target's lowering) names
-    the model file it came from: every exit-2 line says which file."""
+    """A refusal raised without a file (the executor, a target's lowering, a pass) names the
+    model file it came from: every exit-2 line says which file."""
     try:
         yield
-    except UnsupportedError as exc:
+    except (UnsupportedError, InputError) as exc:
         if exc.path is None:
             exc.path = str(path)
         raise
@@ -94,7 +95,7 @@ def _shapes(input_shapes) -> dict[str, list[int]]:
         return {}
     if isinstance(input_shapes, Mapping):
         return {str(k): [int(d) for d in v] for k, v in input_shapes.items()}
-    from mconv.verify import parse_input_shapes
+    from mconv.metrics import parse_input_shapes
 
     return parse_input_shapes(list(input_shapes))
 
@@ -150,7 +151,7 @@ def _load(paths, format, input_shapes, input_values, example_inputs, options):
 
 def open_model(path: PathLike) -> ir.Model:
     """A model file as the IR: ``.onnx`` read directly, any other format imported."""
-    from mconv.runtime import open_model as _open
+    from mconv.api.runtime import open_model as _open
 
     return _open(path)
 
@@ -260,9 +261,9 @@ def load_data(data, model: ir.Model) -> dict[str, np.ndarray] | None:
         return None
     if isinstance(data, Mapping):
         return {k: np.asarray(v) for k, v in data.items()}
+    from mconv.api.runtime import value_spec
     from mconv.irio import real_inputs
-    from mconv.runtime import value_spec
-    from mconv.verify import load_npz_feeds
+    from mconv.metrics import load_npz_feeds
 
     feeds, labels = load_npz_feeds(data, [value_spec(v) for v in real_inputs(model.graph)])
     if labels is not None:
@@ -332,7 +333,7 @@ def optimize(
     scratch = parent if parent is not None and parent.is_dir() else Path(tempfile.gettempdir())
     written: list[Path] = []
     source = None if isinstance(model, ir.Model) else Path(model)
-    with spilling(scratch):
+    with spilling(scratch), naming_the_file(source) if source else contextlib.nullcontext():
         m, _ = _as_model(model)
         before = model_stats(m)
         ctx = P.PassContext(data=load_data(data, m), seed=seed)
@@ -534,8 +535,8 @@ def open(path: PathLike, target: str | None = None, input_shapes=None):  # noqa:
     """A runner (``inputs``, ``outputs``, ``run(feeds) -> dict``) for a bundle (on its own
     target) or a model file (the reference executor, or ``target``). ``input_shapes`` fixes a
     model's symbolic dims, and is checked against a bundle's inputs."""
+    from mconv.api.runtime import open_runner
     from mconv.bundle import is_bundle
-    from mconv.runtime import open_runner
 
     p = Path(path)
     shapes = _shapes(input_shapes)
@@ -599,8 +600,8 @@ def run(
     on ``data`` (.npz), or on random inputs drawn as verify draws them (``samples``, ``seed``);
     with ``output`` the outputs go to an .npz (atomically)."""
     from mconv.fileio import atomic_path, require_file
+    from mconv.metrics import check_samples, load_npz_feeds, plan_random_feeds, run_feeds
     from mconv.npzio import read_npy
-    from mconv.verify import check_samples, load_npz_feeds, plan_random_feeds, run_feeds
 
     check_samples(samples)
     if samples is not None and (feeds or data is not None):
@@ -705,7 +706,7 @@ def verify(
     """``mconv verify REF CANDIDATE``: run both (models or bundles) on ``data`` or random inputs
     and gate the metrics; no gate given: the defaults (cosine >= 0.99, top-1 agreement >= 0.99;
     weight files: SNR >= 10 dB per tensor). Returns the result; ``.check()`` raises on failure."""
-    from mconv.verify import (
+    from mconv.metrics import (
         Gates,
         check_samples,
         load_npz_feeds,
@@ -756,7 +757,7 @@ def verify(
     report.batching = batching
     report.gates_source = "user" if user_gates.any() else "default"
     if localize:
-        from mconv.localize import localize as do_localize
+        from mconv.api.localize import localize as do_localize
 
         # The first run's feeds: a drift shows in one batch as well as in all.
         report.localized = do_localize(reference, candidate, feed_list[0], user_gates, shapes)
@@ -780,8 +781,8 @@ class InspectResult:
 def inspect(path: PathLike, *, top: int = 10, input_shapes=None) -> InspectResult:
     """``mconv inspect PATH``: a model file or a bundle (``input_shapes`` fixes a model's
     symbolic dims and is checked against a bundle's inputs)."""
+    from mconv.api.inspection import inspect_model, inspect_path
     from mconv.bundle import is_bundle
-    from mconv.inspect import inspect_model, inspect_path
 
     p = Path(path)
     shapes = _shapes(input_shapes)

@@ -68,8 +68,8 @@ def demo(workdir: Path | None = None, recipe: str | None = None, progress=None) 
     from mconv.api import _progress, open
     from mconv.formats import import_model
     from mconv.irio import model_stats, save_onnx
+    from mconv.metrics import Gates, verify_outputs
     from mconv.targets import get_target
-    from mconv.verify import Gates, verify_outputs
 
     recipe = recipe or DEFAULT_RECIPE
     tmp = None

@@ -517,10 +517,10 @@ def _import_cli(fmt: str | None = None):
 
     for mod in (
         "mconv.irio",
-        "mconv.verify",
-        "mconv.runtime",
+        "mconv.metrics",
+        "mconv.api.runtime",
         "mconv.bundle",
-        "mconv.inspect",
+        "mconv.api.inspection",
         "mconv.container",
         "mconv.targets.weights",
         "h5py",

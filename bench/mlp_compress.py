@@ -66,7 +66,7 @@ def biases_to_half(model) -> list[str]:
 def exported(model, out: Path | None, prefix: str):
     """``model`` exported as a cpu bundle to ``out`` (or a temporary folder removed on exit):
     yields the bundle, a runner over it, and the bytes of its weights.mcw."""
-    from mconv.runtime import open_runner
+    from mconv.api.runtime import open_runner
     from mconv.targets import get_target
 
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
@@ -79,7 +79,7 @@ def main() -> int:
     from mconv import passes as P
     from mconv.api.demo import digits_feeds, fixture_path
     from mconv.irio import load_onnx, model_stats
-    from mconv.runtime import open_runner
+    from mconv.api.runtime import open_runner
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=8)

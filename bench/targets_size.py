@@ -22,7 +22,7 @@ def main() -> None:
     from mconv import passes as P
     from mconv.formats import import_model
     from mconv.irio import model_stats, save_onnx
-    from mconv.runtime import open_model
+    from mconv.api.runtime import open_model
     from mconv.targets import get_target
 
     shared = Path(

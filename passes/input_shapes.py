@@ -97,11 +97,11 @@ def fix_input_shapes(model: ir.Model, shapes: dict[str, list[int]], *, path: str
     """Fix the given input shapes in ``model`` (checked first); returns notes (what changed)."""
     if not shapes:
         return []
+    from mconv.bundle import TensorSpec
     from mconv.irio import real_inputs
-    from mconv.runtime import value_spec
 
     inputs = real_inputs(model.graph)
-    symbols = check_input_shapes([value_spec(v) for v in inputs], shapes, path=path)
+    symbols = check_input_shapes([TensorSpec.from_value(v) for v in inputs], shapes, path=path)
     notes = []
     for value in inputs:
         if value.name in shapes:

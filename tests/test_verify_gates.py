@@ -10,7 +10,7 @@ import onnx
 import pytest
 from mconv.cli.app import app
 from mconv.errors import InputError
-from mconv.verify import Gates, compare, plan_random_feeds
+from mconv.metrics import Gates, compare, plan_random_feeds
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
@@ -147,7 +147,7 @@ def test_localize_names_the_first_shared_value_that_drifts(tmp_path):
 
 
 def test_localize_says_plainly_when_nothing_drifts_or_nothing_is_shared(tmp_path):
-    from mconv.localize import localize
+    from mconv.api.localize import localize
 
     ref = _mlp(tmp_path / "ref.onnx")
     same = _mlp(tmp_path / "same.onnx", hidden="renamed")
@@ -170,7 +170,7 @@ def test_localize_says_plainly_when_nothing_drifts_or_nothing_is_shared(tmp_path
 def test_render_of_an_unnamed_localization_is_its_note(tmp_path):
     from mconv.cli.app import render_verify
     from mconv.cli.output import Out
-    from mconv.verify import VerifyReport
+    from mconv.metrics import VerifyReport
 
     report = VerifyReport(passed=False, outputs={}, gates={"min_cosine": 0.99})
     report.localized = {"node": None, "compared": 0, "note": "no intermediate value could be compared: why"}

@@ -235,7 +235,7 @@ def test_cli_optimize_to_a_safetensors_path_writes_safetensors(tmp_path: Path) -
 
 
 def test_weights_bundle_cannot_be_run(tmp_path: Path) -> None:
-    from mconv.runtime import open_runner
+    from mconv.api.runtime import open_runner
     from mconv.targets.weights import export_weights
 
     np.savez(tmp_path / "w.npz", **_tensors())

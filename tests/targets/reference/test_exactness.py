@@ -225,7 +225,7 @@ def test_localize_finds_the_kernel_where_onnxruntime_leaves_the_reference(tmp_pa
     assert loc["node"] == "frontend" and loc["value"] == "c1", loc
     assert 0 < loc["max_abs"] < 1e-4 and loc["failures"]
     import onnx_ir as ir
-    from mconv.localize import ort_values
+    from mconv.api.localize import ort_values
 
     vals = ort_values(ir.load(str(ref)), feeds)  # every node output, as ORT computes it
     assert set(vals) >= {"xg", "c1", "r1", "y"}
@@ -233,8 +233,8 @@ def test_localize_finds_the_kernel_where_onnxruntime_leaves_the_reference(tmp_pa
 
 
 def test_localize_treats_nans_in_the_same_places_as_equal_and_elsewhere_as_drift(tmp_path):
-    from mconv.localize import localize
-    from mconv.verify import Gates
+    from mconv.api.localize import localize
+    from mconv.metrics import Gates
 
     def net(path, eps):
         g = helper.make_graph(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 from mconv.errors import show
-from mconv.verify import Gates, compare, gate_failures
+from mconv.metrics import Gates, compare, gate_failures
 
 
 def _model_for(path: Path, shapes: dict | None = None):

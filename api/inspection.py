@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from mconv.api.runtime import value_spec
 from mconv.irio import model_stats, real_inputs
-from mconv.runtime import value_spec
 
 
 def _spec_dict(spec) -> dict:
@@ -39,8 +39,8 @@ def inspect_model(model, *, top: int = 10) -> dict:
 
 
 def inspect_path(path: str | Path, *, top: int = 10) -> dict:
+    from mconv.api.runtime import open_model
     from mconv.bundle import is_bundle, load_bundle
-    from mconv.runtime import open_model
 
     p = Path(path)
     if is_bundle(p):
