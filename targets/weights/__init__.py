@@ -14,7 +14,7 @@ Rules:
 2. :func:`weight_set` opens anything that is only tensors: a weights bundle, a safetensors /
    npz / TensorFlow checkpoint file, or an ``.onnx`` weight-only model; it returns ``None`` for
    anything with a graph, so ``mconv verify`` falls back to running models.
-3. :func:`verify_weights` compares tensors by name with the metrics of :mod:`mconv.verify`
+3. :func:`verify_weights` compares tensors by name with the metrics of :mod:`mconv.metrics`
    (max_abs, max_rel, mean_abs, cosine, snr_db), one row per reference tensor; the candidate
    must hold every reference tensor with the same shape; gates apply per tensor.
 4. The ``weights`` target cannot run a bundle (there is nothing to run): ``load`` raises a
@@ -31,7 +31,7 @@ import onnx_ir as ir
 from mconv.bundle import Bundle, is_bundle, load_bundle, provenance_from_model, write_bundle
 from mconv.container import choose_codec
 from mconv.errors import InputError
-from mconv.verify import Gates, VerifyReport, compare, gate_failures
+from mconv.metrics import Gates, VerifyReport, compare, gate_failures
 
 NAME = "weights"
 # Formats whose files hold tensors only (formats/weights.py, npz_format.py, tf_checkpoint.py).
