@@ -23,6 +23,7 @@ _TARGETS = {
     "cpu": "mconv.targets.cpu",
     "xla": "mconv.targets.xla",
     "metal": "mconv.targets.metal",
+    "webgpu": "mconv.targets.webgpu",
     "weights": "mconv.targets.weights",  # weight-only bundles (export only)
 }
 

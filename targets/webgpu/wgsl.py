@@ -1,0 +1,769 @@
+"""WGSL kernel generators: the Metal target's kernels (``mconv.targets.metal.kernels``) written
+as WebGPU compute shaders, one rule per ONNX op type.
+
+A rule ``lower(ctx, node, kernel, act) -> KernelSource`` (or a list, one per output or per chunk)
+writes one complete WGSL module specialized for the node: shapes, strides and padding are
+``const`` values baked in the source, so the shader compiler folds them.
+
+Kernel conventions (the runner and the web page rely on them):
+
+1. Bindings are ``@group(0) @binding(i)``, i = 0..n-1 in the plan's binding order: the values
+   read (``var<storage, read>``) first, the output (``var<storage, read_write>``) last.
+2. Storage type ``T``: the module starts with ``alias T = f32;`` or, for fp16 storage,
+   ``enable f16;`` + ``alias T = f16;`` (:data:`HEADER_F16`); a runner without ``shader-f16``
+   replaces that header with the f32 one (:func:`storage_header`). Every sum and every
+   transcendental is ``f32``.
+3. The entry point is the kernel's name (``L3_conv``), ``@workgroup_size(64)``. The plan's grid
+   ``(GX, GY, GZ)`` is run as ``GX*GY*GZ`` invocations in 1-D or 2-D dispatches of 64-wide
+   workgroups (:func:`dispatch_size`); each invocation recovers its linear index
+   ``id.x + id.y * num_workgroups.x * 64`` and from it ``gx, gy, gz`` (x fastest), returning at
+   once past the end.
+4. No workgroup memory, no barriers: each invocation computes its outputs from storage alone.
+5. A fused activation is a WGSL expression of the f32 ``v`` (:func:`activation_expr`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+from mconv.errors import InputError
+from mconv.targets.metal.kernels import Activation, LowerContext, flit
+from mconv.targets.metal.kernels.conv import _bias_strides, spatial_params
+from mconv.targets.metal.kernels.elementwise import _BINARY as _MSL_BINARY
+from mconv.targets.metal.kernels.elementwise import activation_of, broadcast_strides
+from mconv.targets.metal.kernels.reduction import merged_groups, reduce_axes
+
+WORKGROUP = 64
+MAX_WORKGROUPS = 65535  # WebGPU's guaranteed maxComputeWorkgroupsPerDimension
+MAX_BINDINGS = 8  # WebGPU's guaranteed maxStorageBuffersPerShaderStage
+HEADER_F32 = "alias T = f32;\n"
+HEADER_F16 = "enable f16;\nalias T = f16;\n"
+
+PRELUDE = """
+// x^y for every x: a negative base with an integral exponent as ONNX Pow gives it.
+fn mconv_pow(a: f32, b: f32) -> f32 {
+    if (a >= 0.0f || b != floor(b)) { return pow(a, b); }
+    let r = pow(-a, b);
+    return select(r, -r, (b % 2.0f) != 0.0f);
+}
+
+// erf (Abramowitz and Stegun 7.1.26, |error| < 1.5e-7).
+fn mconv_erf(x: f32) -> f32 {
+    let s = select(1.0f, -1.0f, x < 0.0f);
+    let a = abs(x);
+    let t = 1.0f / (1.0f + 0.3275911f * a);
+    let y = 1.0f - (((((1.061405429f * t - 1.453152027f) * t) + 1.421413741f) * t - 0.284496736f) * t
+                     + 0.254829592f) * t * exp(-a * a);
+    return s * y;
+}
+"""
+LOWEST = "(-3.4028234663852886e+38f)"  # WGSL has no infinity literal: the lowest f32
+HIGHEST = "3.4028234663852886e+38f"
+
+
+def storage_header(source: str, f16: bool) -> str:
+    """The module with the header for the storage the device runs (rule 2)."""
+    if not f16 and source.startswith(HEADER_F16):
+        return HEADER_F32 + source[len(HEADER_F16) :]
+    return source
+
+
+def dispatch_size(grid: list[int] | tuple[int, ...]) -> tuple[int, int, int]:
+    """Workgroups to dispatch for a grid (rule 3)."""
+    total = int(np.prod(grid))
+    groups = max(1, -(-total // WORKGROUP))
+    if groups <= MAX_WORKGROUPS:
+        return (groups, 1, 1)
+    return (MAX_WORKGROUPS, -(-groups // MAX_WORKGROUPS), 1)
+
+
+def activation_expr(act: Activation | None, v: str = "v") -> str:
+    """The WGSL expression of ``act`` applied to the f32 ``v``."""
+    if act is None:
+        return v
+    if act.then is not None:
+        base = Activation(act.kind.split("+")[0], act.params, act.nodes)
+        return activation_expr(act.then, f"({activation_expr(base, v)})")
+    k, p = act.kind, act.params
+    if k == "relu":
+        return f"max({v}, 0.0f)"
+    if k == "clip":
+        lo, hi = p
+        out = v
+        if np.isfinite(lo):
+            out = f"max({out}, {flit(lo)})"
+        if np.isfinite(hi):
+            out = f"min({out}, {flit(hi)})"
+        return out
+    if k == "leaky":
+        return f"select({flit(p[0])} * {v}, {v}, {v} >= 0.0f)"
+    if k == "sigmoid":
+        return f"(1.0f / (1.0f + exp(-{v})))"
+    if k == "tanh":
+        return f"tanh({v})"
+    if k == "gelu":
+        return f"(0.5f * {v} * (1.0f + mconv_erf({v} * 0.70710678118654752f)))"
+    if k == "gelu_tanh":
+        return f"(0.5f * {v} * (1.0f + tanh(0.79788456080286536f * ({v} + 0.044715f * {v} * {v} * {v}))))"
+    if k == "swish":
+        return f"({v} / (1.0f + exp(-{v})))"
+    if k == "hardsigmoid":
+        return f"min(max({flit(p[0])} * {v} + {flit(p[1])}, 0.0f), 1.0f)"
+    if k == "hardswish":
+        return f"({v} * min(max({v} * {flit(1 / 6)} + 0.5f, 0.0f), 1.0f))"
+    if k == "elu":
+        return f"select({flit(p[0])} * (exp({v}) - 1.0f), {v}, {v} >= 0.0f)"
+    if k == "celu":
+        return f"(max({v}, 0.0f) + min(0.0f, {flit(p[0])} * (exp({v} / {flit(p[0])}) - 1.0f)))"
+    if k == "selu":
+        a, g = p
+        return f"select({flit(g * a)} * (exp({v}) - 1.0f), {flit(g)} * {v}, {v} > 0.0f)"
+    if k == "softplus":
+        return f"(max({v}, 0.0f) + log(1.0f + exp(-abs({v}))))"
+    if k == "softsign":
+        return f"({v} / (1.0f + abs({v})))"
+    if k == "mish":
+        return f"({v} * tanh(max({v}, 0.0f) + log(1.0f + exp(-abs({v})))))"
+    simple = {
+        "neg": "(-{v})",
+        "exp": "exp({v})",
+        "log": "log({v})",
+        "sqrt": "sqrt({v})",
+        "abs": "abs({v})",
+        "reciprocal": "(1.0f / {v})",
+        "erf": "mconv_erf({v})",
+        "floor": "floor({v})",
+        "ceil": "ceil({v})",
+        "round": "round({v})",  # WGSL rounds half to even, as ONNX Round does
+        "sin": "sin({v})",
+        "cos": "cos({v})",
+        "identity": "{v}",
+    }
+    if k in simple:
+        return simple[k].format(v=v)
+    raise ValueError(f"unknown activation {k}")
+
+
+@dataclass
+class KernelSource:
+    """A generated kernel: name, WGSL module, the values it reads (binding order), grid."""
+
+    name: str
+    source: str
+    reads: list[ir.Value]
+    grid: tuple[int, int, int]
+    output: ir.Value | None = None  # the value written; None: the node's (fused chain's) output
+    threadgroup: tuple[int, int, int] = (WORKGROUP, 1, 1)
+
+
+def inp(node: ir.Node, i: int) -> ir.Value:
+    """Input ``i`` of ``node`` (the planner has checked that it exists)."""
+    v = node.inputs[i]
+    assert v is not None
+    return v
+
+
+def outp(node: ir.Node, i: int = 0) -> ir.Value:
+    v = node.outputs[i]
+    assert v is not None
+    return v
+
+
+def consts(values: dict[str, int]) -> str:
+    return "".join(f"const {k}: i32 = {int(v)};\n" for k, v in values.items())
+
+
+def module(
+    ctx: LowerContext,
+    kernel: str,
+    reads: list[str],
+    grid: tuple[int, int, int],
+    constants: dict[str, int],
+    body: str,
+    tables: str = "",
+) -> str:
+    """A complete WGSL module: header, prelude, constants, bindings, the entry point (rules 1-3)."""
+    header = HEADER_F16 if ctx.storage == "half" else HEADER_F32
+    binds = [
+        f"@group(0) @binding({i}) var<storage, read> {name}: array<T>;\n" for i, name in enumerate(reads)
+    ]
+    binds.append(f"@group(0) @binding({len(reads)}) var<storage, read_write> Y: array<T>;\n")
+    gx, gy, gz = grid
+    return (
+        header
+        + PRELUDE
+        + "\n"
+        + consts({"GX": gx, "GY": gy, "GZ": gz, **constants})
+        + tables
+        + "".join(binds)
+        + f"""
+@compute @workgroup_size({WORKGROUP})
+fn {kernel}(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {{
+    let lin = id.x + id.y * nwg.x * {WORKGROUP}u;
+    if (lin >= u32(GX * GY * GZ)) {{ return; }}
+    let gx = i32(lin % u32(GX));
+    let gy = i32((lin / u32(GX)) % u32(GY));
+    let gz = i32(lin / u32(GX * GY));
+{body}}}
+"""
+    )
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {ln}\n" if ln.strip() else "\n" for ln in text.strip("\n").splitlines())
+
+
+# op_type -> rule(ctx, node, kernel, act); op_type -> check(ctx, node) -> None or why not
+LOWER: dict[str, Callable] = {}
+CHECKS: dict[str, Callable] = {}
+
+
+def register(*ops: str, check: Callable | None = None) -> Callable[[Callable], Callable]:
+    def deco(fn: Callable) -> Callable:
+        for op in ops:
+            LOWER[op] = fn
+            if check is not None:
+                CHECKS[op] = check
+        return fn
+
+    return deco
+
+
+# -- convolution and fully connected ------------------------------------------------------
+
+
+@register("Conv")
+def lower_conv(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, w = inp(node, 0), inp(node, 1)
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(outp(node))
+    (ih, iw), (oh, ow), (kh, kw), (sh, sw), (dh, dw), (ph, pw) = spatial_params(node, xs, ys, ws[2:])
+    group = node.attributes.get_int("group", 1)
+    n, c, oc = xs[0], xs[1], ys[1]
+    reads, names = [x, w], ["X", "W"]
+    if b is not None:
+        reads.append(b)
+        names.append("B")
+    seed = "f32(B[oc])" if b is not None else "0.0f"
+    body = f"""
+let ow = gx; let oh = gy; let oc = gz % OC; let n = gz / OC;
+let c0 = (oc / OCG) * ICG;
+var acc: f32 = {seed};
+for (var ic: i32 = 0; ic < ICG; ic++) {{
+    let xb = ((n * IC + c0 + ic) * IH) * IW;
+    let wb = ((oc * ICG + ic) * KH) * KW;
+    for (var kh: i32 = 0; kh < KH; kh++) {{
+        let ih = oh * SH - PH + kh * DH;
+        if (ih < 0 || ih >= IH) {{ continue; }}
+        for (var kw: i32 = 0; kw < KW; kw++) {{
+            let iw = ow * SW - PW + kw * DW;
+            if (iw < 0 || iw >= IW) {{ continue; }}
+            acc += f32(X[xb + ih * IW + iw]) * f32(W[wb + kh * KW + kw]);
+        }}
+    }}
+}}
+let v = acc;
+Y[((n * OC + oc) * OH + oh) * OW + ow] = T({activation_expr(act)});
+"""
+    grid = (ow, oh, n * oc)
+    cs = dict(IC=c, IH=ih, IW=iw, OC=oc, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, DH=dh, DW=dw, PH=ph, PW=pw)
+    cs.update(ICG=c // group, OCG=oc // group)
+    return KernelSource(kernel, module(ctx, kernel, names, grid, cs, _indent(body)), reads, grid)
+
+
+@register("Gemm", "MatMul")
+def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    a, b = inp(node, 0), inp(node, 1)
+    as_, bs = ctx.shape(a), ctx.shape(b)
+    if node.op_type == "MatMul":
+        if len(bs) != 2 or len(as_) < 2:
+            return _lower_batched_matmul(ctx, node, kernel, act)
+        ta, tb, alpha, beta, c = 0, 0, 1.0, 0.0, None
+        m, k = int(np.prod(as_[:-1])), as_[-1]
+    else:
+        ta = node.attributes.get_int("transA", 0)
+        tb = node.attributes.get_int("transB", 0)
+        alpha = node.attributes.get_float("alpha", 1.0)
+        beta = node.attributes.get_float("beta", 1.0)
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        m, k = (as_[1], as_[0]) if ta else (as_[0], as_[1])
+    n = bs[0] if tb else bs[1]
+    a_index = "kk * M + row" if ta else "row * K + kk"
+    b_index = "col * K + kk" if tb else "kk * N + col"
+    reads, names = [a, b], ["A", "B"]
+    bias = ""
+    if c is not None and beta != 0.0:
+        sr, sc = _bias_strides(ctx.shape(c), m, n)
+        reads.append(c)
+        names.append("C")
+        bias = f" + {flit(beta)} * f32(C[row * {sr} + col * {sc}])"
+    scale = "" if alpha == 1.0 else f"{flit(alpha)} * "
+    body = f"""
+let col = gx; let row = gy;
+var acc: f32 = 0.0f;
+for (var kk: i32 = 0; kk < K; kk++) {{
+    acc += f32(A[{a_index}]) * f32(B[{b_index}]);
+}}
+let v = {scale}acc{bias};
+Y[row * N + col] = T({activation_expr(act)});
+"""
+    grid = (n, m, 1)
+    return KernelSource(
+        kernel, module(ctx, kernel, names, grid, dict(M=m, N=n, K=k), _indent(body)), reads, grid
+    )
+
+
+def offsets(out_shape: list[int], operands: list[tuple[str, list[int]]], flat: str = "gx") -> str:
+    """WGSL statements setting ``i_<name>`` for each operand from the flat output index."""
+    lines = [f"var r: i32 = {flat};"] + [f"var i_{name}: i32 = 0;" for name, _ in operands]
+    for axis in reversed(range(len(out_shape))):
+        dim = out_shape[axis]
+        if all(strides[axis] == 0 for _, strides in operands) or dim == 1:
+            lines.append(f"r = r / {dim};")
+            continue
+        adds = " ".join(
+            f"i_{name} += c{axis} * {strides[axis]};" for name, strides in operands if strides[axis]
+        )
+        lines.append(f"{{ let c{axis} = r % {dim}; r = r / {dim}; {adds} }}")
+    return "\n".join(lines) + "\n"
+
+
+def _lower_batched_matmul(
+    ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None
+) -> KernelSource:
+    a, b = inp(node, 0), inp(node, 1)
+    as_, bs = ctx.shape(a), ctx.shape(b)
+    a2 = [1, *as_] if len(as_) == 1 else as_
+    b2 = [*bs, 1] if len(bs) == 1 else bs
+    m, k, n = a2[-2], a2[-1], b2[-1]
+    batch = list(np.broadcast_shapes(tuple(a2[:-2]), tuple(b2[:-2])))
+    count = int(np.prod(batch)) if batch else 1
+    sa = [s * m * k for s in broadcast_strides(a2[:-2], batch)]
+    sb = [s * k * n for s in broadcast_strides(b2[:-2], batch)]
+    body = (
+        "let col = gx; let row = gy;\n"
+        + offsets(batch, [("a", sa), ("b", sb)], "gz")
+        + f"""var acc: f32 = 0.0f;
+for (var kk: i32 = 0; kk < K; kk++) {{
+    acc += f32(A[i_a + row * K + kk]) * f32(B[i_b + kk * N + col]);
+}}
+let v = acc;
+Y[(gz * M + row) * N + col] = T({activation_expr(act)});
+"""
+    )
+    grid = (n, m, count)
+    return KernelSource(
+        kernel, module(ctx, kernel, ["A", "B"], grid, dict(M=m, N=n, K=k), _indent(body)), [a, b], grid
+    )
+
+
+# -- pooling ------------------------------------------------------------------------------
+
+
+@register("MaxPool", "AveragePool")
+def lower_pool(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, y = inp(node, 0), outp(node)
+    if len(node.outputs) > 1 and node.outputs[1] is not None and node.outputs[1].uses():
+        raise InputError(
+            "MaxPool indices output", where=f"node '{node.name}'", hint="not supported by webgpu"
+        )
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    kshape = list(node.attributes.get_ints("kernel_shape"))
+    (ih, iw), (oh, ow), (kh, kw), (sh, sw), (dh, dw), (ph, pw) = spatial_params(node, xs, ys, kshape)
+    rank = len(xs) - 2
+    pads = list(node.attributes.get_ints("pads", [0] * (2 * rank)))
+    pe = pads[rank:]
+    peh, pew = ([0, *pe] if rank == 1 else pe) if pe else (0, 0)
+    n, c = xs[0], xs[1]
+    is_max = node.op_type == "MaxPool"
+    if is_max:
+        init, step, final = f"var acc: f32 = {LOWEST}; var taps: i32 = 0;", "acc = max(acc, t);", "acc"
+    else:
+        init, step, final = "var acc: f32 = 0.0f; var taps: i32 = 0;", "acc += t; taps++;", "acc / f32(taps)"
+    if not is_max and node.attributes.get_int("count_include_pad"):
+        final = (
+            "acc / f32((min(oh * SH - PH + (KH - 1) * DH, IH + PEH - 1) - (oh * SH - PH)) / DH + 1)"
+            " / f32((min(ow * SW - PW + (KW - 1) * DW, IW + PEW - 1) - (ow * SW - PW)) / DW + 1)"
+        )
+    body = f"""
+let ow = gx; let oh = gy; let nc = gz;
+let xb = nc * IH * IW;
+{init}
+for (var kh: i32 = 0; kh < KH; kh++) {{
+    let ih = oh * SH - PH + kh * DH;
+    if (ih < 0 || ih >= IH) {{ continue; }}
+    for (var kw: i32 = 0; kw < KW; kw++) {{
+        let iw = ow * SW - PW + kw * DW;
+        if (iw < 0 || iw >= IW) {{ continue; }}
+        let t = f32(X[xb + ih * IW + iw]);
+        {step}
+    }}
+}}
+let v = {final};
+Y[(nc * OH + oh) * OW + ow] = T({activation_expr(act)});
+"""
+    grid = (ow, oh, n * c)
+    cs = dict(
+        IH=ih, IW=iw, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, DH=dh, DW=dw, PH=ph, PW=pw, PEH=peh, PEW=pew
+    )
+    return KernelSource(kernel, module(ctx, kernel, ["X"], grid, cs, _indent(body)), [x], grid)
+
+
+@register("GlobalMaxPool", "GlobalAveragePool")
+def lower_global_pool(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    n, c, hw = xs[0], xs[1], int(np.prod(xs[2:]))
+    is_max = node.op_type == "GlobalMaxPool"
+    body = f"""
+let xb = gx * HW;
+var acc: f32 = {LOWEST if is_max else "0.0f"};
+for (var i: i32 = 0; i < HW; i++) {{
+    {"acc = max(acc, f32(X[xb + i]));" if is_max else "acc += f32(X[xb + i]);"}
+}}
+let v = {"acc" if is_max else "acc / f32(HW)"};
+Y[gx] = T({activation_expr(act)});
+"""
+    grid = (n * c, 1, 1)
+    return KernelSource(kernel, module(ctx, kernel, ["X"], grid, dict(HW=hw), _indent(body)), [x], grid)
+
+
+# -- elementwise --------------------------------------------------------------------------
+
+_BINARY = {**_MSL_BINARY, "PRelu": "select(a * b, a, a >= 0.0f)"}
+
+
+def _check_binary(ctx: LowerContext, node: ir.Node) -> str | None:
+    if len(node.inputs) != 2 or any(v is None for v in node.inputs):
+        return f"{len(node.inputs)} inputs (the webgpu target lowers 2)"
+    return None
+
+
+@register("Add", "Sum", "Sub", "Mul", "Div", "Max", "Min", "Mean", "Pow", "PRelu", check=_check_binary)
+def lower_binary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    a, b, y = inp(node, 0), inp(node, 1), outp(node)
+    ys = ctx.shape(y)
+    count = int(np.prod(ys)) if ys else 1
+    sa, sb = broadcast_strides(ctx.shape(a), ys), broadcast_strides(ctx.shape(b), ys)
+    expr = _BINARY[node.op_type]
+    if node.op_type == "Pow":
+        e = LowerContext.const(inp(node, 1))
+        if e is not None and e.size == 1:
+            special = {
+                1.0: "a",
+                2.0: "a * a",
+                3.0: "a * a * a",
+                0.5: "sqrt(a)",
+                -1.0: "1.0f / a",
+                0.0: "1.0f",
+            }
+            expr = special.get(float(e.reshape(())), expr)
+    body = (
+        offsets(ys, [("a", sa), ("b", sb)])
+        + f"""let a = f32(A[i_a]); let b = f32(B[i_b]);
+let v = {expr};
+Y[gx] = T({activation_expr(act)});
+"""
+    )
+    grid = (count, 1, 1)
+    return KernelSource(kernel, module(ctx, kernel, ["A", "B"], grid, {}, _indent(body)), [a, b], grid)
+
+
+_UNARY = (
+    "Relu Clip LeakyRelu Sigmoid Tanh Gelu HardSigmoid HardSwish Elu Celu Selu Softplus Softsign Mish Neg Exp "
+    "Log Sqrt Abs Reciprocal Erf Floor Ceil Round Sin Cos"
+).split()
+
+
+def _check_unary(ctx: LowerContext, node: ir.Node) -> str | None:
+    return None if activation_of(ctx, node) is not None else "bounds that are not constant scalars"
+
+
+@register(*_UNARY, check=_check_unary)
+def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = inp(node, 0)
+    count = int(np.prod(ctx.shape(x)))
+    own = activation_of(ctx, node)
+    assert own is not None
+    body = f"let v = f32(X[gx]);\nY[gx] = T({activation_expr(own)});\n"
+    grid = (count, 1, 1)
+    return KernelSource(kernel, module(ctx, kernel, ["X"], grid, {}, _indent(body)), [x], grid)
+
+
+@register("BatchNormalization")
+def lower_batchnorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    count = int(np.prod(xs))
+    c = xs[1] if len(xs) > 1 else 1
+    inner = int(np.prod(xs[2:])) if len(xs) > 2 else 1
+    eps = node.attributes.get_float("epsilon", 1e-5)
+    body = f"""
+let c = (gx / INNER) % C;
+let v = (f32(X[gx]) - f32(M[c])) * inverseSqrt(f32(V[c]) + {flit(eps)}) * f32(S[c]) + f32(B[c]);
+Y[gx] = T({activation_expr(act)});
+"""
+    grid = (count, 1, 1)
+    src = module(ctx, kernel, ["X", "S", "B", "M", "V"], grid, dict(C=c, INNER=inner), _indent(body))
+    return KernelSource(kernel, src, [inp(node, i) for i in range(5)], grid)
+
+
+# -- normalization ------------------------------------------------------------------------
+
+
+@register("Softmax", "LogSoftmax")
+def lower_softmax(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    axis = node.attributes.get_int("axis", -1 if ctx.opset >= 13 else 1)
+    axis = axis + len(xs) if axis < 0 else axis
+    outer = int(np.prod(xs[:axis]))
+    if ctx.opset >= 13:
+        size, inner = xs[axis], int(np.prod(xs[axis + 1 :]))
+    else:
+        size, inner = int(np.prod(xs[axis:])), 1
+    store = "t - mx - log(sum)" if node.op_type == "LogSoftmax" else "exp(t - mx) / sum"
+    body = f"""
+let o = gx / INNER; let ii = gx % INNER;
+let base = o * SIZE * INNER + ii;
+var mx: f32 = {LOWEST};
+for (var j: i32 = 0; j < SIZE; j++) {{ mx = max(mx, f32(X[base + j * INNER])); }}
+var sum: f32 = 0.0f;
+for (var j: i32 = 0; j < SIZE; j++) {{ sum += exp(f32(X[base + j * INNER]) - mx); }}
+for (var j: i32 = 0; j < SIZE; j++) {{
+    let t = f32(X[base + j * INNER]);
+    Y[base + j * INNER] = T({store});
+}}
+"""
+    grid = (outer * inner, 1, 1)
+    return KernelSource(
+        kernel, module(ctx, kernel, ["X"], grid, dict(SIZE=size, INNER=inner), _indent(body)), [x], grid
+    )
+
+
+@register("LRN")
+def lower_lrn(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    count, c, inner = int(np.prod(xs)), xs[1], int(np.prod(xs[2:]))
+    size = node.attributes.get_int("size")
+    alpha = node.attributes.get_float("alpha", 1e-4)
+    beta = node.attributes.get_float("beta", 0.75)
+    bias = node.attributes.get_float("bias", 1.0)
+    lo, hi = (size - 1) // 2, (size - 1) - (size - 1) // 2
+    body = f"""
+let ch = (gx / INNER) % C;
+let base = gx - ch * INNER;
+var sq: f32 = 0.0f;
+for (var k: i32 = max(0, ch - LO); k <= min(C - 1, ch + HI); k++) {{
+    let t = f32(X[base + k * INNER]);
+    sq += t * t;
+}}
+Y[gx] = T(f32(X[gx]) / pow({flit(bias)} + {flit(alpha / size)} * sq, {flit(beta)}));
+"""
+    grid = (count, 1, 1)
+    src = module(ctx, kernel, ["X"], grid, dict(C=c, INNER=inner, LO=lo, HI=hi), _indent(body))
+    return KernelSource(kernel, src, [x], grid)
+
+
+# -- reductions ---------------------------------------------------------------------------
+
+_FORMS = {
+    "ReduceMean": ("0.0f", "acc += t;", "acc / f32({R})"),
+    "ReduceSum": ("0.0f", "acc += t;", "acc"),
+    "ReduceMax": (LOWEST, "acc = max(acc, t);", "acc"),
+    "ReduceMin": (HIGHEST, "acc = min(acc, t);", "acc"),
+    "ReduceProd": ("1.0f", "acc *= t;", "acc"),
+    "ReduceL1": ("0.0f", "acc += abs(t);", "acc"),
+    "ReduceL2": ("0.0f", "acc += t * t;", "sqrt(acc)"),
+    "ReduceSumSquare": ("0.0f", "acc += t * t;", "acc"),
+    "ReduceLogSum": ("0.0f", "acc += t;", "log(acc)"),
+}
+
+
+def _check_reduce(ctx: LowerContext, node: ir.Node) -> str | None:
+    xs = inp(node, 0).shape
+    if xs is not None and reduce_axes(ctx, node, len(xs)) is None:
+        return "axes not constant"
+    return None
+
+
+@register(*_FORMS, check=_check_reduce)
+def lower_reduce(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    axes = reduce_axes(ctx, node, len(xs))
+    assert axes is not None
+    groups = merged_groups(xs, set(axes))
+    kept = [(size, stride) for size, stride, red in groups if not red]
+    red = [(size, stride) for size, stride, red in groups if red]
+    count = int(np.prod([s for s, _ in kept])) if kept else 1
+    total = int(np.prod([s for s, _ in red])) if red else 1
+    lines = ["var r: i32 = gx;", "var base: i32 = 0;"]
+    for size, stride in reversed(kept):
+        lines.append(f"base += (r % {size}) * {stride}; r = r / {size};")
+    opens, closes, offset = [], [], ["base"]
+    for i, (size, stride) in enumerate(red):
+        opens.append(f"for (var j{i}: i32 = 0; j{i} < {size}; j{i}++) {{")
+        closes.append("}")
+        offset.append(f"j{i} * {stride}")
+    init, step, final = _FORMS[node.op_type]
+    body = (
+        "\n".join(lines)
+        + f"""
+var acc: f32 = {init};
+{" ".join(opens)}
+    let t = f32(X[{" + ".join(offset)}]);
+    {step}
+{" ".join(closes)}
+let v = {final.format(R=total)};
+Y[gx] = T({activation_expr(act)});
+"""
+    )
+    grid = (count, 1, 1)
+    return KernelSource(kernel, module(ctx, kernel, ["X"], grid, {}, _indent(body)), [x], grid)
+
+
+# -- data movement ------------------------------------------------------------------------
+
+
+@register("Concat")
+def lower_concat(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> list[KernelSource]:
+    """One kernel per chunk of up to MAX_BINDINGS - 1 inputs, each writing its part of Y."""
+    y = outp(node)
+    ys = ctx.shape(y)
+    axis = node.attributes.get_int("axis", 0)
+    axis = axis + len(ys) if axis < 0 else axis
+    inner = int(np.prod(ys[axis + 1 :]))
+    outer = int(np.prod(ys[:axis]))
+    inputs = [inp(node, i) for i in range(len(node.inputs))]
+    sizes = [ctx.shape(v)[axis] for v in inputs]
+    starts = [int(s) for s in np.cumsum([0, *sizes[:-1]])]
+    per = MAX_BINDINGS - 1
+    chunks = [list(range(i, min(i + per, len(inputs)))) for i in range(0, len(inputs), per)]
+    out = []
+    for ci, idx in enumerate(chunks):
+        lo, span = starts[idx[0]], sum(sizes[i] for i in idx)
+        branches = []
+        for j, i in enumerate(idx):
+            cond = "if" if j == 0 else "else if"
+            branches.append(
+                f"{cond} (a < {starts[i] - lo + sizes[i]}) {{ v = X{j}[(o * {sizes[i]} + (a - {starts[i] - lo})) * INNER + ii]; }}"
+            )
+        body = f"""
+let ii = gx % INNER; let a = (gx / INNER) % SPAN; let o = gx / (INNER * SPAN);
+var v: T = T(0);
+{chr(10).join(branches)}
+Y[(o * AXIS + a + {lo}) * INNER + ii] = v;
+"""
+        grid = (outer * span * inner, 1, 1)
+        name = kernel if len(chunks) == 1 else f"{kernel}_c{ci}"
+        cs = dict(INNER=inner, SPAN=span, AXIS=ys[axis])
+        src = module(ctx, name, [f"X{j}" for j in range(len(idx))], grid, cs, _indent(body))
+        out.append(KernelSource(name, src, [inputs[i] for i in idx], grid, output=y))
+    return out
+
+
+def _strides(shape: list[int]) -> list[int]:
+    out, step = [0] * len(shape), 1
+    for axis in reversed(range(len(shape))):
+        out[axis] = step
+        step *= shape[axis]
+    return out
+
+
+def strided_copy(
+    ctx: LowerContext,
+    kernel: str,
+    x: ir.Value,
+    out_shape: list[int],
+    strides: list[int],
+    base: int = 0,
+    output: ir.Value | None = None,
+) -> KernelSource:
+    """Y[flat] = X[base + sum(coord_i * strides_i)] over ``out_shape``."""
+    count = int(np.prod(out_shape)) if out_shape else 1
+    body = offsets(out_shape, [("x", strides)]) + f"Y[gx] = X[{base} + i_x];\n"
+    grid = (count, 1, 1)
+    return KernelSource(kernel, module(ctx, kernel, ["X"], grid, {}, _indent(body)), [x], grid, output=output)
+
+
+@register("Transpose")
+def lower_transpose(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, y = inp(node, 0), outp(node)
+    xs = ctx.shape(x)
+    perm = list(node.attributes.get_ints("perm", list(reversed(range(len(xs))))))
+    st = _strides(xs)
+    return strided_copy(ctx, kernel, x, ctx.shape(y), [st[p] for p in perm])
+
+
+def _check_slice(ctx: LowerContext, node: ir.Node) -> str | None:
+    from mconv.targets.metal.kernels.shape import _slice_params
+
+    got = _slice_params(ctx, node)
+    return got if isinstance(got, str) else None
+
+
+@register("Slice", check=_check_slice)
+def lower_slice(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    from mconv.targets.metal.kernels.shape import _slice_params
+
+    x, y = inp(node, 0), outp(node)
+    got = _slice_params(ctx, node)
+    assert not isinstance(got, str)
+    begin, step = got
+    st = _strides(ctx.shape(x))
+    base = sum(b * s for b, s in zip(begin, st))
+    return strided_copy(ctx, kernel, x, ctx.shape(y), [sp * s for sp, s in zip(step, st)], base)
+
+
+@register("Split")
+def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> list[KernelSource]:
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    axis = node.attributes.get_int("axis", 0)
+    axis = axis + len(xs) if axis < 0 else axis
+    st = _strides(xs)
+    out, start = [], 0
+    for i in range(len(node.outputs)):
+        y = outp(node, i)
+        ys = ctx.shape(y)
+        if y.uses() or y.is_graph_output():
+            out.append(strided_copy(ctx, f"{kernel}_o{i}", x, ys, st, start * st[axis], output=y))
+        start += ys[axis]
+    return out
+
+
+@register("Expand")
+def lower_expand(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, y = inp(node, 0), outp(node)
+    return strided_copy(ctx, kernel, x, ctx.shape(y), broadcast_strides(ctx.shape(x), ctx.shape(y)))
+
+
+def _check_gather(ctx: LowerContext, node: ir.Node) -> str | None:
+    return "indices not constant" if LowerContext.const(inp(node, 1)) is None else None
+
+
+@register("Gather", check=_check_gather)
+def lower_gather(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    axis = node.attributes.get_int("axis", 0)
+    axis = axis + len(xs) if axis < 0 else axis
+    indices = LowerContext.const(inp(node, 1))
+    assert indices is not None
+    idx = [int(i) + xs[axis] if int(i) < 0 else int(i) for i in indices.ravel()]
+    inner, n_idx = int(np.prod(xs[axis + 1 :])), len(idx)
+    count = int(np.prod(xs[:axis])) * n_idx * inner
+    table = f"const IDX = array<i32, {n_idx}>({', '.join(map(str, idx))});\n"
+    body = """
+let ii = gx % INNER; let j = (gx / INNER) % NIDX; let o = gx / (INNER * NIDX);
+var idx = IDX;
+Y[gx] = X[(o * AXIS + idx[j]) * INNER + ii];
+"""
+    grid = (count, 1, 1)
+    src = module(ctx, kernel, ["X"], grid, dict(INNER=inner, NIDX=n_idx, AXIS=xs[axis]), _indent(body), table)
+    return KernelSource(kernel, src, [x], grid)
