@@ -306,8 +306,12 @@ def _st_metadata(header: dict, path: Path) -> dict[str, str]:
     return metadata
 
 
-def read_safetensors(path: str | Path) -> tuple[list[tuple[str, np.ndarray]], dict[str, str]]:
-    """Tensors (memory-mapped, file order by offset) and ``__metadata__`` of a safetensors file."""
+def safetensors_layout(
+    path: str | Path,
+) -> tuple[list[tuple[int, int, str, np.dtype, tuple[int, ...]]], int, dict[str, str]]:
+    """Rules 1-3 without touching the data: the tensors as ``(begin, end, name, dtype, shape)``
+    sorted by offset (relative to the data area), the data area's absolute start, and
+    ``__metadata__``. The streaming path (:mod:`mconv.formats.weights_stream`) reads from it."""
     path = Path(path)
     header, data_start, data_len = _st_header(path)
     metadata = _st_metadata(header, path)
@@ -384,6 +388,14 @@ def read_safetensors(path: str | Path) -> tuple[list[tuple[str, np.ndarray]], di
             where=f"byte offset {data_start + covered}",
             hint="the file has trailing bytes or is truncated; re-save it",
         )
+    return specs, data_start, metadata
+
+
+def read_safetensors(path: str | Path) -> tuple[list[tuple[str, np.ndarray]], dict[str, str]]:
+    """Tensors (memory-mapped, file order by offset) and ``__metadata__`` of a safetensors file."""
+    path = Path(path)
+    specs, data_start, metadata = safetensors_layout(path)
+    data_len = path.stat().st_size - data_start
     blob = np.memmap(path, dtype=np.uint8, mode="r") if data_len > 0 else np.zeros(0, np.uint8)
     arrays = []
     for begin, end, name, dtype, shape in sorted(specs, key=lambda s: (s[0], s[2])):

@@ -101,6 +101,7 @@ _PASS_MODULES = (
     "quantize",
     "dynamic_batch",
     "budget",
+    "blockwise",
 )
 
 for _module in _PASS_MODULES:

@@ -1,0 +1,719 @@
+"""Streaming weight-only compression of safetensors checkpoints (one file or sharded).
+
+``compress_checkpoint(src, dest, scheme)`` compresses an LLM-size weight file tensor by tensor
+with bounded memory, writing the output as it goes::
+
+    model-00001-of-00004.safetensors ...  + model.safetensors.index.json   (the input, one model)
+        -> dest/model-00001-of-00004.safetensors ... + dest/model.safetensors.index.json
+
+Rules:
+
+1. Input: a ``.safetensors`` file, a ``*.safetensors.index.json`` (``{"metadata": {...},
+   "weight_map": {tensor: shard}}``) or a directory holding exactly one such index (else
+   exactly one ``.safetensors``). Every shard is validated by
+   :func:`mconv.formats.weights.safetensors_layout` (header bounded and checked against the
+   real size, the tensors tile the data area) before anything is read. A shard name must be a
+   plain file name beside the index (no folder, no ``..``, no link out of the folder); the
+   tensors a shard holds must be exactly those the weight map assigns to it, and no tensor may
+   be in two shards. Anything else is one :class:`mconv.errors.InputError` naming the file.
+2. What is compressed: floating tensors (F16, BF16, F32) of rank >= 2 and at least
+   ``min_elements`` values, viewed as ``[shape[0], prod(shape[1:])]`` (rows = output channels
+   for ``nn.Linear`` / embeddings). Everything else (norms, biases, integer tensors) is copied
+   byte for byte.
+3. Schemes: ``blockwise`` (:mod:`mconv.passes.blockwise`: int4/int8, block 32/64/128,
+   sym/asym, ``rtn`` or ``hqq``) stores ``NAME.qweight`` (U8: codes packed two per byte at 4
+   bits, LSB first; signed codes offset by 2**(bits-1) as ONNX Runtime's ``MatMulNBits``
+   stores them), ``NAME.scales`` (F16 ``[rows, blocks]``) and, asymmetric, ``NAME.zeros`` (U8
+   ``[rows, blocks]``). ``cluster`` (k-means palettes, :mod:`mconv.passes.cluster`: ``bits``
+   1-8, ``groups`` contiguous groups of rows, one palette each) stores ``NAME.indices`` (U8,
+   codes packed LSB first at ``bits`` bits per row) and ``NAME.lut`` (F32 ``[groups,
+   2**bits]``). Exact zeros stay exact (cluster rule 1). ``__metadata__["mconv.stream"]``
+   records, per tensor, the scheme and the original dtype and shape, so :func:`dequantized`
+   rebuilds each tensor.
+4. Memory: a tensor is read in row chunks of at most ``chunk_bytes`` with ``os.preadv`` into
+   private buffers (no memory map, so no page of the input stays in the process), compressed
+   by a pool of ``threads`` workers (numpy releases the GIL), and each chunk's output is
+   written with ``os.pwrite`` at its final offset: every output size follows from the shapes,
+   so each output header is written first. Peak memory is a few chunks, whatever the file size.
+   A palette needs the tensor's value histogram first: each group of rows is read twice
+   (statistics, then codes). Outputs are written atomically (temporaries renamed at the end).
+5. The report: per tensor name, shape, scheme, bits per weight, MSE and SNR (dB) against the
+   input; totals of bytes in and out and the seconds taken.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from mconv.errors import InputError, show
+from mconv.fileio import atomic_path
+from mconv.formats.weights import parse_json, safetensors_layout
+
+STREAM_KEY = "mconv.stream"
+INDEX_SUFFIX = ".safetensors.index.json"
+MAX_INDEX_BYTES = 64 << 20
+_FLOATS = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
+_ST_CODE = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
+
+
+# --- the input ------------------------------------------------------------------------------
+
+
+@dataclass
+class SourceTensor:
+    name: str
+    path: Path
+    offset: int  # absolute byte offset of the data
+    nbytes: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Shard:
+    path: Path
+    tensors: list[SourceTensor]
+    metadata: dict[str, str]
+
+
+def _index_shards(index: Path) -> tuple[list[Path], dict[str, str], dict]:
+    size = index.stat().st_size
+    if size > MAX_INDEX_BYTES:
+        raise InputError(
+            f"index is {size} bytes, more than {MAX_INDEX_BYTES}",
+            path=str(index),
+            hint="a weight map of a few MB is the norm",
+        )
+    doc = parse_json(
+        index.read_bytes(), path=str(index), where="byte offset 0", what="index", hint="re-save it"
+    )
+    wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        raise InputError("index has no 'weight_map' object", path=str(index), hint="re-save the checkpoint")
+    folder = index.parent.resolve()
+    shards: dict[str, Path] = {}
+    for tensor, shard in wmap.items():
+        if not isinstance(shard, str) or not shard or shard in (".", "..") or "/" in shard or "\\" in shard:
+            raise InputError(
+                f"tensor '{show(tensor)}' names shard {show(repr(shard))}, not a file name beside the index",
+                path=str(index),
+                where=f"weight_map entry '{show(tensor)}'",
+                hint="shards must sit in the index's folder",
+            )
+        if shard not in shards:
+            p = folder / shard
+            if not p.is_file() or p.resolve().parent != folder:
+                raise InputError(
+                    f"shard '{show(shard)}' is missing or lies outside the index's folder",
+                    path=str(index),
+                    where=f"weight_map entry '{show(tensor)}'",
+                    hint="put every shard beside the index",
+                )
+            shards[shard] = p
+    assert isinstance(doc, dict)
+    meta: dict = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
+    return list(shards.values()), {str(k): str(v) for k, v in wmap.items()}, meta
+
+
+def open_checkpoint(src: str | os.PathLike) -> tuple[list[Shard], Path | None, dict]:
+    """Rule 1: the shards of a checkpoint (validated), the index path (or None) and its metadata."""
+    src = Path(src)
+    index: Path | None = None
+    if src.is_dir():
+        found = sorted(src.glob(f"*{INDEX_SUFFIX}"))
+        if len(found) == 1:
+            index = found[0]
+        elif not found:
+            files = sorted(src.glob("*.safetensors"))
+            if len(files) != 1:
+                raise InputError(
+                    f"folder holds {len(files)} .safetensors files and no index",
+                    path=str(src),
+                    hint="name the file, or add model.safetensors.index.json",
+                )
+            src = files[0]
+        else:
+            raise InputError(f"folder holds {len(found)} indexes", path=str(src), hint="name one of them")
+    elif src.name.endswith(INDEX_SUFFIX) or src.suffix == ".json":
+        index = src
+    if index is None:
+        specs, start, meta = safetensors_layout(src)
+        tensors = [SourceTensor(n, src, start + b, e - b, d, s) for b, e, n, d, s in specs]
+        return [Shard(src, tensors, meta)], None, {}
+    paths, wmap, imeta = _index_shards(index)
+    shards, seen = [], set()
+    for p in paths:
+        specs, start, meta = safetensors_layout(p)
+        tensors = []
+        for b, e, n, d, s in specs:
+            if wmap.get(n) != p.name:
+                raise InputError(
+                    f"tensor '{show(n)}' is in shard '{show(p.name)}' but the weight map puts it "
+                    + (f"in '{show(wmap[n])}'" if n in wmap else "nowhere"),
+                    path=str(index),
+                    where=f"shard '{show(p.name)}'",
+                    hint="the index does not match the shards; re-save the checkpoint",
+                )
+            seen.add(n)
+            tensors.append(SourceTensor(n, p, start + b, e - b, d, s))
+        shards.append(Shard(p, tensors, meta))
+    missing = [n for n in wmap if n not in seen]
+    if missing:
+        raise InputError(
+            f"{len(missing)} tensors of the weight map are in no shard (first: '{show(missing[0])}')",
+            path=str(index),
+            where=f"weight_map entry '{show(missing[0])}'",
+            hint="a shard is incomplete; re-save the checkpoint",
+        )
+    return shards, index, imeta
+
+
+def _mv(a: np.ndarray) -> memoryview:
+    """A byte view of a contiguous array."""
+    return memoryview(a.data).cast("B")  # type: ignore[arg-type]
+
+
+def _pread(fd: int, buf: np.ndarray, offset: int, path: Path) -> None:
+    view = _mv(buf)
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise InputError(
+                "file shrank while being read",
+                path=str(path),
+                where=f"byte offset {offset + done}",
+                hint="read a stable copy",
+            )
+        done += n
+
+
+# --- schemes --------------------------------------------------------------------------------
+
+
+@dataclass
+class Scheme:
+    """What to do with every compressible tensor (rule 2-3)."""
+
+    kind: str = "blockwise"  # or "cluster"
+    bits: int = 4
+    block: int = 32
+    sym: bool = True
+    method: str = "rtn"  # blockwise: rtn | hqq
+    groups: int = 1  # cluster: palettes per tensor (groups of rows)
+    init: str = "linear"  # cluster
+    min_elements: int = 4096
+
+    def check(self) -> None:
+        if self.kind not in ("blockwise", "cluster"):
+            raise InputError(f"scheme {self.kind!r}", hint="stream blockwise or cluster")
+        if self.kind == "blockwise":
+            if self.bits not in (4, 8):
+                raise InputError(f"bits={self.bits}", where="pass blockwise", hint="use 4 or 8")
+            if self.method not in ("rtn", "hqq"):
+                raise InputError(
+                    f"method={self.method!r} cannot stream",
+                    where="pass blockwise",
+                    hint="use rtn or hqq (gptq needs a graph)",
+                )
+            if self.block < 16 or self.block & (self.block - 1):
+                raise InputError(f"block={self.block}", where="pass blockwise", hint="use 32, 64 or 128")
+        elif not 1 <= self.bits <= 8 or self.groups < 1:
+            raise InputError(
+                f"bits={self.bits} groups={self.groups}", where="pass cluster", hint="bits 1..8, groups >= 1"
+            )
+
+
+def _packed_row(k: int, bits: int) -> int:
+    return (k * bits + 7) // 8
+
+
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Rows of uint8 codes packed LSB first at ``bits`` bits (each row padded to whole bytes)."""
+    if bits == 8:
+        return codes
+    r, k = codes.shape
+    if bits == 4:
+        if k % 2:
+            codes = np.concatenate([codes, np.zeros((r, 1), np.uint8)], axis=1)
+        return codes[:, 0::2] | (codes[:, 1::2] << 4)
+    bitsarr = np.unpackbits(codes[..., None], axis=-1, bitorder="little")[..., :bits].reshape(r, k * bits)
+    return np.packbits(bitsarr, axis=1, bitorder="little")
+
+
+def _unpack(packed: np.ndarray, bits: int, k: int) -> np.ndarray:
+    if bits == 8:
+        return packed[:, :k]
+    r = packed.shape[0]
+    if bits == 4:
+        out = np.empty((r, packed.shape[1] * 2), np.uint8)
+        out[:, 0::2] = packed & 15
+        out[:, 1::2] = packed >> 4
+        return out[:, :k]
+    b = np.unpackbits(packed, axis=1, bitorder="little")[:, : k * bits].reshape(r, k, bits)
+    return np.packbits(b, axis=-1, bitorder="little")[..., 0]
+
+
+@dataclass
+class _Plan:
+    """One output tensor: name, safetensors dtype code, shape, bytes."""
+
+    name: str
+    code: str
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int = 0
+
+
+@dataclass
+class _Job:
+    src: SourceTensor
+    rows: int
+    cols: int
+    outputs: list[_Plan] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+
+def _is_target(t: SourceTensor, scheme: Scheme) -> bool:
+    return t.dtype.name in _FLOATS and len(t.shape) >= 2 and int(np.prod(t.shape)) >= scheme.min_elements
+
+
+def _plan_tensor(t: SourceTensor, scheme: Scheme) -> _Job:
+    if not _is_target(t, scheme):
+        code = _ST_CODE[t.dtype.name]
+        return _Job(t, 0, 0, [_Plan(t.name, code, t.shape, t.nbytes)], {"scheme": "copy"})
+    rows = t.shape[0]
+    cols = int(np.prod(t.shape[1:]))
+    info = {
+        "scheme": scheme.kind,
+        "dtype": _FLOATS[t.dtype.name],
+        "shape": list(t.shape),
+        "bits": scheme.bits,
+    }
+    if scheme.kind == "blockwise":
+        nb = -(-cols // scheme.block)
+        outs = [
+            _Plan(
+                f"{t.name}.qweight",
+                "U8",
+                (rows, _packed_row(cols, scheme.bits)),
+                rows * _packed_row(cols, scheme.bits),
+            ),
+            _Plan(f"{t.name}.scales", "F16", (rows, nb), rows * nb * 2),
+        ]
+        if not scheme.sym:
+            outs.append(_Plan(f"{t.name}.zeros", "U8", (rows, nb), rows * nb))
+        info.update(block=scheme.block, sym=scheme.sym, method=scheme.method)
+    else:
+        g = min(scheme.groups, rows)
+        outs = [
+            _Plan(
+                f"{t.name}.indices",
+                "U8",
+                (rows, _packed_row(cols, scheme.bits)),
+                rows * _packed_row(cols, scheme.bits),
+            ),
+            _Plan(f"{t.name}.lut", "F32", (g, 1 << scheme.bits), g * (4 << scheme.bits)),
+        ]
+        info.update(groups=g, init=scheme.init)
+    return _Job(t, rows, cols, outs, info)
+
+
+def _header(jobs: list[_Job], metadata: dict[str, str]) -> bytes:
+    """The safetensors header of the planned outputs; offsets filled in place."""
+    entries: dict[str, object] = {"__metadata__": metadata}
+    pos = 0
+    for job in jobs:
+        for o in job.outputs:
+            o.offset = pos
+            entries[o.name] = {"dtype": o.code, "shape": list(o.shape), "data_offsets": [pos, pos + o.nbytes]}
+            pos += o.nbytes
+    raw = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+# --- per-chunk work -------------------------------------------------------------------------
+
+
+def _blockwise_chunk(x: np.ndarray, scheme: Scheme) -> tuple:
+    from mconv.passes import blockwise as bw
+
+    if scheme.method == "hqq":
+        qz = bw.quantize_hqq(x, scheme.bits, scheme.block, scheme.sym)
+    else:
+        qz = bw.quantize_rtn(x, scheme.bits, scheme.block, scheme.sym)
+    codes = (
+        qz.q.view(np.uint8)
+        if qz.zero is not None
+        else (qz.q.astype(np.int16) + (1 << (scheme.bits - 1))).astype(np.uint8)
+    )
+    return _pack(codes, scheme.bits), qz.scale.astype(np.float16), qz.zero, qz
+
+
+def _as_float32(raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return raw.view(dtype).astype(np.float32)
+
+
+class _Stats:
+    """Sums for MSE / SNR, accumulated over chunks."""
+
+    def __init__(self) -> None:
+        self.signal = 0.0
+        self.noise = 0.0
+        self.n = 0
+
+    def add(self, x: np.ndarray, approx: np.ndarray) -> None:
+        d = (approx - x).ravel()
+        xf = x.ravel()
+        self.noise += float(np.dot(d, d))
+        self.signal += float(np.dot(xf, xf))
+        self.n += x.size
+
+
+def _code_hist(raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return np.bincount(raw.view(np.uint16).ravel(), minlength=1 << 16)
+
+
+def _palette_for(hist: np.ndarray, dtype: np.dtype, bits: int, init: str) -> tuple[np.ndarray, np.ndarray]:
+    """Centroids (sorted float32 LUT, zero first when the tensor holds zeros) and the code ->
+    index table of a 16-bit float tensor from its histogram of bit patterns."""
+    from mconv.passes.cluster import ValueBins, bin_centroids
+
+    codes = np.arange(1 << 16, dtype=np.uint16)
+    values = codes.view(dtype).astype(np.float64)
+    finite = np.isfinite(values)
+    if hist[~finite].any():
+        raise InputError("weights hold inf or nan", hint="clean the weights before clustering")
+    zero_codes = values == 0
+    zeros = int(hist[zero_codes].sum())
+    occ = np.flatnonzero((hist > 0) & finite & ~zero_codes)
+    k_total = 1 << bits
+    lut = np.zeros(k_total, np.float32)
+    table = np.zeros(1 << 16, np.uint8)
+    if occ.size == 0:
+        return lut, table
+    order = occ[np.argsort(values[occ], kind="stable")]
+    v = values[order]
+    n = hist[order].astype(np.int64)
+    bins = ValueBins(n, v * n, v, v, None, True, np.dtype(np.float64))
+    k = k_total - 1 if zeros else k_total
+    c = bin_centroids(bins, k, init)  # type: ignore[arg-type]
+    c32 = c.astype(np.float32)
+    mids = (c[1:] + c[:-1]) / 2
+    idx = np.searchsorted(mids, values[finite], side="left")
+    base = 1 if zeros else 0
+    t = np.zeros(1 << 16, np.int64)
+    t[finite] = idx + base
+    if zeros:
+        t[zero_codes] = 0
+        lut[1 : 1 + c32.size] = c32
+    else:
+        lut[: c32.size] = c32
+    table[:] = t.astype(np.uint8)
+    return lut, table
+
+
+# --- the driver -----------------------------------------------------------------------------
+
+
+@dataclass
+class StreamReport:
+    files: list[str]
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    tensors: list[dict]
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_in / 1e6 / max(self.seconds, 1e-9)
+
+    def as_dict(self) -> dict:
+        return {
+            "files": self.files,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "seconds": round(self.seconds, 3),
+            "mb_per_s": round(self.mb_per_s, 1),
+            "tensors": self.tensors,
+        }
+
+
+def _row_chunks(
+    job: _Job, chunk_bytes: int, lo: int = 0, hi: int | None = None, align: int = 1
+) -> Iterator[tuple[int, int]]:
+    hi = job.rows if hi is None else hi
+    row_bytes = max(job.cols * job.src.dtype.itemsize, 1)
+    step = max(chunk_bytes // row_bytes // align * align, align)
+    for r0 in range(lo, hi, step):
+        yield r0, min(r0 + step, hi)
+
+
+def _stream_shard(
+    shard: Shard,
+    dest: Path,
+    scheme: Scheme,
+    pool: ThreadPoolExecutor,
+    chunk_bytes: int,
+    stats: list[dict],
+    tick: Callable[[str], None] | None,
+) -> int:
+    jobs = [_plan_tensor(t, scheme) for t in shard.tensors]
+    meta = dict(shard.metadata)
+    meta[STREAM_KEY] = json.dumps(
+        {j.src.name: j.info for j in jobs if j.info["scheme"] != "copy"}, sort_keys=True
+    )
+    meta["producer"] = "mconv"
+    head = _header(jobs, meta)
+    base = len(head)
+    total = base + sum(o.nbytes for j in jobs for o in j.outputs)
+    with atomic_path(dest) as tmp, open(tmp, "wb") as out, open(shard.path, "rb") as src:
+        out.write(head)
+        out.truncate(total)
+        ofd, ifd = out.fileno(), src.fileno()
+
+        def read_rows(job: _Job, r0: int, r1: int) -> np.ndarray:
+            t = job.src
+            row = job.cols * t.dtype.itemsize
+            buf = np.empty((r1 - r0) * row, np.uint8)
+            _pread(ifd, buf, t.offset + r0 * row, t.path)
+            return buf
+
+        for job in jobs:
+            if tick:
+                tick(job.src.name)
+            t = job.src
+            if job.info["scheme"] == "copy":
+                done = 0
+                while done < t.nbytes:
+                    n = min(chunk_bytes, t.nbytes - done)
+                    buf = np.empty(n, np.uint8)
+                    _pread(ifd, buf, t.offset + done, t.path)
+                    os.pwrite(ofd, _mv(buf), base + job.outputs[0].offset + done)
+                    done += n
+                continue
+            st = _Stats()
+            if scheme.kind == "blockwise":
+                qw, sc = job.outputs[0], job.outputs[1]
+                zp = job.outputs[2] if len(job.outputs) > 2 else None
+                prow = _packed_row(job.cols, scheme.bits)
+                nb = sc.shape[1]
+
+                def work(
+                    r0: int, r1: int, job=job, qw=qw, sc=sc, zp=zp, prow=prow, nb=nb
+                ) -> tuple[float, float]:
+                    x = _as_float32(read_rows(job, r0, r1), job.src.dtype).reshape(r1 - r0, job.cols)
+                    packed, scales, zeros, qz = _blockwise_chunk(x, scheme)
+                    os.pwrite(ofd, _mv(np.ascontiguousarray(packed)), base + qw.offset + r0 * prow)
+                    os.pwrite(
+                        ofd,
+                        _mv(np.ascontiguousarray(scales)),
+                        base + sc.offset + r0 * nb * 2,
+                    )
+                    if zp is not None and zeros is not None:
+                        os.pwrite(ofd, _mv(np.ascontiguousarray(zeros)), base + zp.offset + r0 * nb)
+                    s = _Stats()
+                    s.add(x, qz.dequantize())
+                    return s.signal, s.noise
+
+                futures = [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes)]
+            else:
+                futures = _cluster_tensor(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
+            for f in futures:
+                sig, noise = f.result()
+                st.signal += sig
+                st.noise += noise
+            n = job.rows * job.cols
+            bpw = sum(o.nbytes for o in job.outputs) * 8 / n
+            stats.append(
+                {
+                    "name": t.name,
+                    "shape": list(t.shape),
+                    "scheme": scheme.kind,
+                    "bits_per_weight": round(bpw, 4),
+                    "mse": st.noise / n,
+                    "snr_db": 10 * np.log10(st.signal / st.noise) if st.noise > 0 else float("inf"),
+                }
+            )
+        os.fchmod(ofd, 0o644)
+    return total
+
+
+def _cluster_tensor(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base) -> list:
+    """Palettes per group of rows: histogram pass, centroids, code pass (rule 4)."""
+    t = job.src
+    if t.dtype.itemsize != 2:  # float32: through float16 bit patterns would change values
+        return _cluster_f32(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
+    ind, lutp = job.outputs
+    prow = _packed_row(job.cols, scheme.bits)
+    groups = np.array_split(np.arange(job.rows), job.info["groups"])
+    futures = []
+    for g, rows in enumerate(groups):
+        lo, hi = int(rows[0]), int(rows[-1]) + 1
+        hists = list(
+            pool.map(
+                lambda rr: _code_hist(read_rows(job, *rr), t.dtype), _row_chunks(job, chunk_bytes, lo, hi)
+            )
+        )
+        lut, table = _palette_for(np.sum(hists, axis=0), t.dtype, scheme.bits, scheme.init)
+        os.pwrite(ofd, lut.tobytes(), base + lutp.offset + g * lut.nbytes)
+
+        def work(r0: int, r1: int, lut=lut, table=table) -> tuple[float, float]:
+            raw = read_rows(job, r0, r1).view(np.uint16).reshape(r1 - r0, job.cols)
+            codes = table[raw]
+            os.pwrite(
+                ofd,
+                _mv(np.ascontiguousarray(_pack(codes, scheme.bits))),
+                base + ind.offset + r0 * prow,
+            )
+            x = raw.view(t.dtype).astype(np.float32)
+            s = _Stats()
+            s.add(x, lut[codes])
+            return s.signal, s.noise
+
+        futures += [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes, lo, hi)]
+    return futures
+
+
+def _cluster_f32(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base) -> list:
+    """float32 tensors: each group is clustered in memory by :func:`mconv.passes.cluster.cluster_array`
+    (one group of rows at a time; bounded by the group's size)."""
+    from mconv.passes.cluster import cluster_array
+
+    ind, lutp = job.outputs
+    prow = _packed_row(job.cols, scheme.bits)
+    out = []
+    for g, rows in enumerate(np.array_split(np.arange(job.rows), job.info["groups"])):
+        lo, hi = int(rows[0]), int(rows[-1]) + 1
+        x = read_rows(job, lo, hi).view(np.float32).reshape(hi - lo, job.cols)
+        c = cluster_array(x, scheme.bits, scheme.init)  # type: ignore[arg-type]
+        lut = np.zeros(1 << scheme.bits, np.float32)
+        distinct = np.unique(c)
+        lut[: distinct.size] = distinct
+        codes = np.searchsorted(distinct, c).astype(np.uint8)
+        os.pwrite(ofd, lut.tobytes(), base + lutp.offset + g * lut.nbytes)
+        os.pwrite(
+            ofd,
+            _mv(np.ascontiguousarray(_pack(codes, scheme.bits))),
+            base + ind.offset + lo * prow,
+        )
+        s = _Stats()
+        s.add(x, c)
+        done = pool.submit(lambda a=s.signal, b=s.noise: (a, b))
+        out.append(done)
+    return out
+
+
+def compress_checkpoint(
+    src: str | os.PathLike,
+    dest: str | os.PathLike,
+    scheme: Scheme,
+    *,
+    threads: int | None = None,
+    chunk_bytes: int = 16 << 20,
+    tick: Callable[[str], None] | None = None,
+) -> StreamReport:
+    """Compress a checkpoint (rule 1) into ``dest``: a ``.safetensors`` file for a single-file
+    input, a folder of shards plus the index for a sharded one (rules 2-5)."""
+    scheme.check()
+    shards, index, imeta = open_checkpoint(src)
+    dest = Path(dest)
+    t0 = time.perf_counter()
+    stats: list[dict] = []
+    files: list[str] = []
+    bytes_out = 0
+    threads = threads or min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(threads) as pool, ExitStack():
+        if index is None:
+            bytes_out += _stream_shard(shards[0], dest, scheme, pool, chunk_bytes, stats, tick)
+            files.append(str(dest))
+        else:
+            dest.mkdir(parents=True, exist_ok=True)
+            wmap = {}
+            for shard in shards:
+                target = dest / shard.path.name
+                bytes_out += _stream_shard(shard, target, scheme, pool, chunk_bytes, stats, tick)
+                files.append(str(target))
+                for job in (_plan_tensor(t, scheme) for t in shard.tensors):
+                    for o in job.outputs:
+                        wmap[o.name] = shard.path.name
+            doc = {"metadata": {**imeta, "total_size": bytes_out}, "weight_map": wmap}
+            idx = dest / index.name
+            with atomic_path(idx) as tmp:
+                Path(tmp).write_text(json.dumps(doc, indent=2, sort_keys=True))
+                os.chmod(tmp, 0o644)
+            files.append(str(idx))
+    bytes_in = sum(t.nbytes for s in shards for t in s.tensors)
+    return StreamReport(files, bytes_in, bytes_out, time.perf_counter() - t0, stats)
+
+
+def dequantized(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The tensors of a compressed file (rule 3) rebuilt, in their original dtype and shape."""
+    from mconv.formats.weights import read_safetensors
+
+    arrays, meta = read_safetensors(Path(path))
+    byname = dict(arrays)
+    try:
+        info = json.loads(meta.get(STREAM_KEY, "{}"))
+    except json.JSONDecodeError:
+        raise InputError(
+            f"__metadata__ '{STREAM_KEY}' is not JSON", path=str(path), hint="re-compress"
+        ) from None
+    out: dict[str, np.ndarray] = {}
+    parts = {f"{n}.{s}" for n in info for s in ("qweight", "scales", "zeros", "indices", "lut")}
+    for name, arr in arrays:
+        if name not in parts:
+            out[name] = np.array(arr)
+    import ml_dtypes
+
+    for name, d in info.items():
+        shape = tuple(d["shape"])
+        rows, cols = shape[0], int(np.prod(shape[1:]))
+        dtype = (
+            np.dtype(ml_dtypes.bfloat16)
+            if d["dtype"] == "BF16"
+            else np.dtype(d["dtype"].replace("F", "float"))
+        )
+        bits = int(d["bits"])
+        if d["scheme"] == "blockwise":
+            from mconv.passes.blockwise import dequantize
+
+            codes = _unpack(np.asarray(byname[f"{name}.qweight"]), bits, cols)
+            scales = np.asarray(byname[f"{name}.scales"]).astype(np.float32)
+            if d["sym"]:
+                w = dequantize(codes.astype(np.int16) - (1 << (bits - 1)), scales, None, int(d["block"]))
+            else:
+                w = dequantize(codes, scales, np.asarray(byname[f"{name}.zeros"]), int(d["block"]))
+        else:
+            codes = _unpack(np.asarray(byname[f"{name}.indices"]), bits, cols)
+            lut = np.asarray(byname[f"{name}.lut"])
+            w = np.empty((rows, cols), np.float32)
+            for g, r in enumerate(np.array_split(np.arange(rows), lut.shape[0])):
+                w[r] = lut[g][codes[r]]
+        out[name] = w.astype(dtype).reshape(shape)
+    return out
