@@ -4,9 +4,9 @@ Rules:
 
 1. Device: the adapter ``wgpu`` picks with ``power_preference="high-performance"``; none (no
    driver, or ``wgpu`` not installed) is one :class:`~mconv.errors.InputError` line (exit 2)
-   saying so. The device is asked for the adapter's storage-buffer limits when a buffer needs
-   more than the defaults, and for ``shader-f16`` when the plan stores half and the adapter has
-   it; without it the kernels run with f32 storage (:func:`~mconv.targets.webgpu.wgsl.storage_header`).
+   saying so. One device per process, opened with the adapter's storage-buffer limits and
+   ``shader-f16`` where the adapter has it; a plan that stores half runs with f16 storage
+   there, with f32 storage elsewhere (:func:`~mconv.targets.webgpu.wgsl.storage_header`).
 2. Before anything is compiled the plan is checked against the kernels (:func:`check_plan`):
    each layer's module exists, declares its entry point, binds 0..n-1 with only the last
    writable, every binding names a buffer, and the grid covers no more threads than the
@@ -85,37 +85,42 @@ def _quiet_wsi() -> None:
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="mconv-xdg.")
 
 
+_DEVICE: list = []  # one (adapter, device, has_f16) per process: adapters take seconds to open
+
+
 def request_device(label: str, want_f16: bool, max_buffer_bytes: int) -> tuple[Any, Any, bool]:
-    """(adapter, device, f16) per rule 1."""
+    """(adapter, device, f16) per rule 1; the device is opened once per process with the
+    adapter's storage limits and ``shader-f16`` where it has it."""
     try:
         import wgpu  # type: ignore[import-untyped, import-not-found]
     except ImportError:
         raise _no_adapter(label, "the wgpu package is not installed: pip install wgpu") from None
-    _quiet_wsi()
-    try:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-    except Exception as exc:  # noqa: BLE001 - wgpu-native reports a missing driver in many ways
-        raise _no_adapter(
-            label, f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
-        ) from None
-    if adapter is None:
-        raise _no_adapter(label, "wgpu found no Vulkan, Metal or D3D12 device")
-    f16 = want_f16 and "shader-f16" in adapter.features
-    limits = adapter.limits
-    need: dict[str, int] = {}
+    if not _DEVICE:
+        _quiet_wsi()
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        except Exception as exc:  # noqa: BLE001 - wgpu-native reports a missing driver in many ways
+            first = str(exc).splitlines()[0][:120] if str(exc) else ""
+            raise _no_adapter(label, f"{type(exc).__name__}: {first}") from None
+        if adapter is None:
+            raise _no_adapter(label, "wgpu found no Vulkan, Metal or D3D12 device")
+        has_f16 = "shader-f16" in adapter.features
+        keys = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage")
+        device = adapter.request_device_sync(
+            required_features=["shader-f16"] if has_f16 else [],
+            required_limits={k: int(adapter.limits[k]) for k in keys},
+            label="mconv",
+        )
+        _DEVICE.append((adapter, device, has_f16))
+    adapter, device, has_f16 = _DEVICE[0]
     for key in ("max-storage-buffer-binding-size", "max-buffer-size"):
-        if max_buffer_bytes > int(limits[key]):
+        if max_buffer_bytes > int(device.limits[key]):
             raise InputError(
-                f"a buffer of {max_buffer_bytes} bytes exceeds the adapter's {key} ({int(limits[key])})",
+                f"a buffer of {max_buffer_bytes} bytes exceeds the adapter's {key} ({int(device.limits[key])})",
                 path=label,
                 hint="export with a smaller batch, or run on a larger GPU",
             )
-        need[key] = int(limits[key])
-    need["max-storage-buffers-per-shader-stage"] = int(limits["max-storage-buffers-per-shader-stage"])
-    device = adapter.request_device_sync(
-        required_features=["shader-f16"] if f16 else [], required_limits=need, label="mconv"
-    )
-    return adapter, device, f16
+    return adapter, device, want_f16 and has_f16
 
 
 @dataclass
