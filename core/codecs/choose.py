@@ -31,6 +31,10 @@ Rules:
    candidate could be smaller than raw or fp16: the nonzero values alone are at least that
    large, and a prefix of the tensor already holds more than 257 distinct bit patterns (more
    than any palette, sparse or dense, can hold). Skipping never changes the result.
+5. Sparse candidates are sized from one histogram of the gaps (gaps below 256 counted, the
+   few larger ones kept), so the 7 index widths x value codecs x Huffman candidates cost a
+   few thousand operations each, not a pass over every nonzero (a 37.7M-weight fc6 tensor:
+   0.25 s per candidate before, 60 candidates).
 """
 
 from __future__ import annotations
@@ -52,27 +56,79 @@ from mconv.codecs.palette import (
 )
 from mconv.errors import InputError
 
+# Gaps below this are counted in a histogram (index_bits <= 8, so every span fits in it).
+_GAP_SPLIT = 256
+
+# Elements per chunk of TensorStats.of's scan (a few MB of temporaries however large the tensor).
+_STATS_CHUNK = 1 << 22
+
+
+def _add_gap(small: np.ndarray, large: list[np.ndarray], gap: int) -> None:
+    if gap < _GAP_SPLIT:
+        small[gap] += 1
+    else:
+        large.append(np.array([gap], dtype=np.int64))
+
+
 # The model metadata key under which the prune and cluster passes record per-tensor facts.
 COMPRESSION_KEY = "mconv.compression"
 
 
 @dataclass
 class TensorStats:
-    """What sizing needs of one tensor, computed once."""
+    """What sizing needs of one tensor, computed once, chunk by chunk (rules 4, 5)."""
 
     array: np.ndarray
     count: int
-    gaps: np.ndarray  # implied zeros before each nonzero (rule 2 of sparse)
     nonzero_values: np.ndarray
     fp16_exact: bool
+    # counts of the gaps (implied zeros before each nonzero, rule 2 of sparse) below
+    # _GAP_SPLIT, and the larger gaps themselves
+    small_gaps: np.ndarray
+    large_gaps: np.ndarray
     _hist: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, array: np.ndarray) -> TensorStats:
+    def of(cls, array: np.ndarray, fp16: bool | None = None) -> TensorStats:
         flat = np.ascontiguousarray(array).ravel()
-        positions = np.flatnonzero(bit_view(flat) != 0)
-        gaps = np.diff(positions, prepend=-1) - 1
-        return cls(np.asarray(array), flat.size, gaps, flat[positions], fp16_exact(flat))
+        bits = bit_view(flat)
+        small = np.zeros(_GAP_SPLIT, dtype=np.int64)
+        large: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        previous = -1  # position of the last nonzero so far
+        for start in range(0, flat.size, _STATS_CHUNK):
+            part = bits[start : start + _STATS_CHUNK]
+            if np.all(part != 0):  # dense: every gap 0, the values are the chunk itself
+                _add_gap(small, large, start - previous - 1)
+                small[0] += part.size - 1
+                values.append(flat[start : start + _STATS_CHUNK])
+                previous = start + part.size - 1
+                continue
+            positions = np.flatnonzero(part) + start
+            if positions.size == 0:
+                continue
+            gaps = np.diff(positions, prepend=previous) - 1
+            big = gaps >= _GAP_SPLIT
+            small += np.bincount(gaps[~big], minlength=_GAP_SPLIT)
+            if big.any():
+                large.append(gaps[big])
+            values.append(flat[positions])
+            previous = int(positions[-1])
+        nonzeros = sum(v.size for v in values)
+        # a tensor without zeros is its own list of nonzero values (no copy)
+        nonzero_values = flat if nonzeros == flat.size else np.concatenate(values) if values else flat[:0]
+        return cls(
+            np.asarray(array),
+            flat.size,
+            nonzero_values,
+            fp16_exact(flat) if fp16 is None else fp16,
+            small,
+            np.concatenate(large).astype(np.int64) if large else np.zeros(0, dtype=np.int64),
+        )
+
+    @property
+    def nonzeros(self) -> int:
+        return int(self.nonzero_values.size)
 
     def dense_histogram(self) -> tuple[np.ndarray, np.ndarray]:
         """Histogram of every element: the nonzero one plus the all-zero bit pattern, so the
@@ -87,6 +143,21 @@ class TensorStats:
                 book, counts = book[order], counts[order]
             self._hist["dense"] = (book, counts)
         return self._hist["dense"]
+
+    def gap_counts(self, span: int) -> tuple[int, np.ndarray]:
+        """Fillers and the histogram of stored gaps (``gap % span``, fillers counted at
+        ``span - 1``) of a sparse stream with ``span = 2**index_bits`` (rule 5): from the
+        histogram of the gaps, never another pass over them."""
+        key = ("gaps", span)
+        if key not in self._hist:
+            small, large = self.small_gaps, self.large_gaps
+            values = np.arange(small.size)
+            fillers = int((small * (values // span)).sum()) + int((large // span).sum())
+            counts = np.bincount(values % span, weights=small, minlength=span).astype(np.int64)
+            counts += np.bincount(large % span, minlength=span)
+            counts[span - 1] += fillers
+            self._hist[key] = (fillers, counts)
+        return self._hist[key]
 
     def nonzero_histogram(self) -> tuple[np.ndarray, np.ndarray]:
         if "nonzero" not in self._hist:
@@ -160,11 +231,9 @@ def predict(stats: TensorStats, spec: dict) -> int:
     if codec == "sparse":
         index_bits = int(spec.get("index_bits", 4))
         span = 1 << index_bits
-        fillers = int((stats.gaps // span).sum())
-        entries = stats.gaps.size + fillers
+        fillers, gap_counts = stats.gap_counts(span)
+        entries = stats.nonzeros + fillers
         if huffman:
-            gap_counts = np.bincount(stats.gaps % span, minlength=span)
-            gap_counts[span - 1] += fillers
             total = encoded_nbytes(gap_counts)
         else:
             total = packed_nbytes(entries, index_bits)
@@ -265,7 +334,7 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
     if not (grouped or _coded_may_win(flat, fp16, min(size for _, size in out))):
         return out  # rule 4
 
-    stats = TensorStats.of(array)
+    stats = TensorStats.of(array, fp16 if array.dtype.kind == "f" and itemsize > 2 else None)
     coded: list[dict] = []
     b = _width(stats.dense_histogram()[0].size, bits)
     if b is not None:
@@ -281,7 +350,7 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
         coded.append({**sparse, "values": "raw"})
         if fp16:
             coded.append({**sparse, "values": "fp16"})
-        fillers = bool((stats.gaps >= 1 << ib).any())
+        fillers = stats.gap_counts(1 << ib)[0] > 0
         b = _width(nonzero_distinct + fillers, bits)
         if b is not None:
             coded.append({**sparse, "values": "palette", "bits": b})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from mconv.codecs import choose_spec, decode, encode, predict_bytes
 
 
@@ -248,3 +249,34 @@ def test_compression_key_is_defined_once():
         and any(isinstance(t, ast.Name) and t.id == "COMPRESSION_KEY" for t in node.targets)
     ]
     assert defined == ["core/codecs/choose.py"]
+
+
+# --- issue 14 item 4: the account sizes from histograms, chunk by chunk, exactly
+
+
+@pytest.mark.parametrize("chunk", [5, 64, 1 << 22])
+def test_chunked_stats_size_every_candidate_exactly(monkeypatch, chunk):
+    import mconv.codecs.choose as choose
+
+    monkeypatch.setattr(choose, "_STATS_CHUNK", chunk)
+    rng = np.random.default_rng(14)
+    book = np.array([-0.5, 0.25, 0.75, 1.5], dtype=np.float32)
+    dense = book[rng.integers(0, 4, 700)]  # no zeros: every gap 0, dense chunks
+    pruned = dense.copy()
+    pruned[rng.random(700) < 0.9] = 0.0
+    gappy = np.zeros(3000, dtype=np.float32)
+    gappy[[0, 1, 400, 401, 2999]] = [1.5, -0.5, 0.25, 0.25, 0.75]  # gaps of 398 and 2597
+    late = np.zeros(1000, dtype=np.float32)
+    late[-1] = 0.25  # a single entry after a long run of zeros
+    for w in (dense, pruned, gappy, late, np.zeros(50, dtype=np.float32)):
+        for spec, size in choose._specs_and_sizes(w, {}):
+            assert size == len(encode(w, spec)[0]), spec
+        positions = np.flatnonzero(w)
+        gaps = np.diff(positions, prepend=-1) - 1
+        stats = choose.TensorStats.of(w)
+        for span in (4, 16, 256):
+            fillers, counts = stats.gap_counts(span)
+            assert fillers == int((gaps // span).sum())
+            want = np.bincount(gaps % span, minlength=span)
+            want[span - 1] += fillers
+            np.testing.assert_array_equal(counts, want)
