@@ -29,7 +29,7 @@ def export_cmd(
         typer.Option("-o", "--output", metavar="PATH", help="Bundle directory (or file for --format)."),
     ],
     target: Annotated[
-        str, typer.Option("--target", metavar="NAME", help="cpu, xla, metal or weights.")
+        str, typer.Option("--target", metavar="NAME", help="cpu, xla, metal, webgpu or weights.")
     ] = "cpu",
     format: Annotated[
         str | None,
