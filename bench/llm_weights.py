@@ -1,0 +1,259 @@
+"""LLM-size weight files: streaming throughput and peak RSS, and the quantizer comparison.
+
+    python3 bench/llm_weights.py generate [--layers 8] [--out /work/cache/llm/llama-1.6b]
+    python3 bench/llm_weights.py throughput [--src DIR]     # baseline fp16 pass vs blockwise / cluster
+    python3 bench/llm_weights.py compare                    # SNR at equal bits per weight
+
+``generate`` writes Llama-7B-shaped layers (hidden 4096, MLP 11008, 8 layers = 1.62B parameters,
+3.2 GB of fp16, random normal * 0.02) as two shards plus ``model.safetensors.index.json``,
+chunk by chunk (seeded). ``throughput`` runs each job in a fresh subprocess and reads its peak
+RSS from its own ``getrusage(RUSAGE_SELF)``; the baseline is a numpy pass that reads every tensor
+and writes it back as fp16 (same machine, same run), and each scheme's time is given as a ratio
+to it. ``compare`` quantizes the same tensors (one Llama q_proj- and down_proj-shaped weight,
+drawn with a heavy-tailed distribution and correlated activations) with k-means palettes, RTN,
+HQQ and GPTQ and prints weight SNR and output SNR at the bits per weight each costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HIDDEN, MLP = 4096, 11008
+DEFAULT = Path("/work/cache/llm/llama-1.6b")
+
+
+def layer_shapes(layers: int) -> list[tuple[str, tuple[int, ...]]]:
+    out = []
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [
+            (p + "input_layernorm.weight", (HIDDEN,)),
+            (p + "self_attn.q_proj.weight", (HIDDEN, HIDDEN)),
+            (p + "self_attn.k_proj.weight", (HIDDEN, HIDDEN)),
+            (p + "self_attn.v_proj.weight", (HIDDEN, HIDDEN)),
+            (p + "self_attn.o_proj.weight", (HIDDEN, HIDDEN)),
+            (p + "post_attention_layernorm.weight", (HIDDEN,)),
+            (p + "mlp.gate_proj.weight", (MLP, HIDDEN)),
+            (p + "mlp.up_proj.weight", (MLP, HIDDEN)),
+            (p + "mlp.down_proj.weight", (HIDDEN, MLP)),
+        ]
+    return out
+
+
+def _write_shard(path: Path, tensors: list[tuple[str, tuple[int, ...]]], rng: np.random.Generator) -> None:
+    header, pos = {}, 0
+    for name, shape in tensors:
+        n = int(np.prod(shape)) * 2
+        header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [pos, pos + n]}
+        pos += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        for _name, shape in tensors:
+            if len(shape) == 1:
+                f.write(np.ones(shape, np.float16).tobytes())
+                continue
+            rows_per = max(1, (8 << 20) // shape[1])
+            for r in range(0, shape[0], rows_per):
+                block = rng.standard_normal((min(rows_per, shape[0] - r), shape[1]), dtype=np.float32)
+                block *= 0.02
+                f.write(block.astype(np.float16).tobytes())
+    os.replace(tmp, path)
+
+
+def generate(out: Path, layers: int, shards: int = 2, seed: int = 0) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    shapes = layer_shapes(layers)
+    rng = np.random.default_rng(seed)
+    per = -(-len(shapes) // shards)
+    wmap = {}
+    total = 0
+    for s in range(shards):
+        part = shapes[s * per : (s + 1) * per]
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        _write_shard(out / name, part, rng)
+        for t, shape in part:
+            wmap[t] = name
+            total += int(np.prod(shape)) * 2
+        print(f"wrote {name}", flush=True)
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2)
+    )
+    print(f"{sum(int(np.prod(s)) for _, s in shapes) / 1e9:.2f}B parameters, {total / 1e9:.2f} GB in {out}")
+
+
+# --- jobs run in a child ---------------------------------------------------------------------
+
+
+def _baseline(src: Path, dest: Path) -> dict:
+    """Read every tensor and write it back as fp16 (numpy, chunked, one output file per shard)."""
+    from mconv.formats.weights_stream import open_checkpoint
+
+    shards, _, _ = open_checkpoint(src)
+    dest.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    nbytes = 0
+    for shard in shards:
+        with open(shard.path, "rb") as f, open(dest / shard.path.name, "wb") as out:
+            for t in shard.tensors:
+                done = 0
+                while done < t.nbytes:
+                    n = min(16 << 20, t.nbytes - done)
+                    f.seek(t.offset + done)
+                    a = np.frombuffer(f.read(n), dtype=t.dtype)
+                    out.write(a.astype(np.float16).tobytes())
+                    done += n
+                nbytes += t.nbytes
+    return {"seconds": time.perf_counter() - t0, "bytes_in": nbytes}
+
+
+def _scheme(src: Path, dest: Path, spec: dict) -> dict:
+    from mconv.formats.weights_stream import Scheme, compress_checkpoint
+
+    r = compress_checkpoint(src, dest, Scheme(**spec))
+    snrs = [t["snr_db"] for t in r.tensors]
+    return {
+        "seconds": r.seconds,
+        "bytes_in": r.bytes_in,
+        "bytes_out": r.bytes_out,
+        "snr_db_mean": float(np.mean(snrs)),
+        "bits_per_weight": float(np.mean([t["bits_per_weight"] for t in r.tensors])),
+    }
+
+
+def _child(argv: list[str]) -> None:
+    src, dest, spec = Path(argv[0]), Path(argv[1]), json.loads(argv[2])
+    result = _baseline(src, dest) if spec == "baseline" else _scheme(src, dest, spec)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
+    print(json.dumps(result))
+
+
+def throughput(src: Path, scratch: Path) -> None:
+    jobs = {
+        "baseline fp16 rewrite (numpy)": "baseline",
+        "blockwise int4 b32 sym (rtn)": {"kind": "blockwise", "bits": 4, "block": 32},
+        "blockwise int4 b128 asym (rtn)": {"kind": "blockwise", "bits": 4, "block": 128, "sym": False},
+        "cluster(bits=4)": {"kind": "cluster", "bits": 4},
+        "cluster(bits=4, groups=64)": {"kind": "cluster", "bits": 4, "groups": 64},
+    }
+    rows = []
+    base = None
+    for label, spec in jobs.items():
+        dest = scratch / "out"
+        subprocess.run(["rm", "-rf", str(dest)], check=True)
+        p = subprocess.run(
+            [sys.executable, __file__, "_child", str(src), str(dest), json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        r["mb_per_s"] = r["bytes_in"] / 1e6 / r["seconds"]
+        if spec == "baseline":
+            base = r["seconds"]
+        r["time_vs_baseline"] = r["seconds"] / base if base else None
+        rows.append((label, r))
+        print(label, json.dumps(r), flush=True)
+    subprocess.run(["rm", "-rf", str(scratch / "out")], check=True)
+    print("\n| job | s | MB/s in | x baseline time | peak RSS MB | bits/w | SNR dB |")
+    print("|---|---|---|---|---|---|---|")
+    for label, r in rows:
+        print(
+            f"| {label} | {r['seconds']:.1f} | {r['mb_per_s']:.0f} | {r['time_vs_baseline']:.2f} | "
+            f"{r['peak_rss_mb']:.0f} | {r.get('bits_per_weight', 16):.3f} | {r.get('snr_db_mean', float('nan')):.2f} |"
+        )
+
+
+# --- quantizer comparison -------------------------------------------------------------------
+
+
+def compare(seed: int = 0, k: int = 1024, n_out: int = 1024, samples: int = 4096) -> None:
+    """SNR of weights and of outputs (X W^T) at the bits per weight each scheme costs."""
+    from mconv.passes import blockwise as bw
+    from mconv.passes.cluster import cluster_array
+
+    rng = np.random.default_rng(seed)
+    # Heavy-tailed weights (Student t, 5 dof) as trained LLM weights are, and activations with
+    # a few outlier channels and correlations (what GPTQ's Hessian exploits).
+    w = (rng.standard_t(5, size=(n_out, k)) * 0.02).astype(np.float32)
+    mix = np.eye(k) + 0.2 * rng.standard_normal((k, k)) / np.sqrt(k)
+    x = rng.standard_normal((samples, k)) @ mix
+    x[:, rng.choice(k, 8, replace=False)] *= 10.0
+    x = x.astype(np.float32)
+    h = 2.0 * x.T.astype(np.float64) @ x / samples
+    y = x @ w.T
+
+    def snrs(approx: np.ndarray) -> tuple[float, float]:
+        d = approx - w
+        ws = 10 * np.log10(
+            float((w.astype(np.float64) ** 2).sum()) / float((d.astype(np.float64) ** 2).sum())
+        )
+        yd = x @ d.T
+        return ws, 10 * np.log10(
+            float((y.astype(np.float64) ** 2).sum()) / float((yd.astype(np.float64) ** 2).sum())
+        )
+
+    rows = []
+    for bits, block in ((4, 32), (4, 128), (3, 64)):
+        for sym in (True, False):
+            for method in ("rtn", "hqq", "gptq"):
+                t0 = time.perf_counter()
+                q = bw.quantize(w, bits, block, sym, method, h if method == "gptq" else None)
+                dt = time.perf_counter() - t0
+                rows.append(
+                    (
+                        f"int{bits} b{block} {'sym' if sym else 'asym'} {method}",
+                        q.bits_per_weight(),
+                        *snrs(q.dequantize()),
+                        dt,
+                    )
+                )
+    for bits in (3, 4):
+        for groups in (1, 16, n_out):
+            t0 = time.perf_counter()
+            c = cluster_array(w, bits, "optimal", groups=groups)
+            dt = time.perf_counter() - t0
+            bpw = bits + groups * (1 << bits) * 16 / w.size
+            rows.append((f"k-means {bits}-bit, {groups} palette(s)", bpw, *snrs(c), dt))
+    print(
+        f"\nweights [{n_out}, {k}] Student-t(5)*0.02, activations {samples}x{k} correlated, 8 outlier channels"
+    )
+    print("| scheme | bits/weight | weight SNR dB | output SNR dB | s |")
+    print("|---|---|---|---|---|")
+    for name, bpw, ws, ys, dt in sorted(rows, key=lambda r: r[1]):
+        print(f"| {name} | {bpw:.3f} | {ws:.2f} | {ys:.2f} | {dt:.2f} |")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_child":
+        _child(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["generate", "throughput", "compare"])
+    ap.add_argument("--out", type=Path, default=DEFAULT)
+    ap.add_argument("--src", type=Path, default=DEFAULT)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--scratch", type=Path, default=Path("/work/cache/llm/scratch"))
+    a = ap.parse_args()
+    if a.what == "generate":
+        generate(a.out, a.layers)
+    elif a.what == "throughput":
+        a.scratch.mkdir(parents=True, exist_ok=True)
+        throughput(a.src, a.scratch)
+    else:
+        compare()
+
+
+if __name__ == "__main__":
+    main()
