@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnx_ir as ir
@@ -305,10 +305,25 @@ def finetune_model(
         result.notes.append("no trainable weights (Conv/Gemm/MatMul initializers) found")
         return result
 
-    student = Executor(model)
-    student.output_names = [loss_value]  # train on the value the loss reads (pre-softmax logits)
-    for p in params:
-        student.set_initializer(p.name, p.weights)
+    engine = getattr(config, "engine", "reference")
+    device = getattr(config, "device", "cpu")
+    from mconv.targets.xla.engine import check_engine
+
+    check_engine(engine, device)
+    xla = None
+    if engine == "xla":  # the lowered model, jitted training step (targets/xla/engine.py)
+        from mconv.targets.xla.engine import XlaEngine
+
+        xla = XlaEngine(model, [loss_value], device=device)
+        xla.check_trainable([p.name for p in params])
+        for p in params:
+            xla.set_weight(p.name, p.weights)
+        student: Any = xla
+    else:
+        student = Executor(model)
+        student.output_names = [loss_value]  # train on the value the loss reads (pre-softmax logits)
+        for p in params:
+            student.set_initializer(p.name, p.weights)
 
     # Teacher targets: the uncompressed model's values, computed once.
     teacher = None
@@ -324,7 +339,14 @@ def finetune_model(
         if ref is None:
             result.notes.append("no reference model: distilling from the model as it is before fine-tuning")
             ref = model
-        ref_exec = Executor(ref)
+        ref_exec: Any = Executor(ref)
+        if engine == "xla":
+            from mconv.targets.xla.engine import XlaEngine
+
+            ref_out = (
+                loss_value if loss_value in {o.name for nd in ref.graph for o in nd.outputs} else out_name
+            )
+            ref_exec = XlaEngine(ref, [ref_out], device=device)
         ref_names = {v.name for v in ref.graph.outputs} | {o.name for nd in ref.graph for o in nd.outputs}
         if loss_value in ref_names:
             teacher = _run_batched(ref_exec, feeds, [loss_value])[loss_value].astype(np.float64)
@@ -379,19 +401,28 @@ def finetune_model(
     steps_per_epoch = -(-len(train) // config.batch_size)
     total = config.epochs * steps_per_epoch
     done = 0
+    trainer = None if xla is None else _XlaTrainer(xla, params, loss_kind, config)
     for epoch in range(1, config.epochs + 1):
         losses, sizes = [], []
         for b in _batches(len(train), config.batch_size, rng):
             idx = train[b]
             if config.schedule == "cosine":  # decays from lr to 0 over the pass's steps
                 opt.lr = 0.5 * config.lr * (1.0 + np.cos(np.pi * done / total))
-            value, grads = student.value_and_grad({k: v[idx] for k, v in feeds.items()}, loss_fn(idx), wrt)
+            if trainer is not None:
+                target = labels[idx] if loss_kind == "xent" else teacher[idx]
+                value = trainer.step({k: v[idx] for k, v in feeds.items()}, target, opt.lr)
+            else:
+                value, grads = student.value_and_grad(
+                    {k: v[idx] for k, v in feeds.items()}, loss_fn(idx), wrt
+                )
+                opt.step(
+                    {p.name: p.trained for p in params}, {p.name: p.gradient(grads[p.name]) for p in params}
+                )
+                for p in params:
+                    p.commit()
+                    student.set_initializer(p.name, p.weights)
             losses.append(value)
             sizes.append(len(idx))
-            opt.step({p.name: p.trained for p in params}, {p.name: p.gradient(grads[p.name]) for p in params})
-            for p in params:
-                p.commit()
-                student.set_initializer(p.name, p.weights)
             done += 1
             if progress is not None:  # every step: the display decides how often to show it
                 progress(
@@ -402,6 +433,8 @@ def finetune_model(
                 )
         if progress is not None:
             progress(f"epoch {epoch}/{config.epochs}: {metric_name} on held-out samples", done, total)
+        if trainer is not None:
+            trainer.commit()  # the trained arrays back into the Parameters and the engine
         m, _ = metric()
         loss = float(np.average(losses, weights=sizes))
         result.epochs.append(EpochStats(epoch, loss, m, metric_name))
@@ -424,6 +457,70 @@ def finetune_model(
             entry["clusters"] = int(len(p.centroids))
         result.tensors.append(entry)
     return result
+
+
+class _XlaTrainer:
+    """The xla engine's jitted training step over :class:`Parameter` s (engine rule 3)."""
+
+    def __init__(self, engine, params: list[Parameter], loss_kind: str, config) -> None:
+        import jax
+        import jax.numpy as jnp
+        from mconv.targets.xla.engine import TrainedParam
+
+        self.engine, self.params, self.t = engine, params, 0
+        specs = [TrainedParam(p.name, p.mode, tuple(p.weights.shape), p.mask, p.index) for p in params]
+        self.fn = engine.train_step(
+            specs,
+            loss=loss_kind,
+            optimizer=config.optimizer,
+            momentum=float(config.momentum),
+            weight_decay=float(config.weight_decay),
+            temperature=float(config.temperature),
+            margin=float(config.margin),
+        )
+        dev = engine.device
+        self.trained = {p.name: jax.device_put(p.trained.astype(np.float32), dev) for p in params}
+        self.state = {
+            p.name: (jnp.zeros(p.trained.shape, jnp.float32), jnp.zeros(p.trained.shape, jnp.float32))
+            for p in params
+        }
+        self.state = jax.device_put(self.state, dev)
+        aux: dict[str, np.ndarray] = {}
+        for p in params:
+            if p.mode == "masked":
+                aux[p.name + ":mask"] = p.mask
+            elif p.mode == "centroid":
+                aux[p.name + ":flat"] = np.flatnonzero(p.mask).astype(np.int32)
+                aux[p.name + ":index"] = p.index.astype(np.int32)
+        self.aux = jax.device_put(aux, dev)
+        names = set(self.trained)
+        self.frozen = {n: w for n, w in engine.weights.items() if n not in names}
+
+    def step(self, feeds: Mapping[str, np.ndarray], target: np.ndarray, lr: float) -> float:
+        self.t += 1
+        target = target.astype(np.int32) if target.dtype.kind in "iu" else target.astype(np.float32)
+        value, self.trained, self.state = self.fn(
+            self.trained,
+            self.state,
+            self.aux,
+            self.frozen,
+            self.engine._inputs(feeds),
+            target,
+            np.float32(lr),
+            np.float32(self.t),
+        )
+        return float(value)
+
+    def commit(self) -> None:
+        for p in self.params:
+            arr = np.asarray(self.trained[p.name])
+            if p.mode == "centroid":
+                p.centroids = arr.astype(np.float64)
+                p.weights[p.mask] = p.centroids[p.index]
+            else:
+                p.weights[...] = arr
+                p.commit()
+            self.engine.set_weight(p.name, p.weights)
 
 
 @register_pass("finetune")
@@ -458,6 +555,11 @@ class Finetune(Pass):
        ``batch_size`` batches; ``holdout`` of the data (a seeded slice) is never trained on and
        measures accuracy (with labels) or top-1 agreement with the teacher after every epoch.
        Deterministic for a given ``seed`` (default: the pipeline's seed).
+    6. ``engine = "xla"`` runs the same training on the model lowered to jax
+       (:mod:`mconv.targets.xla.engine`): the whole step (weights rebuilt from masks or
+       centroids, loss, gradient, optimizer update, re-zeroing) is one jitted program, on
+       ``device = "cpu"`` or ``"cuda"``. Same batches, same rules; float32 arithmetic
+       throughout (the reference optimizer keeps float64 state), so results agree to rounding.
     """
 
     lossless = False
@@ -478,6 +580,8 @@ class Finetune(Pass):
         freeze: bool = False
         schedule: Literal["constant", "cosine"] = "constant"
         margin: float = 0.0
+        engine: Literal["reference", "xla"] = "reference"
+        device: Literal["cpu", "cuda"] = "cpu"
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         if ctx.data is None:

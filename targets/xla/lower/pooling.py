@@ -76,7 +76,7 @@ def max_pool(inputs, attrs, ctx):
     kernel, strides, dilations, pads, extra = _window(x, attrs)
     padding = [(b, e + x_) for (b, e), x_ in zip(pads, extra)]
     init = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    return (_reduce(x, jnp.array(init, x.dtype), lax.max, kernel, strides, dilations, padding),)
+    return (_reduce(x, np.array(init, x.dtype), lax.max, kernel, strides, dilations, padding),)
 
 
 @lower("AveragePool")
@@ -84,7 +84,7 @@ def average_pool(inputs, attrs, ctx):
     x = inputs[0]
     kernel, strides, dilations, pads, extra = _window(x, attrs)
     padding = [(b, e + x_) for (b, e), x_ in zip(pads, extra)]
-    total = _reduce(x, jnp.array(0, x.dtype), lax.add, kernel, strides, dilations, padding)
+    total = _reduce(x, np.array(0, x.dtype), lax.add, kernel, strides, dilations, padding)
     # Divisor: a window sum over a mask that is 1 on counted cells (computed once, in numpy).
     size = x.shape[2:]
     if not any(b or e for b, e in padding):
