@@ -11,7 +11,11 @@ Export rules:
    the codec chooser would store raw is stored fp16 (the kernels read half anyway).
 3. The bundle holds ``webgpu_plan.json`` (the Metal plan's schema: buffers, layers in dispatch
    order, bindings, grids), ``kernels/<kernel>.wgsl`` (one module per layer) and ``weights.mcw``
-   with every weight buffer the kernels read.
+   with every weight buffer the kernels read, and the web page: ``index.html`` with the ES
+   modules ``mconv_webgpu.js`` (loads the manifest, plan, kernels and weights, runs the model
+   with the browser's WebGPU, one command buffer per inference in plan order, shows outputs and
+   timing) and ``mcw.js`` (the weights.mcw decoder: raw, fp16, palette, sparse, Huffman).
+   Serve the folder over HTTP (``python3 -m http.server``) and open ``index.html``.
 
 Load rules:
 
@@ -39,6 +43,7 @@ from mconv.errors import InputError
 from mconv.irio import real_inputs
 from mconv.targets.metal import _weight_spec
 from mconv.targets.metal.plan import MetalPlan
+from mconv.targets.webgpu.browser import web_payload
 from mconv.targets.webgpu.plan import build_plan, prepare
 from mconv.targets.webgpu.runner import WebGPURunner
 
@@ -90,6 +95,7 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     payload = {PLAN: plan_bytes}
     for layer in plan.layers:
         payload[kernel_path(layer.kernel)] = plan.sources[layer.kernel].encode()
+    payload.update(web_payload())
     return write_bundle(
         out_dir,
         target=NAME,

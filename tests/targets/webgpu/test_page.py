@@ -1,0 +1,263 @@
+"""The webgpu bundle's web page: mcw.js decodes weights.mcw bit for bit as the Python decoder
+does (under node), and index.html runs the model with the browser's WebGPU in headless Chromium
+(SwiftShader's Vulkan), outputs compared with the reference executor, a screenshot in tmp_path.
+
+Every model and container is built here. A page without a WebGPU adapter skips with the exact
+reason the page reports; a missing Chromium or node skips with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from mconv.container import read_container, write_container
+from mconv.errors import InputError
+from mconv.targets import get_target
+from mconv.targets.webgpu import browser
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "metal"))
+sys.path.insert(0, str(Path(__file__).parent))
+from metal_models import agreement, mobilenet_style  # noqa: E402
+
+NODE = shutil.which("node")
+MCW_JS = browser.WEB / "mcw.js"
+
+
+# -- mcw.js against the Python decoder (node) ---------------------------------------------------
+
+
+def _node_decode(path: Path, tmp_path: Path) -> dict:
+    """{name: hex of the decoded elements} or {name: {"error": message}} from mcw.js."""
+    script = tmp_path / "decode.mjs"
+    script.write_text(
+        f"""
+import {{ readFileSync }} from "node:fs";
+import {{ webcrypto }} from "node:crypto";
+globalThis.crypto ??= webcrypto; // node 18 has no global WebCrypto
+import {{ readContainer }} from {json.dumps(MCW_JS.as_uri())};
+const out = {{}};
+let c;
+try {{
+  const b = readFileSync(process.argv[2]);
+  c = readContainer(b.buffer.slice(b.byteOffset, b.byteOffset + b.length), process.argv[2]);
+}} catch (e) {{
+  console.log(JSON.stringify({{"__container__": {{ error: e.message, kind: e.constructor.name }} }}));
+  process.exit(0);
+}}
+for (const name of c.entries.keys()) {{
+  try {{
+    await c.checkSha256(name);
+    out[name] = Buffer.from(c.tensorBytes(name)).toString("hex");
+    out[name + "#f32"] = Buffer.from(c.float32(name).buffer).toString("hex");
+  }} catch (e) {{ out[name] = {{ error: e.message, kind: e.constructor.name }}; }}
+}}
+console.log(JSON.stringify(out));
+"""
+    )
+    got = subprocess.run([NODE, str(script), str(path)], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr[-2000:]
+    return json.loads(got.stdout)
+
+
+def _codec_zoo(seed: int) -> list[tuple[str, np.ndarray, dict]]:
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((7, 5, 3)).astype(np.float32)
+    dense.ravel()[:3] = [0.0, -0.0, 6.5e-8]  # signed zero and a float16 subnormal survive
+    halfable = rng.standard_normal((33,)).astype(np.float16).astype(np.float32)
+    book = (rng.standard_normal(11) * 0.1).astype(np.float32)
+    clustered = rng.choice(book, size=(9, 4, 3)).astype(np.float32)
+    halfbook = rng.choice(book.astype(np.float16).astype(np.float32), size=(10, 6))
+    pruned = clustered.copy()
+    pruned[rng.random(pruned.shape) < 0.8] = 0.0
+    pruned.ravel()[-1] = 0.0
+    very_sparse = np.zeros(600, np.float32)
+    very_sparse[[3, 250, 599]] = [1.5, -2.25, 0.125]  # gaps beyond 2**index_bits: fillers
+    f16_tensor = rng.standard_normal((4, 4)).astype(np.float16)
+    return [
+        ("raw", dense, {"codec": "raw"}),
+        ("raw_f16_dtype", f16_tensor, {"codec": "raw"}),
+        ("fp16", halfable, {"codec": "fp16"}),
+        ("palette4", clustered, {"codec": "palette", "bits": 4}),
+        ("palette_f16book", halfbook, {"codec": "palette"}),
+        ("palette_f32book", clustered, {"codec": "palette", "codebook_dtype": "float32"}),
+        ("palette_groups_huff", clustered, {"codec": "palette", "bits": 5, "groups": 4, "huffman": True}),
+        ("sparse_raw", pruned, {"codec": "sparse", "index_bits": 3, "values": "raw"}),
+        (
+            "sparse_fp16_huff",
+            pruned,
+            {"codec": "sparse", "index_bits": 4, "values": "palette", "huffman": True},
+        ),
+        (
+            "sparse_fillers",
+            very_sparse,
+            {"codec": "sparse", "index_bits": 5, "values": "fp16", "huffman": True},
+        ),
+        ("sparse_palette", pruned, {"codec": "sparse", "index_bits": 2, "values": "palette", "bits": 4}),
+        ("empty", np.zeros((0, 3), np.float32), {"codec": "raw"}),
+    ]
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_mcw_js_decodes_every_codec_bit_for_bit(tmp_path):
+    tensors = _codec_zoo(0)
+    path = tmp_path / "zoo.mcw"
+    write_container(path, tensors)
+    got = _node_decode(path, tmp_path)
+    with read_container(path) as c:
+        for name, array, spec in tensors:
+            assert c.record(name)["codec"] == spec["codec"]
+            want = c.array(name)
+            assert want.dtype == array.dtype and want.tobytes() == np.ascontiguousarray(array).tobytes()
+            assert (
+                got[name] == np.ascontiguousarray(want).astype(want.dtype.newbyteorder("<")).tobytes().hex()
+            ), name
+            as_f32 = np.ascontiguousarray(want, dtype=np.float32)
+            assert got[name + "#f32"] == as_f32.tobytes().hex(), name
+    # one Huffman stream long enough for several sync chunks
+    rng = np.random.default_rng(1)
+    long = rng.choice(np.array([0.5, -0.25, 1.0, 2.0], np.float32), size=20000, p=[0.7, 0.2, 0.05, 0.05])
+    path2 = tmp_path / "long.mcw"
+    write_container(path2, [("long", long, {"codec": "palette", "huffman": True})])
+    got2 = _node_decode(path2, tmp_path)
+    assert got2["long"] == long.tobytes().hex()
+
+
+def _damage(path: Path, out: Path, at: int, data: bytes) -> Path:
+    raw = bytearray(path.read_bytes())
+    raw[at : at + len(data)] = data
+    out.write_bytes(bytes(raw))
+    return out
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_mcw_js_refuses_damaged_containers(tmp_path):
+    rng = np.random.default_rng(2)
+    book = np.array([0.5, -0.25, 1.0, 2.0], np.float32)
+    arr = rng.choice(book, size=5000)
+    path = tmp_path / "w.mcw"
+    info = write_container(path, [("w.conv", arr, {"codec": "palette", "huffman": True})])
+    entry = info.entry("w.conv")
+    # the Huffman payload flipped: the sha256 check names the tensor and the offset
+    bad = _damage(path, tmp_path / "flip.mcw", entry.offset + entry.nbytes - 3, b"\xff\x00\xff")
+    got = _node_decode(bad, tmp_path)["w.conv"]
+    assert got["kind"] == "McwError" and "sha256 mismatch" in got["error"]
+    assert "w.conv" in got["error"] and str(entry.offset) in got["error"] and "flip.mcw" in got["error"]
+    # a header whose index runs past the file
+    short = tmp_path / "short.mcw"
+    short.write_bytes(path.read_bytes()[:40])
+    got = _node_decode(short, tmp_path)["__container__"]
+    assert got["kind"] == "McwError" and "runs past the end" in got["error"] and "short.mcw" in got["error"]
+    # bad magic
+    got = _node_decode(_damage(path, tmp_path / "magic.mcw", 0, b"XXXX"), tmp_path)["__container__"]
+    assert "bad magic" in got["error"]
+    # a record that no longer fits its blob (bits 2 -> 3, same index length): the codec's
+    # bounded reader says so, in Python and in JS alike
+    packed = tmp_path / "packed.mcw"
+    write_container(packed, [("cut", arr, {"codec": "palette", "bits": 2})])
+    raw = packed.read_bytes()
+    assert raw.count(b'"bits":2') == 1
+    cut = tmp_path / "cut.mcw"
+    cut.write_bytes(raw.replace(b'"bits":2', b'"bits":3'))
+    with read_container(cut) as c, pytest.raises(InputError, match="truncated") as exc:
+        c.array("cut")
+    assert "cut.mcw" in exc.value.line()
+    got = _node_decode(cut, tmp_path)["cut"]
+    assert got["kind"] == "McwError" and "truncated" in got["error"] and "'cut'" in got["error"]
+    assert "cut.mcw" in got["error"]
+
+
+# -- the page in headless Chromium ----------------------------------------------------------------
+
+CHROMIUM = browser.find_chromium()
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")
+
+
+def _page(bundle_dir: Path, feeds, tmp_path: Path, tag: str) -> dict:
+    shot = tmp_path / f"page_{tag}.png"
+    result = browser.run_page(bundle_dir, feeds, screenshot=shot, runs=2)
+    if "error" in result and str(result["error"]).startswith("no WebGPU adapter"):
+        pytest.skip(result["error"])  # the page's own words: Chromium has no WebGPU adapter here
+    assert "error" not in result, result["error"]
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
+    assert result["median_ms"] > 0 and result["layers"] >= 1
+    return result
+
+
+def _compare(model, result, feeds, min_cos):
+    ref = get_target("reference").load_model(model).run(feeds)
+    cosines = {}
+    for name, want in ref.items():
+        got = result["outputs"][name]
+        assert got.shape == want.shape, name
+        cosines[name] = agreement(want, got)[2]
+        assert cosines[name] >= min_cos, (name, cosines[name])
+    return cosines
+
+
+@needs_chromium
+def test_page_runs_lenet_in_chromium(tmp_path):
+    from test_webgpu import lenet  # the LeNet-5 of issue 5 (conv, LRN, pools, fused fc activations)
+
+    model = lenet(0)
+    bundle = get_target("webgpu").export(model, tmp_path / "lenet", {})
+    assert {"index.html", "mconv_webgpu.js", "mcw.js"} <= set(bundle.files)
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((1, 1, 28, 28)).astype(np.float32)}
+    result = _page(bundle.root, feeds, tmp_path, "lenet")
+    assert result["storage"] == "f32"
+    assert result["sha256_checked"] == len(bundle.weights)
+    _compare(model, result, feeds, 0.9999)
+
+
+@needs_chromium
+def test_page_runs_pruned_clustered_mobilenet_fp16(tmp_path):
+    """Clustered + pruned weights make export pick palette/sparse codecs (with Huffman where it
+    pays), so the page's decoder runs on them; fp16 storage where the adapter has shader-f16."""
+    model = mobilenet_style(3)
+    rng = np.random.default_rng(6)
+    for init in model.graph.initializers.values():
+        arr = init.const_value.numpy()
+        if arr.dtype == np.float32 and arr.ndim >= 2 and arr.size >= 64:
+            book = np.quantile(arr, np.linspace(0.02, 0.98, 8)).astype(np.float16).astype(np.float32)
+            clustered = book[np.abs(arr.ravel()[:, None] - book[None]).argmin(1)].reshape(arr.shape)
+            clustered[rng.random(arr.shape) < 0.5] = 0.0
+            init.const_value = ir.tensor(clustered.astype(np.float32), name=init.name)
+    feeds = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    for precision, min_cos in (("fp32", 0.9999), ("fp16", 0.999)):
+        bundle = get_target("webgpu").export(model, tmp_path / precision, {"precision": precision})
+        manifest = json.loads((bundle.root / "manifest.json").read_text())
+        codecs = {w["codec"] for w in manifest["weights"]}
+        assert codecs & {"palette", "sparse"}, codecs
+        result = _page(bundle.root, feeds, tmp_path, precision)
+        _compare(model, result, feeds, min_cos)
+        if precision == "fp32":
+            assert result["storage"] == "f32"
+
+
+@needs_chromium
+def test_page_without_feed_uses_seeded_inputs(tmp_path):
+    """No feed: the page draws its inputs from the seeded generator, the same each time."""
+    mlp = Path(__file__).parents[3] / "fixtures" / "digits_mlp.onnx"
+    from mconv.irio import load_onnx
+
+    bundle = get_target("webgpu").export(load_onnx(mlp), tmp_path / "mlp", {})
+    a = _page(bundle.root, None, tmp_path, "mlp_a")
+    b = _page(bundle.root, None, tmp_path, "mlp_b")
+    out = next(iter(a["outputs"]))
+    assert np.array_equal(a["outputs"][out], b["outputs"][out])
+    assert np.all(np.isfinite(a["outputs"][out])) and np.ptp(a["outputs"][out]) > 0
+
+
+def test_run_page_refuses_a_bundle_without_page(tmp_path):
+    (tmp_path / "b").mkdir()
+    with pytest.raises(InputError, match="no index.html") as exc:
+        browser.run_page(tmp_path / "b")
+    assert str(tmp_path / "b") in exc.value.line()
