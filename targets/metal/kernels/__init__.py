@@ -1,4 +1,5 @@
-"""MSL kernel generators: one rule per ONNX op type, op families in files (conv.py, pooling.py, ...).
+"""MSL kernel generators: one rule per ONNX op type, op families in files named as the reference
+executor's (conv.py, pooling.py, activation.py, ...: the same op in the same family everywhere).
 
 A rule ``lower(ctx, node, act) -> Layer`` writes one ``kernel void`` specialized for the node:
 shapes, strides and padding are ``constant`` values baked in the source under the layer's
@@ -29,6 +30,7 @@ __all__ = [
     "CHECKS",
     "FUSIBLE",
     "LOWER",
+    "UNARY_ACTIVATIONS",
     "Activation",
     "KernelSource",
     "LowerContext",
@@ -225,6 +227,22 @@ ACTIVATIONS = (
     "Sin",
     "Cos",
 )
+# the activation family's ops among them (kernels/activation.py); the rest are elementwise math
+UNARY_ACTIVATIONS = (
+    "Relu",
+    "LeakyRelu",
+    "Sigmoid",
+    "Tanh",
+    "Gelu",
+    "HardSigmoid",
+    "HardSwish",
+    "Elu",
+    "Celu",
+    "Selu",
+    "Softplus",
+    "Softsign",
+    "Mish",
+)
 
 
 def register(
@@ -244,8 +262,11 @@ def register(
 
 # One line per family module.
 from mconv.targets.metal.kernels import (  # noqa: E402,F401
+    activation,
     conv,
     elementwise,
+    indexing,
+    matmul,
     normalization,
     pooling,
     reduction,

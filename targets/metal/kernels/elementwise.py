@@ -1,14 +1,14 @@
-"""Elementwise kernels: broadcast Add/Sub/Mul/Div (with a fused activation), unary activations
-and a BatchNormalization that fuse-bn could not fold into a convolution.
+"""Elementwise kernels: broadcast Add/Sub/Mul/Div/Max/Min/Mean/Pow (with a fused activation) and
+the unary math functions (Neg, Exp, Log, Sqrt, Abs, Clip, ...); the activation family
+(:mod:`.activation`) reuses both kernels.
 
 Rules:
 
 1. One thread per output element (Sum of two inputs is Add), grid ``(count, 1, 1)``.
 2. Broadcasting follows numpy: the output index is split into coordinates (dimensions baked)
    and each operand reads at ``sum(coord * stride)`` with stride 0 along broadcast dimensions.
-3. A standalone activation node is the unary kernel with the activation's expression; an
+3. A standalone unary node is the unary kernel with its expression (:func:`activation_of`); an
    activation after Add/Sub/Mul/Div is fused (a ResNet block's Add + Relu is one kernel).
-4. BatchNormalization (inference): ``y = (x - mean[c]) * rsqrt(var[c] + eps) * scale[c] + B[c]``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import numpy as np
 import onnx_ir as ir
 from mconv.targets.metal.kernels import (
     ACTIVATIONS,
+    UNARY_ACTIVATIONS,
     Activation,
     KernelSource,
     LowerContext,
     activation_expr,
-    flit,
     register,
 )
 from mconv.targets.metal.kernels.conv import constants
@@ -49,7 +49,7 @@ def _pow_expr(node: ir.Node, ctx: LowerContext) -> str | None:
     return {1.0: "a", 2.0: "a * a", 3.0: "a * a * a", 0.5: "sqrt(a)", -1.0: "1.0f / a", 0.0: "1.0f"}.get(e)
 
 
-def _check_binary(ctx: LowerContext, node: ir.Node) -> str | None:
+def check_binary(ctx: LowerContext, node: ir.Node) -> str | None:
     if len(node.inputs) != 2 or any(v is None for v in node.inputs):
         return f"{len(node.inputs)} inputs (the metal target lowers 2)"
     return None
@@ -80,9 +80,7 @@ def _offsets(out_shape: list[int], operands: list[tuple[str, list[int]]]) -> str
     return "\n    ".join(lines)
 
 
-@register(
-    "Add", "Sum", "Sub", "Mul", "Div", "Max", "Min", "Mean", "Pow", "PRelu", fusible=True, check=_check_binary
-)
+@register("Add", "Sum", "Sub", "Mul", "Div", "Max", "Min", "Mean", "Pow", fusible=True, check=check_binary)
 def lower_binary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
     ys = ctx.shape(y)
@@ -181,11 +179,11 @@ def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
     return None
 
 
-def _check_unary(ctx: LowerContext, node: ir.Node) -> str | None:
+def check_unary(ctx: LowerContext, node: ir.Node) -> str | None:
     return None if activation_of(ctx, node) is not None else "bounds that are not constant scalars"
 
 
-@register(*ACTIVATIONS, check=_check_unary)
+@register(*(op for op in ACTIVATIONS if op not in UNARY_ACTIVATIONS), check=check_unary)
 def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = node.inputs[0]
     count = int(np.prod(ctx.shape(x)))
@@ -204,28 +202,3 @@ def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
 """
     )
     return KernelSource(kernel, src, [x], (count, 1, 1))
-
-
-@register("BatchNormalization", fusible=True)
-def lower_batchnorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, scale, bias, mean, var = node.inputs[:5]
-    xs = ctx.shape(x)
-    count = int(np.prod(xs))
-    c = xs[1] if len(xs) > 1 else 1
-    inner = int(np.prod(xs[2:])) if len(xs) > 2 else 1
-    eps = node.attributes.get_float("epsilon", 1e-5)
-    P = kernel
-    names = ("X", "S", "B", "M", "V")
-    params = [ctx.buffer_param(i, n) for i, n in enumerate(names)] + [ctx.buffer_param(5, "Y", out=True)]
-    src = (
-        constants(P, dict(COUNT=count, C=c, INNER=inner))
-        + ctx.signature(kernel, params)
-        + f""" {{
-    if (gid.x >= uint({P}_COUNT)) return;
-    const int c = (int(gid.x) / {P}_INNER) % {P}_C;
-    const float v = (float(X[gid.x]) - float(M[c])) * rsqrt(float(V[c]) + {flit(eps)}) * float(S[c]) + float(B[c]);
-    Y[gid.x] = {ctx.storage}({activation_expr(act)});
-}}
-"""
-    )
-    return KernelSource(kernel, src, [x, scale, bias, mean, var], (count, 1, 1))

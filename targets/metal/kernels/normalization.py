@@ -1,12 +1,10 @@
-"""Normalization kernels: Softmax, LogSoftmax, LRN (across channels, as the ONNX spec says) and
-LayerNormalization.
+"""Normalization kernels: BatchNormalization (one that fuse-bn could not fold into a
+convolution), LRN (across channels, as the ONNX spec says) and LayerNormalization.
 
 Rules:
 
-1. Softmax/LogSoftmax: one thread per row (a softmax needs the whole row), grid
-   ``(OUTER*INNER, 1, 1)``; the row's max is subtracted before ``exp``, sums are float. Opset < 13
-   flattens the shape at ``axis`` into 2-D (the row is everything from ``axis`` on); opset >= 13
-   normalizes along ``axis`` alone.
+1. BatchNormalization (inference), one thread per element, with a fused activation:
+   ``y = (x - mean[c]) * rsqrt(var[c] + eps) * scale[c] + B[c]``.
 2. LRN: one thread per element; ``y = x / (bias + alpha / size * sum(x[c']^2))^beta`` over
    ``c' in [c - floor((size-1)/2), c + ceil((size-1)/2)]`` clipped to the channels.
 3. LayerNormalization: one thread per row (everything from ``axis`` on); scale and bias of the
@@ -17,46 +15,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
-from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, flit, register
+from mconv.targets.metal.kernels import (
+    Activation,
+    KernelSource,
+    LowerContext,
+    activation_expr,
+    flit,
+    register,
+)
 from mconv.targets.metal.kernels.conv import constants
-
-
-@register("Softmax", "LogSoftmax")
-def lower_softmax(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x = node.inputs[0]
-    xs = ctx.shape(x)
-    rank = len(xs)
-    axis = node.attributes.get_int("axis", -1 if ctx.opset >= 13 else 1)
-    axis = axis + rank if axis < 0 else axis
-    outer = int(np.prod(xs[:axis]))
-    if ctx.opset >= 13:
-        size, inner = xs[axis], int(np.prod(xs[axis + 1 :]))
-    else:
-        size, inner = int(np.prod(xs[axis:])), 1
-    P = kernel
-    store = (
-        "float(X[base + j * {P}_INNER]) - mx - log(sum)"
-        if node.op_type == "LogSoftmax"
-        else ("exp(float(X[base + j * {P}_INNER]) - mx) / sum")
-    )
-    store = store.format(P=P)
-    params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "Y", out=True)]
-    src = (
-        constants(P, dict(ROWS=outer * inner, SIZE=size, INNER=inner))
-        + ctx.signature(kernel, params)
-        + f""" {{
-    if (gid.x >= uint({P}_ROWS)) return;
-    const int o = int(gid.x) / {P}_INNER, ii = int(gid.x) % {P}_INNER;
-    const int base = o * {P}_SIZE * {P}_INNER + ii;
-    float mx = -INFINITY;
-    for (int j = 0; j < {P}_SIZE; ++j) mx = max(mx, float(X[base + j * {P}_INNER]));
-    float sum = 0.0f;
-    for (int j = 0; j < {P}_SIZE; ++j) sum += exp(float(X[base + j * {P}_INNER]) - mx);
-    for (int j = 0; j < {P}_SIZE; ++j) Y[base + j * {P}_INNER] = {ctx.storage}({store});
-}}
-"""
-    )
-    return KernelSource(kernel, src, [x], (outer * inner, 1, 1))
 
 
 @register("LRN")
@@ -148,3 +115,28 @@ def lower_layernorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activati
 """
     )
     return KernelSource(kernel, src, reads, (rows, 1, 1))
+
+
+@register("BatchNormalization", fusible=True)
+def lower_batchnorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x, scale, bias, mean, var = node.inputs[:5]
+    xs = ctx.shape(x)
+    count = int(np.prod(xs))
+    c = xs[1] if len(xs) > 1 else 1
+    inner = int(np.prod(xs[2:])) if len(xs) > 2 else 1
+    eps = node.attributes.get_float("epsilon", 1e-5)
+    P = kernel
+    names = ("X", "S", "B", "M", "V")
+    params = [ctx.buffer_param(i, n) for i, n in enumerate(names)] + [ctx.buffer_param(5, "Y", out=True)]
+    src = (
+        constants(P, dict(COUNT=count, C=c, INNER=inner))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_COUNT)) return;
+    const int c = (int(gid.x) / {P}_INNER) % {P}_C;
+    const float v = (float(X[gid.x]) - float(M[c])) * rsqrt(float(V[c]) + {flit(eps)}) * float(S[c]) + float(B[c]);
+    Y[gid.x] = {ctx.storage}({activation_expr(act)});
+}}
+"""
+    )
+    return KernelSource(kernel, src, [x, scale, bias, mean, var], (count, 1, 1))

@@ -146,6 +146,9 @@ _FAMILIES = (
     "recurrent",
     "controlflow",
     "sequence",
+    "quantization",
+    "signal",
+    "sampling",
     "misc",
 )
 

@@ -1,4 +1,5 @@
-"""Op family: elementwise arithmetic, math functions, comparisons, logic and casts.
+"""Op family: elementwise arithmetic, math functions, comparisons, logic, bitwise ops, Where and
+casts.
 
 Rules every op here keeps:
 
@@ -439,3 +440,45 @@ def cast_vjp(inputs, attrs, outputs, grads, ctx):
     g = grads[0]
     gx = _same(x, np.asarray(g, dtype=np.float64)) if is_float(x) and is_float(outputs[0]) else None
     return [gx] + [None] * (len(inputs) - 1)
+
+
+# --------------------------------------------------------------------------- bitwise
+
+
+@register("BitwiseAnd")
+def bitwise_and(inputs, attrs, ctx):
+    return (np.bitwise_and(inputs[0], inputs[1]),)
+
+
+@register("BitwiseOr")
+def bitwise_or(inputs, attrs, ctx):
+    return (np.bitwise_or(inputs[0], inputs[1]),)
+
+
+@register("BitwiseXor")
+def bitwise_xor(inputs, attrs, ctx):
+    return (np.bitwise_xor(inputs[0], inputs[1]),)
+
+
+@register("BitwiseNot")
+def bitwise_not(inputs, attrs, ctx):
+    return (np.bitwise_not(inputs[0]),)
+
+
+# --------------------------------------------------------------------------- Where
+
+
+@register("Where")
+def where(inputs, attrs, ctx):
+    c, x, y = inputs
+    out = np.where(c, x, y)
+    return (out.astype(np.result_type(x.dtype, y.dtype), copy=False),)
+
+
+@register_vjp("Where")
+def where_vjp(inputs, attrs, outputs, grads, ctx):
+    c, x, y = inputs
+    g = grads[0]
+    gx = unbroadcast(np.where(c, g, 0), x.shape, x.dtype) if is_float(x) else None
+    gy = unbroadcast(np.where(c, 0, g), y.shape, y.dtype) if is_float(y) else None
+    return [None, gx, gy]

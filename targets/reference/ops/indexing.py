@@ -20,7 +20,7 @@ import numpy as np
 from mconv.errors import InputError
 
 from . import register, register_vjp
-from .elementwise import is_float, unbroadcast
+from .elementwise import is_float
 
 
 def _check_range(op: str, idx: np.ndarray, n: int) -> np.ndarray:
@@ -196,23 +196,7 @@ def scatter_nd_vjp(inputs, attrs, outputs, grads, ctx):
     )
 
 
-# --------------------------------------------------------------------------- Where, OneHot, NonZero, Compress, Unique
-
-
-@register("Where")
-def where(inputs, attrs, ctx):
-    c, x, y = inputs
-    out = np.where(c, x, y)
-    return (out.astype(np.result_type(x.dtype, y.dtype), copy=False),)
-
-
-@register_vjp("Where")
-def where_vjp(inputs, attrs, outputs, grads, ctx):
-    c, x, y = inputs
-    g = grads[0]
-    gx = unbroadcast(np.where(c, g, 0), x.shape, x.dtype) if is_float(x) else None
-    gy = unbroadcast(np.where(c, 0, g), y.shape, y.dtype) if is_float(y) else None
-    return [None, gx, gy]
+# --------------------------------------------------------------------------- OneHot, NonZero, Compress, Unique
 
 
 @register("OneHot")

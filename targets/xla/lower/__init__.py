@@ -104,12 +104,13 @@ _FAMILIES = (
     "activation",
     "reduction",
     "shape",
-    "recurrent",
-    "misc",
-    "controlflow",
     "indexing",
+    "recurrent",
+    "controlflow",
+    "quantization",
     "signal",
     "sampling",
+    "misc",
 )
 
 for _family in _FAMILIES:

@@ -1,4 +1,5 @@
-"""Convolution: Conv, ConvTranspose, ConvInteger and QLinearConv as ``lax.conv_general_dilated``.
+"""Convolution: Conv and ConvTranspose as ``lax.conv_general_dilated``, Col2Im, DeformConv
+(ConvInteger and QLinearConv: :mod:`.quantization`).
 
 Rules:
 
@@ -9,12 +10,9 @@ Rules:
    in/out channels swapped per group; padding (k-1)*d - pad_begin and (k-1)*d - pad_end +
    output_padding. An ``output_shape`` attribute fixes the total padding; the odd pad goes to
    the start unless auto_pad is SAME_UPPER (as ONNX Runtime does).
-4. ConvInteger and QLinearConv convolve the codes minus their zero points (per output channel
-   for the weights) with an int32 accumulator; QLinearConv adds its int32 bias and requantizes
-   like QLinearMatMul.
-5. Col2Im (static image and block shapes) scatter-adds each kernel tap's strided slice onto the
+4. Col2Im (static image and block shapes) scatter-adds each kernel tap's strided slice onto the
    padded canvas and crops the pads.
-6. DeformConv (2-D) samples each tap bilinearly at its (traced) offset, zero outside the
+5. DeformConv (2-D) samples each tap bilinearly at its (traced) offset, zero outside the
    input, scaled by the optional mask, then multiplies with the weights per group.
 """
 
@@ -130,61 +128,6 @@ def conv_transpose(inputs, attrs, ctx):
         feature_group_count=group,
     )
     return (_bias(y, b),)
-
-
-def _int_minus(x, zp, shape=None):
-    x = jnp.asarray(x).astype(jnp.int32)
-    if zp is None:
-        return x
-    zp = jnp.asarray(zp).astype(jnp.int32)
-    if shape is not None and zp.size > 1:
-        zp = zp.reshape(shape)
-    return x - zp
-
-
-def _int_conv(x, w, attrs):
-    """The int32 accumulator of a convolution of integer codes (zero points already removed)."""
-    r = w.ndim - 2
-    kernel = list(attrs.get("kernel_shape", w.shape[2:]))
-    strides = list(attrs.get("strides", [1] * r))
-    dilations = list(attrs.get("dilations", [1] * r))
-    pads = conv_pads(attrs, list(x.shape[2:]), kernel, strides, dilations)
-    return lax.conv_general_dilated(
-        x,
-        w,
-        window_strides=strides,
-        padding=pads,
-        rhs_dilation=dilations,
-        feature_group_count=int(attrs.get("group", 1)),
-        preferred_element_type=jnp.int32,
-    )
-
-
-@lower("ConvInteger")
-def conv_integer(inputs, attrs, ctx):
-    x, w = inputs[0], inputs[1]
-    x_zp = inputs[2] if len(inputs) > 2 else None
-    w_zp = inputs[3] if len(inputs) > 3 else None
-    per_oc = (-1,) + (1,) * (jnp.ndim(w) - 1)
-    return (_int_conv(_int_minus(x, x_zp), _int_minus(w, w_zp, per_oc), attrs),)
-
-
-@lower("QLinearConv")
-def qlinear_conv(inputs, attrs, ctx):
-    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = inputs[:8]
-    bias = inputs[8] if len(inputs) > 8 else None
-    per_oc = (-1,) + (1,) * (jnp.ndim(w) - 1)
-    acc = _int_conv(_int_minus(x, x_zp), _int_minus(w, w_zp, per_oc), attrs)
-    if bias is not None:
-        acc = acc + jnp.asarray(bias).astype(jnp.int32).reshape(1, -1, *([1] * (acc.ndim - 2)))
-    ws = jnp.asarray(w_s).astype(jnp.float32)
-    if ws.size > 1:
-        ws = ws.reshape(1, -1, *([1] * (acc.ndim - 2)))
-    scale = jnp.asarray(x_s).astype(jnp.float32) * ws / jnp.asarray(y_s).astype(jnp.float32)
-    out_dtype = jnp.asarray(y_zp).dtype
-    info = jnp.iinfo(out_dtype)
-    y = jnp.round(acc.astype(jnp.float32) * scale) + jnp.asarray(y_zp).astype(jnp.float32)
-    return (jnp.clip(y, info.min, info.max).astype(out_dtype),)
 
 
 @lower("Col2Im", static=(1, 2))

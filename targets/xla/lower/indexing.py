@@ -1,4 +1,5 @@
-"""Indexing ops: GatherND, ScatterND, ScatterElements (and the older Scatter).
+"""Indexing ops: Gather, GatherElements, GatherND, ScatterND, ScatterElements (and the older
+Scatter), OneHot.
 
 Rules:
 
@@ -7,13 +8,16 @@ Rules:
    last indices axis (of length k) addresses data's axes ``b .. b+k-1``.
 3. Scatters lower to ``x.at[where]``: ``set`` for reduction ``none`` (with duplicate indices
    the result is unspecified, as in ONNX), ``add``, ``multiply``, ``max`` and ``min``.
+4. Gather of static data at static indices (shape arithmetic) is evaluated with numpy, so a
+   symbolic dimension passes through; traced gathers clip (indices were normalized).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
-from mconv.targets.xla.lower import lower
+from mconv.targets.xla.lower import is_static, lower
+from mconv.targets.xla.lower.shape import _norm_axis
 
 
 def _norm(idx, n):
@@ -73,3 +77,37 @@ def scatter_elements(inputs, attrs, ctx):
 @lower("Scatter")
 def scatter(inputs, attrs, ctx):
     return _scatter_elements(inputs, attrs, "none")
+
+
+@lower("Gather")
+def gather(inputs, attrs, ctx):
+    x, idx = inputs
+    axis = _norm_axis(attrs.get("axis", 0), np.ndim(x))
+    if is_static(x) and is_static(idx):
+        # Object arrays (symbolic shapes) give a bare element for a scalar index: re-wrap it.
+        return (np.asarray(np.take(x, np.asarray(idx), axis=axis), dtype=np.asarray(x).dtype),)
+    n = x.shape[axis]
+    idx = jnp.asarray(idx)
+    idx = jnp.where(idx < 0, idx + n, idx)
+    return (jnp.take(jnp.asarray(x), idx, axis=axis, mode="clip"),)
+
+
+@lower("GatherElements")
+def gather_elements(inputs, attrs, ctx):
+    x, idx = inputs
+    axis = _norm_axis(attrs.get("axis", 0), x.ndim)
+    idx = jnp.asarray(idx)
+    idx = jnp.where(idx < 0, idx + x.shape[axis], idx)
+    return (jnp.take_along_axis(x, idx, axis=axis, mode="clip"),)
+
+
+@lower("OneHot", static=(1,))
+def one_hot(inputs, attrs, ctx):
+    idx, depth, values = inputs
+    n = int(np.asarray(depth).reshape(-1)[0])
+    axis = attrs.get("axis", -1)
+    idx = jnp.asarray(idx)
+    idx = jnp.where(idx < 0, idx + n, idx)
+    hot = jnp.moveaxis(idx[..., None] == jnp.arange(n), -1, axis if axis >= 0 else idx.ndim + 1 + axis)
+    values = jnp.asarray(values)
+    return (jnp.where(hot, values[1], values[0]),)

@@ -1,4 +1,4 @@
-"""Matrix products: MatMul, Gemm, Einsum, QLinearMatMul.
+"""Matrix products: MatMul, Gemm, Einsum (QLinearMatMul: :mod:`.quantization`).
 
 Rules:
 
@@ -6,8 +6,6 @@ Rules:
 2. Gemm: alpha * op(A) @ op(B) + beta * C with op = transpose when transA/transB; C broadcasts.
 3. Products accumulate at the highest precision XLA offers for the dtype
    (``precision=HIGHEST``), so float32 results match a float32 reference on every backend.
-4. QLinearMatMul accumulates the codes minus their zero points in int32, then requantizes
-   (float32 scale, round half to even, saturate to the output zero point's type).
 """
 
 from __future__ import annotations
@@ -45,24 +43,3 @@ def gemm(inputs, attrs, ctx):
 @lower("Einsum")
 def einsum(inputs, attrs, ctx):
     return (jnp.einsum(attrs["equation"].replace(" ", ""), *inputs, precision=_P),)
-
-
-@lower("QLinearMatMul")
-def qlinear_matmul(inputs, attrs, ctx):
-    """int32 accumulation of the zero-point-free codes, requantized (half to even, saturated)."""
-    a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = inputs
-    ai = jnp.asarray(a).astype(jnp.int32) - jnp.asarray(a_zp).astype(jnp.int32).reshape(
-        (-1, 1) if jnp.size(a_zp) > 1 else ()
-    )
-    bz = jnp.asarray(b_zp).astype(jnp.int32)
-    bi = jnp.asarray(b).astype(jnp.int32) - (bz.reshape(-1) if bz.size > 1 else bz.reshape(()))
-    acc = jnp.matmul(ai, bi, preferred_element_type=jnp.int32)
-    bs = jnp.asarray(b_s).astype(jnp.float32)
-    bs = bs.reshape(-1) if bs.size > 1 else bs.reshape(())
-    as_ = jnp.asarray(a_s).astype(jnp.float32)
-    as_ = as_.reshape(-1, 1) if as_.size > 1 else as_.reshape(())
-    scale = as_ * bs / jnp.asarray(y_s).astype(jnp.float32)
-    out_dtype = jnp.asarray(y_zp).dtype
-    info = jnp.iinfo(out_dtype)
-    y = jnp.round(acc.astype(jnp.float32) * scale) + jnp.asarray(y_zp).astype(jnp.float32)
-    return (jnp.clip(y, info.min, info.max).astype(out_dtype),)

@@ -1,5 +1,6 @@
 """Shape ops: Reshape, Flatten, (Un)Squeeze, Transpose, Concat, Split, Slice, Pad, Expand, Tile,
-Shape, Size, ConstantOfShape, Range, Gather(Elements), Resize/Upsample, Depth/SpaceToDepth.
+Shape, Size, ConstantOfShape, Range, Resize/Upsample, Depth/SpaceToDepth, Trilu (Gather and
+GatherElements: :mod:`.indexing`).
 
 Rules:
 
@@ -310,28 +311,6 @@ def range_(inputs, attrs, ctx):
     return ((first + d * lax.iota(dtype, n)).astype(dtype),)
 
 
-@lower("Gather")
-def gather(inputs, attrs, ctx):
-    x, idx = inputs
-    axis = _norm_axis(attrs.get("axis", 0), np.ndim(x))
-    if is_static(x) and is_static(idx):
-        # Object arrays (symbolic shapes) give a bare element for a scalar index: re-wrap it.
-        return (np.asarray(np.take(x, np.asarray(idx), axis=axis), dtype=np.asarray(x).dtype),)
-    n = x.shape[axis]
-    idx = jnp.asarray(idx)
-    idx = jnp.where(idx < 0, idx + n, idx)
-    return (jnp.take(jnp.asarray(x), idx, axis=axis, mode="clip"),)
-
-
-@lower("GatherElements")
-def gather_elements(inputs, attrs, ctx):
-    x, idx = inputs
-    axis = _norm_axis(attrs.get("axis", 0), x.ndim)
-    idx = jnp.asarray(idx)
-    idx = jnp.where(idx < 0, idx + x.shape[axis], idx)
-    return (jnp.take_along_axis(x, idx, axis=axis, mode="clip"),)
-
-
 def _source_coords(mode: str, out: int, n: int, scale: float) -> np.ndarray:
     x = np.arange(out, dtype=np.float64)
     if mode == "half_pixel":
@@ -507,3 +486,10 @@ def center_crop_pad(inputs, attrs, ctx):
             pads[a] = (before, t - n - before, 0)
             y = lax.pad(y, jnp.zeros((), y.dtype), pads)
     return (y,)
+
+
+@lower("Trilu", static=(1,))
+def trilu(inputs, attrs, ctx):
+    x = inputs[0]
+    k = int(np.asarray(inputs[1]).reshape(-1)[0]) if len(inputs) > 1 and inputs[1] is not None else 0
+    return (jnp.triu(x, k) if attrs.get("upper", 1) else jnp.tril(x, k),)
