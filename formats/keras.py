@@ -829,7 +829,12 @@ class _Importer:
             if not isinstance(nodes, list):
                 raise self.fail("inbound_nodes is not a list", where=f"layer '{lay.get('name')}'")
             for k, node in enumerate(nodes):
-                pending.append((lay, k, _node_inputs(node, self, lay)))
+                refs = _node_inputs(node, self, lay)
+                for r in refs:
+                    if r[0].startswith(_CONST_REF) and r not in tensors:  # a 0-d float constant
+                        value = np.float32(float(r[0][len(_CONST_REF) :]))
+                        tensors[r] = KTensor(self.b.f32(f"{prefix}{lay.get('name')}/const", value), ())
+                pending.append((lay, k, refs))
         progress = True
         while pending and progress:
             progress = False
@@ -856,6 +861,9 @@ class _Importer:
         return outs, names
 
 
+_CONST_REF = "\0const:"  # a reference to a Python number given to a Keras op (never a layer name)
+
+
 def _refs(v) -> list[tuple[str, int, int]]:
     """input_layers/output_layers: [[name, node, tensor], ...] or a single [name, node, tensor]."""
     if not isinstance(v, list):
@@ -873,6 +881,7 @@ def _node_inputs(node, imp: _Importer, lay: dict) -> list[tuple[str, int, int]]:
     where = f"layer '{lay.get('name')}'"
     refs: list[tuple[str, int, int]] = []
     if isinstance(node, dict):  # Keras 3: {"args": [...], "kwargs": {...}}
+        op_layer = str(lay.get("module", "")).startswith("keras.src.ops.")
         kwargs = node.get("kwargs") or {}
         bad = [k for k, v in kwargs.items() if k not in _IGNORED_CALL_KWARGS and v is not None]
         if bad:
@@ -895,6 +904,9 @@ def _node_inputs(node, imp: _Importer, lay: dict) -> list[tuple[str, int, int]]:
                     walk(x, depth + 1)
             elif isinstance(a, dict):
                 raise imp.fail("call argument is not a tensor", where=where)
+            elif op_layer and isinstance(a, int | float) and not isinstance(a, bool):
+                # a Keras op with a Python number (MobileNetV3's hard sigmoid: x + 3.0, x * (1/6))
+                refs.append((f"{_CONST_REF}{float(a)!r}", 0, 0))
 
         walk(node.get("args") or [])
         return refs

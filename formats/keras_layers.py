@@ -1067,10 +1067,12 @@ def _broadcast(call: LayerCall, shapes: list[Shape]) -> Shape:
 
 
 def _same_layout(b: GraphBuilder, inputs: list[KTensor]) -> list[KTensor]:
-    rank = inputs[0].rank
-    if all(t.cf and t.rank == rank for t in inputs):
+    """The inputs in one layout; a 0-d constant (a Python number given to a Keras op) fits any."""
+    shaped = [t for t in inputs if t.rank > 0]
+    rank = shaped[0].rank if shaped else 0
+    if shaped and all(t.cf and t.rank == rank for t in shaped):
         return inputs
-    return [b.as_keras(t) for t in inputs]
+    return [b.as_keras(t) if t.rank > 0 else t for t in inputs]
 
 
 @layer(*_MERGE)
@@ -1088,7 +1090,7 @@ def merge(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
             y = b.node1(op, [y, t.name], call.name if i == len(ts) - 1 else f"{call.name}/{i}")
     else:
         y = b.node1(op, [t.name for t in ts], call.name)
-    return [KTensor(y, shape, ts[0].cf)]
+    return [KTensor(y, shape, any(t.cf for t in ts if t.rank > 0))]
 
 
 @layer("Concatenate")
