@@ -26,6 +26,16 @@ Rules:
    shapes instead, said in one line on stderr and recorded as ``static_fallback`` in the
    manifest's options and in ``xla.json``; when a dimension is still open, the error (exit 2)
    names the node and asks for ``--input-shape``.
+8. A symbolic batch never changes the model's meaning: when the model declares batch 1 (made
+   ``b`` by rule 1) and a ``Reshape`` constant pins it (light AlexNet's ``Reshape(x, [1,
+   9216])``), the export is refused (exit 2) naming the node: the ``dynamic-batch`` pass rewrites
+   such constants in the model itself (and checks the result), or ``batch=1`` keeps the batch.
+9. Weight layouts: XLA on the CPU wants a convolution's kernel as HWIO and a ``Gemm(transB=1)``
+   matrix as [K, N]; a weight argument in ONNX's OIHW / [N, K] would be transposed (copied) on
+   every call (AlexNet's 230 MB of fully connected weights: ~0.9 s a call). Such an argument
+   takes the weight already permuted: ``xla.json`` records the permutation (``layout``) and the
+   loader applies it once; inside the program the inverse transpose cancels against XLA's own.
+   The container keeps the ONNX layout (codecs, byte account and the other targets unchanged).
 """
 
 from __future__ import annotations
@@ -147,8 +157,71 @@ def _needs_x64(model: ir.Model) -> bool:
     return any(_dtype_name(v) in wide for v in vals)
 
 
+def weight_layouts(model: ir.Model, weight_names: list[str]) -> dict[str, list[int]]:
+    """Rule 9: the permutation each weight argument is passed in (only those that need one)."""
+    graph = model.graph
+    out: dict[str, list[int]] = {}
+    for name in weight_names:
+        value = graph.initializers.get(name)
+        if value is None or value.const_value is None or value.is_graph_output():
+            continue
+        rank = len(value.const_value.shape)
+        uses = list(value.uses())
+        perms = set()
+        for use in uses:
+            node, index = use[0], use[1]
+            if node.domain not in ("", "ai.onnx") or index != 1:
+                perms.add(None)
+            elif node.op_type == "Conv" and rank >= 3:
+                perms.add((*range(2, rank), 1, 0))
+            elif node.op_type == "Gemm" and rank == 2:
+                attr = node.attributes.get("transB")
+                perms.add((1, 0) if attr is not None and attr.value else None)
+            else:
+                perms.add(None)
+        if len(perms) == 1 and None not in perms:
+            out[name] = list(perms.pop())
+    return out
+
+
+def pinned_batch(model: ir.Model, batch: int) -> tuple[str, list[int]] | None:
+    """Rule 8: the first Reshape whose constant shape pins the declared ``batch`` once dimension
+    0 of the inputs is symbolic, as (``Reshape 'name'``, its shape), or None."""
+    from mconv.passes.dynamic_batch import _inferred_dims
+    from mconv.passes.rewrite import constant_array
+
+    graph = model.graph
+    reshapes = [
+        n for n in graph if n.op_type == "Reshape" and n.domain in ("", "ai.onnx") and len(n.inputs) >= 2
+    ]
+    if not reshapes:
+        return None
+    inputs = [v for v in real_inputs(graph) if v.shape is not None and len(v.shape) >= 2]
+    saved = [(v, v.shape) for v in inputs]
+    sym = "mconv_batch"
+    try:
+        for v in inputs:
+            if isinstance(v.shape[0], int) and v.shape[0] == batch:
+                v.shape = ir.Shape([sym, *list(v.shape)[1:]])
+        dims = _inferred_dims(model)
+    finally:
+        for v, shape in saved:
+            v.shape = shape
+    for node in reshapes:
+        data = node.inputs[0]
+        d_in = dims.get(data.name) if data is not None else None
+        if not d_in or d_in[0] != sym:
+            continue
+        shape = constant_array(node.inputs[1], graph, model.ir_version or 10)
+        if shape is None or shape.ndim != 1 or shape.size == 0 or int(shape[0]) != batch:
+            continue
+        return f"Reshape '{show(node.name)}'", shape.astype(np.int64).tolist()
+    return None
+
+
 def _trace(lowered, model: ir.Model, shapes: list[list], replaced: bool, x64: bool, platforms: tuple):
-    """``jax.export`` the lowered graph for input ``shapes`` (ints and symbol names)."""
+    """``jax.export`` the lowered graph for input ``shapes`` (ints and symbol names); weight
+    arguments in the layouts of rule 9 (``lowered.layouts``)."""
     inputs = real_inputs(model.graph)
     symbols = sorted({d for dims in shapes for d in dims if isinstance(d, str)})
     with jax.enable_x64(x64):
@@ -161,10 +234,21 @@ def _trace(lowered, model: ir.Model, shapes: list[list], replaced: bool, x64: bo
             if dims and isinstance(dims[0], str) and dims[0] == "b":
                 batch_dim = shape[0]
             specs.append(jax.ShapeDtypeStruct(shape, np.dtype(_dtype_name(v))))
-        for _name, arr in lowered.weights():
-            specs.append(jax.ShapeDtypeStruct(arr.shape, arr.dtype))
+        layouts = getattr(lowered, "layouts", {})
+        perms = []
+        for name, arr in lowered.weights():
+            perm = layouts.get(name)
+            perms.append(None if perm is None else tuple(int(i) for i in np.argsort(perm)))
+            shape = arr.shape if perm is None else tuple(arr.shape[i] for i in perm)
+            specs.append(jax.ShapeDtypeStruct(shape, arr.dtype))
         lowered.declared_batch = lowered.model_batch if replaced else None
-        fn = lowered.function(batch_dim=batch_dim)
+        inner = lowered.function(batch_dim=batch_dim)
+        n_in = len(inputs)
+
+        def fn(*args):
+            weights = [a if p is None else jax.numpy.transpose(a, p) for a, p in zip(args[n_in:], perms)]
+            return inner(*args[:n_in], *weights)
+
         # Rule 5: no source locations in the program (they hold this checkout's paths).
         with (
             jax._src.config.include_full_tracebacks_in_locations(False),
@@ -206,7 +290,18 @@ def export_program(model: ir.Model, options: Mapping | None = None):
     _check_options(options)
     lowered = lower_graph(model, bake_weights=bool(options.get("bake_weights", False)))
     lowered.model_batch = lowered.declared_batch
+    lowered.layouts = weight_layouts(model, lowered.weight_names)  # type: ignore[attr-defined]
     shapes, replaced = input_shapes(model, options.get("batch"))
+    if replaced and lowered.model_batch is not None:
+        pin = pinned_batch(model, lowered.model_batch)
+        if pin is not None:
+            raise InputError(
+                f"the model pins batch {lowered.model_batch} in the shape constant {pin[1]}: a symbolic "
+                "batch would change what it computes",
+                where=pin[0],
+                hint="run the dynamic-batch pass first (mconv optimize MODEL --passes dynamic-batch -o M.onnx), "
+                f"or export with --batch {lowered.model_batch}",
+            )
     x64 = _needs_x64(model)
     platforms = tuple(options.get("platforms") or DEFAULT_PLATFORMS)
     if not any(isinstance(d, str) for dims in shapes for d in dims):
@@ -252,7 +347,10 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     for name, arr in lowered.weights():
         spec = {"codec": forced} if forced and forced != "auto" else choose_codec(arr, metadata, name)
         weight_specs.append((name, arr, spec))
-        weight_args.append({"name": name, "dtype": arr.dtype.name, "shape": [int(d) for d in arr.shape]})
+        arg = {"name": name, "dtype": arr.dtype.name, "shape": [int(d) for d in arr.shape]}
+        if name in getattr(lowered, "layouts", {}):
+            arg["layout"] = lowered.layouts[name]  # rule 9: the loader permutes it once
+        weight_args.append(arg)
     for name, arr in list(lowered.baked.items()) + list(lowered.static_values.items()):
         weight_specs.append((name, arr, {"codec": DENSE}))
     n_in = len(lowered.input_names)

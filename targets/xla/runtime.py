@@ -10,7 +10,8 @@ Rules:
    raises :class:`mconv.errors.IntegrityError` naming the file. Directories and ``.zip``
    bundles both load.
 2. ``xla.json`` gives the calling convention: graph inputs first, then the weight arguments in
-   order; the weights are decoded from ``weights.mcw`` once and kept on the device.
+   order; the weights are decoded from ``weights.mcw`` once, permuted once where the weight
+   argument records a ``layout`` (the exporter's rule 9), and kept on the device.
 3. ``model.jax_export`` is deserialized with ``jax.export.deserialize`` and its ``call`` is
    jitted; feeds are checked (names, dtype, rank, fixed dimensions) before the call.
 """
@@ -212,6 +213,15 @@ def runner_from_parts(
                             path=label,
                             hint=_HINT,
                         )
+                    layout = w.get("layout")
+                    if layout is not None:  # the program takes this weight permuted (exporter rule 9)
+                        if sorted(layout) != list(range(arr.ndim)):
+                            raise IntegrityError(
+                                f"weight '{w['name']}' has layout {layout}, not a permutation of its {arr.ndim} axes",
+                                path=label,
+                                hint=_HINT,
+                            )
+                        arr = np.ascontiguousarray(np.transpose(arr, layout))
                     weights.append(jax.device_put(arr))
     inputs = [
         Spec(d["name"], d["dtype"], tuple(d["shape"]) if d.get("shape") is not None else None)

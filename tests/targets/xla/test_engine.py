@@ -208,3 +208,69 @@ def test_unknown_engine_and_missing_device_are_input_errors():
             finetune_model(
                 model, {"x": x, "labels": y}, FinetuneConfig(epochs=1, engine="xla", device="cuda")
             )
+
+
+# --------------------------------------------------------------------------- export (items 2, 3)
+
+
+def _pinned_cnn(rng):
+    """x[1,2,6,6] -> Conv(OIHW) -> Relu -> Reshape [1, 4*4*4] -> Gemm(transB) -> y[1,5]: the
+    batch-1 exporter habit of light AlexNet (its Reshape [1, 9216])."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", kernel_shape=[3, 3]),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Reshape", ["r", "shape"], ["f"], name="flatten_pinned"),
+        helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], name="fc", transB=1),
+    ]
+    inits = [
+        ("w", (0.3 * rng.standard_normal((4, 2, 3, 3))).astype(np.float32)),
+        ("b", (0.1 * rng.standard_normal(4)).astype(np.float32)),
+        ("shape", np.array([1, 64], np.int64)),
+        ("fw", (0.2 * rng.standard_normal((5, 64))).astype(np.float32)),
+        ("fb", (0.1 * rng.standard_normal(5)).astype(np.float32)),
+    ]
+    return _build(nodes, [("x", F, [1, 2, 6, 6])], [("y", F, [1, 5])], inits)
+
+
+def test_symbolic_export_of_a_model_that_pins_its_batch_is_refused_naming_the_reshape(tmp_path):
+    from mconv.targets import get_target
+
+    model = _pinned_cnn(np.random.default_rng(8))
+    with pytest.raises(InputError, match=r"pins batch 1 in the shape constant \[1, 64\]") as err:
+        get_target("xla").export(model, tmp_path / "b", {"platforms": ["cpu"]})
+    assert "dynamic-batch" in str(err.value) and "flatten_pinned" in str(err.value)
+    assert not (tmp_path / "b").exists()
+    get_target("xla").export(model, tmp_path / "b1", {"platforms": ["cpu"], "batch": 1})  # batch kept
+
+
+def test_cli_export_of_a_pinned_batch_exits_2_naming_the_file(tmp_path):
+    from mconv.cli.app import app
+    from mconv.irio import save_onnx
+    from typer.testing import CliRunner
+
+    path = tmp_path / "pinned.onnx"
+    save_onnx(_pinned_cnn(np.random.default_rng(9)), path)
+    r = CliRunner().invoke(app, ["export", str(path), "--target", "xla", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 2, r.output
+    assert "pinned.onnx" in r.output and "flatten_pinned" in r.output and "dynamic-batch" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_after_the_dynamic_batch_pass_the_bundle_runs_any_batch_like_the_samples_alone(tmp_path):
+    """And the weight arguments take the layouts XLA wants (HWIO kernel, [K, N] matrix)."""
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(10)
+    model = _pinned_cnn(rng)
+    original = Executor(_pinned_cnn(np.random.default_rng(10)))
+    model, _ = P.run_pipeline(model, P.parse_spec("dynamic-batch"), P.PassContext())
+    get_target("xla").export(model, tmp_path / "b", {"platforms": ["cpu"]})
+    conv = json.loads((tmp_path / "b" / "xla.json").read_text())
+    layouts = {w["name"]: w.get("layout") for w in conv["weight_args"]}
+    assert layouts == {"w": [2, 3, 1, 0], "b": None, "fw": [1, 0], "fb": None}
+    runner = get_target("xla").load(tmp_path / "b")
+    x = rng.standard_normal((3, 2, 6, 6)).astype(np.float32)
+    got = runner.run({"x": x})["y"]
+    want = np.concatenate([original.run({"x": x[i : i + 1]})["y"] for i in range(3)])
+    assert got.shape == (3, 5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
