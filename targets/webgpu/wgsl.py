@@ -767,3 +767,256 @@ Y[gx] = X[(o * AXIS + idx[j]) * INNER + ii];
     grid = (count, 1, 1)
     src = module(ctx, kernel, ["X"], grid, dict(INNER=inner, NIDX=n_idx, AXIS=xs[axis]), _indent(body), table)
     return KernelSource(kernel, src, [x], grid)
+
+
+# -- issue 17 item 5: Pad, Resize, LayerNormalization, ConvTranspose --------------------------
+
+
+def _check_pad(ctx: LowerContext, node: ir.Node) -> str | None:
+    from mconv.targets.metal.kernels.shape import _check_pad as check
+
+    return check(ctx, node)
+
+
+def remap(
+    ctx: LowerContext,
+    kernel: str,
+    x: ir.Value,
+    xs: list[int],
+    ys: list[int],
+    axes: list[tuple[int, str]],
+    value: float = 0.0,
+) -> KernelSource:
+    """Per output axis (begin, mode): i = c - begin mapped into [0, D) by the mode (the Metal
+    target's Pad rule: constant, edge, reflect, wrap; negative begins crop)."""
+    st = _strides(xs)
+    count = int(np.prod(ys)) if ys else 1
+    lines = ["var r: i32 = gx;", "var off: i32 = 0;", "var outside = false;"]
+    for a in reversed(range(len(ys))):
+        dim, d_in, (b, mode) = ys[a], xs[a], axes[a]
+        if d_in == 1 and mode != "constant":
+            lines.append(f"r = r / {dim};")
+            continue
+        fix = ""
+        if mode == "constant":
+            fix = f"if (i < 0 || i >= {d_in}) {{ outside = true; }}"
+        elif mode == "edge":
+            fix = f"i = min(max(i, 0), {d_in - 1});"
+        elif mode == "reflect":
+            m = 2 * (d_in - 1)
+            fix = f"i = ((i % {m}) + {m}) % {m}; if (i >= {d_in}) {{ i = {m} - i; }}"
+        elif mode == "wrap":
+            fix = f"i = ((i % {d_in}) + {d_in}) % {d_in};"
+        if b == 0 and dim == d_in:
+            fix = ""
+        lines.append(f"{{ var i: i32 = r % {dim} - {b}; r = r / {dim}; {fix} off += i * {st[a]}; }}")
+    body = "\n".join(lines) + f"\nY[gx] = select(X[select(off, 0, outside)], T({flit(value)}), outside);\n"
+    grid = (count, 1, 1)
+    return KernelSource(kernel, module(ctx, kernel, ["X"], grid, {}, _indent(body)), [x], grid)
+
+
+@register("Pad", check=_check_pad)
+def lower_pad(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    from mconv.targets.metal.kernels.shape import _pad_params
+
+    x, y = inp(node, 0), outp(node)
+    got = _pad_params(ctx, node)
+    assert not isinstance(got, str)
+    begins, mode, value = got
+    return remap(ctx, kernel, x, ctx.shape(x), ctx.shape(y), [(b, mode) for b in begins], value)
+
+
+def _check_resize(ctx: LowerContext, node: ir.Node) -> str | None:
+    from mconv.targets.metal.kernels.shape import _check_resize as check
+
+    return check(ctx, node)
+
+
+@register("Resize", "Upsample", check=_check_resize)
+def lower_resize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """The reference executor's per-axis plan (output x input weights per resized axis) as
+    tables of taps: every mode and coordinate transformation the reference has."""
+    from mconv.targets.metal.kernels.shape import _resize_axes
+
+    x, y = inp(node, 0), outp(node)
+    xs, ys = ctx.shape(x), ctx.shape(y)
+    plan, attrs = _resize_axes(ctx, node)
+    st = _strides(xs)
+    resized = {axis: (w, ext) for axis, w, ext in plan}
+    any_ext = any(ext.any() for _, _, ext in plan)
+    tables, opens, closes, weights, offs = [], [], [], [], []
+    coords = ["var r: i32 = gx;", "var off: i32 = 0;", "var outside = false;"]
+    for a in reversed(range(len(ys))):
+        if a in resized:
+            _, ext = resized[a]
+            coords.append(f"let c{a} = r % {ys[a]}; r = r / {ys[a]};")
+            if ext.any():
+                tables.append(
+                    f"var<private> E{a}: array<i32, {len(ext)}> = array<i32, {len(ext)}>({', '.join(str(int(e)) for e in ext)});\n"
+                )
+                coords.append(f"if (E{a}[c{a}] != 0) {{ outside = true; }}")
+        else:
+            coords.append(f"off += (r % {ys[a]}) * {st[a]}; r = r / {ys[a]};")
+    for a in sorted(resized):
+        w, _ = resized[a]
+        taps = max(1, int((w != 0).sum(axis=1).max()))
+        idx, wts = [], []
+        for row in w:
+            nz = np.flatnonzero(row)[:taps]
+            idx += [int(i) for i in nz] + [0] * (taps - len(nz))
+            wts += [float(row[i]) for i in nz] + [0.0] * (taps - len(nz))
+        tables.append(
+            f"var<private> I{a}: array<i32, {len(idx)}> = array<i32, {len(idx)}>({', '.join(map(str, idx))});\n"
+        )
+        if attrs.get("mode", "nearest") != "nearest":
+            tables.append(
+                f"var<private> W{a}: array<f32, {len(wts)}> = array<f32, {len(wts)}>({', '.join(flit(v) for v in wts)});\n"
+            )
+            weights.append(f"W{a}[c{a} * {taps} + t{a}]")
+        opens.append(f"for (var t{a}: i32 = 0; t{a} < {taps}; t{a}++) {{")
+        closes.append("}")
+        offs.append(f"I{a}[c{a} * {taps} + t{a}] * {st[a]}")
+    weight = " * ".join(weights) if weights else "1.0f"
+    value = flit(attrs.get("extrapolation_value", 0.0))
+    store = f"select(acc, {value}, outside)" if any_ext else "acc"
+    body = (
+        "\n".join(coords)
+        + f"""
+var acc: f32 = 0.0f;
+{" ".join(opens)}
+    acc += {weight} * f32(X[off + {" + ".join(offs) or "0"}]);
+{" ".join(closes)}
+Y[gx] = T({store});
+"""
+    )
+    count = int(np.prod(ys))
+    grid = (count, 1, 1)
+    return KernelSource(
+        kernel, module(ctx, kernel, ["X"], grid, {}, _indent(body), "".join(tables)), [x], grid
+    )
+
+
+def _check_layernorm(ctx: LowerContext, node: ir.Node) -> str | None:
+    from mconv.targets.metal.kernels.normalization import _check_layernorm as check
+
+    return check(ctx, node)
+
+
+@register("LayerNormalization", check=_check_layernorm)
+def lower_layernorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """One invocation per row (the axes from ``axis`` on): mean, then variance, in f32."""
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    axis = node.attributes.get_int("axis", -1)
+    axis = axis + len(xs) if axis < 0 else axis
+    size, rows = int(np.prod(xs[axis:])), int(np.prod(xs[:axis]))
+    eps = node.attributes.get_float("epsilon", 1e-5)
+    reads, names = [x, inp(node, 1)], ["X", "S"]
+    s_idx = "j" if int(np.prod(ctx.shape(inp(node, 1)))) == size else "0"
+    bias = ""
+    if len(node.inputs) > 2 and node.inputs[2] is not None:
+        reads.append(inp(node, 2))
+        names.append("B")
+        bias = f" + f32(B[{'j' if int(np.prod(ctx.shape(inp(node, 2)))) == size else '0'}])"
+    body = f"""
+let base = gx * SIZE;
+var mean: f32 = 0.0f;
+for (var j: i32 = 0; j < SIZE; j++) {{ mean += f32(X[base + j]); }}
+mean = mean / f32(SIZE);
+var vs: f32 = 0.0f;
+for (var j: i32 = 0; j < SIZE; j++) {{ let d = f32(X[base + j]) - mean; vs += d * d; }}
+let inv = inverseSqrt(vs / f32(SIZE) + {flit(eps)});
+for (var j: i32 = 0; j < SIZE; j++) {{
+    let v = (f32(X[base + j]) - mean) * inv * f32(S[{s_idx}]){bias};
+    Y[base + j] = T({activation_expr(act)});
+}}
+"""
+    grid = (rows, 1, 1)
+    return KernelSource(kernel, module(ctx, kernel, names, grid, dict(SIZE=size), _indent(body)), reads, grid)
+
+
+def _check_conv_transpose(ctx: LowerContext, node: ir.Node) -> str | None:
+    xs = inp(node, 0).shape
+    return "only 1-D and 2-D ConvTranspose" if xs is None or len(xs) not in (3, 4) else None
+
+
+@register("ConvTranspose", check=_check_conv_transpose)
+def lower_conv_transpose(
+    ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None
+) -> KernelSource:
+    """Each output pixel gathers the input pixels whose stride grid lands on it (the Metal
+    target's rule 3: pads from the attribute, or from the inferred output for auto_pad and
+    output_shape)."""
+    x, w = inp(node, 0), inp(node, 1)
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(outp(node))
+    rank = len(xs) - 2
+    k = list(ws[2:])
+    s = list(node.attributes.get_ints("strides", [1] * rank))
+    d = list(node.attributes.get_ints("dilations", [1] * rank))
+    opad = list(node.attributes.get_ints("output_padding", [0] * rank))
+    auto = node.attributes.get_string("auto_pad", "NOTSET")
+    in_sp, out_sp = xs[2:], ys[2:]
+    if auto in ("SAME_UPPER", "SAME_LOWER") or (auto == "NOTSET" and "output_shape" in node.attributes):
+        begins = []
+        for i in range(rank):
+            total = max(0, s[i] * (in_sp[i] - 1) + opad[i] + (k[i] - 1) * d[i] + 1 - out_sp[i])
+            begins.append(total // 2 if auto == "SAME_UPPER" else total - total // 2)
+    elif auto == "VALID":
+        begins = [0] * rank
+    else:
+        begins = list(node.attributes.get_ints("pads", [0] * (2 * rank)))[:rank]
+    if rank == 1:
+        in_sp, out_sp, k, s, d, begins = [1, *in_sp], [1, *out_sp], [1, *k], [1, *s], [1, *d], [0, *begins]
+    group = node.attributes.get_int("group", 1)
+    n, c, oc = xs[0], xs[1], ys[1]
+    reads, names = [x, w], ["X", "W"]
+    if b is not None:
+        reads.append(b)
+        names.append("B")
+    seed = "f32(B[oc])" if b is not None else "0.0f"
+    body = f"""
+let ow = gx; let oh = gy; let oc = gz % OC; let n = gz / OC;
+let g = oc / OCG; let ocg = oc % OCG;
+var acc: f32 = {seed};
+for (var icg: i32 = 0; icg < ICG; icg++) {{
+    let ic = g * ICG + icg;
+    let xb = ((n * IC + ic) * IH) * IW;
+    let wb = ((ic * OCG + ocg) * KH) * KW;
+    for (var kh: i32 = 0; kh < KH; kh++) {{
+        let th = oh + PH - kh * DH;
+        if (th < 0 || th % SH != 0) {{ continue; }}
+        let ih = th / SH;
+        if (ih >= IH) {{ continue; }}
+        for (var kw: i32 = 0; kw < KW; kw++) {{
+            let tw = ow + PW - kw * DW;
+            if (tw < 0 || tw % SW != 0) {{ continue; }}
+            let iw = tw / SW;
+            if (iw >= IW) {{ continue; }}
+            acc += f32(X[xb + ih * IW + iw]) * f32(W[wb + kh * KW + kw]);
+        }}
+    }}
+}}
+let v = acc;
+Y[((n * OC + oc) * OH + oh) * OW + ow] = T({activation_expr(act)});
+"""
+    cs = dict(
+        IC=c,
+        IH=in_sp[0],
+        IW=in_sp[1],
+        OC=oc,
+        OH=out_sp[0],
+        OW=out_sp[1],
+        KH=k[0],
+        KW=k[1],
+        SH=s[0],
+        SW=s[1],
+        DH=d[0],
+        DW=d[1],
+        PH=begins[0],
+        PW=begins[1],
+        ICG=c // group,
+        OCG=oc // group,
+    )
+    grid = (out_sp[1], out_sp[0], n * oc)
+    return KernelSource(kernel, module(ctx, kernel, names, grid, cs, _indent(body)), reads, grid)

@@ -250,17 +250,17 @@ def test_unsupported_nodes_are_named_at_once(tmp_path):
     m = make_model(
         [
             helper.make_node("Relu", ["x"], ["r"], name="ok"),
-            helper.make_node("ConvTranspose", ["r", "w"], ["ct"], name="up"),
+            helper.make_node("ReduceLogSumExp", ["r"], ["ct"], name="up", keepdims=1),
             helper.make_node("TopK", ["ct", "k"], ["v", "i"], name="top"),
         ],
         [("x", [1, 2, 4, 4])],
         ["v"],
-        {"w": np.ones((2, 2, 2, 2), np.float32), "k": np.array([1], np.int64)},
+        {"k": np.array([1], np.int64)},
     )
     with pytest.raises(UnsupportedError) as e:
         get_target("webgpu").export(m, tmp_path / "b", {})
     line = e.value.line()
-    assert "up" in line and "top" in line and "ConvTranspose" in line
+    assert "up" in line and "top" in line and "ReduceLogSumExp" in line
     assert not (tmp_path / "b").exists()
     path = tmp_path / "m.onnx"
     save_onnx(m, str(path))
@@ -354,3 +354,58 @@ if os.environ.get("MCONV_WEBGPU_REQUIRE_ADAPTER"):  # CI with lavapipe: a skip w
 
     def test_an_adapter_exists():
         assert _has_adapter()
+
+
+def item5_zoo(seed: int) -> ir.Model:
+    """Pad (reflect, constant with negative crop), Resize (linear half_pixel, nearest with sizes),
+    ConvTranspose (strided, grouped, dilated, output_padding, fused relu), LayerNormalization."""
+    rng = np.random.default_rng(seed)
+    w = {
+        "tw": (0.3 * rng.standard_normal((4, 3, 3, 3))).astype(np.float32),
+        "tb": (0.1 * rng.standard_normal(6)).astype(np.float32),
+        "pads": np.array([0, 0, 1, 2, 0, 0, 2, 1], np.int64),
+        "cpads": np.array([0, 0, -1, 1, 0, 0, 1, -1], np.int64),
+        "cval": np.array(0.25, np.float32),
+        "scales": np.array([1, 1, 2, 1.5], np.float32),
+        "sizes": np.array([1, 6, 7, 5], np.int64),
+        "ls": rng.random(5).astype(np.float32) + 0.5,
+        "lb": (0.1 * rng.standard_normal(5)).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Pad", ["x", "pads"], ["p"], name="pad_reflect", mode="reflect"),
+        helper.make_node("Pad", ["x", "cpads", "cval"], ["pc"], name="pad_crop"),
+        helper.make_node(
+            "Resize",
+            ["p", "", "scales"],
+            ["rl"],
+            name="resize_linear",
+            mode="linear",
+            coordinate_transformation_mode="half_pixel",
+        ),
+        helper.make_node(
+            "ConvTranspose",
+            ["pc", "tw", "tb"],
+            ["ct"],
+            name="deconv",
+            group=2,
+            strides=[2, 2],
+            dilations=[1, 2],
+            pads=[1, 0, 1, 1],
+            output_padding=[1, 0],
+        ),
+        helper.make_node("Relu", ["ct"], ["ctr"], name="deconv_relu"),
+        helper.make_node("Resize", ["ctr", "", "", "sizes"], ["rn"], name="resize_nearest", mode="nearest"),
+        helper.make_node("LayerNormalization", ["rn", "ls", "lb"], ["ln"], name="layernorm", axis=-1),
+    ]
+    return make_model(nodes, [("x", [1, 4, 5, 6])], ["rl", "ln"], w, opset=18, name="item5")
+
+
+@needs_adapter
+def test_pad_resize_convtranspose_layernorm_match_the_reference(tmp_path):
+    rng = np.random.default_rng(7)
+    feeds = {"x": rng.standard_normal((1, 4, 5, 6)).astype(np.float32)}
+    runner, _ = _check(item5_zoo(0), tmp_path, feeds)
+    ops = [layer.op for layer in runner.plan.layers]
+    assert {"Pad", "Resize", "LayerNormalization"} <= set(ops)
+    assert any(op.startswith("ConvTranspose") for op in ops)
+    _check(item5_zoo(1), tmp_path, feeds, precision="fp16", min_cos=0.999)
