@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -128,8 +129,13 @@ def analyze_sensitivity(
     max_drop: float | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     batch: int = 512,
+    engine: str = "reference",
+    device: str = "cpu",
 ) -> SensitivityReport:
-    """Prune (and cluster) one layer at a time and measure the metric drop; see the module rules."""
+    """Prune (and cluster) one layer at a time and measure the metric drop; see the module rules.
+    ``engine="xla"`` runs every sweep point on the model lowered to jax (one compiled program,
+    the layer's weight swapped as an argument; ``device`` cpu or cuda); the reference is the
+    numpy executor."""
     from mconv.passes._weights import weight_refs
     from mconv.targets.reference.executor import Executor
 
@@ -156,11 +162,24 @@ def analyze_sensitivity(
     labels = None if labels is None else np.asarray(labels).reshape(-1)
     samples = len(next(iter(feeds.values())))
 
-    executor = Executor(model)
-    output = executor.output_names[0]
+    from mconv.targets.xla.engine import check_engine
+
+    check_engine(engine, device)
+    output = model.graph.outputs[0].name
     scores = [v.name for v in model.graph.outputs if v.shape is not None and len(v.shape) == 2]
     if scores:
         output = scores[0]
+    executor: Any
+    if engine == "xla":
+        from mconv.targets.xla.engine import XlaEngine
+
+        executor = XlaEngine(model, [output], device=device)
+        originals = {n: np.asarray(v.const_value.numpy()) for n, v in model.graph.initializers.items()}
+        set_weight = executor.set_weight
+    else:
+        executor = Executor(model)
+        originals = executor.initializers
+        set_weight = executor.set_initializer
 
     def run() -> np.ndarray:
         parts = []
@@ -185,7 +204,7 @@ def analyze_sensitivity(
             report.notes.append(f"skipped {ref.node.op_type} with weight {ref.name}: the node has no name")
             done += points
             continue
-        original = executor.initializers[ref.name]
+        original = originals[ref.name]
         layer = LayerSensitivity(ref.node.name, ref.node.op_type, ref.name, int(original.size))
         try:
             for s in sparsities:
@@ -195,14 +214,14 @@ def analyze_sensitivity(
                     if s == 0.0 and b is None:
                         m = baseline
                     else:
-                        executor.set_initializer(ref.name, w)
+                        set_weight(ref.name, w)
                         m = _metric(run(), reference, labels if is_scores else None)
                     layer.sweep.append(SweepPoint(s, b, m, baseline - m))
                     done += 1
                     if progress is not None:
                         progress(f"analyze {layer.name} s={s:g}" + (f" {b}b" if b else ""), done, total)
         finally:
-            executor.set_initializer(ref.name, original)
+            set_weight(ref.name, original)
         if max_drop is not None:
             layer.choice = choose_setting(layer, max_drop)
         report.layers.append(layer)

@@ -274,3 +274,24 @@ def test_after_the_dynamic_batch_pass_the_bundle_runs_any_batch_like_the_samples
     want = np.concatenate([original.run({"x": x[i : i + 1]})["y"] for i in range(3)])
     assert got.shape == (3, 5)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_sensitivity_sweep_on_either_engine_gives_the_same_curves():
+    from mconv.passes.analyze import analyze_sensitivity
+
+    curves = {}
+    for engine in ("reference", "xla"):
+        rng = np.random.default_rng(31)
+        model = mlp(rng)
+        x, y = blobs(rng, 120)
+        report = analyze_sensitivity(model, {"x": x, "labels": y}, sweep=(0.5, 0.9), bits=(2,), engine=engine)
+        curves[engine] = [
+            (layer.name, [(p.sparsity, p.bits, p.metric) for p in layer.sweep]) for layer in report.layers
+        ]
+    names = [n for n, _ in curves["reference"]]
+    assert names == [n for n, _ in curves["xla"]] and len(names) == 2
+    for (_, ref), (_, got) in zip(curves["reference"], curves["xla"]):
+        assert [p[:2] for p in ref] == [p[:2] for p in got]
+        np.testing.assert_allclose([p[2] for p in got], [p[2] for p in ref], atol=1.5 / 120)  # a tie may flip
+    with pytest.raises(InputError, match="unknown engine"):
+        analyze_sensitivity(mlp(np.random.default_rng(1)), {"x": x}, engine="numpy")
