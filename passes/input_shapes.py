@@ -6,7 +6,7 @@ can call :func:`fix_input_shapes` too):
 1. :func:`check_input_shapes` compares the given shapes with the declared inputs (``TensorSpec``-
    like: name, shape): an unknown name, a rank that differs, a dimension that contradicts a fixed
    one, a dimension below 1, or one symbol given two sizes is an ``InputError`` (exit 2) that
-   lists the model's inputs.
+   lists the model's inputs. ``?`` is no symbol (exporters write it for any unknown dim).
 2. :func:`fix_input_shapes` writes the given dimensions into the graph inputs; a symbolic
    dimension fixed on one input (``N``) takes the same size wherever that symbol appears (other
    inputs, value infos, outputs); then ONNX shape inference runs so downstream shapes follow
@@ -19,6 +19,10 @@ from pathlib import Path
 
 import onnx_ir as ir
 from mconv.errors import InputError, show
+
+# dim_params that exporters write for "unknown" (Paddle2ONNX: '?' for both height and width of
+# rapidocr's classifier, which ORT runs at 48x192): not one shared symbol, each dim its own size.
+ANONYMOUS_DIMS = frozenset({"?"})
 
 
 def _describe(specs) -> str:
@@ -69,7 +73,7 @@ def check_input_shapes(specs, shapes: dict[str, list[int]], *, path: str | None 
                     path=path,
                     hint=f"only symbolic dimensions can be set; inputs: {_describe(specs)}",
                 )
-            if isinstance(declared, str) and declared:
+            if isinstance(declared, str) and declared and declared not in ANONYMOUS_DIMS:
                 if declared in symbols and symbols[declared] != given:
                     raise InputError(
                         f"--input-shape gives symbol '{show(declared)}' two sizes: {symbols[declared]} "

@@ -69,3 +69,34 @@ def test_negative_dim_value_exports_a_bundle_that_loads(tmp_path):
         np.testing.assert_allclose(
             got, want, rtol=1e-2, atol=1e-3
         )  # the bundle stores fp16 where exact enough
+
+
+def test_question_mark_dims_are_not_one_symbol(tmp_path):
+    """Found on rapidocr-cls-v2 (input [-1, 3, '?', '?'], run by ORT at 48x192): `export --target
+    xla --input-shape x=1,3,48,192` was refused, "symbol '?' two sizes: 48 and 192"."""
+    src = _paddle_style_cls(tmp_path / "cls.onnx")
+    m = onnx.load(str(src))
+    for d in m.graph.input[0].type.tensor_type.shape.dim[2:]:
+        d.dim_param = "?"
+    onnx.save(m, str(src))
+    x = np.random.default_rng(7).standard_normal((1, 3, 8, 12)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    r = mconv(
+        "run",
+        str(src),
+        "--input-shape",
+        "x=1,3,8,12",
+        "--data",
+        str(tmp_path / "in.npz"),
+        "-o",
+        str(tmp_path / "o.npz"),
+    )
+    assert r.returncode == 0, r.stderr
+    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "o.npz")["y"], want, rtol=1e-5, atol=1e-6)
+    # a real symbol shared by two dims still takes one size
+    for d in m.graph.input[0].type.tensor_type.shape.dim[2:]:
+        d.dim_param = "s"
+    onnx.save(m, str(src))
+    r = mconv("run", str(src), "--input-shape", "x=1,3,8,12")
+    assert r.returncode == 2 and "two sizes" in r.stderr and str(src) in r.stderr, r.stderr
