@@ -13,6 +13,12 @@ Rules:
 3. A layer binds at most :data:`~mconv.targets.webgpu.wgsl.MAX_BINDINGS` storage buffers (the
    limit every WebGPU device has); Concat of more inputs is several kernels, each writing its
    slice of the output.
+4. No weight buffer is larger than :data:`MAX_BINDING_BYTES` (128 MiB, WebGPU's default
+   ``maxStorageBufferBindingSize``, what lavapipe and a browser grant): a Gemm or 2-D MatMul
+   whose constant B would be is split over its output columns into Gemms of at most that much
+   weight each, their outputs joined by a Concat (AlexNet's fc6, 9216 x 4096 f32 = 144 MiB,
+   becomes two); activations never exceed it in the models here, and a buffer that does is
+   refused at load by the runner in one line.
 """
 
 from __future__ import annotations
@@ -38,7 +44,72 @@ from mconv.targets.metal.plan import (
 )
 from mconv.targets.webgpu.wgsl import CHECKS, LOWER, MAX_BINDINGS
 
-__all__ = ["build_plan", "prepare", "supported_ops"]
+__all__ = ["MAX_BINDING_BYTES", "build_plan", "prepare", "split_large_weights", "supported_ops"]
+
+MAX_BINDING_BYTES = 128 << 20
+
+
+def _initializer(name: str, array: np.ndarray) -> ir.Value:
+    array = np.ascontiguousarray(array)
+    tensor = ir.tensor(array, name=name)
+    return ir.Value(
+        name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor
+    )
+
+
+def split_large_weights(model: ir.Model, item: int, limit: int | None = None) -> int:
+    """Rule 4: split every Gemm / 2-D MatMul whose constant B exceeds ``limit`` bytes
+    (default :data:`MAX_BINDING_BYTES`) at ``item`` bytes per element; returns how many nodes
+    were split."""
+    limit = limit or MAX_BINDING_BYTES
+    graph = model.graph
+    split = 0
+    for node in list(graph):
+        if node.op_type not in ("Gemm", "MatMul") or node.domain not in ("", "ai.onnx"):
+            continue
+        a, b = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
+        y = node.outputs[0]
+        if a is None or b is None or b.const_value is None or y is None:
+            continue
+        bw = b.const_value.numpy()
+        ys = _static_shape(y)
+        if bw.ndim != 2 or bw.size * item <= limit or ys is None or len(ys) != 2:
+            continue
+        if node.op_type == "MatMul" and len(_static_shape(a) or []) != 2:
+            continue
+        trans_b = node.attributes.get_int("transB", 0) if node.op_type == "Gemm" else 0
+        n = bw.shape[0] if trans_b else bw.shape[1]
+        k = bw.size // n
+        cols = max(1, limit // (k * item))
+        c = node.inputs[2] if node.op_type == "Gemm" and len(node.inputs) > 2 else None
+        cw = c.const_value.numpy() if c is not None and c.const_value is not None else None
+        if c is not None and cw is None:
+            continue  # a computed C: left whole (the runner says so if it does not fit)
+        pieces, outs = [], []
+        for i, lo in enumerate(range(0, n, cols)):
+            hi = min(n, lo + cols)
+            chunk = bw[lo:hi] if trans_b else bw[:, lo:hi]
+            bv = _initializer(f"{b.name}__cols{lo}", chunk)
+            graph.register_initializer(bv)
+            inputs: list[ir.Value | None] = [a, bv]
+            if cw is not None:
+                cc = cw[..., lo:hi] if cw.ndim >= 1 and cw.shape[-1] == n else cw
+                cv = _initializer(f"{c.name}__cols{lo}", cc)
+                graph.register_initializer(cv)
+                inputs.append(cv)
+            out = ir.Value(name=f"{y.name}__cols{lo}", shape=ir.Shape([ys[0], hi - lo]), type=y.type)
+            attrs = list(node.attributes.values()) if node.op_type == "Gemm" else []
+            pieces.append(
+                ir.Node("", node.op_type, inputs, attrs, outputs=[out], name=f"{node.name}__part{i}")
+            )
+            outs.append(out)
+        joined = ir.Value(name=str(y.name), shape=ir.Shape(ys), type=y.type)
+        concat = ir.Node(
+            "", "Concat", outs, [ir.AttrInt64("axis", 1)], outputs=[joined], name=f"{node.name}__join"
+        )
+        ir.convenience.replace_nodes_and_values(graph, node, [node], [*pieces, concat], [y], [joined])
+        split += 1
+    return split
 
 
 def supported_ops() -> list[str]:
@@ -78,6 +149,7 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
         raise InputError(f"precision '{precision}'", where="--precision", hint="choose fp16 or fp32")
     storage = "half" if precision == "fp16" else "float"
     ctx = LowerContext(storage, _opset(model))
+    split_large_weights(model, 2 if storage == "half" else 4)
     graph = model.graph
     graph.sort()
     unsupported: list[tuple[str, str]] = []

@@ -409,3 +409,34 @@ def test_pad_resize_convtranspose_layernorm_match_the_reference(tmp_path):
     assert {"Pad", "Resize", "LayerNormalization"} <= set(ops)
     assert any(op.startswith("ConvTranspose") for op in ops)
     _check(item5_zoo(1), tmp_path, feeds, precision="fp16", min_cos=0.999)
+
+
+@needs_adapter
+def test_weights_over_the_binding_limit_are_split_over_columns(tmp_path, monkeypatch):
+    """Rule 4 of the plan, with the 128 MiB limit lowered to 4 KiB so that a small MLP shows it:
+    Gemm with transB 0 and 1 (bias of N and of 1 x N) and a 2-D MatMul, each split in parts."""
+    from mconv.targets.webgpu import plan as webgpu_plan
+
+    monkeypatch.setattr(webgpu_plan, "MAX_BINDING_BYTES", 4096)
+    rng = np.random.default_rng(8)
+    w = {
+        "w1": (0.2 * rng.standard_normal((20, 70))).astype(np.float32),
+        "b1": (0.1 * rng.standard_normal(70)).astype(np.float32),
+        "w2": (0.2 * rng.standard_normal((50, 70))).astype(np.float32),
+        "b2": (0.1 * rng.standard_normal((1, 50))).astype(np.float32),
+        "w3": (0.2 * rng.standard_normal((50, 33))).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["g1"], name="fc1"),
+        helper.make_node("Relu", ["g1"], ["h1"], name="relu1"),
+        helper.make_node("Gemm", ["h1", "w2", "b2"], ["g2"], name="fc2", transB=1, alpha=0.5, beta=2.0),
+        helper.make_node("MatMul", ["g2", "w3"], ["y"], name="fc3"),
+    ]
+    model = make_model(nodes, [("x", [2, 20])], ["y"], w, name="wide")
+    feeds = {"x": rng.standard_normal((2, 20)).astype(np.float32)}
+    runner, _ = _check(model, tmp_path, feeds)
+    item = 4
+    for b in runner.plan.weight_buffers():
+        assert b.count * item <= 4096, (b.name, b.count)
+    joins = [layer for layer in runner.plan.layers if layer.op == "Concat"]
+    assert len(joins) == 3  # fc1 (5600 B), fc2 (14000 B), fc3 (6600 B): each over 4 KiB
