@@ -234,9 +234,9 @@ def _trace(lowered, model: ir.Model, shapes: list[list], replaced: bool, x64: bo
             if dims and isinstance(dims[0], str) and dims[0] == "b":
                 batch_dim = shape[0]
             specs.append(jax.ShapeDtypeStruct(shape, np.dtype(_dtype_name(v))))
-        layouts = getattr(lowered, "layouts", {})
+        layouts = lowered.layouts
         perms = []
-        for name, arr in lowered.weights():
+        for name, arr in lowered.weights(stored=True):
             perm = layouts.get(name)
             perms.append(None if perm is None else tuple(int(i) for i in np.argsort(perm)))
             shape = arr.shape if perm is None else tuple(arr.shape[i] for i in perm)
@@ -290,7 +290,7 @@ def export_program(model: ir.Model, options: Mapping | None = None):
     _check_options(options)
     lowered = lower_graph(model, bake_weights=bool(options.get("bake_weights", False)))
     lowered.model_batch = lowered.declared_batch
-    lowered.layouts = weight_layouts(model, lowered.weight_names)  # type: ignore[attr-defined]
+    lowered.layouts = weight_layouts(model, lowered.weight_names)
     shapes, replaced = input_shapes(model, options.get("batch"))
     if replaced and lowered.model_batch is not None:
         pin = pinned_batch(model, lowered.model_batch)
@@ -344,11 +344,11 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     metadata = dict(model.metadata_props)
     weight_specs = []
     weight_args = []
-    for name, arr in lowered.weights():
+    for name, arr in lowered.weights(stored=True):
         spec = {"codec": forced} if forced and forced != "auto" else choose_codec(arr, metadata, name)
         weight_specs.append((name, arr, spec))
         arg = {"name": name, "dtype": arr.dtype.name, "shape": [int(d) for d in arr.shape]}
-        if name in getattr(lowered, "layouts", {}):
+        if name in lowered.layouts:
             arg["layout"] = lowered.layouts[name]  # rule 9: the loader permutes it once
         weight_args.append(arg)
     for name, arr in list(lowered.baked.items()) + list(lowered.static_values.items()):

@@ -157,11 +157,19 @@ class LoweredGraph:
     baked: dict[str, np.ndarray] = field(default_factory=dict)
     model_batch: int | None = None  # the leading dimension the model declares (declared_batch's source)
     shape_note: str | None = None  # set by the exporter when it fell back to static shapes
+    # weight name -> the permutation the exported program takes it in (the exporter's rule 9)
+    layouts: dict[str, list[int]] = field(default_factory=dict)
 
-    def weights(self) -> list[tuple[str, np.ndarray]]:
-        """The weight arguments as (name, array), in argument order."""
+    def weights(self, stored: bool = False) -> list[tuple[str, np.ndarray]]:
+        """The weight arguments as (name, array), in argument order: as the exported program
+        takes them (permuted by ``layouts``), or with ``stored`` as the model holds them."""
         inits = self.model.graph.initializers
-        return [(n, inits[n].const_value.numpy()) for n in self.weight_names]
+        out = []
+        for n in self.weight_names:
+            arr = inits[n].const_value.numpy()
+            perm = None if stored else self.layouts.get(n)
+            out.append((n, arr if perm is None else np.ascontiguousarray(np.transpose(arr, perm))))
+        return out
 
     def function(self, batch_dim: Any = None) -> Callable:
         """``f(*inputs, *weights) -> tuple(outputs)`` for jax to trace."""

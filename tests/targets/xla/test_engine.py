@@ -274,6 +274,8 @@ def test_after_the_dynamic_batch_pass_the_bundle_runs_any_batch_like_the_samples
     want = np.concatenate([original.run({"x": x[i : i + 1]})["y"] for i in range(3)])
     assert got.shape == (3, 5)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    in_memory = get_target("xla").load_model(model).run({"x": x})["y"]  # no bundle: same layouts
+    np.testing.assert_allclose(in_memory, want, rtol=1e-5, atol=1e-6)
 
 
 def test_sensitivity_sweep_on_either_engine_gives_the_same_curves():
