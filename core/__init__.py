@@ -1,16 +1,29 @@
 """mconv: import, optimize, verify and export neural network models.
 
-The package root holds the small core shared by every room:
+The package root (``core/``) is the base layer: it imports nothing above it (no formats, passes,
+targets, fixtures, api or cli; ``tests/test_layering.py`` walks every import). Its modules:
 
-- :mod:`mconv.errors`   the error types and their exit codes;
-- :mod:`mconv.fileio`   atomic writes and bounded reads;
-- :mod:`mconv.irio`     loading/saving ``.onnx`` as ``onnx_ir.Model`` plus model statistics;
-- :mod:`mconv.metrics`   comparison metrics and gates;
-- :mod:`mconv.bundle`   the deployable bundle (manifest + weights container + payload);
-- :mod:`mconv.container` the ``weights.mcw`` weight container and its codecs.
+- :mod:`mconv.errors`     the error types and their exit codes;
+- :mod:`mconv.fileio`     atomic writes and bounded reads;
+- :mod:`mconv.npzio`      bounded ``.npz`` / ``.npy`` reading;
+- :mod:`mconv.wire`       the protobuf wire format read and written by hand;
+- :mod:`mconv.onnx_check` the load-time ONNX check (structure, sizes, external data);
+- :mod:`mconv.irio`       loading/saving ``.onnx`` as ``onnx_ir.Model`` plus model statistics;
+- :mod:`mconv.metrics`    comparison metrics, gates and feeds;
+- :mod:`mconv.codecs`     the weight codecs (raw, fp16, palette, sparse, huffman, the choice);
+- :mod:`mconv.container`  the ``weights.mcw`` weight container;
+- :mod:`mconv.bundle`     the deployable bundle (manifest + weights container + payload);
+- :mod:`mconv.account`    the per-layer byte account of a bundle (and of an export, predicted);
+- :mod:`mconv.datasets`   small real data sets in the shapes models expect;
+- :mod:`mconv.__main__`   ``python -m mconv``: the command line's entry point.
 
-Rooms: :mod:`mconv.formats` (files -> IR), :mod:`mconv.passes` (IR -> IR),
-:mod:`mconv.targets` (IR -> bundles and runners), :mod:`mconv.cli` (the command line).
+The layers above: :mod:`mconv.formats` (files -> IR), :mod:`mconv.passes` (IR -> IR) and
+:mod:`mconv.targets` (IR -> bundles and runners) on the core; :mod:`mconv.api` (the Python API)
+on them; :mod:`mconv.cli` (the command line) on the API.
+
+Two declared exceptions to the layering: the lazy forward below of the API names
+(``mconv.load`` is ``mconv.api.load``, imported on first use, so importing a core module loads
+nothing above it), and ``__main__``, which starts the command line.
 """
 
 __version__ = "0.1.0"
