@@ -1,20 +1,28 @@
-"""fp16: half-precision weights (default) or half-precision compute with a block list."""
+"""fp16: half-precision weights (default), half-precision compute with a block list (mode all),
+with the nodes the data shows need float32 kept (mode auto), or in bfloat16 (mode bf16)."""
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
+from mconv.errors import show
 from mconv.passes._weights import move_compression
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
 from mconv.passes.rewrite import fresh_name, is_overridable, taken_names, upgrade_ir3
 from mconv.passes.shape_inference import infer_on_stripped_copy, merge_inferred
 
 FP16_MAX = 65504.0
-F32, F16 = ir.DataType.FLOAT, ir.DataType.FLOAT16
+F32, F16, BF16 = ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16
+_RANGE = {F16: FP16_MAX, BF16: float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)}
+_NP = {F16: np.dtype(np.float16), BF16: np.dtype(ml_dtypes.bfloat16)}
+_TYPE_STR = {F16: "tensor(float16)", BF16: "tensor(bfloat16)"}
 
 # Numerically fragile ops that stay float32 in mode "all" unless the user's block list says otherwise.
 DEFAULT_BLOCK_LIST = [
@@ -52,7 +60,6 @@ _FLOAT32_INPUTS = {"Resize": {1, 2}, "Upsample": {1}}
 # follow its inputs; BitCast's ``to`` needs the input's bit width). ``Cast``'s ``to`` is
 # rewritten instead.
 _DTYPE_ATTRS = frozenset({"dtype", "output_dtype", "output_datatype", "to"})
-_HALF = "tensor(float16)"
 
 
 def _is_tensor(value: ir.Value) -> bool:
@@ -60,7 +67,7 @@ def _is_tensor(value: ir.Value) -> bool:
     return isinstance(value.type, ir.TensorType)
 
 
-def _half_plan(node: ir.Node, opset: int) -> set[int] | None:
+def _half_plan(node: ir.Node, opset: int, half: ir.DataType = F16) -> set[int] | None:
     """Input positions that must stay float32 when ``node`` computes in float16, from its schema.
 
     None when the node cannot compute in float16 at this opset: no schema, an input position the
@@ -82,19 +89,20 @@ def _half_plan(node: ir.Node, opset: int) -> set[int] | None:
         return None
 
     keep32 = set(_FLOAT32_INPUTS.get(node.op_type, ()))
+    want = _TYPE_STR[half]
     for i, v in enumerate(node.inputs):
-        if v is None or v.dtype not in (F32, F16):
+        if v is None or v.dtype not in (F32, half):
             continue
         param = formal(schema.inputs, i)
         if param is None:
             return None
-        if _HALF not in allowed.get(param.type_str, {param.type_str}):
+        if want not in allowed.get(param.type_str, {param.type_str}):
             keep32.add(i)
     for i, v in enumerate(node.outputs):
         if v.dtype != F32:
             continue
         param = formal(schema.outputs, i)
-        if param is None or _HALF not in allowed.get(param.type_str, {param.type_str}):
+        if param is None or want not in allowed.get(param.type_str, {param.type_str}):
             return None
     return keep32
 
@@ -136,19 +144,49 @@ class Float16(Pass):
        and every subgraph output is still produced inside its subgraph.
     7. ``keep_io_types=True``: graph inputs and outputs stay float32 with Casts at the boundary
        (the outputs keep their names); otherwise float32 inputs and outputs become float16.
+
+    Mode ``auto`` (needs ``--data``): mode all, but the data decides what stays float32, not an
+    op-type block list.
+
+    10. The float32 model runs on the reference executor over the first ``samples`` samples
+        (batches of the model's fixed batch size), keeping every value. (a) Each node that could
+        run in half precision is evaluated alone on those float32 inputs rounded to the half
+        type, its outputs rounded: a node whose output overflows (a non-finite value where
+        float32's is finite) or whose relative L2 error exceeds ``tolerance`` stays float32.
+        (b) The graph so converted runs end to end on the reference executor (every op rounds
+        its output to its type, as a GPU does; ONNX Runtime's CPU provider computes most float16
+        ops in float32 behind Casts it inserts, which hides overflow). Nodes whose outputs turn
+        non-finite while their inputs are finite are kept and it runs again; when every output is
+        finite but its error exceeds ``tolerance``, the nodes whose error grows most (output
+        error minus input error) are kept, 1, 2, 4, ... per run, at most ``max_rounds`` runs.
+        The note and the ``auto`` entry of the report name every node kept, the output error and
+        whether it is within the tolerance.
+    11. ``dtype="bfloat16"`` (modes all and auto) or mode ``bf16`` (mode all in bfloat16):
+        bfloat16 instead of float16 (float32's range, 8 bits of mantissa), where the op schema
+        allows ``tensor(bfloat16)``. The model's ``mconv.precision`` metadata says
+        ``bfloat16``: ONNX Runtime's CPU provider has few bfloat16 kernels, so the written-model
+        check accepts its refusal of a kernel (NOT_IMPLEMENTED) for such a model; the xla target
+        and the reference executor run it.
     """
 
     @dataclass
     class Config:
-        mode: Literal["weights", "all"] = "weights"
+        mode: Literal["weights", "all", "auto", "bf16"] = "weights"
         min_elements: int = 16
         keep_io_types: bool = True
         block_list: list[str] = field(default_factory=lambda: list(DEFAULT_BLOCK_LIST))
+        dtype: Literal["float16", "bfloat16"] = "float16"  # modes all / auto; mode bf16 = all in bfloat16
+        tolerance: float = 0.01  # mode auto: relative L2 error allowed per node and per graph output
+        max_rounds: int = 12  # mode auto: end-to-end runs at most
+        samples: int = 16  # mode auto: samples of --data used
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         if config.mode == "weights":
             return self._weights(model, config)
-        return self._all(model, config)
+        half = BF16 if config.mode == "bf16" or config.dtype == "bfloat16" else F16
+        if config.mode == "auto":
+            return self._auto(model, config, ctx, half)
+        return self._all(model, config, half=half)
 
     # --- mode "weights" -------------------------------------------------------------------------
 
@@ -213,7 +251,17 @@ class Float16(Pass):
 
     # --- mode "all" -----------------------------------------------------------------------------
 
-    def _all(self, model: ir.Model, config: Config) -> PassReport:
+    def _all(
+        self,
+        model: ir.Model,
+        config: Config,
+        *,
+        half: ir.DataType = F16,
+        keep_nodes: frozenset[str] = frozenset(),
+        blocked_ops: set[str] | None = None,
+    ) -> PassReport:
+        """Modes all and bf16 (``half``); mode auto passes the nodes it keeps in float32 by
+        name (``keep_nodes``) and no op-type block list."""
         graph = model.graph
         ir_version = model.ir_version or 10
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 21))
@@ -221,8 +269,12 @@ class Float16(Pass):
         if inferred is not None:
             merge_inferred(model, inferred)
         taken = taken_names(graph)
-        blocked_ops = set(config.block_list) | _ALWAYS_BLOCKED
-        half: set[ir.Value] = set()  # values that now hold float16 data
+        if blocked_ops is None:
+            blocked_ops = set(config.block_list)
+        blocked_ops = blocked_ops | _ALWAYS_BLOCKED
+        H, hmax, hnp = half, _RANGE[half], _NP[half]
+        hname = "fp16" if half == F16 else "bf16"
+        half_values: set[ir.Value] = set()  # values that now hold float16 / bfloat16 data
         cache: dict[tuple[int, ir.DataType], ir.Value] = {}
         tensors, notes = [], []
         blocked_count = 0
@@ -230,7 +282,7 @@ class Float16(Pass):
         def cast(value: ir.Value, to: ir.DataType, before: ir.Node) -> ir.Value:
             key = (id(value), to)
             if key not in cache:
-                suffix = "fp16" if to == F16 else "fp32"
+                suffix = hname if to == H else "fp32"
                 node = ir.Node(
                     "",
                     "Cast",
@@ -256,13 +308,13 @@ class Float16(Pass):
             ):
                 continue
             array = t.numpy()
-            if np.any(np.abs(array[np.isfinite(array)]) > FP16_MAX):
-                notes.append(f"{name}: kept float32 (values beyond the float16 range)")
+            if np.any(np.abs(array[np.isfinite(array)]) > hmax):
+                notes.append(f"{name}: kept float32 (values beyond the {hnp.name} range)")
                 continue
-            h = array.astype(np.float16)
+            h = array.astype(hnp)
             value.const_value = ir.tensor(h, name=name)
-            value.dtype = F16
-            half.add(value)
+            value.dtype = H
+            half_values.add(value)
             if value in graph.inputs:  # IR 3: a weight listed as an input
                 upgrade_ir3(model)
             tensors.append(
@@ -276,46 +328,45 @@ class Float16(Pass):
         if not config.keep_io_types:
             for value in graph.inputs:
                 if _is_tensor(value) and value.dtype == F32 and not value.is_initializer():
-                    value.dtype = F16
-                    half.add(value)
+                    value.dtype = H
+                    half_values.add(value)
 
         for node in list(graph):
-            keep32 = _half_plan(node, opset) if self._runs_half(node, blocked_ops) else None
+            runs = self._runs_half(node, blocked_ops) and node.name not in keep_nodes
+            keep32 = _half_plan(node, opset, H) if runs else None
             run_half = keep32 is not None
             for i, v in enumerate(node.inputs):
                 if v is None:
                     continue
-                if (not run_half or i in keep32) and v in half:
+                if (not run_half or i in keep32) and v in half_values:
                     node.replace_input_with(i, cast(v, F32, node))
                 elif run_half and i not in keep32 and v.dtype == F32:
-                    node.replace_input_with(i, cast(v, F16, node))
+                    node.replace_input_with(i, cast(v, H, node))
             if not run_half:
                 blocked_count += node.op_type != "Cast"
-                self._unhalve_captured(node, half, cast)
+                self._unhalve_captured(node, half_values, cast)
                 continue
             if node.op_type == "Cast" and node.attributes["to"].value == F32:
-                node.attributes["to"] = ir.AttrInt64("to", F16)
+                node.attributes["to"] = ir.AttrInt64("to", H)
             for key in ("value",):
                 attr = node.attributes.get(key)
                 if attr is not None and attr.type == ir.AttributeType.TENSOR and attr.value.dtype == F32:
-                    node.attributes[key] = ir.AttrTensor(
-                        key, ir.tensor(attr.value.numpy().astype(np.float16))
-                    )
+                    node.attributes[key] = ir.AttrTensor(key, ir.tensor(attr.value.numpy().astype(hnp)))
             if node.op_type == "Constant" and "value_float" in node.attributes:
                 v = node.attributes.pop("value_float").value
-                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(v, dtype=np.float16)))
+                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(v, dtype=hnp)))
             elif node.op_type == "Constant" and "value_floats" in node.attributes:
                 v = list(node.attributes.pop("value_floats").value)
-                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(v, dtype=np.float16)))
+                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(v, dtype=hnp)))
             for out in node.outputs:
                 if out.dtype == F32:  # a tensor: _runs_half saw to that
-                    out.dtype = F16
-                    half.add(out)
+                    out.dtype = H
+                    half_values.add(out)
 
         for i, out in enumerate(list(graph.outputs)):
-            if out in half and config.keep_io_types:
+            if out in half_values and config.keep_io_types:
                 name = out.name
-                out.name = fresh_name(f"{name}_fp16", taken)
+                out.name = fresh_name(f"{name}_{hname}", taken)
                 node = ir.Node(
                     "",
                     "Cast",
@@ -326,8 +377,109 @@ class Float16(Pass):
                 node.outputs[0].name, node.outputs[0].dtype, node.outputs[0].shape = name, F32, out.shape
                 graph.append(node)
                 graph.outputs[i] = node.outputs[0]
-        notes.insert(0, f"{len(tensors)} weights to float16; {blocked_count} nodes kept in float32")
+        if H == BF16:  # the validity check knows ORT's CPU provider lacks most bfloat16 kernels
+            model.metadata_props["mconv.precision"] = "bfloat16"
+        notes.insert(0, f"{len(tensors)} weights to {hnp.name}; {blocked_count} nodes kept in float32")
         return self.report(True, notes=notes, tensors=tensors)
+
+    # --- mode "auto" ----------------------------------------------------------------------------
+
+    def _auto(self, model: ir.Model, config: Config, ctx: PassContext, half: ir.DataType) -> PassReport:
+        """Mode auto: rule 10. Keeps in float32 exactly the nodes the data shows need it."""
+        t0 = time.perf_counter()
+        graph = model.graph
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 21))
+        batches = _auto_batches(model, ctx.data, config.samples)
+        inferred = infer_on_stripped_copy(model, keep_bytes=1024, strict=False, data_prop=True)
+        if inferred is not None:
+            merge_inferred(model, inferred)
+        taken = taken_names(graph)
+        for node in graph:  # nodes are matched by name between the model and its trial copies
+            if not node.name:
+                node.name = fresh_name(f"{node.op_type}_node", taken)
+        names = [n.name for n in graph]
+        if len(set(names)) != len(names):
+            for node in graph:
+                node.name = (
+                    fresh_name(node.name or node.op_type, taken) if names.count(node.name) > 1 else node.name
+                )
+        from mconv.targets.reference.executor import Executor
+
+        reference = Executor(model)
+        refs = [reference.run(feeds, intermediates=True) for feeds in batches]
+        # (a) each node alone: float32 inputs rounded to the half type, computed, output rounded.
+        candidates = [
+            n
+            for n in graph
+            if self._runs_half(n, set(_ALWAYS_BLOCKED)) and _half_plan(n, opset, half) is not None
+        ]
+        local: dict[str, float] = {}
+        keep: set[str] = set()
+        hnp = _NP[half]
+        for node in candidates:
+            if not any(o.dtype == F32 for o in node.outputs):
+                continue
+            err, over = _local_error(node, refs, opset, hnp)
+            local[node.name] = err
+            if over or err > config.tolerance:
+                keep.add(node.name or "")
+        screened = len(keep)
+        # (b) the whole graph with those kept, run end to end; overflow sources and the nodes whose
+        # error grows most are added until every output is within the tolerance.
+        out_names = [v.name for v in graph.outputs]
+        rounds, out_err, step = 0, math.inf, 1
+        while rounds < config.max_rounds:
+            rounds += 1
+            trial = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+            self._all(trial, config, half=half, keep_nodes=frozenset(keep), blocked_ops=set())
+            runner = Executor(trial, dtype_check=False)
+            acc = _Accumulator()
+            for feeds, ref in zip(batches, refs):
+                acc.add(runner.run(feeds, intermediates=True), ref)
+            out_err = max((acc.rel(n) for n in out_names), default=0.0)
+            sources = [
+                n.name or ""
+                for n in graph
+                if n.name not in keep
+                and any(acc.bad(o.name) for o in n.outputs if o.name)
+                and not any(acc.bad(v.name) for v in n.inputs if v is not None and v.name)
+            ]
+            if not sources and out_err <= config.tolerance and not any(acc.bad(n) for n in out_names):
+                break
+            if sources:
+                keep.update(sources)
+                continue
+            growth = []
+            for n in candidates:
+                if n.name in keep:
+                    continue
+                outs = [acc.rel(o.name) for o in n.outputs if o.name]
+                ins = [acc.rel(v.name) for v in n.inputs if v is not None and v.name]
+                growth.append((max(outs, default=0.0) - max(ins, default=0.0), n.name))
+            growth.sort(reverse=True)
+            if not growth or growth[0][0] <= 0:
+                break
+            keep.update(name or "" for _, name in growth[:step])
+            step *= 2
+        report = self._all(model, config, half=half, keep_nodes=frozenset(keep), blocked_ops=set())
+        shown = ", ".join(show(n) for n in sorted(keep)[:8]) + (", ..." if len(keep) > 8 else "")
+        within = "within" if out_err <= config.tolerance else "NOT within"
+        report.notes.insert(
+            1,
+            f"auto: {len(keep)} of {len(candidates)} nodes kept in float32 ({screened} by their own error or "
+            f"overflow, {len(keep) - screened} from {rounds} end-to-end run(s)){': ' + shown if keep else ''}; "
+            f"output relative error {out_err:.3g} {within} tolerance {config.tolerance:g} on "
+            f"{sum(len(next(iter(b.values()))) for b in batches)} sample(s), {time.perf_counter() - t0:.2f} s",
+        )
+        report.tensors.append(
+            {
+                "name": "auto",
+                "kept_float32": sorted(keep),
+                "output_rel_error": float(out_err),
+                "rounds": rounds,
+            }
+        )
+        return report
 
     @staticmethod
     def _runs_half(node: ir.Node, blocked_ops: set[str]) -> bool:
@@ -361,3 +513,118 @@ class Float16(Pass):
                     for i, v in enumerate(inner.inputs):
                         if v is not None and v in half:
                             inner.replace_input_with(i, cast(v, F32, node))
+
+
+# --- mode "auto" helpers ------------------------------------------------------------------------
+
+
+def _auto_batches(model: ir.Model, data, samples: int) -> list[dict[str, np.ndarray]]:
+    """Rule 10: the feeds of ``--data`` (at most ``samples`` along the first axis), in batches of
+    the model's fixed batch size where it has one."""
+    from mconv.errors import InputError
+
+    if not data:
+        raise InputError(
+            "fp16(mode=auto) needs data to run the model on",
+            hint="give --data FEEDS.npz (arrays named as the model's inputs, samples along the first axis)",
+        )
+    inputs = [v for v in model.graph.inputs if not v.is_initializer()]
+    missing = [v.name or "" for v in inputs if v.name not in data]
+    if missing:
+        raise InputError(
+            f"--data has no array for input(s) {', '.join(show(n) for n in missing[:8])}",
+            where="fp16(mode=auto)",
+            hint=f"arrays in --data: {', '.join(show(k) for k in list(data)[:8]) or '(none)'}",
+        )
+    arrays = {v.name or "": np.asarray(data[v.name]) for v in inputs}
+    n = min((a.shape[0] if a.ndim else 1) for a in arrays.values()) if arrays else 1
+    n = max(1, min(n, samples))
+    first = [v.shape[0] if v.shape is not None and len(v.shape) else None for v in inputs]
+    fixed = next((d for d in first if isinstance(d, int)), None)
+    size = fixed if fixed and fixed > 0 else n
+    if n < size:
+        raise InputError(
+            f"--data holds {n} sample(s) but the model takes a batch of {size}",
+            where="fp16(mode=auto)",
+            hint=f"give at least {size} samples along the first axis",
+        )
+    batches = []
+    for start in range(0, n - size + 1, size):
+        batches.append({k: (a[start : start + size] if a.ndim else a) for k, a in arrays.items()})
+    return batches
+
+
+def _local_error(node: ir.Node, refs: list[dict], opset: int, hnp: np.dtype) -> tuple[float, bool]:
+    """``node`` alone in the half type: its float32 inputs (from the float32 run) rounded, computed,
+    its outputs rounded. Returns the relative L2 error of its outputs and whether any overflows."""
+    from mconv.passes.fold import evaluate_node
+
+    d2 = r2 = 0.0
+    over = False
+    for ref in refs:
+        inputs: list[np.ndarray | None] = []
+        for v in node.inputs:
+            if v is None:
+                inputs.append(None)
+                continue
+            x = ref.get(v.name) if v.name else None
+            if x is None and v.const_value is not None:
+                x = v.const_value.numpy()
+            if x is None:
+                return 0.0, False
+            x = np.asarray(x)
+            inputs.append(x.astype(hnp).astype(np.float32) if x.dtype == np.float32 else x)
+        try:
+            outs = evaluate_node(node, inputs, opset)
+        except Exception:  # a kernel the reference executor cannot run alone: the end-to-end run decides
+            return 0.0, False
+        for o, y in zip(node.outputs, outs):
+            r = ref.get(o.name) if o.name else None
+            if r is None or np.asarray(r).dtype != np.float32:
+                continue
+            r = np.asarray(r, dtype=np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):
+                h = np.asarray(y).astype(hnp).astype(np.float64)
+            fin = np.isfinite(r)
+            over |= bool(np.any(fin & ~np.isfinite(h)))
+            ok = fin & np.isfinite(h)
+            d2 += float(np.sum((h[ok] - r[ok]) ** 2))
+            r2 += float(np.sum(r[ok] ** 2))
+    return (math.sqrt(d2 / r2) if r2 > 0 else math.sqrt(d2)), over
+
+
+class _Accumulator:
+    """Per value: squared error and squared reference (finite entries), and whether the half run
+    gave a non-finite value where the float32 run did not."""
+
+    def __init__(self) -> None:
+        self.d2: dict[str, float] = {}
+        self.r2: dict[str, float] = {}
+        self.nonfinite: set[str] = set()
+
+    def add(self, got: dict, ref: dict) -> None:
+        for name, r in ref.items():
+            h = got.get(name)
+            if h is None or not isinstance(r, np.ndarray) or r.dtype != np.float32:
+                continue
+            h = np.asarray(h)
+            if h.shape != r.shape or h.dtype.kind != "f" and h.dtype != _NP[BF16]:
+                continue
+            h64, r64 = h.astype(np.float64), r.astype(np.float64)
+            fin = np.isfinite(r64)
+            if np.any(fin & ~np.isfinite(h64)):
+                self.nonfinite.add(name)
+            ok = fin & np.isfinite(h64)
+            self.d2[name] = self.d2.get(name, 0.0) + float(np.sum((h64[ok] - r64[ok]) ** 2))
+            self.r2[name] = self.r2.get(name, 0.0) + float(np.sum(r64[ok] ** 2))
+
+    def rel(self, name: str | None) -> float:
+        if not name or name not in self.d2:
+            return 0.0
+        if name in self.nonfinite:
+            return math.inf
+        r2 = self.r2[name]
+        return math.sqrt(self.d2[name] / r2) if r2 > 0 else math.sqrt(self.d2[name])
+
+    def bad(self, name: str | None) -> bool:
+        return bool(name) and name in self.nonfinite
