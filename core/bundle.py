@@ -250,6 +250,10 @@ def _spec_list(specs: Sequence[TensorSpec | Mapping]) -> list[dict]:
     return [s.as_dict() if isinstance(s, TensorSpec) else TensorSpec.from_dict(s).as_dict() for s in specs]
 
 
+# Targets whose bundles are read by a reader of the version 1 (JSON) weights index.
+_JSON_INDEX = ("metal", "webgpu")
+
+
 def write_bundle(
     out_dir: str | os.PathLike,
     *,
@@ -281,7 +285,9 @@ def write_bundle(
         weight_entries: list[dict] = []
         records: dict[str, dict] = {}
         if stored:
-            info = write_container(tmp / WEIGHTS, stored)
+            # version 2 (binary index) where the readers are mconv's own (Python, mcw_decode);
+            # the Swift and JavaScript readers of metal and webgpu bundles parse version 1's JSON
+            info = write_container(tmp / WEIGHTS, stored, version=1 if target in _JSON_INDEX else 2)
             records = {e.name: e.record | {"nbytes": e.nbytes} for e in info.tensors}
         for name, array, _spec in weights:
             if name in records:

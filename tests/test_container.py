@@ -395,3 +395,101 @@ def test_hostile_name_in_a_refused_index_is_one_escaped_line(good):
         read_container(good)
     line = exc.value.line()
     assert str(good) in line and "\n" not in line and "\x1b" not in line and len(line) < 1200
+
+
+# --- version 2: the binary index (issue 14 item 5: small bundles stay small) ----------------
+
+
+def _small_model_tensors(seed: int) -> list:
+    """An MLP-sized set: three pruned, clustered weights and three raw biases."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, (rows, cols) in enumerate([(300, 64), (100, 300), (10, 100)]):
+        book = np.sort(rng.standard_normal(20)).astype(np.float32)
+        w = book[rng.integers(0, 20, (rows, cols))]
+        w[rng.random((rows, cols)) < 0.9] = 0.0
+        out.append((f"fc{i + 1}.weight", w, choose_codec(w)))
+        out.append((f"fc{i + 1}.bias", rng.standard_normal(rows).astype(np.float32), None))
+    return out
+
+
+def test_v2_round_trips_and_is_deterministic_and_small(tmp_path):
+    tensors = _small_model_tensors(0)
+    info = write_container(tmp_path / "a.mcw", tensors, version=2)
+    again = write_container(tmp_path / "b.mcw", tensors, version=2)
+    assert (tmp_path / "a.mcw").read_bytes() == (tmp_path / "b.mcw").read_bytes()
+    assert info.total_bytes == again.total_bytes
+    v1 = write_container(tmp_path / "v1.mcw", tensors, version=1)
+    overhead = info.total_bytes - info.blob_bytes
+    assert overhead <= max(512, 0.02 * info.blob_bytes), overhead  # the issue's budget
+    assert v1.total_bytes - v1.blob_bytes > 3 * overhead  # what it was
+    with read_container(tmp_path / "a.mcw") as c, read_container(tmp_path / "v1.mcw") as old:
+        assert c.names == old.names == [t[0] for t in tensors]
+        for name, a, _ in tensors:
+            assert c.array(name).tobytes() == a.tobytes() == old.array(name).tobytes()
+            assert c.record(name) == old.record(name)
+            assert c.entries[name].sha256 == old.entries[name].sha256
+            assert c.entries[name].offset % 8 == 0
+
+
+def test_v2_checks_every_blob_sha256(tmp_path):
+    path = tmp_path / "w.mcw"
+    info = write_container(path, _small_model_tensors(1), version=2)
+    data = bytearray(path.read_bytes())
+    e = info.entry("fc2.weight")
+    data[e.offset + e.nbytes // 2] ^= 0x10
+    with container_from_bytes(bytes(data), "w.mcw") as c:
+        c.array("fc1.weight")  # the others still decode
+        with pytest.raises(IntegrityError, match="sha256 mismatch") as exc:
+            c.array("fc2.weight")
+    assert "w.mcw" in exc.value.line()
+
+
+def _v2_bytes(index: bytes, blobs: bytes = b"") -> bytes:
+    return struct.pack("<4sIQ", b"MCW1", 2, len(index)) + index + blobs
+
+
+def test_v2_refuses_hostile_indexes_with_one_line_naming_the_file(tmp_path):
+    good_path = tmp_path / "good.mcw"
+    write_container(good_path, _small_model_tensors(2), version=2)
+    good = good_path.read_bytes()
+    (index_len,) = struct.unpack_from("<Q", good, 8)
+    sha = hashlib.sha256(b"\0" * 4).digest()
+    record = b"\x03" + b"\x00\x01\x0e" + b"\x01\x01\x12" + b"\x02\x04\x01\x01"  # raw float32 [1]
+    entry = b"\x01a\x04" + sha + record
+    cases = {
+        "truncated index": good[: 16 + index_len // 2] + b"\0" * 0,
+        "varint past 2**63": _v2_bytes(b"\xff" * 10),
+        "count beyond the index": _v2_bytes(b"\xff\x7f"),
+        "unknown value tag": _v2_bytes(b"\x01\x01a\x04" + sha + b"\x01\x00\x09", b"\0" * 8),
+        "name not UTF-8": _v2_bytes(b"\x01\x01\xff\x04" + sha + record, b"\0" * 8),
+        "duplicate tensor": _v2_bytes(b"\x02" + entry + entry, b"\0" * 16),
+        "duplicate field": _v2_bytes(b"\x01\x01a\x04" + sha + b"\x02\x00\x01\x0e\x00\x01\x0e", b"\0" * 8),
+        "blob past the end": _v2_bytes(b"\x01" + entry, b"\0" * 2),
+        "trailing index bytes": _v2_bytes(b"\x01" + entry + b"\x00", b"\0" * 8),
+        "record lacks shape": _v2_bytes(b"\x01\x01a\x04" + sha + b"\x02\x00\x01\x0e\x01\x01\x12", b"\0" * 8),
+        "huge list length": _v2_bytes(b"\x01\x01a\x04" + sha + b"\x01\x02\x04\xff\xff\xff\x7f"),
+    }
+    for what, data in cases.items():
+        bad = tmp_path / "bad.mcw"
+        bad.write_bytes(data)
+        with pytest.raises(InputError) as exc:
+            read_container(bad).array("a")
+        line = exc.value.line()
+        assert "bad.mcw" in line and "\n" not in line, (what, line)
+        assert type(exc.value) is InputError, what
+    # the well-formed one of those entries decodes (the cases above are one change each)
+    with container_from_bytes(_v2_bytes(b"\x01" + entry, b"\0" * 8), "ok.mcw") as c:
+        assert c.array("a").tolist() == [0.0]
+
+
+def test_unknown_container_versions_are_refused_clearly(tmp_path):
+    path = tmp_path / "w.mcw"
+    write_container(path, _small_model_tensors(3), version=2)
+    data = bytearray(path.read_bytes())
+    data[4] = 3
+    with pytest.raises(InputError, match="container version 3 is not supported") as exc:
+        container_from_bytes(bytes(data), "w.mcw")
+    assert "upgrade mconv" in exc.value.line()
+    with pytest.raises(InputError, match="container version"):
+        write_container(tmp_path / "x.mcw", [], version=3)

@@ -5,9 +5,11 @@
  *   mcw_decode FILE -o DIR          one file per tensor: DIR/<name>.f32 (unsafe characters -> '_')
  *   mcw_decode FILE -l              list: name, codec, dtype, elements
  *
- * Container (core/container.py): "MCW1", u32 version 1, u64 index length, JSON index
- * {"tensors": [{"name", "offset", "nbytes", "record": {...}}, ...]}, 64-byte aligned blobs.
- * The JSON parser is minimal: it reads exactly that shape and skips every other key.
+ * Container (core/container.py): "MCW1", u32 version, u64 index length, then the index.
+ * Version 1: a JSON index {"tensors": [{"name", "offset", "nbytes", "record": {...}}, ...]},
+ * 64-byte aligned blobs; the JSON parser is minimal: it reads exactly that shape and skips every
+ * other key. Version 2: the binary index of container.py (varints, a word table, implied
+ * offsets at 8-byte alignment); every length is checked against the index before it is used.
  * Exit status: 0 ok, 2 bad input (one line on stderr naming the file and tensor), 3 I/O error.
  *
  * Build: cc -std=c99 -O2 -o mcw_decode mcw_decode.c decoder.c
@@ -212,6 +214,133 @@ static const char *finish(tensor *t) {
     return NULL;
 }
 
+/* -- version 2: the binary index ------------------------------------------------------------ */
+
+/* Must equal WORDS in core/container.py, in order. */
+static const char *const WORDS[] = {
+    "codec", "dtype", "shape", "streams", "bits", "codebook_size", "codebook_dtype", "groups",
+    "huffman", "index_bits", "entries", "nonzeros", "values", "chunk", "raw", "fp16", "palette",
+    "sparse", "float32", "float16", "float64", "bfloat16", "int8", "uint8", "int16", "uint16",
+    "int32", "uint32", "int64", "uint64", "bool", "codebook", "indices", "gaps", "data", "symbols"};
+#define NWORDS (sizeof WORDS / sizeof WORDS[0])
+
+typedef struct {
+    const unsigned char *p, *end;
+    int bad;
+} bin;
+
+static uint64_t varint(bin *b) {
+    uint64_t v = 0;
+    int shift = 0;
+    for (;;) {
+        unsigned char c;
+        if (b->p >= b->end || shift >= 63) { b->bad = 1; return 0; }
+        c = *b->p++;
+        v |= (uint64_t)(c & 0x7F) << shift;
+        shift += 7;
+        if (!(c & 0x80)) break;
+    }
+    if (v >> 63) b->bad = 1;
+    return v;
+}
+
+/* A word into out (NUL-terminated, truncated to cap-1 bytes; a literal is skipped past). */
+static void word(bin *b, char *out, size_t cap) {
+    uint64_t k = varint(b), n;
+    out[0] = '\0';
+    if (b->bad) return;
+    if (k < NWORDS) { snprintf(out, cap, "%s", WORDS[k]); return; }
+    n = k - NWORDS;
+    if (n > (uint64_t)(b->end - b->p)) { b->bad = 1; return; }
+    snprintf(out, cap, "%.*s", (int)(n < cap - 1 ? n : cap - 1), (const char *)b->p);
+    b->p += n;
+}
+
+/* One record value: the fields the decoder needs are kept, the others skipped. */
+static void value_v2(bin *b, tensor *t, const char *key) {
+    mcw_record *r = &t->rec;
+    uint64_t n, i, v = 0;
+    unsigned char tag;
+    char text[32];
+    if (b->p >= b->end) { b->bad = 1; return; }
+    tag = *b->p++;
+    if (tag == 0) {
+        v = varint(b);
+        if (!strcmp(key, "bits")) r->bits = (int)(v & 0xFF);
+        else if (!strcmp(key, "index_bits")) r->index_bits = (int)(v & 0xFF);
+        else if (!strcmp(key, "codebook_size")) r->codebook_size = (uint32_t)v;
+        else if (!strcmp(key, "groups")) r->groups = (uint32_t)v;
+        else if (!strcmp(key, "entries")) r->entries = v;
+    } else if (tag == 1) {
+        word(b, text, sizeof text);
+        if (!strcmp(key, "codec")) snprintf(t->codec, sizeof t->codec, "%s", text), t->have_codec = 1;
+        else if (!strcmp(key, "dtype")) snprintf(t->dtype, sizeof t->dtype, "%s", text), t->have_dtype = 1;
+        else if (!strcmp(key, "codebook_dtype")) snprintf(t->codebook_dtype, sizeof t->codebook_dtype, "%s", text);
+        else if (!strcmp(key, "values")) snprintf(t->values, sizeof t->values, "%s", text);
+    } else if (tag == 2 || tag == 3) {
+        if (!strcmp(key, "huffman")) r->huffman = tag == 3;
+    } else if (tag == 4 || tag == 5) {
+        n = varint(b);
+        if (b->bad || n > (uint64_t)(b->end - b->p)) { b->bad = 1; return; }
+        if (tag == 4 && !strcmp(key, "shape")) {
+            if (n > MAX_DIMS) { b->bad = 1; return; }
+            t->ndim = (int)n;
+        }
+        for (i = 0; i < n && !b->bad; i++) {
+            if (tag == 5) word(b, text, sizeof text);
+            v = varint(b);
+            if (tag == 4 && !strcmp(key, "shape")) t->shape[i] = v;
+        }
+    } else b->bad = 1;
+}
+
+static int die(const char *name, const char *why, int code);
+
+/* Every tensor of a version 2 index, in order; calls visit for each (offsets implied). */
+static int index_v2(const unsigned char *data, uint64_t size, uint64_t index_len,
+                    int (*visit)(tensor *, void *), void *ctx) {
+    bin b;
+    uint64_t count, i, offset = 16 + index_len;
+    char err[160];
+    b.p = data + 16, b.end = b.p + index_len, b.bad = 0;
+    count = varint(&b);
+    if (count > index_len) b.bad = 1;
+    for (i = 0; !b.bad && i < count; i++) {
+        tensor t;
+        uint64_t n, fields, f;
+        const char *why;
+        int rc;
+        memset(&t, 0, sizeof t);
+        t.rec.groups = 1;
+        n = varint(&b);
+        if (b.bad || n > (uint64_t)(b.end - b.p)) { b.bad = 1; break; }
+        snprintf(t.name, sizeof t.name, "%.*s", (int)(n < NAME_MAX_LEN - 1 ? n : NAME_MAX_LEN - 1), (const char *)b.p);
+        b.p += n;
+        t.nbytes = varint(&b), t.have_nbytes = 1;
+        if (b.bad || b.end - b.p < 32) { b.bad = 1; break; }
+        b.p += 32; /* sha256: checked by the Python loader; this tool trusts the bundle's manifest */
+        fields = varint(&b);
+        if (fields > (uint64_t)(b.end - b.p)) b.bad = 1;
+        for (f = 0; !b.bad && f < fields; f++) {
+            char key[64];
+            word(&b, key, sizeof key);
+            if (!b.bad) value_v2(&b, &t, key);
+        }
+        if (b.bad) break;
+        offset += (8 - offset % 8) % 8;
+        t.offset = offset, t.have_offset = 1;
+        if ((why = finish(&t))) { snprintf(err, sizeof err, ": %s", why); return die(t.name, err, 2); }
+        if (t.nbytes > size - offset) return die(t.name, ": blob runs past the end of the file", 2);
+        offset += t.nbytes;
+        if ((rc = visit(&t, ctx))) return rc;
+    }
+    if (b.bad || b.p != b.end) {
+        snprintf(err, sizeof err, "byte offset %lu: binary index not understood", (unsigned long)(b.p - data));
+        return die(NULL, err, 2);
+    }
+    return 0;
+}
+
 static int die(const char *name, const char *why, int code) {
     fprintf(stderr, "mcw_decode: %s: %s%s%s\n", prog_file, name ? "tensor " : "", name ? name : "", why);
     return code;
@@ -231,14 +360,61 @@ static int write_le_floats(FILE *f, const float *v, uint64_t n) {
     return k && fwrite(buf, 1, k, f) != k ? -1 : 0;
 }
 
+typedef struct {
+    const unsigned char *data;
+    uint64_t size;
+    const char *only, *out_dir;
+    int list, found;
+} job;
+
+/* List, or decode and write, one tensor (offset and nbytes already checked against the file). */
+static int emit(tensor *t, void *ctx) {
+    job *jb = ctx;
+    float *values;
+    char err[512];
+    if (jb->only && strcmp(jb->only, t->name)) return 0;
+    jb->found++;
+    if (jb->list) {
+        printf("%s\t%s\t%s\t%llu\n", t->name, t->codec, t->dtype, (unsigned long long)t->rec.count);
+        return 0;
+    }
+    values = malloc((size_t)t->rec.count * sizeof *values + 1);
+    if (!values) return die(t->name, ": out of memory", 3);
+    if (mcw_decode_tensor(&t->rec, jb->data + t->offset, (size_t)t->nbytes, values, err, sizeof err)) {
+        char msg[600];
+        snprintf(msg, sizeof msg, ": %s blob: %s", t->codec, err);
+        free(values);
+        return die(t->name, msg, 2);
+    }
+    if (jb->out_dir) {
+        char path[4096], *c;
+        FILE *o;
+        snprintf(path, sizeof path, "%s/%s.f32", jb->out_dir, t->name);
+        for (c = path + strlen(jb->out_dir) + 1; *c; c++)
+            if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+                  *c == '.' || *c == '-' || *c == '_')) *c = '_';
+        if (!(o = fopen(path, "wb")) || write_le_floats(o, values, t->rec.count) || fclose(o)) {
+            free(values);
+            return die(t->name, ": cannot write output file", 3);
+        }
+    } else if (write_le_floats(stdout, values, t->rec.count)) {
+        free(values);
+        return die(t->name, ": cannot write to stdout", 3);
+    }
+    free(values);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *out_dir = NULL, *only = NULL;
-    int list = 0, i, found = 0, rc = 0;
+    int list = 0, i, rc = 0;
     FILE *f;
     unsigned char *data;
     long size;
+    uint32_t version;
     uint64_t index_len;
     json j;
+    job jb;
     char err[512];
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out_dir = argv[++i];
@@ -256,10 +432,18 @@ int main(int argc, char **argv) {
     if (!data || fread(data, 1, (size_t)size, f) != (size_t)size) return die(NULL, "cannot read", 3);
     fclose(f);
     if (size < 16 || memcmp(data, "MCW1", 4)) return die(NULL, "byte offset 0: not a weights.mcw file (magic)", 2);
-    if ((data[4] | data[5] << 8 | data[6] << 16 | (uint32_t)data[7] << 24) != 1)
-        return die(NULL, "byte offset 4: unsupported container version", 2);
+    version = data[4] | data[5] << 8 | data[6] << 16 | (uint32_t)data[7] << 24;
+    if (version != 1 && version != 2)
+        return die(NULL, "byte offset 4: unsupported container version (this decoder reads 1 and 2)", 2);
     for (index_len = 0, i = 7; i >= 0; i--) index_len = index_len << 8 | data[8 + i];
     if (index_len > (uint64_t)size - 16) return die(NULL, "byte offset 8: index runs past the end of the file", 2);
+    jb.data = data, jb.size = (uint64_t)size, jb.only = only, jb.out_dir = out_dir, jb.list = list, jb.found = 0;
+    if (version == 2) {
+        if ((rc = index_v2(data, (uint64_t)size, index_len, emit, &jb))) return rc;
+        if (only && !jb.found) return die(only, ": no such tensor", 2);
+        free(data);
+        return 0;
+    }
     j.s = (const char *)data + 16, j.end = j.s + index_len, j.bad = 0;
     expect(&j, '{');
     do {
@@ -272,38 +456,12 @@ int main(int argc, char **argv) {
         do {
             tensor t;
             const char *why;
-            float *values;
             tensor_entry(&j, &t);
             if (j.bad) break;
             if ((why = finish(&t))) return die(t.name, why[0] ? (sprintf(err, ": %s", why), err) : why, 2);
             if (t.offset > (uint64_t)size || t.nbytes > (uint64_t)size - t.offset)
                 return die(t.name, ": blob runs past the end of the file", 2);
-            if (only && strcmp(only, t.name)) continue;
-            found++;
-            if (list) {
-                printf("%s\t%s\t%s\t%llu\n", t.name, t.codec, t.dtype, (unsigned long long)t.rec.count);
-                continue;
-            }
-            values = malloc((size_t)t.rec.count * sizeof *values + 1);
-            if (!values) return die(t.name, ": out of memory", 3);
-            if (mcw_decode_tensor(&t.rec, data + t.offset, (size_t)t.nbytes, values, err, sizeof err)) {
-                char msg[600];
-                snprintf(msg, sizeof msg, ": %s blob: %s", t.codec, err);
-                return die(t.name, msg, 2);
-            }
-            if (out_dir) {
-                char path[4096], *c;
-                FILE *o;
-                snprintf(path, sizeof path, "%s/%s.f32", out_dir, t.name);
-                for (c = path + strlen(out_dir) + 1; *c; c++)
-                    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-                          *c == '.' || *c == '-' || *c == '_')) *c = '_';
-                if (!(o = fopen(path, "wb")) || write_le_floats(o, values, t.rec.count) || fclose(o))
-                    return die(t.name, ": cannot write output file", 3);
-            } else if (write_le_floats(stdout, values, t.rec.count)) {
-                return die(t.name, ": cannot write to stdout", 3);
-            }
-            free(values);
+            if ((rc = emit(&t, &jb))) return rc;
         } while (!j.bad && peek(&j, ',') && j.s++);
         expect(&j, ']');
     } while (!j.bad && peek(&j, ',') && j.s++);
@@ -312,7 +470,7 @@ int main(int argc, char **argv) {
         sprintf(err, "byte offset %lu: JSON index not understood", (unsigned long)(j.s - (const char *)data));
         return die(NULL, err, 2);
     }
-    if (only && !found) return die(only, ": no such tensor", 2);
+    if (only && !jb.found) return die(only, ": no such tensor", 2);
     free(data);
     return rc;
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -76,10 +77,10 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=[1, 2], ids=["v1-json-index", "v2-binary-index"])
+def weights(tmp_path_factory, request) -> Path:
     path = tmp_path_factory.mktemp("mcw") / "weights.mcw"
-    container.write_container(path, [(name, w, spec) for name, w, spec in CASES])
+    container.write_container(path, [(name, w, spec) for name, w, spec in CASES], version=request.param)
     return path
 
 
@@ -121,3 +122,32 @@ def test_c_decoder_rejects_damaged_blobs_without_crashing(mcw_decode, weights, t
         bad.write_bytes(bytes(damaged))
         proc = subprocess.run([str(mcw_decode), str(bad), "sparse_pal_huff"], capture_output=True, timeout=30)
         assert proc.returncode in (0, 2)  # never a signal (negative return code)
+
+
+def test_c_decoder_refuses_damaged_binary_indexes_with_one_line(mcw_decode, tmp_path):
+    """Version 2 index bytes flipped, cut or lengthened: exit 2 and one line, never a crash."""
+    path = tmp_path / "v2.mcw"
+    container.write_container(path, [(name, w, spec) for name, w, spec in CASES], version=2)
+    data = path.read_bytes()
+    (index_len,) = struct.unpack_from("<Q", data, 8)
+    rng = np.random.default_rng(2)
+    for trial in range(40):
+        damaged = bytearray(data)
+        at = 16 + int(rng.integers(0, index_len))
+        damaged[at] ^= int(rng.integers(1, 256))
+        bad = tmp_path / f"idx{trial}.mcw"
+        bad.write_bytes(bytes(damaged))
+        proc = subprocess.run([str(mcw_decode), str(bad), "-l"], capture_output=True, timeout=30)
+        assert proc.returncode in (0, 2), proc.stderr  # never a signal
+        if proc.returncode == 2:
+            assert proc.stderr.count(b"\n") == 1 and str(bad).encode() in proc.stderr
+    longer = bytearray(data)
+    struct.pack_into("<Q", longer, 8, index_len + 1)  # the index claims one byte of the blobs
+    (tmp_path / "long.mcw").write_bytes(bytes(longer))
+    proc = subprocess.run([str(mcw_decode), str(tmp_path / "long.mcw")], capture_output=True, timeout=30)
+    assert proc.returncode == 2 and proc.stderr.count(b"\n") == 1
+    v3 = bytearray(data)
+    v3[4] = 3
+    (tmp_path / "v3.mcw").write_bytes(bytes(v3))
+    proc = subprocess.run([str(mcw_decode), str(tmp_path / "v3.mcw")], capture_output=True, timeout=30)
+    assert proc.returncode == 2 and b"unsupported container version" in proc.stderr
