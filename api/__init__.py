@@ -465,10 +465,12 @@ def export(
     **options: Any,
 ) -> ExportResult:
     """``mconv export``: a deployable bundle for ``target`` (cpu, xla, metal, weights) in
-    ``out_dir``, or with ``format`` a model file. ``options``: the target's (``dense``, ``batch``,
-    ``precision``, ``bake_weights``, ``mlir_text``); ``input_shapes`` fixes symbolic dims first."""
+    ``out_dir``, or with ``format`` a model file. ``options``: the target's ``Options`` fields
+    (:mod:`mconv.targets.base`: ``dense``, ``batch``, ``precision``, ``bake_weights``,
+    ``mlir_text``, ``codec``, ...; one it does not declare is an InputError naming it);
+    ``input_shapes`` fixes symbolic dims first."""
     from mconv.irio import model_stats
-    from mconv.targets import get_target
+    from mconv.targets import check_export_options, get_target
 
     t0 = time.perf_counter()
     output = Path(out_dir)
@@ -504,7 +506,8 @@ def export(
             notes=notes,
             format=format,
         )
-    opts = {k: v for k, v in options.items() if v not in (None, False)}
+    # each option one the target declares (mconv.targets.base); None/False: not given
+    opts = check_export_options(target, options, path=str(source) if source else None)
     with _progress(progress)(f"export {target}", None), naming_the_file(source or output):
         bundle = get_target(target).export(m, output, opts)
     if target == "cpu":

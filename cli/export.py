@@ -1,9 +1,16 @@
-"""``mconv export``: write a deployable bundle for a target (:func:`mconv.api.export`)."""
+"""``mconv export``: write a deployable bundle for a target (:func:`mconv.api.export`).
+
+The target options (``--dense``, ``--batch``, ``--precision``, ``--bake-weights``,
+``--mlir-text``) are not written here: they are the fields with help of every target's
+``Options`` dataclass (:mod:`mconv.targets.base`), one flag per field name whose help names the
+targets that take it; the API refuses one the chosen target does not take (exit 2).
+"""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from mconv.cli import render
@@ -19,7 +26,42 @@ from mconv.cli.common import (
 from mconv.cli.output import human_bytes, run_command
 
 
+def _target_parameters() -> list[inspect.Parameter]:
+    """One keyword parameter per target option flag (a switch for a bool, else a value)."""
+    from mconv.targets import names, options_class
+    from mconv.targets.base import flag_help, flags
+
+    params = []
+    for f in flags({name: options_class(name) for name in names()}):
+        if f.type is bool:
+            annotation: Any = Annotated[bool, typer.Option(f.flag, help=flag_help(f))]
+            default: Any = False
+        else:
+            metavar = f.metavar or f.type.__name__.upper()
+            annotation = Annotated[f.type | None, typer.Option(f.flag, metavar=metavar, help=flag_help(f))]
+            default = None
+        params.append(
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+        )
+    return params
+
+
+def _with_target_flags(fn):
+    """``fn(..., **target_options)`` as typer sees it: the target flags in place of the ``**``."""
+    sig = inspect.signature(fn, eval_str=True)
+    fixed = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    # keyword-only after the positional-or-keyword ones: typer reads them all as options
+    fixed = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fixed]
+    options = _target_parameters()
+    at = next(i for i, p in enumerate(fixed) if p.name == "input_shape")
+    params = [*fixed[:at], *options, *fixed[at:]]
+    fn.__signature__ = sig.replace(parameters=params)
+    fn.__annotations__ = {p.name: p.annotation for p in params} | {"return": sig.return_annotation}
+    return fn
+
+
 @app.command("export", cls=Command)
+@_with_target_flags
 def export_cmd(
     model_path: Annotated[
         Path, typer.Argument(metavar="MODEL", help="Model (.onnx or any importable file).")
@@ -39,21 +81,11 @@ def export_cmd(
             help="Write a model file instead of a bundle (dlk-json, safetensors, onnx).",
         ),
     ] = None,
-    dense: Annotated[
-        bool, typer.Option("--dense", help="Plain ONNX with dense weights, no container.")
-    ] = False,
-    batch: Annotated[
-        int | None, typer.Option("--batch", metavar="N", help="Static batch size (xla).")
-    ] = None,
-    precision: Annotated[
-        str | None, typer.Option("--precision", metavar="fp16|fp32", help="Compute precision (metal).")
-    ] = None,
-    bake_weights: Annotated[bool, typer.Option("--bake-weights", help="Embed weights (xla).")] = False,
-    mlir_text: Annotated[bool, typer.Option("--mlir-text", help="Also write StableHLO text (xla).")] = False,
     input_shape: InputShapeOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
+    **target_options: Any,
 ) -> None:
     """Write a deployable bundle for a target."""
     out = make_out(json_, quiet, debug)
@@ -69,11 +101,7 @@ def export_cmd(
                 format=format,
                 input_shapes=input_shape,
                 progress=_reuse(update),
-                dense=dense,
-                batch=batch,
-                precision=precision,
-                bake_weights=bake_weights,
-                mlir_text=mlir_text,
+                **target_options,
             )
         for note in result.notes:
             out.print(note, markup=False)

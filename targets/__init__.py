@@ -1,13 +1,10 @@
 """Targets: tensor implementations behind one API (Swift for TensorFlow's many-Tensors idea).
 
-Each target is one subpackage exposing a module-level ``TARGET`` object with:
-
-- ``name: str``
-- ``export(model: onnx_ir.Model, out_dir: Path, options: dict) -> mconv.bundle.Bundle``
-- ``load(bundle: mconv.bundle.Bundle) -> Runner`` (where this machine can run it)
-
-A ``Runner`` has ``inputs`` (list of ``mconv.bundle.TensorSpec``), ``outputs`` (list of names)
-and ``run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]``.
+Each target is one subpackage exposing a module-level ``TARGET`` that keeps the protocol of
+:mod:`mconv.targets.base` (``name``, ``Options``, ``export``, ``load``, ``load_model``, optional
+``to_model``); a built-in target's ``TARGET`` is its package module. Its export options are a
+dataclass in ``<package>/options.py`` (:func:`options_class`), which the command line reads
+without importing the target.
 """
 
 from __future__ import annotations
@@ -37,3 +34,19 @@ def get_target(name: str) -> Any:
         raise InputError(f"unknown target '{name}'", hint=f"choose one of: {', '.join(_TARGETS)}")
     module = importlib.import_module(_TARGETS[name])
     return module.TARGET
+
+
+def options_class(name: str) -> type:
+    """The ``Options`` dataclass of target ``name`` (from ``<package>/options.py``, so a runtime
+    such as ONNX Runtime or jax is not imported for it)."""
+    if name not in _TARGETS:
+        raise InputError(f"unknown target '{name}'", hint=f"choose one of: {', '.join(_TARGETS)}")
+    return importlib.import_module(f"{_TARGETS[name]}.options").Options
+
+
+def check_export_options(name: str, options: dict, *, path: str | None = None) -> dict:
+    """The options given for an export to ``name``, each one the target declares (else one line,
+    exit 2, naming the target); None and False mean not given."""
+    from mconv.targets.base import check_options
+
+    return check_options(name, options_class(name), options, path=path)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from mconv.container import choose_codec
 from mconv.errors import InputError
 from mconv.irio import real_inputs, to_proto
 from mconv.onnx_check import check_model
+from mconv.targets.cpu.options import Options as Options  # the export options
 
 NAME = "cpu"
 PAYLOAD = "model.onnx"
@@ -315,23 +317,6 @@ def load_model(model: ir.Model, label: str = "model") -> CpuRunner:
     return _runner(session, inputs, label, keepalive)
 
 
-@dataclass(frozen=True)
-class CpuTarget:
-    """The cpu target object the registry hands out (``mconv.targets.get_target("cpu")``)."""
-
-    name: str = NAME
-
-    def export(self, model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
-        return export(model, out_dir, options)
-
-    def load(self, bundle: Bundle | str | os.PathLike) -> CpuRunner:
-        return load(bundle)
-
-    def load_model(self, model: ir.Model, label: str = "model") -> CpuRunner:
-        return load_model(model, label)
-
-    def to_model(self, bundle: Bundle | str | os.PathLike) -> ir.Model:
-        return to_model(bundle)
-
-
-TARGET = CpuTarget()
+# The target (the protocol of mconv.targets.base) is this module.
+name = NAME
+TARGET = sys.modules[__name__]

@@ -27,9 +27,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ from mconv.container import choose_codec
 from mconv.errors import InputError
 from mconv.irio import real_inputs
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
+from mconv.targets.metal.options import Options
 from mconv.targets.metal.plan import MetalPlan, build_plan, metal_source, prepare
 from mconv.targets.metal.swift import package_files, swift_name
 
@@ -46,7 +47,7 @@ __all__ = [
     "NAME",
     "PLAN",
     "TARGET",
-    "MetalTarget",
+    "Options",
     "export",
     "load",
     "kernels_path",
@@ -171,20 +172,6 @@ def load_model(model: ir.Model, label: str = "model", options: Mapping | None = 
     return runner
 
 
-@dataclass(frozen=True)
-class MetalTarget:
-    """The metal target object the registry hands out (``mconv.targets.get_target("metal")``)."""
-
-    name: str = NAME
-
-    def export(self, model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
-        return export(model, out_dir, options)
-
-    def load(self, bundle: Bundle | str | os.PathLike) -> HarnessRunner:
-        return load(bundle)
-
-    def load_model(self, model: ir.Model, label: str = "model") -> HarnessRunner:
-        return load_model(model, label)
-
-
-TARGET = MetalTarget()
+# The target (the protocol of mconv.targets.base) is this module.
+name = NAME
+TARGET = sys.modules[__name__]

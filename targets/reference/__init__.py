@@ -7,7 +7,9 @@ It has no bundle: deploy with the ``cpu`` target.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import sys
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -16,8 +18,9 @@ from mconv.bundle import TensorSpec
 from mconv.errors import InputError
 from mconv.irio import real_inputs
 from mconv.targets.reference.executor import Executor, run_node
+from mconv.targets.reference.options import Options
 
-__all__ = ["TARGET", "Executor", "ReferenceRunner", "ReferenceTarget", "run_node"]
+__all__ = ["TARGET", "Executor", "Options", "ReferenceRunner", "export", "load", "load_model", "run_node"]
 
 
 class ReferenceRunner:
@@ -32,20 +35,24 @@ class ReferenceRunner:
         return self.executor.run(feeds)
 
 
-class ReferenceTarget:
-    name = "reference"
-
-    def load_model(self, model: ir.Model) -> ReferenceRunner:
-        return ReferenceRunner(model)
-
-    def export(self, model: ir.Model, out_dir: Path, options: dict | None = None) -> Any:
-        raise InputError("reference target has no bundle; use cpu", hint="mconv export --target cpu")
-
-    def load(self, bundle: Any) -> ReferenceRunner:
-        raise InputError(
-            "reference target has no bundle; use cpu",
-            hint="load the bundle with the cpu target, or pass a model to load_model",
-        )
+NAME = "reference"
+name = NAME
 
 
-TARGET = ReferenceTarget()
+def load_model(model: ir.Model, label: str = "model") -> ReferenceRunner:
+    return ReferenceRunner(model)
+
+
+def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Any:
+    raise InputError("reference target has no bundle; use cpu", hint="mconv export --target cpu")
+
+
+def load(bundle: Any) -> ReferenceRunner:
+    raise InputError(
+        "reference target has no bundle; use cpu",
+        hint="load the bundle with the cpu target, or pass a model to load_model",
+    )
+
+
+# The target (the protocol of mconv.targets.base) is this module.
+TARGET = sys.modules[__name__]

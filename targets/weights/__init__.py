@@ -24,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from mconv.bundle import Bundle, is_bundle, load_bundle, provenance_from_model, 
 from mconv.container import choose_codec
 from mconv.errors import InputError
 from mconv.metrics import Gates, VerifyReport, compare, gate_failures
+from mconv.targets.weights.options import Options as Options  # the export options
 
 NAME = "weights"
 # Formats whose files hold tensors only (formats/weights.py, npz_format.py, tf_checkpoint.py).
@@ -153,23 +155,20 @@ def verify_weights(
     return VerifyReport(passed=not failures, outputs=outputs, failures=failures, samples=0)
 
 
-class WeightsTarget:
-    """The ``weights`` target: export only (rule 4)."""
-
-    name = NAME
-
-    def export(self, model: ir.Model, out_dir: str | os.PathLike, options: dict | None = None) -> Bundle:
-        return export_weights(model, out_dir, options)
-
-    def load(self, bundle: Bundle):
-        raise InputError(
-            "a weights bundle holds tensors and no graph; there is nothing to run",
-            path=str(bundle.root),
-            hint="compare it with: mconv verify WEIGHTS_FILE BUNDLE",
-        )
-
-    def load_model(self, model: ir.Model):
-        raise InputError("the weights target runs nothing", hint="run on --target reference or cpu")
+def load(bundle: Bundle):
+    """Rule 4: nothing to run."""
+    raise InputError(
+        "a weights bundle holds tensors and no graph; there is nothing to run",
+        path=str(bundle.root),
+        hint="compare it with: mconv verify WEIGHTS_FILE BUNDLE",
+    )
 
 
-TARGET = WeightsTarget()
+def load_model(model: ir.Model, label: str = "model"):
+    raise InputError("the weights target runs nothing", hint="run on --target reference or cpu")
+
+
+# The target (the protocol of mconv.targets.base) is this module: export is rule 1.
+name = NAME
+export = export_weights
+TARGET = sys.modules[__name__]

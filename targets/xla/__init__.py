@@ -12,9 +12,11 @@ This module imports nothing heavy itself: importing the loader must not pull in 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from mconv.targets.xla.options import Options as Options  # the export options
 
 NAME = "xla"
 
@@ -59,20 +61,6 @@ def load_model(model: Any, label: str = "model", options: Mapping | None = None)
     )
 
 
-@dataclass(frozen=True)
-class XlaTarget:
-    """The xla target object the registry hands out (``mconv.targets.get_target("xla")``)."""
-
-    name: str = NAME
-
-    def export(self, model: Any, out_dir: str | os.PathLike, options: Mapping | None = None) -> Any:
-        return export(model, out_dir, options)
-
-    def load(self, bundle: Any) -> Any:
-        return load(bundle)
-
-    def load_model(self, model: Any, label: str = "model") -> Any:
-        return load_model(model, label)
-
-
-TARGET = XlaTarget()
+# The target (the protocol of mconv.targets.base) is this module.
+name = NAME
+TARGET = sys.modules[__name__]
