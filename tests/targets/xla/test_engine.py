@@ -297,3 +297,20 @@ def test_sensitivity_sweep_on_either_engine_gives_the_same_curves():
         np.testing.assert_allclose([p[2] for p in got], [p[2] for p in ref], atol=1.5 / 120)  # a tie may flip
     with pytest.raises(InputError, match="unknown engine"):
         analyze_sensitivity(mlp(np.random.default_rng(1)), {"x": x}, engine="numpy")
+
+
+@pytest.mark.parametrize(
+    "group,channels", [(2, 4), (3, 6), (6, 6)], ids=["2-groups", "3-groups", "depthwise"]
+)
+def test_grouped_conv_split_into_ordinary_convs_equals_the_reference(group, channels):
+    """Conv lowering rule 6 (few groups: one conv per channel slice) against the reference."""
+    rng = np.random.default_rng(group)
+    w = (0.3 * rng.standard_normal((channels * 2, channels // group, 3, 3))).astype(np.float32)
+    b = rng.standard_normal(channels * 2).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="c", group=group, pads=[1, 1, 1, 1])]
+    model = _build(
+        nodes, [("x", F, ["N", channels, 5, 5])], [("y", F, ["N", channels * 2, 5, 5])], [("w", w), ("b", b)]
+    )
+    x = rng.standard_normal((2, channels, 5, 5)).astype(np.float32)
+    got = XlaEngine(model).run({"x": x})["y"]
+    np.testing.assert_allclose(got, Executor(model).run({"x": x})["y"], rtol=1e-5, atol=1e-5)
