@@ -830,10 +830,13 @@ def analyze(
     max_drop: float | None = None,
     output: PathLike | None = None,
     progress=None,
+    engine: str = "reference",
+    device: str = "cpu",
 ) -> AnalyzeResult:
     """``mconv analyze``: prune (and cluster at ``bits``) one layer at a time over ``sweep``,
     measure the metric drop on ``data``; with ``max_drop`` choose per layer, and with ``output``
-    write that choice as a recipe (TOML)."""
+    write that choice as a recipe (TOML). ``engine="xla"`` runs the sweep on the model lowered
+    to jax (``device`` cpu or cuda)."""
     from mconv.passes.analyze import analyze_sensitivity, write_recipe
 
     if output is not None and max_drop is None:
@@ -844,7 +847,14 @@ def analyze(
         raise InputError("analyze needs data", hint="--data calib.npz (inputs by name, optional labels)")
     with _progress(progress)("analyze", None) as update:
         report = analyze_sensitivity(
-            m, feeds, sweep=list(sweep), bits=[int(b) for b in bits], max_drop=max_drop, progress=update
+            m,
+            feeds,
+            sweep=list(sweep),
+            bits=[int(b) for b in bits],
+            max_drop=max_drop,
+            progress=update,
+            engine=engine,
+            device=device,
         )
     recipe = None
     if output is not None:
