@@ -46,6 +46,13 @@ def analyze_cmd(
         str | None,
         typer.Option("--bits", metavar="B,B,...", help="Also cluster at these bits, e.g. 8,6,5,4."),
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option("--engine", metavar="NAME", help="reference (numpy) or xla (jax, compiled)."),
+    ] = "reference",
+    device: Annotated[
+        str, typer.Option("--device", metavar="NAME", help="cpu or cuda (xla engine).")
+    ] = "cpu",
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -67,6 +74,8 @@ def analyze_cmd(
                 max_drop=max_drop,
                 output=output,
                 progress=_reuse(update),
+                engine=engine,
+                device=device,
             )
         render.render_sensitivity(out, result.report)
         if result.recipe is not None:

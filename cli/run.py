@@ -42,6 +42,14 @@ def run_cmd(
             "--target", metavar="NAME", help="Run a bare model on this target (default: reference)."
         ),
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            metavar="NAME",
+            help="reference or xla: run a bare model on the numpy executor or compiled by XLA.",
+        ),
+    ] = None,
     samples: SamplesOpt = None,
     seed: SeedOpt = 0,
     input_shape: InputShapeOpt = None,
@@ -57,6 +65,14 @@ def run_cmd(
     def body() -> int:
         import mconv.api as api
 
+        chosen = target
+        if engine is not None:
+            from mconv.targets.xla.engine import check_engine
+
+            check_engine(engine)
+            if target is not None and target != engine:
+                raise InputError(f"--engine {engine} and --target {target} disagree", hint="give one of them")
+            chosen = engine  # the engines are the reference and xla targets' in-memory runners
         feeds = {}
         for item in inputs or []:
             name, sep, file = item.partition("=")
@@ -70,7 +86,7 @@ def run_cmd(
             samples=samples,
             seed=seed,
             input_shapes=input_shape,
-            target=target,
+            target=chosen,
             output=output,
         )
         doc = result.as_dict()

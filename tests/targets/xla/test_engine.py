@@ -314,3 +314,39 @@ def test_grouped_conv_split_into_ordinary_convs_equals_the_reference(group, chan
     x = rng.standard_normal((2, channels, 5, 5)).astype(np.float32)
     got = XlaEngine(model).run({"x": x})["y"]
     np.testing.assert_allclose(got, Executor(model).run({"x": x})["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_cli_run_and_analyze_take_engine_xla(tmp_path):
+    from mconv.cli.app import app
+    from mconv.irio import save_onnx
+    from typer.testing import CliRunner
+
+    rng = np.random.default_rng(41)
+    model = mlp(rng)
+    path = tmp_path / "mlp.onnx"
+    save_onnx(model, path)
+    x, y = blobs(rng, 40)
+    np.save(tmp_path / "x.npy", x)
+    np.savez(tmp_path / "d.npz", x=x, labels=y)
+    cli = CliRunner()
+    outs = {}
+    for engine in ("reference", "xla"):
+        out = tmp_path / f"{engine}.npz"
+        r = cli.invoke(
+            app, ["run", str(path), "--engine", engine, "-i", f"x={tmp_path / 'x.npy'}", "-o", str(out)]
+        )
+        assert r.exit_code == 0, r.output
+        outs[engine] = np.load(out)["logits"]
+    np.testing.assert_allclose(outs["xla"], outs["reference"], rtol=1e-5, atol=1e-5)
+    r = cli.invoke(
+        app, ["analyze", str(path), "--data", str(tmp_path / "d.npz"), "--engine", "xla", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    assert [layer["name"] for layer in json.loads(r.stdout)["layers"]] == ["fc1", "fc2"]
+    for args in (
+        ["run", str(path), "--engine", "numpy"],
+        ["analyze", str(path), "--data", str(tmp_path / "d.npz"), "--engine", "xla", "--device", "tpu"],
+    ):
+        r = cli.invoke(app, args)
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+        assert "engine" in r.output or "device" in r.output
