@@ -284,8 +284,15 @@ class OptimizeResult:
     reports: list = field(default_factory=list)
     account: dict | None = None
     model: ir.Model | None = field(default=None, repr=False, compare=False)
+    budget: Any = field(default=None, repr=False)  # a passes.budget.BudgetResult
 
     def as_dict(self) -> dict[str, Any]:
+        doc = self._doc()
+        if self.budget is not None:
+            doc["budget"] = self.budget.as_dict()
+        return doc
+
+    def _doc(self) -> dict[str, Any]:
         return {
             "output": self.output,
             "files": self.files,
@@ -312,11 +319,20 @@ def optimize(
     seed: int = 0,
     output: PathLike | None = None,
     format: str | None = None,
+    max_drop: float | None = None,
+    target_size: int | str | None = None,
+    save_recipe: PathLike | None = None,
     progress=None,
 ) -> OptimizeResult:
     """``mconv optimize``: run a pass spec (``passes``) or a recipe (name or TOML path) over the
     model (an ``ir.Model``, mutated, or a path); with ``output``, write it and check that ONNX's
-    checker and ONNX Runtime accept it. ``data``: calibration / fine-tuning feeds (.npz or dict)."""
+    checker and ONNX Runtime accept it. ``data``: calibration / fine-tuning feeds (.npz or dict).
+
+    ``max_drop`` (a fraction: 0.005 is half a point), ``target_size`` (``44KB``, ``6.9MB``, bytes)
+    and ``save_recipe`` (a TOML path) go with ``recipe="deep-compression"``: the budget search of
+    :func:`mconv.passes.budget.compress_to_budget` picks each layer's sparsity and bits on a
+    held-out split (its report is ``budget`` in the result); an unmet budget raises
+    ``GateFailed`` (exit 1) after the best result was written."""
     from mconv import passes as P
     from mconv.account import predicted_account
     from mconv.irio import model_stats, spilling
@@ -324,6 +340,11 @@ def optimize(
     if bool(passes) == bool(recipe):
         raise InputError(
             "give exactly one of --passes or --recipe", hint=f"recipes: {', '.join(P.recipe_names())}"
+        )
+    budgeted = max_drop is not None or target_size is not None or save_recipe is not None
+    if budgeted:
+        return _optimize_budget(
+            model, recipe, data, seed, output, format, max_drop, target_size, save_recipe, progress
         )
     specs = P.parse_spec(passes) if passes else P.load_recipe(str(recipe))
     out_path = Path(output) if output is not None else None
@@ -362,6 +383,65 @@ def optimize(
         account=account or None,
         model=m,
     )
+
+
+def _optimize_budget(model, recipe, data, seed, output, format, max_drop, target_size, save_recipe, progress):
+    """``--max-drop`` / ``--target-size`` / ``--save-recipe``: the budgeted Deep Compression."""
+    from mconv.account import predicted_account
+    from mconv.irio import model_stats
+    from mconv.passes.budget import compress_to_budget
+
+    if recipe != "deep-compression":
+        raise InputError(
+            "--max-drop, --target-size and --save-recipe go with --recipe deep-compression",
+            hint="mconv optimize MODEL --recipe deep-compression --data D.npz --max-drop 0.005",
+        )
+    source = None if isinstance(model, ir.Model) else Path(model)
+    m, _ = _as_model(model)
+    before = model_stats(m)
+    feeds = load_data(data, m)
+    failed: GateFailed | None = None
+    with naming_the_file(source) if source else contextlib.nullcontext():
+        with _progress(progress)("optimize deep-compression (budget)", None) as update:
+            try:
+                budget = compress_to_budget(
+                    m, feeds, max_drop=max_drop, target_size=target_size, seed=seed, progress=update
+                )
+            except GateFailed as exc:  # the best result found is still written and reported
+                budget = getattr(exc, "result", None)
+                if budget is None:
+                    raise
+                failed = exc
+    m = budget.model
+    written: list[Path] = []
+    file_bytes = None
+    out_path = Path(output) if output is not None else None
+    if out_path is not None:
+        from mconv.formats.weights import is_weight_only
+        from mconv.targets.validity import check_written
+
+        written = save(m, out_path, format, source=source)
+        check_written(out_path, source, what="optimize", graph=not is_weight_only(m))
+        file_bytes = sum(p.stat().st_size for p in written if p.is_file())
+    if save_recipe is not None:
+        budget.write_recipe(save_recipe)
+    account = predicted_account(m)
+    result = OptimizeResult(
+        output=str(out_path) if out_path is not None else None,
+        files=[str(p) for p in written],
+        weight_bytes_before=before.bytes,
+        weight_bytes_after=model_stats(m).bytes,
+        file_bytes_after=file_bytes,
+        predicted_bundle_weight_bytes=account["total"]["bytes"] if account else None,
+        reports=[],
+        account=account or None,
+        model=m,
+        budget=budget,
+    )
+    if failed is not None:
+        failed.result = result  # type: ignore[attr-defined]
+        raise failed
+    return result
 
 
 # --- export ------------------------------------------------------------------------------------

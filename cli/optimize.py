@@ -45,6 +45,33 @@ def optimize_cmd(
         str | None,
         typer.Option("--format", metavar="NAME", help="Output format (default: from the extension)."),
     ] = None,
+    max_drop: Annotated[
+        float | None,
+        typer.Option(
+            "--max-drop",
+            metavar="F",
+            help="deep-compression: the largest held-out metric drop, a fraction (0.005 = half a "
+            "point); each layer's sparsity and bits are searched under it.",
+        ),
+    ] = None,
+    target_size: Annotated[
+        str | None,
+        typer.Option(
+            "--target-size",
+            metavar="SIZE",
+            help="deep-compression: the largest bundle weights (44KB, 6.9MB, bytes); with --max-drop, "
+            "exit 1 with the best result when both cannot be met.",
+        ),
+    ] = None,
+    save_recipe: Annotated[
+        Path | None,
+        typer.Option(
+            "--save-recipe",
+            metavar="FILE.toml",
+            help="deep-compression: write the chosen per-layer recipe (rerun it with the same data "
+            "and seed: the same bytes).",
+        ),
+    ] = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -54,18 +81,32 @@ def optimize_cmd(
 
     def body() -> int:
         import mconv.api as api
+        from mconv.errors import GateFailed
 
+        failed = None
         with out.progress(f"optimize {recipe or passes}") as update:
-            result = api.optimize(
-                model_path,
-                passes=passes,
-                recipe=recipe,
-                data=data,
-                seed=seed,
-                output=output,
-                format=format,
-                progress=_reuse(update),
-            )
+            try:
+                result = api.optimize(
+                    model_path,
+                    passes=passes,
+                    recipe=recipe,
+                    data=data,
+                    seed=seed,
+                    output=output,
+                    format=format,
+                    max_drop=max_drop,
+                    target_size=target_size,
+                    save_recipe=save_recipe,
+                    progress=_reuse(update),
+                )
+            except GateFailed as exc:  # an unmet budget: the best result is reported, then exit 1
+                if getattr(exc, "result", None) is None:
+                    raise
+                result, failed = exc.result, exc  # type: ignore[attr-defined]
+        if result.budget is not None:
+            from mconv.passes.budget import summary_text
+
+            out.print(summary_text(result.budget), markup=False, soft_wrap=True)
         render.render_pass_reports(out, result.reports)
         if result.account:  # what export will store, predicted before encoding (the paper's Table 4)
             render.render_byte_account(
@@ -83,6 +124,8 @@ def optimize_cmd(
             soft_wrap=True,
         )
         out.emit(result.as_dict())
+        if failed is not None:
+            raise failed
         return 0
 
     run_command(out, body)

@@ -1,0 +1,90 @@
+"""optimize --recipe deep-compression --max-drop / --target-size / --save-recipe from the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from mconv.api.demo import fixture_path
+from mconv.cli.app import app
+from onnx import TensorProto, helper, numpy_helper
+from typer.testing import CliRunner
+
+
+def _cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> tuple[Path, Path]:
+    """A 64 -> 10 linear classifier fitted to 300 real digits by least squares, and its data."""
+    with np.load(fixture_path("digits_train.npz")) as z:
+        x = (z["images"][:300].reshape(300, -1) / 16.0).astype(np.float32)
+        y = z["labels"][:300]
+    a = np.hstack([x, np.ones((300, 1), np.float32)])
+    coef = np.linalg.lstsq(a, np.eye(10)[y], rcond=None)[0].astype(np.float32)
+    w, b = coef[:-1], coef[-1]
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["input", "w", "b"], ["logits"], name="fc")],
+        "linear",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    d = tmp_path_factory.mktemp("budget")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), d / "m.onnx")
+    np.savez(d / "data.npz", input=x, labels=y)
+    return d / "m.onnx", d / "data.npz"
+
+
+def test_max_drop_with_a_saved_recipe_that_rebuilds_the_same_bytes(small, tmp_path):
+    model, data = small
+    out, recipe = tmp_path / "c.onnx", tmp_path / "r.toml"
+    r = _cli(
+        "optimize", str(model), "--recipe", "deep-compression", "--data", str(data),
+        "--max-drop", "0.02", "--save-recipe", str(recipe), "-o", str(out), "--json", "--seed", "1",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    budget = doc["budget"]
+    assert budget["met"] and budget["accuracy_measured"]
+    assert budget["held_out_drop"] <= 0.02 and budget["split"]["held_out"] > 0
+    assert doc["predicted_bundle_weight_bytes"] < doc["weight_bytes_before"]
+    assert recipe.is_file()
+    again = tmp_path / "again.onnx"
+    r = _cli(
+        "optimize", str(model), "--recipe", str(recipe), "--data", str(data), "-o", str(again), "--seed", "1"
+    )
+    assert r.exit_code == 0, r.output
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_a_size_that_cannot_be_met_exits_1_with_the_best_result(small, tmp_path):
+    model, data = small
+    out = tmp_path / "c.onnx"
+    r = _cli(
+        "optimize", str(model), "--recipe", "deep-compression", "--data", str(data),
+        "--max-drop", "0.0", "--target-size", "40", "-o", str(out), "--json",
+    )  # fmt: skip
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert doc["budget"]["met"] is False and out.is_file()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--passes", "dce", "--max-drop", "0.01"], "--recipe deep-compression"),
+        (["--recipe", "lossless", "--max-drop", "0.01"], "--recipe deep-compression"),
+        (["--recipe", "deep-compression", "--max-drop", "1.5"], "fraction"),
+    ],
+)
+def test_bad_budget_options_are_one_line_exit_2(small, tmp_path, args, needle):
+    model, data = small
+    r = _cli("optimize", str(model), *args, "--data", str(data), "-o", str(tmp_path / "x.onnx"))
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
