@@ -92,7 +92,7 @@ def split_large_weights(model: ir.Model, item: int, limit: int | None = None) ->
             bv = _initializer(f"{b.name}__cols{lo}", chunk)
             graph.register_initializer(bv)
             inputs: list[ir.Value | None] = [a, bv]
-            if cw is not None:
+            if cw is not None and c is not None:
                 cc = cw[..., lo:hi] if cw.ndim >= 1 and cw.shape[-1] == n else cw
                 cv = _initializer(f"{c.name}__cols{lo}", cc)
                 graph.register_initializer(cv)
