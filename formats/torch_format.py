@@ -57,6 +57,23 @@ Rules:
    against what the TorchScript unpickler resolves itself (rebuild functions, storage types,
    ``__torch__`` classes whose source is in ``code/``). A legacy file's storages must fit in
    the bytes after its pickles. Damage torch still finds becomes one ``InputError``.
+6. ``torch.export.save`` archives (``.pt2``: ``<root>/archive_format``, ``models/<name>.json``,
+   ``data/weights/``, ``data/constants/``, ``data/sample_inputs/<name>.pt``) are rebuilt
+   without ``torch.export.load``, which is not pickle-free: it reads the sample inputs with
+   ``torch.load`` falling back to ``weights_only=False``, tensor subclasses with
+   ``weights_only=False`` and other constants with ``pickle.loads``. mconv reads (through
+   ``_zipsafe``) the JSON program and the weights/constants configs; every tensor must be a raw
+   member (``use_pickle`` false; a pickled one is refused, naming it), its sizes, strides and
+   offset within the member's bytes; every ``target`` in the program must be an ATen/prims
+   operator or one of the symbolic-size helpers (``_PT2_TARGET``: the deserializer resolves
+   any ``torch.X`` by getattr); an archive with AOTInductor code is refused. torch's
+   ``ExportedProgramDeserializer`` then builds the program from those tensors with empty
+   sample inputs (the pickle is never read). Example inputs for the export are drawn from the
+   program's input shapes (``--input-shape`` for symbolic sizes), and the program goes through
+   the dynamo ONNX exporter (opset 18 or more; ``onnxscript``).
+7. ``options["exporter"] == "dynamo"`` (``--option exporter=dynamo``): a factory's module goes
+   through ``torch.onnx.export(dynamo=True)`` (torch.export, then the ONNX translation) instead
+   of the TorchScript-based exporter; opset 18 or more.
 """
 
 from __future__ import annotations
@@ -929,6 +946,19 @@ def export_to_model(module, options: dict, label: str) -> ir.Model:
             _script_binding(torch, module, plan, label) if script else _python_binding(torch, module, plan)
         )
     names = list(plan.tensors)
+    if str(options.get("exporter") or "torchscript") == "dynamo":  # rule 7
+        if isinstance(module, torch.jit.ScriptModule):
+            raise InputError(
+                "the dynamo exporter takes Python modules, not TorchScript",
+                path=label,
+                hint="drop exporter=dynamo",
+            )
+        model = _dynamo_export(torch, target, tuple(plan.tensors.values()), names, opset, label)
+        model.metadata_props["mconv.import_notes"] = (
+            f"exported by torch {torch.__version__} torch.export + dynamo ONNX exporter (opset {max(opset, 18)}), "
+            f"inputs {', '.join(f'{n}={list(t.shape)}' for n, t in plan.tensors.items()) or '(none)'}"
+        )
+        return model
     outputs = ["output"] if n_out == 1 else [f"output_{i}" for i in range(n_out)]
     buf = io.BytesIO()
     try:
@@ -969,23 +999,283 @@ def export_to_model(module, options: dict, label: str) -> ir.Model:
     return model
 
 
+# --- torch.export archives (.pt2) --------------------------------------------------------------
+
+PT2_JSON_LIMIT = 256 << 20  # the serialized program (models/<name>.json)
+PT2_CONFIG_LIMIT = 64 << 20  # a weights or constants config
+# Targets the program may call: ATen / prims operators and the operator/math helpers torch.export
+# writes for symbolic sizes. The deserializer resolves any "torch.X.Y" by getattr (torch.load
+# would be a target like any other), so nothing else is accepted.
+_PT2_TARGET = re.compile(
+    r"^(torch\.ops\.(aten|prims)\.\w+\.\w+|_operator\.(getitem|add|sub|mul|floordiv|truediv|mod|neg|pow|"
+    r"eq|ne|lt|le|gt|ge|and_|or_|not_)|math\.(ceil|floor|trunc|sqrt)|torch\.sym_(int|float|max|min|not|sqrt|ite)|"
+    r"torch\._sym_sqrt)$"
+)
+
+
+def is_pt2_archive(path: Path) -> bool:
+    """A zip written by ``torch.export.save``: ``<root>/archive_format`` and ``<root>/models/``."""
+    try:
+        names = [e.name for e in read_directory(Path(path))]
+    except (InputError, OSError):
+        return False
+    root = names[0].split("/", 1)[0] if names and "/" in names[0] else ""
+    return (
+        bool(root)
+        and f"{root}/archive_format" in names
+        and any(n.startswith(f"{root}/models/") for n in names)
+    )
+
+
+def _pt2_targets(obj, found: set[str], depth: int = 0) -> None:
+    if depth > 200:
+        return
+    if isinstance(obj, dict):
+        t = obj.get("target")
+        if isinstance(t, str):
+            found.add(t)
+        for v in obj.values():
+            _pt2_targets(v, found, depth + 1)
+    elif isinstance(obj, list):
+        for v in obj:
+            _pt2_targets(v, found, depth + 1)
+
+
+def _pt2_tensors(path: Path, entries: dict, folder: str, config: dict, kind: str, torch, schema) -> dict:
+    """Tensors of a weights / constants config from raw members; pickled ones are refused."""
+    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE
+
+    out = {}
+    for fqn, e in config.items():
+        where = f"{kind} '{show(fqn)}'"
+        if not isinstance(e, dict) or "path_name" not in e:
+            raise InputError(
+                f"{kind} entry '{show(fqn)}' is not a tensor record", path=str(path), where=where
+            )
+        if e.get("use_pickle", True) or not isinstance(e.get("tensor_meta"), dict):
+            raise InputError(
+                f"{kind} '{show(fqn)}' is stored as a pickle (a tensor subclass or a Python object); "
+                "mconv never unpickles, and torch.export.load would (weights_only=False)",
+                path=str(path),
+                where=where,
+                hint="export a plain module (plain tensors) and torch.export.save it again",
+            )
+        meta = e["tensor_meta"]
+        try:
+            dtype = _SERIALIZE_TO_TORCH_DTYPE[schema.ScalarType(meta["dtype"])]
+            sizes = [int(s["as_int"]) for s in meta["sizes"]]
+            strides = [int(s["as_int"]) for s in meta["strides"]]
+            offset = int(meta["storage_offset"]["as_int"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(
+                f"{kind} '{show(fqn)}' has a damaged tensor_meta ({type(exc).__name__})",
+                path=str(path),
+                where=where,
+            ) from None
+        if len(strides) != len(sizes) or min([*sizes, *strides, offset], default=0) < 0:
+            raise InputError(f"{kind} '{show(fqn)}': bad sizes/strides/offset", path=str(path), where=where)
+        member = entries.get(f"{folder}/{e['path_name']}")
+        if member is None:
+            raise InputError(
+                f"{kind} '{show(fqn)}' has no member '{show(str(e['path_name']))}'",
+                path=str(path),
+                where=where,
+                hint="the archive is incomplete; save it again",
+            )
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        numel = math.prod(sizes)
+        reach = 0 if numel == 0 else offset + sum((n - 1) * s for n, s in zip(sizes, strides)) + 1
+        if reach * itemsize > member.usize:
+            raise InputError(
+                f"{kind} '{show(fqn)}' needs {reach * itemsize} bytes but its member holds {member.usize}",
+                path=str(path),
+                where=where,
+                hint="the archive is damaged; save it again",
+            )
+        raw = bytearray(read_member(path, member, member.usize))
+        flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        t = (
+            torch.as_strided(flat, sizes, strides, offset).clone()
+            if numel
+            else torch.empty(sizes, dtype=dtype)
+        )
+        out[fqn] = torch.nn.Parameter(t, requires_grad=False) if e.get("is_param") else t
+    return out
+
+
+def load_pt2(path: Path):
+    """Rule 6: the ExportedProgram of a ``torch.export.save`` archive, built without unpickling."""
+    import json
+
+    torch = _torch()
+    from torch._export.serde import schema
+    from torch._export.serde.serialize import ExportedProgramDeserializer, _bytes_to_dataclass
+
+    path = Path(path)
+    entries = {e.name: e for e in read_directory(path)}
+    root = next(iter(entries)).split("/", 1)[0]
+    if any(n.startswith(f"{root}/data/aotinductor/") for n in entries):
+        raise InputError(
+            "a torch.export archive with AOTInductor-compiled code (shared libraries); mconv runs no code from a file",
+            path=str(path),
+            hint="torch.export.save the ExportedProgram itself",
+        )
+    models = sorted(n for n in entries if n.startswith(f"{root}/models/") and n.endswith(".json"))
+    if not models:
+        raise InputError("a torch.export archive without a program (models/*.json)", path=str(path))
+    name = f"{root}/models/model.json" if f"{root}/models/model.json" in models else models[0]
+    model_name = name[len(f"{root}/models/") : -len(".json")]
+
+    def read_json(member: str, limit: int, required: bool = True):
+        e = entries.get(member)
+        if e is None:
+            if required:
+                raise InputError(
+                    f"member '{show(member)}' is missing", path=str(path), hint="save the archive again"
+                )
+            return None, b""
+        if e.usize > limit:
+            raise InputError(f"member '{show(member)}' is {e.usize} bytes (limit {limit})", path=str(path))
+        data = read_member(path, e, limit)
+        try:
+            return json.loads(data), data
+        except (ValueError, RecursionError) as exc:
+            raise InputError(
+                f"member '{show(member)}' is not JSON ({type(exc).__name__})",
+                path=str(path),
+                hint="save it again",
+            ) from None
+
+    program, program_bytes = read_json(name, PT2_JSON_LIMIT)
+    targets: set[str] = set()
+    _pt2_targets(program, targets)
+    odd = sorted(t for t in targets if not _PT2_TARGET.match(t))
+    if odd:
+        raise InputError(
+            f"the program calls {', '.join(show(t) for t in odd[:4])}{' ...' if len(odd) > 4 else ''}: "
+            "not an ATen/prims operator",
+            path=str(path),
+            where=f"member '{show(name)}'",
+            hint="mconv imports programs of ATen operators only (custom ops and higher-order ops are refused)",
+        )
+    tensors = {}
+    for kind, sub, key in (
+        ("weight", "weights", "model_weights_config"),
+        ("constant", "constants", "model_constants_config"),
+    ):
+        cfg, _ = read_json(f"{root}/data/{sub}/{key}.json", PT2_CONFIG_LIMIT, required=False)
+        if cfg is None:
+            continue
+        if not isinstance(cfg, dict) or not isinstance(cfg.get("config"), dict):
+            raise InputError(f"{sub} config is not a {{'config': {{...}}}} record", path=str(path))
+        tensors[kind] = _pt2_tensors(path, entries, f"{root}/data/{sub}", cfg["config"], kind, torch, schema)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            serialized = _bytes_to_dataclass(schema.ExportedProgram, program_bytes)
+            # sample inputs (a torch.save pickle in the archive) are never read: b"" stands for none
+            return ExportedProgramDeserializer().deserialize(
+                serialized, tensors.get("weight", {}), tensors.get("constant", {}), b""
+            ), model_name
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(
+            f"torch cannot rebuild the exported program ({_describe(exc, 160)})",
+            path=str(path),
+            where=f"member '{show(name)}'",
+            hint="save it again with torch.export.save (the same torch version)",
+        ) from None
+
+
+def _pt2_example_inputs(ep, options: dict, label: str) -> tuple[list[str], tuple]:
+    """Zeros (floats: seeded normal) of each user input's shape; symbolic sizes from --input-shape."""
+    torch = _torch()
+    shapes = {k: list(v) for k, v in (options.get("input_shapes") or {}).items()}
+    names = ep.graph_signature.user_inputs
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    generator = torch.Generator().manual_seed(0)
+    args = []
+    for name in names:
+        val = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(val, torch.Tensor):
+            raise InputError(
+                f"program input '{show(name)}' is not a tensor", path=label, hint="export with tensor inputs"
+            )
+        shape = shapes.get(name)
+        if shape is None:
+            try:
+                shape = [int(d) for d in val.shape]
+            except Exception:
+                raise InputError(
+                    f"program input '{show(name)}' has symbolic sizes {list(val.shape)}",
+                    path=label,
+                    hint=f"give them: --input-shape {show(name)}=1,3,224,224",
+                ) from None
+        args.append(
+            _random_input(torch, name, shape, str(val.dtype).removeprefix("torch."), label, generator)
+        )
+    return list(names), tuple(args)
+
+
+def _dynamo_export(torch, target, args: tuple, names: list[str], opset: int, label: str):
+    """torch.onnx.export(dynamo=True): torch.export then the ONNX translation (needs onnxscript)."""
+    try:
+        import onnxscript  # noqa: F401
+    except ImportError:
+        raise InputError(
+            "the dynamo exporter needs onnxscript", path=label, hint="pip install onnxscript"
+        ) from None
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                target, args, dynamo=True, opset_version=max(opset, 18), input_names=names, verbose=False
+            )
+    except Exception as exc:
+        raise InputError(
+            f"torch's dynamo ONNX exporter failed ({_describe(exc, 160)})",
+            path=label,
+            hint="the program uses an operator without an ONNX translation",
+        ) from None
+    return from_proto(program.model_proto)
+
+
+def _load_pt2_model(path: Path, options: dict) -> ir.Model:
+    torch = _torch()
+    label = str(path)
+    ep, model_name = load_pt2(path)
+    names, args = _pt2_example_inputs(ep, options, label)
+    opset = int(options.get("opset") or 18)
+    model = _dynamo_export(torch, ep, args, names, opset, label)
+    model.metadata_props["mconv.import_notes"] = (
+        f"torch.export archive (program '{show(model_name)}') rebuilt from its JSON program and raw weights "
+        f"(no pickle read: the archive's sample inputs were not loaded); exported by torch {torch.__version__} "
+        f"dynamo ONNX exporter (opset {max(opset, 18)}), inputs "
+        + ", ".join(f"{n}={list(a.shape)}" for n, a in zip(names, args))
+    )
+    return model
+
+
 def _load(paths: list[Path], options: dict) -> ir.Model:
     source = str(paths[0])
     if is_factory_spec(source):
         module = _load_factory(source)
+    elif is_pt2_archive(paths[0]):
+        return _load_pt2_model(paths[0], options)
     else:
         module = _load_script(paths[0])
     return export_to_model(module, options, source)
 
 
 def _sniff(head: bytes, path: Path) -> bool:
-    return head[:4] == b"PK\x03\x04" and is_torchscript_archive(path)
+    return head[:4] == b"PK\x03\x04" and (is_torchscript_archive(path) or is_pt2_archive(path))
 
 
 FORMAT = Format(
     name="torch",
-    description="PyTorch: TorchScript archive (torch.jit.save) or package.module:factory spec",
-    extensions=(".pt", ".pth", ".ptl", ".torchscript"),
+    description="PyTorch: torch.export archive (.pt2), TorchScript archive (torch.jit.save) or package.module:factory spec",
+    extensions=(".pt", ".pth", ".ptl", ".torchscript", ".pt2"),
     load=_load,
     sniff=_sniff,
 )
