@@ -31,9 +31,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +44,11 @@ from mconv.irio import real_inputs
 from mconv.targets.metal import _weight_spec
 from mconv.targets.metal.plan import MetalPlan
 from mconv.targets.webgpu.browser import web_payload
+from mconv.targets.webgpu.options import Options as Options  # the export options
 from mconv.targets.webgpu.plan import build_plan, prepare
 from mconv.targets.webgpu.runner import WebGPURunner
 
-__all__ = ["NAME", "PLAN", "TARGET", "WebGPUTarget", "export", "load", "load_model", "read_plan"]
+__all__ = ["NAME", "PLAN", "TARGET", "export", "load", "load_model", "read_plan"]
 
 NAME = "webgpu"
 PLAN = "webgpu_plan.json"
@@ -168,20 +169,5 @@ def load_model(model: ir.Model, label: str = "model", options: Mapping | None = 
     return runner
 
 
-@dataclass(frozen=True)
-class WebGPUTarget:
-    """The webgpu target object the registry hands out (``mconv.targets.get_target("webgpu")``)."""
-
-    name: str = NAME
-
-    def export(self, model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
-        return export(model, out_dir, options)
-
-    def load(self, bundle: Bundle | str | os.PathLike) -> WebGPURunner:
-        return load(bundle)
-
-    def load_model(self, model: ir.Model, label: str = "model") -> WebGPURunner:
-        return load_model(model, label)
-
-
-TARGET = WebGPUTarget()
+name = NAME
+TARGET = sys.modules[__name__]  # the protocol (mconv.targets.base): this module
