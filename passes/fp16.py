@@ -431,6 +431,10 @@ class Float16(Pass):
         while rounds < config.max_rounds:
             rounds += 1
             trial = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+            for name, value in trial.graph.initializers.items():  # the same tensors (external ones too)
+                original = graph.initializers.get(name)
+                if original is not None:
+                    value.const_value = original.const_value
             self._all(trial, config, half=half, keep_nodes=frozenset(keep), blocked_ops=set())
             runner = Executor(trial, dtype_check=False)
             acc = _Accumulator()

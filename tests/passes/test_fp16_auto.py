@@ -147,3 +147,16 @@ def test_cli_auto(tmp_path):
     )
     assert r.exit_code == 2
     assert "needs data" in r.output and "m.onnx" in r.output
+
+
+def test_auto_on_a_model_with_external_data(tmp_path):
+    x = _overflow_model(tmp_path / "inline.onnx", seed=8)
+    m = onnx.load(str(tmp_path / "inline.onnx"))
+    onnx.save(
+        m, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.onnx.data", size_threshold=0
+    )
+    np.savez(tmp_path / "d.npz", x=x)
+    res = api.optimize(
+        tmp_path / "m.onnx", passes="fp16(mode=auto)", data=tmp_path / "d.npz", output=tmp_path / "a.onnx"
+    )
+    assert res.reports[0].tensors[-1]["kept_float32"] == ["big", "scale"]
