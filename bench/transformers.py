@@ -103,7 +103,7 @@ def main(argv=None) -> int:
                         m = next(iter(v.as_dict()["outputs"].values()))
                         row.update(
                             {
-                                f"vs_import_{k}": m[k]
+                                f"vs_import_{k}": m.get(k)
                                 for k in ("cosine", "snr_db", "max_abs", "top1_agreement")
                             }
                         )
