@@ -146,23 +146,26 @@ def gate_failures(
         if ref is not None and cand is not None and np.issubdtype(np.asarray(ref).dtype, np.number):
             r = np.asarray(ref, dtype=np.float64)
             c = np.asarray(cand, dtype=np.float64)
-            bad = np.abs(r - c) > atol + rtol * np.abs(r)
+            with np.errstate(invalid="ignore"):
+                close = (np.abs(r - c) <= atol + rtol * np.abs(r)) | (r == c)  # equal infs too
+            bad = ~close & ~(np.isnan(r) & np.isnan(c))  # NaN where the reference has NaN: equal
             if bad.any():
                 fails.append(
                     f"{int(bad.sum())} of {bad.size} values beyond atol={atol:g} rtol={rtol:g} "
                     f"(max_abs {metrics['max_abs']:.3g})"
                 )
-        elif metrics["max_abs"] > atol:
+        elif not metrics["max_abs"] <= atol:  # NaN fails
             fails.append(f"max_abs {metrics['max_abs']:.3g} > atol {atol:g}")
-    if gates.min_cosine is not None and metrics["cosine"] < gates.min_cosine:
+    # A NaN metric (a NaN or inf in the outputs) fails a gate: "not >=", never "<".
+    if gates.min_cosine is not None and not metrics["cosine"] >= gates.min_cosine:
         fails.append(f"cosine {metrics['cosine']:.6f} < {gates.min_cosine}")
     if (
         gates.min_top1 is not None
         and "top1_agreement" in metrics
-        and metrics["top1_agreement"] < gates.min_top1
+        and not metrics["top1_agreement"] >= gates.min_top1
     ):
         fails.append(f"top1_agreement {metrics['top1_agreement']:.4f} < {gates.min_top1}")
-    if gates.min_snr_db is not None and metrics["snr_db"] < gates.min_snr_db:
+    if gates.min_snr_db is not None and not metrics["snr_db"] >= gates.min_snr_db:
         fails.append(f"snr_db {metrics['snr_db']:.2f} < {gates.min_snr_db:g}")
     return fails
 

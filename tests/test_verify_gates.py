@@ -218,3 +218,23 @@ def test_run_draws_random_inputs_with_samples_and_seed(tmp_path):
     x = tmp_path / "x.npy"
     np.save(x, np.zeros((1, 8), np.float32))
     _one_line_exit_2(_cli("run", str(m), "--samples", "2", "-i", f"x={x}"), "--samples")
+
+
+def test_nan_in_the_candidate_fails_every_gate():
+    from mconv.metrics import Gates, compare, gate_failures
+
+    rng = np.random.default_rng(5)
+    ref = rng.standard_normal((8, 10)).astype(np.float32)
+    cand = ref.copy()
+    cand[0, 3] = np.nan
+    m = compare(ref, cand)
+    for gates in (
+        Gates(min_cosine=0.99),
+        Gates(atol=1e-3),
+        Gates(atol=1e-3, rtol=1e-3),
+        Gates(min_snr_db=10),
+    ):
+        assert gate_failures(m, gates, ref, cand), gates
+    same = ref.copy()
+    same[0, 3] = np.nan  # NaN in the same place on both sides is agreement for atol/rtol
+    assert not gate_failures(compare(same, same.copy()), Gates(atol=1e-6), same, same.copy())
