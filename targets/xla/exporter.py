@@ -292,20 +292,27 @@ def export_program(model: ir.Model, options: Mapping | None = None):
     lowered.model_batch = lowered.declared_batch
     lowered.layouts = weight_layouts(model, lowered.weight_names)
     shapes, replaced = input_shapes(model, options.get("batch"))
+    pin_note = None
     if replaced and lowered.model_batch is not None:
         pin = pinned_batch(model, lowered.model_batch)
         if pin is not None:
-            raise InputError(
-                f"the model pins batch {lowered.model_batch} in the shape constant {pin[1]}: a symbolic "
-                "batch would change what it computes",
-                where=pin[0],
-                hint="run the dynamic-batch pass first (mconv optimize MODEL --passes dynamic-batch -o M.onnx), "
-                f"or export with --batch {lowered.model_batch}",
+            # A symbolic batch would change what the model computes: keep the batch it declares,
+            # and say so (the dynamic-batch pass frees it in the model itself).
+            shapes, replaced = input_shapes(model, lowered.model_batch)
+            lowered.model_batch = lowered.declared_batch = None
+            pin_note = shorten(
+                f"xla: exported with the model's batch {pin[1][0] if pin[1] else 1}: {pin[0]} pins it in the "
+                f"shape constant {pin[1]} (for a symbolic batch run the dynamic-batch pass first: "
+                "mconv optimize MODEL --passes dynamic-batch -o M.onnx)",
+                400,
             )
     x64 = _needs_x64(model)
     platforms = tuple(options.get("platforms") or DEFAULT_PLATFORMS)
     if not any(isinstance(d, str) for dims in shapes for d in dims):
-        return _trace(lowered, model, shapes, replaced, x64, platforms), lowered, shapes, x64
+        exported = _trace(lowered, model, shapes, replaced, x64, platforms)
+        if pin_note:
+            lowered.shape_note = pin_note
+        return exported, lowered, shapes, x64
     try:
         return _trace(lowered, model, shapes, replaced, x64, platforms), lowered, shapes, x64
     except Exception as exc:  # noqa: BLE001 - any failure under symbolic shapes may be one of them

@@ -232,18 +232,21 @@ def _pinned_cnn(rng):
     return _build(nodes, [("x", F, [1, 2, 6, 6])], [("y", F, [1, 5])], inits)
 
 
-def test_symbolic_export_of_a_model_that_pins_its_batch_is_refused_naming_the_reshape(tmp_path):
+def test_a_model_that_pins_its_batch_exports_at_that_batch_and_says_so(tmp_path):
+    """A symbolic batch would change what the model computes: the export keeps batch 1."""
+    import json
+
     from mconv.targets import get_target
 
     model = _pinned_cnn(np.random.default_rng(8))
-    with pytest.raises(InputError, match=r"pins batch 1 in the shape constant \[1, 64\]") as err:
-        get_target("xla").export(model, tmp_path / "b", {"platforms": ["cpu"]})
-    assert "dynamic-batch" in str(err.value) and "flatten_pinned" in str(err.value)
-    assert not (tmp_path / "b").exists()
-    get_target("xla").export(model, tmp_path / "b1", {"platforms": ["cpu"], "batch": 1})  # batch kept
+    get_target("xla").export(model, tmp_path / "b", {"platforms": ["cpu"]})
+    manifest = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert manifest["inputs"][0]["shape"][0] == 1
+    note = json.dumps(manifest)
+    assert "flatten_pinned" in note and "dynamic-batch" in note
 
 
-def test_cli_export_of_a_pinned_batch_exits_2_naming_the_file(tmp_path):
+def test_cli_export_of_a_pinned_batch_says_what_it_kept(tmp_path):
     from mconv.cli.app import app
     from mconv.irio import save_onnx
     from typer.testing import CliRunner
@@ -251,9 +254,11 @@ def test_cli_export_of_a_pinned_batch_exits_2_naming_the_file(tmp_path):
     path = tmp_path / "pinned.onnx"
     save_onnx(_pinned_cnn(np.random.default_rng(9)), path)
     r = CliRunner().invoke(app, ["export", str(path), "--target", "xla", "-o", str(tmp_path / "out")])
-    assert r.exit_code == 2, r.output
-    assert "pinned.onnx" in r.output and "flatten_pinned" in r.output and "dynamic-batch" in r.output
-    assert "Traceback" not in r.output
+    assert r.exit_code == 0, r.output
+    assert "flatten_pinned" in r.output and "dynamic-batch" in r.output and "batch 1" in r.output
+    r = CliRunner().invoke(app, ["run", str(tmp_path / "out"), "--samples", "3"])
+    assert r.exit_code == 0, r.output  # the bundle keeps batch 1: three runs of one sample
+    assert "3 run(s) of the fixed batch size 1" in r.output
 
 
 def test_after_the_dynamic_batch_pass_the_bundle_runs_any_batch_like_the_samples_alone(tmp_path):
