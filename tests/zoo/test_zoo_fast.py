@@ -37,6 +37,12 @@ def _load_zoo():
 
 zoo = _load_zoo()
 FAST = zoo.fast_subset()
+# Known failures, each with its cause (strict: a fixed one must leave this list).
+KNOWN = {
+    "fer-emotion-tflite": "int8 weights with float activations: LiteRT's hybrid kernels quantize the "
+    "activations on the fly (its output is not the exact float result); the import computes in float: "
+    "cosine 0.99982 < 0.99999 (issue 12, open)",
+}
 
 
 def _cli(*args: str):
@@ -91,7 +97,13 @@ def test_a_member_with_another_sha256_is_refused(tmp_path, monkeypatch):
     assert got.read_bytes() == b"not the pinned bytes"
 
 
-@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN[n], strict=True)) if n in KNOWN else n
+        for n in FAST
+    ],
+)
 def test_fast_model_imports_valid_matches_its_runtime_and_exports_verified(name, tmp_path):
     meta = _prepared(name)
     m = zoo.by_name()[name]
