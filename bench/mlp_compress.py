@@ -78,8 +78,8 @@ def exported(model, out: Path | None, prefix: str):
 def main() -> int:
     from mconv import passes as P
     from mconv.api.demo import digits_feeds, fixture_path
-    from mconv.irio import load_onnx, model_stats
     from mconv.api.runtime import open_runner
+    from mconv.irio import load_onnx, model_stats
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=8)

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     from mconv import passes as P
+    from mconv.api.runtime import open_model
     from mconv.formats import import_model
     from mconv.irio import model_stats, save_onnx
-    from mconv.api.runtime import open_model
     from mconv.targets import get_target
 
     shared = Path(

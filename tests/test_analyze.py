@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from mconv.passes.analyze import analyze_sensitivity, sparkline, write_recipe
 from mconv.errors import InputError
 from mconv.irio import from_proto
+from mconv.passes.analyze import analyze_sensitivity, sparkline, write_recipe
 from onnx import TensorProto, helper, numpy_helper
 
 RNG = np.random.default_rng(11)

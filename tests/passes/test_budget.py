@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mconv.fixtures
 import numpy as np
 import pytest
-
-import mconv.fixtures
 from mconv.errors import GateFailed, InputError
 from mconv.irio import load_onnx, save_onnx
 from mconv.passes import PassContext, load_recipe, run_pipeline
