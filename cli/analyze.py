@@ -15,6 +15,7 @@ from mconv.cli.common import (
     app,
     float_list,
     make_out,
+    reuse_progress,
 )
 from mconv.cli.output import run_command
 
@@ -73,7 +74,7 @@ def analyze_cmd(
                 bits=bit_list,
                 max_drop=max_drop,
                 output=output,
-                progress=_reuse(update),
+                progress=reuse_progress(update),
                 engine=engine,
                 device=device,
             )
@@ -84,13 +85,3 @@ def analyze_cmd(
         return 0
 
     run_command(out, body)
-
-
-def _reuse(update):
-    from contextlib import contextmanager
-
-    @contextmanager
-    def factory(title, total=None):
-        yield update
-
-    return factory

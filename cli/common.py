@@ -151,3 +151,17 @@ def float_list(text: str, option: str) -> list[float]:
         raise InputError(
             f"{option} '{text}' is not a comma-separated list of numbers", hint=f"e.g. {option} 0.5,0.7,0.9"
         ) from None
+
+
+def reuse_progress(update, *, restart: bool = False):
+    """A progress factory for the API (``progress(title, total)``) that hands back the display the
+    command already opened; ``restart``: each API stage starts the count afresh with its title."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def factory(title, total=None):
+        if restart:
+            update(description=title, total=total, completed=0)
+        yield update
+
+    return factory

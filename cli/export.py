@@ -22,6 +22,7 @@ from mconv.cli.common import (
     QuietOpt,
     app,
     make_out,
+    reuse_progress,
 )
 from mconv.cli.output import human_bytes, run_command
 
@@ -100,7 +101,7 @@ def export_cmd(
                 output,
                 format=format,
                 input_shapes=input_shape,
-                progress=_reuse(update),
+                progress=reuse_progress(update),
                 **target_options,
             )
         for note in result.notes:
@@ -126,13 +127,3 @@ def export_cmd(
         return 0
 
     run_command(out, body)
-
-
-def _reuse(update):
-    from contextlib import contextmanager
-
-    @contextmanager
-    def factory(title, total=None):
-        yield update
-
-    return factory

@@ -14,6 +14,7 @@ from mconv.cli.common import (
     QuietOpt,
     app,
     make_out,
+    reuse_progress,
 )
 from mconv.cli.output import run_command
 
@@ -97,7 +98,7 @@ def optimize_cmd(
                     max_drop=max_drop,
                     target_size=target_size,
                     save_recipe=save_recipe,
-                    progress=_reuse(update),
+                    progress=reuse_progress(update, restart=True),
                 )
             except GateFailed as exc:  # an unmet budget: the best result is reported, then exit 1
                 if getattr(exc, "result", None) is None:
@@ -129,15 +130,3 @@ def optimize_cmd(
         return 0
 
     run_command(out, body)
-
-
-def _reuse(update):
-    """A progress factory for the API that hands back the display already open."""
-    from contextlib import contextmanager
-
-    @contextmanager
-    def factory(title, total=None):
-        update(description=title, total=total, completed=0)
-        yield update
-
-    return factory

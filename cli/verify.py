@@ -17,6 +17,7 @@ from mconv.cli.common import (
     SeedOpt,
     app,
     make_out,
+    reuse_progress,
 )
 from mconv.cli.output import run_command
 
@@ -97,7 +98,7 @@ def verify_cmd(
                 min_top1=min_top1,
                 min_snr_db=min_snr_db,
                 localize=localize,
-                progress=_reuse(update),
+                progress=reuse_progress(update, restart=True),
             )
         render.render_verify(out, result.report)
         out.emit(result.as_dict())
@@ -105,14 +106,3 @@ def verify_cmd(
         return 0
 
     run_command(out, body)
-
-
-def _reuse(update):
-    from contextlib import contextmanager
-
-    @contextmanager
-    def factory(title, total=None):
-        update(description=title, total=total, completed=0)
-        yield update
-
-    return factory
