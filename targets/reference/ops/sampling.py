@@ -12,15 +12,33 @@ import numpy as np
 from mconv.targets.reference.ops import register
 
 
-def _reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    """Reflect coordinates about the borders until they fall inside ``[lo, hi]``."""
+def reflect(x, lo: float, hi: float, xp=np):
+    """Reflect coordinates about the borders until they fall inside ``[lo, hi]`` (``xp``: numpy
+    here, jax.numpy in the XLA lowering, which shares these rules)."""
     span = hi - lo
     below, above = x < lo, x > hi
-    dx = np.where(below, lo - x, x - hi)
-    n = np.trunc(dx / span) if span > 0 else np.zeros_like(dx)
+    dx = xp.where(below, lo - x, x - hi)
+    n = xp.trunc(dx / span) if span > 0 else xp.zeros_like(dx)
     r = dx - n * span
     even = n % 2 == 0
-    return np.where(below, np.where(even, lo + r, hi - r), np.where(above, np.where(even, hi - r, lo + r), x))
+    return xp.where(below, xp.where(even, lo + r, hi - r), xp.where(above, xp.where(even, hi - r, lo + r), x))
+
+
+def grid_coords(g, dims, mode: str, padding: str, align: bool, xp=np) -> list:
+    """GridSample's source coordinate along each spatial axis of X, in X's dimension order
+    (``g``: the grid with its last axis reversed), with rounding and padding applied."""
+    coords = []
+    for i, d in enumerate(dims):
+        lo, hi = (0.0, d - 1.0) if align else (-0.5, d - 0.5)
+        c = (g[..., i] + 1) / 2.0 * (d - 1) if align else ((g[..., i] + 1) * d - 1) / 2.0
+        if mode == "nearest":
+            c = xp.round(c)  # half to even, as rint
+        if padding == "border":
+            c = xp.where((c < lo) | (c > hi), xp.clip(c, 0, d - 1), c)
+        elif padding == "reflection":
+            c = reflect(c, lo, hi, xp)
+        coords.append(c)
+    return coords
 
 
 def _cubic_coeffs(t: np.ndarray) -> list[np.ndarray]:
@@ -50,16 +68,7 @@ def grid_sample(inputs, attrs, ctx):
     out_shape = grid.shape[1:-1]
     lo = [0.0 if align else -0.5 for _ in dims]
     hi = [d - 1.0 if align else d - 0.5 for d in dims]
-    coords = []
-    for i, d in enumerate(dims):
-        c = (g[..., i] + 1) / 2.0 * (d - 1) if align else ((g[..., i] + 1) * d - 1) / 2.0
-        if mode == "nearest":
-            c = np.rint(c)
-        if padding == "border":
-            c = np.where((c < lo[i]) | (c > hi[i]), np.clip(c, 0, d - 1), c)
-        elif padding == "reflection":
-            c = _reflect(c, lo[i], hi[i])
-        coords.append(c)
+    coords = grid_coords(g, dims, mode, padding, align)
     batch_idx = np.arange(n_batch).reshape((n_batch,) + (1,) * len(out_shape))
 
     def gather(idx: list[np.ndarray]) -> np.ndarray:
@@ -72,7 +81,7 @@ def grid_sample(inputs, attrs, ctx):
             elif padding == "border":
                 k = np.clip(k, 0, d - 1)
             else:
-                k = np.clip(np.trunc(_reflect(k.astype(np.float64), lo[i], hi[i])).astype(np.int64), 0, d - 1)
+                k = np.clip(np.trunc(reflect(k.astype(np.float64), lo[i], hi[i])).astype(np.int64), 0, d - 1)
             fixed.append(k)
         vals = np.moveaxis(x, 1, -1)[(batch_idx, *fixed)]  # (N, *out, C)
         return np.where(valid[..., None], vals, 0)

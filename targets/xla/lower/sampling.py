@@ -19,19 +19,8 @@ import math
 
 import jax.numpy as jnp
 import numpy as np
+from mconv.targets.reference.ops.sampling import grid_coords, reflect
 from mconv.targets.xla.lower import is_static, lower
-
-
-def _reflect(x, lo: float, hi: float):
-    span = hi - lo
-    below, above = x < lo, x > hi
-    dx = jnp.where(below, lo - x, x - hi)
-    n = jnp.trunc(dx / span) if span > 0 else jnp.zeros_like(dx)
-    r = dx - n * span
-    even = n % 2 == 0
-    return jnp.where(
-        below, jnp.where(even, lo + r, hi - r), jnp.where(above, jnp.where(even, hi - r, lo + r), x)
-    )
 
 
 def _cubic_coeffs(t):
@@ -57,16 +46,7 @@ def grid_sample(inputs, attrs, ctx):
     out_shape = grid.shape[1:-1]
     lo = [0.0 if align else -0.5 for _ in dims]
     hi = [d - 1.0 if align else d - 0.5 for d in dims]
-    coords = []
-    for i, d in enumerate(dims):
-        c = (g[..., i] + 1) / 2.0 * (d - 1) if align else ((g[..., i] + 1) * d - 1) / 2.0
-        if mode == "nearest":
-            c = jnp.round(c)
-        if padding == "border":
-            c = jnp.where((c < lo[i]) | (c > hi[i]), jnp.clip(c, 0, d - 1), c)
-        elif padding == "reflection":
-            c = _reflect(c, lo[i], hi[i])
-        coords.append(c)
+    coords = grid_coords(g, dims, mode, padding, align, jnp)
     batch_idx = jnp.arange(n_batch).reshape((n_batch,) + (1,) * len(out_shape))
     xl = jnp.moveaxis(x, 1, -1)
 
@@ -81,7 +61,7 @@ def grid_sample(inputs, attrs, ctx):
                 k = jnp.clip(k, 0, d - 1)
             else:
                 k = jnp.clip(
-                    jnp.trunc(_reflect(k.astype(jnp.float32), lo[i], hi[i])).astype(jnp.int32), 0, d - 1
+                    jnp.trunc(reflect(k.astype(jnp.float32), lo[i], hi[i], jnp)).astype(jnp.int32), 0, d - 1
                 )
             fixed.append(k)
         vals = xl[(batch_idx, *fixed)]  # (N, *out, C)
