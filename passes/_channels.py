@@ -98,7 +98,9 @@ class Plan:
 
     def apply(self) -> None:
         for value, axis, keep in self.slices.values():
-            array = np.take(value.const_value.numpy(), keep, axis=axis)
+            tensor = value.const_value
+            assert tensor is not None  # slice() admits constant initializers only
+            array = np.take(tensor.numpy(), keep, axis=axis)
             value.const_value = ir.tensor(np.ascontiguousarray(array), name=value.name)
             value.shape = ir.Shape(array.shape)
         for value, array in self.consts:
@@ -124,9 +126,10 @@ def _const(value: ir.Value | None) -> np.ndarray | None:
 
 
 def _dims(value: ir.Value, node: ir.Node) -> list[int]:
-    if value.shape is None or not all(isinstance(d, int) for d in value.shape):
+    dims = [d for d in value.shape or () if isinstance(d, int)]
+    if value.shape is None or len(dims) != len(value.shape):
         raise Unsafe(node, f"the shape of {value.name} is unknown (run shape-inference first)")
-    return [int(d) for d in value.shape]
+    return dims
 
 
 def channel_norms(ref: WeightRef, kind: str) -> np.ndarray:

@@ -59,13 +59,20 @@ class WeightRef:
         return self.value.name or ""
 
     @property
+    def tensor(self) -> ir.TensorProtocol:
+        """The weight's tensor (a WeightRef is made only for a value that holds one)."""
+        tensor = self.value.const_value
+        assert tensor is not None, f"weight {self.name} has no tensor"
+        return tensor
+
+    @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.value.const_value.shape.numpy())
+        return tuple(self.tensor.shape.numpy())
 
     def array(self) -> np.ndarray:
         """The weight's values (read-only view for in-memory tensors; for an external tensor,
         a copy read from its file, so no memory map outlives the call)."""
-        tensor = self.value.const_value
+        tensor = self.tensor
         if isinstance(tensor, ir.ExternalTensor):
             return owned_array(tensor)
         return tensor.numpy()

@@ -251,7 +251,7 @@ def resolve_config(spec: PassSpec, node: ir.Node | None = None) -> Any:
 
 # --- context and report ----------------------------------------------------------------------
 
-Progress = Callable[[str, int, int], None]
+Progress = Callable[[str, float, float | None], None]
 
 
 @dataclass

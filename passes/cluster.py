@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import numpy.typing as npt
 import onnx_ir as ir
 from mconv.codecs.palette import value_histogram
 from mconv.errors import InputError
@@ -144,7 +145,7 @@ def value_bins(values: np.ndarray, zeros: int = 0) -> ValueBins | None:
     return _distinct_bins(flat[flat != 0] if zeros else flat)
 
 
-def _midpoints(c: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _midpoints(c: np.ndarray, dtype: npt.DTypeLike) -> np.ndarray:
     """Midpoints between sorted centroids in the values' dtype: Lloyd and the assignment compare
     against the very same numbers."""
     return ((c[1:] + c[:-1]) / 2).astype(dtype)
@@ -323,7 +324,9 @@ def kmeans_1d(
     values = np.asarray(values).ravel()
     if values.size == 0:
         return np.zeros(0)
-    return bin_centroids(value_bins(values), k, init, max_iter=max_iter, seed=seed)
+    bins = value_bins(values)
+    assert bins is not None  # None only when exact zeros are left out (zeros > 0)
+    return bin_centroids(bins, k, init, max_iter=max_iter, seed=seed)
 
 
 # --- assignment -----------------------------------------------------------------------------
@@ -426,7 +429,7 @@ def cluster_array(
     k = max((1 << bits) - 1 if nonzero != array.size else 1 << bits, 1)
     if groups <= 1:
         flat = array.ravel()
-        return _cluster_flat(flat, k, init, max_iter, seed, flat.size - nonzero).reshape(array.shape)
+        return _cluster_flat(flat, k, init, max_iter, seed, int(flat.size - nonzero)).reshape(array.shape)
     out = np.empty_like(array)
     moved = np.moveaxis(array, axis, 0)
     target = np.moveaxis(out, axis, 0)
@@ -435,7 +438,7 @@ def cluster_array(
             continue
         part = moved[channels[0] : channels[-1] + 1]
         flat = np.ascontiguousarray(part).ravel()
-        clustered = _cluster_flat(flat, k, init, max_iter, seed + g, flat.size - np.count_nonzero(flat))
+        clustered = _cluster_flat(flat, k, init, max_iter, seed + g, int(flat.size - np.count_nonzero(flat)))
         target[channels[0] : channels[-1] + 1] = clustered.reshape(part.shape)
     return out
 
@@ -443,14 +446,11 @@ def cluster_array(
 _FREE_TENSOR = "Initializer"  # op type that tensors="all" reports for a tensor no node uses as weight
 
 
-@dataclass
-class _TensorOwner:
-    """Stands in for a node when a tensor is clustered on its own (``tensors="all"``): overrides
-    by op_name match the tensor's name, by op_type the word ``Initializer``."""
-
-    name: str
-    op_type: str = _FREE_TENSOR
-    domain: str = ""
+def _tensor_owner(name: str) -> ir.Node:
+    """Stands in for a node when a tensor is clustered on its own (``tensors="all"``), a node
+    outside any graph: overrides by op_name match the tensor's name, by op_type the word
+    ``Initializer``."""
+    return ir.Node("", _FREE_TENSOR, [], name=name, num_outputs=0)
 
 
 def _free_tensor_refs(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
@@ -462,7 +462,7 @@ def _free_tensor_refs(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef
         if id(value) in seen or t is None or len(t.shape) < 1:
             continue
         if t.dtype in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
-            refs.append(WeightRef(_TensorOwner(name), value, 0, min(1, len(t.shape) - 1)))
+            refs.append(WeightRef(_tensor_owner(name), value, 0, min(1, len(t.shape) - 1)))
     return refs
 
 

@@ -68,6 +68,7 @@ class EliminateIdentity(Pass):
         if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
             return False
         graph = node.graph
+        assert graph is not None  # the traversal yields nodes of a graph
         if node.op_type == "Identity":
             pass
         elif node.op_type == "Dropout" and config.dropout:

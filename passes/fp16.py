@@ -293,6 +293,7 @@ class Float16(Pass):
                 out = node.outputs[0]
                 out.name = fresh_name(f"{value.name}_{suffix}", taken)
                 out.dtype, out.shape = to, value.shape
+                assert before.graph is not None  # a node of the graph being converted
                 before.graph.insert_before(before, node)
                 cache[key] = out
             return cache[key]
@@ -335,12 +336,13 @@ class Float16(Pass):
             runs = self._runs_half(node, blocked_ops) and node.name not in keep_nodes
             keep32 = _half_plan(node, opset, H) if runs else None
             run_half = keep32 is not None
+            kept32 = keep32 if keep32 is not None else set()
             for i, v in enumerate(node.inputs):
                 if v is None:
                     continue
-                if (not run_half or i in keep32) and v in half_values:
+                if (not run_half or i in kept32) and v in half_values:
                     node.replace_input_with(i, cast(v, F32, node))
-                elif run_half and i not in keep32 and v.dtype == F32:
+                elif run_half and i not in kept32 and v.dtype == F32:
                     node.replace_input_with(i, cast(v, H, node))
             if not run_half:
                 blocked_count += node.op_type != "Cast"
@@ -356,8 +358,8 @@ class Float16(Pass):
                 v = node.attributes.pop("value_float").value
                 node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(v, dtype=hnp)))
             elif node.op_type == "Constant" and "value_floats" in node.attributes:
-                v = list(node.attributes.pop("value_floats").value)
-                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(v, dtype=hnp)))
+                floats = list(node.attributes.pop("value_floats").value)
+                node.attributes["value"] = ir.AttrTensor("value", ir.tensor(np.array(floats, dtype=hnp)))
             for out in node.outputs:
                 if out.dtype == F32:  # a tensor: _runs_half saw to that
                     out.dtype = H
@@ -365,16 +367,16 @@ class Float16(Pass):
 
         for i, out in enumerate(list(graph.outputs)):
             if out in half_values and config.keep_io_types:
-                name = out.name
-                out.name = fresh_name(f"{name}_{hname}", taken)
+                out_name = out.name
+                out.name = fresh_name(f"{out_name}_{hname}", taken)
                 node = ir.Node(
                     "",
                     "Cast",
                     [out],
                     attributes=[ir.AttrInt64("to", F32)],
-                    name=fresh_name(f"{name}_to_fp32", taken),
+                    name=fresh_name(f"{out_name}_to_fp32", taken),
                 )
-                node.outputs[0].name, node.outputs[0].dtype, node.outputs[0].shape = name, F32, out.shape
+                node.outputs[0].name, node.outputs[0].dtype, node.outputs[0].shape = out_name, F32, out.shape
                 graph.append(node)
                 graph.outputs[i] = node.outputs[0]
         if H == BF16:  # the validity check knows ORT's CPU provider lacks most bfloat16 kernels
@@ -420,7 +422,7 @@ class Float16(Pass):
             if not any(o.dtype == F32 for o in node.outputs):
                 continue
             err, over = _local_error(node, refs, opset, hnp)
-            local[node.name] = err
+            local[node.name or ""] = err
             if over or err > config.tolerance:
                 keep.add(node.name or "")
         screened = len(keep)

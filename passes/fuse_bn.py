@@ -56,7 +56,7 @@ class FuseBatchNorm(Pass):
     def _try_fuse(self, graph: ir.Graph, bn: ir.Node, ir_version: int, taken: set[str]) -> str | None:
         y = bn.inputs[0]
         prod = y.producer() if y is not None else None
-        if prod is None or prod.op_type not in _PRODUCERS or prod.domain not in ("", "ai.onnx"):
+        if y is None or prod is None or prod.op_type not in _PRODUCERS or prod.domain not in ("", "ai.onnx"):
             return ""  # nothing to fuse into: not worth a note
         if len(y.uses()) != 1 or y.is_graph_output():
             return "its input has other consumers"

@@ -87,7 +87,8 @@ def check_input_shapes(specs, shapes: dict[str, list[int]], *, path: str | None 
 
 
 def _fixed(shape: ir.Shape, symbols: dict[str, int]) -> ir.Shape | None:
-    dims, hit = [], False
+    dims: list[int | ir.SymbolicDim] = []
+    hit = False
     for d in shape:
         if not isinstance(d, int) and d.value in symbols:
             dims.append(symbols[d.value])

@@ -149,7 +149,9 @@ def _dequantize(
         return [node]
     shape = [1] * rank
     shape[axis] = -1
-    s = scale.const_value.numpy().reshape(shape)
+    tensor = scale.const_value
+    assert tensor is not None  # made by _initializer
+    s = tensor.numpy().reshape(shape)
     scale.const_value = ir.tensor(s, name=scale.name)
     scale.shape = ir.Shape(s.shape)
     cast = ir.Node(

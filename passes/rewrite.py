@@ -128,7 +128,7 @@ def attr_values(node: ir.Node) -> dict:
     """Attributes as Python values (tensors as numpy, graphs as ir.Graph) for op kernels."""
     out = {}
     for key, attr in node.attributes.items():
-        if isinstance(attr, ir.RefAttr):
+        if attr.is_ref():
             continue
         v = attr.value
         if attr.type == ir.AttributeType.TENSOR:

@@ -29,13 +29,13 @@ def infer_on_stripped_copy(
             tensor = value.const_value
             if tensor is None or tensor.nbytes <= keep_bytes:
                 continue
-            value.shape = value.shape or tensor.shape
+            value.shape = value.shape or ir.Shape(tensor.shape.numpy())
             value.dtype = value.dtype or tensor.dtype
             graph.initializers.pop(name)
             value.const_value = None
             if value not in graph.inputs:
                 graph.inputs.append(value)
-            stripped.append(value)
+            stripped.append((name, value))
         proto = ir.serde.serialize_model(model)
         if proto.ByteSize() > _PROTO_LIMIT:
             return None
@@ -43,8 +43,8 @@ def infer_on_stripped_copy(
             proto, check_type=False, strict_mode=strict, data_prop=data_prop
         )
     finally:
-        for value in stripped:
-            value.const_value = saved[value.name]
+        for name, value in stripped:
+            value.const_value = saved[name]
             graph.register_initializer(value)
         graph.inputs.clear()
         graph.inputs.extend(inputs_before)
