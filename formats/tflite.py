@@ -131,6 +131,7 @@ class TflOp:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     options: dict = field(default_factory=dict)
+    custom: bytes = b""  # a custom op's custom_options bytes (read by its lowering, bounds checked)
 
 
 @dataclass
@@ -227,7 +228,8 @@ class _Reader:
             code = max(int(oc.BuiltinCode()), int(oc.DeprecatedBuiltinCode()))
             if code == 32:  # CUSTOM
                 custom = oc.CustomCode()
-                # Only ever shown (no lowering is keyed by a custom code): escaped and bounded now.
+                # Escaped and bounded now; lowerings of known custom ops (MediaPipe's) are keyed by
+                # this form, which is the code itself for a plain short name.
                 codes.append("CUSTOM:" + (show(custom) if custom else "?"))
             else:
                 codes.append(builtin.get(code, f"BUILTIN_{code}"))
@@ -265,7 +267,11 @@ class _Reader:
                     obj = cls()
                     obj.Init(table.Bytes, table.Pos)
                     options = _read_table_fields(obj)
-            ops.append(TflOp(i, codes[ci], tuple(ins), tuple(outs), options))
+            custom_opts = b""
+            if codes[ci].startswith("CUSTOM:") and op.CustomOptionsLength():
+                n_custom = self.length(op.CustomOptionsLength(), 1, f"operator {i} custom_options")
+                custom_opts = op.CustomOptionsAsNumpy()[:n_custom].tobytes()
+            ops.append(TflOp(i, codes[ci], tuple(ins), tuple(outs), options, custom_opts))
         return TflModel(version, tensors, ops, list(inputs), list(outputs))
 
     def _densify(self, sp, vals: np.ndarray, shape: tuple[int, ...], shown: str) -> np.ndarray:

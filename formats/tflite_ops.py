@@ -1091,3 +1091,48 @@ def space_to_batch_nd(c: _Converter, op: TflOp) -> None:
 @lowering("BATCH_TO_SPACE_ND")
 def batch_to_space_nd(c: _Converter, op: TflOp) -> None:
     _space_batch(c, op, False)
+
+
+# ------------------------------------------------------------------------------ MediaPipe custom ops
+# Semantics from MediaPipe's kernels (mediapipe/util/tflite/operations/*.cc); LiteRT has none of them.
+
+
+def _custom_ints(c: _Converter, op: TflOp, n: int, what: str) -> list[int]:
+    """The first ``n`` little-endian int32 of a custom op's options (a C struct the kernel reads)."""
+    if len(op.custom) < 4 * n:
+        raise ValueError(f"{what} needs {4 * n} bytes of custom_options, the op has {len(op.custom)}")
+    return [int(v) for v in np.frombuffer(op.custom, dtype="<i4", count=n)]
+
+
+@lowering("CUSTOM:Convolution2DTransposeBias")
+def transpose_conv_bias(c: _Converter, op: TflOp) -> None:
+    """transpose_conv_bias.cc: inputs (x NHWC, filter [Cout, KH, KW, Cin], bias [Cout]); the
+    options are TfLiteTransposeConvParams {padding (1 SAME, 2 VALID), stride_w, stride_h}. SAME
+    pads ``max(0, k - (in-1) % s - 1)`` in all, ``total // 2`` before; the output is
+    ``s*(in-1) + k - total``, initialized to the bias."""
+    padding, sw, sh = _custom_ints(c, op, 3, "Convolution2DTransposeBias")
+    if padding not in (0, 1, 2):
+        raise ValueError(f"padding {padding} is not one of 0 (unknown), 1 (SAME), 2 (VALID)")
+    if sw < 1 or sh < 1:
+        raise ValueError(f"stride {sh}x{sw} must be positive")
+    x, w_i = op.inputs[0], op.inputs[1]
+    w = c.need_const(w_i, "filter").astype(np.float32)
+    xs = c.T(x).shape
+    if w.ndim != 4 or len(xs) != 4 or xs[3] != w.shape[3]:
+        raise _Unsupported(f"filter {list(w.shape)} does not fit input {list(xs)}")
+    kh, kw = w.shape[1], w.shape[2]
+    th = max(0, kh - (xs[1] - 1) % sh - 1) if padding == 1 else 0
+    tw = max(0, kw - (xs[2] - 1) % sw - 1) if padding == 1 else 0
+    out = c.T(op.outputs[0]).shape
+    expect = (xs[0], sh * (xs[1] - 1) + kh - th, sw * (xs[2] - 1) + kw - tw, w.shape[0])
+    if out and tuple(out) != expect:
+        raise ValueError(f"output shape {list(out)}, the kernel computes {list(expect)}")
+    wn = _weight(c, w_i, w, lambda a: a.transpose(3, 0, 1, 2), 0, 1)  # ONNX: [Cin, Cout, KH, KW]
+    y = c.one(
+        "ConvTranspose",
+        [c.to_nchw(x), wn, *_bias(c, op, 2, w.shape[0])],
+        strides=[sh, sw],
+        pads=[th // 2, tw // 2, th - th // 2, tw - tw // 2],
+        kernel_shape=[kh, kw],
+    )
+    c.bind(op.outputs[0], y, nchw=True)

@@ -29,7 +29,7 @@ class TflBuilder:
         self.tensors: list[dict] = []
         self.buffers: list[bytes] = [b""]
         self.ops: list[dict] = []
-        self.codes: list[int] = []
+        self.codes: list[int | str] = []  # builtin codes, or "CUSTOM:<name>" for a custom op
 
     def tensor(
         self,
@@ -69,8 +69,10 @@ class TflBuilder:
         data = np.asarray(data)
         return self.tensor(name, data.shape, data.dtype, data, **kw)
 
-    def op(self, code: str, inputs, outputs, options: str | None = None, **fields) -> None:
-        c = OPCODE[code]
+    def op(
+        self, code: str, inputs, outputs, options: str | None = None, custom: bytes = b"", **fields
+    ) -> None:
+        c: int | str = code if code.startswith("CUSTOM:") else OPCODE[code]
         if c not in self.codes:
             self.codes.append(c)
         self.ops.append(
@@ -80,6 +82,7 @@ class TflBuilder:
                 outputs=list(outputs),
                 options=options,
                 fields=fields,
+                custom=custom,
             )
         )
 
@@ -183,6 +186,9 @@ class TflBuilder:
         for op in self.ops:
             ins = ivec(op["inputs"], tflite.OperatorStartInputsVector)
             outs = ivec(op["outputs"], tflite.OperatorStartOutputsVector)
+            cust = None
+            if op["custom"]:
+                cust = b.CreateByteVector(op["custom"])
             opt = None
             if op["options"]:
                 name = op["options"]
@@ -198,6 +204,8 @@ class TflBuilder:
             tflite.OperatorAddOpcodeIndex(b, op["code"])
             tflite.OperatorAddInputs(b, ins)
             tflite.OperatorAddOutputs(b, outs)
+            if cust is not None:
+                tflite.OperatorAddCustomOptions(b, cust)
             if opt is not None:
                 tflite.OperatorAddBuiltinOptionsType(b, getattr(tflite.BuiltinOptions, op["options"]))
                 tflite.OperatorAddBuiltinOptions(b, opt)
@@ -216,6 +224,15 @@ class TflBuilder:
         g = tflite.SubGraphEnd(b)
         code_offs = []
         for c in self.codes:
+            if isinstance(c, str):  # a custom op: builtin code CUSTOM (32) and its name
+                cname = b.CreateString(c[len("CUSTOM:") :])
+                tflite.OperatorCodeStart(b)
+                tflite.OperatorCodeAddDeprecatedBuiltinCode(b, 32)
+                tflite.OperatorCodeAddBuiltinCode(b, 32)
+                tflite.OperatorCodeAddCustomCode(b, cname)
+                tflite.OperatorCodeAddVersion(b, 1)
+                code_offs.append(tflite.OperatorCodeEnd(b))
+                continue
             tflite.OperatorCodeStart(b)
             tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(c, 127))
             tflite.OperatorCodeAddBuiltinCode(b, c)
