@@ -29,12 +29,14 @@ __all__ = [
     "ACTIVATIONS",
     "CHECKS",
     "FUSIBLE",
+    "INTEGER_OPS",
     "LOWER",
     "UNARY_ACTIVATIONS",
     "Activation",
     "KernelSource",
     "LowerContext",
     "activation_expr",
+    "exact_integer_limit",
     "flit",
     "register",
 ]
@@ -245,14 +247,27 @@ UNARY_ACTIVATIONS = (
 )
 
 
+# op types whose kernels are exact on integer-valued tensors held as floats (data movement,
+# comparisons, logic, Where, Cast, Q/DQ, +, -, *, min, max); the planner refuses integer or bool
+# values in any other kernel.
+INTEGER_OPS: set[str] = set()
+
+
+def exact_integer_limit(storage: str) -> int:
+    """The largest integer magnitude below which every integer is exact in ``storage``."""
+    return 2**11 if storage == "half" else 2**24
+
+
 def register(
-    *op_types: str, fusible: bool = False, check: Callable | None = None
+    *op_types: str, fusible: bool = False, check: Callable | None = None, integers: bool = False
 ) -> Callable[[Callable], Callable]:
     def deco(fn: Callable) -> Callable:
         for op in op_types:
             LOWER[op] = fn
             if fusible:
                 FUSIBLE.add(op)
+            if integers:
+                INTEGER_OPS.add(op)
             if check is not None:
                 CHECKS[op] = check
         return fn
@@ -269,6 +284,8 @@ from mconv.targets.metal.kernels import (  # noqa: E402,F401
     matmul,
     normalization,
     pooling,
+    quantization,
+    recurrent,
     reduction,
     shape,
 )

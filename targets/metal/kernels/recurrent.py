@@ -1,0 +1,331 @@
+"""Recurrent kernels: LSTM, GRU and RNN (the reference executor's ``recurrent`` family).
+
+Rules (ONNX notation, as ``targets/reference/ops/recurrent.py``):
+
+1. One thread per (batch entry, direction), grid ``(B, D, 1)``: the thread loops over time and
+   keeps its hidden (and cell) state in thread memory, in float, so a step reads the previous
+   step's whole state without barriers or threadgroup memory (kernel convention 3). The gate
+   pre-activations of a step are float sums of ``X W^T + H R^T + Wb + Rb`` over the stored weights.
+2. One kernel per output that is used (Y, Y_h, Y_c), each the same recurrence writing its own
+   output (``<kernel>_y``, ``_yh``, ``_yc``); a node whose outputs are all unused has no kernel.
+3. Gate order: RNN ``i``; GRU ``z, r, h``; LSTM ``i, o, f, c`` (peepholes ``i, o, f``). Missing B,
+   initial_h, initial_c, P are zeros. ``direction`` forward, reverse, bidirectional; ``layout``
+   0 and 1; ``activations`` with ``activation_alpha``/``activation_beta`` consumed in order as
+   the reference executor and ONNX Runtime do; ``clip``; LSTM ``input_forget``; GRU
+   ``linear_before_reset``.
+4. ``sequence_lens`` as a constant is baked (past a sequence's length Y is 0 and the state is
+   frozen; the reverse direction reads each sequence backwards within its length); given at run
+   time it is refused (the int values would need an integer buffer), named with the reason.
+5. Hidden sizes up to 1024 (the per-thread state arrays); larger is refused.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, flit, register
+from mconv.targets.metal.kernels.conv import constants
+
+_GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
+_DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}
+_NEEDS_ALPHA = {"affine", "leakyrelu", "thresholdedrelu", "scaledtanh", "hardsigmoid", "elu"}
+_NEEDS_BETA = {"affine", "scaledtanh", "hardsigmoid"}
+_DEFAULT_ALPHA = {
+    "affine": 1.0,
+    "leakyrelu": 0.01,
+    "thresholdedrelu": 1.0,
+    "scaledtanh": 1.0,
+    "hardsigmoid": 0.2,
+    "elu": 1.0,
+}
+_DEFAULT_BETA = {"affine": 0.0, "scaledtanh": 1.0, "hardsigmoid": 0.5}
+MAX_HIDDEN = 1024
+
+
+def _act_expr(name: str, alpha: float | None, beta: float | None, v: str) -> str:
+    """The MSL expression of one recurrent activation applied to the float ``v``."""
+    key = name.lower()
+    a = _DEFAULT_ALPHA.get(key, 0.0) if alpha is None else alpha
+    b = _DEFAULT_BETA.get(key, 0.0) if beta is None else beta
+    if key == "sigmoid":
+        return f"(1.0f / (1.0f + exp(-({v}))))"
+    if key == "tanh":
+        return f"tanh({v})"
+    if key == "relu":
+        return f"max({v}, 0.0f)"
+    if key == "affine":
+        return f"({flit(a)} * ({v}) + {flit(b)})"
+    if key == "leakyrelu":
+        return f"(({v}) >= 0.0f ? ({v}) : {flit(a)} * ({v}))"
+    if key == "thresholdedrelu":
+        return f"(({v}) > {flit(a)} ? ({v}) : 0.0f)"
+    if key == "scaledtanh":
+        return f"({flit(a)} * tanh({flit(b)} * ({v})))"
+    if key == "hardsigmoid":
+        return f"min(max({flit(a)} * ({v}) + {flit(b)}, 0.0f), 1.0f)"
+    if key == "elu":
+        return f"(({v}) > 0.0f ? ({v}) : {flit(a)} * (exp(min({v}, 0.0f)) - 1.0f))"
+    if key == "softsign":
+        return f"(({v}) / (1.0f + fabs({v})))"
+    if key == "softplus":
+        return f"(max({v}, 0.0f) + log(1.0f + exp(-fabs({v}))))"
+    raise ValueError(f"unknown recurrent activation {name!r}")
+
+
+def _activations(node: ir.Node, num_dir: int) -> list[list[tuple[str, float | None, float | None]]]:
+    """Per direction, the (name, alpha, beta) of each activation (rule 3)."""
+    op = node.op_type
+    per = len(_DEFAULT_ACTS[op])
+    attr = node.attributes.get("activations")
+    names = list(attr.as_strings()) if attr is not None else _DEFAULT_ACTS[op] * num_dir
+    if len(names) == per and num_dir == 2:
+        names = names * 2
+    a_attr, b_attr = node.attributes.get("activation_alpha"), node.attributes.get("activation_beta")
+    alphas = list(a_attr.as_floats()) if a_attr is not None else []
+    betas = list(b_attr.as_floats()) if b_attr is not None else []
+    acts = []
+    for name in names:
+        a = alphas.pop(0) if name.lower() in _NEEDS_ALPHA and alphas else None
+        b = betas.pop(0) if name.lower() in _NEEDS_BETA and betas else None
+        acts.append((name, a, b))
+    return [acts[d * per : (d + 1) * per] for d in range(num_dir)]
+
+
+def _input(node: ir.Node, i: int) -> ir.Value | None:
+    return node.inputs[i] if len(node.inputs) > i and node.inputs[i] is not None else None
+
+
+def check_recurrent(ctx: LowerContext, node: ir.Node) -> str | None:
+    """Why the node does not lower (rules 4-5), or None."""
+    direction = node.attributes.get_string("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        return f"direction {direction!r}"
+    for i in (1, 2):
+        w = _input(node, i)
+        if w is None or w.shape is None or not all(isinstance(d, int) for d in w.shape) or len(w.shape) != 3:
+            return "W and R need static 3-D shapes"
+    for i in (3, 5, 6, 7):
+        v = _input(node, i)
+        if v is not None and (v.shape is None or not all(isinstance(d, int) for d in v.shape)):
+            return "input shape not static"
+    lens = _input(node, 4)
+    if lens is not None and lens.const_value is None:
+        return "sequence_lens given at run time (give it as a constant, or drop it for full-length sequences)"
+    R = _input(node, 2)
+    assert R is not None and R.shape is not None
+    if int(R.shape[-1]) > MAX_HIDDEN:
+        return f"hidden size {int(R.shape[-1])} over {MAX_HIDDEN}"
+    num_dir = 2 if direction == "bidirectional" else 1
+    acts = _activations(node, num_dir)
+    if any(len(a) != len(_DEFAULT_ACTS[node.op_type]) for a in acts):
+        return "activations: wrong count"
+    for per in acts:
+        for name, _, _ in per:
+            try:
+                _act_expr(name, None, None, "v")
+            except ValueError:
+                return f"activation {name!r}"
+    return None
+
+
+@register("LSTM", "GRU", "RNN", check=check_recurrent)
+def lower_recurrent(
+    ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None
+) -> list[KernelSource]:
+    op = node.op_type
+    G = _GATES[op]
+    x, W, R = node.inputs[0], node.inputs[1], node.inputs[2]
+    assert x is not None and W is not None and R is not None
+    layout = node.attributes.get_int("layout", 0)
+    xs = ctx.shape(x)
+    T, B = (xs[1], xs[0]) if layout else (xs[0], xs[1])
+    I = xs[2]
+    D, _, H = ctx.shape(R)
+    direction = node.attributes.get_string("direction", "forward")
+    reverse = [False, True] if direction == "bidirectional" else [direction == "reverse"]
+    clip_attr = node.attributes.get("clip")
+    clip = None if clip_attr is None else float(clip_attr.as_float())
+    input_forget = bool(node.attributes.get_int("input_forget", 0)) and op == "LSTM"
+    lbr = bool(node.attributes.get_int("linear_before_reset", 0)) and op == "GRU"
+    acts = _activations(node, D)
+    lens_value = _input(node, 4)
+    lens_const = LowerContext.const(lens_value)
+    lens = [T] * B if lens_const is None else [int(v) for v in np.asarray(lens_const, np.int64).reshape(-1)]
+
+    optional = {"Bias": _input(node, 3), "H0": _input(node, 5)}
+    if op == "LSTM":
+        optional.update(C0=_input(node, 6), Peep=_input(node, 7))
+    present = [(n, v) for n, v in optional.items() if v is not None]
+    reads: list[ir.Value] = [x, W, R, *[v for _, v in present]]
+    names = ["X", "W", "R", *[n for n, _ in present]]
+    has = {n for n, _ in present}
+
+    out_names = ["Y", "Y_h", "Y_c"] if op == "LSTM" else ["Y", "Y_h"]
+    suffix = {"Y": "y", "Y_h": "yh", "Y_c": "yc"}
+    sources: list[KernelSource] = []
+    for oi, which in enumerate(out_names):
+        if oi >= len(node.outputs) or node.outputs[oi] is None:
+            continue
+        y = node.outputs[oi]
+        if not (y.uses() or y.is_graph_output()):
+            continue
+        name = P = f"{kernel}_{suffix[which]}"  # the constants' prefix too: one set per kernel
+        params = [ctx.buffer_param(i, n) for i, n in enumerate(names)]
+        params.append(ctx.buffer_param(len(names), "OUT", out=True))
+        src = (
+            constants(P, dict(T=T, B=B, I=I, H=H, D=D, G=G))
+            + f"constant int {P}_LENS[{B}] = {{{', '.join(map(str, lens))}}};\n"
+            + ctx.signature(name, params)
+            + " {\n"
+            + _body(ctx, op, P, H, G, which, has, layout, reverse, acts, clip, input_forget, lbr)
+            + "}\n"
+        )
+        sources.append(KernelSource(name, src, list(reads), (B, D, 1), output=y))
+    return sources
+
+
+def _body(
+    ctx: LowerContext,
+    op: str,
+    P: str,
+    hidden: int,
+    gates: int,
+    which: str,
+    has: set[str],
+    layout: int,
+    reverse: list[bool],
+    acts: list[list[tuple[str, float | None, float | None]]],
+    clip: float | None,
+    input_forget: bool,
+    lbr: bool,
+) -> str:
+    H = f"{P}_H"
+    GH = f"({P}_G * {P}_H)"
+    x_index = f"((b * {P}_T + t) * {P}_I + k)" if layout else f"((t * {P}_B + b) * {P}_I + k)"
+    st_index = f"((b * {P}_D + d) * {P}_H + j)" if layout else f"((d * {P}_B + b) * {P}_H + j)"
+    y_index = (
+        f"(((b * {P}_T + t) * {P}_D + d) * {P}_H + j)"
+        if layout
+        else f"(((t * {P}_D + d) * {P}_B + b) * {P}_H + j)"
+    )
+
+    def clipped(v: str) -> str:
+        return v if clip is None else f"min(max({v}, {flit(-clip)}), {flit(clip)})"
+
+    def act_by_dir(slot: int, v: str, clip_it: bool = True) -> str:
+        """The direction's activation ``slot`` of ``v`` (a select on ``d`` when they differ); the
+        gates' pre-activations are clipped, LSTM's h(C) is not."""
+        exprs = [_act_expr(*per[slot], clipped(v) if clip_it else v) for per in acts]
+        if len(exprs) == 1 or exprs[0] == exprs[1]:
+            return exprs[0]
+        return f"(d == 0 ? {exprs[0]} : {exprs[1]})"
+
+    rev = "false" if not any(reverse) else ("true" if len(reverse) == 1 else "(d == 1)")
+    # array sizes as literals (a program-scope constant is no array bound in every compiler)
+    lines = [
+        f"    if (gid.x >= uint({P}_B) || gid.y >= uint({P}_D)) return;",
+        "    const int b = int(gid.x), d = int(gid.y);",
+        f"    const bool rev = {rev};",
+        f"    const int len = {P}_LENS[b];",
+        f"    float h[{hidden}];",
+        f"    float hn[{hidden}];",
+        f"    float g[{gates * hidden}];",
+    ]
+    if op == "LSTM":
+        lines.append(f"    float c[{hidden}];")
+    init_h = f"float(H0[{st_index}])" if "H0" in has else "0.0f"
+    init_c = f"float(C0[{st_index}])" if "C0" in has else "0.0f"
+    lines.append(
+        f"    for (int j = 0; j < {H}; ++j) {{ h[j] = {init_h};"
+        + (f" c[j] = {init_c};" if op == "LSTM" else "")
+        + " }"
+    )
+
+    def bias(offset: str) -> str:
+        return f"float(Bias[d * 2 * {GH} + {offset}])" if "Bias" in has else "0.0f"
+
+    wb, rb = bias("j"), bias(f"{GH} + j")
+    # Rule 1: the gate pre-activations. GRU's h gate (j >= 2H) takes the reset gate: its input
+    # part is summed here, its recurrent part below.
+    rec_limit = f"2 * {H}" if op == "GRU" else GH
+    lines += [
+        f"    for (int s = 0; s < {P}_T; ++s) {{",
+        "        if (s >= len) {",
+    ]
+    if which == "Y":
+        lines += [
+            "            const int t = s;",
+            f"            for (int j = 0; j < {H}; ++j) OUT[{y_index}] = {ctx.storage}(0.0f);",
+        ]
+    lines += [
+        "            continue;",
+        "        }",
+        "        const int t = rev ? len - 1 - s : s;",
+        f"        for (int j = 0; j < {GH}; ++j) {{",
+        f"            float acc = {wb};",
+        f"            const int wrow = (d * {GH} + j) * {P}_I;",
+        f"            for (int k = 0; k < {P}_I; ++k) acc += float(X[{x_index}]) * float(W[wrow + k]);",
+        f"            if (j < {rec_limit}) {{",
+        f"                acc += {rb};",
+        f"                const int rrow = (d * {GH} + j) * {H};",
+        f"                for (int k = 0; k < {H}; ++k) acc += h[k] * float(R[rrow + k]);",
+        "            }",
+        "            g[j] = acc;",
+        "        }",
+    ]
+    if op == "RNN":
+        lines.append(f"        for (int j = 0; j < {H}; ++j) hn[j] = {act_by_dir(0, 'g[j]')};")
+    elif op == "GRU":
+        z = act_by_dir(0, "g[j]")
+        lines += [
+            # the reset gate, in place (k < H: z's pre-activation stays; H..2H: r)
+            f"        for (int j = {H}; j < 2 * {H}; ++j) g[j] = {act_by_dir(0, 'g[j]')};",
+            f"        for (int j = 0; j < {H}; ++j) {{",
+            f"            const int rrow = (d * {GH} + 2 * {H} + j) * {H};",
+            f"            const float rbh = {bias(f'{GH} + 2 * {H} + j')};",
+        ]
+        if lbr:
+            lines += [
+                "            float u = rbh;",
+                f"            for (int k = 0; k < {H}; ++k) u += h[k] * float(R[rrow + k]);",
+                f"            const float ph = g[2 * {H} + j] + g[{H} + j] * u;",
+            ]
+        else:
+            lines += [
+                "            float u = rbh;",
+                f"            for (int k = 0; k < {H}; ++k) u += g[{H} + k] * h[k] * float(R[rrow + k]);",
+                f"            const float ph = g[2 * {H} + j] + u;",
+            ]
+        lines += [
+            f"            const float hc = {act_by_dir(1, 'ph')};",
+            f"            const float z = {z};",
+            "            hn[j] = (1.0f - z) * hc + z * h[j];",
+            "        }",
+        ]
+    else:  # LSTM, gates i, o, f, c
+
+        def peep(offset: str, state: str) -> str:
+            return f" + float(Peep[d * 3 * {H} + {offset}j]) * {state}" if "Peep" in has else ""
+
+        pi = f"(g[j]{peep('', 'c[j]')})"
+        pf = f"(g[2 * {H} + j]{peep(f'2 * {H} + ', 'c[j]')})"
+        po = f"(g[{H} + j]{peep(f'{H} + ', 'cn')})"
+        lines += [
+            f"        for (int j = 0; j < {H}; ++j) {{",
+            f"            const float i = {act_by_dir(0, pi)};",
+            f"            const float f = {'1.0f - i' if input_forget else act_by_dir(0, pf)};",
+            f"            const float ct = {act_by_dir(1, f'g[3 * {H} + j]')};",
+            "            const float cn = f * c[j] + i * ct;",
+            f"            const float o = {act_by_dir(0, po)};",
+            f"            hn[j] = o * {act_by_dir(2, 'cn', clip_it=False)};",
+            "            c[j] = cn;",
+            "        }",
+        ]
+    if which == "Y":
+        lines.append(f"        for (int j = 0; j < {H}; ++j) OUT[{y_index}] = {ctx.storage}(hn[j]);")
+    lines += [f"        for (int j = 0; j < {H}; ++j) h[j] = hn[j];", "    }"]
+    if which == "Y_h":
+        lines.append(f"    for (int j = 0; j < {H}; ++j) OUT[{st_index}] = {ctx.storage}(h[j]);")
+    elif which == "Y_c":
+        lines.append(f"    for (int j = 0; j < {H}; ++j) OUT[{st_index}] = {ctx.storage}(c[j]);")
+    return "\n".join(lines) + "\n"
