@@ -29,10 +29,12 @@ def main() -> None:
     """
     import sys
 
+    import typer
+
     try:
         from typer._click import exceptions as click_exc  # typer >= 0.2x vendors click
     except ImportError:  # pragma: no cover - older typer on the real click
-        from click import exceptions as click_exc
+        from click import exceptions as click_exc  # type: ignore[no-redef]  # the same names, older typer
 
     no_args_help = getattr(click_exc, "NoArgsIsHelpError", None)
     try:
@@ -43,7 +45,7 @@ def main() -> None:
             sys.exit(exc.exit_code)
         print(_usage_line(exc), file=sys.stderr)
         sys.exit(2)
-    except click_exc.Abort:
+    except typer.Abort:  # typer's own (its vendored click has none; older typer: click's)
         print("aborted", file=sys.stderr)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

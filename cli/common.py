@@ -44,7 +44,7 @@ class Command(TyperCommand):
                 continue
             if param.param_type_name == "argument":
                 extra = "  [required]" if param.required else ""
-                args.append((_argument_label(param), (param.help or "") + extra))
+                args.append((_argument_label(param), (getattr(param, "help", None) or "") + extra))
             else:
                 record = param.get_help_record(ctx)
                 if record is not None:
@@ -57,7 +57,7 @@ class Command(TyperCommand):
                 formatter.write_dl(opts)
 
     def format_epilog(self, ctx, formatter) -> None:
-        listing = EPILOGS.get(self.name)
+        listing = EPILOGS.get(self.name) if self.name is not None else None
         if listing is not None:
             for title, rows in listing():
                 with formatter.section(title):

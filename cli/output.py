@@ -26,7 +26,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -129,6 +129,41 @@ class ProgressState:
         return " | ".join(parts)
 
 
+class ProgressUpdate:
+    """What :meth:`Out.progress` yields: ``update(description=None, completed=None, total=None,
+    info=None)`` sets the display, ``update.advance(n)`` steps it by ``n``."""
+
+    def __init__(
+        self,
+        update: Callable[[str | None, float | None, float | None, str | None], None],
+        advance: Callable[[float], None],
+    ) -> None:
+        self._update = update
+        self._advance = advance
+
+    def __call__(
+        self,
+        description: str | None = None,
+        completed: float | None = None,
+        total: float | None = None,
+        info: str | None = None,
+    ) -> None:
+        self._update(description, completed, total, info)
+
+    def advance(self, n: float = 1) -> None:
+        self._advance(n)
+
+
+def _ignore_update(
+    description: str | None, completed: float | None, total: float | None, info: str | None
+) -> None:
+    return None
+
+
+def _ignore_advance(n: float) -> None:
+    return None
+
+
 @dataclass
 class Out:
     """Per-command output settings.
@@ -167,7 +202,7 @@ class Out:
             sys.stdout.flush()
 
     @contextmanager
-    def progress(self, description: str, total: float | None = None):
+    def progress(self, description: str, total: float | None = None) -> Iterator[ProgressUpdate]:
         """Progress of long work on stderr: a bar on a terminal, a line every few seconds off one.
 
         Yields ``update(description=None, completed=None, total=None, info=None)``, the signature
@@ -175,12 +210,8 @@ class Out:
         ``update.advance(n)`` steps it by ``n``.
         """
 
-        def noop(*args, **kwargs) -> None:
-            return None
-
-        noop.advance = noop
         if not self.show:
-            yield noop
+            yield ProgressUpdate(_ignore_update, _ignore_advance)
             return
         tty = err_console.is_terminal if self.tty is None else self.tty
         if not tty:
@@ -208,26 +239,20 @@ class Out:
             ) -> None:
                 state.update(description, completed, total, info)
                 if total is not None and total != prog.tasks[0].total:
-                    prog.reset(task, total=total, completed=completed or 0)
-                kw = {
-                    k: v
-                    for k, v in (
-                        ("description", description),
-                        ("completed", completed),
-                        ("info", info),
-                    )
-                    if v is not None
-                }
-                prog.update(task, **kw)
+                    # rich types reset's count as int; the update below sets the exact count
+                    prog.reset(task, total=total, completed=int(completed or 0))
+                if info is not None:
+                    prog.update(task, description=description, completed=completed, info=info)
+                else:  # the info field stays (None leaves description and count as they are)
+                    prog.update(task, description=description, completed=completed)
 
             def advance(n: float = 1) -> None:
                 state.update(completed=state.completed + n)
                 prog.update(task, advance=n)
 
-            update.advance = advance
-            yield update
+            yield ProgressUpdate(update, advance)
 
-    def _progress_lines(self, description: str, total: float | None):
+    def _progress_lines(self, description: str, total: float | None) -> Iterator[ProgressUpdate]:
         """Off a terminal: a line on stderr when ``interval`` seconds passed since the last one."""
         interval = progress_interval() if self.interval is None else self.interval
         state = ProgressState(description, total, self.clock)
@@ -239,16 +264,17 @@ class Out:
                 last[0] = now
                 err_console.print(state.line(), markup=False, highlight=False, soft_wrap=True)
 
-        def update(description=None, completed=None, total=None, info=None) -> None:
+        def update(
+            description: str | None, completed: float | None, total: float | None, info: str | None
+        ) -> None:
             state.update(description, completed, total, info)
             maybe_print()
 
-        def advance(n: float = 1) -> None:
+        def advance(n: float) -> None:
             state.update(completed=state.completed + n)
             maybe_print()
 
-        update.advance = advance
-        yield update
+        yield ProgressUpdate(update, advance)
 
 
 def jsonable(obj):
