@@ -117,7 +117,7 @@ def _metric(outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | Non
         return float(np.mean(outputs.argmax(1) == target))
     a, b = outputs.astype(np.float64).ravel(), reference.astype(np.float64).ravel()
     na, nb = np.linalg.norm(a), np.linalg.norm(b)
-    return 1.0 if na == nb == 0 else float(a @ b / max(na * nb, 1e-300))
+    return 1.0 if na == nb == 0 else float(a @ b / max(float(na * nb), 1e-300))
 
 
 def analyze_sensitivity(
@@ -137,6 +137,7 @@ def analyze_sensitivity(
     the layer's weight swapped as an argument; ``device`` cpu or cuda); the reference is the
     numpy executor."""
     from mconv.passes._weights import weight_refs
+    from mconv.passes.rewrite import name_of, tensor_of
     from mconv.targets.reference.executor import Executor
 
     sparsities = sorted({0.0, *(float(s) for s in sweep)})
@@ -150,7 +151,7 @@ def analyze_sensitivity(
             f"max drop {max_drop} is not a fraction", hint="give it as a fraction: 0.01 is one point"
         )
 
-    names = [v.name for v in real_inputs(model.graph)]
+    names = [name_of(v) for v in real_inputs(model.graph)]
     missing = [n for n in names if n not in data]
     if missing:
         raise InputError(
@@ -165,8 +166,8 @@ def analyze_sensitivity(
     from mconv.targets.xla.engine import check_engine
 
     check_engine(engine, device)
-    output = model.graph.outputs[0].name
-    scores = [v.name for v in model.graph.outputs if v.shape is not None and len(v.shape) == 2]
+    output = name_of(model.graph.outputs[0])
+    scores = [name_of(v) for v in model.graph.outputs if v.shape is not None and len(v.shape) == 2]
     if scores:
         output = scores[0]
     executor: Any
@@ -174,7 +175,7 @@ def analyze_sensitivity(
         from mconv.targets.xla.engine import XlaEngine
 
         executor = XlaEngine(model, [output], device=device)
-        originals = {n: np.asarray(v.const_value.numpy()) for n, v in model.graph.initializers.items()}
+        originals = {n: np.asarray(tensor_of(v).numpy()) for n, v in model.graph.initializers.items()}
         set_weight = executor.set_weight
     else:
         executor = Executor(model)
@@ -234,7 +235,7 @@ def choose_setting(layer: LayerSensitivity, max_drop: float) -> dict:
     plain = [p for p in layer.sweep if p.bits is None and p.drop <= max_drop + eps]
     sparsity = max((p.sparsity for p in plain), default=0.0)
     clustered = [p for p in layer.sweep if p.bits is not None and p.sparsity == sparsity]
-    ok = [p.bits for p in clustered if p.drop <= max_drop + eps]
+    ok = [p.bits for p in clustered if p.bits is not None and p.drop <= max_drop + eps]
     return {"sparsity": sparsity, "bits": min(ok) if ok else None}
 
 
@@ -269,12 +270,12 @@ def recipe_toml(report: SensitivityReport, *, finetune: bool = True) -> str:
             ]
     if finetune:
         lines += ["", "[[pass]]", 'name = "finetune"  # acts only when --data is given']
-    clustered = [layer for layer in report.layers if layer.choice and layer.choice["bits"] is not None]
+    clustered = [(layer, c) for layer in report.layers if (c := layer.choice) and c["bits"] is not None]
     if clustered:
         lines += ["", "[[pass]]", 'name = "cluster"', "skip = true  # only the layers named below"]
-        for layer in clustered:
+        for layer, choice in clustered:
             lines += ["", f"[pass.op_name.{_toml_key(layer.name)}]", "skip = false"]
-            lines.append(f"bits = {layer.choice['bits']}")
+            lines.append(f"bits = {choice['bits']}")
         if finetune:
             lines += ["", "[[pass]]", 'name = "finetune"']
     return "\n".join(lines) + "\n"

@@ -46,8 +46,8 @@ Rules
    gate backs off towards the original (larger ``lam``: the layers that cost most per byte get
    their bytes back first). ``target_size`` alone: the least costly allocation whose predicted
    weight file fits, checked after export (smaller ones if the export overshoots). Both: only
-   allocations that fit are searched; when none passes the gate, :class:`GateFailed` (exit 1)
-   carries the best result found (:attr:`GateFailed.result`).
+   allocations that fit are searched; when none passes the gate, :class:`BudgetNotMet` (a
+   :class:`GateFailed`, exit 1) carries the best result found (:attr:`BudgetNotMet.result`).
 8. **No data.** Only a data-free check: per layer the smallest setting whose weight SNR is at
    least ``snr_db`` (default 20 dB); no fine-tuning; ``accuracy_measured`` is False and the
    report says so.
@@ -77,10 +77,16 @@ from mconv.irio import real_inputs
 from mconv.passes._weights import compression_info, weight_refs
 from mconv.passes.base import Pass, PassContext, PassReport, PassSpec, register_pass
 from mconv.passes.pipeline import _record_provenance, make_spec, snapshot_model
+from mconv.passes.rewrite import name_of
 
 SPARSITIES = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97)
 BITS = (8, 6, 5, 4, 3)
-PRUNE_STEPS = (0.5, 0.8, 1.0)
+# Prune steps as exponents of the kept fraction: step i keeps (1 - s) ** f of the weights, so each
+# step removes the same share of what is left (0.97: 41%, 17%, 7%, 3% kept; a linear schedule
+# jumped from 22% to 3% in its last step, too far for masked retraining to recover).
+PRUNE_STEPS = (0.25, 0.5, 0.75, 1.0)
+FINAL_RETRAIN = 2  # the masked retraining after the last prune step runs this many times the epochs
+BIAS_BITS = 5  # biases (and other float tensors no layer owns) are clustered to this many bits
 PRE_PASSES = ("fold", "eliminate-identity", "fuse-bn", "dce")
 Progress = Callable[[str, float, float | None], None]
 
@@ -186,7 +192,7 @@ def _score_value(model: ir.Model) -> str:
     """The first 2-D graph output (class scores), else the first output (as analyze and finetune)."""
     outs = list(model.graph.outputs)
     scores = [v for v in outs if v.shape is not None and len(v.shape) == 2]
-    return (scores or outs)[0].name
+    return name_of((scores or outs)[0])
 
 
 def split_indices(n: int, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -293,6 +299,7 @@ def _candidates(
     executor = None
     base_kl = 0.0
     if ev is not None and estimator == "fisher":
+        assert sample is not None  # an evaluator comes with its training split
         fisher = _fisher(model, ev, sample, [layer.tensor for layer in layers])
     elif ev is not None:
         executor = Executor(model)
@@ -314,6 +321,7 @@ def _candidates(
                 elif s == 0 and b is None:
                     cost = 0.0
                 else:
+                    assert executor is not None and sample is not None  # made above for ev
                     executor.set_initializer(layer.tensor, a)
                     cost = ev.kl(ev.outputs(executor, sample), sample) - base_kl
                     executor.set_initializer(layer.tensor, w)
@@ -336,7 +344,7 @@ def _frontier(layers: list[_Layer]) -> list[dict[str, tuple[float, int | None]]]
         alloc = {}
         for layer in layers:
             alloc[layer.name] = min(
-                layer.options, key=lambda k, L=layer: (L.options[k][0] + lam * L.options[k][1], -k[0])
+                layer.options, key=lambda k: (layer.options[k][0] + lam * layer.options[k][1], -k[0])
             )
         key = tuple(sorted(alloc.items(), key=lambda kv: kv[0]))
         if key not in seen:
@@ -364,20 +372,25 @@ def _alloc_bytes(layers: list[_Layer], alloc: Mapping) -> int:
 class RoundFp16(Pass):
     """Round float32 initializers that no compression pass recorded (biases, BatchNorm) to
     float16 values, keeping dtype float32: the graph is unchanged and export stores them with
-    its lossless fp16 codec. Tensors holding values beyond float16's range are left alone."""
+    its lossless fp16 codec. Tensors holding values beyond float16's range are left alone.
+    ``compressed=true`` rounds the pruned and clustered tensors too: zeros stay zero and a
+    palette keeps at most its values, whose codebook export then stores as float16."""
 
     lossless = False
 
     @dataclass
     class Config:
         min_elements: int = 1
+        compressed: bool = False
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         recorded = compression_info(model)
         done = []
         for name, value in model.graph.initializers.items():
             t = value.const_value
-            if name in recorded or t is None or t.dtype != ir.DataType.FLOAT or t.size < config.min_elements:
+            if (name in recorded and not config.compressed) or t is None or t.dtype != ir.DataType.FLOAT:
+                continue
+            if t.size < config.min_elements:
                 continue
             a = t.numpy()
             if a.size and float(np.max(np.abs(a))) > 65504.0:
@@ -488,11 +501,19 @@ def _toml_value(v) -> str:
     raise TypeError(f"no TOML for {v!r}")
 
 
+class BudgetNotMet(GateFailed):
+    """The budget's gate failed (exit 1); ``result`` is the best result found."""
+
+    def __init__(self, message: str, result: BudgetResult, *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.result = result
+
+
 # --------------------------------------------------------------------------- the flow
 
 
 def _check_data(model: ir.Model, data: Mapping[str, np.ndarray]) -> tuple[dict, np.ndarray | None, int]:
-    names = [v.name for v in real_inputs(model.graph)]
+    names = [name_of(v) for v in real_inputs(model.graph)]
     missing = [n for n in names if n not in data]
     if missing:
         raise InputError(
@@ -534,14 +555,25 @@ def _run_specs(model: ir.Model, specs: list[PassSpec], ctx: PassContext) -> list
     return reports
 
 
-def _weights_state(model: ir.Model) -> dict:
-    return {name: v.const_value for name, v in model.graph.initializers.items()}
+def _weights_state(model: ir.Model) -> tuple[dict, dict, dict]:
+    """The initializers' values and compression records (a rolled-back stage leaves neither)."""
+    inits = model.graph.initializers
+    return (
+        {name: v.const_value for name, v in inits.items()},
+        {name: dict(v.metadata_props) for name, v in inits.items()},
+        dict(model.metadata_props),
+    )
 
 
-def _restore(model: ir.Model, state: dict) -> None:
+def _restore(model: ir.Model, state: tuple[dict, dict, dict]) -> None:
+    values, props, model_props = state
     for name, v in model.graph.initializers.items():
-        if name in state:
-            v.const_value = state[name]
+        if name in values:
+            v.const_value = values[name]
+            v.metadata_props.clear()
+            v.metadata_props.update(props[name])
+    model.metadata_props.clear()
+    model.metadata_props.update(model_props)
 
 
 def _export_sizes(model: ir.Model) -> dict:
@@ -583,19 +615,29 @@ def _schedule(
     """The paper's schedule for ``alloc`` (rule 6): (stage name, specs) in order."""
     stages = []
     for i, f in enumerate(PRUNE_STEPS):
-        table = {n: {"sparsity": round(s * f, 4)} for n, (s, _) in sorted(alloc.items()) if s > 0}
+        table = {
+            n: {"sparsity": round(1.0 - (1.0 - s) ** f, 4)} for n, (s, _) in sorted(alloc.items()) if s > 0
+        }
         if not table:
             break
+        last = i == len(PRUNE_STEPS) - 1
         stages.append((f"prune step {i + 1}/{len(PRUNE_STEPS)}", [make_spec("prune", {"op_name": table})]))
-        stages.append((f"masked retraining {i + 1}", [_finetune_spec(epochs, 2e-3, seed, holdout, batch)]))
+        stages.append(
+            (
+                f"masked retraining {i + 1}",
+                [_finetune_spec(epochs * (FINAL_RETRAIN if last else 1), 2e-3, seed, holdout, batch)],
+            )
+        )
     clustered = {n: {"skip": False, "bits": b} for n, (_, b) in sorted(alloc.items()) if b is not None}
     if clustered:
         stages.append(
             ("cluster", [make_spec("cluster", {"skip": True, "init": "linear", "op_name": clustered})])
         )
+        bias = {"tensors": "all", "op_types": [], "bits": BIAS_BITS, "init": "linear"}
+        stages.append(("biases clustered", [make_spec("cluster", bias)]))
         stages.append(("centroid fine-tuning 1", [_finetune_spec(epochs, 3e-4, seed, holdout, batch)]))
         stages.append(("centroid fine-tuning 2", [_finetune_spec(epochs, 1e-4, seed, holdout, batch)]))
-    stages.append(("biases to float16", [make_spec("round-fp16", {})]))
+    stages.append(("values to float16", [make_spec("round-fp16", {"compressed": True})]))
     return stages
 
 
@@ -625,7 +667,7 @@ def compress_to_budget(
 ) -> BudgetResult:
     """Deep Compression of ``model`` (mutated) under a budget; see the module rules.
 
-    Raises :class:`GateFailed` (with ``.result``) when ``max_drop`` cannot be met within
+    Raises :class:`BudgetNotMet` (a GateFailed, with ``.result``) when ``max_drop`` cannot be met within
     ``target_size``; :class:`InputError` for bad options or data."""
     t_start = time.perf_counter()
     if engine != "reference":
@@ -715,7 +757,7 @@ def compress_to_budget(
             _run_specs(work, specs, actx)
             got = ev.outputs(work, held)
             m = ev.metric(got, held)
-            check = specs[0].name in ("finetune", "round-fp16")
+            check = specs[0].name in ("finetune", "round-fp16") or name == "biases clustered"
             rolled = check and m < held_metric - 1e-12
             if rolled:
                 _restore(work, before_state)
@@ -816,13 +858,12 @@ def compress_to_budget(
     )
     result.seconds = time.perf_counter() - t_start
     if not result.met:
-        exc = GateFailed(
+        raise BudgetNotMet(
             f"budget not met: held-out {ev.metric_name} drop {best['drop']:.4f} (max {max_drop}), "
             f"weights {best['sizes']['weights_file']:,} B (target {target if target else '-'})",
+            result,
             hint="allow a larger --max-drop or --target-size",
         )
-        exc.result = result
-        raise exc
     return result
 
 
@@ -940,9 +981,7 @@ def _data_free(
     alloc = {}
     for layer in layers:
         ok = [k for k in layer.options if layer.snr[k] >= snr_min]
-        alloc[layer.name] = (
-            min(ok, key=lambda k, L=layer: (L.options[k][0], -L.snr[k])) if ok else (0.0, None)
-        )
+        alloc[layer.name] = min(ok, key=lambda k: (layer.options[k][0], -layer.snr[k])) if ok else (0.0, None)
     specs = list(pre)
     table = {n: {"sparsity": s} for n, (s, _) in sorted(alloc.items()) if s > 0}
     clustered = {n: {"skip": False, "bits": b} for n, (_, b) in sorted(alloc.items()) if b is not None}
@@ -1003,13 +1042,12 @@ def _data_free(
     )
     result.seconds = time.perf_counter() - t_start
     if not met:
-        exc = GateFailed(
+        raise BudgetNotMet(
             f"budget not met without data: weights {sizes['weights_file']:,} B (target {target:,} B) at a weight "
             f"SNR of {snr_min:g} dB",
+            result,
             hint="give --data D.npz so the budget can be measured and fine-tuned",
         )
-        exc.result = result
-        raise exc
     return result
 
 

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from mconv.errors import InputError, show
 from mconv.irio import real_inputs
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
-from mconv.passes.rewrite import constant_array
+from mconv.passes.rewrite import constant_array, name_of
 
 
 def _dims(value_info) -> list | None:
@@ -56,6 +56,7 @@ def _set_shape_constant(node: ir.Node, index: int, array: np.ndarray) -> None:
     """Give input ``index`` of ``node`` a new constant, from a ``Constant`` node (the old value may
     be shared; an initializer would also have to be a graph input below IR version 4)."""
     graph = node.graph
+    assert graph is not None  # a node of the graph being rewritten
     old = node.inputs[index]
     base = f"{node.name or node.op_type}_dynamic_batch_shape"
     taken = {v.name for v in ir.convenience.create_value_mapping(graph).values()}
@@ -71,10 +72,11 @@ def _set_shape_constant(node: ir.Node, index: int, array: np.ndarray) -> None:
     graph.insert_before(node, const)
     node.replace_input_with(index, const.outputs[0])
     if old is not None and not old.uses() and not old.is_graph_output():
+        producer = old.producer()
         if old.is_initializer() and old.name in graph.initializers and old not in graph.inputs:
-            graph.initializers.pop(old.name)
-        elif old.producer() is not None and old.producer().op_type == "Constant":
-            graph.remove(old.producer(), safe=True)
+            graph.initializers.pop(name_of(old))
+        elif producer is not None and producer.op_type == "Constant":
+            graph.remove(producer, safe=True)
 
 
 @register_pass("dynamic-batch")
@@ -108,8 +110,8 @@ class DynamicBatch(Pass):
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         graph = model.graph
-        inputs = [v for v in real_inputs(graph) if v.shape is not None and len(v.shape) > 0]
-        fixed = {v.name: v.shape[0] for v in inputs if isinstance(v.shape[0], int)}
+        inputs = [(v, s) for v in real_inputs(graph) if (s := v.shape) is not None and len(s) > 0]
+        fixed = {v.name: s[0] for v, s in inputs if isinstance(s[0], int)}
         if not fixed:
             return self.report(False, notes=["dimension 0 of the inputs is already symbolic (or absent)"])
         sizes = set(fixed.values())
@@ -123,9 +125,9 @@ class DynamicBatch(Pass):
         batch = sizes.pop()
         original = model if not config.check else _copy(model)
         sym = config.symbol
-        for v in inputs:
+        for v, s in inputs:
             if v.name in fixed:
-                v.shape = ir.Shape([sym, *list(v.shape)[1:]])
+                v.shape = ir.Shape([sym, *list(s)[1:]])
         rewritten: list[str] = []
         for _ in range(64):
             dims = _inferred_dims(model)
@@ -135,7 +137,7 @@ class DynamicBatch(Pass):
             rewritten.append(hit)
         dims = _inferred_dims(model)
         for out in graph.outputs:
-            d = dims.get(out.name)
+            d = dims.get(name_of(out))
             if d and d[0] == sym:
                 out.shape = ir.Shape(d)
             elif d and d[0] is not None:
@@ -223,7 +225,7 @@ def _check_same(original: ir.Model, model: ir.Model, batch: int, ctx: PassContex
     rng = ctx.rng(7)
     specs = [v for v in real_inputs(original.graph) if v.shape is not None and len(v.shape) > 0]
     n = 2 * batch
-    feeds = {v.name: _feed(v, n, rng) for v in specs}
+    feeds = {name_of(v): _feed(v, n, rng) for v in specs}
     got = Executor(model).run(feeds)
     ref = Executor(original)
     for i in range(0, n, batch):

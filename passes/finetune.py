@@ -11,10 +11,11 @@ from typing import Any, Literal
 
 import numpy as np
 import onnx_ir as ir
-from mconv.errors import InputError
+from mconv.errors import InputError, show
 from mconv.irio import real_inputs
 from mconv.passes._weights import CLUSTER_KEY, PRUNED_KEY, compression_info
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.rewrite import name_of, tensor_of
 
 # Ops whose initializer inputs are the learnable parameters (weights and biases).
 WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -42,25 +43,37 @@ class Parameter:
     index: np.ndarray | None = None  # centroid mode: cluster index of each nonzero (in mask order)
     centroids: np.ndarray | None = None  # centroid mode: float64 codebook
 
+    def codebook(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(mask, index, centroids)`` of a centroid-mode parameter (set together)."""
+        assert self.mask is not None and self.index is not None and self.centroids is not None, self.name
+        return self.mask, self.index, self.centroids
+
+    def kept(self) -> np.ndarray:
+        """The mask of a masked or centroid-mode parameter."""
+        assert self.mask is not None, self.name
+        return self.mask
+
     @property
     def trained(self) -> np.ndarray:
         """The array the optimizer updates: the centroids, or the whole tensor."""
-        return self.centroids if self.mode == "centroid" else self.weights
+        return self.codebook()[2] if self.mode == "centroid" else self.weights
 
     def gradient(self, grad: np.ndarray) -> np.ndarray:
         """The gradient of the trained array from the gradient of the full tensor."""
         if self.mode == "centroid":
-            return cluster_gradient(grad[self.mask], self.index, len(self.centroids))
+            mask, index, centroids = self.codebook()
+            return cluster_gradient(grad[mask], index, len(centroids))
         if self.mode == "masked":
-            return np.where(self.mask, grad, 0.0)
+            return np.where(self.kept(), grad, 0.0)
         return grad
 
     def commit(self) -> None:
         """Re-derive the full tensor after an optimizer step (centroids -> weights, re-zero)."""
         if self.mode == "centroid":
-            self.weights[self.mask] = self.centroids[self.index]
+            mask, index, centroids = self.codebook()
+            self.weights[mask] = centroids[index]
         elif self.mode == "masked":
-            self.weights[~self.mask] = 0.0
+            self.weights[~self.kept()] = 0.0
 
 
 def cluster_gradient(grad_nonzero: np.ndarray, index: np.ndarray, clusters: int) -> np.ndarray:
@@ -72,15 +85,16 @@ def make_parameter(value: ir.Value, facts: Mapping[str, dict] | None = None) -> 
     """A :class:`Parameter` for an initializer. Its mode comes from the metadata the prune and
     cluster passes record (``mconv.passes._weights``): on the value, or in the model-level
     ``facts`` (``compression_info(model)``) keyed by tensor name."""
-    w = np.array(value.const_value.numpy(), dtype=np.float32)
-    fact = (facts or {}).get(value.name or "", {})
+    w = np.array(tensor_of(value).numpy(), dtype=np.float32)
+    name = name_of(value)
+    fact = (facts or {}).get(name, {})
     if CLUSTER_KEY in value.metadata_props or fact.get("bits") is not None:
         mask = w != 0
         centroids, index = np.unique(w[mask], return_inverse=True)
-        return Parameter(value.name, value, "centroid", w, mask, index.ravel(), centroids.astype(np.float64))
+        return Parameter(name, value, "centroid", w, mask, index.ravel(), centroids.astype(np.float64))
     if value.metadata_props.get(PRUNED_KEY) == "1" or fact.get("pruned"):
-        return Parameter(value.name, value, "masked", w, w != 0)
-    return Parameter(value.name, value, "free", w)
+        return Parameter(name, value, "masked", w, w != 0)
+    return Parameter(name, value, "free", w)
 
 
 def trainable_values(model: ir.Model, frozen: Callable[[ir.Node], bool] | None = None) -> list[ir.Value]:
@@ -92,7 +106,7 @@ def trainable_values(model: ir.Model, frozen: Callable[[ir.Node], bool] | None =
     found: dict[str, ir.Value] = {}
 
     def take(v: ir.Value | None) -> None:
-        if v is None or v.name not in inits or v.name in found or v.const_value is None:
+        if v is None or v.name is None or v.name not in inits or v.name in found or v.const_value is None:
             return
         if v.const_value.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
             return
@@ -247,8 +261,8 @@ def _score_output(model: ir.Model) -> tuple[str, str]:
         and producer.op_type in ("Softmax", "LogSoftmax")
         and producer.inputs[0] is not None
     ):
-        return out.name, producer.inputs[0].name
-    return out.name, out.name
+        return name_of(out), name_of(producer.inputs[0])
+    return name_of(out), name_of(out)
 
 
 def _batches(n: int, batch_size: int, rng: np.random.Generator):
@@ -281,7 +295,7 @@ def finetune_model(
     from mconv.targets.reference.executor import Executor
 
     result = FinetuneResult()
-    input_names = [v.name for v in real_inputs(model.graph)]
+    input_names = [name_of(v) for v in real_inputs(model.graph)]
     missing = [n for n in input_names if n not in data]
     if missing:
         raise InputError(
@@ -357,6 +371,8 @@ def finetune_model(
     if loss_kind == "kl" and not scores_2d:
         loss_kind = "mse"  # not class scores: match the values themselves
     result.loss = loss_kind
+    targets = labels if loss_kind == "xent" else teacher
+    assert targets is not None  # xent is refused without labels; any other loss has the teacher
 
     rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5EED])
     order = rng.permutation(n)
@@ -373,19 +389,25 @@ def finetune_model(
             return float(np.mean(got.argmax(1) == labels[hold])), "accuracy"
         if teacher is not None and got.ndim == 2:
             return float(np.mean(got.argmax(1) == teacher[hold].argmax(1))), "top1_agreement"
+        if teacher is None:  # loss xent with labels: nothing to compare other than class scores
+            raise InputError(
+                f"loss 'xent' needs class scores [N, classes]; '{show(loss_value)}' is {got.ndim}-D",
+                where="pass finetune",
+                hint="use loss='mse' (matches the model's own outputs) for outputs that are not class scores",
+            )
         return float(np.mean((got - teacher[hold]) ** 2)), "mse"
 
     def loss_fn(idx: np.ndarray) -> Callable:
         def fn(outputs: dict) -> tuple[float, dict]:
             s = outputs[loss_value]
             if loss_kind == "xent":
-                value, g = softmax_cross_entropy(s, labels[idx])
+                value, g = softmax_cross_entropy(s, targets[idx])
             elif loss_kind == "kl":
-                value, g = distillation_kl(s, teacher[idx], config.temperature)
+                value, g = distillation_kl(s, targets[idx], config.temperature)
             else:
-                value, g = mean_squared_error(s, teacher[idx])
+                value, g = mean_squared_error(s, targets[idx])
             if config.margin and loss_kind != "xent" and s.ndim == 2:
-                hinge, gh = top1_margin_hinge(s, teacher[idx])
+                hinge, gh = top1_margin_hinge(s, targets[idx])  # the teacher
                 value, g = value + config.margin * hinge, g + config.margin * gh
             return value, {loss_value: g}
 
@@ -409,7 +431,7 @@ def finetune_model(
             if config.schedule == "cosine":  # decays from lr to 0 over the pass's steps
                 opt.lr = 0.5 * config.lr * (1.0 + np.cos(np.pi * done / total))
             if trainer is not None:
-                target = labels[idx] if loss_kind == "xent" else teacher[idx]
+                target = targets[idx]
                 value = trainer.step({k: v[idx] for k, v in feeds.items()}, target, opt.lr)
             else:
                 value, grads = student.value_and_grad(
@@ -443,7 +465,7 @@ def finetune_model(
             progress(f"epoch {epoch}/{config.epochs}, loss {loss:.4f}{last_metric}", done, total)
 
     for p in params:
-        old = p.value.const_value
+        old = tensor_of(p.value)
         before = np.asarray(old.numpy(), dtype=np.float32)
         p.value.const_value = ir.Tensor(p.weights.astype(old.dtype.numpy()), name=p.name)
         entry = {
@@ -454,7 +476,7 @@ def finetune_model(
             "max_change": float(np.max(np.abs(p.weights - before))) if p.weights.size else 0.0,
         }
         if p.mode == "centroid":
-            entry["clusters"] = int(len(p.centroids))
+            entry["clusters"] = int(len(p.codebook()[2]))
         result.tensors.append(entry)
     return result
 
@@ -488,10 +510,11 @@ class _XlaTrainer:
         aux: dict[str, np.ndarray] = {}
         for p in params:
             if p.mode == "masked":
-                aux[p.name + ":mask"] = p.mask
+                aux[p.name + ":mask"] = p.kept()
             elif p.mode == "centroid":
-                aux[p.name + ":flat"] = np.flatnonzero(p.mask).astype(np.int32)
-                aux[p.name + ":index"] = p.index.astype(np.int32)
+                mask, index, _ = p.codebook()
+                aux[p.name + ":flat"] = np.flatnonzero(mask).astype(np.int32)
+                aux[p.name + ":index"] = index.astype(np.int32)
         self.aux = jax.device_put(aux, dev)
         names = set(self.trained)
         self.frozen = {n: w for n, w in engine.weights.items() if n not in names}

@@ -99,6 +99,22 @@ def add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return value
 
 
+def name_of(value: ir.Value) -> str:
+    """The name of a value of a graph: onnx_ir names every value a graph takes in (a loaded
+    model's values have their file's names, "" for an absent optional output), so None here
+    is a value outside any graph, a bug rather than bad input."""
+    name = value.name
+    assert name is not None, "a value outside any graph"
+    return name
+
+
+def tensor_of(value: ir.Value) -> ir.TensorProtocol:
+    """The tensor of a graph initializer: onnx_ir registers an initializer only with one."""
+    tensor = value.const_value
+    assert tensor is not None, f"initializer {value.name} without a tensor"
+    return tensor
+
+
 def replace_value(old: ir.Value, new: ir.Value) -> None:
     """Point every use of ``old`` (graph outputs included) at ``new``; ``new`` takes the output's name.
 

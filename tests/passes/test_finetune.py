@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 from mconv import passes as P
@@ -269,3 +270,47 @@ def test_data_missing_an_input_is_an_input_error(build):
 
 
 WEIGHTS = toy_weights()
+
+
+def _vector_output_model(tmp_path, rng):
+    """x[N,4] -> MatMul w[4] -> y[N]: one number per sample, not class scores."""
+    w = rng.standard_normal(4).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")],
+        "g",
+        [helper.make_tensor_value_info("x", F, ["N", 4])],
+        [helper.make_tensor_value_info("y", F, ["N"])],
+        [onnx.numpy_helper.from_array(w, "w")],
+    )
+    path = tmp_path / "vector.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    data = {"x": rng.standard_normal((32, 4)).astype(np.float32), "labels": rng.integers(0, 2, 32)}
+    return path, data
+
+
+def test_labels_on_an_output_that_is_not_class_scores_is_an_input_error(tmp_path):
+    # found by the type check: the held-out metric read the teacher, which xent never computes
+    # (TypeError, exit 3)
+    from mconv.errors import InputError
+    from mconv.irio import load_onnx
+
+    path, data = _vector_output_model(tmp_path, np.random.default_rng(31))
+    with pytest.raises(InputError, match=r"loss 'xent' needs class scores.*'y' is 1-D"):
+        finetune_model(load_onnx(path), data, FinetuneConfig(epochs=1))
+    # the hint's way out works: mse against the model's own outputs
+    result = finetune_model(load_onnx(path), data, FinetuneConfig(epochs=1, loss="mse"))
+    assert result.loss == "mse"
+
+
+def test_labels_on_an_output_that_is_not_class_scores_exits_2_from_the_cli(tmp_path):
+    from mconv.cli.app import app
+    from typer.testing import CliRunner
+
+    path, data = _vector_output_model(tmp_path, np.random.default_rng(32))
+    np.savez(tmp_path / "d.npz", **data)
+    out = tmp_path / "out.onnx"
+    args = ["optimize", str(path), "--passes", "finetune(epochs=1)", "--data", str(tmp_path / "d.npz")]
+    res = CliRunner().invoke(app, [*args, "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "loss 'xent' needs class scores" in res.output and "Traceback" not in res.output
+    assert not out.exists()
