@@ -35,6 +35,8 @@ def codec_label(record: Mapping) -> str:
         parts.append(f"g{record['groups']}")
     if record.get("huffman"):
         parts.append("huffman")
+    if record.get("rans"):
+        parts.append("rans")
     return "+".join(parts)
 
 

@@ -68,6 +68,7 @@ WORDS: tuple[str, ...] = (
     "huffman", "index_bits", "entries", "nonzeros", "values", "chunk", "raw", "fp16", "palette",
     "sparse", "float32", "float16", "float64", "bfloat16", "int8", "uint8", "int16", "uint16",
     "int32", "uint32", "int64", "uint64", "bool", "codebook", "indices", "gaps", "data", "symbols",
+    "rans",
 )  # fmt: skip
 _WORD_NUMBER = {w: i for i, w in enumerate(WORDS)}
 HEADER = struct.Struct("<4sIQ")  # magic, version, index length

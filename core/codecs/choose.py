@@ -7,8 +7,9 @@ reads the hints out of a model's metadata first).
 Rules:
 1. ``predict_bytes(array, spec)`` is the analytical size of ``encode(array, spec)``'s blob, from
    counts alone: element counts times bit widths for packed streams, symbol histograms times
-   canonical Huffman code lengths (plus header, lengths table and sync table) for Huffman streams.
-   No bit stream is built. It is exact, so "predicted vs actual bytes" differ only if a codec
+   canonical Huffman code lengths (plus header, lengths table and sync table) for Huffman streams,
+   normalised frequencies' bound (:mod:`mconv.codecs.rans` rule 4, plus header, frequency table
+   and lane states) for rANS streams. No bit stream is built. It is exact, so "predicted vs actual bytes" differ only if a codec
    changes without its prediction.
 2. ``choose_spec(array, hints)`` sizes every encoding that can hold the tensor and returns the
    smallest, lossless by construction. Candidates, in this order (ties go to the one listed
@@ -16,7 +17,7 @@ Rules:
    bits); a dense ``palette`` when the distinct values (zero included) fit a palette; a grouped
    palette when the cluster pass used ``groups`` output-channel groups along axis 0; ``sparse``
    with raw, fp16 (when exact) or palette values for the recorded ``index_bits``, else each of
-   2..8; every palette and sparse candidate without, then with, canonical Huffman coding. A
+   2..8; every palette and sparse candidate packed, then with canonical Huffman, then with rANS. A
    palette's width is the recorded ``bits`` when its values fit them, else the fewest bits that
    fit (at most 8, 256 values). A codec that cannot hold the tensor is no candidate: each
    condition is checked explicitly, and sizing never fails. Tensors other than bool, integer
@@ -44,6 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from mconv.codecs import rans
 from mconv.codecs.bitstream import packed_nbytes
 from mconv.codecs.huffman import HEADER_BYTES, encoded_nbytes
 from mconv.codecs.palette import (
@@ -177,13 +179,23 @@ def fp16_exact(flat: np.ndarray, chunk: int = 1 << 20) -> bool:
     return True
 
 
-def _index_stream_bytes(counts: np.ndarray, bits: int, huffman: bool) -> int:
-    if huffman:
-        return encoded_nbytes(np.pad(counts, (0, (1 << bits) - counts.size)))
+def _coder(spec: Mapping) -> str:
+    """The entropy coder of a spec: ``packed``, ``huffman`` or ``rans``."""
+    return "rans" if spec.get("rans") else "huffman" if spec.get("huffman") else "packed"
+
+
+def _stream_bytes(counts: np.ndarray, coder: str) -> int:
+    """Bytes of a Huffman or rANS stream with these symbol counts (the whole alphabet)."""
+    return rans.encoded_nbytes(counts) if coder == "rans" else encoded_nbytes(counts)
+
+
+def _index_stream_bytes(counts: np.ndarray, bits: int, coder: str) -> int:
+    if coder != "packed":
+        return _stream_bytes(np.pad(counts, (0, (1 << bits) - counts.size)), coder)
     return packed_nbytes(int(counts.sum()), bits)
 
 
-def _palette_part(book: np.ndarray, counts: np.ndarray, spec: dict, huffman: bool, groups: int = 1) -> int:
+def _palette_part(book: np.ndarray, counts: np.ndarray, spec: dict, huffman: str, groups: int = 1) -> int:
     bits = spec.get("bits")
     bits = bits_for(book.size) if bits is None else int(bits)
     if book.size > 1 << bits:
@@ -203,7 +215,7 @@ def predict(stats: TensorStats, spec: dict) -> int:
     """Blob bytes of ``spec`` for the analysed tensor (rule 1)."""
     codec = spec.get("codec", "raw")
     itemsize = stats.array.dtype.itemsize
-    huffman = bool(spec.get("huffman", False))
+    huffman = _coder(spec)
     if codec == "raw":
         return stats.count * itemsize
     if codec == "fp16":
@@ -233,8 +245,8 @@ def predict(stats: TensorStats, spec: dict) -> int:
         span = 1 << index_bits
         fillers, gap_counts = stats.gap_counts(span)
         entries = stats.nonzeros + fillers
-        if huffman:
-            total = encoded_nbytes(gap_counts)
+        if huffman != "packed":
+            total = _stream_bytes(gap_counts, huffman)
         else:
             total = packed_nbytes(entries, index_bits)
         values = spec.get("values", "raw")
@@ -355,8 +367,8 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
         if b is not None:
             coded.append({**sparse, "values": "palette", "bits": b})
     for spec in coded:
-        for huffman in (False, True):
-            candidate = {**spec, "huffman": huffman}
+        for coder in ({"huffman": False}, {"huffman": True}, {"huffman": False, "rans": True}):
+            candidate = {**spec, **coder}
             out.append((candidate, predict(stats, candidate)))
     return out
 

@@ -159,7 +159,86 @@ static int read_huffman(reader *r, uint64_t count, unsigned alphabet, unsigned c
     return 0;
 }
 
-static int read_symbols(reader *r, uint64_t count, int bits, int huffman, unsigned char *out, const char *what) {
+/* Interleaved rANS stream (layout and byte order in rans.py): exactly `count` symbols < `alphabet`. */
+#define RANS_LOW (1u << 23)
+#define RANS_LANE_SYMBOLS 8192u
+static int read_rans(reader *r, uint64_t count, unsigned alphabet, unsigned char *out, const char *what) {
+    const unsigned char *h, *st, *pay;
+    uint32_t n, lanes, plen, total = 0, freq[256], cum[256], *x = NULL, *need = NULL;
+    unsigned alpha, k, s;
+    unsigned char *slot_sym = NULL;
+    uint64_t t, steps, pos = 0, i;
+    int rc = 0;
+    size_t at = r->off;
+    if (!(h = take(r, 16, what))) return -1;
+    n = le32(h), lanes = le32(h + 4), plen = le32(h + 8);
+    alpha = (unsigned)(h[12] | h[13] << 8), k = h[14];
+    if (n != count || alpha != alphabet || alpha > 256) {
+        r->off = at;
+        return fail(r, "corrupt %s rANS header (%lu symbols of %u, record says %llu of %u)", what,
+                    (unsigned long)n, alpha, (unsigned long long)count, alphabet);
+    }
+    if (lanes != n / RANS_LANE_SYMBOLS + (n % RANS_LANE_SYMBOLS != 0) || (n && (k < 10 || k > 15)) || (!n && k)) {
+        r->off = at;
+        return fail(r, "corrupt %s rANS header (%lu lanes, k=%u)", what, (unsigned long)lanes, k);
+    }
+    for (s = 0; s < alpha; s++) { /* LEB128 varints below 2**21 */
+        uint32_t v = 0;
+        int shift = 0;
+        const unsigned char *b;
+        do {
+            if (shift > 14) return fail(r, "%s: a rANS frequency is not a varint below 2**21", what);
+            if (!(b = take(r, 1, what))) return -1;
+            v |= (uint32_t)(*b & 0x7Fu) << shift, shift += 7;
+        } while (*b & 0x80u);
+        freq[s] = v, cum[s] = total, total += v;
+        if (total > (1u << 15)) return fail(r, "%s: rANS frequencies exceed 2**15", what);
+    }
+    if (!(st = take(r, (uint64_t)lanes * 4, what))) return -1;
+    if (!(pay = take(r, plen, what))) return -1;
+    if (n == 0) return total || plen ? fail(r, "%s: an empty rANS stream has frequencies or a payload", what) : 0;
+    if (total != 1u << k) return fail(r, "%s: rANS frequencies sum to %lu, not 2**%u", what, (unsigned long)total, k);
+    x = malloc((size_t)lanes * sizeof *x);
+    need = malloc((size_t)lanes * sizeof *need);
+    slot_sym = malloc((size_t)1 << k);
+    if (!x || !need || !slot_sym) { free(x), free(need), free(slot_sym); return fail(r, "out of memory"); }
+    for (s = 0; s < alpha; s++) memset(slot_sym + cum[s], (int)s, freq[s]);
+    for (i = 0; i < lanes; i++) {
+        x[i] = le32(st + 4 * i);
+        if (x[i] < RANS_LOW || x[i] >= RANS_LOW << 8) { rc = fail(r, "%s: a rANS lane state is out of range", what); break; }
+    }
+    steps = ((uint64_t)n + lanes - 1) / lanes;
+    for (t = 0; !rc && t < steps; t++) {
+        uint32_t active = t + 1 < steps ? lanes : (uint32_t)(n - (steps - 1) * lanes), l, nn = 0, round;
+        for (l = 0; l < active; l++) {
+            uint32_t slot = x[l] & ((1u << k) - 1);
+            unsigned sym = slot_sym[slot];
+            out[t * lanes + l] = (unsigned char)sym;
+            x[l] = freq[sym] * (x[l] >> k) + slot - cum[sym];
+            if (x[l] < RANS_LOW) need[nn++] = l;
+        }
+        for (round = 0; round < 2 && nn; round++) { /* first bytes in lane order, then second bytes */
+            uint32_t m = 0;
+            if (nn > plen - pos) { rc = fail(r, "%s: rANS payload ends inside step %llu", what, (unsigned long long)t); break; }
+            for (l = 0; l < nn; l++) {
+                x[need[l]] = x[need[l]] << 8 | pay[pos++];
+                if (x[need[l]] < RANS_LOW) need[m++] = need[l];
+            }
+            nn = m;
+        }
+    }
+    for (i = 0; !rc && i < lanes; i++)
+        if (x[i] != RANS_LOW) rc = fail(r, "%s: rANS lanes do not end at their initial state", what);
+    for (; !rc && pos < plen; pos++)
+        if (pay[pos]) rc = fail(r, "%s: rANS padding is not zero", what);
+    free(x), free(need), free(slot_sym);
+    return rc;
+}
+
+static int read_symbols(reader *r, uint64_t count, int bits, int huffman, int rans, unsigned char *out,
+                        const char *what) {
+    if (rans && huffman) return fail(r, "%s: both huffman and rans are set", what);
+    if (rans) return read_rans(r, count, 1u << bits, out, what);
     return huffman ? read_huffman(r, count, 1u << bits, out, what) : read_packed(r, count, bits, out, what);
 }
 
@@ -175,7 +254,7 @@ static int decode_palette(reader *r, const mcw_record *rec, float *out) {
     idx = malloc((size_t)rec->count + 1);
     if (!book || !idx) { free(book); free(idx); return fail(r, "out of memory"); }
     rc = read_floats(r, rec->codebook_dtype, G * K, book, "codebook");
-    if (!rc) rc = read_symbols(r, rec->count, rec->bits, rec->huffman, idx, "palette indices");
+    if (!rc) rc = read_symbols(r, rec->count, rec->bits, rec->huffman, rec->rans, idx, "palette indices");
     base = rec->rows / G, extra = rec->rows % G, inner = rec->rows ? rec->count / rec->rows : 0;
     for (g = 0; !rc && g < G; g++) { /* groups split axis 0 like np.array_split */
         uint64_t end = at + (base + (g < extra)) * inner;
@@ -200,7 +279,7 @@ static int decode_sparse(reader *r, const mcw_record *rec, float *out) {
     gaps = malloc((size_t)E + 1);
     vals = malloc(((size_t)E + 1) * sizeof *vals);
     if (!gaps || !vals) { free(gaps); free(vals); return fail(r, "out of memory"); }
-    rc = read_symbols(r, E, rec->index_bits, rec->huffman, gaps, "sparse gaps");
+    rc = read_symbols(r, E, rec->index_bits, rec->huffman, rec->rans, gaps, "sparse gaps");
     if (!rc && rec->values == MCW_VALUES_RAW) rc = read_floats(r, rec->dtype, E, vals, "values");
     else if (!rc && rec->values == MCW_VALUES_FP16) rc = read_floats(r, MCW_F16, E, vals, "values");
     else if (!rc && rec->values == MCW_VALUES_PALETTE) {
@@ -211,7 +290,7 @@ static int decode_sparse(reader *r, const mcw_record *rec, float *out) {
             idx = malloc((size_t)E + 1);
             if (!book || !idx) rc = fail(r, "out of memory");
             if (!rc) rc = read_floats(r, rec->codebook_dtype, K, book, "codebook");
-            if (!rc) rc = read_symbols(r, E, rec->bits, rec->huffman, idx, "sparse indices");
+            if (!rc) rc = read_symbols(r, E, rec->bits, rec->huffman, rec->rans, idx, "sparse indices");
             for (i = 0; !rc && i < E; i++) {
                 if (idx[i] >= K) rc = fail(r, "sparse palette index %u beyond the codebook", idx[i]);
                 else vals[i] = book[idx[i]];

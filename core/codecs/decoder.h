@@ -5,8 +5,8 @@
  * from little-endian bytes). Blob layouts are documented in core/codecs/{palette,sparse,
  * huffman}.py; this file must follow them bit for bit.
  *
- * Supported: codecs raw, fp16, palette (groups, float16/float32 codebooks, packed or Huffman
- * indices), sparse (raw/fp16/palette values, packed or Huffman gaps and indices); tensor dtypes
+ * Supported: codecs raw, fp16, palette (groups, float16/float32 codebooks, packed, Huffman or
+ * rANS indices), sparse (raw/fp16/palette values, packed, Huffman or rANS gaps and indices); dtypes
  * float32 and float16 (widened to float32, exactly).
  */
 #ifndef MCW_DECODER_H
@@ -29,6 +29,7 @@ typedef struct {
     int codebook_dtype;     /* MCW_F32 or MCW_F16 */
     uint32_t groups;        /* palette groups along axis 0 (1 when absent) */
     int huffman;            /* 1: gap and index streams are canonical-Huffman coded */
+    int rans;               /* 1: gap and index streams are rANS coded (core/codecs/rans.py) */
     int index_bits;         /* sparse relative-index bits, 1..8 */
     uint64_t entries;       /* sparse entries, fillers included */
     int values;             /* sparse value codec: MCW_VALUES_* */

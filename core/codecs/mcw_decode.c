@@ -152,6 +152,7 @@ static void record(json *j, tensor *t) {
         else if (!strcmp(key, "codebook_dtype")) string(j, t->codebook_dtype, sizeof t->codebook_dtype);
         else if (!strcmp(key, "values")) string(j, t->values, sizeof t->values);
         else if (!strcmp(key, "huffman")) r->huffman = boolean(j);
+        else if (!strcmp(key, "rans")) r->rans = boolean(j);
         else if (!strcmp(key, "bits")) r->bits = (int)(integer(j) & 0xFF);
         else if (!strcmp(key, "index_bits")) r->index_bits = (int)(integer(j) & 0xFF);
         else if (!strcmp(key, "codebook_size")) r->codebook_size = (uint32_t)integer(j);
@@ -221,7 +222,8 @@ static const char *const WORDS[] = {
     "codec", "dtype", "shape", "streams", "bits", "codebook_size", "codebook_dtype", "groups",
     "huffman", "index_bits", "entries", "nonzeros", "values", "chunk", "raw", "fp16", "palette",
     "sparse", "float32", "float16", "float64", "bfloat16", "int8", "uint8", "int16", "uint16",
-    "int32", "uint32", "int64", "uint64", "bool", "codebook", "indices", "gaps", "data", "symbols"};
+    "int32", "uint32", "int64", "uint64", "bool", "codebook", "indices", "gaps", "data", "symbols",
+    "rans"};
 #define NWORDS (sizeof WORDS / sizeof WORDS[0])
 
 typedef struct {
@@ -279,6 +281,7 @@ static void value_v2(bin *b, tensor *t, const char *key) {
         else if (!strcmp(key, "values")) snprintf(t->values, sizeof t->values, "%s", text);
     } else if (tag == 2 || tag == 3) {
         if (!strcmp(key, "huffman")) r->huffman = tag == 3;
+        else if (!strcmp(key, "rans")) r->rans = tag == 3;
     } else if (tag == 4 || tag == 5) {
         n = varint(b);
         if (b->bad || n > (uint64_t)(b->end - b->p)) { b->bad = 1; return; }
@@ -342,7 +345,13 @@ static int index_v2(const unsigned char *data, uint64_t size, uint64_t index_len
 }
 
 static int die(const char *name, const char *why, int code) {
-    fprintf(stderr, "mcw_decode: %s: %s%s%s\n", prog_file, name ? "tensor " : "", name ? name : "", why);
+    const unsigned char *c;
+    fprintf(stderr, "mcw_decode: %s: %s", prog_file, name ? "tensor " : "");
+    for (c = (const unsigned char *)(name ? name : ""); *c; c++) { /* names come from the file: one line */
+        if (*c < 0x20 || *c == 0x7F) fprintf(stderr, "\\x%02x", *c);
+        else fputc(*c, stderr);
+    }
+    fprintf(stderr, "%s\n", why);
     return code;
 }
 

@@ -19,7 +19,9 @@ Rules:
    ``np.array_split`` does, each with its own codebook; codebooks are padded to the largest
    group's size with zeros that no index refers to.
 6. Indices are packed LSB-first at exactly ``bits`` bits (``bitstream.pack_bits``), or with
-   ``huffman=True`` coded by canonical Huffman over the 2**bits index alphabet.
+   ``huffman=True`` coded by canonical Huffman over the 2**bits index alphabet, or with
+   ``rans=True`` by interleaved rANS (:mod:`mconv.codecs.rans`) over it. The record always has
+   ``huffman`` and has ``rans: true`` only when rANS is used.
 
 Blob: ``codebook[groups * codebook_size]`` (little-endian ``codebook_dtype``), then the index
 stream. Record: ``bits, codebook_size, codebook_dtype, groups, huffman`` and
@@ -32,11 +34,12 @@ import math
 
 import numpy as np
 from mconv.codecs import Codec, register
+from mconv.codecs import rans as rans_codec
 from mconv.codecs.bitstream import BlobReader, pack_bits, packed_nbytes, unpack_bits
 from mconv.codecs.huffman import decode_symbols, encode_symbols
 from mconv.errors import InputError
 
-PALETTE_PARAMS = ("bits", "codebook", "codebook_dtype", "huffman", "groups")
+PALETTE_PARAMS = ("bits", "codebook", "codebook_dtype", "huffman", "rans", "groups")
 
 
 def bit_view(values: np.ndarray) -> np.ndarray:
@@ -159,11 +162,33 @@ def group_sizes(shape: tuple[int, ...], groups: int) -> list[int]:
     return [(base + (g < extra)) * inner for g in range(groups)]
 
 
-def encode_index_stream(indices: np.ndarray, bits: int, huffman: bool) -> bytes:
+def entropy_coder(params: dict) -> tuple[bool, bool]:
+    """``(huffman, rans)`` of a spec or record (rule 6); both at once is refused."""
+    huffman, rans = params.get("huffman", False), params.get("rans", False)
+    if not isinstance(huffman, bool) or not isinstance(rans, bool) or (huffman and rans):
+        raise InputError(
+            f"huffman={huffman!r}, rans={rans!r}", hint="set at most one of huffman and rans to true"
+        )
+    return huffman, rans
+
+
+def coder_fields(huffman: bool, rans: bool) -> dict:
+    """The record's coder fields: ``huffman`` always, ``rans`` only when true (older readers
+    never see it)."""
+    return {"huffman": huffman, "rans": True} if rans else {"huffman": huffman}
+
+
+def encode_index_stream(indices: np.ndarray, bits: int, huffman: bool, rans: bool = False) -> bytes:
+    if rans:
+        return rans_codec.encode_symbols(indices, 1 << bits)
     return encode_symbols(indices, 1 << bits) if huffman else pack_bits(indices, bits)
 
 
-def decode_index_stream(reader: BlobReader, count: int, bits: int, huffman: bool, what: str) -> np.ndarray:
+def decode_index_stream(
+    reader: BlobReader, count: int, bits: int, huffman: bool, what: str, rans: bool = False
+) -> np.ndarray:
+    if rans:
+        return rans_codec.decode_symbols(reader, count, 1 << bits, what)
     if huffman:
         return decode_symbols(reader, count, 1 << bits, what)
     return unpack_bits(reader.take(packed_nbytes(count, bits), f"{what} stream"), bits, count)
@@ -217,15 +242,15 @@ def _palette_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
     for g, b in enumerate(books):
         table[g, : b.size] = b
     store = codebook_storage(table.ravel(), params.get("codebook_dtype"))
-    huffman = bool(params.get("huffman", False))
+    huffman, rans = entropy_coder(params)
     codebook_blob = table.ravel().astype(store.newbyteorder("<")).tobytes()
-    index_blob = encode_index_stream(indices, bits, huffman)
+    index_blob = encode_index_stream(indices, bits, huffman, rans)
     record = {
         "bits": bits,
         "codebook_size": int(size),
         "codebook_dtype": store.name,
         "groups": groups,
-        "huffman": huffman,
+        **coder_fields(huffman, rans),
         "streams": {"codebook": len(codebook_blob), "indices": len(index_blob)},
     }
     return codebook_blob + index_blob, record
@@ -259,7 +284,8 @@ def _palette_decode(blob: memoryview, record: dict) -> np.ndarray:
     groups = record_int(record, "groups", 1, max(1, rows))
     reader = BlobReader(blob, "palette")
     codebook = read_codebook(reader, groups * size, record.get("codebook_dtype"), dtype).reshape(groups, size)
-    indices = decode_index_stream(reader, count, bits, bool(record.get("huffman")), "palette indices")
+    huffman, rans = entropy_coder(record)
+    indices = decode_index_stream(reader, count, bits, huffman, "palette indices", rans)
     reader.finish()
     if count and int(indices.max()) >= size:
         raise InputError(

@@ -15,8 +15,9 @@ Rules:
 3. Values go through an inner codec: ``values="raw"`` (the tensor's dtype), ``"fp16"`` (must be
    fp16-exact) or ``"palette"`` (``bits``, ``codebook``, ``codebook_dtype`` as in the palette
    codec; the fillers' +0.0 needs a codebook slot of its own when there are fillers).
-4. ``huffman=True`` codes the gap stream, and the palette index stream, with canonical Huffman;
-   otherwise both are packed LSB-first at their bit width.
+4. ``huffman=True`` codes the gap stream, and the palette index stream, with canonical Huffman,
+   ``rans=True`` with interleaved rANS (at most one of the two); otherwise both are packed
+   LSB-first at their bit width.
 
 Blob: the gap stream, then either ``values`` or ``codebook`` + ``indices``. Record:
 ``index_bits, entries (fillers included), nonzeros, values, huffman`` (+ palette fields) and
@@ -33,16 +34,18 @@ from mconv.codecs.palette import (
     bits_for,
     check_bits,
     codebook_storage,
+    coder_fields,
     decode_index_stream,
     distinct_values,
     encode_index_stream,
+    entropy_coder,
     palette_indices,
     read_codebook,
     record_int,
 )
 from mconv.errors import InputError
 
-SPARSE_PARAMS = ("index_bits", "values", "bits", "codebook", "codebook_dtype", "huffman")
+SPARSE_PARAMS = ("index_bits", "values", "bits", "codebook", "codebook_dtype", "huffman", "rans")
 VALUE_CODECS = ("raw", "fp16", "palette")
 
 
@@ -74,16 +77,16 @@ def _sparse_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
         raise InputError(f"sparse values={value_codec!r}", hint=f"use one of {', '.join(VALUE_CODECS)}")
     if value_codec != "palette" and any(k in params for k in ("bits", "codebook", "codebook_dtype")):
         raise InputError("bits/codebook/codebook_dtype need values='palette'", hint="set values='palette'")
-    huffman = bool(params.get("huffman", False))
+    huffman, rans = entropy_coder(params)
     flat = np.ascontiguousarray(array).ravel()
     gaps, values, nonzeros = relative_entries(flat, index_bits)
-    gap_blob = encode_index_stream(gaps, index_bits, huffman)
+    gap_blob = encode_index_stream(gaps, index_bits, huffman, rans)
     record = {
         "index_bits": index_bits,
         "entries": int(gaps.size),
         "nonzeros": nonzeros,
         "values": value_codec,
-        "huffman": huffman,
+        **coder_fields(huffman, rans),
     }
     streams = {"gaps": len(gap_blob)}
     if value_codec == "raw":
@@ -123,7 +126,7 @@ def _palette_values(values: np.ndarray, params: dict, record: dict, streams: dic
     indices = palette_indices(values, codebook)
     store = codebook_storage(codebook, params.get("codebook_dtype"))
     codebook_blob = codebook.astype(store.newbyteorder("<")).tobytes()
-    index_blob = encode_index_stream(indices, bits, bool(record["huffman"]))
+    index_blob = encode_index_stream(indices, bits, bool(record["huffman"]), bool(record.get("rans")))
     record.update(bits=bits, codebook_size=int(codebook.size), codebook_dtype=store.name)
     streams.update(codebook=len(codebook_blob), indices=len(index_blob))
     return codebook_blob + index_blob
@@ -135,9 +138,9 @@ def _sparse_decode(blob: memoryview, record: dict) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     index_bits = record_int(record, "index_bits", 1, 8)
     entries = record_int(record, "entries", 0, count)
-    huffman = bool(record.get("huffman"))
+    huffman, rans = entropy_coder(record)
     reader = BlobReader(blob, "sparse")
-    gaps = decode_index_stream(reader, entries, index_bits, huffman, "sparse gaps")
+    gaps = decode_index_stream(reader, entries, index_bits, huffman, "sparse gaps", rans)
     value_codec = record.get("values")
     if value_codec == "raw":
         raw = reader.take(entries * dtype.itemsize, "values")
@@ -148,7 +151,7 @@ def _sparse_decode(blob: memoryview, record: dict) -> np.ndarray:
         bits = record_int(record, "bits", 1, 8)
         size = record_int(record, "codebook_size", 0 if entries == 0 else 1, 1 << bits)
         codebook = read_codebook(reader, size, record.get("codebook_dtype"), dtype)
-        indices = decode_index_stream(reader, entries, bits, huffman, "sparse indices")
+        indices = decode_index_stream(reader, entries, bits, huffman, "sparse indices", rans)
         if entries and int(indices.max()) >= size:
             raise InputError(
                 f"sparse palette index {int(indices.max())} beyond the {size}-entry codebook",

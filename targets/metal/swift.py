@@ -234,6 +234,7 @@ public final class {product} {{
             rec.codebook_size = UInt32((record["codebook_size"] as? Int) ?? 0)
             rec.groups = UInt32((record["groups"] as? Int) ?? 1)
             rec.huffman = ((record["huffman"] as? Bool) ?? false) ? 1 : 0
+            rec.rans = ((record["rans"] as? Bool) ?? false) ? 1 : 0
             rec.entries = UInt64((record["entries"] as? Int) ?? 0)
             guard rec.codec >= 0, rec.dtype >= 0 else {{
                 throw {product}Error.weights("\\(name): codec or dtype not supported by the C decoder")

@@ -11,6 +11,7 @@ import mconv.container as container
 import numpy as np
 import pytest
 from mconv.codecs import decode, encode
+from mconv.errors import InputError
 
 SRC = Path(__file__).resolve().parents[2] / "core" / "codecs"
 CC = shutil.which("cc") or shutil.which("gcc")
@@ -74,6 +75,27 @@ CASES = [
     ("scalar", np.array(-0.0, np.float32), {"codec": "palette", "huffman": True}),
     ("all_zero", np.zeros((7, 7), np.float32), {"codec": "sparse", "index_bits": 3, "huffman": True}),
     ("half_tensor", clustered((8, 8), 4, 0.5, 10, fp16=True).astype(np.float16), {"codec": "palette"}),
+    # rANS (issue 14 item 6): one lane, several lanes (numpy path), partial last step, edge cases
+    ("palette_rans", clustered((64, 33), 32, 0.5, 11, fp16=True), {"codec": "palette", "rans": True}),
+    (
+        "sparse_pal_rans_lanes",
+        clustered((300, 331), 31, 0.7, 12),
+        {"codec": "sparse", "index_bits": 5, "values": "palette", "bits": 5, "rans": True},
+    ),
+    (
+        "palette_groups_rans",
+        clustered((10, 3, 3), 30, 0.2, 13),
+        {"codec": "palette", "groups": 4, "rans": True},
+    ),
+    (
+        "sparse_raw_rans",
+        clustered((50, 40), 500, 0.9, 14),
+        {"codec": "sparse", "index_bits": 3, "rans": True},
+    ),
+    ("empty_rans", np.zeros((0, 4), np.float32), {"codec": "sparse", "values": "palette", "rans": True}),
+    ("scalar_rans", np.array(-0.0, np.float32), {"codec": "palette", "rans": True}),
+    ("all_zero_rans", np.zeros((7, 7), np.float32), {"codec": "sparse", "index_bits": 3, "rans": True}),
+    ("one_value_rans", np.full((20000,), 0.5, np.float32), {"codec": "palette", "bits": 2, "rans": True}),
 ]
 
 
@@ -122,6 +144,32 @@ def test_c_decoder_rejects_damaged_blobs_without_crashing(mcw_decode, weights, t
         bad.write_bytes(bytes(damaged))
         proc = subprocess.run([str(mcw_decode), str(bad), "sparse_pal_huff"], capture_output=True, timeout=30)
         assert proc.returncode in (0, 2)  # never a signal (negative return code)
+
+
+def test_c_decoder_rejects_damaged_rans_blobs_like_python(mcw_decode, weights, tmp_path):
+    """A flipped byte in a rANS blob: C exits 0 or 2 (never a signal); where it decodes, it agrees
+    with Python's decoder, and a stream Python refuses C refuses too."""
+    name = "sparse_pal_rans_lanes"
+    data = bytearray(weights.read_bytes())
+    info = container.read_container(weights)
+    entry = info._entry(name)
+    info.close()
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        damaged = bytearray(data)
+        at = entry.offset + int(rng.integers(0, entry.nbytes))
+        damaged[at] ^= int(rng.integers(1, 256))
+        bad = tmp_path / f"rflip{trial}.mcw"
+        bad.write_bytes(bytes(damaged))
+        proc = subprocess.run([str(mcw_decode), str(bad), name], capture_output=True, timeout=30)
+        assert proc.returncode in (0, 2), proc.stderr
+        try:
+            py = decode(bytes(damaged[entry.offset : entry.offset + entry.nbytes]), entry.record)
+        except InputError:
+            assert proc.returncode == 2, f"trial {trial}: Python refuses, C decoded"
+            continue
+        assert proc.returncode == 0, f"trial {trial}: Python decoded, C refused: {proc.stderr!r}"
+        assert np.array_equal(np.frombuffer(proc.stdout, "<u4"), py.astype(np.float32).ravel().view("<u4"))
 
 
 def test_c_decoder_refuses_damaged_binary_indexes_with_one_line(mcw_decode, tmp_path):

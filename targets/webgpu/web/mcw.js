@@ -1,5 +1,5 @@
 // weights.mcw in JavaScript: the container of mconv.container and the codecs of mconv.codecs
-// (raw, fp16, palette, sparse; packed or canonical-Huffman index streams), decoded bit for bit
+// (raw, fp16, palette, sparse; packed, canonical-Huffman or rANS index streams), decoded bit for bit
 // as the Python and C99 decoders do. An ES module: the bundle's page imports it, and the tests
 // run it under node against the Python decoder.
 //
@@ -203,8 +203,100 @@ function huffmanSymbols(reader, n, alphabet, what) {
   return out;
 }
 
+// Interleaved rANS (layout and byte order in core/codecs/rans.py): exactly n symbols < alphabet.
+const RANS_LOW = 2 ** 23;
+const RANS_LANE_SYMBOLS = 8192;
+
+function ransSymbols(reader, n, alphabet, what) {
+  const at = reader.offset;
+  const bad = (m) => fail(`corrupt ${what} rANS stream at byte offset ${at}: ${m}`);
+  const head = reader.take(16, `${what} rANS header`);
+  const dv = new DataView(head.buffer, head.byteOffset, 16);
+  const got = dv.getUint32(0, true);
+  const lanes = dv.getUint32(4, true);
+  const plen = dv.getUint32(8, true);
+  const alpha = dv.getUint16(12, true);
+  const k = head[14];
+  if (got !== n || alpha !== alphabet) bad(`header says ${got} symbols of ${alpha}, record says ${n} of ${alphabet}`);
+  if (lanes !== Math.ceil(n / RANS_LANE_SYMBOLS) || (n && (k < 10 || k > 15)) || (!n && k)) {
+    bad(`header has ${lanes} lanes and k=${k} for ${n} symbols`);
+  }
+  const freq = new Array(alpha);
+  const cum = new Array(alpha);
+  let total = 0;
+  for (let s = 0; s < alpha; s++) {
+    let v = 0;
+    let shift = 0;
+    let byte;
+    do {
+      if (shift > 14) bad("a frequency is not a varint below 2**21");
+      byte = reader.take(1, `${what} rANS frequency table`)[0];
+      v += (byte & 0x7f) * 2 ** shift;
+      shift += 7;
+    } while (byte & 0x80);
+    freq[s] = v;
+    cum[s] = total;
+    total += v;
+  }
+  const states = reader.take(4 * lanes, `${what} rANS states`);
+  const payload = reader.take(plen, `${what} rANS payload`);
+  if (n === 0) {
+    if (total || plen) bad("an empty stream has frequencies or a payload");
+    return new Uint8Array(0);
+  }
+  if (total !== 2 ** k) bad(`frequencies sum to ${total}, not 2**${k}`);
+  const slotSym = new Uint8Array(2 ** k);
+  for (let s = 0; s < alpha; s++) slotSym.fill(s, cum[s], cum[s] + freq[s]);
+  const sdv = new DataView(states.buffer, states.byteOffset, states.length);
+  const x = new Array(lanes);
+  for (let l = 0; l < lanes; l++) {
+    x[l] = sdv.getUint32(4 * l, true);
+    if (x[l] < RANS_LOW || x[l] >= RANS_LOW * 256) bad("a lane state lies outside [2**23, 2**31)");
+  }
+  const mask = 2 ** k - 1;
+  const steps = Math.ceil(n / lanes);
+  const out = new Uint8Array(n);
+  const need = new Array(lanes);
+  let pos = 0;
+  for (let t = 0; t < steps; t++) {
+    const active = t + 1 < steps ? lanes : n - (steps - 1) * lanes;
+    let nn = 0;
+    for (let l = 0; l < active; l++) {
+      const slot = x[l] & mask;
+      const s = slotSym[slot];
+      out[t * lanes + l] = s;
+      x[l] = freq[s] * Math.floor(x[l] / 2 ** k) + slot - cum[s];
+      if (x[l] < RANS_LOW) need[nn++] = l;
+    }
+    for (let round = 0; round < 2 && nn; round++) {
+      // first bytes in lane order, then second bytes
+      if (nn > plen - pos) bad(`payload ends inside step ${t}`);
+      let m = 0;
+      for (let i = 0; i < nn; i++) {
+        const l = need[i];
+        x[l] = x[l] * 256 + payload[pos++];
+        if (x[l] < RANS_LOW) need[m++] = l;
+      }
+      nn = m;
+    }
+  }
+  for (let l = 0; l < lanes; l++) if (x[l] !== RANS_LOW) bad("the lanes do not end at their initial state");
+  for (; pos < plen; pos++) if (payload[pos]) bad("padding after the payload is not zero");
+  return out;
+}
+
+function coder(record) {
+  const huffman = record.huffman === undefined ? false : record.huffman;
+  const rans = record.rans === undefined ? false : record.rans;
+  if (typeof huffman !== "boolean" || typeof rans !== "boolean" || (huffman && rans)) {
+    fail("record sets both huffman and rans (or not as booleans)");
+  }
+  return rans ? "rans" : huffman ? "huffman" : "packed";
+}
+
 function indexStream(reader, n, bits, huffman, what) {
-  if (huffman) return huffmanSymbols(reader, n, 1 << bits, what);
+  if (huffman === "rans") return ransSymbols(reader, n, 1 << bits, what);
+  if (huffman === true || huffman === "huffman") return huffmanSymbols(reader, n, 1 << bits, what);
   return unpackBits(reader.take(Math.floor((n * bits + 7) / 8), `${what} stream`), bits, n);
 }
 
@@ -260,7 +352,7 @@ function decodePalette(blob, record) {
   const groups = recordInt(record, "groups", 1, Math.max(1, rows));
   const reader = new Reader(blob, "palette");
   const table = readCodebook(reader, groups * cb, record.codebook_dtype, record.dtype);
-  const indices = indexStream(reader, n, bits, !!record.huffman, "palette indices");
+  const indices = indexStream(reader, n, bits, coder(record), "palette indices");
   reader.finish();
   for (let i = 0; i < n; i++) if (indices[i] >= cb) fail(`palette index ${indices[i]} beyond the ${cb}-entry codebook`);
   if (n === 0) return new Uint8Array(0);
@@ -286,7 +378,7 @@ function decodeSparse(blob, record) {
   const size = itemsize(record.dtype);
   const indexBits = recordInt(record, "index_bits", 1, 8);
   const entries = recordInt(record, "entries", 0, n);
-  const huffman = !!record.huffman;
+  const huffman = coder(record);
   const reader = new Reader(blob, "sparse");
   const gaps = indexStream(reader, entries, indexBits, huffman, "sparse gaps");
   let values;

@@ -101,6 +101,14 @@ def _codec_zoo(seed: int) -> list[tuple[str, np.ndarray, dict]]:
         ),
         ("sparse_palette", pruned, {"codec": "sparse", "index_bits": 2, "values": "palette", "bits": 4}),
         ("empty", np.zeros((0, 3), np.float32), {"codec": "raw"}),
+        ("palette_groups_rans", clustered, {"codec": "palette", "bits": 5, "groups": 4, "rans": True}),
+        ("sparse_rans", very_sparse, {"codec": "sparse", "index_bits": 5, "values": "fp16", "rans": True}),
+        (
+            "sparse_palette_rans",
+            pruned,
+            {"codec": "sparse", "index_bits": 3, "values": "palette", "rans": True},
+        ),
+        ("empty_rans", np.zeros((0, 3), np.float32), {"codec": "palette", "rans": True}),
     ]
 
 
@@ -127,6 +135,16 @@ def test_mcw_js_decodes_every_codec_bit_for_bit(tmp_path):
     write_container(path2, [("long", long, {"codec": "palette", "huffman": True})])
     got2 = _node_decode(path2, tmp_path)
     assert got2["long"] == long.tobytes().hex()
+    # rANS streams of three lanes and of nine (a partial last step)
+    wide = rng.choice(np.array([0.5, -0.25, 1.0, 2.0, 0.0], np.float32), size=(70, 999))
+    path3 = tmp_path / "rans.mcw"
+    specs = [
+        ("long", long, {"codec": "palette", "rans": True}),
+        ("wide", wide, {"codec": "palette", "rans": True}),
+    ]
+    write_container(path3, specs)
+    got3 = _node_decode(path3, tmp_path)
+    assert got3["long"] == long.tobytes().hex() and got3["wide"] == wide.tobytes().hex()
 
 
 def _damage(path: Path, out: Path, at: int, data: bytes) -> Path:
