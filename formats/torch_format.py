@@ -901,6 +901,90 @@ def _not_of_numbers(torch):
             torch.onnx.unregister_custom_op_symbolic("aten::__not_", 9)
 
 
+def _encoder_layer_symbolic(g, src, embed_dim, num_heads, qkv_w, qkv_b, proj_w, proj_b, use_gelu, norm_first, eps,
+                            ln1_w, ln1_b, ln2_w, ln2_b, ffn1_w, ffn1_b, ffn2_w, ffn2_b, mask=None, mask_type=None):  # fmt: skip
+    """``aten::_transformer_encoder_layer_fwd`` (the fused fast path a traced
+    ``nn.TransformerEncoderLayer`` records in eval mode) as the ONNX ops of its definition
+    (aten/src/ATen/native/transformers/transformer.cpp): self-attention with the packed
+    ``qkv`` projection, residual, LayerNorm before (``norm_first``) or after each block, and the
+    ReLU or exact-GELU feed-forward. Inputs are batch-first ``[B, S, E]`` as the fast path takes
+    them. ``mask`` (bool: True is masked out, as ``_masked_softmax`` reads it; float: added)
+    is ``[S, S]`` (mask_type 0), ``[B, S]`` key padding (1) or ``[B, H, S, S]`` (2)."""
+    from torch.onnx._internal.torchscript_exporter import symbolic_helper as sh
+
+    e = int(sh._get_const(embed_dim, "i", "embed_dim"))
+    h = int(sh._get_const(num_heads, "i", "num_heads"))
+    gelu = bool(sh._get_const(use_gelu, "b", "use_gelu"))
+    pre = bool(sh._get_const(norm_first, "b", "norm_first"))
+    epsilon = float(sh._get_const(eps, "f", "eps"))
+    d = e // h
+
+    def const(values, dtype=np.int64):
+        return g.op("Constant", value_t=_torch().tensor(np.asarray(values, dtype=dtype)))
+
+    def linear(x, w, b):
+        return g.op("Add", g.op("MatMul", x, g.op("Transpose", w, perm_i=[1, 0])), b)
+
+    def norm(x, w, b):
+        if g.opset >= 17:
+            return g.op("LayerNormalization", x, w, b, axis_i=-1, epsilon_f=epsilon)
+        mean = g.op("ReduceMean", x, axes_i=[-1])
+        c = g.op("Sub", x, mean)
+        var = g.op("ReduceMean", g.op("Mul", c, c), axes_i=[-1])
+        std = g.op("Sqrt", g.op("Add", var, const(epsilon, np.float32)))
+        return g.op("Add", g.op("Mul", g.op("Div", c, std), w), b)
+
+    x = norm(src, ln1_w, ln1_b) if pre else src
+    qkv = g.op("Reshape", linear(x, qkv_w, qkv_b), const([0, -1, 3, h, d]))
+    q, k, v = (g.op("Gather", qkv, const(i), axis_i=2) for i in range(3))  # [B, S, H, D] each
+    q = g.op("Mul", g.op("Transpose", q, perm_i=[0, 2, 1, 3]), const(1.0 / math.sqrt(d), np.float32))
+    scores = g.op("MatMul", q, g.op("Transpose", k, perm_i=[0, 2, 3, 1]))  # [B, H, S, S]
+    if mask is not None and not sh._is_none(mask):
+        kind = sh._maybe_get_const(mask_type, "i")
+        if kind == 1:  # key padding [B, S] -> [B, 1, 1, S]
+            mask = g.op("Unsqueeze", mask, const([1, 2]))
+        if sh._is_bool(mask):
+            mask = g.op("Where", mask, const(-np.inf, np.float32), const(0.0, np.float32))
+        scores = g.op("Add", scores, mask)
+    attn = g.op("Softmax", scores, axis_i=-1)
+    out = g.op(
+        "Transpose", g.op("MatMul", attn, g.op("Transpose", v, perm_i=[0, 2, 1, 3])), perm_i=[0, 2, 1, 3]
+    )
+    x = g.op("Add", linear(g.op("Reshape", out, const([0, -1, e])), proj_w, proj_b), src)
+    if not pre:
+        x = norm(x, ln1_w, ln1_b)
+    y = norm(x, ln2_w, ln2_b) if pre else x
+    y = linear(y, ffn1_w, ffn1_b)
+    if gelu:
+        erf = g.op("Erf", g.op("Div", y, const(math.sqrt(2.0), np.float32)))
+        y = g.op("Mul", g.op("Mul", y, const(0.5, np.float32)), g.op("Add", erf, const(1.0, np.float32)))
+    else:
+        y = g.op("Relu", y)
+    x = g.op("Add", linear(y, ffn2_w, ffn2_b), x)
+    return norm(x, ln2_w, ln2_b) if not pre else x
+
+
+@contextlib.contextmanager
+def _fused_symbolics(torch):
+    """For the export only: symbolics for the fused ops a trace records and torch's exporter has
+    none for (``aten::_transformer_encoder_layer_fwd``, :func:`_encoder_layer_symbolic`),
+    registered unless the user registered one, and removed after."""
+    name, since = "aten::_transformer_encoder_layer_fwd", 9
+    try:
+        from torch.onnx._internal.torchscript_exporter import registration
+
+        ours = not registration.registry.is_registered_op(name, 99)  # none at any opset
+    except Exception:  # another exporter layout: leave it as it is
+        ours = False
+    if ours:
+        torch.onnx.register_custom_op_symbolic(name, _encoder_layer_symbolic, since)
+    try:
+        yield
+    finally:
+        if ours:
+            torch.onnx.unregister_custom_op_symbolic(name, since)
+
+
 def _count_outputs(result, torch) -> int:
     if isinstance(result, torch.Tensor):
         return 1
@@ -962,7 +1046,7 @@ def export_to_model(module, options: dict, label: str) -> ir.Model:
     outputs = ["output"] if n_out == 1 else [f"output_{i}" for i in range(n_out)]
     buf = io.BytesIO()
     try:
-        with warnings.catch_warnings(), _not_of_numbers(torch):
+        with warnings.catch_warnings(), _not_of_numbers(torch), _fused_symbolics(torch):
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 target,
