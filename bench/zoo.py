@@ -1873,6 +1873,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown stages {bad}; choose from {','.join(STAGES)}")
     jobs = max(1, min(2, a.jobs))
     t0 = time.monotonic()
+    start = _head()  # the tree may move under a long run: the commits at its start and end
     rows: dict[str, dict] = {}
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         futs = {pool.submit(run_model, n, stages, a.timeout, a.keep): n for n in names}
@@ -1896,15 +1897,13 @@ def main(argv: list[str] | None = None) -> int:
     for srv in _SERVERS:
         srv.close()
     ordered = [rows[n] for n in names]
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    )
+    end = _head()
     dirty = subprocess.run(
         ["git", "-C", str(ROOT), "status", "--porcelain", "-uno"], capture_output=True, text=True
     )
     run = {
         "argv": argv if argv is not None else sys.argv[1:],
-        "commit": head.stdout.strip() or "?",
+        "commit": start if start == end else f"{start}..{end}",
         "dirty": bool(dirty.stdout.strip()),
         "wall_s": round(time.monotonic() - t0),
         "jobs": jobs,
@@ -1913,12 +1912,36 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     if a.merge and out.with_suffix(".json").is_file():
         # replace these models' rows in an earlier run's results (a rerun of a few models)
+        # (with --stages, only those stages' cells: the row keeps the cells of the stages not rerun)
         old = json.loads(out.with_suffix(".json").read_text())
         mine = {r["model"]: r for r in ordered}
-        ordered = [mine.pop(r["model"], r) for r in old["rows"]] + list(mine.values())
+        ordered = [
+            _merge_row(r, mine.pop(r["model"]), stages) if r["model"] in mine else r for r in old["rows"]
+        ]
+        ordered += list(mine.values())
+        stages = tuple(old["stages"]) + tuple(s for s in stages if s not in old["stages"])
         run = {**old.get("run", {}), "merged": old.get("run", {}).get("merged", []) + [run]}
     write_results(out, ordered, stages, run)
     return 0
+
+
+def _head() -> str:
+    r = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    return r.stdout.strip() or "?"
+
+
+def _merge_row(old: dict, new: dict, stages: tuple[str, ...]) -> dict:
+    """The rerun's cells for the stages it ran, the old row's for the rest (import is always run:
+    a rerun whose import now fails takes the new row whole, its other cells skipped)."""
+    if new.get("error"):  # not prepared (no venv, no registry): the old row stands
+        print(f"{new['model']}: not merged ({new['error']})", file=sys.stderr)
+        return old
+    if "import" in stages or new["cells"].get("import", {}).get("status", "pass") != "pass":
+        return new
+    cells = {**old.get("cells", {}), **{s: c for s, c in new["cells"].items() if s in stages}}
+    return {**old, **{k: v for k, v in new.items() if k != "cells"}, "cells": cells}
 
 
 def write_results(out: Path, rows: list[dict], stages: tuple[str, ...], run: dict) -> None:
@@ -1932,7 +1955,7 @@ def write_results(out: Path, rows: list[dict], stages: tuple[str, ...], run: dic
         f"`python3 bench/zoo.py {argv}` at commit {run.get('commit', '?')}"
         f"{' with uncommitted edits of other engineers in the tree' if run.get('dirty') else ''}, "
         f"{run.get('wall_s', '?')} s wall, {run.get('jobs', '?')} jobs, per-stage timeout "
-        f"{run.get('timeout_s', '?')} s.{merged} ref: cosine >= {REF_COSINE} vs the source runtime on real "
+        f"{run.get('timeout_s', '?')} s.{merged}{' A rerun with --stages replaced only those cells of its rows (and ran import).' if any('--stages' in m['argv'] for m in run.get('merged', [])) else ''} ref: cosine >= {REF_COSINE} vs the source runtime on real "
         f"inputs (and integer outputs within 1 code, one-element outputs within 1e-3); cpu/xla/metal: the "
         f"exported bundle run by `mconv run`, cosine >= {TARGET_COSINE} vs ORT on the imported model; optimize "
         f"stages: the output passes ONNX's checker and runs in ORT (lossless: cosine >= {REF_COSINE} vs ORT on the "
