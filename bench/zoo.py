@@ -551,6 +551,36 @@ SENTENCE = "The quick brown fox jumps over the lazy dog. Please call me back at 
 
 
 SOURCES: set[str] = set()  # what the inputs were made from (recorded in meta.json)
+# The input builders that take a real photo (scikit-image) or real speech (espeak-ng); without
+# them the builders fall back to a drawn scene or synthetic vowels (said in meta's inputs_from).
+PHOTO_FEEDS = {
+    "nchw320_01",
+    "face64_gray",
+    "nhwc_01",
+    "nhwc_pm1",
+    "photo_nhwc_255",
+    "photo_nchw_imagenet",
+    "gray96",
+}
+SPEECH_FEEDS = {"pitch", "dtln", "mel40", "wave16k_1s"}
+FALLBACK = "absent)"  # the tail of a fallback's inputs_from entry
+
+
+def real_input_tools(m: Model) -> list[str]:
+    """What ``m``'s real inputs need: ``scikit-image`` (photos), ``espeak-ng`` (speech)."""
+    return (["scikit-image"] if m.feeds in PHOTO_FEEDS else []) + (
+        ["espeak-ng"] if m.feeds in SPEECH_FEEDS else []
+    )
+
+
+def missing_tools(tools: list[str]) -> list[str]:
+    import importlib.util
+
+    have = {
+        "scikit-image": importlib.util.find_spec("skimage") is not None,
+        "espeak-ng": shutil.which("espeak-ng") is not None or (cache() / "zoo" / "_speech.wav").is_file(),
+    }
+    return [t for t in tools if not have[t]]
 
 
 def photo(which: str = "astronaut") -> np.ndarray:
@@ -1241,14 +1271,24 @@ def prepare_child(name: str) -> dict:
 def prepare(name: str, timeout: float = 1200) -> dict:
     """Prepare ``name`` in a child process (framework imports stay out of this one); cached."""
     meta_path = prep_dir(name) / "meta.json"
-    if meta_path.is_file():
+    if _usable(meta_path, name):
         return json.loads(meta_path.read_text())
     meta_path.parent.mkdir(parents=True, exist_ok=True)
     with open(meta_path.parent / ".lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one preparer per model (xdist workers, parallel benches)
-        if meta_path.is_file():
+        if _usable(meta_path, name):
             return json.loads(meta_path.read_text())
+        meta_path.unlink(missing_ok=True)
         return _prepare_locked(name, meta_path, timeout)
+
+
+def _usable(meta_path: Path, name: str) -> bool:
+    """A cached preparation stands unless its inputs fell back (a drawn scene, synthetic vowels)
+    where the real photo or speech can now be made: then it is prepared again."""
+    if not meta_path.is_file():
+        return False
+    fell_back = any(s.endswith(FALLBACK) for s in json.loads(meta_path.read_text()).get("inputs_from", []))
+    return not (fell_back and not missing_tools(real_input_tools(by_name()[name])))
 
 
 def _prepare_locked(name: str, meta_path: Path, timeout: float) -> dict:

