@@ -541,6 +541,7 @@ def export(
     *,
     format: str | None = None,
     input_shapes=None,
+    input_values: Mapping[str, Any] | Sequence[str] | None = None,
     progress=None,
     **options: Any,
 ) -> ExportResult:
@@ -548,7 +549,9 @@ def export(
     ``out_dir``, or with ``format`` a model file. ``options``: the target's ``Options`` fields
     (:mod:`mconv.targets.base`: ``dense``, ``batch``, ``precision``, ``bake_weights``,
     ``mlir_text``, ``codec``, ...; one it does not declare is an InputError naming it);
-    ``input_shapes`` fixes symbolic dims first."""
+    ``input_shapes`` fixes symbolic dims first; ``input_values`` (``{"sr": 16000}`` or the CLI's
+    ``["sr=16000"]``) then bakes graph inputs as constants, folds and inlines the Ifs they decide
+    (:func:`mconv.passes.inline_if.bake_input_values`)."""
     from mconv.irio import model_stats
     from mconv.targets import check_export_options, get_target
 
@@ -562,6 +565,17 @@ def export(
         from mconv.passes.input_shapes import fix_input_shapes
 
         notes = fix_input_shapes(m, shapes, path=str(source) if source else None)
+    if input_values:
+        from mconv.passes.inline_if import bake_input_values
+
+        if isinstance(input_values, Mapping):
+            values = {str(k): str(v) for k, v in input_values.items()}
+        else:
+            from mconv.formats.torch_format import parse_input_values
+
+            values = parse_input_values(list(input_values))
+        m, baked = bake_input_values(m, values, path=str(source) if source else None)
+        notes += baked
     if not format and target != "weights":
         from mconv.formats.weights import is_weight_only
 

@@ -83,6 +83,16 @@ def export_cmd(
         ),
     ] = None,
     input_shape: InputShapeOpt = None,
+    input_value: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--input-value",
+            metavar="NAME=VALUE",
+            help="Bake a graph input into the model as a constant before exporting (its dtype, "
+            "broadcast to its shape), then fold and inline the Ifs it decides, e.g. sr=16000 "
+            "(repeatable).",
+        ),
+    ] = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -101,6 +111,7 @@ def export_cmd(
                 output,
                 format=format,
                 input_shapes=input_shape,
+                input_values=input_value,
                 progress=reuse_progress(update),
                 **target_options,
             )

@@ -102,6 +102,7 @@ _PASS_MODULES = (
     "dynamic_batch",
     "budget",
     "blockwise",
+    "inline_if",
 )
 
 for _module in _PASS_MODULES:

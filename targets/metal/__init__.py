@@ -36,7 +36,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
 from mconv.container import choose_codec
-from mconv.errors import InputError
+from mconv.errors import InputError, UnsupportedError
 from mconv.irio import real_inputs
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
 from mconv.targets.metal.options import Options
@@ -71,14 +71,85 @@ def _weight_spec(array: np.ndarray, metadata: dict, name: str, storage: str, for
     return array, spec
 
 
+def _prepare_inlining_ifs(model: ir.Model, batch: int) -> ir.Model:
+    """Rule 1, and an If whose condition folds to a constant (static shapes make many of them
+    so) becomes its taken branch (the ``inline-if`` pass); the branch is prepared again."""
+    from mconv.passes.inline_if import inline_constant_ifs
+
+    prepared = prepare(model, batch)
+    for _ in range(8):
+        if not inline_constant_ifs(prepared):
+            break
+        prepared = prepare(prepared, batch)
+    return prepared
+
+
+def _if_inputs(graph: ir.Graph, node: ir.Node) -> list[str]:
+    """The graph inputs an If's condition is computed from."""
+    inputs = {id(v): v.name or "" for v in real_inputs(graph)}
+    found: list[str] = []
+    seen: set[int] = set()
+    todo: list[ir.Value | None] = [node.inputs[0]] if node.inputs else []
+    while todo:
+        v = todo.pop()
+        if v is None or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if id(v) in inputs and inputs[id(v)] not in found:
+            found.append(inputs[id(v)])
+        producer = v.producer()
+        if producer is not None:
+            todo.extend(producer.inputs)
+    return found
+
+
+def _name_if_inputs(prepared: ir.Model, exc: UnsupportedError) -> UnsupportedError:
+    """An If left after preparing decides at run time: its item names the inputs its condition
+    depends on, and the hint says how to bake them (``export --input-value``)."""
+    from mconv.errors import show
+
+    ifs = {n.name: n for n in prepared.graph if n.op_type == "If" and n.domain in ("", "ai.onnx")}
+    if not ifs or not any(kind == "If" for _, kind in exc.items):
+        return exc
+    names: list[str] = []
+    items = []
+    for item, kind in exc.items:
+        node = ifs.get(item) if kind == "If" else None
+        if node is None:
+            items.append((item, kind))
+            continue
+        deps = _if_inputs(prepared.graph, node)
+        names += [d for d in deps if d not in names]
+        items.append(
+            (
+                item,
+                f"If: condition from input {', '.join(show(d) for d in deps)}"
+                if deps
+                else "If: condition computed at run time",
+            )
+        )
+    example = " ".join(f"--input-value {show(d)}=VALUE" for d in names[:3]) or "--input-value NAME=VALUE"
+    hint = (
+        f"bake what the If's condition depends on: export {example} (an If decided at export time is inlined)"
+    )
+    if exc.hint and any(kind != "If" and not kind.startswith("If:") for _, kind in items):
+        hint += f"; {exc.hint}"
+    new = UnsupportedError(items, what=exc.what, path=exc.path, hint=hint)
+    new.where = exc.where
+    return new
+
+
 def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
     """Write a metal bundle (plan, Swift package, kernels, weights.mcw) for ``model`` at ``out_dir``."""
     options = dict(options or {})
     out_dir = Path(out_dir)
     original_inputs = [TensorSpec.from_value(v) for v in real_inputs(model.graph)]
-    prepared = prepare(model, int(options.get("batch") or 1))
+    prepared = _prepare_inlining_ifs(model, int(options.get("batch") or 1))
     name = options.get("model_name") or model.graph.name or out_dir.name
-    plan = build_plan(prepared, {**options, "model_name": name})
+    try:
+        plan = build_plan(prepared, {**options, "model_name": name})
+    except UnsupportedError as exc:
+        raise _name_if_inputs(prepared, exc) from None
     kernels = metal_source(plan)
     plan_bytes = (json.dumps(plan.as_dict(), sort_keys=True, indent=2) + "\n").encode()
     inits = prepared.graph.initializers
@@ -96,10 +167,12 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
             shape[0] = "batch"
         src = next((s for s in original_inputs if s.name == spec["name"]), None)
         inputs.append(TensorSpec(spec["name"], src.dtype if src else "float32", tuple(shape)))
+    # integer and bool outputs are held as floats by the kernels; the runner gives them back typed
+    out_dtypes = {s.name: s.dtype for s in (TensorSpec.from_value(v) for v in model.graph.outputs)}
     outputs = [
         TensorSpec(
             o["name"],
-            "float32",
+            out_dtypes.get(o["name"], "float32") if out_dtypes.get(o["name"]) != "float16" else "float32",
             tuple(
                 ["batch", *o["shape"][1:]] if any(batch_dim_symbolic.values()) and o["shape"] else o["shape"]
             ),
@@ -157,7 +230,15 @@ def load(bundle: Bundle | str | os.PathLike) -> HarnessRunner:
             weights = {
                 b.name: np.array(container.array(b.name), dtype=np.float32) for b in plan.weight_buffers()
             }
-    return HarnessRunner(plan, exe, weights, bundle.inputs, [o.name for o in bundle.outputs], label)
+    return HarnessRunner(
+        plan,
+        exe,
+        weights,
+        bundle.inputs,
+        [o.name for o in bundle.outputs],
+        label,
+        output_dtypes={o.name: o.dtype for o in bundle.outputs},
+    )
 
 
 def load_model(model: ir.Model, label: str = "model", options: Mapping | None = None) -> HarnessRunner:

@@ -112,9 +112,10 @@ def check_recurrent(ctx: LowerContext, node: ir.Node) -> str | None:
     if lens is not None and lens.const_value is None:
         return "sequence_lens given at run time (give it as a constant, or drop it for full-length sequences)"
     R = _input(node, 2)
-    assert R is not None and R.shape is not None
-    if int(R.shape[-1]) > MAX_HIDDEN:
-        return f"hidden size {int(R.shape[-1])} over {MAX_HIDDEN}"
+    assert R is not None
+    hidden = ctx.shape(R)[-1]
+    if hidden > MAX_HIDDEN:
+        return f"hidden size {hidden} over {MAX_HIDDEN}"
     num_dir = 2 if direction == "bidirectional" else 1
     acts = _activations(node, num_dir)
     if any(len(a) != len(_DEFAULT_ACTS[node.op_type]) for a in acts):
