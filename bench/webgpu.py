@@ -57,11 +57,27 @@ def feeds_for(model, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+def warm(fn, feeds, runs: int) -> float:
+    """The median of ``runs`` timed calls of ``fn(feeds)``, in seconds."""
+    times = []
+    for _ in range(max(runs, 1)):
+        t = time.perf_counter()
+        fn(feeds)
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="alexnet,resnet50")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--page", action="store_true", help="also run the bundle's page in headless Chromium")
+    ap.add_argument("--runs", type=int, default=1, help="warm inferences timed (the median is shown)")
+    ap.add_argument(
+        "--xla",
+        action="store_true",
+        help="also time the xla bundle (jax's first device: a GPU where there is one)",
+    )
     args = ap.parse_args()
     webgpu, cpu = get_target("webgpu"), get_target("cpu")
     rows = []
@@ -80,17 +96,22 @@ def main() -> None:
             runner = webgpu.load(bundle.root)
             got = runner.run(feeds)
             webgpu_cmd = time.perf_counter() - t
-            t = time.perf_counter()
-            runner.run(feeds)
-            webgpu_warm = time.perf_counter() - t
+            webgpu_warm = warm(runner.run, feeds, args.runs)
 
             t = time.perf_counter()
             ort = cpu.load(tmp / f"{name}.cpu")
             ort.run(feeds)
             ort_cmd = time.perf_counter() - t
-            t = time.perf_counter()
-            ort.run(feeds)
-            ort_warm = time.perf_counter() - t
+            ort_warm = warm(ort.run, feeds, args.runs)
+            xla_warm = ""
+            if args.xla:
+                import jax
+
+                platform = {"gpu": "cuda"}.get(jax.devices()[0].platform, jax.devices()[0].platform)
+                xb = get_target("xla").export(build(name), tmp / f"{name}.xla", {"platforms": [platform]})
+                xr = get_target("xla").load(xb.root)
+                xr.run(feeds)
+                xla_warm = f"{warm(xr.run, feeds, args.runs) * 1e3:.2f} ms ({platform})"
 
             cos = min(agreement(ref[k], got[k])[2] for k in ref)
             err, scale = max((agreement(ref[k], got[k])[:2] for k in ref), key=lambda e: e[0])
@@ -118,6 +139,7 @@ def main() -> None:
                     f"{webgpu_warm * 1e3:.0f} ms",
                     f"{ort_warm * 1e3:.1f} ms",
                     f"{webgpu_warm / ort_warm:.0f}x",
+                    xla_warm,
                     page,
                 )
             )
@@ -140,6 +162,7 @@ def main() -> None:
         "webgpu warm",
         "ORT warm",
         "warm ratio",
+        "xla warm",
         "page (Chromium)",
     )
     print("| " + " | ".join(head) + " |")

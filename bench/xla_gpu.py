@@ -4,7 +4,8 @@ The models are the ``light_*`` graphs of ONNX's backend test data with random we
 ConstantOfShape weight generators replaced by random initializers). Each is exported as an xla
 bundle with a symbolic batch, loaded, and timed at each batch size: warmup runs, then the
 median of N runs (``block_until_ready``). PyTorch eager runs torchvision's model of the same
-name (weights=None, eval, no_grad, cuda synchronize); ONNX Runtime runs the same ONNX graph
+name (weights=None, eval, no_grad, cuda synchronize); ``torch.compile`` the same module
+compiled (default mode); ONNX Runtime runs the same ONNX graph
 (CUDAExecutionProvider when available, else CPU, labelled). Missing torch/torchvision or
 onnxruntime-gpu are reported, not fatal.
 
@@ -69,7 +70,7 @@ def bench_xla(model: ir.Model, batches, warmup, runs, platform) -> dict:
     return out
 
 
-def bench_torch(arch: str, batches, warmup, runs) -> tuple[dict, str]:
+def bench_torch(arch: str, batches, warmup, runs, compiled: bool = False) -> tuple[dict, str]:
     try:
         import torch
         import torchvision
@@ -77,6 +78,8 @@ def bench_torch(arch: str, batches, warmup, runs) -> tuple[dict, str]:
         return {}, f"skipped ({exc.name} missing)"
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     net = getattr(torchvision.models, arch)(weights=None).eval().to(dev)
+    if compiled:
+        net = torch.compile(net)  # default mode; each batch size compiles once, in the warmup
     out = {}
     with torch.no_grad():
         for b in batches:
@@ -88,7 +91,7 @@ def bench_torch(arch: str, batches, warmup, runs) -> tuple[dict, str]:
                     torch.cuda.synchronize()
 
             out[b] = timed(run, warmup, runs)
-    return out, f"PyTorch eager ({dev})"
+    return out, f"PyTorch {'torch.compile' if compiled else 'eager'} ({dev})"
 
 
 def bench_ort(model: ir.Model, batches, warmup, runs) -> tuple[dict, str]:
@@ -126,7 +129,7 @@ def main() -> None:
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 64])
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["torch", "ort"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["torch", "compile", "ort"])
     args = ap.parse_args()
 
     import jax
@@ -139,6 +142,9 @@ def main() -> None:
         rows = {f"XLA bundle ({platform})": bench_xla(model, args.batches, args.warmup, args.runs, platform)}
         if "torch" not in args.skip:
             t, label = bench_torch(arch, args.batches, args.warmup, args.runs)
+            rows[label] = t
+        if "compile" not in args.skip:
+            t, label = bench_torch(arch, args.batches, args.warmup, args.runs, compiled=True)
             rows[label] = t
         if "ort" not in args.skip:
             o, label = bench_ort(model, args.batches, args.warmup, args.runs)
