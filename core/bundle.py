@@ -95,6 +95,7 @@ class TensorSpec:
                 (d if d >= 0 else None) if isinstance(d, int) else (d.value if d.value is not None else None)
                 for d in value.shape
             )
+        assert value.name is not None, "a graph input or output has a name"
         return cls(value.name, _dtype_name(value.dtype), shape)
 
     @classmethod

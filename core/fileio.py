@@ -151,7 +151,7 @@ def _stale_pattern(name: str) -> re.Pattern:
 
 
 def _dead_entries(parent: Path, pattern: re.Pattern) -> list[tuple[Path, str]]:
-    out = []
+    out: list[tuple[Path, str]] = []
     try:
         names = os.listdir(parent)
     except OSError:

@@ -122,7 +122,7 @@ def _invalid(p: Path, size: int, exc: Exception) -> InputError:
 def _external_tensors(model: ir.Model):
     """Every external tensor of the model: initializers and attribute tensors of the main graph,
     its subgraphs and the model-local functions (onnx_ir's set_base_dir skips functions)."""
-    graphs = [model.graph, *model.functions.values()]
+    graphs: list[ir.Graph | ir.Function] = [model.graph, *model.functions.values()]
     for graph in graphs:
         for node in ir.traversal.RecursiveGraphIterator(graph):
             for attr in node.attributes.values():
@@ -261,7 +261,7 @@ def weight_tensor(array: np.ndarray, name: str | None) -> ir.TensorProtocol:
 
     with output_errors(scratch / location, what="write a large weight to the scratch folder"):
         with open(scratch / location, "wb") as f:
-            f.write(memoryview(array).cast("B"))
+            f.write(array.data.cast("B"))  # the array's own buffer, as bytes
     return ir.ExternalTensor(
         location,
         offset=0,

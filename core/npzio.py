@@ -153,8 +153,10 @@ def _check_directory(zf: zipfile.ZipFile, path: Path, size: int) -> list[zipfile
                 path,
                 where=where,
             )
-        zf.fp.seek(info.header_offset)
-        local = _LOCAL_HEADER.unpack(zf.fp.read(_LOCAL_HEADER.size))
+        fp = zf.fp
+        assert fp is not None, "the archive is open"
+        fp.seek(info.header_offset)
+        local = _LOCAL_HEADER.unpack(fp.read(_LOCAL_HEADER.size))
         if local[0] != b"PK\x03\x04":
             raise _refuse(f"no local file header at byte offset {info.header_offset}", path, where=where)
         data_start = info.header_offset + _LOCAL_HEADER.size + local[9] + local[10]
@@ -239,7 +241,7 @@ def _member_array(zf: zipfile.ZipFile, info: zipfile.ZipInfo, path: Path, header
     where = f"member '{show(info.filename)}'"
     need = info.file_size - header_len
     buf = np.empty(need, dtype=np.uint8)
-    view = memoryview(buf)
+    view = buf.data  # a writable view of buf
     pos = 0
     try:
         with zf.open(info) as f:

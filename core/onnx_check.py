@@ -38,6 +38,7 @@ import os
 import re
 import stat
 from collections.abc import Collection
+from typing import NoReturn
 
 import onnx
 import onnx_ir as ir
@@ -103,7 +104,7 @@ class _Checker:
         self.model_file = os.path.realpath(path)
         self.files: dict[str, int] = {}  # resolved data file -> size
 
-    def fail(self, message: str, trail: tuple, hint: str = _HINT):
+    def fail(self, message: str, trail: tuple, hint: str = _HINT) -> NoReturn:
         raise InputError(message, path=self.path, where=_where(trail) or None, hint=hint)
 
     # ----------------------------------------------------------------------------------- model
@@ -298,7 +299,8 @@ class _Checker:
         if done == len(deps):
             return
         left = {k for k, w in enumerate(waiting) if w}
-        k, order, index = min(left), [], {}
+        k, index = min(left), {}
+        order: list[int] = []
         while k not in index:  # every node left has a dependency left: walk back until one repeats
             index[k] = len(order)
             order.append(k)
