@@ -39,7 +39,9 @@ Rules:
    values decide; the exporter would otherwise make every schema argument a graph input) or,
    for a factory's module, a Python one that the tracer runs. For the export only, the
    exporter's ``not`` casts a number to bool first (a scripted ``if not len(self._buf):``
-   otherwise fails). Outputs are named ``output`` (one) or ``output_0``, ``output_1``, ...
+   otherwise fails), and the fused ``aten::_transformer_encoder_layer_fwd`` of a traced
+   ``nn.TransformerEncoder`` gets a symbolic that writes the layer out (:func:`_fused_symbolics`).
+   Outputs are named ``output`` (one) or ``output_0``, ``output_1``, ...
    ``forward`` runs once first (on a copy, for a stateful module) to count the outputs and to
    report a refusal of the inputs as ``forward() failed on inputs ...``. Exporter failures (an
    op without an ONNX symbolic) become one-line :class:`mconv.errors.InputError`.
