@@ -30,6 +30,16 @@ Rules
    int8 range follow the interpreter, and quantized filters/biases are kept as their codes plus a
    DequantizeLinear; ``"float"`` leaves activations unrounded. QUANTIZE becomes such a pair
    (identity with ``"float"``), DEQUANTIZE an identity (a constant folds).
+4b. Hybrid ops (CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED with int8/uint8 weights and float
+   activations): LiteRT quantizes the input to int8 on the fly, per row, and multiplies codes. With
+   Q/DQ activations the import spells that quantization out (ReduceMin/ReduceMax or
+   ReduceMax(Abs), scale, Round, Clip; then ``(codes - zp) * scale`` into the conv on the filter's
+   codes), so it computes what LiteRT computes. ``options["hybrid"]`` says whose rows:
+   ``"xnnpack"`` (the default: LiteRT's default interpreter; conv asymmetric per image, a 1x1
+   stride-1 conv and a fully connected layer per pixel / row, asymmetric; depthwise as builtin) or
+   ``"builtin"`` (LiteRT's kernels without delegates: conv per image, asymmetric when its filter
+   scales differ per channel, else symmetric ``max|x| / 127``; fully connected per row, symmetric
+   unless ``asymmetric_quantize_inputs``). ``activations=float`` keeps the exact float product.
 5. Padding follows TF: SAME pads ``max((ceil(in/s)-1)*s + (k-1)*d + 1 - in, 0)`` split with the
    smaller half first; SAME average pooling divides by the valid (unpadded) window.
 6. UNIDIRECTIONAL_SEQUENCE_LSTM: TFLite's gates i, f, c, o become ONNX LSTM's i, o, f, c (weights
@@ -38,7 +48,9 @@ Rules
    interpreter to compare). A cell clip, projection, CIFG or a RELU6 cell activation has no ONNX
    LSTM attribute, so such an LSTM is unrolled over its (static) time steps into MatMul/Sigmoid/
    Clip ops with TFLite's exact equations. Layer-norm LSTMs are unsupported.
-7. Every op no rule maps (and custom ops) is collected; one ``UnsupportedError`` names all of
+6b. MediaPipe's custom ops follow their kernels (mediapipe/util/tflite/operations/*.cc):
+   Convolution2DTransposeBias (options {padding, stride_w, stride_h}) is a ConvTranspose + bias.
+7. Every op no rule maps (and other custom ops) is collected; one ``UnsupportedError`` names all of
    them as ``(first output tensor name, op type)``.
 """
 
@@ -62,6 +74,10 @@ OPSET = 21
 # options["activations"]: quantized activations rounded by QuantizeLinear/DequantizeLinear pairs
 # ("qdq", the default; "fake-quant" is its older name) or left in float.
 ACTIVATION_MODES = {"qdq": True, "fake-quant": True, "float": False}
+# options["hybrid"]: whose on-the-fly input quantization a hybrid op (int8 weights, float
+# activations) follows (rule 4b): the XNNPACK delegate of LiteRT's default interpreter, or LiteRT's
+# builtin kernels (an interpreter without default delegates).
+HYBRID_MODES = ("xnnpack", "builtin")
 IR_VERSION = 10
 IDENTIFIER = b"TFL3"
 MAX_ELEMENTS = 1 << 31
@@ -575,6 +591,13 @@ class _Converter:
                 hint="activations=qdq (the default: Quantize/DequantizeLinear pairs) or activations=float",
             )
         self.fake_quant = ACTIVATION_MODES[acts]
+        self.hybrid = options.get("hybrid", "xnnpack")
+        if self.hybrid not in HYBRID_MODES:
+            raise InputError(
+                f"option hybrid='{show(self.hybrid)}' is not one of {', '.join(HYBRID_MODES)}",
+                path=path,
+                hint="hybrid=xnnpack (LiteRT's default interpreter) or hybrid=builtin (its own kernels)",
+            )
         self.nodes: list[onnx.NodeProto] = []
         self.inits: dict[str, TensorProto] = {}
         self.vals: dict[int, str] = {}  # tensor index -> ONNX name of its (float, NHWC) value

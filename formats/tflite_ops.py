@@ -62,6 +62,67 @@ def _weight(c: _Converter, i: int, w: np.ndarray, fn, qdim: int, axis: int) -> s
     return q if q is not None else c.init(c.tname[i], fn(w))
 
 
+def _hybrid(c: _Converter, x: int, w_i: int) -> bool:
+    """Whether an op on float input ``x`` with filter ``w_i`` runs LiteRT's hybrid kernel (int8 or
+    uint8 weights, float activations) and the import follows it (Q/DQ mode, rule 4b)."""
+    t, w = c.T(x), c.T(w_i)
+    return c.fake_quant and t.type == 0 and w.type in (3, 9) and w.quantized and w.data is not None
+
+
+def _per_channel(c: _Converter, w_i: int) -> bool:
+    """conv.cc's is_hybrid_per_channel: int8 filter scales that are not all equal."""
+    t = c.T(w_i)
+    return t.type == 9 and t.scale is not None and t.scale.size > 1 and bool(np.any(t.scale != t.scale[0]))
+
+
+def _dynamic_quantize(c: _Converter, v: str, axes_list: list[int], asymmetric: bool) -> str:
+    """``v`` quantized to int8 per row and back, as LiteRT's hybrid kernels quantize their input on
+    the fly (tensor_utils: SymmetricQuantizeFloats / AsymmetricQuantizeFloats, and XNNPACK's
+    qd8 convert, over the elements of each row: ``axes_list`` are the axes reduced): symmetric ``scale = max|x| / 127``, codes
+    ``clip(round(x / scale), -127, 127)``; asymmetric over ``[min(x, 0), max(x, 0)]``, ``scale =
+    range / 255``, zero point ``round(-128 - min / scale)`` clipped to int8, codes
+    ``clip(round(x / scale) + zp, -128, 127)``. An all-zero row quantizes to zeros (scale 1). The
+    value returned is ``(codes - zp) * scale``: the product with the integer filter codes then is
+    the kernel's integer accumulator times its two scales."""
+    axes = c.ints("row_axes", axes_list)
+    zero = c.init("zero", np.array(0.0, np.float32))
+    one = c.init("one", np.array(1.0, np.float32))
+    if asymmetric:
+        lo = c.one("Min", [c.one("ReduceMin", [v, axes], keepdims=1), zero])
+        hi = c.one("Max", [c.one("ReduceMax", [v, axes], keepdims=1), zero])
+        span = c.one("Sub", [hi, lo])
+        scale = c.one("Div", [span, c.init("levels", np.array(255.0, np.float32))])
+        scale = c.one("Where", [c.one("Equal", [span, zero]), one, scale])
+        zp = c.one(
+            "Round", [c.one("Sub", [c.init("qmin", np.array(-128.0, np.float32)), c.one("Div", [lo, scale])])]
+        )
+        lo_q, hi_q = (
+            c.init("code_min", np.array(-128.0, np.float32)),
+            c.init("code_max", np.array(127.0, np.float32)),
+        )
+        zp = c.one("Clip", [zp, lo_q, hi_q])
+        q = c.one("Clip", [c.one("Add", [c.one("Round", [c.one("Div", [v, scale])]), zp]), lo_q, hi_q])
+        return c.one("Mul", [c.one("Sub", [q, zp]), scale])
+    rng = c.one("ReduceMax", [c.one("Abs", [v]), axes], keepdims=1)
+    scale = c.one("Div", [rng, c.init("levels", np.array(127.0, np.float32))])
+    scale = c.one("Where", [c.one("Equal", [rng, zero]), one, scale])
+    lo_q, hi_q = (
+        c.init("code_min", np.array(-127.0, np.float32)),
+        c.init("code_max", np.array(127.0, np.float32)),
+    )
+    q = c.one("Clip", [c.one("Round", [c.one("Div", [v, scale])]), lo_q, hi_q])
+    return c.one("Mul", [q, scale])
+
+
+def _conv_input(c: _Converter, x: int, w_i: int, rows: str, asymmetric: bool) -> str:
+    """The NCHW input of a conv, dynamically quantized where the op is hybrid: one row per image
+    (``rows="image"``) or per pixel (``"pixel"``: over the channels)."""
+    v = c.to_nchw(x)
+    if _hybrid(c, x, w_i):
+        v = _dynamic_quantize(c, v, [1] if rows == "pixel" else [1, 2, 3], asymmetric)
+    return v
+
+
 @lowering("CONV_2D")
 def conv_2d(c: _Converter, op: TflOp) -> None:
     x, w_i = op.inputs[0], op.inputs[1]
@@ -75,9 +136,17 @@ def conv_2d(c: _Converter, op: TflOp) -> None:
     dh, dw = c.opt(op, "DilationHFactor", 1) or 1, c.opt(op, "DilationWFactor", 1) or 1
     pads = _spatial_pads(c, op, x, w.shape[1], w.shape[2], sh, sw, dh, dw)
     wn = _weight(c, w_i, w, lambda a: a.transpose(0, 3, 1, 2), 0, 0)
+    # Hybrid (rule 4b). LiteRT's default interpreter runs it in XNNPACK (qd8: asymmetric; a 1x1
+    # stride-1 conv as a fully connected layer, one row per pixel, else one per image); its builtin
+    # kernel quantizes per image, asymmetrically in EvalHybridPerChannel, else symmetrically.
+    if c.hybrid == "xnnpack":
+        pointwise = w.shape[1] == w.shape[2] == 1 and sh == sw == 1
+        xv = _conv_input(c, x, w_i, "pixel" if pointwise else "image", True)
+    else:
+        xv = _conv_input(c, x, w_i, "image", _per_channel(c, w_i))
     y = c.one(
         "Conv",
-        [c.to_nchw(x), wn, *_bias(c, op, 2, w.shape[0])],
+        [xv, wn, *_bias(c, op, 2, w.shape[0])],
         strides=[sh, sw],
         pads=pads,
         dilations=[dh, dw],
@@ -100,9 +169,12 @@ def depthwise_conv_2d(c: _Converter, op: TflOp) -> None:
     pads = _spatial_pads(c, op, x, w.shape[1], w.shape[2], sh, sw, dh, dw)
     # Output channel c*M + m reads input channel c: exactly ONNX's grouped conv with group = Cin.
     wn = _weight(c, w_i, w, lambda a: a[0].transpose(2, 0, 1)[:, None], 3, 0)
+    # XNNPACK refuses a hybrid depthwise conv: both modes run depthwise_conv.cc's only hybrid path,
+    # EvalHybridPerChannel (asymmetric, per image).
+    xv = _conv_input(c, x, w_i, "image", True)
     y = c.one(
         "Conv",
-        [c.to_nchw(x), wn, *_bias(c, op, 2, w.shape[3])],
+        [xv, wn, *_bias(c, op, 2, w.shape[3])],
         strides=[sh, sw],
         pads=pads,
         dilations=[dh, dw],
@@ -174,6 +246,10 @@ def fully_connected(c: _Converter, op: TflOp) -> None:
     xv = c.value(x)
     if len(c.T(x).shape) != 2:
         xv = c.one("Reshape", [xv, c.ints("flat", [-1, k])])
+    if _hybrid(c, x, w_i):  # per row of [batch, K]: XNNPACK's qd8 is asymmetric; the builtin
+        # kernel is symmetric unless the op asks for asymmetric_quantize_inputs
+        asym = c.hybrid == "xnnpack" or bool(c.opt(op, "AsymmetricQuantizeInputs", False))
+        xv = _dynamic_quantize(c, xv, [1], asym)
     wn = _weight(c, w_i, w, lambda a: a, 0, 0)
     y = c.one("Gemm", [xv, wn, *_bias(c, op, 2, units)], transB=1)
     out = c.T(op.outputs[0])

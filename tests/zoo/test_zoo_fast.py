@@ -38,11 +38,7 @@ def _load_zoo():
 zoo = _load_zoo()
 FAST = zoo.fast_subset()
 # Known failures, each with its cause (strict: a fixed one must leave this list).
-KNOWN = {
-    "fer-emotion-tflite": "int8 weights with float activations: LiteRT's hybrid kernels quantize the "
-    "activations on the fly (its output is not the exact float result); the import computes in float: "
-    "cosine 0.99982 < 0.99999 (issue 12, open)",
-}
+KNOWN: dict[str, str] = {}
 
 
 def _cli(*args: str):
