@@ -1944,7 +1944,7 @@ def main(argv: list[str] | None = None) -> int:
     run = {
         "argv": argv if argv is not None else sys.argv[1:],
         "commit": start if start == end else f"{start}..{end}",
-        "dirty": bool(dirty.stdout.strip()),
+        "dirty": bool(dirty.stdout.strip()) and not os.environ.get("MCONV_ZOO_COMMIT"),
         "wall_s": round(time.monotonic() - t0),
         "jobs": jobs,
         "timeout_s": a.timeout,
@@ -1966,6 +1966,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _head() -> str:
+    """The commit run: ``$MCONV_ZOO_COMMIT`` for a tree exported with ``git archive COMMIT`` (no .git:
+    a clean tree of that commit, where the checkout has others' uncommitted edits), else HEAD."""
+    if os.environ.get("MCONV_ZOO_COMMIT"):
+        return os.environ["MCONV_ZOO_COMMIT"]
     r = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     )
