@@ -215,6 +215,23 @@ def compile_harness(plan: MetalPlan, kernels: str, label: str = "bundle") -> Pat
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _typed(values: np.ndarray, dtype: str | None) -> np.ndarray:
+    """A float32 output as the model's output type: bool as nonzero, integers rounded (they are
+    exact integers in the buffer), anything else float32."""
+    if not dtype or dtype in ("float32", "float16", "float64", "bfloat16"):
+        return values
+    if dtype == "bool":
+        return values != 0
+    try:
+        kind = np.dtype(dtype)
+    except TypeError:
+        return values
+    if kind.kind not in "iu":
+        return values
+    info = np.iinfo(kind)
+    return np.clip(np.rint(values), info.min, info.max).astype(kind)
+
+
 @dataclass
 class HarnessRunner:
     """Runs a plan's kernels on the CPU through the compiled harness (the Runner API).
@@ -229,6 +246,8 @@ class HarnessRunner:
     inputs: list  # mconv.bundle.TensorSpec
     outputs: list[str]
     label: str = "bundle"
+    # output name -> numpy dtype name: integer and bool outputs (held as floats) come back typed
+    output_dtypes: Mapping[str, str] = field(default_factory=dict)
     _wdir: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def _weights_dir(self) -> str:
@@ -299,7 +318,7 @@ class HarnessRunner:
                     for s in range(samples)
                 ]
                 results[spec["name"]] = parts[0] if samples == 1 else np.concatenate(parts, axis=0)
-        return {name: results[name] for name in self.outputs}
+        return {name: _typed(results[name], self.output_dtypes.get(name)) for name in self.outputs}
 
     def close(self) -> None:
         if self._wdir is not None:

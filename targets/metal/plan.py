@@ -21,8 +21,12 @@ Rules:
 3. An activation whose input has no other use and is not a graph output is fused into the
    kernel of a fusible producer (Conv, ConvTranspose, Gemm, MatMul, pooling, reductions,
    binary elementwise ops, BatchNorm), and so is a chain of them (Relu then Min(x, 6), Keras'
-   relu6); ``y * Sigmoid(y)`` is fused as swish the same way. Kernels compute floats: a node
-   reading or writing non-float activations is unsupported, named with the reason.
+   relu6); ``y * Sigmoid(y)`` is fused as swish the same way. Kernels compute floats: integer
+   and bool tensors are held as floats (bool as 0/1), which is exact for integers up to 2^11 in
+   half storage and 2^24 in float storage; only kernels exact on such values take them (data
+   movement, comparisons, logic, Where, Cast, Q/DQ, Add/Sub/Mul/Min/Max: ``INTEGER_OPS``), any
+   other node reading or writing them is unsupported, named with the reason, and so is an integer
+   weight beyond the exact range. Runtime integer values beyond it are the caller's to avoid.
 4. Buffers: one per graph input, per weight a kernel reads (an initializer), and per value a
    kernel writes; in the order first seen. A layer's bindings are its kernel's reads in order,
    then its output; binding ``i`` is ``[[buffer(i)]]``.
@@ -38,9 +42,17 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import onnx_ir as ir
-from mconv.errors import InputError, UnsupportedError
+from mconv.errors import InputError, UnsupportedError, show
 from mconv.irio import real_inputs
-from mconv.targets.metal.kernels import CHECKS, FUSIBLE, LOWER, Activation, LowerContext
+from mconv.targets.metal.kernels import (
+    CHECKS,
+    FUSIBLE,
+    INTEGER_OPS,
+    LOWER,
+    Activation,
+    LowerContext,
+    exact_integer_limit,
+)
 from mconv.targets.metal.kernels.elementwise import activation_of
 
 PLAN_VERSION = 1
@@ -290,6 +302,20 @@ def _safe(op: str) -> str:
 
 
 _FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE)
+# integer and bool tensors are held as floats (rule 3): exact below exact_integer_limit
+_INTEGERS = (
+    ir.DataType.BOOL,
+    ir.DataType.INT8,
+    ir.DataType.UINT8,
+    ir.DataType.INT16,
+    ir.DataType.UINT16,
+    ir.DataType.INT32,
+    ir.DataType.UINT32,
+    ir.DataType.INT64,
+    ir.DataType.UINT64,
+    ir.DataType.INT4,
+    ir.DataType.UINT4,
+)
 
 
 def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
@@ -310,7 +336,11 @@ def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
             and v.dtype not in _FLOATS
             and (v.uses() or v.is_graph_output())
         ):
-            return f"{v.dtype.name.lower()} values (the metal target computes floats)"
+            kind = v.dtype.name.lower()
+            if v.dtype not in _INTEGERS:
+                return f"{kind} values (the metal target computes floats)"
+            if node.op_type not in INTEGER_OPS:
+                return f"{kind} values ({node.op_type} on integers held as floats is not exact)"
     check = CHECKS.get(node.op_type)
     return check(ctx, node) if check is not None else None
 
@@ -348,6 +378,15 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     def buffer_for(value: ir.Value, kind: str) -> int:
         if value.name in by_value:
             return by_value[value.name]
+        if kind == "weight" and value.dtype in _INTEGERS and value.const_value is not None:
+            big = np.abs(value.const_value.numpy().astype(np.float64)).max(initial=0)
+            if big > exact_integer_limit(storage):
+                raise UnsupportedError(
+                    [(show(value.name), f"integer constant holds {int(big)}")],
+                    what="value",
+                    hint=f"{storage} storage holds integers exactly up to {exact_integer_limit(storage)}"
+                    + ("; export with --precision fp32" if storage == "half" else ""),
+                )
         shape = _static_shape(value)
         if shape is None:
             raise InputError(

@@ -9,6 +9,11 @@ Rules:
    and each operand reads at ``sum(coord * stride)`` with stride 0 along broadcast dimensions.
 3. A standalone unary node is the unary kernel with its expression (:func:`activation_of`); an
    activation after Add/Sub/Mul/Div is fused (a ResNet block's Add + Relu is one kernel).
+4. A constant scalar operand of a binary op is a float literal in the kernel, not a buffer.
+5. Integer and bool tensors are floats (bool: 0 and 1, nonzero is true): comparisons, And, Or,
+   Xor and Not give 0/1; Where picks by ``c != 0`` (three broadcast operands); Cast is
+   :func:`cast_expr`. Add/Sub/Mul/Min/Max and these are exact on integers within the storage's
+   exact range; Div, Mean and Pow are refused on integers by the planner.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from mconv.targets.metal.kernels import (
     KernelSource,
     LowerContext,
     activation_expr,
+    flit,
     register,
 )
 from mconv.targets.metal.kernels.conv import constants
@@ -80,30 +86,60 @@ def _offsets(out_shape: list[int], operands: list[tuple[str, list[int]]]) -> str
     return "\n    ".join(lines)
 
 
-@register("Add", "Sum", "Sub", "Mul", "Div", "Max", "Min", "Mean", "Pow", fusible=True, check=check_binary)
+# exact on integer-valued operands held as floats (below 2^24 in float storage, 2^11 in half)
+_INTEGER_BINARY = ("Add", "Sum", "Sub", "Mul", "Max", "Min")
+# 0/1 results: comparisons and logic (bool tensors are floats 0 and 1; nonzero is true)
+_PREDICATES = {
+    "Equal": "(a == b ? 1.0f : 0.0f)",
+    "Less": "(a < b ? 1.0f : 0.0f)",
+    "Greater": "(a > b ? 1.0f : 0.0f)",
+    "LessOrEqual": "(a <= b ? 1.0f : 0.0f)",
+    "GreaterOrEqual": "(a >= b ? 1.0f : 0.0f)",
+    "And": "((a != 0.0f && b != 0.0f) ? 1.0f : 0.0f)",
+    "Or": "((a != 0.0f || b != 0.0f) ? 1.0f : 0.0f)",
+    "Xor": "(((a != 0.0f) != (b != 0.0f)) ? 1.0f : 0.0f)",
+}
+_BINARY.update(_PREDICATES)
+
+
+@register(*_PREDICATES, check=check_binary, integers=True)
+@register(*_INTEGER_BINARY, fusible=True, check=check_binary, integers=True)
+@register("Div", "Mean", "Pow", fusible=True, check=check_binary)
 def lower_binary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
     ys = ctx.shape(y)
     count = int(np.prod(ys)) if ys else 1
-    sa = broadcast_strides(ctx.shape(a), ys)
-    sb = broadcast_strides(ctx.shape(b), ys)
     expr = (_pow_expr(node, ctx) if node.op_type == "Pow" else None) or _BINARY[node.op_type]
     P = kernel
-    params = [ctx.buffer_param(0, "A"), ctx.buffer_param(1, "B"), ctx.buffer_param(2, "Y", out=True)]
+    # a constant scalar operand is a float literal (rule 4): it keeps float32 precision in half
+    # storage (log(x * x + 1e-10) stays finite) and needs no buffer
+    reads: list[ir.Value] = []
+    strided: list[tuple[str, list[int]]] = []
+    loads = []
+    for name, v in (("a", a), ("b", b)):
+        c = LowerContext.const(v)
+        if c is not None and c.size == 1:
+            loads.append(f"{name} = {flit(float(c.reshape(())))}")
+            continue
+        loads.append(f"{name} = float({name.upper()}[i_{name}])")
+        strided.append((name, broadcast_strides(ctx.shape(v), ys)))
+        reads.append(v)
+    params = [ctx.buffer_param(i, n.upper()) for i, (n, _) in enumerate(strided)]
+    params.append(ctx.buffer_param(len(reads), "Y", out=True))
     src = (
         constants(P, dict(COUNT=count))
         + ctx.signature(kernel, params)
         + f""" {{
     if (gid.x >= uint({P}_COUNT)) return;
     int r = int(gid.x);
-    {_offsets(ys, [("a", sa), ("b", sb)])}
-    const float a = float(A[i_a]), b = float(B[i_b]);
+    {_offsets(ys, strided)}
+    const float {", ".join(loads)};
     const float v = {expr};
     Y[gid.x] = {ctx.storage}({activation_expr(act)});
 }}
 """
     )
-    return KernelSource(kernel, src, [a, b], (count, 1, 1))
+    return KernelSource(kernel, src, reads, (count, 1, 1))
 
 
 _SIMPLE = {
@@ -202,3 +238,118 @@ def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
 """
     )
     return KernelSource(kernel, src, [x], (count, 1, 1))
+
+
+def lower_where_or_unary(
+    ctx: LowerContext, kernel: str, operands: list[ir.Value], out: ir.Value, expr: str
+) -> KernelSource:
+    """Y = expr over broadcast operands named ``a``, ``b``, ``c`` (floats) in one kernel."""
+    ys = ctx.shape(out)
+    count = int(np.prod(ys)) if ys else 1
+    names = "abc"[: len(operands)]
+    strided = [(n, broadcast_strides(ctx.shape(v), ys)) for n, v in zip(names, operands)]
+    P = kernel
+    params = [ctx.buffer_param(i, n.upper()) for i, n in enumerate(names)]
+    params.append(ctx.buffer_param(len(operands), "Y", out=True))
+    reads = ", ".join(f"{n} = float({n.upper()}[i_{n}])" for n in names)
+    src = (
+        constants(P, dict(COUNT=count))
+        + ctx.signature(kernel, params)
+        + f""" {{
+    if (gid.x >= uint({P}_COUNT)) return;
+    int r = int(gid.x);
+    {_offsets(ys, strided)}
+    const float {reads};
+    Y[gid.x] = {ctx.storage}({expr});
+}}
+"""
+    )
+    return KernelSource(kernel, src, list(operands), (count, 1, 1))
+
+
+def _check_where(ctx: LowerContext, node: ir.Node) -> str | None:
+    if len(node.inputs) != 3 or any(v is None for v in node.inputs):
+        return "Where takes 3 inputs"
+    return None
+
+
+@register("Where", check=_check_where, integers=True)
+def lower_where(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    return lower_where_or_unary(ctx, kernel, list(node.inputs), node.outputs[0], "(a != 0.0f ? b : c)")
+
+
+@register("Not", integers=True)
+def lower_not(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    return lower_where_or_unary(ctx, kernel, [node.inputs[0]], node.outputs[0], "(a != 0.0f ? 0.0f : 1.0f)")
+
+
+_FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+# integer types: (bits, signed); int64's range is wider than any float holds exactly anyway
+_INT_TYPES = {
+    ir.DataType.INT8: (8, True),
+    ir.DataType.UINT8: (8, False),
+    ir.DataType.INT16: (16, True),
+    ir.DataType.UINT16: (16, False),
+    ir.DataType.INT32: (32, True),
+    ir.DataType.UINT32: (32, False),
+    ir.DataType.INT64: (64, True),
+    ir.DataType.UINT64: (64, False),
+}
+
+
+def _cast_target(node: ir.Node) -> ir.DataType | None:
+    if node.op_type == "CastLike":
+        return node.inputs[1].dtype if len(node.inputs) > 1 and node.inputs[1] is not None else None
+    to = node.attributes.get_int("to", 0)
+    try:
+        return ir.DataType(to)
+    except ValueError:
+        return None
+
+
+def cast_expr(src: ir.DataType | None, dst: ir.DataType | None) -> str | None:
+    """The float expression of Cast from ``src`` to ``dst`` applied to ``a``, or None (refused).
+
+    ONNX's rules, on integer-valued floats: to bool, nonzero is 1; float to an integer type
+    rounds toward zero (out of range is undefined in ONNX: saturated here); an integer to a
+    narrower integer type keeps the low bits (two's complement wrap); to float16 rounds to half;
+    every other cast (integers or bool to float, widening) keeps the value."""
+    if src is None or dst is None:
+        return None
+    known = (*_FLOAT_TYPES, ir.DataType.FLOAT16, ir.DataType.BOOL, *_INT_TYPES)
+    if src not in known or dst not in known:
+        return None
+    if dst == ir.DataType.BOOL:
+        return "(a != 0.0f ? 1.0f : 0.0f)"
+    if dst == ir.DataType.FLOAT16:
+        return "a" if src in (ir.DataType.FLOAT16, ir.DataType.BOOL) else "float(half(a))"
+    if dst in _FLOAT_TYPES:
+        return "a"
+    bits, signed = _INT_TYPES[dst]
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
+    if src in (*_FLOAT_TYPES, ir.DataType.FLOAT16):
+        return f"min(max((a < 0.0f ? ceil(a) : floor(a)), {flit(lo)}), {flit(hi)})"
+    if src == ir.DataType.BOOL or bits >= 32:
+        return "a"  # 0/1, or a type wider than the integers a float holds exactly
+    sbits, ssigned = _INT_TYPES[src]
+    if (sbits == bits and ssigned == signed) or (sbits < bits and (signed or not ssigned)):
+        return "a"  # every value of the source type is one of the target type
+    span = flit(2**bits)
+    if signed:
+        return f"(a - {span} * floor((a + {flit(2 ** (bits - 1))}) / {span}))"
+    return f"(a - {span} * floor(a / {span}))"
+
+
+def _check_cast(ctx: LowerContext, node: ir.Node) -> str | None:
+    src, dst = node.inputs[0].dtype, _cast_target(node)
+    if cast_expr(src, dst) is None:
+        name = lambda t: t.name.lower() if t is not None else "unknown"  # noqa: E731
+        return f"cast from {name(src)} to {name(dst)}"
+    return None
+
+
+@register("Cast", "CastLike", check=_check_cast, integers=True)
+def lower_cast(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    expr = cast_expr(node.inputs[0].dtype, _cast_target(node))
+    assert expr is not None  # the planner checks this before lowering
+    return lower_where_or_unary(ctx, kernel, [node.inputs[0]], node.outputs[0], expr)

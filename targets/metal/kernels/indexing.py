@@ -21,7 +21,7 @@ def _check_gather(ctx: LowerContext, node: ir.Node) -> str | None:
     return None
 
 
-@register("Gather", check=_check_gather)
+@register("Gather", check=_check_gather, integers=True)
 def lower_gather(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = node.inputs[0]
     xs = ctx.shape(x)

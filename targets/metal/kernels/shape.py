@@ -32,7 +32,7 @@ from mconv.targets.metal.kernels.conv import constants
 from mconv.targets.metal.kernels.elementwise import _offsets, broadcast_strides
 
 
-@register("Concat")
+@register("Concat", integers=True)
 def lower_concat(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     y = node.outputs[0]
     ys = ctx.shape(y)
@@ -66,7 +66,7 @@ def lower_concat(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
     return KernelSource(kernel, src, inputs, (count, 1, 1))
 
 
-@register("Transpose")
+@register("Transpose", integers=True)
 def lower_transpose(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x, y = node.inputs[0], node.outputs[0]
     xs, ys = ctx.shape(x), ctx.shape(y)
@@ -168,7 +168,7 @@ def _check_slice(ctx: LowerContext, node: ir.Node) -> str | None:
     return got if isinstance(got, str) else None
 
 
-@register("Slice", check=_check_slice)
+@register("Slice", check=_check_slice, integers=True)
 def lower_slice(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x, y = node.inputs[0], node.outputs[0]
     xs, ys = ctx.shape(x), ctx.shape(y)
@@ -180,7 +180,7 @@ def lower_slice(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
     return strided_copy(ctx, kernel, x, ys, [sp * s for sp, s in zip(step, st)], base)
 
 
-@register("Split")
+@register("Split", integers=True)
 def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> list[KernelSource]:
     x = node.inputs[0]
     xs = ctx.shape(x)
@@ -196,13 +196,13 @@ def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
     return out
 
 
-@register("Expand")
+@register("Expand", integers=True)
 def lower_expand(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x, y = node.inputs[0], node.outputs[0]
     return strided_copy(ctx, kernel, x, ctx.shape(y), broadcast_strides(ctx.shape(x), ctx.shape(y)))
 
 
-@register("DepthToSpace", "SpaceToDepth")
+@register("DepthToSpace", "SpaceToDepth", integers=True)
 def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = node.inputs[0]
     n, c, h, w = ctx.shape(x)
@@ -254,7 +254,7 @@ def _check_pad(ctx: LowerContext, node: ir.Node) -> str | None:
     return got if isinstance(got, str) else None
 
 
-@register("Pad", check=_check_pad)
+@register("Pad", check=_check_pad, integers=True)
 def lower_pad(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x, y = node.inputs[0], node.outputs[0]
     xs, ys = ctx.shape(x), ctx.shape(y)
@@ -303,7 +303,7 @@ def _remap(ctx, kernel, x, xs, ys, axes, value=0.0) -> KernelSource:
     return KernelSource(kernel, src, [x], (count, 1, 1))
 
 
-@register("Tile")
+@register("Tile", integers=True)
 def lower_tile(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x, y = node.inputs[0], node.outputs[0]
     xs = ctx.shape(x)
