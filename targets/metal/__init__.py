@@ -6,7 +6,10 @@ Export rules:
    batch ``options["batch"]`` (default 1), shapes inferred) and lowered to a plan: buffers and
    one specialized ``kernel void`` per layer, activations fused (:mod:`mconv.targets.metal.plan`).
    Unsupported nodes fail the export with one :class:`~mconv.errors.UnsupportedError` naming
-   every one of them (exit 2).
+   every one of them (exit 2). An If whose condition is constant once shapes are static becomes
+   its taken branch (the ``inline-if`` pass) and the model is prepared again; an If left decides
+   at run time, and its refusal names the graph inputs its condition depends on with the
+   ``export --input-value NAME=VALUE`` that bakes them.
 2. ``options["precision"]``: ``fp16`` (default: half storage, float accumulation) or ``fp32``.
 3. The bundle holds ``metal_plan.json`` (the layers in encode order), the Swift package
    (:mod:`mconv.targets.metal.swift`) and ``weights.mcw`` with every weight buffer the kernels
