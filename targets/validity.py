@@ -103,8 +103,9 @@ def check_written(
         return
     if refusal is None:
         return
-    onnx_source = source is not None and Path(source).suffix.lower() == ".onnx" and Path(source).is_file()
-    if onnx_source and onnx_refusal(source) is not None:
+    src = Path(source) if source is not None else None
+    onnx_source = src is not None and src.suffix.lower() == ".onnx" and src.is_file()
+    if src is not None and onnx_source and onnx_refusal(src) is not None:
         return  # the input was refused too: no promise to keep
     if not onnx_source:
         raise InputError(

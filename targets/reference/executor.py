@@ -45,6 +45,14 @@ DEFAULT_OPSET = 21
 # --------------------------------------------------------------------------- attributes
 
 
+def _named(value: ir.Value) -> str:
+    """The name of a value of a graph or function: onnx_ir names every value a graph takes in
+    (a loaded model's values keep their file's names), so None is a bug, not bad input."""
+    name = value.name
+    assert name is not None, "a value outside any graph"
+    return name
+
+
 def tensor_to_numpy(tensor: Any) -> np.ndarray:
     """An ``onnx_ir`` tensor as numpy; string tensors become object arrays of ``str``."""
     arr = tensor.numpy()
@@ -92,7 +100,7 @@ def _graph_attrs(node: ir.Node) -> list[ir.Graph]:
 class Step:
     """One node, ready to run: kernel, value names, converted attributes."""
 
-    name: str
+    name: str | None
     op_type: str
     domain: str
     opdef: OpDef
@@ -235,7 +243,7 @@ class _Builder:
             )
             for i in order
         ]
-        inputs = [v.name for v in graph.inputs]
+        inputs = [_named(v) for v in graph.inputs]
         outputs = [v.name for v in graph.outputs]
         defined = set(inputs) | set(inits)
         free: list[str] = []
@@ -244,7 +252,9 @@ class _Builder:
                 if u not in defined:
                     free.append(u)
             defined.update(o for o in s.outputs if o)
-        free.extend(o for o in outputs if o not in defined)  # outputs passed straight through
+        free.extend(
+            o for o in outputs if o is not None and o not in defined
+        )  # outputs passed straight through
         plan = Plan(steps, inputs, outputs, inits, tuple(dict.fromkeys(free)))
         for step in steps:
             if (step.domain, step.op_type) == _GRADIENT:
@@ -270,8 +280,8 @@ class _Builder:
     ) -> Step:
         attrs: dict[str, Any] = {}
         for key, attr in node.attributes.items():
-            if attr.is_ref():  # inside a function body: take the caller's value or the default
-                ref = attr.ref_attr_name
+            ref = attr.ref_attr_name
+            if ref is not None:  # inside a function body: take the caller's value or the default
                 if bound is not None and ref in bound:
                     attrs[key] = bound[ref]
                 elif fn_defaults is not None and ref in fn_defaults and fn_defaults[ref].value is not None:
@@ -317,6 +327,8 @@ class _Builder:
     def schema_function(
         self, node: ir.Node, attrs: dict, opset: int, opsets: Mapping[str, int]
     ) -> OpDef | None:
+        # Any: onnx's stub of OpSchema lacks the function_* members read below (onnx 1.17+ has them)
+        schema: Any
         try:
             schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
         except onnx.defs.SchemaError:
@@ -349,8 +361,8 @@ class _Builder:
             proto_attrs = {k: _attr_to_proto_value(v) for k, v in attrs.items()}
             node_bytes = onnx.helper.make_node(
                 node.op_type,
-                [v.name if v is not None else "" for v in node.inputs],
-                [v.name for v in node.outputs],
+                [_named(v) if v is not None else "" for v in node.inputs],
+                [_named(v) for v in node.outputs],
                 domain=node.domain,
                 **proto_attrs,
             ).SerializeToString()
@@ -501,7 +513,7 @@ def _input_specs(graph: ir.Graph, skip: Iterable[str]) -> list[tuple[str, Any, t
             shape = tuple(
                 d if isinstance(d, int) else (str(d) if d.value is not None else None) for d in v.shape
             )
-        specs.append((v.name, dtype, shape))
+        specs.append((_named(v), dtype, shape))
     return specs
 
 
@@ -527,7 +539,7 @@ class Executor:
         self.initializers: dict[str, np.ndarray] = self.plan.initializers
         self.input_specs = _input_specs(graph, self.initializers)
         self.input_names = [s[0] for s in self.input_specs]
-        self.output_names = list(self.plan.outputs)
+        self.output_names = [n for n in self.plan.outputs if n is not None]  # a graph names every output
         missing = [n for n in self.plan.free_vars if n not in self.input_names]
         if missing:
             raise InputError(
@@ -824,7 +836,7 @@ def run_node(
     exe = Executor(model, dtype_check=False)
     feeds = {f"in{i}": x for i, x in enumerate(inputs) if x is not None}
     res = exe.run(feeds)
-    return [res[o.name] for o in node.outputs]
+    return [res[f"out{i}"] for i in range(len(node.outputs))]
 
 
 def _num_outputs(op_type: str, domain: str, opset: int) -> int:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import importlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,7 @@ class OpContext:
 
     opset: int = 21  # opset version of the op's domain in the running model
     executor: Any = None  # the running Executor (control-flow ops run subgraphs through it)
-    scope: dict = field(default_factory=dict)  # outer-scope values visible to subgraphs
+    scope: Mapping[str, Any] = field(default_factory=dict)  # outer-scope values visible to subgraphs
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     num_outputs: int | None = None  # outputs the node declares (Split without sizes needs it)
 

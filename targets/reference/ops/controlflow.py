@@ -20,6 +20,7 @@ Rules
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import onnx_ir as ir
 from mconv.targets.reference.ops import register, register_vjp
 
@@ -44,7 +45,7 @@ def if_vjp(inputs, attrs, outputs, grads, ctx):
 
 def _empty_like_output(value: ir.Value) -> np.ndarray:
     """An empty stack of ``value``'s elements (a Loop/Scan that ran zero times)."""
-    dtype = np.float32
+    dtype: npt.DTypeLike = np.float32
     shape: list[int] = []
     if isinstance(value.type, ir.TensorType):
         try:

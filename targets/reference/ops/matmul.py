@@ -181,7 +181,7 @@ def einsum_vjp(inputs: list, attrs: dict, outputs, grads, ctx: OpContext) -> lis
     g = grads[0]
     taken = set("".join(subs) + out)
     spare = iter(ch for ch in string.ascii_letters if ch not in taken)
-    result = []
+    result: list[np.ndarray | None] = []
     for i, x in enumerate(inputs):
         if not np.issubdtype(x.dtype, np.floating):
             result.append(None)

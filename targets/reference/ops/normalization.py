@@ -200,7 +200,7 @@ def layer_normalization_vjp(inputs: list, attrs: dict, outputs, grads, ctx: OpCo
         gx = gx + grads[1].astype(sd) / d
     if len(grads) > 2 and grads[2] is not None:
         gx = gx - grads[2].astype(sd) * invstd**2 * xhat / d
-    result = [gx.astype(x.dtype, copy=False), gscale]
+    result: list[np.ndarray | None] = [gx.astype(x.dtype, copy=False), gscale]
     if len(inputs) > 2:
         result.append(gbias)
     return result

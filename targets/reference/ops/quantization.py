@@ -45,6 +45,7 @@ def _quantize_to(v: np.ndarray, dtype: np.dtype, saturate: bool) -> np.ndarray:
             v = np.where(np.isinf(v), np.sign(v) * big, v)
             v = np.clip(v, -big, big)
         return v.astype(dtype)
+    info: ml_dtypes.iinfo | np.iinfo
     try:
         info = ml_dtypes.iinfo(dtype)
     except ValueError:

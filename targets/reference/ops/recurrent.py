@@ -136,6 +136,11 @@ class _Setup:
     input_forget: bool
     lbr: bool
 
+    def lstm_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(c0, P)``, which :func:`_setup` fills for LSTM."""
+        assert self.c0 is not None and self.P is not None, self.op
+        return self.c0, self.P
+
 
 def _opt(inputs: list, i: int):
     return inputs[i] if len(inputs) > i and inputs[i] is not None and np.size(inputs[i]) else None
@@ -261,9 +266,11 @@ def _run_direction(s: _Setup, d: int, reverse: bool, keep: bool):
     T, batch = x.shape[0], x.shape[1]
     xw = x @ W.T + Wb  # [T, B, G*H]
     h = s.h0[d]
-    c = s.c0[d] if s.op == "LSTM" else None
+    c = s.lstm_state()[0][d] if s.op == "LSTM" else None
     Y = np.zeros((T, batch, H), dtype=x.dtype)
     tape = []
+    rec: tuple  # what the backward sweep needs of step t, per op
+    cmf: np.ndarray | float
     for t in range(T):
         m = (t < s.lens)[:, None].astype(x.dtype)
         if s.op == "RNN":
@@ -291,7 +298,7 @@ def _run_direction(s: _Setup, d: int, reverse: bool, keep: bool):
             cn = None
         else:  # LSTM
             f, g, hact = acts
-            P = s.P[d]
+            P = s.lstm_state()[1][d]
             pre = xw[t] + h @ R.T + Rb
             pi, cmi = _clip(pre[:, :H] + P[:H] * c, s.clip)
             i = f.f(pi)
@@ -330,7 +337,7 @@ def _forward(op: str, inputs: list, attrs: dict, keep: bool = False):
         Yh = np.swapaxes(Yh, 0, 1)
         Yc = np.swapaxes(Yc, 0, 1) if Yc is not None else None
     dt = inputs[0].dtype
-    outs = (Y.astype(dt), Yh.astype(dt)) + ((Yc.astype(dt),) if op == "LSTM" else ())
+    outs = (Y.astype(dt), Yh.astype(dt)) + ((Yc.astype(dt),) if Yc is not None else ())  # LSTM
     return outs, s, runs
 
 
@@ -389,7 +396,8 @@ def _backprop_direction(s: _Setup, d: int, reverse: bool, run, gY, gh, gc):
             dpre = np.concatenate([dzr, dph], axis=1)
         else:  # LSTM
             f, g, hact = acts
-            P = s.P[d]
+            P = s.lstm_state()[1][d]
+            assert dP is not None and dc is not None  # made above for LSTM
             h, c, pi, pf, pc, po, cmi, cmf, cmc, cmo, i, fg, ct, o, cn = rec
             dC = m * dc + dH * o * hact.df(cn)
             dc_prev = (1 - m) * dc
@@ -450,10 +458,10 @@ def _vjp(op: str, inputs: list, attrs: dict, grads) -> list:
     dc0 = np.zeros_like(s.c0) if op == "LSTM" else None
     dPs = np.zeros_like(s.P) if op == "LSTM" else None
     for d, rev in enumerate(s.directions):
-        r = _backprop_direction(s, d, rev, runs[d], gY[:, d], gYh[d], gYc[d] if op == "LSTM" else None)
+        r = _backprop_direction(s, d, rev, runs[d], gY[:, d], gYh[d], gYc[d] if gYc is not None else None)
         dx += r[0]
         dW[d], dR[d], dB[d], dh0[d] = r[1], r[2], r[3], r[4]
-        if op == "LSTM":
+        if dc0 is not None and dPs is not None:  # LSTM
             dc0[d], dPs[d] = r[5], r[6]
     if s.layout:
         dx = np.swapaxes(dx, 0, 1)

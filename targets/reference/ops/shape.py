@@ -440,7 +440,7 @@ def trilu_vjp(inputs, attrs, outputs, grads, ctx):
 def _reverse_sequence(x: np.ndarray, lens: np.ndarray, batch_axis: int, time_axis: int) -> np.ndarray:
     y = x.copy()
     for b, n in enumerate(_ints(lens)):
-        src = [slice(None)] * x.ndim
+        src: list[slice | int] = [slice(None)] * x.ndim
         src[batch_axis] = b
         src[time_axis] = slice(0, n)
         dst = list(src)
@@ -601,6 +601,7 @@ def _resize_plan(inputs, attrs, ctx, old_style: bool = False):
     """Per resized axis: (axis, weight matrix, extrapolated mask)."""
     x = inputs[0]
     r = x.ndim
+    scales: list[float] | None
     if old_style:  # Upsample, Resize-10: (X, scales), asymmetric coordinates
         scales = (
             list(attrs["scales"]) if "scales" in attrs else [float(v) for v in np.asarray(inputs[1]).ravel()]
@@ -608,10 +609,12 @@ def _resize_plan(inputs, attrs, ctx, old_style: bool = False):
         sizes, roi, axes = None, None, list(range(r))
     else:
         roi = _opt(inputs, 1)
-        scales = _opt(inputs, 2)
+        scales_in = _opt(inputs, 2)
         sizes = _opt(inputs, 3)
         scales = (
-            [float(v) for v in np.asarray(scales).ravel()] if scales is not None and np.size(scales) else None
+            [float(v) for v in np.asarray(scales_in).ravel()]
+            if scales_in is not None and np.size(scales_in)
+            else None
         )
         sizes = _ints(sizes) if sizes is not None and np.size(sizes) else None
         axes = [_norm_axis(a, r) for a in attrs.get("axes", range(r))]
@@ -623,9 +626,13 @@ def _resize_plan(inputs, attrs, ctx, old_style: bool = False):
             s = min(sc) if policy == "not_larger" else max(sc)
             sc = [s] * len(axes)
             sizes = [int(s * x.shape[a] + 0.5) for a in axes]
-    else:
+    elif scales is not None:
         sc = scales
         sizes = [int(math.floor(s * x.shape[a])) for s, a in zip(sc, axes)]
+    else:
+        raise InputError(
+            "Resize has neither scales nor sizes", where="Resize", hint="give the node one of the two inputs"
+        )
     plan = []
     k = len(axes)
     for i, a in enumerate(axes):

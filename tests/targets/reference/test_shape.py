@@ -232,6 +232,18 @@ def test_resize_nearest_keeps_integer_values_exactly():
     )
 
 
+def test_resize_without_scales_or_sizes_is_an_input_error():
+    # found by the type check: the plan zipped None, reported as "Resize failed: TypeError ..."
+    from mconv.errors import InputError
+    from mconv.targets.reference.executor import run_node
+
+    x = np.random.default_rng(3).standard_normal((1, 1, 2, 2)).astype(np.float32)
+    empty = np.array([], np.float32)
+    with pytest.raises(InputError, match="neither scales nor sizes") as info:
+        run_node("Resize", [x, empty, empty, np.array([], np.int64)], {}, opset=19)
+    assert "Resize" in (info.value.where or "")
+
+
 def test_upsample_and_resize10():
     x = f32(1, 1, 2, 3)
     sc = np.array([1, 1, 2, 3], np.float32)
