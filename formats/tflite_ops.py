@@ -1212,3 +1212,231 @@ def transpose_conv_bias(c: _Converter, op: TflOp) -> None:
         kernel_shape=[kh, kw],
     )
     c.bind(op.outputs[0], y, nchw=True)
+
+
+def _flex_options(op: TflOp, what: str) -> dict:
+    """A custom op's options as a FlexBuffers map (MediaPipe's v2 ops)."""
+    from flatbuffers import flexbuffers  # type: ignore[import-untyped]
+
+    try:
+        m = flexbuffers.Loads(op.custom)
+    except Exception as exc:  # any parse failure of hostile bytes is a malformed op
+        raise ValueError(f"{what} options are not a FlexBuffers map ({type(exc).__name__})") from None
+    if not isinstance(m, dict):
+        raise ValueError(f"{what} options are not a FlexBuffers map")
+    return m
+
+
+def _flex_num(m: dict, key: str, kind: type, what: str) -> float:
+    v = m.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not np.isfinite(v):
+        raise ValueError(f"{what} option '{key}' is missing or not a number")
+    return kind(v)
+
+
+def _mp_matrix_rows(c: _Converter, i: int) -> tuple[str, str, str, str, str, str]:
+    """m00, m01, m03, m10, m11, m13 of a [1, 4, 4] transform matrix value, each of shape [1]."""
+    if c.shape(i) not in ((1, 4, 4), (4, 4)):
+        raise _Unsupported(f"transform matrix of shape {list(c.shape(i))}, expected [1, 4, 4]")
+    flat = c.one("Reshape", [c.value(i), c.ints("m16", [16])])
+    return tuple(c.one("Gather", [flat, c.ints(f"m{k}", [k])], axis=0) for k in (0, 1, 3, 4, 5, 7))  # type: ignore[return-value]
+
+
+@lowering("CUSTOM:TransformLandmarks")
+def transform_landmarks(c: _Converter, op: TflOp) -> None:
+    """transform_landmarks.cc v2: each landmark's x, y become ``m00 x + m01 y + m03`` and
+    ``m10 x + m11 y + m13`` (the matrix's first two rows); z (a 3rd value) is kept."""
+    x, mi = op.inputs[0], op.inputs[1]
+    xs = c.shape(x)
+    if len(xs) != 3 or xs[2] not in (2, 3):
+        raise _Unsupported(f"landmarks of shape {list(xs)}, expected [1, N, 2 or 3]")
+    m00, m01, m03, m10, m11, m13 = _mp_matrix_rows(c, mi)
+    v = c.value(x)
+    lx = c.one("Slice", [v, c.ints("x0", [0]), c.ints("x1", [1]), c.ints("ax", [2])])
+    ly = c.one("Slice", [v, c.ints("y0", [1]), c.ints("y1", [2]), c.ints("ax", [2])])
+    nx = c.one("Add", [c.one("Add", [c.one("Mul", [lx, m00]), c.one("Mul", [ly, m01])]), m03])
+    ny = c.one("Add", [c.one("Add", [c.one("Mul", [lx, m10]), c.one("Mul", [ly, m11])]), m13])
+    parts = [nx, ny]
+    if xs[2] == 3:
+        parts.append(c.one("Slice", [v, c.ints("z0", [2]), c.ints("z1", [3]), c.ints("ax", [2])]))
+    c.bind(op.outputs[0], c.one("Concat", parts, axis=2))
+
+
+@lowering("CUSTOM:TransformTensorBilinear")
+def transform_tensor_bilinear(c: _Converter, op: TflOp) -> None:
+    """transform_tensor_bilinear.cc v2: output pixel (x, y) reads the input at
+    ``(m00 x + m01 y + m03', m10 x + m11 y + m13')`` with ``m03' = m03 + (m00 + m01 - 1) / 2``
+    (the align-corners correction), bilinearly; a point outside ``[0, W-1] x [0, H-1]`` gives 0.
+    As GridSample (bilinear, align_corners=1, zeros) on the normalized points, times that mask."""
+    m = _flex_options(op, "TransformTensorBilinear")
+    oh = int(_flex_num(m, "output_height", int, "TransformTensorBilinear"))
+    ow = int(_flex_num(m, "output_width", int, "TransformTensorBilinear"))
+    x, mi = op.inputs[0], op.inputs[1]
+    xs = c.shape(x)
+    if len(xs) != 4 or xs[0] != 1 or min(xs[1], xs[2]) < 2:
+        raise _Unsupported(f"input of shape {list(xs)}, expected [1, H>=2, W>=2, C]")
+    if not (0 < oh <= 4096 and 0 < ow <= 4096):
+        raise ValueError(f"output size {oh}x{ow} is out of range")
+    if c.shape(op.outputs[0]) not in ((), (1, oh, ow, xs[3])):
+        raise ValueError(f"output shape {list(c.shape(op.outputs[0]))}, the options say {oh}x{ow}")
+    h, w = xs[1], xs[2]
+    m00, m01, m03, m10, m11, m13 = _mp_matrix_rows(c, mi)
+    half = c.init("half", np.array(0.5, np.float32))
+    m03 = c.one(
+        "Add",
+        [
+            m03,
+            c.one(
+                "Mul",
+                [c.one("Sub", [c.one("Add", [m00, m01]), c.init("one", np.array(1.0, np.float32))]), half],
+            ),
+        ],
+    )
+    m13 = c.one(
+        "Add",
+        [
+            m13,
+            c.one(
+                "Mul",
+                [c.one("Sub", [c.one("Add", [m10, m11]), c.init("one", np.array(1.0, np.float32))]), half],
+            ),
+        ],
+    )
+    gy, gx = np.meshgrid(np.arange(oh, dtype=np.float32), np.arange(ow, dtype=np.float32), indexing="ij")
+    px, py = c.init("out_x", gx.reshape(1, oh, ow, 1)), c.init("out_y", gy.reshape(1, oh, ow, 1))
+    tx = c.one("Add", [c.one("Add", [c.one("Mul", [px, m00]), c.one("Mul", [py, m01])]), m03])
+    ty = c.one("Add", [c.one("Add", [c.one("Mul", [px, m10]), c.one("Mul", [py, m11])]), m13])
+    # normalized for align_corners=1: -1 is pixel 0, +1 is pixel W-1
+    nx = c.one(
+        "Sub",
+        [
+            c.one("Mul", [tx, c.init("sx", np.array(2.0 / (w - 1), np.float32))]),
+            c.init("one", np.array(1.0, np.float32)),
+        ],
+    )
+    ny = c.one(
+        "Sub",
+        [
+            c.one("Mul", [ty, c.init("sy", np.array(2.0 / (h - 1), np.float32))]),
+            c.init("one", np.array(1.0, np.float32)),
+        ],
+    )
+    grid = c.one("Concat", [nx, ny], axis=3)
+    y = c.one("GridSample", [c.to_nchw(x), grid], mode="linear", padding_mode="zeros", align_corners=1)
+    zero = c.init("zero", np.array(0.0, np.float32))
+    inside = c.one(
+        "And",
+        [
+            c.one(
+                "And",
+                [
+                    c.one("GreaterOrEqual", [tx, zero]),
+                    c.one("LessOrEqual", [tx, c.init("xmax", np.array(w - 1, np.float32))]),
+                ],
+            ),
+            c.one(
+                "And",
+                [
+                    c.one("GreaterOrEqual", [ty, zero]),
+                    c.one("LessOrEqual", [ty, c.init("ymax", np.array(h - 1, np.float32))]),
+                ],
+            ),
+        ],
+    )
+    mask = c.one("Transpose", [c.one("Cast", [inside], to=TensorProto.FLOAT)], perm=[0, 3, 1, 2])
+    c.bind(op.outputs[0], c.one("Mul", [y, mask]), nchw=True)
+
+
+@lowering("CUSTOM:Landmarks2TransformMatrix")
+def landmarks_to_transform_matrix(c: _Converter, op: TflOp) -> None:
+    """landmarks_to_transform_matrix.cc v2: the rotation ``r = target - atan2(dy, dx)`` of the
+    left -> right landmark pair; the subset's landmarks rotated by ``r`` give a box (size w, h,
+    center rotated back by ``-r``); the matrix is ``shift(center) * rot(-r) * scale(scale_x * w /
+    output_width, scale_y * h / output_height) * shift(-output_width / 2, -output_height / 2)``.
+    cos r and sin r come from the pair's direction (no atan2 in ONNX): cos t cos a + sin t sin a,
+    sin t cos a - cos t sin a with (cos a, sin a) = (dx, dy) / |(dx, dy)| (a zero pair: a = 0)."""
+    what = "Landmarks2TransformMatrix"
+    m = _flex_options(op, what)
+    x = op.inputs[0]
+    xs = c.shape(x)
+    if len(xs) != 3 or xs[0] != 1 or xs[2] != 3:  # the kernel reads x, y at 3 * index
+        raise _Unsupported(f"landmarks of shape {list(xs)}, expected [1, N, 3]")
+    n, dims = xs[1], xs[2]
+    subset = m.get("subset_idxs")
+    if not isinstance(subset, list) or not subset or not all(type(k) is int for k in subset):
+        raise ValueError(f"{what} option 'subset_idxs' is missing or not a list of integers")
+    left = int(_flex_num(m, "left_rotation_idx", int, what))
+    right = int(_flex_num(m, "right_rotation_idx", int, what))
+    if any(not 0 <= k < n for k in [*subset, left, right]):
+        raise ValueError(f"{what} landmark indices outside the {n} landmarks")
+    target = _flex_num(m, "target_rotation_radians", float, what)
+    oh = _flex_num(m, "output_height", float, what)
+    ow = _flex_num(m, "output_width", float, what)
+    scx, scy = _flex_num(m, "scale_x", float, what), _flex_num(m, "scale_y", float, what)
+    if oh <= 0 or ow <= 0:
+        raise ValueError(f"{what} output size {oh}x{ow} must be positive")
+    f32 = np.float32
+    flat = c.one("Reshape", [c.value(x), c.ints("pts", [n, dims])])
+    xy = c.one("Slice", [flat, c.ints("c0", [0]), c.ints("c2", [2]), c.ints("ax", [1])])  # [n, 2]
+    pair = c.one("Gather", [xy, c.ints("pair", [left, right])], axis=0)  # [2, 2]
+    d = c.one(
+        "Sub",
+        [
+            c.one("Gather", [pair, c.ints("r", [1])], axis=0),
+            c.one("Gather", [pair, c.ints("l", [0])], axis=0),
+        ],
+    )
+    dx = c.one(
+        "Reshape",
+        [c.one("Slice", [d, c.ints("c0", [0]), c.ints("c1", [1]), c.ints("ax", [1])]), c.ints("one_d", [1])],
+    )
+    dy = c.one(
+        "Reshape",
+        [c.one("Slice", [d, c.ints("c1", [1]), c.ints("c2", [2]), c.ints("ax", [1])]), c.ints("one_d", [1])],
+    )
+    norm = c.one("Sqrt", [c.one("Add", [c.one("Mul", [dx, dx]), c.one("Mul", [dy, dy])])])
+    zero, one = c.init("zero", np.array(0.0, f32)), c.init("one", np.array(1.0, f32))
+    degenerate = c.one("Equal", [norm, zero])
+    safe = c.one("Where", [degenerate, one, norm])
+    ca = c.one("Where", [degenerate, one, c.one("Div", [dx, safe])])
+    sa = c.one("Where", [degenerate, zero, c.one("Div", [dy, safe])])
+    ct, st = c.init("cos_t", np.array(np.cos(target), f32)), c.init("sin_t", np.array(np.sin(target), f32))
+    cr = c.one("Add", [c.one("Mul", [ct, ca]), c.one("Mul", [st, sa])])  # cos r
+    sr = c.one("Sub", [c.one("Mul", [st, ca]), c.one("Mul", [ct, sa])])  # sin r
+    pts = c.one("Gather", [xy, c.ints("subset", subset)], axis=0)  # [k, 2]
+    px = c.one("Slice", [pts, c.ints("c0", [0]), c.ints("c1", [1]), c.ints("ax", [1])])
+    py = c.one("Slice", [pts, c.ints("c1", [1]), c.ints("c2", [2]), c.ints("ax", [1])])
+    rx = c.one("Sub", [c.one("Mul", [cr, px]), c.one("Mul", [sr, py])])
+    ry = c.one("Add", [c.one("Mul", [sr, px]), c.one("Mul", [cr, py])])
+    all_axes = c.ints("all", [0, 1])
+    lo_x, hi_x = (
+        c.one("ReduceMin", [rx, all_axes], keepdims=0),
+        c.one("ReduceMax", [rx, all_axes], keepdims=0),
+    )
+    lo_y, hi_y = (
+        c.one("ReduceMin", [ry, all_axes], keepdims=0),
+        c.one("ReduceMax", [ry, all_axes], keepdims=0),
+    )
+    half = c.init("half", np.array(0.5, f32))
+    bw, bh = c.one("Sub", [hi_x, lo_x]), c.one("Sub", [hi_y, lo_y])
+    mx, my = (
+        c.one("Mul", [c.one("Add", [lo_x, hi_x]), half]),
+        c.one("Mul", [c.one("Add", [lo_y, hi_y]), half]),
+    )
+    cx = c.one("Add", [c.one("Mul", [cr, mx]), c.one("Mul", [sr, my])])  # rot(-r) * middle
+    cy = c.one("Sub", [c.one("Mul", [cr, my]), c.one("Mul", [sr, mx])])
+    sx = c.one("Mul", [bw, c.init("kx", np.array(scx / ow, f32))])
+    sy = c.one("Mul", [bh, c.init("ky", np.array(scy / oh, f32))])
+    a00, a01 = c.one("Mul", [cr, sx]), c.one("Mul", [sr, sy])
+    a10, a11 = c.one("Neg", [c.one("Mul", [sr, sx])]), c.one("Mul", [cr, sy])
+    hx, hy = c.init("hx", np.array(-ow / 2.0, f32)), c.init("hy", np.array(-oh / 2.0, f32))
+    tx = c.one("Add", [c.one("Add", [c.one("Mul", [a00, hx]), c.one("Mul", [a01, hy])]), cx])
+    ty = c.one("Add", [c.one("Add", [c.one("Mul", [a10, hx]), c.one("Mul", [a11, hy])]), cy])
+    z1, o1 = c.init("z1", np.zeros(1, f32)), c.init("o1", np.ones(1, f32))
+    row = [c.one("Reshape", [v, c.ints("one_d", [1])]) for v in (a00, a01, tx, a10, a11, ty)]
+    flat16 = c.one(
+        "Concat",
+        [row[0], row[1], z1, row[2], row[3], row[4], z1, row[5], z1, z1, o1, z1, z1, z1, z1, o1],
+        axis=0,
+    )
+    c.bind(op.outputs[0], c.one("Reshape", [flat16, c.ints("m44", [1, 4, 4])]))

@@ -269,3 +269,224 @@ def test_transpose_conv_bias_output_shape_that_disagrees_with_the_kernel_exit_2(
     with pytest.raises(InputError) as err:
         load_tflite_bytes(src.read_bytes(), str(src))
     assert "the kernel computes [1, 8, 8, 2]" in str(err.value) and "shape.tflite" in err.value.line()
+
+
+# ------------------------------------------------------------------------------ face mesh attention ops
+# LiteRT has none of these kernels. Oracles: torch's grid_sample (an independent bilinear sampler)
+# with the C++ file's coordinate rules applied here, and geometric invariants.
+
+
+def _flex(d: dict) -> bytes:
+    from flatbuffers import flexbuffers
+
+    return bytes(flexbuffers.Dumps(d))
+
+
+def _run(data: bytes, feeds: dict[str, np.ndarray], path: str = "mp.tflite") -> tuple[list, list]:
+    model = load_tflite_bytes(data, path)
+    proto = to_proto(model)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, feeds)
+    ref = [np.asarray(v) for v in Executor(model).run(feeds).values()]
+    return got, ref
+
+
+def _bilinear_model(h: int, w: int, ch: int, oh: int, ow: int) -> bytes:
+    b = TflBuilder()
+    x, m = b.tensor("x", [1, h, w, ch]), b.tensor("m", [1, 4, 4])
+    y = b.tensor("y", [1, oh, ow, ch])
+    opts = _flex({"output_height": oh, "output_width": ow})
+    b.op("CUSTOM:TransformTensorBilinear", [x, m], [y], custom=opts)
+    return b.build([x, m], [y])
+
+
+def _affine(angle: float, scale: tuple[float, float], shift: tuple[float, float]) -> np.ndarray:
+    m = np.eye(4, dtype=F32)
+    ca, sa = np.cos(angle), np.sin(angle)
+    m[0, :2] = [ca * scale[0], -sa * scale[1]]
+    m[1, :2] = [sa * scale[0], ca * scale[1]]
+    m[0, 3], m[1, 3] = shift
+    return m[None].astype(F32)
+
+
+def test_transform_tensor_bilinear_identity_gives_the_input_back():
+    rng = np.random.default_rng(80)
+    x = rng.normal(size=(1, 6, 7, 3)).astype(F32)
+    got, ref = _run(_bilinear_model(6, 7, 3, 6, 7), {"x": x, "m": np.eye(4, dtype=F32)[None]})
+    np.testing.assert_allclose(got[0], x, atol=1e-6)
+    np.testing.assert_allclose(ref[0], x, atol=1e-6)
+
+
+@pytest.mark.parametrize("seed", [81, 82, 83])
+def test_transform_tensor_bilinear_matches_torch_grid_sample(seed):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(seed)
+    h, w, ch, oh, ow = 9, 11, 3, 7, 8
+    x = rng.normal(size=(1, h, w, ch)).astype(F32)
+    m = _affine(
+        rng.uniform(-1, 1),
+        (rng.uniform(0.8, 1.6), rng.uniform(0.8, 1.6)),
+        (rng.uniform(-2, 4), rng.uniform(-2, 4)),
+    )
+    got, ref = _run(_bilinear_model(h, w, ch, oh, ow), {"x": x, "m": m})
+    # The C++ file's rules: output pixel (i, j) reads input point T * (j, i, 0, 1) after the
+    # align-corners correction T -> S (T A) (A adds 0.5, S subtracts it); a point outside the
+    # pixel centres' box [0, W-1] x [0, H-1] gives 0.
+    a = np.eye(4)
+    a[:2, 3] = 0.5
+    s = np.eye(4)
+    s[:2, 3] = -0.5
+    t = s @ m[0].astype(np.float64) @ a
+    jj, ii = np.meshgrid(np.arange(ow), np.arange(oh))
+    tx, ty = t[0, 0] * jj + t[0, 1] * ii + t[0, 3], t[1, 0] * jj + t[1, 1] * ii + t[1, 3]
+    inside = (tx >= 0) & (tx <= w - 1) & (ty >= 0) & (ty <= h - 1)
+    assert 0 < inside.sum() < inside.size  # some points in, some out
+    grid = np.stack([2 * tx / (w - 1) - 1, 2 * ty / (h - 1) - 1], -1)[None]
+    want = torch.nn.functional.grid_sample(
+        torch.from_numpy(x.transpose(0, 3, 1, 2)).double(),
+        torch.from_numpy(grid),
+        mode="bilinear",
+        padding_mode="zeros",
+        align_corners=True,
+    ).numpy()
+    want = (want * inside[None, None]).transpose(0, 2, 3, 1)
+    np.testing.assert_allclose(got[0], want, atol=1e-5)
+    np.testing.assert_allclose(ref[0], want, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_transform_landmarks_applies_the_matrix_rows(dims):
+    rng = np.random.default_rng(84 + dims)
+    b = TflBuilder()
+    x, m = b.tensor("x", [1, 6, dims]), b.tensor("m", [1, 4, 4])
+    y = b.tensor("y", [1, 6, dims])
+    b.op("CUSTOM:TransformLandmarks", [x, m], [y])
+    data = b.build([x, m], [y])
+    pts = rng.normal(0, 10, (1, 6, dims)).astype(F32)
+    got, ref = _run(data, {"x": pts, "m": np.eye(4, dtype=F32)[None]})
+    np.testing.assert_allclose(got[0], pts, atol=1e-6)  # identity: the landmarks back
+    angle, k, shift = 0.7, 2.5, (3.0 + 1.0j)
+    m44 = _affine(angle, (k, k), (shift.real, shift.imag))
+    got, ref = _run(data, {"x": pts, "m": m44})
+    z = (pts[0, :, 0] + 1j * pts[0, :, 1]) * k * np.exp(1j * angle) + shift  # a similarity in C
+    for g in (got[0], ref[0]):
+        np.testing.assert_allclose(g[0, :, 0], z.real, atol=1e-4)
+        np.testing.assert_allclose(g[0, :, 1], z.imag, atol=1e-4)
+        if dims == 3:
+            np.testing.assert_array_equal(g[0, :, 2], pts[0, :, 2])  # z is kept
+
+
+def _l2tm_model(n: int, opts: dict) -> bytes:
+    b = TflBuilder()
+    x, y = b.tensor("x", [1, n, 3]), b.tensor("y", [1, 4, 4])
+    b.op("CUSTOM:Landmarks2TransformMatrix", [x], [y], custom=_flex(opts))
+    return b.build([x], [y])
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.4, -2.5])
+def test_landmarks_to_transform_matrix_maps_the_crop_onto_the_rotated_box(phi):
+    """Landmarks on a rectangle (centre C, size W x H) turned by phi, the rotation pair along its
+    width: the matrix maps the output crop (ow x oh) onto that rectangle scaled by (scale_x,
+    scale_y) about C: its centre to C, its axes along the rectangle's, each output pixel
+    scale * W / ow long."""
+    rng = np.random.default_rng(90)
+    cen, size = np.array([40.0, -12.0]), np.array([30.0, 18.0])
+    u = np.array([[-0.5, -0.5], [0.5, -0.5], [0.5, 0.5], [-0.5, 0.5], [-0.5, 0.0], [0.5, 0.0], [0.1, 0.2]])
+    rot = np.array([[np.cos(phi), -np.sin(phi)], [np.sin(phi), np.cos(phi)]])
+    pts = (u * size) @ rot.T + cen
+    lm = np.concatenate([pts, rng.normal(size=(7, 1))], 1)[None].astype(F32)
+    ow, oh, sx, sy = 16, 12, 1.5, 1.25
+    opts = {
+        "left_rotation_idx": 4,
+        "right_rotation_idx": 5,
+        "subset_idxs": [0, 1, 2, 3, 6],  # odd: the kernel pairs the last with itself
+        "target_rotation_radians": 0.0,
+        "output_width": ow,
+        "output_height": oh,
+        "scale_x": sx,
+        "scale_y": sy,
+    }
+    got, ref = _run(_l2tm_model(7, opts), {"x": lm})
+    for g in (got[0], ref[0]):
+        m = g[0].astype(np.float64)
+        np.testing.assert_allclose(m[2:], np.eye(4)[2:], atol=1e-7)
+        np.testing.assert_allclose(m[:2, 2], 0.0, atol=1e-7)
+        np.testing.assert_allclose(
+            m[:2, :2], rot @ np.diag([sx * size[0] / ow, sy * size[1] / oh]), atol=1e-4
+        )
+        np.testing.assert_allclose(m[:2, :2] @ [ow / 2, oh / 2] + m[:2, 3], cen, atol=1e-3)
+
+
+def test_landmarks_to_transform_matrix_target_rotation_and_a_zero_pair():
+    """With the rotation pair on one point (atan2(0, 0) = 0) the box is turned by the target alone."""
+    pts = np.array([[0, 0, 0], [10, 0, 0], [10, 20, 0], [0, 20, 0], [5, 5, 0]], F32)[None]
+    target = 0.5
+    opts = {
+        "left_rotation_idx": 4,
+        "right_rotation_idx": 4,
+        "subset_idxs": [0, 1, 2, 3],
+        "target_rotation_radians": target,
+        "output_width": 8,
+        "output_height": 8,
+        "scale_x": 1.0,
+        "scale_y": 1.0,
+    }
+    got, _ = _run(_l2tm_model(5, opts), {"x": pts})
+    m = got[0][0].astype(np.float64)
+    # rot(-target) scaled: the first column is a unit vector at angle -target times a scale
+    col = m[:2, 0] / np.linalg.norm(m[:2, 0])
+    np.testing.assert_allclose(col, [np.cos(-target), np.sin(-target)], atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "custom, what",
+    [
+        (b"\x00\x01\x02", "FlexBuffers"),
+        (None, "indices outside"),
+    ],
+)
+def test_mediapipe_v2_ops_bad_options_exit_2(tmp_path, custom, what):
+    from mconv.cli.app import app
+    from typer.testing import CliRunner
+
+    if custom is None:
+        custom = _flex(
+            {
+                "left_rotation_idx": 0,
+                "right_rotation_idx": 900,
+                "subset_idxs": [0, 1],
+                "target_rotation_radians": 0.0,
+                "output_width": 8,
+                "output_height": 8,
+                "scale_x": 1.0,
+                "scale_y": 1.0,
+            }
+        )
+    b = TflBuilder()
+    x, y = b.tensor("x", [1, 5, 3]), b.tensor("y", [1, 4, 4])
+    b.op("CUSTOM:Landmarks2TransformMatrix", [x], [y], custom=custom)
+    src = tmp_path / "l2tm.tflite"
+    src.write_bytes(b.build([x], [y]))
+    with pytest.raises(InputError) as err:
+        load_tflite_bytes(src.read_bytes(), str(src))
+    assert what in str(err.value) and "l2tm.tflite" in err.value.line()
+    out = tmp_path / "out.onnx"
+    res = CliRunner().invoke(app, ["import", str(src), "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert "l2tm.tflite" in res.output and "Traceback" not in res.output and not out.exists()
+
+
+def test_face_landmark_with_attention_imports_and_runs():
+    """The real model (3 Landmarks2TransformMatrix, 3 TransformTensorBilinear, 5
+    TransformLandmarks): imported, valid in ONNX Runtime, and the reference executor agrees."""
+    path = _fetch_mp(
+        "mediapipe/modules/face_landmark/face_landmark_with_attention.tflite",
+        "e06a804e0144f9929eda782122916b35d60c697c3c9344013ca2bbe76a6ce2b4",
+    )
+    model = load_tflite_bytes(path.read_bytes(), str(path))
+    kinds = {n.op_type for n in model.graph}
+    assert "GridSample" in kinds
+    img = _person(192, 192)
+    got, ref = _run(path.read_bytes(), {model.graph.inputs[0].name: img}, str(path))
+    for g, r in zip(got, ref, strict=True):
+        assert np.all(np.isfinite(g)) and _cosine(g, r) >= 0.99999
