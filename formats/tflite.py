@@ -49,7 +49,10 @@ Rules
    LSTM attribute, so such an LSTM is unrolled over its (static) time steps into MatMul/Sigmoid/
    Clip ops with TFLite's exact equations. Layer-norm LSTMs are unsupported.
 6b. MediaPipe's custom ops follow their kernels (mediapipe/util/tflite/operations/*.cc):
-   Convolution2DTransposeBias (options {padding, stride_w, stride_h}) is a ConvTranspose + bias.
+   Convolution2DTransposeBias (options {padding, stride_w, stride_h}) is a ConvTranspose + bias;
+   the face-mesh attention ops (version 2, FlexBuffers options): Landmarks2TransformMatrix builds
+   its 4x4 matrix from the landmarks in ONNX ops, TransformLandmarks applies the matrix's first
+   two rows, TransformTensorBilinear is a GridSample (align_corners) masked to the input's box.
 7. Every op no rule maps (and other custom ops) is collected; one ``UnsupportedError`` names all of
    them as ``(first output tensor name, op type)``.
 """
