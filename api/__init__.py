@@ -926,11 +926,14 @@ def analyze(
     progress=None,
     engine: str = "reference",
     device: str = "cpu",
+    workers: int = 0,
+    ray_address: str | None = None,
 ) -> AnalyzeResult:
     """``mconv analyze``: prune (and cluster at ``bits``) one layer at a time over ``sweep``,
     measure the metric drop on ``data``; with ``max_drop`` choose per layer, and with ``output``
     write that choice as a recipe (TOML). ``engine="xla"`` runs the sweep on the model lowered
-    to jax (``device`` cpu or cuda)."""
+    to jax (``device`` cpu or cuda). ``workers=N`` runs the layers' sweeps on a local Ray of N
+    workers, ``ray_address`` on a Ray cluster; the report is the same."""
     from mconv.passes.analyze import analyze_sensitivity, write_recipe
 
     if output is not None and max_drop is None:
@@ -949,6 +952,8 @@ def analyze(
             progress=update,
             engine=engine,
             device=device,
+            workers=workers,
+            ray_address=ray_address,
         )
     recipe = None
     if output is not None:

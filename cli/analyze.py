@@ -54,6 +54,16 @@ def analyze_cmd(
     device: Annotated[
         str, typer.Option("--device", metavar="NAME", help="cpu or cuda (xla engine).")
     ] = "cpu",
+    workers: Annotated[
+        int,
+        typer.Option("--workers", metavar="N", help="Run the layers' sweeps on a local Ray with N workers."),
+    ] = 0,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray", metavar="ADDRESS", help="Run the sweeps on this Ray cluster (ray://HOST:PORT or auto)."
+        ),
+    ] = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -77,6 +87,8 @@ def analyze_cmd(
                 progress=reuse_progress(update),
                 engine=engine,
                 device=device,
+                workers=workers,
+                ray_address=ray_address,
             )
         render.render_sensitivity(out, result.report)
         if result.recipe is not None:

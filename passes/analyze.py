@@ -19,6 +19,10 @@ Rules
    <= X; then, at that sparsity, the fewest bits whose drop is <= X (no clustering if none is).
    Budgets hold per layer, measured alone; their effects add up when all layers are compressed
    together, which is why the recipe also fine-tunes (when data is given to ``mconv optimize``).
+5. Layers are independent trials: with ``workers=N`` (a local Ray) or ``ray_address`` (a
+   cluster) each layer's sweep is one Ray task (:mod:`mconv.passes.parallel`); the model travels
+   as ONNX bytes and the data once through the object store, and the report is the same as the
+   in-process run's.
 """
 
 from __future__ import annotations
@@ -131,14 +135,15 @@ def analyze_sensitivity(
     batch: int = 512,
     engine: str = "reference",
     device: str = "cpu",
+    workers: int = 0,
+    ray_address: str | None = None,
 ) -> SensitivityReport:
     """Prune (and cluster) one layer at a time and measure the metric drop; see the module rules.
     ``engine="xla"`` runs every sweep point on the model lowered to jax (one compiled program,
     the layer's weight swapped as an argument; ``device`` cpu or cuda); the reference is the
-    numpy executor."""
+    numpy executor. ``workers`` / ``ray_address`` run the layers' sweeps on Ray (rule 5)."""
     from mconv.passes._weights import weight_refs
-    from mconv.passes.rewrite import name_of, tensor_of
-    from mconv.targets.reference.executor import Executor
+    from mconv.passes.rewrite import name_of
 
     sparsities = sorted({0.0, *(float(s) for s in sweep)})
     if any(not 0.0 <= s < 1.0 for s in sparsities):
@@ -163,70 +168,154 @@ def analyze_sensitivity(
     labels = None if labels is None else np.asarray(labels).reshape(-1)
     samples = len(next(iter(feeds.values())))
 
+    from mconv.passes.parallel import check_workers, map_trials, new_token, uses_ray
     from mconv.targets.xla.engine import check_engine
 
     check_engine(engine, device)
-    output = name_of(model.graph.outputs[0])
-    scores = [name_of(v) for v in model.graph.outputs if v.shape is not None and len(v.shape) == 2]
-    if scores:
-        output = scores[0]
-    executor: Any
-    if engine == "xla":
-        from mconv.targets.xla.engine import XlaEngine
-
-        executor = XlaEngine(model, [output], device=device)
-        originals = {n: np.asarray(tensor_of(v).numpy()) for n, v in model.graph.initializers.items()}
-        set_weight = executor.set_weight
-    else:
-        executor = Executor(model)
-        originals = executor.initializers
-        set_weight = executor.set_initializer
-
-    def run() -> np.ndarray:
-        parts = []
-        for s in range(0, samples, batch):
-            res = executor.run({k: v[s : s + batch] for k, v in feeds.items()}, outputs=[output])
-            parts.append(res[output])
-        return np.concatenate(parts)
-
-    reference = run()
-    is_scores = reference.ndim == 2 and reference.shape[1] >= 2
-    metric_name = ("accuracy" if labels is not None else "top1_agreement") if is_scores else "cosine"
+    check_workers(workers, ray_address)
     if labels is not None and len(labels) != samples:
         raise InputError(f"'labels' has {len(labels)} entries for {samples} samples")
-    baseline = _metric(reference, reference, labels if is_scores else None)
-    report = SensitivityReport(baseline, metric_name, samples, max_drop=max_drop)
+    shared: dict[str, Any] = {
+        "token": new_token(),
+        "feeds": feeds,
+        "labels": labels,
+        "engine": engine,
+        "device": device,
+        "batch": batch,
+        "sparsities": sparsities,
+        "bits": bit_list,
+    }
+    if uses_ray(workers, ray_address):
+        shared["onnx"] = ir.serde.serialize_model(model).SerializeToString()  # rule 5: bytes, not objects
+    else:
+        shared["model"] = model
+    state = _SweepState(shared)
+    report = SensitivityReport(state.baseline, state.metric_name, samples, max_drop=max_drop)
 
     refs = weight_refs(model)
     points = len(sparsities) * (1 + len(bit_list))
-    total, done = len(refs) * points, 0
+    total = len(refs) * points
+    named = [ref for ref in refs if ref.node.name]
     for ref in refs:
         if not ref.node.name:
             report.notes.append(f"skipped {ref.node.op_type} with weight {ref.name}: the node has no name")
+    if uses_ray(workers, ray_address):
+        shared["reference"] = state.reference  # computed once here, not per worker
+
+        def tick(done: int, count: int) -> None:
+            if progress is not None:
+                progress(f"analyze: {done}/{count} layers on Ray", done * points, len(named) * points)
+
+        curves = map_trials(
+            _sweep_trial, shared, [r.name for r in named], workers=workers, address=ray_address, progress=tick
+        )
+    else:
+        curves = []
+        done = (len(refs) - len(named)) * points
+        for ref in named:
+
+            def step(
+                s: float, b: int | None, done_before: int = done, name: str = ref.node.name or ""
+            ) -> None:
+                if progress is not None:
+                    i = sparsities.index(s) * (1 + len(bit_list)) + (
+                        0 if b is None else 1 + bit_list.index(b)
+                    )
+                    progress(f"analyze {name} s={s:g}" + (f" {b}b" if b else ""), done_before + i + 1, total)
+
+            curves.append(state.sweep(ref.name, step))
             done += points
-            continue
-        original = originals[ref.name]
-        layer = LayerSensitivity(ref.node.name, ref.node.op_type, ref.name, int(original.size))
-        try:
-            for s in sparsities:
-                pruned = prune_smallest(original, s)
-                for b in [None, *bit_list]:
-                    w = pruned if b is None else cluster_nonzero(pruned, b)
-                    if s == 0.0 and b is None:
-                        m = baseline
-                    else:
-                        set_weight(ref.name, w)
-                        m = _metric(run(), reference, labels if is_scores else None)
-                    layer.sweep.append(SweepPoint(s, b, m, baseline - m))
-                    done += 1
-                    if progress is not None:
-                        progress(f"analyze {layer.name} s={s:g}" + (f" {b}b" if b else ""), done, total)
-        finally:
-            set_weight(ref.name, original)
+    for ref, curve in zip(named, curves):
+        layer = LayerSensitivity(
+            ref.node.name or "", ref.node.op_type, ref.name, int(state.originals[ref.name].size)
+        )
+        layer.sweep = [SweepPoint(s, b, m, state.baseline - m) for s, b, m in curve]
         if max_drop is not None:
             layer.choice = choose_setting(layer, max_drop)
         report.layers.append(layer)
     return report
+
+
+class _SweepState:
+    """One process's executor for a sweep (rule 5): the model, its reference outputs, and how to
+    swap one layer's weight. Built in this process, or once per Ray worker from the shared object."""
+
+    def __init__(self, shared: Mapping[str, Any]) -> None:
+        from mconv.passes.rewrite import name_of, tensor_of
+        from mconv.targets.reference.executor import Executor
+
+        if "model" in shared:
+            model = shared["model"]
+        else:
+            import onnx
+
+            model = ir.serde.deserialize_model(onnx.load_from_string(shared["onnx"]))
+        self.feeds: dict[str, np.ndarray] = shared["feeds"]
+        self.labels: np.ndarray | None = shared["labels"]
+        self.batch = int(shared["batch"])
+        self.sparsities: list[float] = list(shared["sparsities"])
+        self.bits: list[int] = list(shared["bits"])
+        self.samples = len(next(iter(self.feeds.values())))
+        output = name_of(model.graph.outputs[0])
+        scores = [name_of(v) for v in model.graph.outputs if v.shape is not None and len(v.shape) == 2]
+        self.output = scores[0] if scores else output
+        self.executor: Any
+        if shared["engine"] == "xla":
+            from mconv.targets.xla.engine import XlaEngine
+
+            self.executor = XlaEngine(model, [self.output], device=shared["device"])
+            self.originals = {
+                n: np.asarray(tensor_of(v).numpy()) for n, v in model.graph.initializers.items()
+            }
+            self.set_weight = self.executor.set_weight
+        else:
+            self.executor = Executor(model)
+            self.originals = self.executor.initializers
+            self.set_weight = self.executor.set_initializer
+        reference = shared.get("reference")
+        self.reference = self.run() if reference is None else reference
+        self.is_scores = self.reference.ndim == 2 and self.reference.shape[1] >= 2
+        labels = self.labels if self.is_scores else None
+        self.metric_labels = labels
+        has_labels = self.labels is not None
+        self.metric_name = ("accuracy" if has_labels else "top1_agreement") if self.is_scores else "cosine"
+        self.baseline = _metric(self.reference, self.reference, labels)
+
+    def run(self) -> np.ndarray:
+        parts = []
+        for s in range(0, self.samples, self.batch):
+            feeds = {k: v[s : s + self.batch] for k, v in self.feeds.items()}
+            parts.append(self.executor.run(feeds, outputs=[self.output])[self.output])
+        return np.concatenate(parts)
+
+    def sweep(
+        self, name: str, step: Callable[[float, int | None], None] | None = None
+    ) -> list[tuple[float, int | None, float]]:
+        """The layer's curve: (sparsity, bits, metric) for every point of the sweep (rule 3)."""
+        original = self.originals[name]
+        curve: list[tuple[float, int | None, float]] = []
+        try:
+            for s in self.sparsities:
+                pruned = prune_smallest(original, s)
+                for b in [None, *self.bits]:
+                    if s == 0.0 and b is None:
+                        m = self.baseline
+                    else:
+                        self.set_weight(name, pruned if b is None else cluster_nonzero(pruned, b))
+                        m = _metric(self.run(), self.reference, self.metric_labels)
+                    curve.append((s, b, m))
+                    if step is not None:
+                        step(s, b)
+        finally:
+            self.set_weight(name, original)
+        return curve
+
+
+def _sweep_trial(shared: Mapping[str, Any], name: str) -> list[tuple[float, int | None, float]]:
+    """One layer's sweep in a Ray worker (its state built once per worker)."""
+    from mconv.passes.parallel import worker_state
+
+    return worker_state(shared, _SweepState).sweep(name)
 
 
 def choose_setting(layer: LayerSensitivity, max_drop: float) -> dict:
