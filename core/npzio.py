@@ -21,6 +21,8 @@ Rules:
    declared size whatever the deflate stream holds, and a stream that ends early or fails its
    CRC is refused. Every violation is one :class:`mconv.errors.InputError` naming the file, the
    member and (for the directory) the byte offset.
+
+Writing (:func:`write_npz`): numpy.savez's archive, for any array names.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ import struct
 import tokenize
 import zipfile
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from mconv.errors import InputError, show
@@ -332,3 +336,13 @@ def read_npy(path: str | Path) -> np.ndarray:
     if not dtype.isnative:
         array = array.astype(dtype.newbyteorder("="))
     return array
+
+
+def write_npz(fh: BinaryIO, arrays: Iterable[tuple[str, np.ndarray]]) -> None:
+    """What ``numpy.savez(fh, **arrays)`` writes (stored ``NAME.npy`` members, zip64 headers), for
+    any names: savez takes the arrays as keyword arguments, so an array named ``file`` was a
+    TypeError and one named ``allow_pickle`` was swallowed as that flag. Nothing is pickled."""
+    with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, value in arrays:
+            with zf.open(name + ".npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)

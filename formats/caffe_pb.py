@@ -471,7 +471,10 @@ def _file_proto() -> descriptor_pb2.FileDescriptorProto:
             messages.add(current)
             nested_enums[current] = set()
         elif line.startswith("enum "):
-            name = _ENUM.match(line).group(1)
+            m = _ENUM.match(line)
+            if m is None:  # as the second pass says of a line it cannot read
+                raise ValueError(f"caffe schema: cannot read line {line!r}")
+            name = m.group(1)
             (nested_enums[current] if current else top_enums).add(name)
         elif line == "}":
             current = None

@@ -290,7 +290,7 @@ def model_to_dlk(model: ir.Model, source: str | None = None) -> dict:
         if src != current:
             bad.append((show(node.name or "?"), f"{node.op_type} off the chain"))
             continue
-        layer = {"name": node.name or out, "type": None, "bottom": [src], "top": [out]}
+        layer: dict[str, object] = {"name": node.name or out, "type": None, "bottom": [src], "top": [out]}
         if node.op_type == "Relu":
             layer["type"] = "ReLU"
         elif node.op_type == "Conv":
@@ -362,9 +362,10 @@ def _conv_param(node: ir.Node, model: ir.Model) -> tuple[dict | None, str]:
     if _attr(node, "auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
         return None, "auto_pad has no Caffe equivalent"
     b_val = node.inputs[2] if len(node.inputs) > 2 else None
-    if b_val is not None and b_val.const_value is None:
+    b_const = b_val.const_value if b_val is not None else None
+    if b_val is not None and b_const is None:
         return None, "bias is not constant"
-    bias = b_val.const_value.numpy() if b_val is not None else np.zeros(weights.shape[0], np.float32)
+    bias = b_const.numpy() if b_const is not None else np.zeros(weights.shape[0], np.float32)
     param = {
         "num_output": int(weights.shape[0]),
         "pad": int(pads[0]),

@@ -19,20 +19,20 @@ Rules (1-4 are :mod:`mconv.npzio`'s, the bounded reader):
    declared size whatever the deflate stream holds, and a stream that ends early or fails its
    CRC is refused. Every violation is one :class:`mconv.errors.InputError` naming the file, the
    member and (for the directory) the byte offset.
-5. ``save`` writes every initializer with ``numpy.savez`` (uncompressed), atomically.
+5. ``save`` writes every initializer as ``numpy.savez`` does (uncompressed; any names, through
+   :func:`mconv.npzio.write_npz`), atomically.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.fileio import atomic_path
 from mconv.formats import Format
 from mconv.formats.weights import weight_only_model, writable_arrays
-from mconv.npzio import read_npz
+from mconv.npzio import read_npz, write_npz
 
 
 def _load(paths: list[Path], options: dict) -> ir.Model:
@@ -47,7 +47,7 @@ def _save(model: ir.Model, dest: Path, options: dict) -> list[Path]:
     if not arrays:
         raise InputError("model has no weights to write", path=str(dest), hint="npz holds initializers only")
     with atomic_path(dest) as tmp, open(tmp, "wb") as f:
-        np.savez(f, **dict(arrays))
+        write_npz(f, dict(arrays).items())
     return [Path(dest)]
 
 

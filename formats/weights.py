@@ -157,8 +157,10 @@ def _unique_object(pairs: list[tuple[str, object]]) -> dict:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set[str] = set()
-        key = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise _JsonRefused(f"key '{show(key)}' appears twice")
+        for key, _ in pairs:
+            if key in seen:
+                raise _JsonRefused(f"key '{show(key)}' appears twice")
+            seen.add(key)
     return out
 
 
