@@ -96,32 +96,33 @@ def input_shapes(model: ir.Model, batch: int | None, *, static: bool = False) ->
     same symbol); unnamed ones (``?``, negative sizes) get one symbol each. ``static``: the shapes
     as the model declares them (None where a dimension is not fixed), for the static fallback.
     """
-    inputs = list(real_inputs(model.graph))
-    for v in inputs:
+    declared: list[ir.Shape] = []
+    for v in real_inputs(model.graph):
         if v.shape is None:
             raise InputError(
                 f"input '{show(v.name)}' has no shape",
                 where=f"input '{show(v.name)}'",
                 hint="give the model static input shapes (--input-shape NAME=DIMS)",
             )
+        declared.append(v.shape)
     if static:
-        return [[int(d) if isinstance(d, int) and d >= 0 else None for d in v.shape] for v in inputs], False
+        return [[d if isinstance(d, int) and d >= 0 else None for d in shape] for shape in declared], False
     leading: set[str] = set()
-    for v in inputs:
-        if len(v.shape) and not isinstance(v.shape[0], int) and v.shape[0].value:
-            leading.add(str(v.shape[0].value))
+    for shape in declared:
+        if len(shape) and not isinstance(shape[0], int) and shape[0].value:
+            leading.add(str(shape[0].value))
     batch_sym = batch if batch is not None else "b"
     shapes, replaced = [], False
-    for i, v in enumerate(inputs):
+    for i, shape in enumerate(declared):
         dims: list = []
-        for j, d in enumerate(v.shape):
+        for j, d in enumerate(shape):
             fixed = isinstance(d, int) and d >= 0
             name = None if isinstance(d, int) else (str(d.value) if d.value else None)
-            if j == 0 and (not fixed or (d == 1 and len(v.shape) >= 2)):
+            if j == 0 and (not fixed or (d == 1 and len(shape) >= 2)):
                 dims.append(batch_sym)
                 replaced = replaced or (fixed and batch is None)
             elif fixed:
-                dims.append(int(d))
+                dims.append(d)
             elif name is not None and name in leading:
                 dims.append(batch_sym)
             else:
@@ -167,7 +168,7 @@ def weight_layouts(model: ir.Model, weight_names: list[str]) -> dict[str, list[i
             continue
         rank = len(value.const_value.shape)
         uses = list(value.uses())
-        perms = set()
+        perms: set[tuple[int, ...] | None] = set()
         for use in uses:
             node, index = use[0], use[1]
             if node.domain not in ("", "ai.onnx") or index != 1:
@@ -179,8 +180,10 @@ def weight_layouts(model: ir.Model, weight_names: list[str]) -> dict[str, list[i
                 perms.add((1, 0) if attr is not None and attr.value else None)
             else:
                 perms.add(None)
-        if len(perms) == 1 and None not in perms:
-            out[name] = list(perms.pop())
+        if len(perms) == 1:
+            (perm,) = perms
+            if perm is not None:
+                out[name] = list(perm)
     return out
 
 
@@ -188,7 +191,7 @@ def pinned_batch(model: ir.Model, batch: int) -> tuple[str, list[int]] | None:
     """Rule 8: the first Reshape whose constant shape pins the declared ``batch`` once dimension
     0 of the inputs is symbolic, as (``Reshape 'name'``, its shape), or None."""
     from mconv.passes.dynamic_batch import _inferred_dims
-    from mconv.passes.rewrite import constant_array
+    from mconv.passes.rewrite import constant_array, name_of
 
     graph = model.graph
     reshapes = [
@@ -196,26 +199,25 @@ def pinned_batch(model: ir.Model, batch: int) -> tuple[str, list[int]] | None:
     ]
     if not reshapes:
         return None
-    inputs = [v for v in real_inputs(graph) if v.shape is not None and len(v.shape) >= 2]
-    saved = [(v, v.shape) for v in inputs]
+    saved = [(v, s) for v in real_inputs(graph) if (s := v.shape) is not None and len(s) >= 2]
     sym = "mconv_batch"
     try:
-        for v in inputs:
-            if isinstance(v.shape[0], int) and v.shape[0] == batch:
-                v.shape = ir.Shape([sym, *list(v.shape)[1:]])
+        for v, s in saved:
+            if isinstance(s[0], int) and s[0] == batch:
+                v.shape = ir.Shape([sym, *list(s)[1:]])
         dims = _inferred_dims(model)
     finally:
-        for v, shape in saved:
-            v.shape = shape
+        for v, s in saved:
+            v.shape = s
     for node in reshapes:
         data = node.inputs[0]
-        d_in = dims.get(data.name) if data is not None else None
+        d_in = dims.get(name_of(data)) if data is not None else None
         if not d_in or d_in[0] != sym:
             continue
-        shape = constant_array(node.inputs[1], graph, model.ir_version or 10)
-        if shape is None or shape.ndim != 1 or shape.size == 0 or int(shape[0]) != batch:
+        target = constant_array(node.inputs[1], graph, model.ir_version or 10)
+        if target is None or target.ndim != 1 or target.size == 0 or int(target[0]) != batch:
             continue
-        return f"Reshape '{show(node.name)}'", shape.astype(np.int64).tolist()
+        return f"Reshape '{show(node.name)}'", target.astype(np.int64).tolist()
     return None
 
 
@@ -230,7 +232,7 @@ def _trace(lowered, model: ir.Model, shapes: list[list], replaced: bool, x64: bo
         batch_dim = None
         for v, dims in zip(inputs, shapes):
             text = ", ".join(str(d) for d in dims)
-            shape = jax.export.symbolic_shape(text, scope=scope) if dims else ()
+            shape: tuple = jax.export.symbolic_shape(text, scope=scope) if dims else ()
             if dims and isinstance(dims[0], str) and dims[0] == "b":
                 batch_dim = shape[0]
             specs.append(jax.ShapeDtypeStruct(shape, np.dtype(_dtype_name(v))))

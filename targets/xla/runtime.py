@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -238,7 +239,7 @@ def runner_from_parts(
     )
 
 
-def load_bundle_path(path: str | Path) -> XlaRunner:
+def load_bundle_path(path: str | os.PathLike) -> XlaRunner:
     """Load an xla bundle directory or .zip with this module alone (no mconv.bundle, no onnx)."""
     files = _Files(Path(path))
     files.verify_all()

@@ -23,7 +23,7 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,14 @@ from mconv.targets.xla.lower import REGISTRY, LowerContext, is_static
 # Ops that must never be folded at export time: their value is not a constant.
 _NEVER_FOLD = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli"}
 _ARG_INT_DTYPES = {np.dtype(np.int8), np.dtype(np.uint8)}
+
+
+def _name(value: ir.Value) -> str:
+    """The name of a value of a graph: onnx_ir names every value a graph takes in (a loaded
+    model's values keep their file's names), so None is a bug, not bad input."""
+    name = value.name
+    assert name is not None, "a value outside any graph"
+    return name
 
 
 def _attrs(node: ir.Node) -> dict:
@@ -87,7 +95,7 @@ def _static_needs(graph: ir.Graph) -> set[str]:
         v = stack.pop()
         if v.name in needed:
             continue
-        needed.add(v.name)
+        needed.add(_name(v))
         producer = v.producer()
         if producer is None:
             continue
@@ -111,7 +119,7 @@ def _check_supported(graph: ir.Graph, static_init: set[str], needed: set[str]) -
             subs = _subgraphs(node)
             all_static = not subs and all(v.name in static for v in ins) and node.op_type not in _NEVER_FOLD
             if all_static or (rule is not None and rule.shape_only):
-                static.update(o.name for o in node.outputs)
+                static.update(_name(o) for o in node.outputs)
             elif rule is None:
                 bad.append(
                     (node.name or "<unnamed>", f"{node.domain + '::' if node.domain else ''}{node.op_type}")
@@ -166,7 +174,9 @@ class LoweredGraph:
         inits = self.model.graph.initializers
         out = []
         for n in self.weight_names:
-            arr = inits[n].const_value.numpy()
+            tensor = inits[n].const_value
+            assert tensor is not None  # an initializer holds its tensor
+            arr = tensor.numpy()
             perm = None if stored else self.layouts.get(n)
             out.append((n, arr if perm is None else np.ascontiguousarray(np.transpose(arr, perm))))
         return out
@@ -209,9 +219,9 @@ def run_graph(graph: ir.Graph, env: dict, opset: int, declared_batch: int | None
             if value.const_value is not None:
                 inner[name] = value.const_value.numpy()
         for v, x in zip(sub.inputs, inputs):
-            inner[v.name] = x
+            inner[_name(v)] = x
         run_graph(sub, inner, opset, declared_batch, batch_dim)
-        return [inner[v.name] for v in sub.outputs]
+        return [inner[_name(v)] for v in sub.outputs]
 
     for node in graph:
         ctx = LowerContext(
@@ -237,6 +247,7 @@ def lower_node(node: ir.Node, inputs: list, ctx: LowerContext) -> list:
     all_static = (
         all(is_static(x) for x in inputs) and node.op_type not in _NEVER_FOLD and not _subgraphs(node)
     )
+    outs: Sequence[Any]
     try:
         if all_static and not any(isinstance(x, np.ndarray) and x.dtype == object for x in inputs):
             if node.op_type == "Constant" or rule is None or not rule.shape_only:
@@ -290,8 +301,8 @@ def lower_graph(model: ir.Model, *, bake_weights: bool = False) -> LoweredGraph:
             break
     return LoweredGraph(
         model=model,
-        input_names=[v.name for v in inputs],
-        output_names=[v.name for v in graph.outputs],
+        input_names=[_name(v) for v in inputs],
+        output_names=[_name(v) for v in graph.outputs],
         weight_names=weight_names,
         static_values=static_values,
         declared_batch=declared,

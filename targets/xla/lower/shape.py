@@ -341,17 +341,17 @@ def _cubic_matrix(coords: np.ndarray, n: int, a: float, exclude_outside: bool) -
     i0 = np.floor(coords)
     t = coords - i0
     dists = [t + 1, t, 1 - t, 2 - t]
-    w = []
+    taps_w = []
     for d in dists:
         d = np.abs(d)
-        w.append(
+        taps_w.append(
             np.where(
                 d <= 1,
                 ((a + 2) * d - (a + 3)) * d * d + 1,
                 np.where(d < 2, ((a * d - 5 * a) * d + 8 * a) * d - 4 * a, 0.0),
             )
         )
-    w = np.stack(w, axis=1)  # (out, 4)
+    w = np.stack(taps_w, axis=1)  # (out, 4)
     taps = i0.astype(np.int64)[:, None] + np.arange(-1, 3)[None, :]
     inside = (taps >= 0) & (taps < n)
     if exclude_outside:
