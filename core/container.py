@@ -27,8 +27,22 @@ Varints are LEB128 (7 bits a byte, low first, at most 9 bytes, below 2**63). Off
 stored: the blobs follow the index in order, each at the next multiple of ``ALIGNMENT_V2``
 after the previous one (the first after the index). A tensor then costs its name, its sha256 and
 a few bytes of record instead of about 250 bytes of JSON. The C decoder ``mcw_decode`` reads
-both versions. The metal and webgpu targets still write version 1 (their Swift and JavaScript
+every version. The metal and webgpu targets still write version 1 (their Swift and JavaScript
 readers parse the JSON index).
+
+Version 3 (what cpu, xla and weights bundles write; small quantized models have a hundred
+tensors of a few bytes each, where version 2's names and hashes outweighed the weights)::
+
+    varint count
+    per tensor: varint shared, varint suffix length, suffix (the name is the first ``shared``
+                bytes of the previous name, then the suffix), varint nbytes, u32 CRC-32 of the
+                blob (zlib's), varint back, and when back = 0 a record as in version 2; back =
+                k > 0 repeats the record of the tensor k places before (k <= 64)
+
+A record leaves out ``streams`` when it is ``{"data": nbytes}`` (raw, fp16); the reader puts it
+back. Blobs follow in order, each at the next multiple of its alignment: the element size for
+raw blobs (1, 2, 4, 8), 2 for fp16, 1 for coded blobs (read byte by byte). The CRC-32 catches a
+damaged blob; a bundle's manifest holds the sha256 of the whole file against tampering.
 
 Rules:
 
@@ -37,7 +51,7 @@ Rules:
    against the real file size before anything is read; a bad file raises
    :class:`mconv.errors.InputError` naming the file and the byte offset.
 3. Tensors decode lazily, one at a time, from a memory map; the blob's sha256 is checked on
-   decode (:class:`mconv.errors.IntegrityError` when it does not match).
+   decode, or its CRC-32 in version 3 (:class:`mconv.errors.IntegrityError` when it does not match).
 """
 
 from __future__ import annotations
@@ -47,6 +61,7 @@ import json
 import mmap
 import os
 import struct
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,9 +74,11 @@ from mconv.fileio import atomic_path, load_json
 
 MAGIC = b"MCW1"
 VERSION = 1
-VERSIONS = (1, 2)  # what this mconv reads
+VERSIONS = (1, 2, 3)  # what this mconv reads
+LATEST = 3  # what bundles whose readers follow (Python, mcw_decode) are written with
 ALIGNMENT = 64
 ALIGNMENT_V2 = 8
+_RECORD_BACKREF = 64  # a version 3 record may repeat one of the last 64 tensors' records
 # The words of a version 2 index, by number (never reorder: files name them by position).
 WORDS: tuple[str, ...] = (
     "codec", "dtype", "shape", "streams", "bits", "codebook_size", "codebook_dtype", "groups",
@@ -100,8 +117,9 @@ class TensorEntry:
     name: str
     offset: int
     nbytes: int
-    sha256: str
+    sha256: str  # hex; "" in version 3, which keeps a CRC-32 per blob instead
     record: dict
+    crc32: int | None = None
 
     def as_dict(self) -> dict:
         return {
@@ -179,6 +197,47 @@ def _pad_to(n: int, alignment: int) -> int:
     return -n % alignment
 
 
+def _alignment_v3(record: Mapping) -> int:
+    """A version 3 blob's alignment: its element size for raw (1, 2, 4 or 8) and fp16 (2)
+    blobs, which readers may view in place; 1 for coded blobs, which are read byte by byte."""
+    if record.get("codec") == "fp16":
+        return 2
+    if record.get("codec") == "raw":
+        dtype = numeric_dtype(record.get("dtype"))
+        return dtype.itemsize if dtype is not None and dtype.itemsize in (1, 2, 4, 8) else 8
+    return 1
+
+
+def _v3_record(record: dict, nbytes: int) -> dict:
+    """The record as version 3 stores it: ``streams`` left out when it is ``{"data": nbytes}``
+    (raw and fp16; the reader puts it back)."""
+    if record.get("streams") == {"data": nbytes}:
+        return {k: v for k, v in record.items() if k != "streams"}
+    return record
+
+
+def _index_v3(entries: list[TensorEntry], crcs: list[int]) -> bytes:
+    out = [_varint(len(entries))]
+    previous = b""
+    recent: list[bytes] = []  # the encoded records of the last _RECORD_BACKREF tensors
+    for e, crc in zip(entries, crcs):
+        name = e.name.encode("utf-8")
+        shared = 0
+        limit = min(len(name), len(previous))
+        while shared < limit and name[shared] == previous[shared]:
+            shared += 1
+        fields = sorted(_v3_record(e.record, e.nbytes).items())
+        body = _varint(len(fields)) + b"".join(_word(k) + _value_v2(v) for k, v in fields)
+        back = next((i + 1 for i, r in enumerate(reversed(recent)) if r == body), 0)
+        out += [_varint(shared), _varint(len(name) - shared), name[shared:], _varint(e.nbytes)]
+        out += [crc.to_bytes(4, "little"), _varint(back)]
+        if not back:
+            out.append(body)
+        recent = [*recent[-(_RECORD_BACKREF - 1) :], body]
+        previous = name
+    return b"".join(out)
+
+
 def write_container(
     path: str | os.PathLike, tensors: list[tuple[str, np.ndarray, dict | None]], version: int = VERSION
 ) -> ContainerInfo:
@@ -202,19 +261,22 @@ def write_container(
         blobs.append(blob)
         entries.append(TensorEntry(name, 0, len(blob), hashlib.sha256(blob).hexdigest(), record))
 
-    if version == 2:
+    if version in (2, 3):
         try:
-            index = _index_v2(entries)
+            if version == 2:
+                index = _index_v2(entries)
+            else:
+                index = _index_v3(entries, [zlib.crc32(b) for b in blobs])
         except ValueError:
             version = 1
-    if version == 2:
+    if version in (2, 3):
         offset = HEADER.size + len(index)
         for e, blob in zip(entries, blobs):
-            offset += _pad_to(offset, ALIGNMENT_V2)
+            offset += _pad_to(offset, ALIGNMENT_V2 if version == 2 else _alignment_v3(e.record))
             e.offset = offset
             offset += len(blob)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            f.write(HEADER.pack(MAGIC, 2, len(index)))
+            f.write(HEADER.pack(MAGIC, version, len(index)))
             f.write(index)
             for e, blob in zip(entries, blobs):
                 f.write(b"\0" * (e.offset - f.tell()))
@@ -304,7 +366,16 @@ class Container:
         e = self._entry(name)
         blob = self.blob(name)
         tensor = f"tensor '{show(name)}'"
-        if verify:
+        if verify and e.crc32 is not None:
+            crc = zlib.crc32(blob)
+            if crc != e.crc32:
+                raise IntegrityError(
+                    f"{tensor}: CRC-32 mismatch (expected {e.crc32:08x}, got {crc:08x})",
+                    path=self.label,
+                    where=f"byte offset {e.offset}",
+                    hint="the weights file was modified or truncated; re-export the bundle",
+                )
+        elif verify:
             got = hashlib.sha256(blob).hexdigest()
             if got != e.sha256:
                 raise IntegrityError(
@@ -384,7 +455,7 @@ def _parse_index(view: memoryview, label: str) -> dict[str, TensorEntry]:
         )
     if version not in VERSIONS:
         raise InputError(
-            f"container version {version} is not supported (this mconv reads versions 1 and 2)",
+            f"container version {version} is not supported (this mconv reads versions 1, 2 and 3)",
             path=label,
             where="byte offset 4",
             hint="upgrade mconv or re-export the bundle",
@@ -399,6 +470,8 @@ def _parse_index(view: memoryview, label: str) -> dict[str, TensorEntry]:
     where_index = f"byte offset {HEADER.size} (index)"
     if version == 2:
         return _parse_index_v2(view, label, index_len)
+    if version == 3:
+        return _parse_index_v3(view, label, index_len)
 
     def bad(what: str, where: str = where_index) -> InputError:
         return InputError(what, path=label, where=where, hint=_HINT_CORRUPT)
@@ -551,6 +624,68 @@ def _parse_index_v2(view: memoryview, label: str, index_len: int) -> dict[str, T
             raise r.bad(f"{tensor} listed twice", start)
         out[name] = TensorEntry(name, offset, nbytes, sha, record)
         offset += nbytes
+    if r.at != r.end:
+        raise r.bad(f"{r.end - r.at} bytes after the last entry")
+    return out
+
+
+def _parse_index_v3(view: memoryview, label: str, index_len: int) -> dict[str, TensorEntry]:
+    r = _V2Reader(view, HEADER.size, HEADER.size + index_len, label)
+    count = r.varint("tensor count")
+    if count > index_len:  # every tensor takes 8 bytes at least
+        raise r.bad(f"tensor count {count} is more than the index can hold", HEADER.size)
+    size = len(view)
+    offset = HEADER.size + index_len
+    out: dict[str, TensorEntry] = {}
+    previous = b""
+    recent: list[dict[str, object]] = []
+    for i in range(count):
+        start = r.at
+        shared = r.varint(f"entry {i} shared name prefix")
+        if shared > len(previous):
+            raise r.bad(f"entry {i} shares {shared} bytes of a {len(previous)}-byte previous name", start)
+        suffix = r.take(r.varint(f"entry {i} name length"), f"entry {i} name")
+        raw_name = previous[:shared] + suffix
+        try:
+            name = raw_name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise r.bad(f"entry {i} name is not UTF-8", start) from None
+        tensor = f"tensor '{show(name)}'"
+        nbytes = r.varint(f"{tensor} nbytes")
+        crc = int.from_bytes(r.take(4, f"{tensor} crc32"), "little")
+        back = r.varint(f"{tensor} record reference")
+        record: dict[str, object]
+        if back:
+            if back > len(recent):
+                raise r.bad(f"{tensor} repeats the record {back} tensors back, of {len(recent)}", start)
+            record = json.loads(json.dumps(recent[-back]))  # a copy: records are mutable dicts
+        else:
+            record = {}
+            fields = r.varint(f"{tensor} record fields")
+            if fields > r.end - r.at:
+                raise r.bad(f"{tensor} claims {fields} record fields, more than the index holds", start)
+            for _ in range(fields):
+                key = r.word(f"{tensor} record key")
+                if key in record:
+                    raise r.bad(f"{tensor} record lists '{show(key)}' twice", start)
+                record[key] = r.value(key)
+        recent = [*recent[-(_RECORD_BACKREF - 1) :], json.loads(json.dumps(record))]
+        full = dict(record)
+        full.setdefault("streams", {"data": nbytes})
+        _check_record(full, tensor, lambda what, at=start: r.bad(what, at))
+        offset += _pad_to(offset, _alignment_v3(full))
+        if nbytes > size - offset:
+            raise InputError(
+                f"{tensor} blob [{offset}, {offset + nbytes}) runs past the end of the {size}-byte file",
+                path=label,
+                where=f"byte offset {offset}",
+                hint=_HINT_CORRUPT,
+            )
+        if name in out:
+            raise r.bad(f"{tensor} listed twice", start)
+        out[name] = TensorEntry(name, offset, nbytes, "", full, crc32=crc)
+        offset += nbytes
+        previous = raw_name
     if r.at != r.end:
         raise r.bad(f"{r.end - r.at} bytes after the last entry")
     return out

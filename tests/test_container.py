@@ -6,6 +6,7 @@ import hashlib
 import json
 import struct
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -487,9 +488,93 @@ def test_unknown_container_versions_are_refused_clearly(tmp_path):
     path = tmp_path / "w.mcw"
     write_container(path, _small_model_tensors(3), version=2)
     data = bytearray(path.read_bytes())
-    data[4] = 3
-    with pytest.raises(InputError, match="container version 3 is not supported") as exc:
+    data[4] = 4
+    with pytest.raises(InputError, match="container version 4 is not supported") as exc:
         container_from_bytes(bytes(data), "w.mcw")
     assert "upgrade mconv" in exc.value.line()
     with pytest.raises(InputError, match="container version"):
-        write_container(tmp_path / "x.mcw", [], version=3)
+        write_container(tmp_path / "x.mcw", [], version=4)
+
+
+# --- version 3: front-coded names, CRC-32, repeated records, natural alignment ---------------
+
+
+def _many_small_tensors(seed: int) -> list:
+    """A quantized-TFLite-like set: many small tensors with shared name prefixes and records."""
+    rng = np.random.default_rng(seed)
+    out = _small_model_tensors(seed)
+    for i in range(30):
+        out.append((f"block{i}/conv/scale", rng.standard_normal(16).astype(np.float32), None))
+        out.append((f"block{i}/conv/zero_point", np.zeros(16, np.int8), None))
+        out.append((f"block{i}/one", np.array(1.0, np.float32), {"codec": "fp16"}))
+        out.append((f"block{i}/qmin", np.array(-128.0, np.float32), {"codec": "fp16"}))
+        out.append((f"block{i}/codes", rng.integers(-128, 128, 40).astype(np.int8), None))
+    return out
+
+
+def test_v3_round_trips_deterministically_and_is_smaller_than_v2(tmp_path):
+    tensors = _many_small_tensors(0)
+    v3 = write_container(tmp_path / "a.mcw", tensors, version=3)
+    write_container(tmp_path / "b.mcw", tensors, version=3)
+    assert (tmp_path / "a.mcw").read_bytes() == (tmp_path / "b.mcw").read_bytes()
+    v2 = write_container(tmp_path / "v2.mcw", tensors, version=2)
+    assert v3.blob_bytes == v2.blob_bytes
+    assert v3.total_bytes - v3.blob_bytes < 0.6 * (v2.total_bytes - v2.blob_bytes)
+    with read_container(tmp_path / "a.mcw") as c, read_container(tmp_path / "v2.mcw") as old:
+        assert c.names == [t[0] for t in tensors]
+        for name, a, _ in tensors:
+            assert c.array(name).tobytes() == np.asarray(a).tobytes()
+            assert c.record(name) == old.record(name)
+            e = c.entries[name]
+            if e.record["codec"] in ("raw", "fp16"):  # viewable in place
+                assert (
+                    e.offset % (2 if e.record["codec"] == "fp16" else np.dtype(e.record["dtype"]).itemsize)
+                    == 0
+                )
+    small = write_container(tmp_path / "mlp.mcw", _small_model_tensors(0), version=3)
+    assert small.total_bytes - small.blob_bytes <= max(512, 0.02 * small.blob_bytes)
+
+
+def test_v3_checks_every_blob_crc32(tmp_path):
+    path = tmp_path / "w.mcw"
+    info = write_container(path, _many_small_tensors(1), version=3)
+    data = bytearray(path.read_bytes())
+    e = info.entry("fc2.weight")
+    data[e.offset + e.nbytes // 2] ^= 0x10
+    with container_from_bytes(bytes(data), "w.mcw") as c:
+        c.array("fc1.weight")
+        with pytest.raises(IntegrityError, match="CRC-32 mismatch") as exc:
+            c.array("fc2.weight")
+    assert "w.mcw" in exc.value.line()
+
+
+def _v3_bytes(index: bytes, blobs: bytes = b"") -> bytes:
+    return struct.pack("<4sIQ", b"MCW1", 3, len(index)) + index + blobs
+
+
+def test_v3_refuses_hostile_indexes_with_one_line_naming_the_file(tmp_path):
+    crc = zlib.crc32(b"\0" * 4).to_bytes(4, "little")
+    record = b"\x00\x03" + b"\x00\x01\x0e" + b"\x01\x01\x12" + b"\x02\x04\x01\x01"  # new: raw float32 [1]
+    entry = b"\x00\x01a\x04" + crc + record
+    cases = {
+        "shared prefix beyond the previous name": _v3_bytes(b"\x01\x02\x01a\x04" + crc + record, b"\0" * 4),
+        "record reference beyond the recent ones": _v3_bytes(b"\x01\x00\x01a\x04" + crc + b"\x01", b"\0" * 4),
+        "name not UTF-8": _v3_bytes(b"\x01\x00\x01\xff\x04" + crc + record, b"\0" * 4),
+        "duplicate tensor": _v3_bytes(b"\x02" + entry + b"\x01\x00\x04" + crc + b"\x01", b"\0" * 8),
+        "blob past the end": _v3_bytes(b"\x01" + entry, b"\0" * 2),
+        "trailing index bytes": _v3_bytes(b"\x01" + entry + b"\x00", b"\0" * 4),
+        "count beyond the index": _v3_bytes(b"\xff\x7f"),
+    }
+    for what, data in cases.items():
+        bad = tmp_path / "bad.mcw"
+        bad.write_bytes(data)
+        with pytest.raises(InputError) as exc:
+            read_container(bad).array("a")
+        line = exc.value.line()
+        assert "bad.mcw" in line and "\n" not in line, (what, line)
+        assert type(exc.value) is InputError, what
+    # the well-formed ones: one tensor, and a second that shares the name prefix and the record
+    two = b"\x02" + entry + b"\x01\x01b\x04" + crc + b"\x01"
+    with container_from_bytes(_v3_bytes(two, b"\0" * 10), "ok.mcw") as c:  # 2 bytes of alignment
+        assert c.names == ["a", "ab"] and c.array("ab").tolist() == [0.0]
+        assert c.record("ab") == c.record("a") and c.record("a") is not c.record("ab")

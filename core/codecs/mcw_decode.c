@@ -299,44 +299,84 @@ static void value_v2(bin *b, tensor *t, const char *key) {
 
 static int die(const char *name, const char *why, int code);
 
-/* Every tensor of a version 2 index, in order; calls visit for each (offsets implied). */
-static int index_v2(const unsigned char *data, uint64_t size, uint64_t index_len,
-                    int (*visit)(tensor *, void *), void *ctx) {
+/* Element size of a numeric dtype name (8 for names this decoder does not know). */
+static uint64_t dtype_size(const char *d) {
+    if (!strcmp(d, "int8") || !strcmp(d, "uint8") || !strcmp(d, "bool")) return 1;
+    if (!strcmp(d, "float16") || !strcmp(d, "bfloat16") || !strcmp(d, "int16") || !strcmp(d, "uint16")) return 2;
+    if (!strcmp(d, "float32") || !strcmp(d, "int32") || !strcmp(d, "uint32")) return 4;
+    return 8;
+}
+
+#define RECORD_BACKREF 64
+
+/* Every tensor of a version 2 or 3 index, in order; calls visit for each (offsets implied).
+ * Version 3 (container.py): names front-coded against the previous one, a CRC-32 instead of
+ * the sha256, a record may repeat one of the last 64, and blobs aligned to their element size
+ * (raw, fp16) or not at all (coded). */
+static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_len, int version,
+                     int (*visit)(tensor *, void *), void *ctx) {
     bin b;
-    uint64_t count, i, offset = 16 + index_len;
+    uint64_t count, i, offset = 16 + index_len, prev_len = 0, nrecent = 0;
     char err[160];
+    unsigned char *prev = malloc((size_t)index_len + 1); /* a name is never longer than the index */
+    tensor *recent = version == 3 ? malloc(RECORD_BACKREF * sizeof *recent) : NULL;
+    int rc = 0;
+    if (!prev || (version == 3 && !recent)) { free(prev), free(recent); return die(NULL, "out of memory", 3); }
     b.p = data + 16, b.end = b.p + index_len, b.bad = 0;
     count = varint(&b);
     if (count > index_len) b.bad = 1;
     for (i = 0; !b.bad && i < count; i++) {
         tensor t;
-        uint64_t n, fields, f;
+        uint64_t n, shared = 0, fields, f, back = 0, align = 8;
         const char *why;
-        int rc;
         memset(&t, 0, sizeof t);
         t.rec.groups = 1;
+        if (version == 3) {
+            shared = varint(&b);
+            if (b.bad || shared > prev_len) { b.bad = 1; break; }
+        }
         n = varint(&b);
         if (b.bad || n > (uint64_t)(b.end - b.p)) { b.bad = 1; break; }
-        snprintf(t.name, sizeof t.name, "%.*s", (int)(n < NAME_MAX_LEN - 1 ? n : NAME_MAX_LEN - 1), (const char *)b.p);
+        memcpy(prev + shared, b.p, (size_t)n);
+        prev_len = shared + n;
         b.p += n;
+        snprintf(t.name, sizeof t.name, "%.*s", (int)(prev_len < NAME_MAX_LEN - 1 ? prev_len : NAME_MAX_LEN - 1),
+                 (const char *)prev);
         t.nbytes = varint(&b), t.have_nbytes = 1;
-        if (b.bad || b.end - b.p < 32) { b.bad = 1; break; }
-        b.p += 32; /* sha256: checked by the Python loader; this tool trusts the bundle's manifest */
-        fields = varint(&b);
-        if (fields > (uint64_t)(b.end - b.p)) b.bad = 1;
-        for (f = 0; !b.bad && f < fields; f++) {
-            char key[64];
-            word(&b, key, sizeof key);
-            if (!b.bad) value_v2(&b, &t, key);
+        if (b.bad || b.end - b.p < (version == 3 ? 4 : 32)) { b.bad = 1; break; }
+        b.p += version == 3 ? 4 : 32; /* CRC-32 / sha256: checked by the Python loader; this tool trusts the manifest */
+        if (version == 3) back = varint(&b);
+        if (b.bad || back > nrecent || back > RECORD_BACKREF) { b.bad = 1; break; }
+        if (back) { /* the record of a recent tensor; name and sizes are this one's */
+            char name[NAME_MAX_LEN];
+            uint64_t nbytes = t.nbytes;
+            memcpy(name, t.name, sizeof name);
+            t = recent[(nrecent - back) % RECORD_BACKREF];
+            memcpy(t.name, name, sizeof name);
+            t.nbytes = nbytes;
+        } else {
+            fields = varint(&b);
+            if (fields > (uint64_t)(b.end - b.p)) b.bad = 1;
+            for (f = 0; !b.bad && f < fields; f++) {
+                char key[64];
+                word(&b, key, sizeof key);
+                if (!b.bad) value_v2(&b, &t, key);
+            }
         }
         if (b.bad) break;
-        offset += (8 - offset % 8) % 8;
+        if (version == 3) {
+            recent[nrecent++ % RECORD_BACKREF] = t;
+            align = !strcmp(t.codec, "raw") ? dtype_size(t.dtype) : !strcmp(t.codec, "fp16") ? 2 : 1;
+        }
+        offset += (align - offset % align) % align;
         t.offset = offset, t.have_offset = 1;
-        if ((why = finish(&t))) { snprintf(err, sizeof err, ": %s", why); return die(t.name, err, 2); }
-        if (t.nbytes > size - offset) return die(t.name, ": blob runs past the end of the file", 2);
+        if ((why = finish(&t))) { snprintf(err, sizeof err, ": %s", why); rc = die(t.name, err, 2); break; }
+        if (t.nbytes > size - offset) { rc = die(t.name, ": blob runs past the end of the file", 2); break; }
         offset += t.nbytes;
-        if ((rc = visit(&t, ctx))) return rc;
+        if ((rc = visit(&t, ctx))) break;
     }
+    free(prev), free(recent);
+    if (rc) return rc;
     if (b.bad || b.p != b.end) {
         snprintf(err, sizeof err, "byte offset %lu: binary index not understood", (unsigned long)(b.p - data));
         return die(NULL, err, 2);
@@ -442,13 +482,13 @@ int main(int argc, char **argv) {
     fclose(f);
     if (size < 16 || memcmp(data, "MCW1", 4)) return die(NULL, "byte offset 0: not a weights.mcw file (magic)", 2);
     version = data[4] | data[5] << 8 | data[6] << 16 | (uint32_t)data[7] << 24;
-    if (version != 1 && version != 2)
-        return die(NULL, "byte offset 4: unsupported container version (this decoder reads 1 and 2)", 2);
+    if (version != 1 && version != 2 && version != 3)
+        return die(NULL, "byte offset 4: unsupported container version (this decoder reads 1, 2 and 3)", 2);
     for (index_len = 0, i = 7; i >= 0; i--) index_len = index_len << 8 | data[8 + i];
     if (index_len > (uint64_t)size - 16) return die(NULL, "byte offset 8: index runs past the end of the file", 2);
     jb.data = data, jb.size = (uint64_t)size, jb.only = only, jb.out_dir = out_dir, jb.list = list, jb.found = 0;
-    if (version == 2) {
-        if ((rc = index_v2(data, (uint64_t)size, index_len, emit, &jb))) return rc;
+    if (version == 2 || version == 3) {
+        if ((rc = index_bin(data, (uint64_t)size, index_len, (int)version, emit, &jb))) return rc;
         if (only && !jb.found) return die(only, ": no such tensor", 2);
         free(data);
         return 0;

@@ -99,7 +99,9 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["v1-json-index", "v2-binary-index"])
+@pytest.fixture(
+    scope="module", params=[1, 2, 3], ids=["v1-json-index", "v2-binary-index", "v3-compact-index"]
+)
 def weights(tmp_path_factory, request) -> Path:
     path = tmp_path_factory.mktemp("mcw") / "weights.mcw"
     container.write_container(path, [(name, w, spec) for name, w, spec in CASES], version=request.param)
@@ -172,10 +174,11 @@ def test_c_decoder_rejects_damaged_rans_blobs_like_python(mcw_decode, weights, t
         assert np.array_equal(np.frombuffer(proc.stdout, "<u4"), py.astype(np.float32).ravel().view("<u4"))
 
 
-def test_c_decoder_refuses_damaged_binary_indexes_with_one_line(mcw_decode, tmp_path):
-    """Version 2 index bytes flipped, cut or lengthened: exit 2 and one line, never a crash."""
+@pytest.mark.parametrize("version", [2, 3])
+def test_c_decoder_refuses_damaged_binary_indexes_with_one_line(mcw_decode, tmp_path, version):
+    """Version 2 and 3 index bytes flipped, cut or lengthened: exit 2 and one line, never a crash."""
     path = tmp_path / "v2.mcw"
-    container.write_container(path, [(name, w, spec) for name, w, spec in CASES], version=2)
+    container.write_container(path, [(name, w, spec) for name, w, spec in CASES], version=version)
     data = path.read_bytes()
     (index_len,) = struct.unpack_from("<Q", data, 8)
     rng = np.random.default_rng(2)
@@ -195,7 +198,7 @@ def test_c_decoder_refuses_damaged_binary_indexes_with_one_line(mcw_decode, tmp_
     proc = subprocess.run([str(mcw_decode), str(tmp_path / "long.mcw")], capture_output=True, timeout=30)
     assert proc.returncode == 2 and proc.stderr.count(b"\n") == 1
     v3 = bytearray(data)
-    v3[4] = 3
-    (tmp_path / "v3.mcw").write_bytes(bytes(v3))
-    proc = subprocess.run([str(mcw_decode), str(tmp_path / "v3.mcw")], capture_output=True, timeout=30)
+    v3[4] = 4
+    (tmp_path / "v4.mcw").write_bytes(bytes(v3))
+    proc = subprocess.run([str(mcw_decode), str(tmp_path / "v4.mcw")], capture_output=True, timeout=30)
     assert proc.returncode == 2 and b"unsupported container version" in proc.stderr
