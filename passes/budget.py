@@ -29,13 +29,19 @@ Rules
 5. **Global allocation.** For a trade-off ``lam``, each layer takes the setting minimising
    ``bytes + lam * cost``; sweeping ``lam`` gives the frontier of allocations, from the smallest
    to the original. Bytes go where they buy the most metric per byte, across layers.
-6. **Schedule** (the paper's), per attempt from the uncompressed model: prune in steps
-   (:data:`PRUNE_STEPS` of the final sparsity) with masked retraining after each; cluster
-   (k-means, linear init) the chosen layers; two centroid fine-tuning stages (every stage
-   distils from the original: T^2 KL plus the top-1 margin hinge, so the compressed model keeps
-   agreeing with the original rather than being retrained on the labels); biases rounded to
-   float16 values (``round-fp16``). Every fine-tuning stage (and the rounding) is measured on
-   the held-out split before and after, and rolled back when it makes the metric worse.
+6. **Schedule** (the paper's). Once, before the sensitivities: L2 pre-training (a fine-tuning
+   stage with weight decay :data:`DECAY`, so weights the task does not use shrink and magnitude
+   pruning takes them first; rolled back if it costs held-out metric). Then per attempt from
+   that model: prune in steps (:data:`PRUNE_STEPS`, exponents of the kept fraction: each step
+   removes the same share of what is left) with masked retraining after each (the last one
+   :data:`FINAL_RETRAIN` times as long); cluster (k-means, linear init) the chosen layers and
+   the biases (:data:`BIAS_BITS`, rolled back if it costs metric); two centroid fine-tuning
+   stages (every stage distils from the original: T^2 KL plus the top-1 margin hinge, so the
+   compressed model keeps agreeing with the original rather than being retrained on the
+   labels); every value rounded to float16 (``round-fp16`` with ``compressed=true``: palettes
+   stored as float16). Every fine-tuning stage (and the rounding) is measured on the held-out
+   split before and after, and rolled back (values and compression records) when it makes the
+   metric worse.
 7. **Search.** ``max_drop``: the frontier is searched (bisection, at most ``attempts`` full
    schedules) for the smallest allocation that passes the gate: the held-out drop is within
    ``max_drop`` and so is the fraction of held-out samples the original gets right and the
@@ -86,6 +92,7 @@ BITS = (8, 6, 5, 4, 3)
 # jumped from 22% to 3% in its last step, too far for masked retraining to recover).
 PRUNE_STEPS = (0.25, 0.5, 0.75, 1.0)
 FINAL_RETRAIN = 2  # the masked retraining after the last prune step runs this many times the epochs
+DECAY = 1e-3  # L2 weight decay of the pre-training stage (0: none)
 BIAS_BITS = 5  # biases (and other float tensors no layer owns) are clustered to this many bits
 PRE_PASSES = ("fold", "eliminate-identity", "fuse-bn", "dce")
 Progress = Callable[[str, float, float | None], None]
@@ -593,20 +600,22 @@ def _export_sizes(model: ir.Model) -> dict:
         }
 
 
-def _finetune_spec(epochs: int, lr: float, seed: int, holdout: float, batch: int) -> PassSpec:
-    return make_spec(
-        "finetune",
-        {
-            "epochs": epochs,
-            "lr": lr,
-            "seed": seed,
-            "holdout": holdout,
-            "batch_size": batch,
-            "schedule": "cosine",
-            "loss": "kl",
-            "margin": 0.3,
-        },
-    )
+def _finetune_spec(
+    epochs: int, lr: float, seed: int, holdout: float, batch: int, weight_decay: float = 0.0
+) -> PassSpec:
+    config: dict[str, object] = {
+        "epochs": epochs,
+        "lr": lr,
+        "seed": seed,
+        "holdout": holdout,
+        "batch_size": batch,
+        "schedule": "cosine",
+        "loss": "kl",
+        "margin": 0.3,
+    }
+    if weight_decay:
+        config["weight_decay"] = weight_decay
+    return make_spec("finetune", config)
 
 
 def _schedule(
@@ -664,6 +673,7 @@ def compress_to_budget(
     snr_db_min: float = 20.0,
     sparsities: tuple[float, ...] = SPARSITIES,
     bits: tuple[int, ...] = BITS,
+    decay: float = DECAY,
 ) -> BudgetResult:
     """Deep Compression of ``model`` (mutated) under a budget; see the module rules.
 
@@ -720,6 +730,32 @@ def compress_to_budget(
     if epochs is None:
         epochs = int(np.clip(np.ceil(8000 / max(len(train), 1)), 3, 10))
 
+    pre_stages: list[dict] = []
+    start_metric = baseline
+    if decay > 0:  # rule 6: L2 pre-training, so that weights the task does not use go to zero first
+        spec = _finetune_spec(epochs, 1e-3, seed, holdout, batch_size, weight_decay=decay)
+        state = _weights_state(model)
+        pctx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
+        pctx.progress = _prefix(say, "L2 pre-training")
+        t0 = time.perf_counter()
+        _run_specs(model, [spec], pctx)
+        m = ev.metric(ev.outputs(model, held), held)
+        rolled = m < baseline - 1e-12
+        if rolled:
+            _restore(model, state)
+        else:
+            pre = [*pre, spec]
+            start_metric = m
+        pre_stages.append(
+            {
+                "stage": "L2 pre-training",
+                "metric_before": baseline,
+                "metric_after": m,
+                "rolled_back": rolled,
+                "seconds": round(time.perf_counter() - t0, 3),
+            }
+        )
+
     layers, est = _candidates(model, ev, train, estimator, say, tuple(sparsities), tuple(bits))
     if not layers:
         raise InputError(
@@ -745,8 +781,8 @@ def compress_to_budget(
         work = snapshot_model(base)
         alloc = fitting[k]
         kept: list[PassSpec] = list(pre)
-        stages = []
-        held_metric = baseline
+        stages = list(pre_stages)
+        held_metric = start_metric
         plan = _schedule(alloc, epochs, seed, holdout, batch_size)
         actx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
         for si, (name, specs) in enumerate(plan):
