@@ -169,3 +169,40 @@ def test_a_symbolic_input_needs_its_shape_first(tmp_path):
     with pytest.raises(InputError) as info:
         bake_input_values(load_onnx(path), {"sr": "16000"}, path=path)
     assert "--input-shape sr=DIMS" in str(info.value)
+
+
+def test_bool_and_float_inputs_bake_to_their_dtype_and_shape():
+    """A bool input is the If's condition itself; a float input is broadcast to its [1, 2] shape."""
+    then_g = helper.make_graph(
+        [helper.make_node("Mul", ["x", "gain"], ["t"])],
+        "t",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 2])],
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"])],
+        "e",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 2])],
+    )
+    g = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["y"], name="flag_if", then_branch=then_g, else_branch=else_g)],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("gain", TensorProto.FLOAT, [1, 2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+    )
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(6).standard_normal((1, 2)).astype(np.float32)
+    for flag, want in (("true", x * 2.5), ("0", -x)):
+        model, _ = bake_input_values(from_proto(proto), {"flag": flag, "gain": "2.5"})
+        out = to_proto(model)
+        assert [i.name for i in out.graph.input] == ["x"] and not [
+            n for n in out.graph.node if n.op_type == "If"
+        ]
+        np.testing.assert_allclose(ort_run(out, {"x": x})[0], want, rtol=1e-6)
+    with pytest.raises(InputError, match="not a bool"):
+        bake_input_values(from_proto(proto), {"flag": "maybe"})
