@@ -80,6 +80,8 @@ def test_a_size_that_cannot_be_met_exits_1_with_the_best_result(small, tmp_path)
         (["--passes", "dce", "--max-drop", "0.01"], "--recipe deep-compression"),
         (["--recipe", "lossless", "--max-drop", "0.01"], "--recipe deep-compression"),
         (["--recipe", "deep-compression", "--max-drop", "1.5"], "fraction"),
+        (["--recipe", "deep-compression", "--target-size", "44 parsecs"], "not a size"),
+        (["--recipe", "deep-compression", "--target-size", "0"], "not positive"),
     ],
 )
 def test_bad_budget_options_are_one_line_exit_2(small, tmp_path, args, needle):

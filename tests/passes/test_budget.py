@@ -192,3 +192,56 @@ def test_depthwise_cnn_with_batchnorm_meets_a_budget():
     assert result.met and result.held_out_drop <= 0.05 + 1e-12
     assert not any(n.op_type == "BatchNormalization" for n in result.model.graph)  # folded first
     assert {row["name"] for row in result.layers} >= {"dw1", "pw1", "pw2", "fc"}
+
+
+def test_the_schedule_prunes_geometrically_and_clusters_the_biases():
+    plan = B._schedule({"fc1": (0.97, 4), "fc2": (0.0, 5)}, 3, 0, 0.25, 32)
+    names = [name for name, _ in plan]
+    prunes = [specs[0].op_name["fc1"]["sparsity"] for name, specs in plan if name.startswith("prune")]
+    assert len(prunes) == len(B.PRUNE_STEPS) and prunes[-1] == 0.97
+    kept = [1.0 - s for s in prunes]
+    ratios = [b / a for a, b in zip([1.0, *kept], kept)]  # each step keeps the same share of what is left
+    assert max(ratios) - min(ratios) < 0.01, ratios
+    epochs = [specs[0].config["epochs"] for name, specs in plan if name.startswith("masked")]
+    assert epochs == [3] * (len(B.PRUNE_STEPS) - 1) + [3 * B.FINAL_RETRAIN]
+    assert names.index("cluster") < names.index("biases clustered") < names.index("centroid fine-tuning 1")
+    last = plan[-1][1][0]
+    assert last.name == "round-fp16" and last.config["compressed"] is True
+
+
+def _clustered_mlp(seed: int):
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    ctx = PassContext(seed=seed)
+    specs = [
+        B.make_spec("prune", {"sparsity": 0.9}),
+        B.make_spec("cluster", {"bits": 4, "init": "linear"}),
+        B.make_spec("cluster", {"tensors": "all", "op_types": [], "bits": B.BIAS_BITS, "init": "linear"}),
+    ]
+    return model, ctx, specs
+
+
+def test_a_rolled_back_stage_leaves_no_compression_record():
+    model, ctx, specs = _clustered_mlp(seed=2)
+    state = B._weights_state(model)
+    bias = model.graph.initializers["fc1.bias"]
+    original = bias.const_value.numpy().copy()
+    B._run_specs(model, specs[2:], ctx)  # the biases clustered
+    assert len(np.unique(bias.const_value.numpy())) <= 1 << B.BIAS_BITS
+    assert "fc1.bias" in B.compression_info(model) and bias.metadata_props
+    B._restore(model, state)
+    assert B.compression_info(model) == {} and not bias.metadata_props
+    assert np.array_equal(bias.const_value.numpy(), original)
+
+
+def test_round_fp16_compressed_keeps_zeros_and_palettes_and_shrinks_the_file():
+    model, ctx, specs = _clustered_mlp(seed=3)
+    B._run_specs(model, specs, ctx)
+    before = {n: v.const_value.numpy().copy() for n, v in model.graph.initializers.items()}
+    size = B._export_sizes(model)["weights_file"]
+    B._run_specs(model, [B.make_spec("round-fp16", {"compressed": True})], ctx)
+    for name, old in before.items():
+        new = model.graph.initializers[name].const_value.numpy()
+        assert np.array_equal(new == 0, old == 0), name
+        assert len(np.unique(new)) <= len(np.unique(old)), name
+        assert np.array_equal(new, old.astype(np.float16).astype(np.float32)), name
+    assert B._export_sizes(model)["weights_file"] < size
