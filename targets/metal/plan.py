@@ -58,6 +58,7 @@ from mconv.targets.metal.kernels.elementwise import activation_of
 PLAN_VERSION = 1
 VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 PREPASSES = "fold,dce,eliminate-identity,fuse-bn"
+MAX_FOLD_ROUNDS = 64  # rounds of shape folding before planning (rule 1)
 MAX_BUFFER_ARGUMENTS = 31  # Metal's buffer argument table per kernel
 
 
@@ -214,6 +215,60 @@ def _materialize(model: ir.Model) -> int:
     return changed
 
 
+def _square_sums(model: ir.Model) -> int:
+    """ReduceSum(Mul(t, t)) (or Pow(t, 2)) becomes ReduceSumSquare(t) when the square has no
+    other use: one kernel squares in float, so small values do not underflow half storage on
+    the way to the sum (a CQT's magnitudes). Returns the number of nodes rewritten."""
+    opset = _opset(model)
+    changed = 0
+    for node in list(model.graph):
+        if node.op_type != "ReduceSum" or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        sq = node.inputs[0]
+        prod = sq.producer() if sq is not None else None
+        if sq is None or prod is None or sq.is_graph_output() or len(sq.uses()) != 1:
+            continue
+        if prod.op_type == "Mul" and len(prod.inputs) == 2 and prod.inputs[0] is prod.inputs[1]:
+            t = prod.inputs[0]
+        elif prod.op_type == "Pow" and len(prod.inputs) == 2:
+            e = LowerContext.const(prod.inputs[1])
+            if e is None or e.size != 1 or float(e.reshape(())) != 2.0:
+                continue
+            t = prod.inputs[0]
+        else:
+            continue
+        if t is None or t.dtype not in _FLOATS:
+            continue
+        axes = node.inputs[1] if len(node.inputs) > 1 else None
+        inputs: list[ir.Value | None] = [t]
+        attrs = list(node.attributes.values())
+        if axes is not None:
+            if opset >= 18:
+                inputs.append(axes)
+            else:  # ReduceSumSquare takes axes as an attribute before opset 18
+                values = LowerContext.const(axes)
+                if values is None or values.size == 0:  # empty axes: noop_with_empty_axes decides
+                    continue
+                attrs = [a for a in attrs if a.name != "noop_with_empty_axes"]
+                attrs.append(ir.AttrInt64s("axes", [int(v) for v in values.ravel()]))
+        new = ir.Node("", "ReduceSumSquare", inputs, attrs, num_outputs=1, name=node.name)
+        out = node.outputs[0]
+        model.graph.insert_after(node, new)
+        name, out.name = out.name, None
+        new.outputs[0].name = name
+        new.outputs[0].shape = out.shape
+        if out.dtype is not None:
+            new.outputs[0].dtype = out.dtype
+        from mconv.passes.rewrite import replace_value
+
+        replace_value(out, new.outputs[0])
+        model.graph.remove(node, safe=True)
+        if not sq.uses():
+            model.graph.remove(prod, safe=True)
+        changed += 1
+    return changed
+
+
 def _infer(model: ir.Model) -> ir.Model:
     from mconv.passes import parse_spec, run_pipeline
 
@@ -235,13 +290,16 @@ def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
     model = snapshot_model(model)
     _bake_inputs(model, batch)
     model = _infer(model)
-    for _ in range(8):  # Shape -> Gather -> Concat -> Reshape chains fold a step at a time
+    # Shape -> Gather -> Concat -> Reshape chains fold a step at a time (each round's shape
+    # inference makes the next Reshape static): Swin-T's windows take 17 rounds
+    for _ in range(MAX_FOLD_ROUNDS):
         changed = _materialize(model)
         before = len(list(model.graph))
         model, _ = run_pipeline(model, parse_spec("fold,dce,eliminate-identity"))
         model = _infer(model)
         if not changed and len(list(model.graph)) == before:
             break
+    _square_sums(model)
     model, _ = run_pipeline(model, parse_spec(PREPASSES))
     return _infer(model)
 

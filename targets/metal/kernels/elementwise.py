@@ -18,6 +18,8 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx_ir as ir
 from mconv.targets.metal.kernels import (
@@ -117,6 +119,7 @@ def lower_binary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
     strided: list[tuple[str, list[int]]] = []
     loads = []
     for name, v in (("a", a), ("b", b)):
+        assert v is not None  # check_binary
         c = LowerContext.const(v)
         if c is not None and c.size == 1:
             loads.append(f"{name} = {flit(float(c.reshape(())))}")
@@ -240,6 +243,13 @@ def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
     return KernelSource(kernel, src, [x], (count, 1, 1))
 
 
+def _present(values: Sequence[ir.Value | None]) -> list[ir.Value]:
+    """A node's inputs, checked present (the planner's checks ran before lowering)."""
+    out = [v for v in values if v is not None]
+    assert len(out) == len(values)
+    return out
+
+
 def lower_where_or_unary(
     ctx: LowerContext, kernel: str, operands: list[ir.Value], out: ir.Value, expr: str
 ) -> KernelSource:
@@ -275,12 +285,13 @@ def _check_where(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register("Where", check=_check_where, integers=True)
 def lower_where(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    return lower_where_or_unary(ctx, kernel, list(node.inputs), node.outputs[0], "(a != 0.0f ? b : c)")
+    return lower_where_or_unary(ctx, kernel, _present(node.inputs), node.outputs[0], "(a != 0.0f ? b : c)")
 
 
 @register("Not", integers=True)
 def lower_not(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    return lower_where_or_unary(ctx, kernel, [node.inputs[0]], node.outputs[0], "(a != 0.0f ? 0.0f : 1.0f)")
+    x = _present(node.inputs[:1])
+    return lower_where_or_unary(ctx, kernel, x, node.outputs[0], "(a != 0.0f ? 0.0f : 1.0f)")
 
 
 _FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
@@ -341,7 +352,7 @@ def cast_expr(src: ir.DataType | None, dst: ir.DataType | None) -> str | None:
 
 
 def _check_cast(ctx: LowerContext, node: ir.Node) -> str | None:
-    src, dst = node.inputs[0].dtype, _cast_target(node)
+    src, dst = _present(node.inputs[:1])[0].dtype, _cast_target(node)
     if cast_expr(src, dst) is None:
         name = lambda t: t.name.lower() if t is not None else "unknown"  # noqa: E731
         return f"cast from {name(src)} to {name(dst)}"
@@ -350,6 +361,7 @@ def _check_cast(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register("Cast", "CastLike", check=_check_cast, integers=True)
 def lower_cast(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    expr = cast_expr(node.inputs[0].dtype, _cast_target(node))
+    x = _present(node.inputs[:1])
+    expr = cast_expr(x[0].dtype, _cast_target(node))
     assert expr is not None  # the planner checks this before lowering
-    return lower_where_or_unary(ctx, kernel, [node.inputs[0]], node.outputs[0], expr)
+    return lower_where_or_unary(ctx, kernel, x, node.outputs[0], expr)

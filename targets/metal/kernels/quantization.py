@@ -63,13 +63,18 @@ def _params(ctx: LowerContext, node: ir.Node) -> tuple[np.ndarray, np.ndarray, i
         return f"{code.name.lower() if code is not None else 'unknown'} codes"
     lo, hi = CODE_RANGES[code]
     if max(-lo, hi) > exact_integer_limit(ctx.storage):
-        return f"{code.name.lower()} codes are beyond the integers {ctx.storage} storage holds exactly (export with --precision fp32)"
+        return (
+            f"{code.name.lower()} codes are beyond the integers {ctx.storage} storage holds exactly"
+            " (export with --precision fp32)"
+        )
     scale = LowerContext.const(node.inputs[1])
     zp_value = node.inputs[2] if len(node.inputs) > 2 else None
     zp = np.zeros(1) if zp_value is None else LowerContext.const(zp_value)
     if scale is None or zp is None:
         return "scale or zero point not constant"
-    rank = len(ctx.shape(node.inputs[0]))
+    x = node.inputs[0]
+    assert x is not None
+    rank = len(ctx.shape(x))
     axis = node.attributes.get_int("axis", 1)
     axis = axis + rank if axis < 0 else axis
     scale = scale.astype(np.float64).ravel()
@@ -77,7 +82,7 @@ def _params(ctx: LowerContext, node: ir.Node) -> tuple[np.ndarray, np.ndarray, i
     if scale.size > 1 or zp.size > 1:
         if not 0 <= axis < rank:
             return f"axis {axis} outside rank {rank}"
-        n = ctx.shape(node.inputs[0])[axis]
+        n = ctx.shape(x)[axis]
         if {scale.size, zp.size} - {1, n}:
             return f"{scale.size} scales, {zp.size} zero points for {n} channels"
         scale = np.broadcast_to(scale, (n,)) if scale.size == 1 else scale
@@ -93,6 +98,7 @@ def _check(ctx: LowerContext, node: ir.Node) -> str | None:
 @register("QuantizeLinear", "DequantizeLinear", check=_check, integers=True)
 def lower_quantize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = node.inputs[0]
+    assert x is not None
     xs = ctx.shape(x)
     got = _params(ctx, node)
     assert not isinstance(got, str)  # the planner checks this before lowering
