@@ -483,6 +483,67 @@ def test_mediapipe_v2_ops_bad_options_exit_2(tmp_path, custom, what):
     assert "l2tm.tflite" in res.output and "Traceback" not in res.output and not out.exists()
 
 
+def _mediapipe_python() -> Path:
+    """A venv (in the wheel cache, made once) with mediapipe==0.10.14 installed from the cached
+    wheel without dependencies (numpy from the system); its Python runs tests/formats/
+    mediapipe_oracle.py, which loads only the C++ framework bindings."""
+    import glob
+    import os
+    import shutil
+    import subprocess
+
+    from _wheels import cache_dir
+
+    venv = cache_dir() / "mediapipe-0.10.14-venv"
+    py = venv / "bin" / "python"
+    if py.is_file():
+        return py
+    wheels = glob.glob(str(cache_dir() / "wheels" / "mediapipe-0.10.14-*.whl"))
+    if not wheels:
+        pytest.skip("the mediapipe 0.10.14 wheel for this platform is not in the cache")
+    tmp = venv.with_name(f"{venv.name}.{os.getpid()}")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp)], check=True)
+    pip = [str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    subprocess.run([*pip, wheels[0]], check=True, timeout=300)
+    try:
+        tmp.rename(venv)
+    except OSError:  # another worker made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return py
+
+
+def test_face_landmark_with_attention_matches_mediapipe(tmp_path):
+    """The real model's 7 outputs against MediaPipe's own InferenceCalculator with MediaPipe's
+    custom op resolver (the C++ kernels of the three ops), on the same picture."""
+    import subprocess
+
+    path = _fetch_mp(
+        "mediapipe/modules/face_landmark/face_landmark_with_attention.tflite",
+        "e06a804e0144f9929eda782122916b35d60c697c3c9344013ca2bbe76a6ce2b4",
+    )
+    py = _mediapipe_python()
+    img = np.round(_person(192, 192)[0] * 255).astype(np.uint8)
+    work = tmp_path
+    np.save(work / "img.npy", img)
+    script = Path(__file__).resolve().parent / "mediapipe_oracle.py"
+    res = subprocess.run(
+        [str(py), str(script), str(work / "img.npy"), str(work / "out.npz"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = path.read_bytes()
+    model = load_tflite_bytes(data, str(path))
+    got, ref = _run(data, {model.graph.inputs[0].name: img[None].astype(F32) / 255.0}, str(path))
+    with np.load(work / "out.npz") as z:
+        want = [z[f"out_{k}"] for k in range(7)]
+    for g, r, w in zip(got, ref, want, strict=True):
+        scale = max(1.0, float(np.abs(w).max()))
+        assert _cosine(g.ravel(), w) >= 0.99999 and _cosine(r.ravel(), w) >= 0.99999
+        np.testing.assert_allclose(g.ravel(), w, atol=1e-5 * scale)
+
+
 def test_face_landmark_with_attention_imports_and_runs():
     """The real model (3 Landmarks2TransformMatrix, 3 TransformTensorBilinear, 5
     TransformLandmarks): imported, valid in ONNX Runtime, and the reference executor agrees."""
