@@ -27,7 +27,8 @@ Stages, each run as a user runs it (the ``mconv`` CLI in a subprocess with ``--j
   int8 recipe), ``deep-compression``: ``mconv optimize``; the output must pass the checker and run
   in ORT (lossless must also keep cosine >= 0.99999 vs ORT on the imported model);
 - ``cpu``, ``xla``, ``metal``: ``mconv export --target T`` (``--input-shape`` from the real inputs
-  where the model has symbolic dims, for xla and metal), then ``mconv run BUNDLE`` on the inputs,
+  where the model has symbolic dims, and ``--input-value`` for a 0-d integer input such as
+  silero's ``sr``, for xla and metal), then ``mconv run BUNDLE`` on the inputs,
   cosine >= 0.999 vs ONNX Runtime on the imported model (so an import's error counts once, in ref) (``MCONV_ZOO_DENSE=1``: cpu also writes ``--dense`` and
   checks that ONNX);
 - ``verify``: ``mconv verify imported.onnx CPU_BUNDLE --data inputs`` with the default gates.
@@ -1574,14 +1575,28 @@ def _load_npz_outputs(path: Path, names: list[str]) -> list[np.ndarray]:
 
 
 def _shape_args(model_path: Path, feeds: dict[str, np.ndarray]) -> list[str]:
-    """--input-shape NAME=DIMS for every input with a symbolic dim (from the real inputs)."""
+    """--input-shape NAME=DIMS for every input with a symbolic dim (from the real inputs), and
+    --input-value NAME=V for a 0-d integer input (silero's ``sr``: the metal hint's way to bake the
+    If it decides) where ``export`` takes it."""
     args = []
     ins, _ = onnx_io(model_path)
     for name, dims in ins:
         if name in feeds and any(d is None for d in dims):
             shape = feeds[name].shape
             args += ["--input-shape", f"{name}=" + ",".join(str(s) for s in shape)]
+        value = feeds.get(name)
+        if value is not None and value.ndim == 0 and value.dtype.kind in "iu" and _export_takes_values():
+            args += ["--input-value", f"{name}={int(value)}"]
     return args
+
+
+def _export_takes_values() -> bool:
+    if "export" not in _HELP:
+        r = subprocess.run(
+            [sys.executable, "-m", "mconv", "export", "--help"], capture_output=True, text=True
+        )
+        _HELP["export"] = r.stdout
+    return "--input-value" in _HELP["export"]
 
 
 def run_model(name: str, stages: tuple[str, ...], timeout: float = 300, keep: bool = False) -> dict:
