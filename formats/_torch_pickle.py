@@ -162,8 +162,16 @@ def _walk(stream: io.BytesIO, total: int) -> PickleScan:
             raise _Refused("pickle memoizes from an empty stack", pos)
         memo[index] = stack[-1]
 
+    def number(arg: object, pos: int) -> int:
+        """An opcode's integer argument (pickletools decodes it as an int for these opcodes)."""
+        if not isinstance(arg, int):
+            raise _Refused(f"opcode argument {arg!r} is not an integer", pos)
+        return arg
+
     stopped = False
-    for op, arg, pos in pickletools.genops(stream):
+    for op, arg, at in pickletools.genops(stream):
+        assert at is not None, "genops gives every opcode's position on a BytesIO"
+        pos = at
         name = op.name
         if name in _REFUSED_OPCODES:
             raise _Refused(f"opcode {name}, which PyTorch never writes", pos)
@@ -174,19 +182,20 @@ def _walk(stream: io.BytesIO, total: int) -> PickleScan:
         if name == "PROTO":
             continue
         if name == "FRAME":
-            if arg > total - stream.tell():
+            if number(arg, pos) > total - stream.tell():
                 raise _Refused(f"frame of {arg} bytes runs past the end of the pickle", pos)
             continue
         if name == "MARK":
             marks.append(len(stack))
         elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-            put(int(arg), pos)
+            put(number(arg, pos), pos)
         elif name == "MEMOIZE":
             put(len(memo), pos)
         elif name in ("GET", "BINGET", "LONG_BINGET"):
-            if int(arg) not in memo:
+            index = number(arg, pos)
+            if index not in memo:
                 raise _Refused(f"memo index {arg} was never stored", pos)
-            stack.append(memo[int(arg)])
+            stack.append(memo[index])
         elif name in ("GLOBAL", "STACK_GLOBAL"):
             if name == "GLOBAL":
                 module, _, attr = str(arg).partition(" ")

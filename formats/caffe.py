@@ -36,11 +36,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 from google.protobuf import text_format
+from google.protobuf.message import Message
 from mconv.errors import InputError, UnsupportedError, show
 from mconv.fileio import atomic_write_bytes
 from mconv.formats import Format
@@ -332,7 +334,7 @@ class _Builder:
     def fresh(self, base: str) -> str:
         return _fresh_name(base, self.used, self._next)
 
-    def const(self, base: str, array: np.ndarray) -> str:
+    def const(self, base: str, array: np.ndarray | np.generic) -> str:
         name = self.fresh(base)
         self.initializers.append(onnx.numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
@@ -377,7 +379,7 @@ class LayerCtx:
     """What one layer converter sees."""
 
     b: _Builder
-    layer: object  # LayerParameter
+    layer: Message  # a caffe LayerParameter (its class is built at run time: caffe_pb)
     weights: list  # BlobProto list
     bottoms: list[Blob]
     top_names: list[str]  # fresh ONNX value names for the tops, in order
@@ -595,6 +597,14 @@ def caffe_pooled_size(size: int, kernel: int, pad: int, stride: int, ceil_mode: 
     return pooled
 
 
+class _PoolAttrs(TypedDict, total=False):
+    """A pooling node's attributes."""
+
+    kernel_shape: list[int]
+    strides: list[int]
+    pads: list[int]
+
+
 @converts("Pooling")
 def _pooling(ctx: LayerCtx):
     x = _one_bottom(ctx)
@@ -630,7 +640,7 @@ def _pooling(ctx: LayerCtx):
     end = [(o - 1) * st + k - s - pd for o, st, k, s, pd in zip(out, stride, kernel, (h, w), pad)]
     if min(end) < 0:
         raise ctx.fail("pooling windows end before the padded image ends; cannot express this in ONNX")
-    attrs = {"kernel_shape": kernel, "strides": stride}
+    attrs: _PoolAttrs = {"kernel_shape": kernel, "strides": stride}
     if is_max:
         if max(pad) or max(end):
             if all(e < k for e, k in zip(end, kernel)):
@@ -1214,10 +1224,14 @@ def net_to_model(
             raise ctx.fail(f"cannot convert: {show(exc, 200)}") from None
         for bt in bottoms:
             consumed.add(bt.value)
-        for t, value, shape in zip(layer.top, tops, shapes):
-            if len(shape) > MAX_AXES or math.prod(shape) > MAX_ELEMENTS or min(shape, default=1) < 1:
-                raise ctx.fail(f"top '{show(t)}' would have shape {list(shape)}")
-            blobs[t] = Blob(value, tuple(shape))
+        for t, value, top_shape in zip(layer.top, tops, shapes):
+            if (
+                len(top_shape) > MAX_AXES
+                or math.prod(top_shape) > MAX_ELEMENTS
+                or min(top_shape, default=1) < 1
+            ):
+                raise ctx.fail(f"top '{show(t)}' would have shape {list(top_shape)}")
+            blobs[t] = Blob(value, tuple(top_shape))
             produced.append(value)
     if unsupported:
         raise UnsupportedError(
@@ -1329,7 +1343,8 @@ def _make_model(net, b: _Builder, inputs, outputs, batch, notes, metadata) -> ir
 def load_caffe(paths: list[Path], options: dict) -> ir.Model:
     """Import ``[net.prototxt] [weights.caffemodel]`` (either order, either alone)."""
     notes: list[str] = []
-    texts, binaries = [], []
+    texts: list[tuple[Path, Message]] = []
+    binaries: list[tuple[Path, Message]] = []
     for p in paths:
         net, kind = read_net(p, notes)
         (texts if kind == "text" else binaries).append((p, net))

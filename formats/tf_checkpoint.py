@@ -195,6 +195,7 @@ def proto_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
 def _typed_fields(buf: bytes) -> list[tuple[int, int, int | bytes]]:
     out: list[tuple[int, int, int | bytes]] = []
     for num, wire, _, payload, end in iter_fields(buf):
+        val: int | bytes
         if wire == 0:
             val = read_varint(buf, payload)[0]
         elif wire == 1:
@@ -229,15 +230,24 @@ def _fields(buf: bytes, message: str, expected: dict[int, tuple[str, int]]) -> l
     return out
 
 
-def _int32(v: int) -> int:
+def _int32(v: int | bytes) -> int:
     """An int32/enum varint: negative values are written as 10-byte sign extensions. A value
     outside int32 is returned as it is, for the range checks to refuse by its own number."""
     return _int64(v)
 
 
-def _int64(v: int) -> int:
+def _int64(v: int | bytes) -> int:
+    if isinstance(v, bytes):  # _fields checked the wire type: a varint is an int
+        raise FieldError("an integer field holds bytes")
     v &= (1 << 64) - 1
     return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _message(v: int | bytes) -> bytes:
+    """A nested message's bytes (a length-delimited field; _fields checked the wire type)."""
+    if not isinstance(v, bytes):
+        raise FieldError("a message field holds an integer")
+    return v
 
 
 _HEADER_FIELDS = {1: ("num_shards", 0), 2: ("endianness", 0), 3: ("version", 2)}
@@ -296,9 +306,9 @@ class BundleEntry:
             if num == 1:
                 e.dtype = _int32(val)
             elif num == 2:
-                for snum, sval in _fields(val, "TensorShapeProto", _SHAPE_FIELDS):
+                for snum, sval in _fields(_message(val), "TensorShapeProto", _SHAPE_FIELDS):
                     if snum == 2:
-                        dim = _fields(sval, "TensorShapeProto.Dim", _DIM_FIELDS)
+                        dim = _fields(_message(sval), "TensorShapeProto.Dim", _DIM_FIELDS)
                         e.shape.append(next((_int64(v) for n, v in dim if n == 1), 0))
                     elif snum == 3:
                         e.unknown_rank = bool(sval)
@@ -622,7 +632,7 @@ def read_checkpoint(
                 hint=_HINT,
             )
         raw = blob[e.offset : e.offset + e.size]
-        if verify_crc and e.crc32c is not None and crc32c(raw) != unmask_crc(e.crc32c):
+        if verify_crc and e.crc32c is not None and crc32c(raw.data) != unmask_crc(e.crc32c):
             raise InputError(
                 f"{where} checksum does not match its bytes",
                 path=shard,
