@@ -11,7 +11,10 @@ Export rules:
 3. Option ``dense=True`` writes a self-contained ``model.onnx`` with the weights inside and no
    ``weights.mcw``; the manifest lists every weight with codec ``"dense"``. For tools that read
    plain ONNX. Limited to the 2 GB protobuf limit.
-4. Serialization is deterministic, so the same model and options give byte-identical files.
+4. Option ``matmul_nbits=True`` rewrites the ``blockwise`` pass's int4 DequantizeLinear + MatMul
+   into ONNX Runtime's ``com.microsoft.MatMulNBits`` with packed uint8 weights
+   (:mod:`mconv.targets.cpu.nbits`); ``nbits_accuracy_level`` is its ``accuracy_level``.
+5. Serialization is deterministic, so the same model and options give byte-identical files.
 
 Load rules:
 
@@ -91,6 +94,10 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     dense = bool(options.get("dense", False))
     forced = options.get("codec")
     proto, weights = _split_model(model)
+    if options.get("matmul_nbits"):
+        from mconv.targets.cpu.nbits import rewrite
+
+        weights, _ = rewrite(proto, weights, int(options.get("nbits_accuracy_level") or 0))
     metadata = dict(model.metadata_props)
     if dense:
         if sum(a.nbytes for _, a in weights) + proto.ByteSize() > PROTOBUF_LIMIT:

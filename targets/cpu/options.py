@@ -11,3 +11,9 @@ from mconv.targets.base import option
 @dataclass(frozen=True)
 class Options(Common):
     dense: bool = option(False, help="Plain ONNX with dense weights, no container.")
+    matmul_nbits: bool = option(
+        False,
+        help="Blockwise int4 MatMuls (the blockwise pass's DequantizeLinear) as ONNX Runtime's "
+        "com.microsoft MatMulNBits.",
+    )
+    nbits_accuracy_level: int = 0  # MatMulNBits' accuracy_level (0: fp32 activations; 4: int8)
