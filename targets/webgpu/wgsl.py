@@ -125,6 +125,8 @@ def activation_expr(act: Activation | None, v: str = "v") -> str:
         return f"(max({v}, 0.0f) + log(1.0f + exp(-abs({v}))))"
     if k == "softsign":
         return f"({v} / (1.0f + abs({v})))"
+    if k in ("mul", "add", "div"):  # by a constant scalar (metal's activation_of)
+        return f"({v} {dict(mul='*', add='+', div='/')[k]} {flit(p[0])})"
     if k == "mish":
         return f"({v} * tanh(max({v}, 0.0f) + log(1.0f + exp(-abs({v})))))"
     simple = {

@@ -46,7 +46,8 @@ __all__ = [
 class Activation:
     """A fused activation (an elementwise function of one float): kind (relu, clip, leaky, sigmoid,
     tanh, gelu, gelu_tanh, swish, hardsigmoid, hardswish, elu, selu, celu, softplus, softsign,
-    mish, neg, exp, log, sqrt, abs, reciprocal, erf, floor, ceil, round, sin, cos, identity) and
+    mish, neg, exp, log, sqrt, abs, reciprocal, erf, floor, ceil, round, sin, cos, identity; mul,
+    add, div: by a constant scalar) and
     params."""
 
     kind: str
@@ -116,6 +117,8 @@ def activation_expr(act: Activation | None, v: str = "v") -> str:
         return f"(max({v}, 0.0f) + log(1.0f + exp(-fabs({v}))))"
     if k == "softsign":
         return f"({v} / (1.0f + fabs({v})))"
+    if k in ("mul", "add", "div"):  # x * c, x + c, x / c by a constant scalar (a literal)
+        return f"({v} {dict(mul='*', add='+', div='/')[k]} {flit(p[0])})"
     if k == "mish":
         return f"({v} * tanh(max({v}, 0.0f) + log(1.0f + exp(-fabs({v})))))"
     simple = {

@@ -9,7 +9,10 @@ Rules:
    and each operand reads at ``sum(coord * stride)`` with stride 0 along broadcast dimensions.
 3. A standalone unary node is the unary kernel with its expression (:func:`activation_of`); an
    activation after Add/Sub/Mul/Div is fused (a ResNet block's Add + Relu is one kernel).
-4. A constant scalar operand of a binary op is a float literal in the kernel, not a buffer.
+4. A constant scalar operand of a binary op is a float literal in the kernel, not a buffer; and
+   ``x * c``, ``x + c``, ``x - c``, ``x / c`` with ``c`` a constant scalar are activations too
+   (kinds mul/add/div), fused into a fusible producer: a mean (a sum times 1/n) is computed in
+   float before it is stored, so a sum beyond half's range stays finite.
 5. Integer and bool tensors are floats (bool: 0 and 1, nonzero is true): comparisons, And, Or,
    Xor and Not give 0/1; Where picks by ``c != 0`` (three broadcast operands); Cast is
    :func:`cast_expr`. Add/Sub/Mul/Min/Max and these are exact on integers within the storage's
@@ -193,6 +196,20 @@ def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
         return Activation("selu", (a, g), (node.name,))
     if op in _SIMPLE:
         return Activation(_SIMPLE[op], (), (node.name,))
+    if op in ("Mul", "Add", "Sub", "Div") and len(node.inputs) == 2:  # x op c, c a constant scalar
+        c = LowerContext.const(node.inputs[1])
+        x = node.inputs[0]
+        if (
+            c is None
+            or c.size != 1
+            or x is None
+            or x.const_value is not None
+            or x.dtype not in (*_FLOAT_TYPES, ir.DataType.FLOAT16)
+        ):
+            return None
+        value = float(c.reshape(()))
+        kind = {"Mul": "mul", "Add": "add", "Sub": "add", "Div": "div"}[op]
+        return Activation(kind, (-value if op == "Sub" else value,), (node.name or "",))
     if op in ("Min", "Max") and len(node.inputs) == 2:  # Min(x, 6) after a Relu: Keras' relu6
         c = LowerContext.const(node.inputs[1])
         if c is None or c.size != 1 or LowerContext.const(node.inputs[0]) is not None:

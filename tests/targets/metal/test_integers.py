@@ -388,3 +388,28 @@ def test_the_cli_refuses_an_integer_division_in_one_line_naming_the_file(tmp_pat
     assert result.exit_code == 2, result.output
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and str(path) in lines[0] and "not exact" in lines[0]
+
+
+def test_a_scalar_scale_after_a_reduction_fuses_so_a_mean_of_squares_fits_half(tmp_path):
+    # magika's decomposed LayerNorm: sum(x^2) reaches 4.6e5 (beyond half's 65504); its mean does not
+    rng = np.random.default_rng(19)
+    x = rng.uniform(20, 40, (1, 512)).astype(np.float32)
+    nodes = [
+        n("Mul", ["x", "x"], ["sq"]),
+        n("ReduceSum", ["sq", "axes"], ["s"], keepdims=1),
+        n("Mul", ["s", "inv_n"], ["mean"]),
+        n("Add", ["mean", "eps"], ["m"]),
+        n("Sqrt", ["m"], ["y"]),
+    ]
+    model = model_of(
+        nodes,
+        [("x", TensorProto.FLOAT, [1, 512])],
+        [("y", TensorProto.FLOAT, [1, 1])],
+        {"axes": np.array([1], np.int64), "inv_n": np.float32(1 / 512), "eps": np.float32(1e-6)},
+    )
+    plan = build_plan(prepare(model), {"precision": "fp16"})
+    assert [layer.op for layer in plan.layers] == ["ReduceSumSquare+mul+add+sqrt"]
+    got = run_metal(model, {"x": x}, tmp_path, "fp16")["y"]
+    want = run_ort(model, {"x": x})["y"]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=2e-3)
