@@ -323,6 +323,8 @@ def optimize(
     target_size: int | str | None = None,
     save_recipe: PathLike | None = None,
     progress=None,
+    engine: str | None = None,
+    device: str | None = None,
 ) -> OptimizeResult:
     """``mconv optimize``: run a pass spec (``passes``) or a recipe (name or TOML path) over the
     model (an ``ir.Model``, mutated, or a path); with ``output``, write it and check that ONNX's
@@ -332,8 +334,16 @@ def optimize(
     and ``save_recipe`` (a TOML path) go with ``recipe="deep-compression"``: the budget search of
     :func:`mconv.passes.budget.compress_to_budget` picks each layer's sparsity and bits on a
     held-out split (its report is ``budget`` in the result); an unmet budget raises
-    ``GateFailed`` (exit 1) after the best result was written."""
+    ``GateFailed`` (exit 1) after the best result was written.
+
+    ``engine`` (``reference`` or ``xla``) and ``device`` (``cpu`` or ``cuda``, xla only) say where
+    fine-tuning runs: every ``finetune`` pass of the spec or recipe that does not name its own,
+    and every fine-tuning stage of the budget search (whose gate stays on the reference)."""
     from mconv import passes as P
+    from mconv.targets.xla.engine import check_engine
+
+    if engine is not None or device is not None:
+        check_engine(engine or "reference", device or "cpu")
     from mconv.account import predicted_account
     from mconv.irio import model_stats, spilling
 
@@ -344,9 +354,25 @@ def optimize(
     budgeted = max_drop is not None or target_size is not None or save_recipe is not None
     if budgeted:
         return _optimize_budget(
-            model, recipe, data, seed, output, format, max_drop, target_size, save_recipe, progress
+            model,
+            recipe,
+            data,
+            seed,
+            output,
+            format,
+            max_drop,
+            target_size,
+            save_recipe,
+            progress,
+            engine or "reference",
+            device or "cpu",
         )
     specs = P.parse_spec(passes) if passes else P.load_recipe(str(recipe))
+    if engine is not None or device is not None:
+        for spec in specs:  # the finetune passes that do not name their own engine
+            if spec.name == "finetune":
+                spec.config.setdefault("engine", engine or "reference")
+                spec.config.setdefault("device", device or "cpu")
     out_path = Path(output) if output is not None else None
     # Large rewritten weights wait in a scratch folder beside the output (deleted at the end),
     # so the pipeline holds about one weight at a time in memory (mconv.irio.spilling).
@@ -385,11 +411,24 @@ def optimize(
     )
 
 
-def _optimize_budget(model, recipe, data, seed, output, format, max_drop, target_size, save_recipe, progress):
+def _optimize_budget(
+    model,
+    recipe,
+    data,
+    seed,
+    output,
+    format,
+    max_drop,
+    target_size,
+    save_recipe,
+    progress,
+    engine: str = "reference",
+    device: str = "cpu",
+):
     """``--max-drop`` / ``--target-size`` / ``--save-recipe``: the budgeted Deep Compression."""
     from mconv.account import predicted_account
     from mconv.irio import model_stats
-    from mconv.passes.budget import compress_to_budget
+    from mconv.passes.budget import BudgetNotMet, compress_to_budget
 
     if recipe != "deep-compression":
         raise InputError(
@@ -405,13 +444,17 @@ def _optimize_budget(model, recipe, data, seed, output, format, max_drop, target
         with _progress(progress)("optimize deep-compression (budget)", None) as update:
             try:
                 budget = compress_to_budget(
-                    m, feeds, max_drop=max_drop, target_size=target_size, seed=seed, progress=update
+                    m,
+                    feeds,
+                    max_drop=max_drop,
+                    target_size=target_size,
+                    seed=seed,
+                    progress=update,
+                    engine=engine,
+                    device=device,
                 )
-            except GateFailed as exc:  # the best result found is still written and reported
-                budget = getattr(exc, "result", None)
-                if budget is None:
-                    raise
-                failed = exc
+            except BudgetNotMet as exc:  # the best result found is still written and reported
+                budget, failed = exc.result, exc
     m = budget.model
     written: list[Path] = []
     file_bytes = None
@@ -609,7 +652,7 @@ def export(
 
         check_written(output, source, what="export")
     files = bundle.manifest.get("files", {})
-    weights_bytes = sum(w.get("bytes", 0) for w in bundle.manifest.get("weights", []))
+    weights_bytes = sum(w.get("bytes", 0) for w in bundle.weights)
     return ExportResult(
         output=str(output),
         target=target,

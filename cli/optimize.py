@@ -73,6 +73,18 @@ def optimize_cmd(
             "and seed: the same bytes).",
         ),
     ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            metavar="NAME",
+            help="Where fine-tuning runs: reference (numpy) or xla (jax, compiled); for every "
+            "finetune pass that names none, and the budget search's stages.",
+        ),
+    ] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", metavar="NAME", help="cpu or cuda (xla engine).")
+    ] = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -99,6 +111,8 @@ def optimize_cmd(
                     target_size=target_size,
                     save_recipe=save_recipe,
                     progress=reuse_progress(update, restart=True),
+                    engine=engine,
+                    device=device,
                 )
             except GateFailed as exc:  # an unmet budget: the best result is reported, then exit 1
                 if getattr(exc, "result", None) is None:

@@ -64,6 +64,9 @@ Rules
 10. **Memory.** Everything runs batch by batch (evaluation, gradients, fine-tuning): memory
     grows with the batch, not with the number of samples (beyond the inputs and the original's
     outputs).
+11. **Engine.** ``engine="xla"`` (``device`` cpu or cuda) runs every fine-tuning stage on the
+    model lowered to jax (the finetune pass's ``engine``/``device`` options, written into the
+    saved recipe); the sensitivities and the held-out gate stay on the reference executor.
 """
 
 from __future__ import annotations
@@ -601,7 +604,14 @@ def _export_sizes(model: ir.Model) -> dict:
 
 
 def _finetune_spec(
-    epochs: int, lr: float, seed: int, holdout: float, batch: int, weight_decay: float = 0.0
+    epochs: int,
+    lr: float,
+    seed: int,
+    holdout: float,
+    batch: int,
+    weight_decay: float = 0.0,
+    engine: str = "reference",
+    device: str = "cpu",
 ) -> PassSpec:
     config: dict[str, object] = {
         "epochs": epochs,
@@ -615,11 +625,19 @@ def _finetune_spec(
     }
     if weight_decay:
         config["weight_decay"] = weight_decay
+    if engine != "reference":  # rule 11: where the stage trains (the recipe says so too)
+        config["engine"], config["device"] = engine, device
     return make_spec("finetune", config)
 
 
 def _schedule(
-    alloc: Mapping, epochs: int, seed: int, holdout: float, batch: int
+    alloc: Mapping,
+    epochs: int,
+    seed: int,
+    holdout: float,
+    batch: int,
+    engine: str = "reference",
+    device: str = "cpu",
 ) -> list[tuple[str, list[PassSpec]]]:
     """The paper's schedule for ``alloc`` (rule 6): (stage name, specs) in order."""
     stages = []
@@ -634,7 +652,17 @@ def _schedule(
         stages.append(
             (
                 f"masked retraining {i + 1}",
-                [_finetune_spec(epochs * (FINAL_RETRAIN if last else 1), 2e-3, seed, holdout, batch)],
+                [
+                    _finetune_spec(
+                        epochs * (FINAL_RETRAIN if last else 1),
+                        2e-3,
+                        seed,
+                        holdout,
+                        batch,
+                        engine=engine,
+                        device=device,
+                    )
+                ],
             )
         )
     clustered = {n: {"skip": False, "bits": b} for n, (_, b) in sorted(alloc.items()) if b is not None}
@@ -644,8 +672,18 @@ def _schedule(
         )
         bias = {"tensors": "all", "op_types": [], "bits": BIAS_BITS, "init": "linear"}
         stages.append(("biases clustered", [make_spec("cluster", bias)]))
-        stages.append(("centroid fine-tuning 1", [_finetune_spec(epochs, 3e-4, seed, holdout, batch)]))
-        stages.append(("centroid fine-tuning 2", [_finetune_spec(epochs, 1e-4, seed, holdout, batch)]))
+        stages.append(
+            (
+                "centroid fine-tuning 1",
+                [_finetune_spec(epochs, 3e-4, seed, holdout, batch, engine=engine, device=device)],
+            )
+        )
+        stages.append(
+            (
+                "centroid fine-tuning 2",
+                [_finetune_spec(epochs, 1e-4, seed, holdout, batch, engine=engine, device=device)],
+            )
+        )
     stages.append(("values to float16", [make_spec("round-fp16", {"compressed": True})]))
     return stages
 
@@ -665,6 +703,7 @@ def compress_to_budget(
     seed: int = 0,
     progress: Progress | None = None,
     engine: str = "reference",
+    device: str = "cpu",
     estimator: str = "fisher",
     holdout: float = 0.25,
     epochs: int | None = None,
@@ -680,8 +719,9 @@ def compress_to_budget(
     Raises :class:`BudgetNotMet` (a GateFailed, with ``.result``) when ``max_drop`` cannot be met within
     ``target_size``; :class:`InputError` for bad options or data."""
     t_start = time.perf_counter()
-    if engine != "reference":
-        raise InputError(f"engine {engine!r}", hint="the budget search runs on the 'reference' engine")
+    from mconv.targets.xla.engine import check_engine
+
+    check_engine(engine, device)
     if estimator not in ("fisher", "sweep"):
         raise InputError(f"estimator {estimator!r}", hint="use 'fisher' or 'sweep'")
     if max_drop is not None and (isinstance(max_drop, bool) or not 0.0 <= float(max_drop) < 1.0):
@@ -733,7 +773,9 @@ def compress_to_budget(
     pre_stages: list[dict] = []
     start_metric = baseline
     if decay > 0:  # rule 6: L2 pre-training, so that weights the task does not use go to zero first
-        spec = _finetune_spec(epochs, 1e-3, seed, holdout, batch_size, weight_decay=decay)
+        spec = _finetune_spec(
+            epochs, 1e-3, seed, holdout, batch_size, weight_decay=decay, engine=engine, device=device
+        )
         state = _weights_state(model)
         pctx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
         pctx.progress = _prefix(say, "L2 pre-training")
@@ -783,7 +825,7 @@ def compress_to_budget(
         kept: list[PassSpec] = list(pre)
         stages = list(pre_stages)
         held_metric = start_metric
-        plan = _schedule(alloc, epochs, seed, holdout, batch_size)
+        plan = _schedule(alloc, epochs, seed, holdout, batch_size, engine, device)
         actx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
         for si, (name, specs) in enumerate(plan):
             actx.progress = _prefix(say, f"{label} [{si + 1}/{len(plan)}] {name}")

@@ -90,3 +90,48 @@ def test_bad_budget_options_are_one_line_exit_2(small, tmp_path, args, needle):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
+
+
+def test_the_budget_search_fine_tunes_on_the_xla_engine_and_its_recipe_says_so(small, tmp_path):
+    pytest.importorskip("jax")
+    model, data = small
+    out, recipe = tmp_path / "x.onnx", tmp_path / "x.toml"
+    r = _cli(
+        "optimize", str(model), "--recipe", "deep-compression", "--data", str(data), "--max-drop", "0.02",
+        "--engine", "xla", "--save-recipe", str(recipe), "-o", str(out), "--json", "--seed", "1",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    budget = json.loads(r.stdout)["budget"]
+    assert budget["met"] and budget["held_out_drop"] <= 0.02
+    text = recipe.read_text()
+    assert 'engine = "xla"' in text and 'device = "cpu"' in text
+    again = tmp_path / "again.onnx"  # the recipe replays on the engine it names, to the same bytes
+    r = _cli(
+        "optimize", str(model), "--recipe", str(recipe), "--data", str(data), "-o", str(again), "--seed", "1"
+    )
+    assert r.exit_code == 0, r.output
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_engine_applies_to_finetune_passes_that_name_none(small, tmp_path):
+    pytest.importorskip("jax")
+    model, data = small
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    common = ["optimize", str(model), "--data", str(data), "--seed", "3"]
+    r = _cli(*common, "--passes", "prune(sparsity=0.5),finetune(epochs=1)", "--engine", "xla", "-o", str(a))
+    assert r.exit_code == 0, r.output
+    r = _cli(*common, "--passes", "prune(sparsity=0.5),finetune(epochs=1,engine='xla')", "-o", str(b))
+    assert r.exit_code == 0, r.output
+    assert a.read_bytes() == b.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [(["--engine", "tpu"], "unknown engine"), (["--device", "cuda"], "needs the xla engine")],
+)
+def test_bad_engine_options_are_one_line_exit_2(small, tmp_path, args, needle):
+    model, data = small
+    r = _cli("optimize", str(model), "--recipe", "lossless", *args, "-o", str(tmp_path / "x.onnx"))
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.output
