@@ -36,8 +36,12 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # imported in the child only (h5py has no type information: Any)
+    import h5py
 
 MAGIC = b"MCH5SNAP"
 MAX_RATIO = 1100  # deflate's best case is about 1032:1; any legitimate filtered dataset passes
@@ -288,6 +292,7 @@ def open_tree(src: Path | bytes, label: str, skip: tuple[str, ...] = ()) -> Tree
     index = json.loads(out[start : start + n])
     if not index.get("ok"):
         where, what = index.get("where"), index.get("what") or "object"
+        place: str | None
         if isinstance(where, list):
             place = f"object '{show(where[0])}', attribute '{show(where[1])}'"
         else:
@@ -369,7 +374,7 @@ class _Walker:
         self.blobs: list[np.ndarray] = []
         self.stored = 0
         self.heaps_checked = False
-        self.plan: list[tuple[object, dict, tuple, np.dtype]] = []
+        self.plan: list[tuple[h5py.Dataset, dict, tuple, np.dtype]] = []
         self.at: tuple[str, str | tuple[str, str]] = ("object", "/")  # for errors from libhdf5
 
     def walk(self) -> None:
@@ -458,7 +463,7 @@ class _Walker:
         out = {}
         for bname in _names(lambda fn: h5py.h5a.iterate(obj.id, fn)):
             name = bname.decode("utf-8", "surrogateescape")
-            out[name] = self._attr(obj, bname, f"{path} @{name}")
+            out[name] = self._attr(obj, bname, (path, name))  # "object P, attribute N"
         return out
 
     def _attr(self, obj, bname: bytes, where: tuple[str, str]) -> dict:
@@ -655,6 +660,7 @@ def _child(argv: list[str]) -> int:
 
     import h5py
 
+    fobj: io.BytesIO | str
     if src == "-":
         data = sys.stdin.buffer.read(size + 1)
         if len(data) != size:
@@ -720,7 +726,7 @@ def _child(argv: list[str]) -> int:
     out = sys.stdout.buffer
     out.write(MAGIC + struct.pack("<Q", len(head)) + head)
     for arr in payload:
-        out.write(memoryview(arr).cast("B") if arr.nbytes else b"")
+        out.write(arr.data.cast("B") if arr.nbytes else b"")
     out.flush()
     return 0
 

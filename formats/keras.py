@@ -527,6 +527,12 @@ def _open_sources(paths: list[Path], handles: list) -> _Source:
 _MODEL_CLASSES = {"Sequential", "Functional", "Model"}
 
 
+def _config(obj: dict) -> dict:
+    """A layer's or model's ``config`` entry; ``{}`` when it is missing or not an object."""
+    cfg = obj.get("config")
+    return cfg if isinstance(cfg, dict) else {}
+
+
 class _Importer:
     def __init__(self, src: _Source) -> None:
         self.src = src
@@ -551,7 +557,7 @@ class _Importer:
             )
         for lay in self._layers(model):
             cls = lay.get("class_name")
-            cfg = lay.get("config") if isinstance(lay.get("config"), dict) else {}
+            cfg = _config(lay)
             name = str(cfg.get("name", lay.get("name", "?")))
             if cls in _MODEL_CLASSES:
                 self.scan(lay, depth + 1)
@@ -652,7 +658,7 @@ class _Importer:
     def _order(self, model: dict) -> list[tuple[str, str]]:
         out = []
         for lay in self._layers(model):
-            cfg = lay.get("config") if isinstance(lay.get("config"), dict) else {}
+            cfg = _config(lay)
             out.append((str(cfg.get("name", lay.get("name"))), str(lay.get("class_name"))))
         return out
 
@@ -688,7 +694,7 @@ class _Importer:
 
     def call_layer(self, lay: dict, inputs: list[KTensor], wsrc, prefix: str, depth: int) -> list[KTensor]:
         cls = str(lay.get("class_name"))
-        cfg = lay.get("config") if isinstance(lay.get("config"), dict) else {}
+        cfg = _config(lay)
         lname = str(cfg.get("name", lay.get("name", "?")))
         key = prefix + lname
         n = self.calls.get(key, 0)
@@ -759,7 +765,7 @@ class _Importer:
         if depth > MAX_MODEL_NESTING:
             raise self.fail(f"models nest deeper than {MAX_MODEL_NESTING} levels")
         layers = self._layers(model)
-        cfg = model.get("config") if isinstance(model.get("config"), dict) else {}
+        cfg = _config(model)
         if model.get("class_name") == "Sequential":
             return self._build_sequential(layers, cfg, inputs, wsrc, prefix, depth)
         return self._build_functional(layers, cfg, inputs, wsrc, prefix, depth)
@@ -767,7 +773,7 @@ class _Importer:
     def _build_sequential(self, layers, cfg, inputs, wsrc, prefix, depth):
         if not layers:
             raise self.fail("Sequential model has no layers")
-        first_cfg = layers[0].get("config") if isinstance(layers[0].get("config"), dict) else {}
+        first_cfg = _config(layers[0])
         names = []
         if inputs is None:
             spec_cfg = first_cfg
@@ -800,7 +806,7 @@ class _Importer:
     def _build_functional(self, layers, cfg, inputs, wsrc, prefix, depth):
         by_name = {}
         for lay in layers:
-            lcfg = lay.get("config") if isinstance(lay.get("config"), dict) else {}
+            lcfg = _config(lay)
             by_name[str(lay.get("name", lcfg.get("name")))] = lay
         in_refs = _refs(cfg.get("input_layers"))
         out_refs = _refs(cfg.get("output_layers"))
@@ -930,7 +936,7 @@ def _node_inputs(node, imp: _Importer, lay: dict) -> list[tuple[str, int, int]]:
 def _output_values(imp: _Importer, outs: list[KTensor], names: list[str]) -> list[onnx.ValueInfoProto]:
     """Graph outputs in Keras layout, each value named after the layer that made it."""
     b = imp.b
-    infos = []
+    infos: list[onnx.ValueInfoProto] = []
     for t in outs:
         k = b.as_keras(t)
         if k.name != t.name:  # the channels-first value gets a helper name, the output the layer's
