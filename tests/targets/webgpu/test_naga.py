@@ -1,0 +1,123 @@
+"""The webgpu bundles' WGSL kernels through naga (wgpu's shader translator, npm naga-wasm).
+
+naga-wasm is installed once per cache with npm (the test skips only when node/npm are missing
+or the registry cannot be reached); every kernel of the issue's test models must parse,
+validate and translate to MSL and SPIR-V.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mconv.errors import InputError
+from mconv.targets import get_target
+from mconv.targets.webgpu import naga as nagamod
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "metal"))
+from metal_models import mobilenet_style  # noqa: E402
+from test_webgpu import lenet, op_zoo  # noqa: E402
+
+_OFFLINE = ("ENOTFOUND", "EAI_AGAIN", "ECONNREFUSED", "ETIMEDOUT", "ECONNRESET", "ENETUNREACH")
+
+
+@pytest.fixture(scope="module")
+def naga() -> Path:
+    found = nagamod.find_naga()
+    if found is not None:
+        return found
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node/npm not installed (apt-get install nodejs npm)")
+    nagamod.cache_dir().mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(nagamod.install_command(), capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and any(code in proc.stdout + proc.stderr for code in _OFFLINE):
+        pytest.skip(f"npm registry not reachable for {nagamod.NAGA_PACKAGE}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = nagamod.find_naga()
+    assert found is not None
+    return found
+
+
+def _pruned_clustered_lenet(seed: int):
+    from mconv.passes import parse_spec, run_pipeline
+
+    model, _ = run_pipeline(lenet(seed), parse_spec("prune(sparsity=0.8),cluster(bits=5)"))
+    return model
+
+
+MODELS = {
+    "lenet": lambda: lenet(0),
+    "mobilenet_style": lambda: mobilenet_style(2),
+    "pruned_clustered_lenet": lambda: _pruned_clustered_lenet(1),
+    "op_zoo": lambda: op_zoo(3),
+}
+
+
+@pytest.mark.parametrize(
+    "name,precision", [(m, "fp32") for m in sorted(MODELS)] + [("mobilenet_style", "fp16"), ("lenet", "fp16")]
+)
+def test_every_kernel_validates_and_translates(naga, tmp_path, name, precision):
+    bundle = get_target("webgpu").export(MODELS[name](), tmp_path / "b", {"precision": precision})
+    results = nagamod.check_bundle(bundle, naga)
+    assert len(results) >= 3
+    bad = {k: f"{r.stage}: {r.error[:300]}" for k, r in results.items() if not r.ok}
+    assert not bad, bad
+    for kernel, r in results.items():
+        # naga's namer appends "_" to a name that ends in a digit
+        assert re.search(rf"kernel void {kernel}_?\(", r.msl), kernel
+        assert r.spirv_words > 100
+        assert r.naga_version.startswith("30.")
+    if precision == "fp16":
+        assert any("half" in r.msl for r in results.values())
+
+
+def test_naga_reports_the_failing_step(naga):
+    rng = np.random.default_rng(0)
+    n = int(rng.integers(2, 9))
+    good = f"@compute @workgroup_size({n}) fn ok(@builtin(global_invocation_id) id: vec3<u32>) {{}}"
+    results = nagamod.check_sources(
+        {
+            "ok": good,
+            "syntax": "fn broken( {",
+            "types": "@compute @workgroup_size(1) fn types() { let a: f32 = 1u; }",
+            "f16_without_enable": "@compute @workgroup_size(1) fn h() { let a: f16 = 1.0h; }",
+        },
+        naga,
+    )
+    assert results["ok"].ok and "kernel void ok(" in results["ok"].msl
+    assert (results["syntax"].ok, results["syntax"].stage) == (False, "parse")
+    assert not results["types"].ok and results["types"].stage in ("parse", "validation")
+    assert not results["f16_without_enable"].ok
+    assert all(r.error for k, r in results.items() if k != "ok")
+
+
+def test_a_tampered_kernel_in_a_bundle_is_named(naga, tmp_path):
+    bundle = get_target("webgpu").export(lenet(5), tmp_path / "b", {})
+    kernels = sorted((tmp_path / "b" / "kernels").glob("*.wgsl"))
+    victim = kernels[1]
+    victim.write_text(victim.read_text().replace("let ", "let let ", 1))
+    results = nagamod.check_sources({p.stem: p.read_text() for p in kernels}, naga, label=str(bundle.root))
+    assert [k for k, r in results.items() if not r.ok] == [victim.stem]
+
+
+def test_without_naga_it_is_one_line_naming_the_bundle(tmp_path, monkeypatch):
+    monkeypatch.setenv("MCONV_CACHE", str(tmp_path / "empty-cache"))
+    bundle = get_target("webgpu").export(lenet(6), tmp_path / "b", {})
+    with pytest.raises(InputError) as err:
+        nagamod.check_bundle(bundle)
+    text = str(err.value)
+    assert "naga-wasm is not installed" in text and str(tmp_path / "b") in text
+    assert "\n" not in text
+
+
+def test_a_bundle_for_another_target_is_refused(tmp_path):
+    bundle = get_target("metal").export(lenet(7), tmp_path / "m", {})
+    with pytest.raises(InputError) as err:
+        nagamod.check_bundle(bundle, Path("/nonexistent"))
+    assert "not 'webgpu'" in str(err.value) and str(tmp_path / "m") in str(err.value)
