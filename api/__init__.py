@@ -741,7 +741,7 @@ def run(
     with ``output`` the outputs go to an .npz (atomically)."""
     from mconv.fileio import atomic_path, require_file
     from mconv.metrics import check_samples, load_npz_feeds, plan_random_feeds, run_feeds
-    from mconv.npzio import read_npy
+    from mconv.npzio import read_npy, write_npz
 
     check_samples(samples)
     if samples is not None and (feeds or data is not None):
@@ -775,7 +775,7 @@ def run(
     seconds = time.perf_counter() - t0
     if output is not None:
         with atomic_path(Path(output)) as tmp, builtins.open(tmp, "wb") as fh:
-            np.savez(fh, **results)  # type: ignore[arg-type]  # numpy's stub types **kwds as bool
+            write_npz(fh, results.items())  # any output name (savez takes them as keywords)
     return RunResult(
         outputs=dict(results), output=str(output) if output else None, seconds=seconds, plan=plan
     )

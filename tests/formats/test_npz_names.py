@@ -67,3 +67,30 @@ def test_cli_npz_to_npz_with_a_tensor_named_file(tmp_path):
         assert sorted(back.keys()) == sorted(NAMES)
         for name, a in src.items():
             np.testing.assert_array_equal(back[name], a)
+
+
+def test_run_writes_an_output_named_file(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["file"]), helper.make_node("Neg", ["x"], ["allow_pickle"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [
+            helper.make_tensor_value_info("file", TensorProto.FLOAT, [2, 3]),
+            helper.make_tensor_value_info("allow_pickle", TensorProto.FLOAT, [2, 3]),
+        ],
+    )
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), model)
+    x = np.random.default_rng(3).standard_normal((2, 3)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "y.npz"
+    r = CliRunner().invoke(
+        app, ["run", str(model), "--input", f"x={tmp_path / 'x.npy'}", "-o", str(out), "-q"]
+    )
+    assert r.exit_code == 0, r.output
+    with np.load(out, allow_pickle=False) as back:
+        np.testing.assert_array_equal(back["file"], np.maximum(x, 0))
+        np.testing.assert_array_equal(back["allow_pickle"], -x)
