@@ -456,7 +456,8 @@ def dense(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
     if fan_in is None:
         raise call.fail("the last input dimension is unknown", hint="give the model a fixed input size")
     use_bias = call.cfg("use_bias", True)
-    shapes, what = [(fan_in, units)], ["kernel"]
+    shapes: list[tuple[int, ...]] = [(fan_in, units)]
+    what = ["kernel"]
     if use_bias:
         shapes.append((units,))
         what.append("bias")
@@ -940,6 +941,8 @@ def repeat_vector(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
 
 def _pairs(call: LayerCall, key: str, nd: int) -> list[tuple[int, int]]:
     v = call.config.get(key)
+    if v is None:  # as len(None) below would refuse it
+        raise call.fail(f"config '{key}' = {v!r} is not a padding spec")
     try:
         if isinstance(v, int):
             pairs = [(v, v)] * nd
@@ -1177,7 +1180,8 @@ def _rnn_weights(call: LayerCall, spec: _RnnSpec, arrays: list[np.ndarray], fan_
     h = int(spec.config["units"])
     g = _GATES[spec.kind]
     use_bias = spec.config.get("use_bias", True)
-    shapes, what = [(fan_in, g * h), (h, g * h)], ["kernel", "recurrent_kernel"]
+    shapes: list[tuple[int, ...]] = [(fan_in, g * h), (h, g * h)]
+    what = ["kernel", "recurrent_kernel"]
     reset_after = spec.kind == "GRU" and spec.config.get("reset_after", False)
     if use_bias:
         shapes.append((2, g * h) if reset_after else (g * h,))
@@ -1325,6 +1329,7 @@ def bidirectional(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
     h = int(specs[0].config["units"])
     n, steps = t.shape[0], t.shape[1]
     seq = bool(specs[0].config.get("return_sequences", False))
+    shape: Shape
     if seq:
         parts = [_seq_out(call, outs[0], d, p) for d, p in ((0, "forward"), (1, "backward"))]
         shape = (n, steps, h)
@@ -1359,7 +1364,11 @@ def time_distributed(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
     inner = call.config.get("layer") or {}
     cls = inner.get("class_name")
     handler = LAYERS.get(cls or "")
-    if handler is None or cls in ("TimeDistributed", "Bidirectional", "LSTM", "GRU", "SimpleRNN"):
+    if (
+        handler is None
+        or cls is None
+        or cls in ("TimeDistributed", "Bidirectional", "LSTM", "GRU", "SimpleRNN")
+    ):
         raise call.fail(f"TimeDistributed over '{cls}'")
     sub = LayerCall(
         b, call.name, call.layer, cls, inner.get("config") or {}, call.weights, call.keras3, call.path
