@@ -70,7 +70,7 @@ def main() -> int:
     points = sum(len(layer["sweep"]) for layer in reports[0]["layers"])
     same = all(r == reports[0] for r in reports.values())
     print(
-        f"cpus: {os.cpu_count()}, engine {args.engine}, {layers} layers, {points} sweep points, {args.samples} samples"
+        f"{args.model}, cpus: {os.cpu_count()}, engine {args.engine}, {layers} layers, {points} sweep points, {args.samples} samples"
     )
     print("| run | wall (s) | speed-up vs in-process | report identical |")
     print("|---|---:|---:|---|")
