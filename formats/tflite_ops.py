@@ -9,6 +9,7 @@ activation and the fake-quant rounding. Rules of layout, padding and quantizatio
 from __future__ import annotations
 
 import numpy as np
+from mconv.formats import _tflite_lstm_int as _lstm_int
 from mconv.formats.tflite import (
     _QUANT_TYPES,
     ACT_RELU,
@@ -411,7 +412,11 @@ def unidirectional_sequence_lstm(c: _Converter, op: TflOp) -> None:
         x = c.one("Transpose", [x], perm=[1, 0, 2])  # -> [T, B, I]
     steps = xs[0] if time_major else xs[1]
     simple = not (cifg or proj_w is not None or cell_clip > 0 or proj_clip > 0) and act in _ONNX_ACT
-    if simple:
+    if act == ACT_TANH and _lstm_int.integer_kernel_applies(c, ins, op.outputs[0]):
+        if steps > MAX_UNROLL_STEPS:
+            raise _Unsupported(f"{steps} time steps to unroll (limit {MAX_UNROLL_STEPS})")
+        y = _lstm_int.lower(c, ins, x, steps, op.outputs[0], cell_clip)  # LiteRT's integer kernel, exactly
+    elif simple:
         y = _onnx_lstm(c, ins, x, wx, wr, b, peep, hidden, act)
     else:
         if steps > MAX_UNROLL_STEPS:
