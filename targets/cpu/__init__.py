@@ -5,7 +5,8 @@ Export rules:
 1. ``model.onnx`` is the graph serialized by onnx_ir with every top-level initializer removed
    from the protobuf; the graph is otherwise unchanged (value_info still types the weights).
    The weights live only in ``weights.mcw``, each with the codec :func:`mconv.container.choose_codec`
-   picks (option ``codec`` forces one for all).
+   picks (option ``codec`` forces one for all); int4/uint4 weights, which the container has no
+   dtype for, stay in ``model.onnx`` (ONNX packs them two per byte), listed with codec ``"dense"``.
 2. Option ``verification`` (a summary dict) goes to the manifest's ``verification``; the other
    options are recorded under ``options``.
 3. Option ``dense=True`` writes a self-contained ``model.onnx`` with the weights inside and no
@@ -41,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -61,6 +63,8 @@ _PLACEHOLDER_LOCATION = "mconv-in-memory-weights"
 # Over the limit, weights up to this size stay in the proto (shape tensors), up to the budget.
 INLINE_BYTES = 64 << 10
 INLINE_BUDGET = 32 << 20  # well inside the 64 MB margin of PROTOBUF_LIMIT
+# int4/uint4 weights (the blockwise pass's codes) have no weights.mcw dtype: ONNX packs them.
+_SUB_BYTE = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
 
 
 def _split_model(model: ir.Model) -> tuple[onnx.ModelProto, list[tuple[str, np.ndarray]]]:
@@ -109,10 +113,15 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         proto.graph.initializer.extend(_tensor_proto(n, a) for n, a in weights)
         specs = [(n, a, {"codec": DENSE}) for n, a in weights]
     else:
-        specs = [
-            (n, a, {"codec": forced} if forced and forced != "auto" else choose_codec(a, metadata, n))
-            for n, a in weights
-        ]
+        specs = []
+        for n, a in weights:
+            if a.dtype in _SUB_BYTE:  # no container dtype: kept in model.onnx, two codes per byte
+                proto.graph.initializer.append(_tensor_proto(n, a))
+                specs.append((n, a, {"codec": DENSE}))
+            else:
+                specs.append(
+                    (n, a, {"codec": forced} if forced and forced != "auto" else choose_codec(a, metadata, n))
+                )
     return write_bundle(
         out_dir,
         target=NAME,

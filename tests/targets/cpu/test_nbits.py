@@ -246,3 +246,23 @@ def test_cli_export_matmul_nbits_then_run_and_verify(tmp_path):
     assert _cosine(y, want) >= 0.99999
     r = cli.invoke(app, ["verify", str(q), str(out), "--samples", "8", "--min-cosine", "0.9999", "--json"])
     assert r.exit_code == 0, r.output
+
+
+def test_int4_weights_without_nbits_stay_in_model_onnx(tmp_path):
+    """weights.mcw has no int4 dtype: the DQ bundle keeps its codes in model.onnx (ONNX packs them)
+    and runs; before, the export wrote a container its reader refused (exit 3)."""
+    src = _mlp(tmp_path / "m.onnx", 128, 256, seed=4)
+    q = tmp_path / "q.onnx"
+    api.optimize(src, passes="blockwise(bits=4,block=32,sym=false)", output=q)
+    out = tmp_path / "dq"
+    api.export(q, "cpu", out)
+    proto = onnx.load(str(out / "model.onnx"))
+    stored = {t.name: t.data_type for t in proto.graph.initializer}
+    assert stored == {n: TensorProto.UINT4 for n in ("W1_q", "W1_zero", "W2_q", "W2_zero")}
+    assert "DequantizeLinear" in [n.op_type for n in proto.graph.node]
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 7, 128)).astype(np.float32)
+    got = get_target("cpu").load(out).run({"x": x})["y"]
+    so = ort.SessionOptions()
+    sess = ort.InferenceSession(str(q), sess_options=so, providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got, sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
