@@ -96,7 +96,7 @@ def demo(workdir: Path | None = None, recipe: str | None = None, progress=None) 
         save_onnx(optimized, work / "optimized.onnx")
         bundle = get_target("cpu").export(optimized, work / "bundle", {})
         bundle_bytes = sum(f["bytes"] for f in bundle.manifest["files"].values())
-        weight_bytes = sum(w["bytes"] for w in bundle.manifest["weights"])
+        weight_bytes = sum(w["bytes"] for w in bundle.weights)
 
         ref_out = open(work / "model.onnx").run(test)
         cand_out = open(work / "bundle").run(test)

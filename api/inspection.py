@@ -46,7 +46,7 @@ def inspect_path(path: str | Path, *, top: int = 10) -> dict:
     if is_bundle(p):
         bundle = load_bundle(p)
         m = bundle.manifest
-        weights = m.get("weights", [])
+        weights = bundle.weights  # weights.mcw's index, then the manifest's dense ones
         params = int(sum(int(np.prod(w["shape"])) for w in weights))
         graph_file = p / "model.onnx" if p.is_dir() else None
         ops: dict[str, int] = {}

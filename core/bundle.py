@@ -124,6 +124,7 @@ class Bundle:
     manifest: dict
     extra_files: list[str] = field(default_factory=list)
     zip_prefix: str | None = None  # member prefix inside a .zip ("" or "name/"); None for a dir
+    _weights: list[dict] | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_zip(self) -> bool:
@@ -151,7 +152,30 @@ class Bundle:
 
     @property
     def weights(self) -> list[dict]:
-        return self.manifest.get("weights", [])
+        """Per stored tensor ``name, codec, bytes, streams, shape, dtype``: the tensors in
+        ``weights.mcw`` from its index (the manifest does not repeat it, issue 14 item 5), then
+        the manifest's ``weights`` not in it (dense tensors in the payload; older bundles list
+        every tensor there)."""
+        if self._weights is None:
+            entries: list[dict] = []
+            if WEIGHTS in self.files:
+                with self.container() as c:
+                    for e in c.entries.values():
+                        r = e.record
+                        entries.append(
+                            {
+                                "name": e.name,
+                                "codec": r["codec"],
+                                "bytes": e.nbytes,
+                                "streams": r.get("streams", {"data": e.nbytes}),
+                                "shape": r["shape"],
+                                "dtype": r["dtype"],
+                            }
+                        )
+            names = {w["name"] for w in entries}
+            entries += [w for w in self.manifest.get("weights", []) if w.get("name") not in names]
+            self._weights = entries
+        return self._weights
 
     @property
     def options(self) -> dict:
@@ -286,23 +310,13 @@ def write_bundle(
         weight_entries: list[dict] = []
         records: dict[str, dict] = {}
         if stored:
-            # version 2 (binary index) where the readers are mconv's own (Python, mcw_decode);
+            # version 3 (compact binary index) where the readers are mconv's own (Python, mcw_decode);
             # the Swift and JavaScript readers of metal and webgpu bundles parse version 1's JSON
-            info = write_container(tmp / WEIGHTS, stored, version=1 if target in _JSON_INDEX else 2)
+            info = write_container(tmp / WEIGHTS, stored, version=1 if target in _JSON_INDEX else 3)
             records = {e.name: e.record | {"nbytes": e.nbytes} for e in info.tensors}
         for name, array, _spec in weights:
             if name in records:
-                r = records[name]
-                weight_entries.append(
-                    {
-                        "name": name,
-                        "codec": r["codec"],
-                        "bytes": r["nbytes"],
-                        "streams": r["streams"],
-                        "shape": r["shape"],
-                        "dtype": r["dtype"],
-                    }
-                )
+                continue  # weights.mcw's index lists it (Bundle.weights reads it there)
             else:
                 a = np.asarray(array)
                 weight_entries.append(

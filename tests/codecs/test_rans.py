@@ -25,7 +25,7 @@ def _decode(blob: bytes, n: int, alphabet: int) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("n", [0, 1, 2, 7, 8192, 8193, 16385, 3 * 8192 + 5, 100_000])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 8192, 8193, 16385, 3 * 8192 + 5])
 def test_round_trip_and_exact_size(n):
     rng = np.random.default_rng(n)
     symbols = _geometric(rng, n, 0.15, 32)
@@ -50,8 +50,8 @@ def test_one_symbol_and_full_alphabet_streams():
 def test_within_two_percent_of_the_zero_order_bound_and_below_huffman():
     # A Laplace-like index stream (clustered weights) and a geometric gap stream (pruning).
     rng = np.random.default_rng(2)
-    laplace = np.clip(np.round(rng.laplace(0, 2.5, 400_000)) + 16, 0, 31).astype(np.int64)
-    for symbols in (laplace, _geometric(rng, 400_000, 0.1, 32)):
+    laplace = np.clip(np.round(rng.laplace(0, 2.5, 200_000)) + 16, 0, 31).astype(np.int64)
+    for symbols in (laplace, _geometric(rng, 200_000, 0.1, 32)):
         counts = np.bincount(symbols, minlength=32)
         p = counts[counts > 0] / symbols.size
         bound = float(-(counts[counts > 0] * np.log2(p)).sum()) / 8

@@ -84,10 +84,10 @@ def test_pruned_clustered_lenet_decodes_its_compressed_weights_and_agrees(shared
     model = with_logits(model)
     x = np.random.default_rng(4).random((2, 1, 28, 28)).astype(np.float32)
     bundle, _, _ = compare(model, {"data": x}, tmp_path)
-    codecs = {w["name"]: w["codec"] for w in bundle.manifest["weights"]}
+    codecs = {w["name"]: w["codec"] for w in bundle.weights}
     assert any(c in ("palette", "sparse") for c in codecs.values()), codecs
-    dense = sum(int(np.prod(w["shape"])) * 4 for w in bundle.manifest["weights"])
-    stored = sum(w["bytes"] for w in bundle.manifest["weights"])
+    dense = sum(int(np.prod(w["shape"])) * 4 for w in bundle.weights)
+    stored = sum(w["bytes"] for w in bundle.weights)
     assert stored * 8 < dense  # compressed more than 8x against float32
 
 

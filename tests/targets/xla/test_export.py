@@ -210,7 +210,7 @@ def test_pruned_clustered_weights_keep_their_compressed_codecs_in_the_bundle(tmp
         None, {"x": np.ones((1, 1, 8, 8), np.float32)}
     )[0]
     bundle = get_target("xla").export(model, tmp_path / "b", {})
-    codecs = {w["name"]: w["codec"] for w in bundle.manifest["weights"]}
+    codecs = {w["name"]: w["codec"] for w in bundle.weights}
     assert codecs["w2"] in ("palette", "sparse"), codecs
     runner = get_target("xla").load(load_bundle(tmp_path / "b"))
     got = runner.run({"x": np.ones((1, 1, 8, 8), np.float32)})["y"]
