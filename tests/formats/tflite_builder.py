@@ -189,6 +189,9 @@ class TflBuilder:
             cust = None
             if op["custom"]:
                 cust = b.CreateByteVector(op["custom"])
+            inter = None  # set ops[k]["intermediates"] to write an op's intermediate tensors
+            if op.get("intermediates"):
+                inter = ivec(op["intermediates"], tflite.OperatorStartIntermediatesVector)
             opt = None
             if op["options"]:
                 name = op["options"]
@@ -206,6 +209,8 @@ class TflBuilder:
             tflite.OperatorAddOutputs(b, outs)
             if cust is not None:
                 tflite.OperatorAddCustomOptions(b, cust)
+            if inter is not None:
+                tflite.OperatorAddIntermediates(b, inter)
             if opt is not None:
                 tflite.OperatorAddBuiltinOptionsType(b, getattr(tflite.BuiltinOptions, op["options"]))
                 tflite.OperatorAddBuiltinOptions(b, opt)
