@@ -93,6 +93,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -104,6 +105,9 @@ from mconv.formats._torch_pickle import STORAGE_ITEMSIZE, scan
 from mconv.formats._zipsafe import looks_like_zip, read_directory, read_member
 from mconv.irio import from_proto
 from mconv.npzio import read_npz
+
+if TYPE_CHECKING:  # torch is optional; imported where a PyTorch model is read
+    import torch
 
 # ``package.module:factory``: a Python import path and a callable, not a file name.
 SPEC_RE = re.compile(r"^[\w.]+:\w+$")
@@ -482,11 +486,13 @@ def _python_kind(annotation, torch) -> tuple[str, str]:
         return kind, str(annotation).replace("typing.", "")
     if isinstance(annotation, str):
         bare = re.sub(
-            r"^Optional\[(.*)\]$|^(.*?)\s*\|\s*None$", lambda m: m.group(1) or m.group(2), annotation.strip()
+            r"^Optional\[(.*)\]$|^(.*?)\s*\|\s*None$",
+            lambda m: m.group(1) or m.group(2) or "",
+            annotation.strip(),
         )
-        kind = {"int": "int", "float": "float", "bool": "bool"}.get(bare)
-        if kind:
-            return kind, annotation
+        scalar = {"int": "int", "float": "float", "bool": "bool"}.get(bare)
+        if scalar:
+            return scalar, annotation
         return ("tensor" if bare in ("Tensor", "torch.Tensor") else "any"), annotation
     if annotation is bool:
         return "bool", "bool"
@@ -669,7 +675,7 @@ class Plan:
     """What ``forward`` gets (rule 3): tensors (ONNX inputs, in argument order) and baked values."""
 
     args: list[Argument]
-    tensors: dict[str, object]
+    tensors: dict[str, torch.Tensor]
     values: dict[str, int | float | bool]
 
     def call(self) -> tuple[tuple, dict]:
