@@ -15,7 +15,14 @@ Rules:
    step carries the step (``parse``, ``validation``, ``write``) and naga's message.
 2. :func:`check_bundle` checks every kernel of a webgpu bundle as the bundle ships it (the f16
    header where the plan stores half).
-3. Failures of the checker itself (no node, no naga, a node crash, a timeout) are one-line
+3. :func:`msl_runner` runs naga's MSL on the CPU: every translated kernel goes, each in its own
+   C++ namespace, through the Metal target's C++ shim (``targets/metal/metal_shim.h`` plus
+   :data:`SHIM_EXTRAS`, the few more Metal names naga's output uses) and the Metal harness's
+   runner (:mod:`mconv.targets.metal.harness`), one adapter per kernel mapping the harness's grid
+   point to the workgroup ids and counts the WGSL kernel reads. Runtime-sized arrays (naga
+   writes ``T[1]`` references) become pointers. Its outputs are compared with the Metal target's
+   own MSL run through the same harness (tests/targets/webgpu/test_naga.py).
+4. Failures of the checker itself (no node, no naga, a node crash, a timeout) are one-line
    InputErrors; a kernel naga refuses is a result, not an exception.
 """
 
@@ -23,16 +30,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 from mconv.bundle import Bundle, load_bundle
 from mconv.errors import InputError
+from mconv.targets.metal.harness import HarnessRunner, compile_harness
+from mconv.targets.metal.plan import MetalPlan
+from mconv.targets.webgpu.wgsl import WORKGROUP, dispatch_size
 
-__all__ = ["NAGA_PACKAGE", "KernelCheck", "check_bundle", "check_sources", "find_naga", "install_command"]
+__all__ = [
+    "NAGA_PACKAGE",
+    "KernelCheck",
+    "check_bundle",
+    "check_sources",
+    "find_naga",
+    "install_command",
+    "every_layer",
+    "metal_runner",
+    "msl_runner",
+]
 
 NAGA_PACKAGE = "naga-wasm@30.1.0"
 
@@ -168,3 +190,170 @@ def check_bundle(bundle: Bundle | str | os.PathLike, naga: Path | None = None) -
                 hint="re-export the bundle",
             ) from None
     return check_sources(sources, naga, label)
+
+
+# The Metal names naga's MSL uses that metal_shim.h (written for the Metal target's kernels) lacks.
+SHIM_EXTRAS = r"""
+#include <cstring>
+struct bool2 {
+    bool x, y;
+};
+struct uint2 {
+    uint x, y;
+    uint2(uint v) : x(v), y(v) {}
+    uint2(uint a, uint b) : x(a), y(b) {}
+    uint2 &operator-=(const uint2 &o) { x -= o.x; y -= o.y; return *this; }
+    bool2 operator==(const uint2 &o) const { return bool2{x == o.x, y == o.y}; }
+};
+namespace metal {
+using ::uint;
+using ::uint3;
+inline bool all(bool2 b) { return b.x && b.y; }
+template <class T> inline T select(T a, T b, bool c) { return c ? b : a; }
+inline float fmod(double x, double y) { return std::fmod(float(x), float(y)); }
+}  // namespace metal
+template <class To, class From> inline To as_type(From v) {
+    static_assert(sizeof(To) == sizeof(From), "as_type needs equal sizes");
+    To out;
+    std::memcpy(&out, &v, sizeof(To));
+    return out;
+}
+"""
+
+_TYPEDEF_RE = re.compile(r"typedef (\w+) (type_\d+)\[1\];")
+_ENTRY_RE = re.compile(r"kernel void (\w+)\(\s*(.*?)\)\s*\{", re.S)
+_WGSL_BINDING_RE = re.compile(r"@binding\((\d+)\)\s*var<[^>]*>\s*(\w+)")
+
+
+def _shim_kernel(index: int, kernel: str, wgsl: str, msl: str, storage: str, grid: list[int]) -> str:
+    """naga's MSL for one kernel in namespace ``nagaN`` plus the harness-shaped adapter."""
+    body = "\n".join(ln for ln in msl.splitlines() if not ln.startswith("#include"))
+    for elem, name in _TYPEDEF_RE.findall(body):
+        body = body.replace(f"device {name} const& ", f"device const {elem}* ")
+        body = body.replace(f"device {name}& ", f"device {elem}* ")
+    entry = _ENTRY_RE.search(body)
+    if entry is None:
+        raise ValueError(f"no entry point in naga's MSL for {kernel}")
+    binding = {name: int(i) for i, name in _WGSL_BINDING_RE.findall(wgsl)}
+    args: list[str] = []
+    sizes = ""
+    for param in (p.strip() for p in entry.group(2).split(",")):
+        name = re.sub(r"\s*\[\[.*\]\]$", "", param).split()[-1].lstrip("*&")
+        if "thread_position_in_grid" in param:
+            args.append("id")
+        elif "threadgroups_per_grid" in param:
+            args.append("nwg")
+        elif name == "_buffer_sizes":
+            sizes = f"nagak{index}::_mslBufferSizes sizes = {{}};"
+            args.append("sizes")
+        else:
+            b = binding.get(name, binding.get(name.rstrip("_")))
+            if b is None:
+                raise ValueError(f"parameter {name} of {kernel} is no WGSL binding")
+            args.append(f"b{b}")
+    body = body.replace("kernel void ", "void ")
+    nb = len(binding)
+    params = ", ".join(
+        f"device {'' if i == nb - 1 else 'const '}{storage}* b{i} [[buffer({i})]]" for i in range(nb)
+    )
+    gx, gy, gz = grid
+    wx, wy, _ = dispatch_size(grid)
+    return "\n".join(
+        [
+            f"namespace nagak{index} {{",
+            body,
+            "}",
+            f"kernel void {kernel}({params}, uint3 gid [[thread_position_in_grid]]) {{",
+            f"    const uint lin = gid.x + {gx}u * (gid.y + {gy}u * gid.z);",
+            f"    const uint3 id = uint3{{lin % {wx * WORKGROUP}u, lin / {wx * WORKGROUP}u, 0u}};",
+            f"    const uint3 nwg = uint3{{{wx}u, {wy}u, 1u}};",
+            f"    {sizes}",
+            f"    nagak{index}::{entry.group(1)}({', '.join(args)});",
+            "}",
+        ]
+    )
+
+
+def shim_source(plan: MetalPlan, wgsl: Mapping[str, str], checks: Mapping[str, KernelCheck]) -> str:
+    """One C++ translation unit with naga's MSL of every kernel, as the Metal harness compiles it."""
+    storage = plan.dtype
+    parts = ["#include <metal_stdlib>", SHIM_EXTRAS]
+    for i, layer in enumerate(plan.layers):
+        parts.append(
+            _shim_kernel(i, layer.kernel, wgsl[layer.kernel], checks[layer.kernel].msl, storage, layer.grid)
+        )
+    return "\n".join(parts) + "\n"
+
+
+def read_webgpu_plan(bundle: Bundle) -> MetalPlan:
+    """The webgpu bundle's plan (:func:`mconv.targets.webgpu.read_plan`)."""
+    from mconv.targets.webgpu import read_plan
+
+    return read_plan(bundle)
+
+
+def every_layer(plan: MetalPlan) -> MetalPlan:
+    """``plan`` with every buffer a layer writes as an output (named by the buffer), so a run
+    returns each layer's result (the last writer's, where several layers write one buffer)."""
+    written = dict.fromkeys(layer.bindings[-1] for layer in plan.layers)
+    outputs = [{"name": plan.buffers[b].name, "buffer": b, "shape": [plan.buffers[b].count]} for b in written]
+    return replace(plan, outputs=outputs)
+
+
+def _runner(plan: MetalPlan, source: str, bundle: Bundle, probe: bool) -> HarnessRunner:
+    label = str(bundle.root)
+    if probe:
+        plan = every_layer(plan)
+    exe = compile_harness(plan, source, label)
+    weights: dict[str, np.ndarray] = {}
+    if plan.weight_buffers():
+        with bundle.container() as container:
+            weights = {
+                b.name: np.array(container.array(b.name), dtype=np.float32) for b in plan.weight_buffers()
+            }
+    outputs = [o["name"] for o in plan.outputs] if probe else [o.name for o in bundle.outputs]
+    dtypes = {} if probe else {o.name: o.dtype for o in bundle.outputs}
+    return HarnessRunner(plan, exe, weights, bundle.inputs, outputs, label, output_dtypes=dtypes)
+
+
+def metal_runner(bundle: Bundle | str | os.PathLike, probe: bool = False) -> HarnessRunner:
+    """The Metal target's own runner for a metal bundle; with ``probe``, every layer's result."""
+    from mconv.targets.metal import NAME, kernels_path, read_plan
+
+    if not isinstance(bundle, Bundle):
+        bundle = load_bundle(bundle)
+    if bundle.target != NAME:
+        raise InputError(
+            f"bundle is for target '{bundle.target}', not '{NAME}'", path=str(bundle.root), hint=""
+        )
+    plan = read_plan(bundle)
+    return _runner(plan, bundle.read_bytes(kernels_path(plan)).decode(), bundle, probe)
+
+
+def msl_runner(
+    bundle: Bundle | str | os.PathLike, naga: Path | None = None, probe: bool = False
+) -> HarnessRunner:
+    """A runner for a webgpu bundle that runs naga's MSL translation on the CPU (rule 3); with
+    ``probe``, every layer's result (:func:`every_layer`)."""
+    from mconv.targets.webgpu import kernel_path, read_plan
+
+    if not isinstance(bundle, Bundle):
+        bundle = load_bundle(bundle)
+    label = str(bundle.root)
+    checks = check_bundle(bundle, naga)
+    bad = [k for k, r in checks.items() if not r.ok]
+    if bad:
+        r = checks[bad[0]]
+        raise InputError(
+            f"naga refuses kernel {bad[0]} ({r.stage}: {r.error.splitlines()[0][:120] if r.error else ''})",
+            path=label,
+            where=kernel_path(bad[0]),
+            hint="re-export the bundle",
+        )
+    plan = read_plan(bundle)
+    wgsl = {layer.kernel: bundle.read_bytes(kernel_path(layer.kernel)).decode() for layer in plan.layers}
+    try:
+        source = shim_source(plan, wgsl, checks)
+    except ValueError as exc:
+        raise InputError(str(exc), path=label, hint="naga's MSL changed shape; update naga.py") from None
+    return _runner(plan, source, bundle, probe)

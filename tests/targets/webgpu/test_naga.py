@@ -51,6 +51,21 @@ def _pruned_clustered_lenet(seed: int):
     return model
 
 
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """(target, model, precision) -> the exported bundle, exported once per module."""
+    made = {}
+
+    def get(target: str, name: str, precision: str):
+        key = (target, name, precision)
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"{target}-{name}-{precision}") / "b"
+            made[key] = get_target(target).export(MODELS[name](), out, {"precision": precision})
+        return made[key]
+
+    return get
+
+
 MODELS = {
     "lenet": lambda: lenet(0),
     "mobilenet_style": lambda: mobilenet_style(2),
@@ -62,8 +77,8 @@ MODELS = {
 @pytest.mark.parametrize(
     "name,precision", [(m, "fp32") for m in sorted(MODELS)] + [("mobilenet_style", "fp16"), ("lenet", "fp16")]
 )
-def test_every_kernel_validates_and_translates(naga, tmp_path, name, precision):
-    bundle = get_target("webgpu").export(MODELS[name](), tmp_path / "b", {"precision": precision})
+def test_every_kernel_validates_and_translates(naga, bundles, name, precision):
+    bundle = bundles("webgpu", name, precision)
     results = nagamod.check_bundle(bundle, naga)
     assert len(results) >= 3
     bad = {k: f"{r.stage}: {r.error[:300]}" for k, r in results.items() if not r.ok}
@@ -121,3 +136,51 @@ def test_a_bundle_for_another_target_is_refused(tmp_path):
     with pytest.raises(InputError) as err:
         nagamod.check_bundle(bundle, Path("/nonexistent"))
     assert "not 'webgpu'" in str(err.value) and str(tmp_path / "m") in str(err.value)
+
+
+needs_cxx = pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("clang++") is None,
+    reason="no C++ compiler (apt-get install g++)",
+)
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "name,precision",
+    [
+        ("lenet", "fp32"),
+        ("pruned_clustered_lenet", "fp32"),
+        ("mobilenet_style", "fp16"),
+    ],
+)
+def test_nagas_msl_agrees_with_the_metal_targets_msl_layer_by_layer(naga, bundles, name, precision):
+    web = bundles("webgpu", name, precision)
+    metal = bundles("metal", name, precision)
+    rng = np.random.default_rng(11)
+    feeds = {
+        s.name: rng.random([d if isinstance(d, int) else 1 for d in s.shape]).astype(np.float32)
+        for s in web.inputs
+    }
+    got = nagamod.msl_runner(web, naga, probe=True).run(feeds)
+    want = nagamod.metal_runner(metal, probe=True).run(feeds)
+    layers = len(nagamod.every_layer(nagamod.read_webgpu_plan(web)).outputs)
+    assert set(got) == set(want) and len(got) == layers >= 8
+    tol = 1e-5 if precision == "fp32" else 2e-3
+    for buffer, ref in want.items():
+        scale = float(np.abs(ref).max()) or 1.0
+        err = float(np.abs(got[buffer] - ref).max())
+        assert err <= tol * scale, (buffer, err, scale)
+    # the model's outputs are among the layers compared
+    plan = nagamod.read_webgpu_plan(web)
+    assert {plan.buffers[o["buffer"]].name for o in plan.outputs} <= set(got)
+
+
+def test_msl_runner_refuses_a_tampered_kernel_in_one_line(naga, tmp_path):
+    # the bundle's own integrity check refuses it before naga runs
+    get_target("webgpu").export(lenet(8), tmp_path / "b", {})
+    victim = sorted((tmp_path / "b" / "kernels").glob("*.wgsl"))[2]
+    victim.write_text(victim.read_text().replace("let ", "let let ", 1))
+    with pytest.raises(InputError) as err:
+        nagamod.msl_runner(tmp_path / "b", naga)
+    text = str(err.value)
+    assert f"kernels/{victim.name}" in text and str(tmp_path / "b") in text and "\n" not in text
