@@ -309,7 +309,7 @@ def lower(c: _Converter, ins: list[int], x: str, steps: int, out: int, cell_clip
         sr.append(b)
 
     def per_gate(v: list[int]) -> np.ndarray:
-        return np.repeat(np.asarray(v, _I64), hidden)
+        return np.repeat(np.asarray(v, _I64), hidden)[None]  # [1, 4H]: the rank of a step's gates
 
     out_t = T(out)
     os_, oz = _scale(out_t), _zp(out_t)
@@ -324,14 +324,14 @@ def lower(c: _Converter, ins: list[int], x: str, steps: int, out: int, cell_clip
     xw = c.one(
         "Add", [c.one("MatMul", [xc, c.init(f"{c.node_base}/input_weights_codes", wx)]), g.k("bias", bias)]
     )
-    pre_x = g.clip(g.mbqm(xw, per_gate(mx), per_gate(sx)), -32768, 32767)
     h = g.codes(c.value(ins[18]), float(hs))  # centred output-state codes
     cell = g.codes(c.value(ins[19]), cs)
     wr_name = c.init(f"{c.node_base}/recurrent_weights_codes", wr)
     split = c.ints("split", [hidden] * 4)
     outs = []
     for t in range(steps):
-        xt = c.one("Gather", [pre_x, c.ints("t", np.int64(t))], axis=0)
+        xt = c.one("Gather", [xw, c.ints("t", np.int64(t))], axis=0)
+        xt = g.clip(g.mbqm(xt, per_gate(mx), per_gate(sx)), -32768, 32767)
         rec = g.mbqm(c.one("MatMul", [h, wr_name]), per_gate(mr), per_gate(sr))
         pre = g.clip(c.one("Add", [xt, rec]), -32768, 32767)
         pi, pf, pc, po = c.emit("Split", [pre, split], 4, axis=1)

@@ -17,8 +17,9 @@ Rules:
    (``jax_include_full_tracebacks_in_locations`` off, directories removed with
    ``jax_hlo_source_file_canonicalization_regex``), so the same model, options, mconv and jax
    versions give byte-identical files on any checkout or install path.
-6. 64-bit mode (``jax_enable_x64``) is on when a graph input or output is 64-bit, so int64 and
-   float64 keep their types; it is recorded in ``xla.json`` for the loader.
+6. 64-bit mode (``jax_enable_x64``) is on when a graph input or output is 64-bit, or an int64
+   constant outside int32 feeds Add/Sub/Mul/Div/MatMul, so int64 and float64 keep their types; it
+   is recorded in ``xla.json`` for the loader.
 7. Symbolic dimensions: ``?``, empty and negative sizes get one symbol each (``d{input}_{axis}``);
    every symbol is constrained ``<= DIM_BOUND`` (1e9), so bounds of 1e9 / INT64_MAX simplify.
    When tracing with symbolic dimensions fails and the model's inputs are all fixed (the CLI's
@@ -155,7 +156,21 @@ def _check_options(options: dict) -> None:
 def _needs_x64(model: ir.Model) -> bool:
     wide = {"int64", "float64", "uint64"}
     vals = list(real_inputs(model.graph)) + list(model.graph.outputs)
-    return any(_dtype_name(v) in wide for v in vals)
+    if any(_dtype_name(v) in wide for v in vals):
+        return True
+    # an int64 constant beyond int32 fed to arithmetic (a fixed-point multiplier, a 2**62 offset:
+    # the int8 LSTM of formats/_tflite_lstm_int.py) means int64 arithmetic; Slice ends of INT64_MAX
+    # and the like do not
+    arith = {"Add", "Sub", "Mul", "Div", "MatMul"}
+    for init in model.graph.initializers.values():
+        t = init.const_value
+        if t is None or _dtype_name(init) != "int64" or not t.size:
+            continue
+        if any(use[0].op_type in arith for use in init.uses()):
+            a = t.numpy()
+            if int(a.max()) > 2**31 - 1 or int(a.min()) < -(2**31):
+                return True
+    return False
 
 
 def weight_layouts(model: ir.Model, weight_names: list[str]) -> dict[str, list[int]]:

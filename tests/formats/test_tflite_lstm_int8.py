@@ -4,6 +4,7 @@ non-zero states and on the real dtln noise-suppression model with speech-like fr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mconv.api as api
@@ -143,3 +144,17 @@ def test_gemmlowp_tables_follow_the_functions():
     # MultiplyByQuantizedMultiplier without TFLITE_SINGLE_ROUNDING
     assert L.quantize_multiplier(0.25) == (1 << 30, -1)
     assert L.mbqm(np.array([3, -3, 5, -5]), *L.quantize_multiplier(0.25)).tolist() == [1, -1, 2, -1]
+
+
+def test_built_int8_lstm_exports_to_xla_in_64_bit_mode(tmp_path):
+    pytest.importorskip("jax")
+    rng = np.random.default_rng(13)
+    data = _int8_lstm(rng, T=3, B=1, I=4, H=5, cell_clip=0.0)
+    _import(tmp_path, data)
+    api.export(tmp_path / "m.onnx", "xla", tmp_path / "bundle")
+    # int64 fixed-point arithmetic: in 32-bit mode the products by the multipliers wrap
+    assert json.loads((tmp_path / "bundle" / "xla.json").read_text())["x64"] is True
+    x = rng.integers(-128, 128, (1, 3, 4)).astype(np.int8)
+    res = api.run(tmp_path / "bundle", {"x": x})
+    got = np.asarray(next(iter(res.outputs.values())) if isinstance(res.outputs, dict) else res.outputs[0])
+    assert np.array_equal(got.astype(np.int64), _litert(data, [x]).astype(np.int64))
