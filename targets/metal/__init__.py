@@ -144,6 +144,8 @@ def _name_if_inputs(prepared: ir.Model, exc: UnsupportedError) -> UnsupportedErr
 
 def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
     """Write a metal bundle (plan, Swift package, kernels, weights.mcw) for ``model`` at ``out_dir``."""
+    from mconv.passes.rewrite import tensor_of
+
     options = dict(options or {})
     out_dir = Path(out_dir)
     original_inputs = [TensorSpec.from_value(v) for v in real_inputs(model.graph)]
@@ -159,10 +161,13 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     metadata = dict(prepared.metadata_props)
     weights = []
     for b in plan.weight_buffers():
-        array = inits[b.name].const_value.numpy()
+        array = tensor_of(inits[b.name]).numpy()
         stored, spec = _weight_spec(array, metadata, b.name, plan.dtype, options.get("codec"))
         weights.append((b.name, stored, spec))
-    batch_dim_symbolic = {s.name: bool(s.shape) and not isinstance(s.shape[0], int) for s in original_inputs}
+    batch_dim_symbolic = {
+        s.name: s.shape is not None and len(s.shape) > 0 and not isinstance(s.shape[0], int)
+        for s in original_inputs
+    }
     inputs = []
     for spec in plan.inputs:
         shape = list(spec["shape"])

@@ -20,6 +20,7 @@ import onnx_ir as ir
 from mconv.targets.metal.kernels import UNARY_ACTIVATIONS, Activation, KernelSource, LowerContext, register
 from mconv.targets.metal.kernels.conv import constants
 from mconv.targets.metal.kernels.elementwise import check_binary, check_unary, lower_binary, lower_unary
+from mconv.targets.metal.values import required
 
 
 @register(*UNARY_ACTIVATIONS, check=check_unary)
@@ -36,7 +37,7 @@ def lower_prelu(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
 
 @register("Softmax", "LogSoftmax")
 def lower_softmax(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x = node.inputs[0]
+    x = required(node.inputs[0])
     xs = ctx.shape(x)
     rank = len(xs)
     axis = node.attributes.get_int("axis", -1 if ctx.opset >= 13 else 1)

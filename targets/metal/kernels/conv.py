@@ -17,13 +17,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 from mconv.errors import InputError
-from mconv.targets.metal.kernels import (
-    Activation,
-    KernelSource,
-    LowerContext,
-    activation_expr,
-    register,
-)
+from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, activation_expr, register
+from mconv.targets.metal.values import required
 
 
 def _resolve_pads(
@@ -67,7 +62,7 @@ def constants(prefix: str, values: dict[str, int]) -> str:
 
 @register("Conv", fusible=True)
 def lower_conv(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, w = node.inputs[0], node.inputs[1]
+    x, w = required(node.inputs[0]), required(node.inputs[1])
     b = node.inputs[2] if len(node.inputs) > 2 else None
     y = node.outputs[0]
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
@@ -138,7 +133,7 @@ def _bias_strides(c_shape: list[int], m: int, n: int) -> tuple[int, int]:
 
 
 def _check_conv_transpose(ctx: LowerContext, node: ir.Node) -> str | None:
-    xs = node.inputs[0].shape
+    xs = required(node.inputs[0], node).shape
     if xs is None or len(xs) not in (3, 4):
         return "only 1-D and 2-D ConvTranspose"
     return None
@@ -150,7 +145,7 @@ def lower_conv_transpose(
 ) -> KernelSource:
     """Transposed convolution (rule 3): each output pixel gathers the input pixels whose stride
     grid lands on it, ``ih = (oh + pad - kh * dilation) / stride`` where that divides exactly."""
-    x, w = node.inputs[0], node.inputs[1]
+    x, w = required(node.inputs[0]), required(node.inputs[1])
     b = node.inputs[2] if len(node.inputs) > 2 else None
     y = node.outputs[0]
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)

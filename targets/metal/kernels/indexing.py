@@ -13,6 +13,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, register
 from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.values import required
 
 
 def _check_gather(ctx: LowerContext, node: ir.Node) -> str | None:
@@ -23,11 +24,13 @@ def _check_gather(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register("Gather", check=_check_gather, integers=True)
 def lower_gather(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x = node.inputs[0]
+    x = required(node.inputs[0])
     xs = ctx.shape(x)
     axis = node.attributes.get_int("axis", 0)
     axis = axis + len(xs) if axis < 0 else axis
-    idx = [int(i) + xs[axis] if int(i) < 0 else int(i) for i in LowerContext.const(node.inputs[1]).ravel()]
+    indices = LowerContext.const(node.inputs[1])
+    assert indices is not None  # _check_gather admits constant indices only
+    idx = [int(i) + xs[axis] if int(i) < 0 else int(i) for i in indices.ravel()]
     inner = int(np.prod(xs[axis + 1 :]))
     n_idx = len(idx)
     count = int(np.prod(xs[:axis])) * n_idx * inner

@@ -23,11 +23,12 @@ from mconv.targets.metal.kernels import (
     register,
 )
 from mconv.targets.metal.kernels.conv import _bias_strides, constants
+from mconv.targets.metal.values import required
 
 
 @register("Gemm", "MatMul", fusible=True)
 def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    a, b = node.inputs[0], node.inputs[1]
+    a, b = required(node.inputs[0]), required(node.inputs[1])
     y = node.outputs[0]
     as_, bs, ys = ctx.shape(a), ctx.shape(b), ctx.shape(y)
     where = f"node '{node.name}'"
@@ -82,7 +83,7 @@ def _lower_batched_matmul(
     """numpy matmul: 1-D operands promoted, batch dimensions broadcast (rule 2)."""
     from mconv.targets.metal.kernels.elementwise import _offsets, broadcast_strides
 
-    a, b = node.inputs[0], node.inputs[1]
+    a, b = required(node.inputs[0]), required(node.inputs[1])
     as_, bs = ctx.shape(a), ctx.shape(b)
     a2 = [1, *as_] if len(as_) == 1 else as_
     b2 = [*bs, 1] if len(bs) == 1 else bs

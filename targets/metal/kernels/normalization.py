@@ -24,11 +24,12 @@ from mconv.targets.metal.kernels import (
     register,
 )
 from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.values import all_required, required, static_dims
 
 
 @register("LRN")
 def lower_lrn(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x = node.inputs[0]
+    x = required(node.inputs[0])
     xs = ctx.shape(x)
     count = int(np.prod(xs))
     c = xs[1]
@@ -62,14 +63,14 @@ def lower_lrn(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | N
 
 
 def _check_layernorm(ctx: LowerContext, node: ir.Node) -> str | None:
-    xs = node.inputs[0].shape
+    xs = required(node.inputs[0], node).shape
     if xs is None:
         return None
     axis = node.attributes.get_int("axis", -1)
     axis = axis + len(xs) if axis < 0 else axis
-    size = int(np.prod([int(d) for d in xs[axis:]]))
+    size = int(np.prod(static_dims(xs)[axis:]))
     for v in node.inputs[1:3]:
-        if v is not None and v.shape is not None and int(np.prod([int(d) for d in v.shape])) not in (1, size):
+        if v is not None and v.shape is not None and int(np.prod(static_dims(v.shape))) not in (1, size):
             return "scale or bias not of the normalized shape"
     if any(o is not None and o.uses() for o in node.outputs[1:]):
         return "mean or inv_std_dev output used"
@@ -79,21 +80,21 @@ def _check_layernorm(ctx: LowerContext, node: ir.Node) -> str | None:
 @register("LayerNormalization", check=_check_layernorm)
 def lower_layernorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     """rule 3: one thread per row (the axes from ``axis`` on), two float passes (mean, variance)."""
-    x = node.inputs[0]
+    x = required(node.inputs[0])
     xs = ctx.shape(x)
     axis = node.attributes.get_int("axis", -1)
     axis = axis + len(xs) if axis < 0 else axis
     size = int(np.prod(xs[axis:]))
     rows = int(np.prod(xs[:axis]))
     eps = node.attributes.get_float("epsilon", 1e-5)
-    reads = [x, node.inputs[1]]
+    reads = [x, required(node.inputs[1])]
     params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "S")]
-    s_idx = "j" if int(np.prod(ctx.shape(node.inputs[1]))) == size else "0"
+    s_idx = "j" if int(np.prod(ctx.shape(required(node.inputs[1])))) == size else "0"
     bias = ""
     if len(node.inputs) > 2 and node.inputs[2] is not None:
-        reads.append(node.inputs[2])
+        reads.append(required(node.inputs[2]))
         params.append(ctx.buffer_param(2, "B"))
-        b_idx = "j" if int(np.prod(ctx.shape(node.inputs[2]))) == size else "0"
+        b_idx = "j" if int(np.prod(ctx.shape(required(node.inputs[2])))) == size else "0"
         bias = f" + float(B[{b_idx}])"
     params.append(ctx.buffer_param(len(params), "Y", out=True))
     P = kernel
@@ -119,7 +120,7 @@ def lower_layernorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activati
 
 @register("BatchNormalization", fusible=True)
 def lower_batchnorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, scale, bias, mean, var = node.inputs[:5]
+    x, scale, bias, mean, var = all_required(node.inputs[:5])
     xs = ctx.shape(x)
     count = int(np.prod(xs))
     c = xs[1] if len(xs) > 1 else 1

@@ -16,11 +16,12 @@ import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, activation_expr, register
 from mconv.targets.metal.kernels.conv import constants, spatial_params
+from mconv.targets.metal.values import required
 
 
 @register("MaxPool", "AveragePool", fusible=True)
 def lower_pool(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, y = node.inputs[0], node.outputs[0]
+    x, y = required(node.inputs[0]), node.outputs[0]
     if len(node.outputs) > 1 and node.outputs[1] is not None and node.outputs[1].uses():
         raise InputError("MaxPool indices output", where=f"node '{node.name}'", hint="not supported by metal")
     xs, ys = ctx.shape(x), ctx.shape(y)
@@ -96,7 +97,7 @@ def lower_pool(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
 
 @register("GlobalMaxPool", "GlobalAveragePool", fusible=True)
 def lower_global_pool(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x = node.inputs[0]
+    x = required(node.inputs[0])
     xs = ctx.shape(x)
     n, c = xs[0], xs[1]
     hw = 1

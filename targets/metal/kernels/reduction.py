@@ -19,6 +19,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, activation_expr, register
 from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.values import required
 
 OPS = (
     "ReduceMean",
@@ -63,7 +64,7 @@ def reduce_axes(ctx: LowerContext, node: ir.Node, rank: int) -> list[int] | None
 
 
 def _check(ctx: LowerContext, node: ir.Node) -> str | None:
-    xs = node.inputs[0].shape
+    xs = required(node.inputs[0], node).shape
     if xs is None:
         return None  # the planner names missing shapes itself
     if reduce_axes(ctx, node, len(xs)) is None:
@@ -92,7 +93,7 @@ def merged_groups(shape: list[int], reduced: set[int]) -> list[tuple[int, int, b
 
 @register(*OPS, fusible=True, check=_check)
 def lower_reduce(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x = node.inputs[0]
+    x = required(node.inputs[0])
     xs = ctx.shape(x)
     axes = reduce_axes(ctx, node, len(xs))
     assert axes is not None  # checked by _check

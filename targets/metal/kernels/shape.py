@@ -30,6 +30,7 @@ import onnx_ir as ir
 from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, flit, register
 from mconv.targets.metal.kernels.conv import constants
 from mconv.targets.metal.kernels.elementwise import _offsets, broadcast_strides
+from mconv.targets.metal.values import all_required, required
 
 
 @register("Concat", integers=True)
@@ -40,7 +41,7 @@ def lower_concat(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
     axis = axis + len(ys) if axis < 0 else axis
     inner = int(np.prod(ys[axis + 1 :]))
     count = int(np.prod(ys))
-    inputs = list(node.inputs)
+    inputs = all_required(node.inputs)
     sizes = [ctx.shape(v)[axis] for v in inputs]
     P = kernel
     params = [ctx.buffer_param(i, f"X{i}") for i in range(len(inputs))]
@@ -68,7 +69,7 @@ def lower_concat(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
 
 @register("Transpose", integers=True)
 def lower_transpose(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, y = node.inputs[0], node.outputs[0]
+    x, y = required(node.inputs[0]), node.outputs[0]
     xs, ys = ctx.shape(x), ctx.shape(y)
     perm = list(node.attributes.get_ints("perm", list(reversed(range(len(xs))))))
     in_strides, step = [0] * len(xs), 1
@@ -135,7 +136,7 @@ def _const_ints(v: ir.Value | None) -> list[int] | None:
 
 def _slice_params(ctx: LowerContext, node: ir.Node) -> tuple[list[int], list[int]] | str:
     """(start per axis, step per axis) of a Slice over its input, or why it cannot be lowered."""
-    xs = [int(d) for d in node.inputs[0].shape]
+    xs = ctx.shape(required(node.inputs[0]))
     rank = len(xs)
     if ctx.opset < 10:
         starts = list(node.attributes.get_ints("starts", []))
@@ -144,15 +145,16 @@ def _slice_params(ctx: LowerContext, node: ir.Node) -> tuple[list[int], list[int
         steps = [1] * len(starts)
     else:
         ins = list(node.inputs) + [None] * 5
-        starts, ends = _const_ints(ins[1]), _const_ints(ins[2])
-        axes = _const_ints(ins[3]) if ins[3] is not None else None
-        steps = _const_ints(ins[4]) if ins[4] is not None else None
-        if starts is None or ends is None or (ins[3] is not None and axes is None):
+        c_starts, c_ends = _const_ints(ins[1]), _const_ints(ins[2])
+        c_axes = _const_ints(ins[3]) if ins[3] is not None else None
+        c_steps = _const_ints(ins[4]) if ins[4] is not None else None
+        if c_starts is None or c_ends is None or (ins[3] is not None and c_axes is None):
             return "starts, ends or axes not constant"
-        if ins[4] is not None and steps is None:
+        if ins[4] is not None and c_steps is None:
             return "steps not constant"
-        axes = axes if axes is not None else list(range(len(starts)))
-        steps = steps if steps is not None else [1] * len(starts)
+        starts, ends = c_starts, c_ends
+        axes = c_axes if c_axes is not None else list(range(len(starts)))
+        steps = c_steps if c_steps is not None else [1] * len(starts)
     begin, step = [0] * rank, [1] * rank
     for a, st, en, sp in zip(axes, starts, ends, steps):
         a = a + rank if a < 0 else a
@@ -170,7 +172,7 @@ def _check_slice(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register("Slice", check=_check_slice, integers=True)
 def lower_slice(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, y = node.inputs[0], node.outputs[0]
+    x, y = required(node.inputs[0]), node.outputs[0]
     xs, ys = ctx.shape(x), ctx.shape(y)
     got = _slice_params(ctx, node)
     assert not isinstance(got, str)
@@ -182,7 +184,7 @@ def lower_slice(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
 
 @register("Split", integers=True)
 def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> list[KernelSource]:
-    x = node.inputs[0]
+    x = required(node.inputs[0])
     xs = ctx.shape(x)
     axis = node.attributes.get_int("axis", 0)
     axis = axis + len(xs) if axis < 0 else axis
@@ -198,13 +200,13 @@ def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
 
 @register("Expand", integers=True)
 def lower_expand(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, y = node.inputs[0], node.outputs[0]
+    x, y = required(node.inputs[0]), node.outputs[0]
     return strided_copy(ctx, kernel, x, ctx.shape(y), broadcast_strides(ctx.shape(x), ctx.shape(y)))
 
 
 @register("DepthToSpace", "SpaceToDepth", integers=True)
 def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x = node.inputs[0]
+    x = required(node.inputs[0])
     n, c, h, w = ctx.shape(x)
     bs = node.attributes.get_int("blocksize")
     if node.op_type == "DepthToSpace":
@@ -220,14 +222,15 @@ def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activa
 
 def _pad_params(ctx: LowerContext, node: ir.Node) -> tuple[list[int], str, float] | str:
     """(begin pads per axis, mode, constant value) or why not."""
-    rank = len(node.inputs[0].shape)
+    rank = len(ctx.shape(required(node.inputs[0])))
     if ctx.opset < 11:
         pads = list(node.attributes.get_ints("pads", [0] * (2 * rank)))
         value = node.attributes.get_float("value", 0.0)
     else:
-        pads = _const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
-        if pads is None:
+        c_pads = _const_ints(node.inputs[1]) if len(node.inputs) > 1 else None
+        if c_pads is None:
             return "pads not constant"
+        pads = c_pads
         value = 0.0
         if len(node.inputs) > 2 and node.inputs[2] is not None:
             cv = LowerContext.const(node.inputs[2])
@@ -256,7 +259,7 @@ def _check_pad(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register("Pad", check=_check_pad, integers=True)
 def lower_pad(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, y = node.inputs[0], node.outputs[0]
+    x, y = required(node.inputs[0]), node.outputs[0]
     xs, ys = ctx.shape(x), ctx.shape(y)
     got = _pad_params(ctx, node)
     assert not isinstance(got, str)
@@ -305,7 +308,7 @@ def _remap(ctx, kernel, x, xs, ys, axes, value=0.0) -> KernelSource:
 
 @register("Tile", integers=True)
 def lower_tile(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, y = node.inputs[0], node.outputs[0]
+    x, y = required(node.inputs[0]), node.outputs[0]
     xs = ctx.shape(x)
     return _remap(ctx, kernel, x, xs, ctx.shape(y), [(0, "tile")] * len(xs))
 
@@ -315,7 +318,7 @@ def _resize_axes(ctx: LowerContext, node: ir.Node):
     from mconv.targets.reference.executor import attr_to_python
     from mconv.targets.reference.ops import shape as ref
 
-    xs = [int(d) for d in node.inputs[0].shape]
+    xs = ctx.shape(required(node.inputs[0]))
     attrs = {k: attr_to_python(a) for k, a in node.attributes.items()}
     inputs: list = [np.broadcast_to(np.float32(0), xs)]
     for v in node.inputs[1:]:
@@ -351,7 +354,7 @@ def _check_resize(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register("Resize", "Upsample", check=_check_resize)
 def lower_resize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x, y = node.inputs[0], node.outputs[0]
+    x, y = required(node.inputs[0]), node.outputs[0]
     xs, ys = ctx.shape(x), ctx.shape(y)
     plan, attrs = _resize_axes(ctx, node)
     P = kernel
