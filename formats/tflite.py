@@ -100,7 +100,7 @@ _PARSE_ERRORS = (
 )
 
 # tflite TensorType -> (numpy dtype, ONNX dtype); None where the type carries no numbers we read.
-_DTYPES: dict[int, tuple[np.dtype, int] | None] = {
+_DTYPES: dict[int, tuple[np.dtype, int]] = {
     0: (np.dtype(np.float32), TensorProto.FLOAT),
     1: (np.dtype(np.float16), TensorProto.FLOAT16),
     2: (np.dtype(np.int32), TensorProto.INT32),
@@ -141,6 +141,11 @@ class TflTensor:
     @property
     def quantized(self) -> bool:
         return self.scale is not None and self.scale.size > 0
+
+    def quant(self) -> tuple[np.ndarray, np.ndarray]:
+        """(scale, zero_point) of a quantized tensor (the reader sets both or neither)."""
+        assert self.scale is not None and self.zero_point is not None, "not a quantized tensor"
+        return self.scale, self.zero_point
 
 
 @dataclass
@@ -521,10 +526,11 @@ def dequantize(t: TflTensor) -> np.ndarray:
         return t.data.astype(np.float32)
     if not t.quantized:
         return t.data
-    scale, zp = t.scale.astype(np.float64), t.zero_point.astype(np.float64)
-    if t.scale.size > 1:
+    t_scale, t_zp = t.quant()
+    scale, zp = t_scale.astype(np.float64), t_zp.astype(np.float64)
+    if t_scale.size > 1:
         bshape = [1] * t.data.ndim
-        bshape[t.quantized_dimension] = t.scale.size
+        bshape[t.quantized_dimension] = t_scale.size
         scale = scale.reshape(bshape)
         zp = zp.reshape(bshape) if zp.size > 1 else zp.reshape(())
     else:
@@ -685,17 +691,18 @@ class _Converter:
         t = self.T(i)
         if not (self.fake_quant and t.data is not None and t.quantized and t.type in (2, 3, 9)):
             return None
-        per_channel = t.scale.size > 1
+        scale, zero = t.quant()
+        per_channel = scale.size > 1
         if per_channel and t.quantized_dimension != qdim:
             return None
         codes = np.ascontiguousarray(fn(t.data))
-        zp = np.broadcast_to(t.zero_point.reshape(-1), t.scale.shape).astype(t.data.dtype)
+        zp = np.broadcast_to(zero.reshape(-1), scale.shape).astype(t.data.dtype)
         base = self.tname[i]
         q = self.init(base, codes)
         if per_channel:
-            s, z = self.init(f"{base}/scale", t.scale), self.init(f"{base}/zero_point", zp)
+            s, z = self.init(f"{base}/scale", scale), self.init(f"{base}/zero_point", zp)
             return self.one("DequantizeLinear", [q, s, z], axis=axis)
-        s = self.init(f"{base}/scale", t.scale.reshape(()))
+        s = self.init(f"{base}/scale", scale.reshape(()))
         z = self.init(f"{base}/zero_point", zp.reshape(()))
         return self.one("DequantizeLinear", [q, s, z])
 
@@ -705,7 +712,7 @@ class _Converter:
             raise _Unsupported(f"{what} must be a constant tensor")
         return a
 
-    def init(self, base: str, array: np.ndarray) -> str:
+    def init(self, base: str, array: np.ndarray | np.generic) -> str:
         # A weight keeps its tensor's name when that name is still free for an initializer.
         tensor_name = base in self.tensor_names and base not in self.inits and base not in self.bound
         name = base if tensor_name else self.fresh(base)
@@ -775,10 +782,11 @@ class _Converter:
 
     def qdq(self, x: str, t: TflTensor) -> str:
         """Round ``x`` to tensor ``t``'s quantization grid (per-tensor params only)."""
-        if not (t.quantized and t.type in _QUANT_TYPES and t.scale.size == 1):
+        if not (t.quantized and t.type in _QUANT_TYPES and t.quant()[0].size == 1):
             return x
-        s = self.init(f"{self.tname[t.index]}/scale", t.scale.reshape(()).astype(np.float32))
-        zp = t.zero_point.reshape(())
+        scale, zero = t.quant()
+        s = self.init(f"{self.tname[t.index]}/scale", scale.reshape(()).astype(np.float32))
+        zp = zero.reshape(())
         # int8 grids are written as the same grid in uint8 (codes + 128): ONNX Runtime 1.32's QDQ
         # propagation fails on int8 pairs next to Reshape/Transpose ("output_dtype INT8 does not
         # match y_zero_point type UINT8").
@@ -836,12 +844,13 @@ class _Converter:
                 graph_inputs.append(self._value_info(i, dt[1]))
                 self.node_base = self.tname[i]
                 self.node_count = 0
-                s = self.init(f"{self.tname[i]}/scale", t.scale.reshape(-1)[:1].reshape(()))
+                scale, zero = t.quant()
+                s = self.init(f"{self.tname[i]}/scale", scale.reshape(-1)[:1].reshape(()))
                 # (x - zero_point) * scale spelled out: ONNX Runtime 1.32's QDQ propagation breaks on
                 # a DequantizeLinear of a graph input that feeds a Transpose (int8 vs uint8 zero point).
                 xf = self.one("Cast", [self.tname[i]], to=TensorProto.FLOAT)
                 zf = self.init(
-                    f"{self.tname[i]}/zero_point", t.zero_point.reshape(-1)[:1].reshape(()).astype(np.float32)
+                    f"{self.tname[i]}/zero_point", zero.reshape(-1)[:1].reshape(()).astype(np.float32)
                 )
                 self.vals[i] = self.emit(
                     "Mul", [self.one("Sub", [xf, zf]), s], [self.fresh(f"{self.tname[i]}/dequantized")]
@@ -855,10 +864,10 @@ class _Converter:
         for op in m.ops:
             label = show(self.tname[op.outputs[0]]) if op.outputs else f"op_{op.index}"
             for k in op.inputs:
-                t = self.T(k) if k >= 0 else None
-                if t is not None and t.data is None and not t.variable and k not in written:
+                src = self.T(k) if k >= 0 else None
+                if src is not None and src.data is None and not src.variable and k not in written:
                     raise InputError(
-                        f"operator {op.index} ({op.code}) reads tensor '{show(t.name)}' before any "
+                        f"operator {op.index} ({op.code}) reads tensor '{show(src.name)}' before any "
                         "operator writes it",
                         path=self.path,
                         where=f"operator {op.index}",
@@ -936,10 +945,9 @@ class _Converter:
             quant_out = t.quantized and t.type in _QUANT_TYPES
             self.node_base, self.node_count = self.tname[i], 0
             if quant_out and self.io == "tflite":
-                s = self.init(f"{self.tname[i]}/scale", t.scale.reshape(-1)[:1].reshape(()))
-                z = self.init(
-                    f"{self.tname[i]}/zero_point", t.zero_point.reshape(-1)[:1].reshape(()).astype(dt[0])
-                )
+                scale, zero = t.quant()
+                s = self.init(f"{self.tname[i]}/scale", scale.reshape(-1)[:1].reshape(()))
+                z = self.init(f"{self.tname[i]}/zero_point", zero.reshape(-1)[:1].reshape(()).astype(dt[0]))
                 self._rename_or_emit("QuantizeLinear", [v, s, z], self.tname[i])
                 graph_outputs.append(self._value_info(i, dt[1]))
             else:

@@ -395,9 +395,10 @@ def unidirectional_sequence_lstm(c: _Converter, op: TflOp) -> None:
     wr = [w(k, "recurrent weights") for k in (_RI, _RF, _RC, _RO)]
     b = [w(k, "gate bias") for k in (_BI, _BF, _BC, _BO)]
     peep = [w(k, "peephole weights") for k in (_PI, _PF, _PO)]
-    if any(a is None for a in wx[1:] + wr[1:]):
+    forget_in = wx[1]
+    if forget_in is None or any(a is None for a in wx[1:] + wr[1:]):
         raise _Unsupported("missing gate weights")
-    hidden = wx[1].shape[0]
+    hidden = forget_in.shape[0]
     cifg = wx[0] is None
     b = [np.zeros(hidden, np.float32) if a is None else a.reshape(-1) for a in b]
     proj_w, proj_b = w(_PROJ_W, "projection weights"), w(_PROJ_B, "projection bias")
@@ -997,6 +998,7 @@ def split(c: _Converter, op: TflOp) -> None:
     xs = c.T(x).signature or c.shape(x)
     axis = _axis(_scalar_int(c, axis_i, "axis"), len(xs))
     n, dim = len(op.outputs), xs[axis]
+    sizes: list[int] | None
     if op.code == "SPLIT_V":
         sizes = c.const_ints(op.inputs[1], "size_splits").reshape(-1).tolist()
         if len(sizes) != n or sum(s == -1 for s in sizes) > 1:
@@ -1012,7 +1014,7 @@ def split(c: _Converter, op: TflOp) -> None:
     if sizes is not None and (min(sizes) < 0 or (dim >= 0 and sum(sizes) != dim)):
         raise ValueError(f"split sizes {sizes[:8]} for a dimension of {dim}")
     inputs = [c.value(x)] + ([c.ints("split", sizes)] if sizes is not None else [])
-    extra = {} if sizes is not None else {"num_outputs": n}
+    extra: dict[str, int] = {} if sizes is not None else {"num_outputs": n}
     outs = c.emit("Split", inputs, n, axis=axis, **extra) if n > 1 else [c.one("Identity", [c.value(x)])]
     for k, v in zip(op.outputs, outs, strict=True):
         c.bind(k, v)
@@ -1118,7 +1120,8 @@ def _space_batch(c: _Converter, op: TflOp, to_batch: bool) -> None:
     m = len(block)
     if m < 1 or len(pads) != m or len(xs) < m + 1 or min(block) < 1 or min(min(p) for p in pads) < 0:
         raise ValueError(f"block {block[:4]} / pads {pads[:4]} for shape {xs}")
-    if any(d < 0 for d in xs) or (c.T(x).signature and -1 in c.T(x).signature):
+    sig = c.T(x).signature
+    if any(d < 0 for d in xs) or (sig and -1 in sig):
         raise _Unsupported("dynamic dimensions")
     rest = xs[m + 1 :]
     v = c.value(x)
