@@ -314,22 +314,37 @@ def _opset(model: ir.Model) -> int:
     return int(model.opset_imports.get("", 13))
 
 
+_SEE_THROUGH = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
 def _fusions(model: ir.Model, ctx: LowerContext) -> dict[int, tuple[Activation, list[ir.Node]]]:
     """id(producer node) -> (activation, the nodes it absorbs) (rule 3)."""
     outputs = {v.name for v in model.graph.outputs}
     fused: dict[int, tuple[Activation, list[ir.Node]]] = {}
+    taken: set[int] = set()  # nodes an earlier producer absorbed (Add by a scalar is both)
     for node in model.graph:
-        if node.op_type not in FUSIBLE or len(node.outputs) != 1:
+        if node.op_type not in FUSIBLE or len(node.outputs) != 1 or id(node) in taken:
             continue
         y = node.outputs[0]
         if y.name in outputs:
             continue
         uses = [u.node for u in y.uses()]
+        views: list[ir.Node] = []
+        # a reshaping view between the producer and an activation (Gemm -> Reshape -> Quantize):
+        # the data is the same flat array, so the kernel applies the activation and writes the
+        # activation's value; the view is absorbed
+        if len(uses) == 1 and uses[0].op_type in _SEE_THROUGH and uses[0].inputs[0] is y:
+            v = uses[0].outputs[0]
+            after = [u.node for u in v.uses()]
+            if v.name not in outputs and len(after) == 1 and after[0].inputs[0] is v:
+                if activation_of(ctx, after[0]) is not None:
+                    views, uses = [uses[0]], after
+                    y = v
         if len(uses) == 1 and uses[0].domain in ("", "ai.onnx"):
             act = activation_of(ctx, uses[0])
             if act is None or uses[0].inputs[0] is not y:
                 continue
-            chain = [uses[0]]
+            chain = [*views, uses[0]]
             while True:  # Relu then Min(6) (Keras' relu6) and such: one kernel applies both
                 last = chain[-1].outputs[0]
                 nxt = [u.node for u in last.uses()]
@@ -341,6 +356,7 @@ def _fusions(model: ir.Model, ctx: LowerContext) -> dict[int, tuple[Activation, 
                 act = act.then_apply(more)
                 chain.append(nxt[0])
             fused[id(node)] = (act, chain)
+            taken.update(id(c) for c in chain)
             continue
         if len(uses) == 2:  # swish: y * Sigmoid(y)
             sig = next((u for u in uses if u.op_type == "Sigmoid"), None)
@@ -352,6 +368,7 @@ def _fusions(model: ir.Model, ctx: LowerContext) -> dict[int, tuple[Activation, 
                 continue
             if {id(mul.inputs[0]), id(mul.inputs[1])} == {id(y), id(s)}:
                 fused[id(node)] = (Activation("swish", (), (sig.name, mul.name)), [sig, mul])
+                taken.update((id(sig), id(mul)))
     return fused
 
 

@@ -125,6 +125,11 @@ def activation_expr(act: Activation | None, v: str = "v") -> str:
         return f"(max({v}, 0.0f) + log(1.0f + exp(-abs({v}))))"
     if k == "softsign":
         return f"({v} / (1.0f + abs({v})))"
+    if k == "quantize":  # per-tensor QuantizeLinear (metal's activation_of); round is half to even
+        sc, zp, lo, hi = p
+        return f"min(max(round({v} / {flit(sc)}) + {flit(zp)}, {flit(lo)}), {flit(hi)})"
+    if k == "dequantize":
+        return f"(({v} - {flit(p[1])}) * {flit(p[0])})"
     if k in ("mul", "add", "div"):  # by a constant scalar (metal's activation_of)
         return f"({v} {dict(mul='*', add='+', div='/')[k]} {flit(p[0])})"
     if k == "mish":

@@ -47,7 +47,7 @@ class Activation:
     """A fused activation (an elementwise function of one float): kind (relu, clip, leaky, sigmoid,
     tanh, gelu, gelu_tanh, swish, hardsigmoid, hardswish, elu, selu, celu, softplus, softsign,
     mish, neg, exp, log, sqrt, abs, reciprocal, erf, floor, ceil, round, sin, cos, identity; mul,
-    add, div: by a constant scalar) and
+    add, div: by a constant scalar; quantize, dequantize: per-tensor Q/DQ) and
     params."""
 
     kind: str
@@ -117,6 +117,11 @@ def activation_expr(act: Activation | None, v: str = "v") -> str:
         return f"(max({v}, 0.0f) + log(1.0f + exp(-fabs({v}))))"
     if k == "softsign":
         return f"({v} / (1.0f + fabs({v})))"
+    if k == "quantize":  # QuantizeLinear per tensor: scale, zero point, code range
+        sc, zp, lo, hi = p
+        return f"min(max(rint({v} / {flit(sc)}) + {flit(zp)}, {flit(lo)}), {flit(hi)})"
+    if k == "dequantize":  # DequantizeLinear per tensor: scale, zero point
+        return f"(({v} - {flit(p[1])}) * {flit(p[0])})"
     if k in ("mul", "add", "div"):  # x * c, x + c, x / c by a constant scalar (a literal)
         return f"({v} {dict(mul='*', add='+', div='/')[k]} {flit(p[0])})"
     if k == "mish":

@@ -196,6 +196,19 @@ def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
         return Activation("selu", (a, g), (node.name,))
     if op in _SIMPLE:
         return Activation(_SIMPLE[op], (), (node.name,))
+    if op in ("QuantizeLinear", "DequantizeLinear"):  # per tensor: fused after the producer
+        from mconv.targets.metal.kernels.quantization import CODE_RANGES, _code_type, _params
+
+        got = _params(ctx, node)
+        if isinstance(got, str) or got[0].size != 1:
+            return None
+        scale, zp = float(got[0][0]), float(got[1][0])
+        if op == "DequantizeLinear":
+            return Activation("dequantize", (scale, zp), (node.name or "",))
+        code = _code_type(node)
+        assert code is not None
+        lo, hi = CODE_RANGES[code]
+        return Activation("quantize", (scale, zp, float(lo), float(hi)), (node.name or "",))
     if op in ("Mul", "Add", "Sub", "Div") and len(node.inputs) == 2:  # x op c, c a constant scalar
         c = LowerContext.const(node.inputs[1])
         x = node.inputs[0]

@@ -413,3 +413,30 @@ def test_a_scalar_scale_after_a_reduction_fuses_so_a_mean_of_squares_fits_half(t
     want = run_ort(model, {"x": x})["y"]
     assert np.isfinite(got).all()
     np.testing.assert_allclose(got, want, rtol=2e-3)
+
+
+def test_quantize_after_a_reshape_fuses_into_the_producer_and_quantizes_its_float_result(tmp_path):
+    # TFLite's Gemm -> Reshape -> QuantizeLinear -> DequantizeLinear: one kernel quantizes the
+    # float accumulator, not a half-rounded copy of it (integers here: the sums are exact)
+    rng = np.random.default_rng(23)
+    w = {
+        "w": rng.integers(-4, 5, (16, 8)).astype(np.float32),
+        "shape": np.array([1, 2, 8], np.int64),
+        "s": np.float32(0.37),
+        "z": np.int8(-5),
+    }
+    nodes = [
+        n("Gemm", ["x", "w"], ["h"], transB=1),
+        n("Reshape", ["h", "shape"], ["r"]),
+        n("QuantizeLinear", ["r", "s", "z"], ["q"]),
+        n("DequantizeLinear", ["q", "s", "z"], ["y"]),
+    ]
+    model = model_of(nodes, [("x", TensorProto.FLOAT, [1, 8])], [("y", TensorProto.FLOAT, [1, 2, 8])], w)
+    plan = build_plan(prepare(model), {"precision": "fp16"})
+    assert [layer.op for layer in plan.layers] == ["Gemm+quantize+dequantize"]
+    x = rng.integers(-6, 7, (1, 8)).astype(np.float32)
+    got = run_metal(model, {"x": x}, tmp_path, "fp32")["y"]
+    want = run_ort(model, {"x": x})["y"]
+    np.testing.assert_array_equal(got, want)
+    codes = np.rint(run_metal(model, {"x": x}, tmp_path / "h", "fp16")["y"] / 0.37)
+    np.testing.assert_array_equal(codes, np.rint(want / np.float32(0.37)))
