@@ -24,6 +24,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from mconv.errors import show
 
 if TYPE_CHECKING:
     from mconv.formats.tflite import TflTensor, _Converter
@@ -275,8 +276,11 @@ def integer_kernel_applies(c: _Converter, ins: list[int], out: int) -> bool:
     o, h = T(out), T(ins[18])
     if _scale(o) != _scale(h) or _zp(o) != _zp(h):
         return False
+    scales = [_scale(T(i)) for i in [ins[0], *gates_w, ins[18], out]]
+    if not all(math.isfinite(v) and v > 0 for v in scales):
+        return False
     cs = _scale(T(ins[19]))
-    e = math.log2(cs) if cs > 0 else 0.5
+    e = math.log2(cs) if math.isfinite(cs) and cs > 0 else 0.5
     return e == int(e) and 0 <= 15 + int(e) <= 6 and -30 <= int(e)
 
 
@@ -294,7 +298,22 @@ def lower(c: _Converter, ins: list[int], x: str, steps: int, out: int, cell_clip
 
     xs, hs, cs = np.float32(s(ins[0])), np.float32(s(ins[18])), s(ins[19])
     cs_log = int(math.log2(cs))
-    hidden = T(ins[1]).shape[0]
+    hidden, n_in = T(ins[1]).shape[0], T(ins[0]).shape[-1]
+    for k in range(4):  # shapes the kernel assumes: W_x [H, I], W_h [H, H], b [H]; states [B, H]
+        for i, want in (
+            (ins[1 + k], (hidden, n_in)),
+            (ins[5 + k], (hidden, hidden)),
+            (ins[12 + k], (hidden,)),
+        ):
+            if tuple(T(i).shape) != want:
+                raise ValueError(
+                    f"LSTM tensor '{show(T(i).name)}' has shape {list(T(i).shape)}, expected {list(want)}"
+                )
+    for i in (ins[18], ins[19], out):
+        if not T(i).shape or T(i).shape[-1] != hidden:
+            raise ValueError(
+                f"LSTM tensor '{show(T(i).name)}' has shape {list(T(i).shape)}; its last size is not {hidden}"
+            )
     wx = np.concatenate([_codes(T(ins[1 + k])) for k in range(4)]).T.copy()  # [I, 4H]
     wr = np.concatenate([_codes(T(ins[5 + k])) for k in range(4)]).T.copy()  # [H, 4H]
     bias = np.concatenate([_codes(T(ins[12 + k])).reshape(-1) for k in range(4)])
@@ -308,12 +327,19 @@ def lower(c: _Converter, ins: list[int], x: str, steps: int, out: int, cell_clip
         mr.append(a)
         sr.append(b)
 
+    if any(not -31 <= v <= 30 for v in [*sx, *sr]):
+        raise ValueError(
+            "an LSTM gate's effective scale (weight scale x input scale / 2**-12) is out of range"
+        )
+
     def per_gate(v: list[int]) -> np.ndarray:
         return np.repeat(np.asarray(v, _I64), hidden)[None]  # [1, 4H]: the rank of a step's gates
 
     out_t = T(out)
     os_, oz = _scale(out_t), _zp(out_t)
     hm, hsh = quantize_multiplier(float(np.float32(2.0**-15 / float(np.float32(os_)) * 2.0**-15)))
+    if not -31 <= hsh <= 30:
+        raise ValueError("the LSTM's hidden scale (2**-30 / output scale) is out of range")
     sig, tanh3 = table("sigmoid", 3), table("tanh", 3)
     tanh_c = table("tanh", 15 + cs_log)
     clip_q = 0

@@ -39,14 +39,16 @@ def _import(tmp_path: Path, data: bytes) -> ort.InferenceSession:
     return ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
 
 
-def _int8_lstm(rng: np.random.Generator, T: int, B: int, I: int, H: int, cell_clip: float) -> bytes:
+def _int8_lstm(
+    rng: np.random.Generator, T: int, B: int, I: int, H: int, cell_clip: float, bad_recurrent: bool = False
+) -> bytes:
     b = TflBuilder()
     xs, xz, hs, hz, cs = 0.05, 3, 0.008, -5, 2.0**-11
     x = b.tensor("x", [B, T, I], np.int8, scale=[xs], zero_point=[xz])
     ins = [x]
     wscale = rng.uniform(0.01, 0.04, 8)
     for g in range(8):
-        n = I if g < 4 else H
+        n = I if g < 4 else H + (1 if bad_recurrent and g == 6 else 0)
         w = rng.integers(-127, 128, (H, n)).astype(np.int8)
         ins.append(b.const(f"w{g}", w, scale=[wscale[g]], zero_point=[0]))
     ins += [-1, -1, -1]  # no peepholes
@@ -158,3 +160,17 @@ def test_built_int8_lstm_exports_to_xla_in_64_bit_mode(tmp_path):
     res = api.run(tmp_path / "bundle", {"x": x})
     got = np.asarray(next(iter(res.outputs.values())) if isinstance(res.outputs, dict) else res.outputs[0])
     assert np.array_equal(got.astype(np.int64), _litert(data, [x]).astype(np.int64))
+
+
+def test_int8_lstm_with_a_misshapen_recurrent_weight_is_one_line_exit_2(tmp_path):
+    from mconv.cli.app import app
+    from typer.testing import CliRunner
+
+    rng = np.random.default_rng(14)
+    src = tmp_path / "bad_lstm.tflite"
+    src.write_bytes(_int8_lstm(rng, T=2, B=1, I=3, H=4, cell_clip=0.0, bad_recurrent=True))
+    res = CliRunner().invoke(app, ["import", str(src), "-o", str(tmp_path / "m.onnx")])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "bad_lstm.tflite" in lines[0] and "w6" in lines[0], res.output
+    assert "Traceback" not in res.output
