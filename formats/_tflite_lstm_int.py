@@ -300,19 +300,19 @@ def lower(c: _Converter, ins: list[int], x: str, steps: int, out: int, cell_clip
     cs_log = int(math.log2(cs))
     hidden, n_in = T(ins[1]).shape[0], T(ins[0]).shape[-1]
     for k in range(4):  # shapes the kernel assumes: W_x [H, I], W_h [H, H], b [H]; states [B, H]
-        for i, want in (
+        for ti, want in (
             (ins[1 + k], (hidden, n_in)),
             (ins[5 + k], (hidden, hidden)),
             (ins[12 + k], (hidden,)),
         ):
-            if tuple(T(i).shape) != want:
+            if tuple(T(ti).shape) != want:
                 raise ValueError(
-                    f"LSTM tensor '{show(T(i).name)}' has shape {list(T(i).shape)}, expected {list(want)}"
+                    f"LSTM tensor '{show(T(ti).name)}' has shape {list(T(ti).shape)}, expected {list(want)}"
                 )
-    for i in (ins[18], ins[19], out):
-        if not T(i).shape or T(i).shape[-1] != hidden:
+    for ti in (ins[18], ins[19], out):
+        if not T(ti).shape or T(ti).shape[-1] != hidden:
             raise ValueError(
-                f"LSTM tensor '{show(T(i).name)}' has shape {list(T(i).shape)}; its last size is not {hidden}"
+                f"LSTM tensor '{show(T(ti).name)}' has shape {list(T(ti).shape)}; its last size is not {hidden}"
             )
     wx = np.concatenate([_codes(T(ins[1 + k])) for k in range(4)]).T.copy()  # [I, 4H]
     wr = np.concatenate([_codes(T(ins[5 + k])) for k in range(4)]).T.copy()  # [H, 4H]
