@@ -212,6 +212,11 @@ inline bool all(bool2 b) { return b.x && b.y; }
 template <class T> inline T select(T a, T b, bool c) { return c ? b : a; }
 inline float fmod(double x, double y) { return std::fmod(float(x), float(y)); }
 }  // namespace metal
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wliteral-suffix"
+inline half operator""h(long double v) { return half(v); }
+inline half operator""h(unsigned long long v) { return half(v); }
+#pragma GCC diagnostic pop
 template <class To, class From> inline To as_type(From v) {
     static_assert(sizeof(To) == sizeof(From), "as_type needs equal sizes");
     To out;
