@@ -7,6 +7,7 @@ validate and translate to MSL and SPIR-V.
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import subprocess
@@ -35,7 +36,12 @@ def naga() -> Path:
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("node/npm not installed (apt-get install nodejs npm)")
     nagamod.cache_dir().mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(nagamod.install_command(), capture_output=True, text=True, timeout=300)
+    with open(nagamod.cache_dir() / ".install.lock", "w") as lock:  # xdist workers install once
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = nagamod.find_naga()
+        if found is not None:
+            return found
+        proc = subprocess.run(nagamod.install_command(), capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and any(code in proc.stdout + proc.stderr for code in _OFFLINE):
         pytest.skip(f"npm registry not reachable for {nagamod.NAGA_PACKAGE}")
     assert proc.returncode == 0, proc.stderr[-2000:]
