@@ -54,6 +54,7 @@ from mconv.targets.metal.kernels import (
     exact_integer_limit,
 )
 from mconv.targets.metal.kernels.elementwise import activation_of
+from mconv.targets.metal.values import required
 
 PLAN_VERSION = 1
 VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout")
@@ -131,6 +132,7 @@ def _bake_inputs(model: ir.Model, batch: int) -> None:
     """Rule 1: a symbolic batch becomes ``batch``; any other symbolic dimension is refused."""
     from mconv.errors import show
     from mconv.passes.input_shapes import fix_input_shapes
+    from mconv.passes.rewrite import name_of
 
     shapes: dict[str, list[int]] = {}
     # an UnsupportedError (exit 2), so that the CLI names the model file the input belongs to
@@ -155,7 +157,7 @@ def _bake_inputs(model: ir.Model, batch: int) -> None:
                     f"{show(v.name)}={_dims_text(v.shape, batch)} (a number for each symbol)",
                 )
         if any(not isinstance(d, int) for d in v.shape):
-            shapes[v.name] = dims
+            shapes[name_of(v)] = dims
     if shapes:
         fix_input_shapes(model, shapes)
 
@@ -178,8 +180,8 @@ def _materialize(model: ir.Model) -> int:
             continue
         out = node.outputs[0]
         array = None
-        if node.op_type in ("Shape", "Size") and node.inputs and _static_shape(node.inputs[0]) is not None:
-            shape = _static_shape(node.inputs[0])
+        shape = _static_shape(node.inputs[0]) if node.op_type in ("Shape", "Size") and node.inputs else None
+        if shape is not None:
             if node.op_type == "Size":
                 array = np.array(int(np.prod(shape)), np.int64)
             else:
@@ -198,6 +200,7 @@ def _materialize(model: ir.Model) -> int:
                     array = None
             elif (
                 node.op_type == "Cast"
+                and node.inputs[0] is not None
                 and node.inputs[0].dtype in floats
                 and ir.DataType(node.attributes.get_int("to", 0)) in floats
             ):
@@ -304,10 +307,11 @@ def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
     return _infer(model)
 
 
-def _static_shape(value: ir.Value) -> list[int] | None:
-    if value.shape is None or not all(isinstance(d, int) for d in value.shape):
+def _static_shape(value: ir.Value | None) -> list[int] | None:
+    if value is None or value.shape is None:
         return None
-    return [int(d) for d in value.shape]
+    dims = [d for d in value.shape if isinstance(d, int)]
+    return dims if len(dims) == len(value.shape) else None
 
 
 def _opset(model: ir.Model) -> int:
@@ -364,10 +368,10 @@ def _fusions(model: ir.Model, ctx: LowerContext) -> dict[int, tuple[Activation, 
             if sig is None or mul is None:
                 continue
             s = sig.outputs[0]
-            if s.name in outputs or len(s.uses()) != 1 or s.uses()[0].node is not mul:
+            if s.name in outputs or len(s.uses()) != 1 or list(s.uses())[0].node is not mul:
                 continue
             if {id(mul.inputs[0]), id(mul.inputs[1])} == {id(y), id(s)}:
-                fused[id(node)] = (Activation("swish", (), (sig.name, mul.name)), [sig, mul])
+                fused[id(node)] = (Activation("swish", (), (sig.name or "", mul.name or "")), [sig, mul])
                 taken.update((id(sig), id(mul)))
     return fused
 
@@ -422,6 +426,8 @@ def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
 
 def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     """Lower a prepared model (see :func:`prepare`) to a :class:`MetalPlan` with MSL sources."""
+    from mconv.passes.rewrite import name_of
+
     options = dict(options or {})
     precision = options.get("precision") or "fp16"
     if precision not in ("fp16", "fp32"):
@@ -451,8 +457,9 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     by_value: dict[str, int] = {}  # value name -> buffer index (views share their input's)
 
     def buffer_for(value: ir.Value, kind: str) -> int:
-        if value.name in by_value:
-            return by_value[value.name]
+        name = name_of(value)
+        if name in by_value:
+            return by_value[name]
         if kind == "weight" and value.dtype in _INTEGERS and value.const_value is not None:
             big = np.abs(value.const_value.numpy().astype(np.float64)).max(initial=0)
             if big > exact_integer_limit(storage):
@@ -467,9 +474,9 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
             raise InputError(
                 "value has no static shape", where=f"value '{value.name}'", hint="check the model's shapes"
             )
-        buffers.append(Buffer(len(buffers), value.name, kind, shape, int(np.prod(shape)) if shape else 1))
-        by_value[value.name] = len(buffers) - 1
-        return by_value[value.name]
+        buffers.append(Buffer(len(buffers), name, kind, shape, int(np.prod(shape)) if shape else 1))
+        by_value[name] = len(buffers) - 1
+        return by_value[name]
 
     inputs = []
     for v in real_inputs(graph):
@@ -481,10 +488,10 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
         if id(node) in absorbed:
             continue
         if node.op_type in VIEWS:
-            src = node.inputs[0]
+            src = required(node.inputs[0], node)
             if src.name not in by_value:
                 buffer_for(src, "weight" if src.const_value is not None else "activation")
-            by_value[node.outputs[0].name] = by_value[src.name]
+            by_value[name_of(node.outputs[0])] = by_value[name_of(src)]
             continue
         act, extra = fused.get(id(node), (None, []))
         kernel = f"L{len(layers)}_{_safe(node.op_type)}"
@@ -499,7 +506,7 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
             # a fused node's result is the last absorbed node's output; the kernel writes it
             if len(ks.reads) + 1 > MAX_BUFFER_ARGUMENTS:
                 raise UnsupportedError(
-                    [(node.name, node.op_type)],
+                    [(node.name or "<unnamed>", node.op_type)],
                     what="node",
                     hint=f"Metal binds at most {MAX_BUFFER_ARGUMENTS} buffers per kernel; split the node",
                 )
@@ -509,9 +516,9 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
                 Layer(
                     kernel=ks.name,
                     op=node.op_type if act is None else f"{node.op_type}+{act.kind}",
-                    nodes=[node.name, *[n.name for n in extra]],
+                    nodes=[node.name or "", *[n.name or "" for n in extra]],
                     bindings=[*reads, out],
-                    binding_names=[*[v.name for v in ks.reads], out_value.name],
+                    binding_names=[*[name_of(v) for v in ks.reads], name_of(out_value)],
                     grid=list(ks.grid),
                     threadgroup=list(ks.threadgroup),
                 )

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
+from mconv.targets.metal.values import static_dims
 
 __all__ = [
     "ACTIVATIONS",
@@ -174,8 +175,9 @@ class LowerContext:
         self.opset = opset
 
     def shape(self, value: ir.Value) -> list[int]:
+        """The static shape of ``value`` (the planner bakes every shape before lowering)."""
         assert value.shape is not None
-        return [int(d) for d in value.shape]
+        return static_dims(value.shape)
 
     @staticmethod
     def const(value: ir.Value | None) -> np.ndarray | None:

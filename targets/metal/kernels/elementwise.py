@@ -36,6 +36,7 @@ from mconv.targets.metal.kernels import (
     register,
 )
 from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.values import required
 
 _BINARY = {
     "Add": "a + b",
@@ -56,8 +57,10 @@ def _pow_expr(node: ir.Node, ctx: LowerContext) -> str | None:
     e = LowerContext.const(node.inputs[1])
     if e is None or e.size != 1:
         return None
-    e = float(e.reshape(()))
-    return {1.0: "a", 2.0: "a * a", 3.0: "a * a * a", 0.5: "sqrt(a)", -1.0: "1.0f / a", 0.0: "1.0f"}.get(e)
+    exponent = float(e.reshape(()))
+    return {1.0: "a", 2.0: "a * a", 3.0: "a * a * a", 0.5: "sqrt(a)", -1.0: "1.0f / a", 0.0: "1.0f"}.get(
+        exponent
+    )
 
 
 def check_binary(ctx: LowerContext, node: ir.Node) -> str | None:
@@ -171,31 +174,32 @@ _SIMPLE = {
 def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
     """The Activation an activation node computes, or None when it cannot be expressed."""
     op = node.op_type
+    names = (node.name or "",)  # a graph names its nodes
     if op == "Relu":
-        return Activation("relu", (), (node.name,))
+        return Activation("relu", (), names)
     if op == "LeakyRelu":
-        return Activation("leaky", (node.attributes.get_float("alpha", 0.01),), (node.name,))
+        return Activation("leaky", (node.attributes.get_float("alpha", 0.01),), names)
     if op == "Sigmoid":
-        return Activation("sigmoid", (), (node.name,))
+        return Activation("sigmoid", (), names)
     if op == "Tanh":
-        return Activation("tanh", (), (node.name,))
+        return Activation("tanh", (), names)
     if op == "Gelu":
         kind = "gelu_tanh" if node.attributes.get_string("approximate", "none") == "tanh" else "gelu"
-        return Activation(kind, (), (node.name,))
+        return Activation(kind, (), names)
     if op == "HardSigmoid":
         a = node.attributes.get_float("alpha", 0.2)
         b = node.attributes.get_float("beta", 0.5)
-        return Activation("hardsigmoid", (a, b), (node.name,))
+        return Activation("hardsigmoid", (a, b), names)
     if op == "Elu":
-        return Activation("elu", (node.attributes.get_float("alpha", 1.0),), (node.name,))
+        return Activation("elu", (node.attributes.get_float("alpha", 1.0),), names)
     if op == "Celu":
-        return Activation("celu", (node.attributes.get_float("alpha", 1.0),), (node.name,))
+        return Activation("celu", (node.attributes.get_float("alpha", 1.0),), names)
     if op == "Selu":
         a = node.attributes.get_float("alpha", 1.67326319217681884765625)
         g = node.attributes.get_float("gamma", 1.05070102214813232421875)
-        return Activation("selu", (a, g), (node.name,))
+        return Activation("selu", (a, g), names)
     if op in _SIMPLE:
-        return Activation(_SIMPLE[op], (), (node.name,))
+        return Activation(_SIMPLE[op], (), names)
     if op in ("QuantizeLinear", "DequantizeLinear"):  # per tensor: fused after the producer
         from mconv.targets.metal.kernels.quantization import CODE_RANGES, _code_type, _params
 
@@ -228,12 +232,12 @@ def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
         if c is None or c.size != 1 or LowerContext.const(node.inputs[0]) is not None:
             return None
         bound = float(c.reshape(()))
-        return Activation("clip", (-np.inf, bound) if op == "Min" else (bound, np.inf), (node.name,))
+        return Activation("clip", (-np.inf, bound) if op == "Min" else (bound, np.inf), names)
     if op == "Clip":
         if ctx.opset < 11 or len(node.inputs) == 1:
-            lo = node.attributes.get_float("min", -np.inf) if ctx.opset < 11 else -np.inf
-            hi = node.attributes.get_float("max", np.inf) if ctx.opset < 11 else np.inf
-            return Activation("clip", (lo, hi), (node.name,))
+            clip_lo = node.attributes.get_float("min", -np.inf) if ctx.opset < 11 else -np.inf
+            clip_hi = node.attributes.get_float("max", np.inf) if ctx.opset < 11 else np.inf
+            return Activation("clip", (clip_lo, clip_hi), names)
         bounds = []
         for k, default in ((1, -np.inf), (2, np.inf)):
             v = node.inputs[k] if len(node.inputs) > k else None
@@ -244,7 +248,7 @@ def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
             if arr is None or arr.size != 1:
                 return None
             bounds.append(float(arr.reshape(())))
-        return Activation("clip", tuple(bounds), (node.name,))
+        return Activation("clip", tuple(bounds), names)
     return None
 
 
@@ -254,7 +258,7 @@ def check_unary(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register(*(op for op in ACTIVATIONS if op not in UNARY_ACTIVATIONS), check=check_unary)
 def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x = node.inputs[0]
+    x = required(node.inputs[0])
     count = int(np.prod(ctx.shape(x)))
     own = activation_of(ctx, node)
     assert own is not None  # the planner checks this before lowering
