@@ -126,6 +126,22 @@ def read_plan(bundle: Bundle) -> MetalPlan:
         ) from None
 
 
+def kernel_sources(bundle: Bundle, plan: MetalPlan, label: str) -> dict[str, str]:
+    """Each layer's WGSL source from the bundle, by kernel name (UTF-8 text, else one line)."""
+    sources: dict[str, str] = {}
+    for layer in plan.layers:
+        try:
+            sources[layer.kernel] = bundle.read_bytes(kernel_path(layer.kernel)).decode()
+        except UnicodeDecodeError:
+            raise InputError(
+                "kernel is not UTF-8 text",
+                path=label,
+                where=kernel_path(layer.kernel),
+                hint="re-export the bundle",
+            ) from None
+    return sources
+
+
 def load(bundle: Bundle | str | os.PathLike) -> WebGPURunner:
     """A runner that runs the bundle's kernels on this machine's WebGPU adapter."""
     if not isinstance(bundle, Bundle):
@@ -138,17 +154,7 @@ def load(bundle: Bundle | str | os.PathLike) -> WebGPURunner:
             hint=f"run it with --target {bundle.target}",
         )
     plan = read_plan(bundle)
-    sources = {}
-    for layer in plan.layers:
-        try:
-            sources[layer.kernel] = bundle.read_bytes(kernel_path(layer.kernel)).decode()
-        except UnicodeDecodeError:
-            raise InputError(
-                "kernel is not UTF-8 text",
-                path=label,
-                where=kernel_path(layer.kernel),
-                hint="re-export the bundle",
-            ) from None
+    sources = kernel_sources(bundle, plan, label)
     weights: dict[str, np.ndarray] = {}
     if plan.weight_buffers():
         with bundle.container() as container:

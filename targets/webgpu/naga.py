@@ -170,26 +170,14 @@ def check_sources(
 
 def check_bundle(bundle: Bundle | str | os.PathLike, naga: Path | None = None) -> dict[str, KernelCheck]:
     """naga's verdict on every kernel of a webgpu bundle, as shipped (rule 2), in plan order."""
-    from mconv.targets.webgpu import NAME, kernel_path, read_plan
+    from mconv.targets.webgpu import NAME, kernel_sources, read_plan
 
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)
     label = str(bundle.root)
     if bundle.target != NAME:
         raise InputError(f"bundle is for target '{bundle.target}', not '{NAME}'", path=label, hint="")
-    plan = read_plan(bundle)
-    sources: dict[str, str] = {}
-    for layer in plan.layers:
-        try:
-            sources[layer.kernel] = bundle.read_bytes(kernel_path(layer.kernel)).decode()
-        except UnicodeDecodeError:
-            raise InputError(
-                "kernel is not UTF-8 text",
-                path=label,
-                where=kernel_path(layer.kernel),
-                hint="re-export the bundle",
-            ) from None
-    return check_sources(sources, naga, label)
+    return check_sources(kernel_sources(bundle, read_plan(bundle), label), naga, label)
 
 
 # The Metal names naga's MSL uses that metal_shim.h (written for the Metal target's kernels) lacks.
@@ -340,7 +328,7 @@ def msl_runner(
 ) -> HarnessRunner:
     """A runner for a webgpu bundle that runs naga's MSL translation on the CPU (rule 3); with
     ``probe``, every layer's result (:func:`every_layer`)."""
-    from mconv.targets.webgpu import kernel_path, read_plan
+    from mconv.targets.webgpu import kernel_path, kernel_sources, read_plan
 
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)
@@ -356,7 +344,7 @@ def msl_runner(
             hint="re-export the bundle",
         )
     plan = read_plan(bundle)
-    wgsl = {layer.kernel: bundle.read_bytes(kernel_path(layer.kernel)).decode() for layer in plan.layers}
+    wgsl = kernel_sources(bundle, plan, label)
     try:
         source = shim_source(plan, wgsl, checks)
     except ValueError as exc:
