@@ -13,7 +13,6 @@ class Options(Common):
     dense: bool = option(False, help="Plain ONNX with dense weights, no container.")
     matmul_nbits: bool = option(
         False,
-        help="Blockwise int4 MatMuls (the blockwise pass's DequantizeLinear) as ONNX Runtime's "
-        "com.microsoft MatMulNBits.",
+        help="int4 blockwise MatMuls as ORT's MatMulNBits.",
     )
     nbits_accuracy_level: int = 0  # MatMulNBits' accuracy_level (0: fp32 activations; 4: int8)
