@@ -19,7 +19,7 @@ saw (its own held-out split is part of the calibration data):
 sweep against the measured one-layer drop, Spearman correlations, seconds).
 
 Run: python bench/deep_compression.py [--models p2,p3,dwcnn] [--seeds 0,1,2,3,4] [--max-drop 0.005]
-     [--estimators] [--json FILE] [--shared ../shared] [--lenet lenet.onnx] [--digits digits.npz]
+     [--estimators] [--engine reference|xla] [--json FILE] [--shared ../shared] [--lenet lenet.onnx] [--digits digits.npz]
 """
 
 from __future__ import annotations
@@ -134,7 +134,13 @@ def run_one(name: str, seed: int, args) -> dict:
     t0 = time.perf_counter()
     try:
         result = compress_to_budget(
-            loader(), calib, max_drop=args.max_drop, seed=seed, progress=progress, attempts=args.attempts
+            loader(),
+            calib,
+            max_drop=args.max_drop,
+            seed=seed,
+            progress=progress,
+            attempts=args.attempts,
+            engine=args.engine,
         )
     except GateFailed as exc:
         result = exc.result
@@ -175,6 +181,9 @@ def main() -> int:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--max-drop", type=float, default=0.005)
     ap.add_argument("--estimators", action="store_true")
+    ap.add_argument(
+        "--engine", default="reference", choices=["reference", "xla"], help="where fine-tuning runs"
+    )
     ap.add_argument("--attempts", type=int, default=8, help="full schedules the search may run")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--verbose", action="store_true")
