@@ -148,13 +148,10 @@ def rewrite(
     dropped: set[str] = set()
     count = 0
 
+    from mconv.passes.rewrite import fresh_name
+
     def fresh(base: str) -> str:
-        name, i = base, 0
-        while name in taken:
-            i += 1
-            name = f"{base}_{i}"
-        taken.add(name)
-        return name
+        return fresh_name(base, taken)
 
     for node in list(graph.node):
         if node.op_type != "DequantizeLinear" or node.domain not in ("", "ai.onnx"):

@@ -31,7 +31,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.targets.metal.kernels import Activation, LowerContext, flit
-from mconv.targets.metal.kernels.conv import _bias_strides, spatial_params
+from mconv.targets.metal.kernels.conv import _bias_strides, conv_transpose_constants, spatial_params
 from mconv.targets.metal.kernels.elementwise import _BINARY as _MSL_BINARY
 from mconv.targets.metal.kernels.elementwise import activation_of, broadcast_strides
 from mconv.targets.metal.kernels.reduction import merged_groups, reduce_axes
@@ -843,7 +843,7 @@ def _check_resize(ctx: LowerContext, node: ir.Node) -> str | None:
 def lower_resize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     """The reference executor's per-axis plan (output x input weights per resized axis) as
     tables of taps: every mode and coordinate transformation the reference has."""
-    from mconv.targets.metal.kernels.shape import _resize_axes
+    from mconv.targets.metal.kernels.shape import _resize_axes, resize_taps
 
     x, y = inp(node, 0), outp(node)
     xs, ys = ctx.shape(x), ctx.shape(y)
@@ -866,12 +866,7 @@ def lower_resize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
             coords.append(f"off += (r % {ys[a]}) * {st[a]}; r = r / {ys[a]};")
     for a in sorted(resized):
         w, _ = resized[a]
-        taps = max(1, int((w != 0).sum(axis=1).max()))
-        idx, wts = [], []
-        for row in w:
-            nz = np.flatnonzero(row)[:taps]
-            idx += [int(i) for i in nz] + [0] * (taps - len(nz))
-            wts += [float(row[i]) for i in nz] + [0.0] * (taps - len(nz))
+        taps, idx, wts = resize_taps(w)
         tables.append(
             f"var<private> I{a}: array<i32, {len(idx)}> = array<i32, {len(idx)}>({', '.join(map(str, idx))});\n"
         )
@@ -957,26 +952,8 @@ def lower_conv_transpose(
     x, w = inp(node, 0), inp(node, 1)
     b = node.inputs[2] if len(node.inputs) > 2 else None
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(outp(node))
-    rank = len(xs) - 2
-    k = list(ws[2:])
-    s = list(node.attributes.get_ints("strides", [1] * rank))
-    d = list(node.attributes.get_ints("dilations", [1] * rank))
-    opad = list(node.attributes.get_ints("output_padding", [0] * rank))
-    auto = node.attributes.get_string("auto_pad", "NOTSET")
-    in_sp, out_sp = xs[2:], ys[2:]
-    if auto in ("SAME_UPPER", "SAME_LOWER") or (auto == "NOTSET" and "output_shape" in node.attributes):
-        begins = []
-        for i in range(rank):
-            total = max(0, s[i] * (in_sp[i] - 1) + opad[i] + (k[i] - 1) * d[i] + 1 - out_sp[i])
-            begins.append(total // 2 if auto == "SAME_UPPER" else total - total // 2)
-    elif auto == "VALID":
-        begins = [0] * rank
-    else:
-        begins = list(node.attributes.get_ints("pads", [0] * (2 * rank)))[:rank]
-    if rank == 1:
-        in_sp, out_sp, k, s, d, begins = [1, *in_sp], [1, *out_sp], [1, *k], [1, *s], [1, *d], [0, *begins]
-    group = node.attributes.get_int("group", 1)
-    n, c, oc = xs[0], xs[1], ys[1]
+    cs = conv_transpose_constants(node, xs, ws, ys)
+    n, oc = xs[0], ys[1]
     reads, names = [x, w], ["X", "W"]
     if b is not None:
         reads.append(b)
@@ -1007,23 +984,5 @@ for (var icg: i32 = 0; icg < ICG; icg++) {{
 let v = acc;
 Y[((n * OC + oc) * OH + oh) * OW + ow] = T({activation_expr(act)});
 """
-    cs = dict(
-        IC=c,
-        IH=in_sp[0],
-        IW=in_sp[1],
-        OC=oc,
-        OH=out_sp[0],
-        OW=out_sp[1],
-        KH=k[0],
-        KW=k[1],
-        SH=s[0],
-        SW=s[1],
-        DH=d[0],
-        DW=d[1],
-        PH=begins[0],
-        PW=begins[1],
-        ICG=c // group,
-        OCG=oc // group,
-    )
-    grid = (out_sp[1], out_sp[0], n * oc)
+    grid = (cs["OW"], cs["OH"], n * oc)
     return KernelSource(kernel, module(ctx, kernel, names, grid, cs, _indent(body)), reads, grid)

@@ -15,6 +15,8 @@ Rules:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, activation_expr, register
@@ -139,23 +141,20 @@ def _check_conv_transpose(ctx: LowerContext, node: ir.Node) -> str | None:
     return None
 
 
-@register("ConvTranspose", fusible=True, check=_check_conv_transpose)
-def lower_conv_transpose(
-    ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None
-) -> KernelSource:
-    """Transposed convolution (rule 3): each output pixel gathers the input pixels whose stride
-    grid lands on it, ``ih = (oh + pad - kh * dilation) / stride`` where that divides exactly."""
-    x, w = required(node.inputs[0]), required(node.inputs[1])
-    b = node.inputs[2] if len(node.inputs) > 2 else None
-    y = node.outputs[0]
-    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
+def conv_transpose_constants(
+    node: ir.Node, xs: Sequence[int], ws: Sequence[int], ys: Sequence[int]
+) -> dict[str, int]:
+    """ConvTranspose's kernel constants (rule 3), shared by the metal and webgpu kernels: sizes,
+    kernel, strides, dilations, leading pads (from the attribute, or from the inferred output for
+    auto_pad and output_shape) and group widths; a 1-D transposed convolution as 2-D with a
+    height of 1."""
     rank = len(xs) - 2
     k = list(ws[2:])
     s = list(node.attributes.get_ints("strides", [1] * rank))
     d = list(node.attributes.get_ints("dilations", [1] * rank))
     opad = list(node.attributes.get_ints("output_padding", [0] * rank))
     auto = node.attributes.get_string("auto_pad", "NOTSET")
-    in_sp, out_sp = xs[2:], ys[2:]
+    in_sp, out_sp = list(xs[2:]), list(ys[2:])
     if auto in ("SAME_UPPER", "SAME_LOWER") or (auto == "NOTSET" and "output_shape" in node.attributes):
         begins = []
         for i in range(rank):
@@ -168,30 +167,41 @@ def lower_conv_transpose(
     if rank == 1:
         in_sp, out_sp, k, s, d, begins = [1, *in_sp], [1, *out_sp], [1, *k], [1, *s], [1, *d], [0, *begins]
     group = node.attributes.get_int("group", 1)
-    n, c, oc = xs[0], xs[1], ys[1]
-    P = kernel
-    consts = constants(
-        P,
-        dict(
-            N=n,
-            IC=c,
-            IH=in_sp[0],
-            IW=in_sp[1],
-            OC=oc,
-            OH=out_sp[0],
-            OW=out_sp[1],
-            KH=k[0],
-            KW=k[1],
-            SH=s[0],
-            SW=s[1],
-            DH=d[0],
-            DW=d[1],
-            PH=begins[0],
-            PW=begins[1],
-            ICG=c // group,
-            OCG=oc // group,
-        ),
+    c, oc = xs[1], ys[1]
+    return dict(
+        IC=c,
+        IH=in_sp[0],
+        IW=in_sp[1],
+        OC=oc,
+        OH=out_sp[0],
+        OW=out_sp[1],
+        KH=k[0],
+        KW=k[1],
+        SH=s[0],
+        SW=s[1],
+        DH=d[0],
+        DW=d[1],
+        PH=begins[0],
+        PW=begins[1],
+        ICG=c // group,
+        OCG=oc // group,
     )
+
+
+@register("ConvTranspose", fusible=True, check=_check_conv_transpose)
+def lower_conv_transpose(
+    ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None
+) -> KernelSource:
+    """Transposed convolution (rule 3): each output pixel gathers the input pixels whose stride
+    grid lands on it, ``ih = (oh + pad - kh * dilation) / stride`` where that divides exactly."""
+    x, w = required(node.inputs[0]), required(node.inputs[1])
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    y = node.outputs[0]
+    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(y)
+    cs = conv_transpose_constants(node, xs, ws, ys)
+    n, oc = xs[0], ys[1]
+    P = kernel
+    consts = constants(P, dict(N=n, **cs))
     params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "W")]
     reads = [x, w]
     if b is not None:
@@ -227,4 +237,4 @@ def lower_conv_transpose(
 }}
 """
     src = consts + ctx.signature(kernel, params) + " " + body
-    return KernelSource(kernel, src, reads, (out_sp[1], out_sp[0], n * oc))
+    return KernelSource(kernel, src, reads, (cs["OW"], cs["OH"], n * oc))

@@ -342,6 +342,19 @@ def _resize_axes(ctx: LowerContext, node: ir.Node):
     return ref._resize_plan(inputs, a, _Ctx, old_style=old), a
 
 
+def resize_taps(w: np.ndarray) -> tuple[int, list[int], list[float]]:
+    """One resized axis's (output x input) weights as a fixed number of taps per output: (taps,
+    input indices, weights), row after row, padded with index 0 and weight 0 (metal and webgpu)."""
+    taps = max(1, int((w != 0).sum(axis=1).max()))
+    idx: list[int] = []
+    wts: list[float] = []
+    for row in w:
+        nz = np.flatnonzero(row)[:taps]
+        idx += [int(i) for i in nz] + [0] * (taps - len(nz))
+        wts += [float(row[i]) for i in nz] + [0.0] * (taps - len(nz))
+    return taps, idx, wts
+
+
 def _check_resize(ctx: LowerContext, node: ir.Node) -> str | None:
     try:
         plan, _ = _resize_axes(ctx, node)
@@ -376,12 +389,7 @@ def lower_resize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
             coords.append(f"off += (r % {ys[a]}) * {st[a]}; r /= {ys[a]};")
     for a in sorted(resized):
         w, _ = resized[a]
-        taps = max(1, int((w != 0).sum(axis=1).max()))
-        idx, wts = [], []
-        for row in w:
-            nz = np.flatnonzero(row)[:taps]
-            idx += [int(i) for i in nz] + [0] * (taps - len(nz))
-            wts += [float(row[i]) for i in nz] + [0.0] * (taps - len(nz))
+        taps, idx, wts = resize_taps(w)
         tables.append(f"constant int {P}_I{a}[{len(idx)}] = {{{', '.join(map(str, idx))}}};\n")
         if attrs.get("mode", "nearest") != "nearest":
             tables.append(f"constant float {P}_W{a}[{len(wts)}] = {{{', '.join(flit(v) for v in wts)}}};\n")
