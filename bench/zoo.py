@@ -1953,6 +1953,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = max(1, min(2, a.jobs))
     t0 = time.monotonic()
     start = _head()  # the tree may move under a long run: the commits at its start and end
+    load0 = os.getloadavg()[1]  # the machine is shared: the 5-minute load at the start and end
     rows: dict[str, dict] = {}
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         futs = {pool.submit(run_model, n, stages, a.timeout, a.keep): n for n in names}
@@ -1987,6 +1988,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - t0),
         "jobs": jobs,
         "timeout_s": a.timeout,
+        "load": f"{load0:.1f} at the start, {os.getloadavg()[1]:.1f} at the end (5-min load average, {os.cpu_count()} cores)",
     }
     out = Path(a.out)
     if a.merge and out.with_suffix(".json").is_file():
@@ -2038,7 +2040,7 @@ def write_results(out: Path, rows: list[dict], stages: tuple[str, ...], run: dic
         f"`python3 bench/zoo.py {argv}` at commit {run.get('commit', '?')}"
         f"{' with uncommitted edits of other engineers in the tree' if run.get('dirty') else ''}, "
         f"{run.get('wall_s', '?')} s wall, {run.get('jobs', '?')} jobs, per-stage timeout "
-        f"{run.get('timeout_s', '?')} s.{merged}{' A rerun with --stages replaced only those cells of its rows (and ran import).' if any('--stages' in m['argv'] for m in run.get('merged', [])) else ''} ref: cosine >= {REF_COSINE} vs the source runtime on real "
+        f"{run.get('timeout_s', '?')} s{'; load ' + run['load'] if run.get('load') else ''}.{merged}{' A rerun with --stages replaced only those cells of its rows (and ran import).' if any('--stages' in m['argv'] for m in run.get('merged', [])) else ''} ref: cosine >= {REF_COSINE} vs the source runtime on real "
         f"inputs (and integer outputs within 1 code, one-element outputs within 1e-3); cpu/xla/metal: the "
         f"exported bundle run by `mconv run`, cosine >= {TARGET_COSINE} vs ORT on the imported model (models with Q/DQ: xla and metal vs ORT with "
         f"graph optimizations off, the spec's Q/DQ; ORT's fused int8 kernels differ by a code); optimize "
