@@ -34,6 +34,11 @@ Stages, each run as a user runs it (the ``mconv`` CLI in a subprocess with ``--j
   graph optimizations off (the ONNX spec's Q/DQ; ORT's fused int8 kernels requantize in integers
   and differ by a code: an inexact oracle) (``MCONV_ZOO_DENSE=1``: cpu also writes ``--dense`` and
   checks that ONNX);
+- ``webgpu`` (issue 17 item 5): ``mconv export --target webgpu`` (f32) and ``mconv run BUNDLE``
+  through wgpu (lavapipe, Vulkan on the CPU, here), judged as metal but at cosine >= 0.9999; only
+  the rows whose input is an image (``WEBGPU_FEEDS``, ``--subset webgpu``), the others skipped;
+  the export and run get ``--webgpu-timeout`` (default 2400 s: lavapipe is slow). The cell keeps
+  ``run_s``, the inference's seconds as ``mconv run --json`` reports them (the cpu cell too);
 - ``verify``: ``mconv verify imported.onnx CPU_BUNDLE --data inputs`` with the default gates.
 
 Each CLI call runs in a child forked from a fork server that imported mconv once (the same
@@ -68,9 +73,25 @@ sys.path.insert(0, str(ROOT / "tests"))
 import _wheels  # noqa: E402
 
 SHARED = Path(os.environ.get("MCONV_SHARED", ROOT.parent / "shared"))
-STAGES = ("import", "ref", "lossless", "fp16", "int8", "deep-compression", "cpu", "xla", "metal", "verify")
+STAGES = (
+    "import",
+    "ref",
+    "lossless",
+    "fp16",
+    "int8",
+    "deep-compression",
+    "cpu",
+    "xla",
+    "metal",
+    "webgpu",
+    "verify",
+)
 REF_COSINE = 0.99999
 TARGET_COSINE = 0.999
+WEBGPU_COSINE = 0.9999  # issue 17 item 5: f32 storage, f32 accumulation
+# lavapipe runs WGSL on the CPU (ResNet-50: about 4 minutes warm on 2 idle cores): the webgpu
+# stage's export and run get this timeout, not --timeout (``--webgpu-timeout``)
+WEBGPU_TIMEOUT = 2400.0
 INT8_PASSES = "fold,eliminate-identity,dce,quantize"
 DENSE_CHECK = os.environ.get("MCONV_ZOO_DENSE", "0") == "1"  # also export --dense and check that ONNX
 
@@ -545,6 +566,34 @@ for _n, _b, _how, _f, _shape in _TS:
 
 def by_name() -> dict[str, Model]:
     return {m.name: m for m in CORPUS}
+
+
+# The webgpu stage's set (issue 17 item 5, "the corpus's CNNs"): every row whose input is an
+# image (photos, faces, hands, digits, text lines, a detector's frame, jet images), the vision
+# transformers and the DETR-style detector among them; the audio, speech, text, sequence and
+# tabular rows are not in it (their cell is skipped). lavapipe runs on the CPU: see WEBGPU_TIMEOUT.
+WEBGPU_FEEDS = frozenset(
+    {
+        "nchw320_01",
+        "ocr_det",
+        "ocr_rec",
+        "ocr_cls",
+        "face64_gray",
+        "nhwc_pm1",
+        "nhwc_01",
+        "digits28_caffe",
+        "digits_keras2",
+        "jet_images",
+        "gray96",
+        "photo_nhwc_255",
+        "photo_nchw_imagenet",
+    }
+)
+
+
+def webgpu_set() -> list[str]:
+    """The rows the webgpu stage runs on (image inputs), in corpus order."""
+    return [m.name for m in CORPUS if m.feeds in WEBGPU_FEEDS]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1615,13 +1664,19 @@ def _export_takes_values() -> bool:
     return "--input-value" in _HELP["export"]
 
 
-def run_model(name: str, stages: tuple[str, ...], timeout: float = 300, keep: bool = False) -> dict:
+def run_model(
+    name: str,
+    stages: tuple[str, ...],
+    timeout: float = 300,
+    keep: bool = False,
+    webgpu_timeout: float = WEBGPU_TIMEOUT,
+) -> dict:
     """Every stage of one model; returns {"model", "meta", "cells": {stage: cell}}.
 
     Each model gets a fresh fork server: the tree under a long run may change (other work lands),
     and a server that imported mconv hours ago would run stale or half-moved code."""
     try:
-        return _run_model(name, stages, timeout, keep)
+        return _run_model(name, stages, timeout, keep, webgpu_timeout)
     finally:
         srv = getattr(_LOCAL, "server", None)
         if srv is not None:
@@ -1629,7 +1684,9 @@ def run_model(name: str, stages: tuple[str, ...], timeout: float = 300, keep: bo
             _LOCAL.server = None
 
 
-def _run_model(name: str, stages: tuple[str, ...], timeout: float, keep: bool) -> dict:
+def _run_model(
+    name: str, stages: tuple[str, ...], timeout: float, keep: bool, webgpu_timeout: float = WEBGPU_TIMEOUT
+) -> dict:
     m = by_name()[name]
     row: dict = {
         "model": name,
@@ -1704,11 +1761,20 @@ def _run_model(name: str, stages: tuple[str, ...], timeout: float, keep: bool) -
         _, exact = check_onnx(imp, feeds, exact=True)
         exact_outs = exact if exact is not None else imported_outs
 
-    def _run_and_compare(target_path: Path, gate: float, stage: str, t_import: float, against=None) -> dict:
+    def _run_and_compare(
+        target_path: Path, gate: float, stage: str, t_import: float, against=None, limit=None
+    ) -> dict:
         against = imported_outs if against is None else against
         out = work / f"{stage}.out.npz"
         rc, doc, line, dt = mconv(
-            "run", str(target_path), "--data", str(fpath), "-o", str(out), "--json", timeout=timeout
+            "run",
+            str(target_path),
+            "--data",
+            str(fpath),
+            "-o",
+            str(out),
+            "--json",
+            timeout=limit or timeout,
         )
         if rc != 0:
             c = _classify(rc, "run: " + line, dt + t_import)
@@ -1725,7 +1791,7 @@ def _run_model(name: str, stages: tuple[str, ...], timeout: float, keep: bool) -
         if why:
             return _cell("fail", why, 0, dt + t_import)
         ok = cos >= gate
-        return _cell(
+        c = _cell(
             "pass" if ok else "fail",
             "" if ok else f"cosine {cos:.7f} < {gate} (max |diff| {mad:.3g})",
             0,
@@ -1733,6 +1799,9 @@ def _run_model(name: str, stages: tuple[str, ...], timeout: float, keep: bool) -
             cos=cos,
             max_abs=mad,
         )
+        if doc and isinstance(doc.get("seconds"), int | float):
+            c["run_s"] = doc["seconds"]  # the inference alone, as `mconv run --json` times it
+        return c
 
     if "ref" in stages:
         cells["ref"] = _run_and_compare(imp, REF_COSINE, "ref", 0.0, against=expected)
@@ -1762,19 +1831,28 @@ def _run_model(name: str, stages: tuple[str, ...], timeout: float, keep: bool) -
         cells[recipe] = c
 
     shape_args = _shape_args(imp, feeds)
-    for target in ("cpu", "xla", "metal"):
+    for target in ("cpu", "xla", "metal", "webgpu"):
         if target not in stages and not (target == "cpu" and "verify" in stages):
             continue
+        if target == "webgpu" and m.feeds not in WEBGPU_FEEDS:
+            cells[target] = _cell("skip", "not in the webgpu set (image inputs)")
+            continue
+        limit = webgpu_timeout if target == "webgpu" else timeout
         bundle = work / f"bundle-{target}"
         extra = shape_args if target != "cpu" else []
         rc, doc, line, dt = mconv(
-            "export", str(imp), "--target", target, "-o", str(bundle), *extra, "--json", timeout=timeout
+            "export", str(imp), "--target", target, "-o", str(bundle), *extra, "--json", timeout=limit
         )
         if rc != 0:
             cells[target] = _classify(rc, line, dt)
             continue
         c = _run_and_compare(
-            bundle, TARGET_COSINE, target, dt, against=exact_outs if target != "cpu" else None
+            bundle,
+            WEBGPU_COSINE if target == "webgpu" else TARGET_COSINE,
+            target,
+            dt,
+            against=exact_outs if target != "cpu" else None,
+            limit=limit,
         )
         if doc and c["status"] == "pass":
             c["bytes"] = doc.get("bytes_after")
@@ -1830,6 +1908,40 @@ def _short(text: str, n: int = 120) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
+def _render_webgpu(rows: list[dict]) -> list[str]:
+    """The webgpu stage's rows: cosine vs ORT, and the inference's seconds next to the cpu bundle's."""
+    out = ["", "## webgpu on lavapipe (rows with image inputs)", ""]
+    out.append(
+        "Inference seconds as `mconv run --json` reports them (one inference after the bundle is loaded "
+        "and its kernels compiled; cpu = ONNX Runtime through the cpu bundle, same machine, same run); "
+        "export + run: the two commands' wall seconds."
+    )
+    out.append("")
+    out.append(
+        "| model | webgpu | cosine vs ORT | max abs diff | webgpu inference | ORT inference | ratio | export + run |"
+    )
+    out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        c = r["cells"].get("webgpu")
+        if not c or c["status"] == "skip":
+            continue
+        cos = f"{c['cos']:.7f}" if "cos" in c else ""
+        mad = f"{c['max_abs']:.3g}" if "max_abs" in c else ""
+        w, o = c.get("run_s"), r["cells"].get("cpu", {}).get("run_s")
+        ratio = f"{w / o:.0f}x" if w and o else ""
+        what = c["status"] if c["status"] == "pass" else f"{c['status']}: {_short(c['line'], 90)}"
+        out.append(
+            f"| {r['model']} | {what} | {cos} | {mad} | {_secs(w)} | {_secs(o)} | {ratio} | {c['seconds']:.0f} s |"
+        )
+    return out
+
+
+def _secs(x: float | None) -> str:
+    if x is None:
+        return ""
+    return f"{x:.2f} s" if x >= 1 else f"{x * 1000:.1f} ms"
+
+
 def render(rows: list[dict], stages: tuple[str, ...], header: str) -> str:
     sym = {"pass": "pass", "fail": "FAIL", "unsupported": "unsup", "BUG": "**EXIT 3**", "skip": "-"}
     out = [header, ""]
@@ -1862,6 +1974,8 @@ def render(rows: list[dict], stages: tuple[str, ...], header: str) -> str:
                 t += f" {c['cos']:.6f}"
             cells.append(t)
         out.append(f"| {r['model']} | {r['fmt']} | {b} | " + " | ".join(cells) + " |")
+    if "webgpu" in stages:
+        out += _render_webgpu(rows)
     out.append("")
     out.append("## Failures (one line each: stage, exit code, message)")
     out.append("")
@@ -1905,11 +2019,17 @@ def render(rows: list[dict], stages: tuple[str, ...], header: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--subset", choices=["all", "fast"], default="all")
+    ap.add_argument("--subset", choices=["all", "fast", "webgpu"], default="all")
     ap.add_argument("--only", default="", help="comma-separated model names")
     ap.add_argument("--stages", default=",".join(STAGES))
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument(
+        "--webgpu-timeout",
+        type=float,
+        default=WEBGPU_TIMEOUT,
+        help="per-call timeout of the webgpu stage's export and run (lavapipe is slow)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep each model's stage outputs")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "zoo.md"))
     ap.add_argument("--prepare-child", default=None, help=argparse.SUPPRESS)
@@ -1937,6 +2057,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [m.name for m in sorted(CORPUS, key=lambda m: order[m.kind])]  # small and real ones first
     if a.subset == "fast":
         names = fast_subset()
+    elif a.subset == "webgpu":
+        names = webgpu_set()
     if a.only:
         want = a.only.split(",")
         unknown = [w for w in want if w not in by_name()]
@@ -1956,7 +2078,7 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()[1]  # the machine is shared: the 5-minute load at the start and end
     rows: dict[str, dict] = {}
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futs = {pool.submit(run_model, n, stages, a.timeout, a.keep): n for n in names}
+        futs = {pool.submit(run_model, n, stages, a.timeout, a.keep, a.webgpu_timeout): n for n in names}
         for fut in concurrent.futures.as_completed(futs):
             n = futs[fut]
             try:
@@ -1988,6 +2110,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - t0),
         "jobs": jobs,
         "timeout_s": a.timeout,
+        **({"webgpu_timeout_s": a.webgpu_timeout} if "webgpu" in stages else {}),
         "load": f"{load0:.1f} at the start, {os.getloadavg()[1]:.1f} at the end (5-min load average, {os.cpu_count()} cores)",
     }
     out = Path(a.out)
@@ -2032,9 +2155,12 @@ def _merge_row(old: dict, new: dict, stages: tuple[str, ...]) -> dict:
 def write_results(out: Path, rows: list[dict], stages: tuple[str, ...], run: dict) -> None:
     argv = " ".join(run.get("argv", []))
     merged = "".join(
-        f" Rerun and merged: `{' '.join(m['argv'])}` at {m['commit']}{' (dirty tree)' if m['dirty'] else ''}."
+        f" Rerun and merged: `{' '.join(m['argv'])}` at {m['commit']}{' (dirty tree)' if m['dirty'] else ''}"
+        f"{' (' + str(m['wall_s']) + ' s wall; load ' + m['load'] + ')' if m.get('load') else ''}."
         for m in run.get("merged", [])
     )
+    runs = [run, *run.get("merged", [])]
+    wgpu_limit = max((r.get("webgpu_timeout_s") or 0 for r in runs), default=0) or WEBGPU_TIMEOUT
     header = (
         f"# mconv zoo: {len(rows)} models x {len(stages)} stages\n\n"
         f"`python3 bench/zoo.py {argv}` at commit {run.get('commit', '?')}"
@@ -2043,7 +2169,10 @@ def write_results(out: Path, rows: list[dict], stages: tuple[str, ...], run: dic
         f"{run.get('timeout_s', '?')} s{'; load ' + run['load'] if run.get('load') else ''}.{merged}{' A rerun with --stages replaced only those cells of its rows (and ran import).' if any('--stages' in m['argv'] for m in run.get('merged', [])) else ''} ref: cosine >= {REF_COSINE} vs the source runtime on real "
         f"inputs (and integer outputs within 1 code, one-element outputs within 1e-3); cpu/xla/metal: the "
         f"exported bundle run by `mconv run`, cosine >= {TARGET_COSINE} vs ORT on the imported model (models with Q/DQ: xla and metal vs ORT with "
-        f"graph optimizations off, the spec's Q/DQ; ORT's fused int8 kernels differ by a code); optimize "
+        f"graph optimizations off, the spec's Q/DQ; ORT's fused int8 kernels differ by a code); webgpu "
+        f"(rows with image inputs only, `--subset webgpu`): the bundle run by `mconv run` through wgpu on "
+        f"lavapipe (Vulkan on the CPU), cosine >= {WEBGPU_COSINE} vs ORT as for metal, per-call timeout "
+        f"{wgpu_limit:.0f} s; optimize "
         f"stages: the output passes ONNX's checker and runs in ORT (lossless: cosine >= {REF_COSINE} vs ORT on the "
         f"imported model too); int8 = `--passes {INT8_PASSES}`. Rows not rerun keep the first run's judgement "
         f"of cpu/xla/metal (vs the source runtime, within 1e-3 on one-element outputs); their ref passed, so "
