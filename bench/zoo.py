@@ -100,6 +100,12 @@ def cache() -> Path:
     return _wheels.cache_dir()
 
 
+def work_root() -> Path:
+    """Where each model's stage outputs go: ``$MCONV_ZOO_WORK`` (two runs at once, e.g. a webgpu
+    run beside a full one, each their own), else ``<cache>/zoo-run``."""
+    return Path(os.environ.get("MCONV_ZOO_WORK") or cache() / "zoo-run")
+
+
 def tv_python() -> Path:
     return Path(os.environ.get("MCONV_TV_PYTHON", cache() / "tv-venv" / "bin" / "python"))
 
@@ -1469,7 +1475,7 @@ def mconv(*args: str, timeout: float = 300) -> tuple[int, dict | None, str, floa
         if srv is None or srv.proc.poll() is not None:
             srv = _LOCAL.server = _Server()
             _SERVERS.append(srv)
-        tmp = cache() / "zoo-run" / ".io"
+        tmp = work_root() / ".io"
         tmp.mkdir(parents=True, exist_ok=True)
         out = tmp / f"{os.getpid()}-{threading.get_ident()}.out"
         err = out.with_suffix(".err")
@@ -1707,7 +1713,7 @@ def _run_model(
         return row
     row["meta"] = meta
     d = prep_dir(name)
-    work = cache() / "zoo-run" / name
+    work = work_root() / name
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     cells = row["cells"]
