@@ -310,6 +310,46 @@ class OptimizeResult:
         }
 
 
+def _optimize_streamed(src: Path, passes: str, scheme, output: Path, progress) -> OptimizeResult:
+    """``optimize`` of a safetensors checkpoint by one streamable pass
+    (:func:`mconv.formats.weights_stream.compress_checkpoint`)."""
+    from mconv.formats.weights_stream import compress_checkpoint, open_checkpoint
+    from mconv.passes.base import PassReport
+
+    with naming_the_file(src):
+        n = sum(len(s.tensors) for s in open_checkpoint(src)[0])
+        with _progress(progress)(f"optimize {passes}", n) as update:
+            done = [0]
+
+            def tick(name: str) -> None:
+                update(f"stream {name}", done[0], n)
+                done[0] += 1
+
+            r = compress_checkpoint(src, output, scheme, tick=tick)
+    keys = ("bits", "init", "groups") if scheme.kind == "cluster" else ("bits", "block", "sym", "method")
+    config = {k: getattr(scheme, k) for k in (*keys, "min_elements")}
+    report = PassReport(
+        scheme.kind,
+        config,
+        bytes_before=r.bytes_in,
+        bytes_after=r.bytes_out,
+        seconds=r.seconds,
+        tensors=r.tensors,
+        notes=[f"streamed: {r.mb_per_s:.0f} MB/s of input, packed safetensors"],
+        modified=bool(r.tensors),
+    )
+    files = [Path(f) for f in r.files]
+    return OptimizeResult(
+        output=str(output),
+        files=r.files,
+        weight_bytes_before=r.bytes_in,
+        weight_bytes_after=r.bytes_out,
+        file_bytes_after=sum(p.stat().st_size for p in files),
+        predicted_bundle_weight_bytes=None,
+        reports=[report],
+    )
+
+
 def optimize(
     model: ModelLike,
     *,
@@ -367,6 +407,12 @@ def optimize(
             engine or "reference",
             device or "cpu",
         )
+    if passes and data is None and output is not None and not isinstance(model, ir.Model):
+        from mconv.formats.weights_stream import stream_scheme
+
+        scheme = stream_scheme(Path(model), passes, Path(output), format)
+        if scheme is not None:  # a safetensors checkpoint streamed tensor by tensor (README)
+            return _optimize_streamed(Path(model), passes, scheme, Path(output), progress)
     specs = P.parse_spec(passes) if passes else P.load_recipe(str(recipe))
     if engine is not None or device is not None:
         for spec in specs:  # the finetune passes that do not name their own engine

@@ -118,60 +118,79 @@ def _baseline(src: Path, dest: Path) -> dict:
     return {"seconds": time.perf_counter() - t0, "bytes_in": nbytes}
 
 
-def _scheme(src: Path, dest: Path, spec: dict) -> dict:
-    from mconv.formats.weights_stream import Scheme, compress_checkpoint
-
-    r = compress_checkpoint(src, dest, Scheme(**spec))
-    snrs = [t["snr_db"] for t in r.tensors]
-    return {
-        "seconds": r.seconds,
-        "bytes_in": r.bytes_in,
-        "bytes_out": r.bytes_out,
-        "snr_db_mean": float(np.mean(snrs)),
-        "bits_per_weight": float(np.mean([t["bits_per_weight"] for t in r.tensors])),
-    }
-
-
 def _child(argv: list[str]) -> None:
-    src, dest, spec = Path(argv[0]), Path(argv[1]), json.loads(argv[2])
-    result = _baseline(src, dest) if spec == "baseline" else _scheme(src, dest, spec)
+    src, dest = Path(argv[0]), Path(argv[1])
+    result = _baseline(src, dest)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
     print(json.dumps(result))
 
 
-def throughput(src: Path, scratch: Path) -> None:
-    jobs = {
-        "baseline fp16 rewrite (numpy)": "baseline",
-        "blockwise int4 b32 sym (rtn)": {"kind": "blockwise", "bits": 4, "block": 32},
-        "blockwise int4 b128 asym (rtn)": {"kind": "blockwise", "bits": 4, "block": 128, "sym": False},
-        "cluster(bits=4)": {"kind": "cluster", "bits": 4},
-        "cluster(bits=4, groups=64)": {"kind": "cluster", "bits": 4, "groups": 64},
-    }
+JOBS = {
+    "blockwise int4 b32 sym (rtn)": "blockwise(bits=4, block=32)",
+    "blockwise int4 b128 asym (rtn)": "blockwise(bits=4, block=128, sym=false)",
+    "cluster(bits=4)": "cluster(bits=4)",
+    "cluster(bits=4, groups=64)": "cluster(bits=4, groups=64)",
+}
+
+
+def _run(cmd: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS (MB, this child's own) and stdout of a whole command."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stderr is not None
+    out, err = p.stdout.read(), p.stderr.read()  # small: --json and a progress line
+    # wait4: the rusage of this child alone (RUSAGE_CHILDREN is the max over all of them)
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{cmd} failed: {err[-2000:]}")
+    return wall, usage.ru_maxrss / 1024, out
+
+
+def throughput(src: Path, scratch: Path, only: list[str] | None = None) -> None:
+    """Each job a whole command in a fresh process, timed from start to exit: the baseline
+    script, then ``mconv optimize SRC --passes SPEC -o OUT --json`` per scheme."""
+    from mconv.formats.weights_stream import open_checkpoint
+
+    bytes_in = sum(t.nbytes for s in open_checkpoint(src)[0] for t in s.tensors)
+    mconv = str(Path(sys.executable).with_name("mconv"))
     rows = []
     base = None
+    jobs: dict[str, str | None] = {"baseline fp16 rewrite (numpy)": None, **JOBS}
     for label, spec in jobs.items():
+        if only and spec is not None and spec not in only:
+            continue
         dest = scratch / "out"
         subprocess.run(["rm", "-rf", str(dest)], check=True)
-        p = subprocess.run(
-            [sys.executable, __file__, "_child", str(src), str(dest), json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        r = json.loads(p.stdout.strip().splitlines()[-1])
-        r["mb_per_s"] = r["bytes_in"] / 1e6 / r["seconds"]
-        if spec == "baseline":
-            base = r["seconds"]
-        r["time_vs_baseline"] = r["seconds"] / base if base else None
-        rows.append((label, r))
+        if spec is None:
+            cmd = [sys.executable, __file__, "_child", str(src), str(dest)]
+        else:
+            cmd = [mconv, "optimize", str(src), "--passes", spec, "-o", str(dest), "--json"]
+        wall, rss, out = _run(cmd)
+        r: dict = {"seconds": wall, "peak_rss_mb": rss, "mb_per_s": bytes_in / 1e6 / wall}
+        if spec is None:
+            base = wall
+            r["loop_seconds"] = json.loads(out.strip().splitlines()[-1])["seconds"]
+        else:
+            doc = json.loads(out)
+            rep = doc["passes"][0]
+            r["pass_seconds"] = rep["seconds"]
+            r["snr_db_mean"] = float(np.mean([t["snr_db"] for t in rep["tensors"]]))
+            r["bits_per_weight"] = float(np.mean([t["bits_per_weight"] for t in rep["tensors"]]))
+            r["bytes_out"] = doc["file_bytes_after"]
+        r["x_baseline_speed"] = base / wall if base else None
+        rows.append((label, spec, r))
         print(label, json.dumps(r), flush=True)
     subprocess.run(["rm", "-rf", str(scratch / "out")], check=True)
-    print("\n| job | s | MB/s in | x baseline time | peak RSS MB | bits/w | SNR dB |")
+    load = os.getloadavg()
+    print(f"\n{bytes_in / 1e9:.2f} GB in; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end")
+    print("| job | s (whole command) | MB/s in | speed vs baseline | peak RSS MB | bits/w | SNR dB |")
     print("|---|---|---|---|---|---|---|")
-    for label, r in rows:
+    for label, spec, r in rows:
+        name = f'`--passes "{spec}"`' if spec else label
         print(
-            f"| {label} | {r['seconds']:.1f} | {r['mb_per_s']:.0f} | {r['time_vs_baseline']:.2f} | "
-            f"{r['peak_rss_mb']:.0f} | {r.get('bits_per_weight', 16):.3f} | {r.get('snr_db_mean', float('nan')):.2f} |"
+            f"| {name} | {r['seconds']:.1f} | {r['mb_per_s']:.0f} | {r['x_baseline_speed']:.2f} | "
+            f"{r['peak_rss_mb']:.0f} | {r.get('bits_per_weight', 16):.2f} | {r.get('snr_db_mean', float('nan')):.2f} |"
         )
 
 
@@ -245,12 +264,13 @@ def main() -> None:
     ap.add_argument("--src", type=Path, default=DEFAULT)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--scratch", type=Path, default=Path("/work/cache/llm/scratch"))
+    ap.add_argument("--only", action="append", help="throughput: this pass spec only (repeatable)")
     a = ap.parse_args()
     if a.what == "generate":
         generate(a.out, a.layers)
     elif a.what == "throughput":
         a.scratch.mkdir(parents=True, exist_ok=True)
-        throughput(a.src, a.scratch)
+        throughput(a.src, a.scratch, a.only)
     else:
         compare()
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -379,6 +380,34 @@ def _as_float32(raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return raw.view(dtype).astype(np.float32)
 
 
+def _rtn_chunk(raw: np.ndarray, dtype: np.dtype, scheme: Scheme) -> tuple:
+    """Round-to-nearest of whole rows whose length is a multiple of the block: the rows are one
+    run of blocks, quantized piece by piece in cache (:mod:`mconv.passes._stream_kernels`)."""
+    from mconv.passes import _stream_kernels as K
+
+    vals = raw.view(dtype)
+    n, block, bits = vals.size, scheme.block, scheme.bits
+    packed = np.empty(n * bits // 8, np.uint8)
+    scales = np.empty(n // block, np.float16)
+    zeros = None if scheme.sym else np.empty(n // block, np.uint8)
+    sig = noise = 0.0
+    for i in range(0, n, K.SUB):
+        x = vals[i : i + K.SUB].astype(np.float32)
+        scale, zero = K.block_params(x, bits, block, scheme.sym)
+        codes, s2, e2 = K.rtn_blocks(x, scale, zero, bits, block)
+        sig += s2
+        noise += e2
+        j, m = i // block, x.size // block
+        scales[j : j + m] = scale
+        if zeros is not None and zero is not None:
+            zeros[j : j + m] = zero
+        if bits == 4:
+            packed[i // 2 : (i + x.size) // 2] = K.pack4(codes.reshape(1, -1)).reshape(-1)
+        else:
+            packed[i : i + x.size] = codes
+    return packed, scales, zeros, sig, noise
+
+
 class _Stats:
     """Sums for MSE / SNR, accumulated over chunks."""
 
@@ -393,10 +422,6 @@ class _Stats:
         self.noise += float(np.dot(d, d))
         self.signal += float(np.dot(xf, xf))
         self.n += x.size
-
-
-def _code_hist(raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    return np.bincount(raw.view(np.uint16).ravel(), minlength=1 << 16)
 
 
 def _palette_for(hist: np.ndarray, dtype: np.dtype, bits: int, init: str) -> tuple[np.ndarray, np.ndarray]:
@@ -527,8 +552,15 @@ def _stream_shard(
                 def work(
                     r0: int, r1: int, job=job, qw=qw, sc=sc, zp=zp, prow=prow, nb=nb
                 ) -> tuple[float, float]:
-                    x = _as_float32(read_rows(job, r0, r1), job.src.dtype).reshape(r1 - r0, job.cols)
-                    packed, scales, zeros, qz = _blockwise_chunk(x, scheme)
+                    raw = read_rows(job, r0, r1)
+                    if scheme.method == "rtn" and job.cols % scheme.block == 0:
+                        packed, scales, zeros, sig, noise = _rtn_chunk(raw, job.src.dtype, scheme)
+                    else:
+                        x = _as_float32(raw, job.src.dtype).reshape(r1 - r0, job.cols)
+                        packed, scales, zeros, qz = _blockwise_chunk(x, scheme)
+                        s = _Stats()
+                        s.add(x, qz.dequantize())
+                        sig, noise = s.signal, s.noise
                     os.pwrite(ofd, _mv(np.ascontiguousarray(packed)), base + qw.offset + r0 * prow)
                     os.pwrite(
                         ofd,
@@ -537,9 +569,7 @@ def _stream_shard(
                     )
                     if zp is not None and zeros is not None:
                         os.pwrite(ofd, _mv(np.ascontiguousarray(zeros)), base + zp.offset + r0 * nb)
-                    s = _Stats()
-                    s.add(x, qz.dequantize())
-                    return s.signal, s.noise
+                    return sig, noise
 
                 futures = [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes)]
             else:
@@ -569,34 +599,39 @@ def _cluster_tensor(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base
     t = job.src
     if t.dtype.itemsize != 2:  # float32: through float16 bit patterns would change values
         return _cluster_f32(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
+    from mconv.passes import _stream_kernels as K
+
     ind, lutp = job.outputs
     prow = _packed_row(job.cols, scheme.bits)
     groups = np.array_split(np.arange(job.rows), job.info["groups"])
+    values = K.values16(t.dtype)
     futures = []
     for g, rows in enumerate(groups):
         lo, hi = int(rows[0]), int(rows[-1]) + 1
-        hists = list(
-            pool.map(
-                lambda rr: _code_hist(read_rows(job, *rr), t.dtype), _row_chunks(job, chunk_bytes, lo, hi)
-            )
-        )
-        lut, table = _palette_for(np.sum(hists, axis=0), t.dtype, scheme.bits, scheme.init)
-        os.pwrite(ofd, lut.tobytes(), base + lutp.offset + g * lut.nbytes)
+        acc: dict[int, np.ndarray] = {}  # one histogram per worker thread
 
-        def work(r0: int, r1: int, lut=lut, table=table) -> tuple[float, float]:
+        def count(r0: int, r1: int, acc=acc) -> None:
+            h = K.hist16(read_rows(job, r0, r1).view(np.uint16))
+            mine = acc.setdefault(threading.get_ident(), np.zeros(1 << 16, np.int64))
+            mine += h
+
+        for f in [pool.submit(count, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes, lo, hi)]:
+            f.result()
+        hist = np.sum(list(acc.values()), axis=0)
+        lut, table = _palette_for(hist, t.dtype, scheme.bits, scheme.init)
+        os.pwrite(ofd, lut.tobytes(), base + lutp.offset + g * lut.nbytes)
+        # the report's error from the histogram: exact, and no pass over the tensor
+        errors = K.hist_error(hist, values, lut[table])
+
+        def work(r0: int, r1: int, table=table) -> tuple[float, float]:
             raw = read_rows(job, r0, r1).view(np.uint16).reshape(r1 - r0, job.cols)
-            codes = table[raw]
-            os.pwrite(
-                ofd,
-                _mv(np.ascontiguousarray(_pack(codes, scheme.bits))),
-                base + ind.offset + r0 * prow,
-            )
-            x = raw.view(t.dtype).astype(np.float32)
-            s = _Stats()
-            s.add(x, lut[codes])
-            return s.signal, s.noise
+            codes = K.lookup16(raw, table)
+            packed = K.pack4(codes) if scheme.bits == 4 else _pack(codes, scheme.bits)
+            os.pwrite(ofd, _mv(np.ascontiguousarray(packed)), base + ind.offset + r0 * prow)
+            return 0.0, 0.0
 
         futures += [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes, lo, hi)]
+        futures.append(pool.submit(lambda e=errors: e))
     return futures
 
 
@@ -635,7 +670,7 @@ def compress_checkpoint(
     scheme: Scheme,
     *,
     threads: int | None = None,
-    chunk_bytes: int = 16 << 20,
+    chunk_bytes: int = 4 << 20,
     tick: Callable[[str], None] | None = None,
 ) -> StreamReport:
     """Compress a checkpoint (rule 1) into ``dest``: a ``.safetensors`` file for a single-file
@@ -717,3 +752,66 @@ def dequantized(path: str | os.PathLike) -> dict[str, np.ndarray]:
                 w[r] = lut[g][codes[r]]
         out[name] = w.astype(dtype).reshape(shape)
     return out
+
+
+# --- mconv optimize on a checkpoint ---------------------------------------------------------
+
+# Options of the passes that stream, and the Scheme field each one sets.
+_STREAMABLE = {
+    "cluster": {"bits", "init", "groups", "min_elements"},
+    "blockwise": {"bits", "block", "sym", "method", "min_elements"},
+}
+
+
+def is_checkpoint(src: Path) -> bool:
+    """A safetensors file, a ``*.safetensors.index.json`` or a folder holding either."""
+    if src.is_dir():
+        return any(src.glob(f"*{INDEX_SUFFIX}")) or any(src.glob("*.safetensors"))
+    return src.is_file() and (src.suffix == ".safetensors" or src.name.endswith(INDEX_SUFFIX))
+
+
+def _sharded(src: Path) -> bool:
+    return src.name.endswith(INDEX_SUFFIX) or (src.is_dir() and any(src.glob(f"*{INDEX_SUFFIX}")))
+
+
+def stream_scheme(src: Path, passes: str, output: Path, format: str | None) -> Scheme | None:
+    """The scheme when ``mconv optimize SRC --passes SPEC -o OUT`` streams (README, "Weight
+    files"): SRC a safetensors checkpoint, SPEC one ``cluster`` or ``blockwise`` pass with only
+    the options above, and OUT a ``.safetensors`` name (one file in) or a folder (a sharded
+    checkpoint in). None: the graph pipeline runs as for any other model."""
+    from mconv import passes as P
+    from mconv.passes.blockwise import Blockwise
+    from mconv.passes.cluster import Cluster
+
+    if format not in (None, "safetensors") or not is_checkpoint(src):
+        return None
+    specs = P.parse_spec(passes)
+    if len(specs) != 1 or specs[0].name not in _STREAMABLE or specs[0].op_type or specs[0].op_name:
+        return None
+    spec = specs[0]
+    if set(spec.config) - _STREAMABLE[spec.name]:
+        return None
+    sharded = _sharded(src) or (src.is_dir() and len(list(src.glob("*.safetensors"))) != 1)
+    if not sharded and output.suffix != ".safetensors":
+        if spec.name == "blockwise":  # the graph pass quantizes MatMul/Gemm weights: a weight file has none
+            raise InputError(
+                f"blockwise on a weight file writes packed safetensors, not '{show(output.name)}'",
+                path=str(src),
+                where="-o",
+                hint="name the output OUT.safetensors",
+            )
+        return None  # cluster to a weights bundle: the graph pipeline (README)
+    if sharded and output.suffix:
+        raise InputError(
+            f"a sharded checkpoint is written as a folder, not '{show(output.name)}'",
+            path=str(src),
+            where="-o",
+            hint="name a folder without an extension",
+        )
+    defaults = Cluster.Config() if spec.name == "cluster" else Blockwise.Config()
+    cfg = {k: spec.config.get(k, getattr(defaults, k)) for k in _STREAMABLE[spec.name] - {"min_elements"}}
+    scheme = Scheme(kind=spec.name, **cfg)
+    if "min_elements" in spec.config:
+        scheme.min_elements = int(spec.config["min_elements"])
+    scheme.check()
+    return scheme

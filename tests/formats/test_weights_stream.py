@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from mconv.errors import InputError
 from mconv.formats.weights_stream import Scheme, compress_checkpoint, dequantized, open_checkpoint
 from mconv.passes._weights import snr_db
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 
 def _tensors(seed: int) -> dict[str, np.ndarray]:
@@ -159,3 +162,150 @@ def test_bad_schemes_are_input_errors(tmp_path):
     ):
         with pytest.raises(InputError):
             compress_checkpoint(tmp_path / "w.safetensors", tmp_path / "o.safetensors", scheme)
+
+
+# --- the fast kernels against straightforward references written here ----------------------
+
+
+def _f16_scale(s: np.ndarray) -> np.ndarray:
+    mag = np.clip(np.abs(s), 2.0**-24, 65504.0).astype(np.float16).astype(np.float32)
+    return np.where(s < 0, -mag, mag)
+
+
+def _reference_rtn(w: np.ndarray, bits: int, block: int, sym: bool):
+    """Blockwise RTN as the module doc states it, block by block: codes as stored (symmetric
+    offset by 2**(bits-1)), float16 scales and uint8 zero points, the codes packed LSB first."""
+    x = w.astype(np.float32)
+    r, k = x.shape
+    nb = k // block
+    codes = np.zeros((r, k), np.uint8)
+    scales = np.zeros((r, nb), np.float32)
+    zeros = np.zeros((r, nb), np.uint8)
+    qmax = (1 << bits) - 1
+    for i in range(r):
+        for j in range(nb):
+            b = x[i, j * block : (j + 1) * block]
+            if sym:
+                m = b[int(np.argmax(np.abs(b)))]  # the first value of largest magnitude
+                s = _f16_scale(np.float32(1.0) if m == 0 else m / np.float32(-(1 << (bits - 1))))
+                q = np.clip(np.rint(b / s), -(1 << (bits - 1)), (1 << (bits - 1)) - 1) + (1 << (bits - 1))
+            else:
+                lo, hi = min(b.min(), np.float32(0)), max(b.max(), np.float32(0))
+                s = _f16_scale(np.float32(1.0) if hi <= lo else (hi - lo) / np.float32(qmax))
+                z = np.clip(np.rint(-lo / s), 0, qmax)
+                zeros[i, j] = z
+                q = np.clip(np.rint(b / s) + z, 0, qmax)
+            scales[i, j] = s
+            codes[i, j * block : (j + 1) * block] = q
+    if bits == 4:
+        packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    else:
+        packed = codes
+    return packed, scales.astype(np.float16), zeros
+
+
+def _awkward(rng: np.random.Generator, rows: int, cols: int, block: int) -> np.ndarray:
+    """fp16 weights with the cases a fast kernel gets wrong: +a and -a tying for the largest
+    magnitude (both orders), all-zero and -0.0 blocks, one-sided blocks, huge and tiny values."""
+    w = (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16)
+    w[0, :block] = 0
+    w[0, block : 2 * block] = np.float16(-0.0)
+    w[1, :block] = np.abs(w[1, :block])
+    w[1, block : 2 * block] = -np.abs(w[1, block : 2 * block])
+    w[2, 3], w[2, 9] = 0.5, -0.5  # tie, + first
+    w[3, 4], w[3, 7] = -0.25, 0.25  # tie, - first
+    w[4, :block] = np.float16(3e-8)  # subnormal scales clip to 2**-24
+    w[5, :block] = 60000.0
+    return w
+
+
+@pytest.mark.parametrize("bits,block,sym", [(4, 32, True), (4, 128, False), (8, 64, True), (4, 16, False)])
+def test_blockwise_codes_equal_a_block_by_block_reference(bits, block, sym, tmp_path):
+    rng = np.random.default_rng(bits * block + sym)
+    w = _awkward(rng, 24, 4 * block, block)
+    save_file({"w": w}, str(tmp_path / "w.safetensors"))
+    compress_checkpoint(
+        tmp_path / "w.safetensors",
+        tmp_path / "o.safetensors",
+        Scheme("blockwise", bits, block, sym, min_elements=1),
+        chunk_bytes=3 * w.shape[1] * 2,  # several chunks, rows split between the threads
+    )
+    got = load_file(str(tmp_path / "o.safetensors"))
+    packed, scales, zeros = _reference_rtn(w, bits, block, sym)
+    np.testing.assert_array_equal(got["w.qweight"], packed)
+    np.testing.assert_array_equal(got["w.scales"].view(np.uint16), scales.view(np.uint16))
+    if not sym:
+        np.testing.assert_array_equal(got["w.zeros"], zeros)
+
+
+def test_blockwise_refuses_inf_and_nan(tmp_path):
+    for bad in (np.inf, np.nan):
+        w = np.ones((8, 64), np.float16)
+        w[3, 5] = bad
+        save_file({"w": w}, str(tmp_path / "w.safetensors"))
+        with pytest.raises(InputError, match="inf or nan"):
+            compress_checkpoint(
+                tmp_path / "w.safetensors", tmp_path / "o.safetensors", Scheme(min_elements=1)
+            )
+        assert not (tmp_path / "o.safetensors").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cluster_codes_are_the_nearest_centroid_and_no_worse_than_the_graph_pass(dtype, tmp_path):
+    import ml_dtypes
+    from mconv.passes.cluster import cluster_array
+
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(7)
+    w = (rng.standard_t(5, size=(64, 300)) * 0.02).astype(dt)
+    w[7, :40] = 0
+    save_file({"w": w}, str(tmp_path / "w.safetensors"))
+    r = compress_checkpoint(
+        tmp_path / "w.safetensors", tmp_path / "o.safetensors", Scheme("cluster", 4), chunk_bytes=5000
+    )
+    got = load_file(str(tmp_path / "o.safetensors"))
+    lut = got["w.lut"][0]
+    codes = np.stack([got["w.indices"] & 15, got["w.indices"] >> 4], axis=-1).reshape(64, 300)
+    x = w.astype(np.float64)
+    assert lut[0] == 0 and np.all(codes[x == 0] == 0)  # zero is code 0 and stays exact
+    nz = x != 0
+    # brute force: the nearest nonzero centroid, the lower one on a tie (argmin's first)
+    near = np.abs(x[nz][:, None] - lut[None, 1:].astype(np.float64)).argmin(axis=1) + 1
+    np.testing.assert_array_equal(codes[nz], near)
+    mse = float(np.mean((lut[codes].astype(np.float64) - x) ** 2))
+    assert r.tensors[0]["mse"] == pytest.approx(mse, rel=1e-9)  # the report, from the histogram
+    graph = cluster_array(w.astype(np.float32), 4).astype(np.float64)
+    assert mse <= float(np.mean((graph - x) ** 2)) * (1 + 1e-9)
+
+
+def _cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    exe = str(Path(sys.executable).with_name("mconv"))
+    return subprocess.run([exe, *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_cli_optimize_streams_a_checkpoint_with_the_same_bytes(tmp_path):
+    save_file(_tensors(5), str(tmp_path / "w.safetensors"))
+    for spec, scheme in (
+        ("blockwise(bits=4, block=32)", Scheme("blockwise", 4, 32)),
+        ("blockwise(bits=4, block=64, sym=false)", Scheme("blockwise", 4, 64, False)),
+        ("cluster(bits=3, groups=4)", Scheme("cluster", 3, groups=4)),
+    ):
+        p = _cli("optimize", "w.safetensors", "--passes", spec, "-o", "c.safetensors", "--json", cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        assert doc["passes"][0]["name"] == scheme.kind and len(doc["passes"][0]["tensors"]) == 2
+        compress_checkpoint(tmp_path / "w.safetensors", tmp_path / "ref.safetensors", scheme)
+        assert (tmp_path / "c.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    # a sharded checkpoint: the folder (or its index) in, a folder out
+    src = tmp_path / "src"
+    src.mkdir()
+    _sharded(src, 6)
+    for arg in ("src", "src/model.safetensors.index.json"):
+        p = _cli("optimize", arg, "--passes", "cluster(bits=4)", "-o", "out", cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        idx = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+        assert idx["weight_map"]["layers.0.q.weight.indices"] == "model-00001-of-00002.safetensors"
+    # blockwise to a name that is no .safetensors: one line, exit 2
+    p = _cli("optimize", "w.safetensors", "--passes", "blockwise", "-o", "out2", cwd=tmp_path)
+    assert p.returncode == 2 and "OUT.safetensors" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "out2").exists()
