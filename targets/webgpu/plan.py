@@ -9,7 +9,10 @@ Rules:
    ``metal_plan.json`` (``dtype`` is ``half`` or ``float``).
 2. Every node is a WGSL kernel (a rule of :data:`mconv.targets.webgpu.wgsl.LOWER`), a view
    (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout: the output shares the input's
-   buffer) or unsupported; all unsupported nodes are named in one UnsupportedError.
+   buffer) or unsupported; all unsupported nodes are named in one UnsupportedError. Values are
+   floats, except bool values between the comparisons, Not, And, Or, Xor and Where's
+   condition (:data:`~mconv.targets.webgpu.wgsl.LOGIC`), held as 0/1 in a float buffer; a bool
+   graph input or output is refused.
 3. A layer binds at most :data:`~mconv.targets.webgpu.wgsl.MAX_BINDINGS` storage buffers (the
    limit every WebGPU device has); Concat of more inputs is several kernels, each writing its
    slice of the output.
@@ -42,7 +45,7 @@ from mconv.targets.metal.plan import (
     _static_shape,
     prepare,
 )
-from mconv.targets.webgpu.wgsl import CHECKS, LOWER, MAX_BINDINGS
+from mconv.targets.webgpu.wgsl import CHECKS, LOGIC, LOWER, MAX_BINDINGS
 
 __all__ = ["MAX_BINDING_BYTES", "build_plan", "prepare", "split_large_weights", "supported_ops"]
 
@@ -132,6 +135,7 @@ def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
             and v.dtype is not None
             and v.dtype not in _FLOATS
             and (v.uses() or v.is_graph_output())
+            and not _bool_between_logic(node, v)
         ):
             return f"{v.dtype.name.lower()} values (the webgpu target computes floats)"
     x = node.inputs[0]
@@ -139,6 +143,16 @@ def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
         return "only 1-D and 2-D windows"
     check = CHECKS.get(node.op_type)
     return check(ctx, node) if check is not None else None
+
+
+def _bool_between_logic(node: ir.Node, v: ir.Value) -> bool:
+    """Rule 2: a bool value read or written by a comparison, Not, And, Or, Xor or Where (as its
+    condition) is held as 0/1 in a float buffer; not as a graph input or output."""
+    if v.dtype != ir.DataType.BOOL or node.op_type not in LOGIC or v.is_graph_output():
+        return False
+    if v.producer() is None:  # a graph input
+        return False
+    return not (node.op_type == "Where" and any(x is v for x in node.inputs[1:]))
 
 
 def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:

@@ -479,6 +479,61 @@ Y[gx] = T({activation_expr(act)});
     return KernelSource(kernel, module(ctx, kernel, ["A", "B"], grid, {}, _indent(body)), [a, b], grid)
 
 
+# comparisons and logic: a bool value is held as T 0 or 1 (nonzero is true), as the Metal target
+# holds it; the planner accepts bool values only between these ops (:data:`LOGIC`)
+_PREDICATES = {
+    "Equal": "select(0.0f, 1.0f, a == b)",
+    "Less": "select(0.0f, 1.0f, a < b)",
+    "Greater": "select(0.0f, 1.0f, a > b)",
+    "LessOrEqual": "select(0.0f, 1.0f, a <= b)",
+    "GreaterOrEqual": "select(0.0f, 1.0f, a >= b)",
+    "And": "select(0.0f, 1.0f, a != 0.0f && b != 0.0f)",
+    "Or": "select(0.0f, 1.0f, a != 0.0f || b != 0.0f)",
+    "Xor": "select(0.0f, 1.0f, (a != 0.0f) != (b != 0.0f))",
+}
+LOGIC = frozenset({*_PREDICATES, "Not", "Where"})
+
+
+@register(*_PREDICATES, check=_check_binary)
+def lower_predicate(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    return _broadcast_kernel(ctx, node, kernel, _PREDICATES[node.op_type], None)
+
+
+def _check_where(ctx: LowerContext, node: ir.Node) -> str | None:
+    if len(node.inputs) != 3 or any(v is None for v in node.inputs):
+        return "Where takes 3 inputs"
+    if inp(node, 0).const_value is not None:
+        return "constant condition"
+    return None
+
+
+@register("Where", check=_check_where)
+def lower_where(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    return _broadcast_kernel(ctx, node, kernel, "select(c, b, a != 0.0f)", act)
+
+
+@register("Not")
+def lower_not(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    return _broadcast_kernel(ctx, node, kernel, "select(1.0f, 0.0f, a != 0.0f)", None)
+
+
+def _broadcast_kernel(
+    ctx: LowerContext, node: ir.Node, kernel: str, expr: str, act: Activation | None
+) -> KernelSource:
+    """Y = expr(a, b, c) over the node's 1-3 inputs broadcast to the output (numpy's rule)."""
+    ops = [inp(node, i) for i in range(len(node.inputs))]
+    y = outp(node)
+    ys = ctx.shape(y)
+    count = int(np.prod(ys)) if ys else 1
+    names = "abc"[: len(ops)]
+    strided = [(n, broadcast_strides(ctx.shape(v), ys)) for n, v in zip(names, ops)]
+    reads = " ".join(f"let {n} = f32({n.upper()}[i_{n}]);" for n in names)
+    body = offsets(ys, strided) + f"{reads}\nlet v = {expr};\nY[gx] = T({activation_expr(act)});\n"
+    grid = (count, 1, 1)
+    src = module(ctx, kernel, [n.upper() for n in names], grid, {}, _indent(body))
+    return KernelSource(kernel, src, ops, grid)
+
+
 _UNARY = (
     "Relu Clip LeakyRelu Sigmoid Tanh Gelu HardSigmoid HardSwish Elu Celu Selu Softplus Softsign Mish Neg Exp "
     "Log Sqrt Abs Reciprocal Erf Floor Ceil Round Sin Cos"

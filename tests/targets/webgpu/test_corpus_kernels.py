@@ -1,0 +1,83 @@
+"""webgpu kernels the corpus's image models needed (issue 17 item 5, bench/zoo.py's webgpu stage),
+each against the reference executor on a real WebGPU device (lavapipe in CI).
+
+- comparisons, Not/And/Or/Xor and Where: a TFLite model with dynamic-range quantized
+  convolutions (fer-emotion) imports as Equal(range, 0) + Where(., 1, scale) per layer; bool
+  values are held as 0/1 in float buffers, and only between these ops.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mconv.errors import UnsupportedError
+from mconv.targets import get_target
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_webgpu import _check, make_model, needs_adapter  # noqa: E402
+
+
+def logic_zoo() -> object:
+    """Every comparison, Not, And, Or, Xor, Where with broadcast operands; exact ties included
+    (the inputs are rounded to halves, so Equal and the <=, >= forms meet equal values)."""
+    w = {
+        "zero": np.array(0.0, np.float32),
+        "one": np.array(1.0, np.float32),
+        "row": np.array([-1.0, -0.5, 0.0, 0.5, 1.0, 1.5], np.float32),
+    }
+    nodes = [
+        helper.make_node("Sub", ["x", "y"], ["d"], name="sub"),
+        helper.make_node("Equal", ["d", "zero"], ["eq"], name="eq"),
+        helper.make_node("Where", ["eq", "one", "d"], ["safe"], name="where_scale"),
+        helper.make_node("Div", ["x", "safe"], ["q"], name="div"),
+        helper.make_node("Less", ["x", "row"], ["lt"], name="lt"),
+        helper.make_node("Greater", ["x", "y"], ["gt"], name="gt"),
+        helper.make_node("LessOrEqual", ["y", "row"], ["le"], name="le"),
+        helper.make_node("GreaterOrEqual", ["x", "row"], ["ge"], name="ge"),
+        helper.make_node("Not", ["lt"], ["nlt"], name="not"),
+        helper.make_node("And", ["nlt", "gt"], ["a1"], name="and"),
+        helper.make_node("Or", ["a1", "le"], ["o1"], name="or"),
+        helper.make_node("Xor", ["o1", "ge"], ["x1"], name="xor"),
+        helper.make_node("Where", ["x1", "x", "row"], ["sel"], name="where_pick"),
+        helper.make_node("Add", ["sel", "q"], ["out"], name="add"),
+    ]
+    return make_model(nodes, [("x", [2, 3, 4, 6]), ("y", [2, 1, 4, 6])], ["out"], w, name="logic")
+
+
+def _feeds(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.uniform(-2, 2, (2, 3, 4, 6)) * 2) / 2
+    y = np.round(rng.uniform(-2, 2, (2, 1, 4, 6)) * 2) / 2
+    return {"x": x.astype(np.float32), "y": y.astype(np.float32)}
+
+
+@needs_adapter
+def test_comparisons_logic_and_where_match_the_reference(tmp_path):
+    feeds = _feeds(3)
+    d = feeds["x"] - feeds["y"]
+    assert (d == 0).any() and (d != 0).any()  # both of Where's branches are taken
+    runner, figures = _check(logic_zoo(), tmp_path, feeds)
+    ops = {layer.op for layer in runner.plan.layers}
+    assert {"Equal", "Where", "Less", "Not", "And", "Or", "Xor", "GreaterOrEqual"} <= ops
+    assert figures["out"] >= 0.9999
+    _check(logic_zoo(), tmp_path, _feeds(4), precision="fp16", min_cos=0.999)
+
+
+def test_a_bool_graph_output_is_refused_by_name(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("Greater", ["x", "x0"], ["gt"], name="cmp")],
+        "boolout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("gt", TensorProto.BOOL, [1, 4])],
+        [numpy_helper.from_array(np.zeros((1, 4), np.float32), "x0")],
+    )
+    from mconv.irio import from_proto
+
+    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(UnsupportedError) as exc:
+        get_target("webgpu").export(model, tmp_path / "b", {})
+    assert "cmp" in str(exc.value) and "bool" in str(exc.value)
