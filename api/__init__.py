@@ -365,6 +365,8 @@ def optimize(
     progress=None,
     engine: str | None = None,
     device: str | None = None,
+    workers: int = 0,
+    ray_address: str | None = None,
 ) -> OptimizeResult:
     """``mconv optimize``: run a pass spec (``passes``) or a recipe (name or TOML path) over the
     model (an ``ir.Model``, mutated, or a path); with ``output``, write it and check that ONNX's
@@ -378,8 +380,15 @@ def optimize(
 
     ``engine`` (``reference`` or ``xla``) and ``device`` (``cpu`` or ``cuda``, xla only) say where
     fine-tuning runs: every ``finetune`` pass of the spec or recipe that does not name its own,
-    and every fine-tuning stage of the budget search (whose gate stays on the reference)."""
+    and every fine-tuning stage of the budget search (whose gate stays on the reference).
+
+    ``workers`` (a local Ray of N processes) or ``ray_address`` (a cluster) run the budget
+    search's independent trials on Ray (each layer's candidate settings); the result is the
+    in-process run's. They need the budget search (``max_drop`` / ``target_size``)."""
     from mconv import passes as P
+    from mconv.passes.parallel import check_workers, uses_ray
+
+    check_workers(workers, ray_address)
     from mconv.targets.xla.engine import check_engine
 
     if engine is not None or device is not None:
@@ -406,6 +415,14 @@ def optimize(
             progress,
             engine or "reference",
             device or "cpu",
+            workers,
+            ray_address,
+        )
+    if uses_ray(workers, ray_address):
+        raise InputError(
+            "--workers/--ray run the budget search's trials; this optimize has no budget",
+            where="--workers" if workers else "--ray",
+            hint="add --max-drop F or --target-size SIZE with --recipe deep-compression, or drop --workers/--ray",
         )
     if passes and data is None and output is not None and not isinstance(model, ir.Model):
         from mconv.formats.weights_stream import stream_scheme
@@ -470,6 +487,8 @@ def _optimize_budget(
     progress,
     engine: str = "reference",
     device: str = "cpu",
+    workers: int = 0,
+    ray_address: str | None = None,
 ):
     """``--max-drop`` / ``--target-size`` / ``--save-recipe``: the budgeted Deep Compression."""
     from mconv.account import predicted_account
@@ -498,6 +517,8 @@ def _optimize_budget(
                     progress=update,
                     engine=engine,
                     device=device,
+                    workers=workers,
+                    ray_address=ray_address,
                 )
             except BudgetNotMet as exc:  # the best result found is still written and reported
                 budget, failed = exc.result, exc

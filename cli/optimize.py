@@ -85,6 +85,22 @@ def optimize_cmd(
     device: Annotated[
         str | None, typer.Option("--device", metavar="NAME", help="cpu or cuda (xla engine).")
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            metavar="N",
+            help="deep-compression budget: run the search's per-layer trials on a local Ray with N workers.",
+        ),
+    ] = 0,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="deep-compression budget: run the trials on this Ray cluster (ray://HOST:PORT or auto).",
+        ),
+    ] = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -113,6 +129,8 @@ def optimize_cmd(
                     progress=reuse_progress(update, restart=True),
                     engine=engine,
                     device=device,
+                    workers=workers,
+                    ray_address=ray_address,
                 )
             except GateFailed as exc:  # an unmet budget: the best result is reported, then exit 1
                 if getattr(exc, "result", None) is None:

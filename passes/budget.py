@@ -67,6 +67,13 @@ Rules
 11. **Engine.** ``engine="xla"`` (``device`` cpu or cuda) runs every fine-tuning stage on the
     model lowered to jax (the finetune pass's ``engine``/``device`` options, written into the
     saved recipe); the sensitivities and the held-out gate stay on the reference executor.
+12. **Trials on Ray.** Each layer's candidate settings (bytes, estimated cost, SNR) are one
+    independent trial: ``workers=N`` (a local Ray of N processes) or ``ray_address`` (a
+    cluster) runs them through :func:`mconv.passes.parallel.map_trials`, the layers' weights,
+    the Fisher, and for ``sweep`` the model (as ONNX bytes) and the data put in Ray's object
+    store once; the result is the in-process run's, value for value. The Fisher itself, the
+    first attempt's bisection and the attempts (each one decides the next) stay in this
+    process.
 """
 
 from __future__ import annotations
@@ -291,10 +298,18 @@ def _candidates(
     progress: Progress | None,
     sparsities=SPARSITIES,
     bits=BITS,
+    *,
+    workers: int = 0,
+    ray_address: str | None = None,
 ) -> tuple[list[_Layer], dict]:
-    """Every layer's options with bytes and estimated cost (rules 3, 4); and timing facts."""
-    from mconv.targets.reference.executor import Executor
+    """Every layer's options with bytes and estimated cost (rules 3, 4); and timing facts.
 
+    Each layer's options are one independent trial (rule 12): with ``workers`` / ``ray_address``
+    they run on Ray (:func:`mconv.passes.parallel.map_trials`), the weights, the Fisher and (for
+    the ``sweep`` estimator) the model and data put in the object store once."""
+    from mconv.passes.parallel import check_workers, map_trials, new_token, uses_ray
+
+    check_workers(workers, ray_address)
     layers = []
     for ref in weight_refs(model):
         if not ref.node.name:
@@ -306,42 +321,122 @@ def _candidates(
     t0 = time.perf_counter()
     fisher = None
     sample = None if train is None else train[:256]
-    executor = None
-    base_kl = 0.0
     if ev is not None and estimator == "fisher":
         assert sample is not None  # an evaluator comes with its training split
         fisher = _fisher(model, ev, sample, [layer.tensor for layer in layers])
-    elif ev is not None:
-        executor = Executor(model)
-    total = len(layers) * len(sparsities) * (1 + len(bits))
-    done = 0
-    for layer in layers:
-        w = layer.weights
+    on_ray = uses_ray(workers, ray_address)
+    shared: dict = {
+        "token": new_token(),
+        "weights": {layer.tensor: layer.weights for layer in layers},
+        "fisher": fisher,
+        "sparsities": tuple(sparsities),
+        "bits": tuple(bits),
+        "ev": ev,
+        "sample": sample,
+        "sweep": ev is not None and fisher is None,
+    }
+    if shared["sweep"]:  # the sweep estimator runs the model: ONNX bytes on Ray, never objects
+        if on_ray:
+            shared["onnx"] = ir.serde.serialize_model(model).SerializeToString()
+        else:
+            shared["model"] = model
+    per_layer = len(sparsities) * (1 + len(bits))
+    total = len(layers) * per_layer
+    if on_ray:
+
+        def tick(done: int, count: int) -> None:
+            if progress is not None:
+                progress(f"sensitivity ({estimator}): {done}/{count} layers on Ray", done * per_layer, total)
+
+        results = map_trials(
+            _options_trial,
+            shared,
+            [layer.tensor for layer in layers],
+            workers=workers,
+            address=ray_address,
+            progress=tick,
+        )
+    else:
+        state = _OptionsState(shared)
+        results = []
+        for i, layer in enumerate(layers):
+
+            def step(j: int, name: str = layer.name, before: int = i * per_layer) -> None:
+                if progress is not None:
+                    progress(f"sensitivity ({estimator}) {name}", before + j, total)
+
+            results.append(state.options(layer.tensor, step))
+    for layer, (options, snr) in zip(layers, results):
+        layer.options.update(options)
+        layer.snr.update(snr)
+    facts = {"estimator": estimator if ev is not None else "weight-snr", "seconds": time.perf_counter() - t0}
+    return layers, facts
+
+
+class _OptionsState:
+    """One process's state for the layers' options (rule 12): built here, or once per Ray worker
+    from the shared object (the model parsed from its ONNX bytes, an executor for ``sweep``)."""
+
+    def __init__(self, shared: Mapping) -> None:
+        from mconv.targets.reference.executor import Executor
+
+        self.weights: Mapping[str, np.ndarray] = shared["weights"]
+        self.fisher: Mapping[str, np.ndarray] | None = shared["fisher"]
+        self.sparsities = tuple(shared["sparsities"])
+        self.bits = tuple(shared["bits"])
+        self.ev: _Evaluator | None = shared["ev"]
+        self.sample: np.ndarray | None = shared["sample"]
+        self.executor = None
+        if shared["sweep"]:
+            if "model" in shared:
+                model = shared["model"]
+            else:
+                import onnx
+
+                model = ir.serde.deserialize_model(onnx.load_from_string(shared["onnx"]))
+            self.executor = Executor(model)
+
+    def options(
+        self, tensor: str, step: Callable[[int], None] | None = None
+    ) -> tuple[dict[tuple[float, int | None], tuple[int, float]], dict[tuple[float, int | None], float]]:
+        """``(options, snr)`` of one layer's weight: (sparsity, bits) -> (bytes, cost) and -> dB."""
+        w = self.weights[tensor]
+        ev, fisher, executor, sample = self.ev, self.fisher, self.executor, self.sample
+        options: dict[tuple[float, int | None], tuple[int, float]] = {}
+        snr: dict[tuple[float, int | None], float] = {}
         energy = float(np.sum(np.square(w, dtype=np.float64)))
-        for s in sparsities:
+        base_kl = 0.0
+        done = 0
+        for s in self.sparsities:
             pruned = _compressed(w, s, None)
-            for b in (None, *bits):
+            for b in (None, *self.bits):
                 a = pruned if b is None else _compressed(pruned, 0.0, b)
                 nbytes = _stored_bytes(a, s, b) if (s > 0 or b is not None) else w.size * 2
                 err = float(np.sum(np.square(a.astype(np.float64) - w)))
                 if ev is None:
                     cost = err / max(energy, 1e-300)
                 elif fisher is not None:
-                    cost = 0.5 * float(np.sum(fisher[layer.tensor] * np.square(a.astype(np.float64) - w)))
+                    cost = 0.5 * float(np.sum(fisher[tensor] * np.square(a.astype(np.float64) - w)))
                 elif s == 0 and b is None:
                     cost = 0.0
                 else:
                     assert executor is not None and sample is not None  # made above for ev
-                    executor.set_initializer(layer.tensor, a)
+                    executor.set_initializer(tensor, a)
                     cost = ev.kl(ev.outputs(executor, sample), sample) - base_kl
-                    executor.set_initializer(layer.tensor, w)
-                layer.options[(s, b)] = (nbytes, max(cost, 0.0))
-                layer.snr[(s, b)] = 10 * np.log10(energy / err) if err > 0 else np.inf
+                    executor.set_initializer(tensor, w)
+                options[(s, b)] = (nbytes, max(cost, 0.0))
+                snr[(s, b)] = 10 * np.log10(energy / err) if err > 0 else np.inf
                 done += 1
-                if progress is not None:
-                    progress(f"sensitivity ({estimator}) {layer.name}", done, total)
-    facts = {"estimator": estimator if ev is not None else "weight-snr", "seconds": time.perf_counter() - t0}
-    return layers, facts
+                if step is not None:
+                    step(done)
+        return options, snr
+
+
+def _options_trial(shared: Mapping, tensor: str) -> tuple[dict, dict]:
+    """One layer's options in a Ray worker (its state built once per worker)."""
+    from mconv.passes.parallel import worker_state
+
+    return worker_state(shared, _OptionsState).options(tensor)
 
 
 def _frontier(layers: list[_Layer]) -> list[dict[str, tuple[float, int | None]]]:
@@ -713,6 +808,8 @@ def compress_to_budget(
     sparsities: tuple[float, ...] = SPARSITIES,
     bits: tuple[int, ...] = BITS,
     decay: float = DECAY,
+    workers: int = 0,
+    ray_address: str | None = None,
 ) -> BudgetResult:
     """Deep Compression of ``model`` (mutated) under a budget; see the module rules.
 
@@ -722,6 +819,9 @@ def compress_to_budget(
     from mconv.targets.xla.engine import check_engine
 
     check_engine(engine, device)
+    from mconv.passes.parallel import check_workers
+
+    check_workers(workers, ray_address)
     if estimator not in ("fisher", "sweep"):
         raise InputError(f"estimator {estimator!r}", hint="use 'fisher' or 'sweep'")
     if max_drop is not None and (isinstance(max_drop, bool) or not 0.0 <= float(max_drop) < 1.0):
@@ -750,7 +850,18 @@ def compress_to_budget(
 
     if data is None:
         return _data_free(
-            model, pre, target, seed, snr_db_min, say, t_start, history_before, sparsities, bits
+            model,
+            pre,
+            target,
+            seed,
+            snr_db_min,
+            say,
+            t_start,
+            history_before,
+            sparsities,
+            bits,
+            workers=workers,
+            ray_address=ray_address,
         )
 
     feeds, labels, n = _check_data(model, data)
@@ -798,7 +909,17 @@ def compress_to_budget(
             }
         )
 
-    layers, est = _candidates(model, ev, train, estimator, say, tuple(sparsities), tuple(bits))
+    layers, est = _candidates(
+        model,
+        ev,
+        train,
+        estimator,
+        say,
+        tuple(sparsities),
+        tuple(bits),
+        workers=workers,
+        ray_address=ray_address,
+    )
     if not layers:
         raise InputError(
             "no named Conv/Gemm/MatMul weights to compress", hint="the model has no weight layers"
@@ -1052,10 +1173,24 @@ def _result(
 
 
 def _data_free(
-    model, pre, target, seed, snr_min, say, t_start, history_before, sparsities, bits
+    model,
+    pre,
+    target,
+    seed,
+    snr_min,
+    say,
+    t_start,
+    history_before,
+    sparsities,
+    bits,
+    *,
+    workers: int = 0,
+    ray_address: str | None = None,
 ) -> BudgetResult:
     """Rule 8: per layer the smallest setting with weight SNR >= snr_min; no fine-tuning."""
-    layers, est = _candidates(model, None, None, "weight-snr", say, sparsities, bits)
+    layers, est = _candidates(
+        model, None, None, "weight-snr", say, sparsities, bits, workers=workers, ray_address=ray_address
+    )
     alloc = {}
     for layer in layers:
         ok = [k for k in layer.options if layer.snr[k] >= snr_min]
