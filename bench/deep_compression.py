@@ -169,6 +169,10 @@ def run_one(name: str, seed: int, args) -> dict:
             for a in result.attempts
         ],
         "rolled_back": [s["stage"] for s in result.stages if s["rolled_back"]],
+        "reallocated": [
+            (a["index"], [(r["stage"], r["predicted_bytes"]) for r in a.get("reallocated", [])])
+            for a in result.attempts
+        ],
         "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     row["target"] = bool(TARGETS[name](row))

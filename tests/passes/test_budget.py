@@ -245,3 +245,65 @@ def test_round_fp16_compressed_keeps_zeros_and_palettes_and_shrinks_the_file():
         assert len(np.unique(new)) <= len(np.unique(old)), name
         assert np.array_equal(new, old.astype(np.float16).astype(np.float32)), name
     assert B._export_sizes(model)["weights_file"] < size
+
+
+def _mlp_layers(data, seed=0):
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    feeds = {"input": data["input"]}
+    train, _ = B.split_indices(len(data["labels"]), 0.25, seed)
+    output = B._score_value(model)
+    ev0 = B._Evaluator(feeds, output, np.zeros((0,)), data["labels"])
+    ev = B._Evaluator(feeds, output, ev0.outputs(model, np.arange(len(data["labels"]))), data["labels"])
+    layers, _ = B._candidates(model, ev, train, "fisher", None, (0.0, 0.5, 0.8, 0.9, 0.95), (6, 4))
+    return model, ev, train, layers
+
+
+def test_the_allocation_is_costed_again_on_the_model_as_pruning_left_it():
+    data = _subset(200, seed=8)
+    model, ev, train, layers = _mlp_layers(data)
+    ctx = PassContext(seed=0)
+    B._run_specs(model, [B.make_spec("prune", {"op_name": {"fc2": {"sparsity": 0.8}}})], ctx)
+    fresh = {layer.name: layer for layer in B._recosted(model, ev, train, layers, bits_only=False)}
+    first = {layer.name: layer for layer in layers}
+    fc2 = fresh["fc2"]
+    # fc2's zeros stay: a sparsity it already has costs nothing, more costs something
+    for s in (0.0, 0.5, 0.8):
+        assert fc2.options[(s, None)][1] == 0.0
+        assert first["fc2"].options[(s, None)][1] > 0.0 or s == 0.0
+    assert fc2.options[(0.9, None)][1] > 0.0 and fc2.options[(0.95, None)][1] > fc2.options[(0.9, None)][1]
+    # ... at the bytes of the sparsity it has (the first estimate's)
+    assert fc2.options[(0.5, 4)][0] == first["fc2"].options[(0.8, 4)][0]
+    # layers left alone keep the first estimate's ordering of costs
+    assert fresh["fc1"].options[(0.95, None)][1] > fresh["fc1"].options[(0.5, None)][1] > 0.0
+    # the bit widths alone at the sparsity each layer has
+    bits = {layer.name: layer for layer in B._recosted(model, ev, train, layers, bits_only=True)}
+    assert set(bits["fc2"].options) == {(0.8, None), (0.8, 6), (0.8, 4)}
+    assert set(bits["fc1"].options) == {(0.0, None), (0.0, 6), (0.0, 4)}
+    assert bits["fc2"].options[(0.8, 4)][1] > bits["fc2"].options[(0.8, 6)][1] > 0.0
+    # a budget that fits fc2 as it is: the allocation keeps its sparsity rather than paying for less
+    budget = sum(layer.options[(0.0, None)][0] for layer in layers)
+    alloc = B._reallocate(model, ev, train, layers, budget, bits_only=False)
+    assert alloc["fc2"][0] >= 0.8
+    # a tight budget: every layer pruned and clustered, within the budget
+    small = B._alloc_bytes(layers, {name: (0.95, 4) for name in first}) + 200
+    alloc = B._reallocate(model, ev, train, layers, small, bits_only=False)
+    assert B._alloc_bytes(layers, alloc) <= small
+    assert all(s > 0 and b is not None for s, b in alloc.values())
+
+
+def test_each_attempt_reallocates_after_every_retraining(mlp_run):
+    _, result = mlp_run
+    for attempt in result.attempts:
+        stages = [r["stage"] for r in attempt["reallocated"]]
+        assert stages == [
+            f"prune step {i}/{len(B.PRUNE_STEPS)}" for i in range(2, len(B.PRUNE_STEPS) + 1)
+        ] + ["cluster"]
+        assert all(r["predicted_bytes"] <= attempt["budget_bytes"] for r in attempt["reallocated"])
+        assert attempt["allocation"] == attempt["reallocated"][-1]["allocation"]
+    # the recipe prunes each layer to what the last reallocation chose (or keeps what it had)
+    best = next(a for a in result.attempts if a["weights_file"] == result.size["weights_file"])
+    prunes = [s for s in result.specs if s.name == "prune"]
+    last = prunes[-1].op_name
+    for name, chosen in best["reallocated"][-2]["allocation"].items():
+        if chosen["sparsity"] > 0:
+            assert last[name]["sparsity"] == chosen["sparsity"]
