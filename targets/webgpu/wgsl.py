@@ -799,6 +799,31 @@ def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
     return out
 
 
+@register("DepthToSpace", "SpaceToDepth")
+def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """The 6-D transpose of the ONNX definition (DCR or CRD) as one strided copy (the Metal rule)."""
+    x = inp(node, 0)
+    n, c, h, w = ctx.shape(x)
+    bs = node.attributes.get_int("blocksize")
+    if node.op_type == "DepthToSpace":
+        if node.attributes.get_string("mode", "DCR") == "DCR":
+            shape6, perm = [n, bs, bs, c // (bs * bs), h, w], [0, 3, 4, 1, 5, 2]
+        else:
+            shape6, perm = [n, c // (bs * bs), bs, bs, h, w], [0, 1, 4, 2, 5, 3]
+    else:
+        shape6, perm = [n, c, h // bs, bs, w // bs, bs], [0, 3, 5, 1, 2, 4]
+    st = _strides(shape6)
+    return strided_copy(ctx, kernel, x, [shape6[p] for p in perm], [st[p] for p in perm])
+
+
+@register("Tile")
+def lower_tile(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """Each output axis wraps into the input's (the Pad kernel's wrap mode, begin 0)."""
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    return remap(ctx, kernel, x, xs, ctx.shape(outp(node)), [(0, "wrap")] * len(xs))
+
+
 @register("Expand")
 def lower_expand(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x, y = inp(node, 0), outp(node)

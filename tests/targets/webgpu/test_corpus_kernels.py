@@ -4,6 +4,8 @@ each against the reference executor on a real WebGPU device (lavapipe in CI).
 - comparisons, Not/And/Or/Xor and Where: a TFLite model with dynamic-range quantized
   convolutions (fer-emotion) imports as Equal(range, 0) + Where(., 1, scale) per layer; bool
   values are held as 0/1 in float buffers, and only between these ops.
+- DepthToSpace (DCR and CRD), SpaceToDepth, Tile: MediaPipe's face and pose detectors upsample
+  with DepthToSpace.
 """
 
 from __future__ import annotations
@@ -81,3 +83,32 @@ def test_a_bool_graph_output_is_refused_by_name(tmp_path):
     with pytest.raises(UnsupportedError) as exc:
         get_target("webgpu").export(model, tmp_path / "b", {})
     assert "cmp" in str(exc.value) and "bool" in str(exc.value)
+
+
+def shape_zoo(seed: int) -> object:
+    rng = np.random.default_rng(seed)
+    w = {
+        "k": (0.3 * rng.standard_normal((8, 8, 1, 1))).astype(np.float32),
+        "reps": np.array([1, 2, 3, 1], np.int64),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "k"], ["c"], name="conv"),
+        helper.make_node("DepthToSpace", ["c"], ["dcr"], name="d2s_dcr", blocksize=2, mode="DCR"),
+        helper.make_node("DepthToSpace", ["x"], ["crd"], name="d2s_crd", blocksize=2, mode="CRD"),
+        helper.make_node("SpaceToDepth", ["dcr"], ["s2d"], name="s2d", blocksize=2),
+        helper.make_node("Tile", ["crd", "reps"], ["tile"], name="tile"),
+        helper.make_node("Add", ["s2d", "x"], ["back"], name="add"),
+    ]
+    return make_model(nodes, [("x", [1, 8, 3, 5])], ["dcr", "crd", "back", "tile"], w, name="shapes")
+
+
+@needs_adapter
+def test_depth_to_space_space_to_depth_and_tile_match_the_reference(tmp_path):
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal((1, 8, 3, 5)).astype(np.float32)}
+    runner, figures = _check(shape_zoo(0), tmp_path, feeds)
+    assert {"DepthToSpace", "SpaceToDepth", "Tile"} <= {layer.op for layer in runner.plan.layers}
+    got = runner.run(feeds)
+    ref = get_target("reference").load_model(shape_zoo(0)).run(feeds)
+    for name in ("crd", "tile"):  # copies of the input: exact
+        np.testing.assert_array_equal(got[name], ref[name])
