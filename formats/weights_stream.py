@@ -37,8 +37,21 @@ Rules:
    so each output header is written first. Peak memory is a few chunks, whatever the file size.
    A palette needs the tensor's value histogram first: each group of rows is read twice
    (statistics, then codes). Outputs are written atomically (temporaries renamed at the end).
+   The kernels (:mod:`mconv.passes._stream_kernels`) work on pieces of 256K values that stay
+   in cache: a 16-bit tensor's palette comes from the exact histogram of its 65,536 bit
+   patterns and its codes from a 65,536-entry table; RTN with a row length that is a multiple
+   of the block treats the rows as one run of blocks (per-block max/min by ``reduceat``).
+   The bytes are those of :func:`mconv.passes.blockwise.quantize_rtn` and of the palette's
+   nearest-centroid rule; inf or nan in a tensor is an InputError for either scheme.
 5. The report: per tensor name, shape, scheme, bits per weight, MSE and SNR (dB) against the
-   input; totals of bytes in and out and the seconds taken.
+   input; totals of bytes in and out and the seconds taken. A 16-bit tensor's palette error is
+   computed from its histogram (exact, float64).
+6. ``mconv optimize SRC --passes SPEC -o OUT`` streams (:func:`stream_scheme`) when SRC is a
+   safetensors checkpoint (rule 1), SPEC is one ``cluster`` (options ``bits``, ``init``,
+   ``groups``, ``min_elements``) or ``blockwise`` (``bits``, ``block``, ``sym``, ``method``,
+   ``min_elements``) pass, and OUT is a ``.safetensors`` name (one file in) or a folder (a
+   sharded checkpoint in). ``blockwise`` of one file to another name is refused (exit 2);
+   ``cluster`` to another name runs the graph pipeline (a weights bundle).
 """
 
 from __future__ import annotations
@@ -385,14 +398,14 @@ def _rtn_chunk(raw: np.ndarray, dtype: np.dtype, scheme: Scheme) -> tuple:
     run of blocks, quantized piece by piece in cache (:mod:`mconv.passes._stream_kernels`)."""
     from mconv.passes import _stream_kernels as K
 
-    vals = raw.view(dtype)
-    n, block, bits = vals.size, scheme.block, scheme.bits
+    size = dtype.itemsize
+    n, block, bits = raw.size // size, scheme.block, scheme.bits
     packed = np.empty(n * bits // 8, np.uint8)
     scales = np.empty(n // block, np.float16)
     zeros = None if scheme.sym else np.empty(n // block, np.uint8)
     sig = noise = 0.0
     for i in range(0, n, K.SUB):
-        x = vals[i : i + K.SUB].astype(np.float32)
+        x = K.to_float32(raw[i * size : (i + K.SUB) * size], dtype)
         scale, zero = K.block_params(x, bits, block, scheme.sym)
         codes, s2, e2 = K.rtn_blocks(x, scale, zero, bits, block)
         sig += s2

@@ -35,6 +35,26 @@ def values16(dtype: np.dtype) -> np.ndarray:
         return np.arange(1 << 16, dtype=np.uint16).view(dtype).astype(np.float64)
 
 
+@functools.lru_cache(maxsize=4)
+def _f32_table(dtype: np.dtype) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return np.arange(1 << 16, dtype=np.uint16).view(dtype).astype(np.float32)
+
+
+def to_float32(raw: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``raw`` (the bytes of a 1-D float16, bfloat16 or float32 array) as float32: 16-bit
+    values through the exact 65,536-entry table (a gather is 5x faster than numpy's float16
+    cast on this machine)."""
+    if dtype.itemsize == 4:
+        return raw.view(np.float32)
+    return np.take(_f32_table(dtype), raw.view(np.uint16).astype(np.intp))
+
+
+@functools.lru_cache(maxsize=16)
+def _starts(n: int, block: int) -> np.ndarray:
+    return np.arange(0, n, block)
+
+
 def hist16(raw: np.ndarray) -> np.ndarray:
     """Counts of each uint16 bit pattern in ``raw`` (int64 ``[65536]``)."""
     flat = raw.reshape(-1)
@@ -85,10 +105,11 @@ def _f16(x: np.ndarray) -> np.ndarray:
 def block_params(x: np.ndarray, bits: int, block: int, sym: bool) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-block float32 scale and zero point (asymmetric) of ``x`` (float32, a whole number of
     blocks), as ``blockwise._rtn_params``; inf or nan is an InputError."""
-    starts = np.arange(0, x.size, block)
+    starts = _starts(x.size, block)
     mx = np.maximum.reduceat(x, starts)
     mn = np.minimum.reduceat(x, starts)
-    if not (np.isfinite(mx).all() and np.isfinite(mn).all()):
+    # one test for both: inf - inf and nan give nan, inf - finite gives inf (then the exact test)
+    if not np.isfinite(mx - mn).all() and not (np.isfinite(mx).all() and np.isfinite(mn).all()):
         raise InputError("weights hold inf or nan", hint="clean the weights before quantizing")
     if sym:
         # the value of largest magnitude, the first one on a tie of +a and -a (as argmax)
