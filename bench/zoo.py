@@ -1918,8 +1918,9 @@ def _render_webgpu(rows: list[dict]) -> list[str]:
     """The webgpu stage's rows: cosine vs ORT, and the inference's seconds next to the cpu bundle's."""
     out = ["", "## webgpu on lavapipe (rows with image inputs)", ""]
     out.append(
-        "Inference seconds as `mconv run --json` reports them (one inference after the bundle is loaded "
-        "and its kernels compiled; cpu = ONNX Runtime through the cpu bundle, same machine, same run); "
+        "Inference seconds as `mconv run --json` reports them: the first inference after the bundle is "
+        "loaded and its pipelines created, not a warm figure (bench/webgpu.py measured LeNet-5 on lavapipe "
+        "at 5.5 s for load + compile + one inference and 27 ms warm); ORT = the cpu bundle in the same run; "
         "export + run: the two commands' wall seconds."
     )
     out.append("")
@@ -1935,7 +1936,8 @@ def _render_webgpu(rows: list[dict]) -> list[str]:
         mad = f"{c['max_abs']:.3g}" if "max_abs" in c else ""
         w, o = c.get("run_s"), r["cells"].get("cpu", {}).get("run_s")
         ratio = f"{w / o:.0f}x" if w and o else ""
-        what = c["status"] if c["status"] == "pass" else f"{c['status']}: {_short(c['line'], 90)}"
+        line = re.sub(r"^error: \S+: ", "", c["line"])  # the model's path: the work folder
+        what = c["status"] if c["status"] == "pass" else f"{c['status']}: {_short(line, 110)}"
         out.append(
             f"| {r['model']} | {what} | {cos} | {mad} | {_secs(w)} | {_secs(o)} | {ratio} | {c['seconds']:.0f} s |"
         )
@@ -2041,6 +2043,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prepare-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--merge", action="store_true", help="replace these models' rows in --out's .json")
     ap.add_argument("--render", action="store_true", help="rewrite --out from its .json")
+    ap.add_argument(
+        "--merge-partial",
+        default=None,
+        metavar="FILE",
+        help="merge the rows a cut run finished (its .partial.json) into --out's .json",
+    )
     ap.add_argument("--fork-server", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--list", action="store_true")
     a = ap.parse_args(argv)
@@ -2055,6 +2063,12 @@ def main(argv: list[str] | None = None) -> int:
                 r.setdefault("note", m.note)
                 r.setdefault("oracle", m.oracle)
         write_results(Path(a.out), doc["rows"], tuple(doc["stages"]), doc.get("run", {}))
+        return 0
+    if a.merge_partial:
+        part = json.loads(Path(a.merge_partial).read_text())
+        if "run" not in part:
+            ap.error(f"{a.merge_partial} has no run record (commit, argv): add one")
+        _write_merged(Path(a.out), part["rows"], tuple(part["stages"]), part["run"], True)
         return 0
     if a.prepare_child:
         prepare_child(a.prepare_child)
@@ -2101,7 +2115,19 @@ def main(argv: list[str] | None = None) -> int:
             summary = " ".join(f"{s}={r['cells'].get(s, {}).get('status', '-')}" for s in stages)
             print(f"[{time.monotonic() - t0:6.0f}s] {n}: {summary}", file=sys.stderr, flush=True)
             partial = Path(a.out).with_suffix(".partial.json")  # what is done so far, if the run is cut
-            partial.write_text(json.dumps({"stages": stages, "rows": list(rows.values())}, default=str))
+            so_far = {
+                "argv": (argv if argv is not None else sys.argv[1:])
+                + [f"(cut: {len(rows)} of {len(names)} rows)"],
+                "commit": start,
+                "dirty": False,
+                "wall_s": round(time.monotonic() - t0),
+                "jobs": jobs,
+                "timeout_s": a.timeout,
+                "load": f"{load0:.1f} at the start, {os.getloadavg()[1]:.1f} at the cut",
+            }
+            partial.write_text(
+                json.dumps({"stages": stages, "rows": list(rows.values()), "run": so_far}, default=str)
+            )
     for srv in _SERVERS:
         srv.close()
     ordered = [rows[n] for n in names]
@@ -2119,8 +2145,12 @@ def main(argv: list[str] | None = None) -> int:
         **({"webgpu_timeout_s": a.webgpu_timeout} if "webgpu" in stages else {}),
         "load": f"{load0:.1f} at the start, {os.getloadavg()[1]:.1f} at the end (5-min load average, {os.cpu_count()} cores)",
     }
-    out = Path(a.out)
-    if a.merge and out.with_suffix(".json").is_file():
+    _write_merged(Path(a.out), ordered, stages, run, a.merge)
+    return 0
+
+
+def _write_merged(out: Path, ordered: list[dict], stages: tuple[str, ...], run: dict, merge: bool) -> None:
+    if merge and out.with_suffix(".json").is_file():
         # replace these models' rows in an earlier run's results (a rerun of a few models)
         # (with --stages, only those stages' cells: the row keeps the cells of the stages not rerun)
         old = json.loads(out.with_suffix(".json").read_text())
@@ -2132,7 +2162,6 @@ def main(argv: list[str] | None = None) -> int:
         stages = tuple(old["stages"]) + tuple(s for s in stages if s not in old["stages"])
         run = {**old.get("run", {}), "merged": old.get("run", {}).get("merged", []) + [run]}
     write_results(out, ordered, stages, run)
-    return 0
 
 
 def _head() -> str:
