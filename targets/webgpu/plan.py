@@ -10,7 +10,7 @@ Rules:
 2. Every node is a WGSL kernel (a rule of :data:`mconv.targets.webgpu.wgsl.LOWER`), a view
    (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout: the output shares the input's
    buffer) or unsupported; all unsupported nodes are named in one UnsupportedError. Values are
-   floats, except bool values between the comparisons, Not, And, Or, Xor and Where's
+   floats, except bool values between the comparisons, Not, And, Or, Xor, Cast and Where's
    condition (:data:`~mconv.targets.webgpu.wgsl.LOGIC`), held as 0/1 in a float buffer; a bool
    graph input or output is refused.
 3. A layer binds at most :data:`~mconv.targets.webgpu.wgsl.MAX_BINDINGS` storage buffers (the
@@ -146,8 +146,8 @@ def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
 
 
 def _bool_between_logic(node: ir.Node, v: ir.Value) -> bool:
-    """Rule 2: a bool value read or written by a comparison, Not, And, Or, Xor or Where (as its
-    condition) is held as 0/1 in a float buffer; not as a graph input or output."""
+    """Rule 2: a bool value read or written by a comparison, Not, And, Or, Xor, Cast or Where (as
+    its condition) is held as 0/1 in a float buffer; not as a graph input or output."""
     if v.dtype != ir.DataType.BOOL or node.op_type not in LOGIC or v.is_graph_output():
         return False
     if v.producer() is None:  # a graph input

@@ -491,7 +491,40 @@ _PREDICATES = {
     "Or": "select(0.0f, 1.0f, a != 0.0f || b != 0.0f)",
     "Xor": "select(0.0f, 1.0f, (a != 0.0f) != (b != 0.0f))",
 }
-LOGIC = frozenset({*_PREDICATES, "Not", "Where"})
+LOGIC = frozenset({*_PREDICATES, "Not", "Where", "Cast", "CastLike"})
+_CASTABLE = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BOOL)
+
+
+def _cast_types(node: ir.Node) -> tuple[ir.DataType | None, ir.DataType | None]:
+    from mconv.targets.metal.kernels.elementwise import _cast_target
+
+    return inp(node, 0).dtype, _cast_target(node)
+
+
+def _check_cast(ctx: LowerContext, node: ir.Node) -> str | None:
+    src, dst = _cast_types(node)
+    if src not in _CASTABLE or dst not in _CASTABLE:
+        name = lambda t: t.name.lower() if t is not None else "?"  # noqa: E731
+        return f"{name(src)} to {name(dst)} (the webgpu target casts between floats and bool)"
+    return None
+
+
+@register("Cast", "CastLike", check=_check_cast)
+def lower_cast(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """Between floats and bool (0/1): to bool nonzero is 1, to float16 rounds to half (through
+    WGSL's pack2x16float), the rest keeps the value."""
+    src, dst = _cast_types(node)
+    x = inp(node, 0)
+    if dst == ir.DataType.BOOL:
+        expr = "select(0.0f, 1.0f, a != 0.0f)"
+    elif dst == ir.DataType.FLOAT16 and src != ir.DataType.BOOL:
+        expr = "unpack2x16float(pack2x16float(vec2<f32>(a, 0.0f))).x"
+    else:
+        expr = "a"
+    count = int(np.prod(ctx.shape(x))) if ctx.shape(x) else 1
+    body = f"let a = f32(X[gx]);\nY[gx] = T({expr});\n"
+    grid = (count, 1, 1)
+    return KernelSource(kernel, module(ctx, kernel, ["X"], grid, {}, _indent(body)), [x], grid)
 
 
 @register(*_PREDICATES, check=_check_binary)

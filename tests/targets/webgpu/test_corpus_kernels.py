@@ -4,6 +4,7 @@ each against the reference executor on a real WebGPU device (lavapipe in CI).
 - comparisons, Not/And/Or/Xor and Where: a TFLite model with dynamic-range quantized
   convolutions (fer-emotion) imports as Equal(range, 0) + Where(., 1, scale) per layer; bool
   values are held as 0/1 in float buffers, and only between these ops.
+- Cast between floats and bool (a mask as Cast(Greater(x, 0)), float16 rounding and back).
 - DepthToSpace (DCR and CRD), SpaceToDepth, Tile: MediaPipe's face and pose detectors upsample
   with DepthToSpace.
 """
@@ -112,3 +113,61 @@ def test_depth_to_space_space_to_depth_and_tile_match_the_reference(tmp_path):
     ref = get_target("reference").load_model(shape_zoo(0)).run(feeds)
     for name in ("crd", "tile"):  # copies of the input: exact
         np.testing.assert_array_equal(got[name], ref[name])
+
+
+def cast_zoo() -> object:
+    w = {"zero": np.array(0.0, np.float32), "big": np.array(1000.0, np.float32)}
+    F, H, B = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BOOL
+    nodes = [
+        helper.make_node("Greater", ["x", "zero"], ["pos"], name="gt"),
+        helper.make_node("Cast", ["pos"], ["mask"], name="mask", to=F),
+        helper.make_node("Mul", ["x", "mask"], ["relu"], name="mul"),
+        helper.make_node("Mul", ["x", "big"], ["wide"], name="widen"),
+        helper.make_node("Cast", ["wide"], ["half"], name="to_half", to=H),
+        helper.make_node("Cast", ["x"], ["nz"], name="to_bool", to=B),
+        helper.make_node("Where", ["nz", "relu", "big"], ["picked"], name="where"),
+        helper.make_node("CastLike", ["picked", "zero"], ["same"], name="castlike"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "casts",
+        [helper.make_tensor_value_info("x", F, [2, 3, 8])],
+        [
+            helper.make_tensor_value_info("half", H, [2, 3, 8]),
+            helper.make_tensor_value_info("same", F, [2, 3, 8]),
+        ],
+        [numpy_helper.from_array(a, k) for k, a in w.items()],
+    )
+    from mconv.irio import from_proto
+
+    return from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@needs_adapter
+def test_casts_between_floats_and_bool_match_the_reference(tmp_path):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    x[0, 0, :3] = 0.0  # Cast to bool meets zeros
+    runner, _ = _check(cast_zoo(), tmp_path, {"x": x})
+    assert {"Cast", "CastLike", "Greater", "Where"} <= {layer.op for layer in runner.plan.layers}
+    got = runner.run({"x": x})
+    ref = get_target("reference").load_model(cast_zoo()).run({"x": x})
+    wide = x * np.float32(1000.0)
+    assert ref["half"].dtype == np.float16 and (ref["half"].astype(np.float32) != wide).any()  # it rounds
+    np.testing.assert_array_equal(got["half"], ref["half"].astype(np.float32))  # to nearest even, as numpy
+    np.testing.assert_array_equal(got["same"], ref["same"])
+
+
+def test_a_cast_to_an_integer_type_is_refused_by_name(tmp_path):
+    model = make_model(
+        [
+            helper.make_node("Cast", ["x"], ["i"], name="to_int", to=TensorProto.INT32),
+            helper.make_node("Cast", ["i"], ["y"], name="back", to=TensorProto.FLOAT),
+        ],
+        [("x", [1, 4])],
+        ["y"],
+        {},
+    )
+    with pytest.raises(UnsupportedError) as exc:
+        get_target("webgpu").export(model, tmp_path / "b", {})
+    assert "to_int" in str(exc.value)
