@@ -729,7 +729,7 @@ def export(
         file_bytes_after=bundle_file_bytes(output, files),
         files=files,
         seconds=round(time.perf_counter() - t0, 3),
-        account=bundle.manifest.get("account"),
+        account=bundle.account,  # per tensor (the manifest keeps its summary)
         notes=notes,
         manifest=bundle.manifest,
     )

@@ -79,6 +79,7 @@ def inspect_path(path: str | Path, *, top: int = 10) -> dict:
             "outputs": m.get("outputs", []),
             "largest": largest,
             "manifest": m,
+            "account": bundle.account,  # per tensor, from weights.mcw's index
         }
     model = open_model(p)
     doc = inspect_model(model, top=top)

@@ -96,7 +96,7 @@ def render_byte_account(
         table.add_row(
             escape(r["name"]),
             r.get("codec", ""),
-            f"{100 * r.get('kept', 1):.1f}%",
+            "" if r.get("kept") is None else f"{100 * r['kept']:.1f}%",
             str(r.get("weight_bits", "")),
             str(r.get("index_bits", "") or ""),
             str(r.get("codebook_bytes", "") or ""),
@@ -109,7 +109,7 @@ def render_byte_account(
         table.add_row(
             "total",
             "",
-            f"{100 * tot.get('kept', 1):.1f}%",
+            "" if tot.get("kept") is None else f"{100 * tot['kept']:.1f}%",
             "",
             "",
             "",
@@ -256,7 +256,7 @@ def render_inspect(out: Out, doc: dict) -> None:
         big.add_row(escape(t["name"]), t["dtype"], escape(format_shape(t["shape"])), f"{t['bytes']:,}")
     say(big)
     if doc.get("manifest"):
-        render_byte_account(out, doc["manifest"], result=True)
+        render_byte_account(out, {"account": doc.get("account")}, result=True)
         m = doc["manifest"]
         say(
             f"bundle: target {m.get('target')}, files: "

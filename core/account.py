@@ -12,7 +12,11 @@ Rules:
 3. :func:`byte_account` builds ``{"layers": [...], "total": {...}}`` from the specs and the
    container records: per tensor ``name, codec, kept`` (fraction nonzero), ``weight_bits``,
    ``index_bits``, ``codebook_bytes``, ``bytes`` (actual blob), ``original_bytes`` (dense),
-   ``predicted_bytes`` (:func:`mconv.codecs.predict_bytes` of the same spec).
+   ``predicted_bytes`` (:func:`mconv.codecs.predict_bytes` of the same spec). That is the
+   account of an export (its report and ``--json``); the manifest keeps only
+   :func:`account_summary` of it (issue 14 item 5: ``weights.mcw``'s index already lists every
+   tensor), and :func:`container_account` rebuilds the per-tensor rows from that index
+   (``mconv inspect``).
 """
 
 from __future__ import annotations
@@ -133,3 +137,52 @@ def predicted_account(model) -> dict | None:
         record = {**spec, "codec": spec.get("codec", "raw")}
         layers.append(_row(name, a, record, predicted, predicted, None))
     return {"layers": layers, "total": _totals(layers), "predicted": True}
+
+
+def account_summary(account: Mapping) -> dict:
+    """What a manifest keeps of an account: its ``total`` and one row per codec chain
+    (``codecs``: label -> ``tensors``, ``elements``, ``bytes``, ``original_bytes``); the
+    per-tensor rows live in ``weights.mcw``'s index (:func:`container_account`)."""
+    codecs: dict[str, dict] = {}
+    for r in account.get("layers", []):
+        row = codecs.setdefault(r["codec"], {"tensors": 0, "elements": 0, "bytes": 0, "original_bytes": 0})
+        row["tensors"] += 1
+        for key in ("elements", "bytes", "original_bytes"):
+            row[key] += int(r[key])
+    return {"total": dict(account.get("total", {})), "codecs": dict(sorted(codecs.items()))}
+
+
+def container_account(entries: Sequence) -> dict:
+    """The per-tensor account (rule 3) read back from a container's index (its
+    ``TensorEntry`` list), without decoding: ``kept`` is known for sparse records (their
+    ``nonzeros``) and ``None`` otherwise; ``predicted_bytes`` is not stored and left out."""
+    layers = []
+    for e in entries:
+        r = e.record
+        shape = [int(d) for d in r.get("shape", [])]
+        elements = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        itemsize = np.dtype(r["dtype"]).itemsize
+        kept = None
+        if r.get("codec") == "sparse" and "nonzeros" in r:
+            kept = int(r["nonzeros"]) / max(elements, 1)
+        layers.append(
+            {
+                "name": e.name,
+                "codec": codec_label(r),
+                "kept": kept,
+                "elements": elements,
+                "weight_bits": _weight_bits(r, itemsize),
+                "index_bits": r.get("index_bits"),
+                "codebook_bytes": int(r.get("streams", {}).get("codebook", 0)),
+                "bytes": int(e.nbytes),
+                "original_bytes": elements * itemsize,
+            }
+        )
+    total = {
+        "elements": sum(r["elements"] for r in layers),
+        "bytes": sum(r["bytes"] for r in layers),
+        "original_bytes": sum(r["original_bytes"] for r in layers),
+        "codebook_bytes": sum(r["codebook_bytes"] for r in layers),
+    }
+    total["compression"] = total["original_bytes"] / max(total["bytes"], 1)
+    return {"layers": layers, "total": total}

@@ -4,7 +4,9 @@ A bundle is a directory (or a ``.zip`` of one) holding:
 
 - ``manifest.json``: format name and version, target, model name, inputs and outputs, every
   other file with its size and sha256, the codec and bytes of every weight, provenance, the
-  verification summary and the export options. Sorted keys, indent 2, no timestamps.
+  verification summary and the export options, and the byte account's summary (``account``:
+  ``total`` and one row per codec; the per-tensor rows are ``weights.mcw``'s index, read back
+  by ``Bundle.account``). Sorted keys, compact separators, no timestamps.
 - ``weights.mcw``: the weight container (:mod:`mconv.container`), absent when every weight
   lives in the payload (``codec: "dense"``).
 - the target payload (``model.onnx`` for cpu, ...).
@@ -125,6 +127,8 @@ class Bundle:
     extra_files: list[str] = field(default_factory=list)
     zip_prefix: str | None = None  # member prefix inside a .zip ("" or "name/"); None for a dir
     _weights: list[dict] | None = field(default=None, repr=False, compare=False)
+    # the per-tensor byte account of the export that wrote the bundle (with predictions)
+    _account: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_zip(self) -> bool:
@@ -176,6 +180,23 @@ class Bundle:
             entries += [w for w in self.manifest.get("weights", []) if w.get("name") not in names]
             self._weights = entries
         return self._weights
+
+    @property
+    def account(self) -> dict | None:
+        """The per-tensor byte account: the export's own (with ``predicted_bytes``) on the
+        bundle ``write_bundle`` returns, else rebuilt from ``weights.mcw``'s index
+        (:func:`mconv.account.container_account`; the manifest keeps only its summary). An
+        older manifest that lists the rows itself is read as it is; ``None`` without weights."""
+        if self._account is None:
+            stored = self.manifest.get("account")
+            if isinstance(stored, dict) and "layers" in stored:
+                self._account = stored
+            elif WEIGHTS in self.files:
+                from mconv.account import container_account
+
+                with self.container() as c:
+                    self._account = container_account(list(c.entries.values()))
+        return self._account
 
     @property
     def options(self) -> dict:
@@ -250,7 +271,9 @@ def _jsonable(obj: Any) -> Any:
 
 
 def manifest_bytes(manifest: dict) -> bytes:
-    return (json.dumps(manifest, sort_keys=True, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    return (json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n").encode(
+        "utf-8"
+    )
 
 
 def provenance_from_model(model: ir.Model) -> dict:
@@ -312,7 +335,13 @@ def write_bundle(
         if stored:
             # version 3 (compact binary index) where the readers are mconv's own (Python, mcw_decode);
             # the Swift and JavaScript readers of metal and webgpu bundles parse version 1's JSON
-            info = write_container(tmp / WEIGHTS, stored, version=1 if target in _JSON_INDEX else 3)
+            # sorted by name: version 3 front-codes each name against the one before (issue 14
+            # item 5: a quantized model's t12/scale, t12/zero_point, ... then cost a few bytes)
+            info = write_container(
+                tmp / WEIGHTS,
+                sorted(stored, key=lambda t: t[0]),
+                version=1 if target in _JSON_INDEX else 3,
+            )
             records = {e.name: e.record | {"nbytes": e.nbytes} for e in info.tensors}
         for name, array, _spec in weights:
             if name in records:
@@ -350,16 +379,18 @@ def write_bundle(
             "verification": _jsonable(dict(verification)) if verification is not None else None,
             "options": _jsonable(dict(options or {})),
         }
+        account = None
         if records:  # the per-layer byte account (Deep Compression's Table 4), mconv.account
-            from mconv.account import byte_account
+            from mconv.account import account_summary, byte_account
 
-            manifest["account"] = byte_account(stored, records)
+            account = byte_account(stored, records)
+            manifest["account"] = account_summary(account)
         (tmp / MANIFEST).write_bytes(manifest_bytes(manifest))
         # mkdtemp/mkstemp make owner-only entries; a bundle is meant to be shipped and read.
         for f in tmp.rglob("*"):
             f.chmod(0o755 if f.is_dir() else 0o644)
         tmp.chmod(0o755)
-    return Bundle(out_dir, manifest)
+    return Bundle(out_dir, manifest, _account=account)
 
 
 def _zip_prefix(zf: zipfile.ZipFile) -> str | None:
@@ -495,6 +526,10 @@ class _Schema:
                 self.optional(row, key, self.count, f"{where}.{key}")
             for key in ("weight_bits", "index_bits", "kept"):
                 self.optional(row, key, self.number, f"{where}.{key}")
+        for label, row in self.obj(v.get("codecs", {}), f"{field}.codecs").items():
+            where = f"{field}.codecs['{show(label, 30)}']"
+            for key, n in self.obj(row, where).items():
+                self.count(n, f"{where}.{show(key, 30)}")
         if "total" in v:
             total = self.obj(v["total"], f"{field}.total")
             for key in ("bytes", "original_bytes"):

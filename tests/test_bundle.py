@@ -55,15 +55,7 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
         data = (tmp_path / "b" / rel).read_bytes()
         assert meta == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     assert m["weights"] == []  # issue 14 item 5: weights.mcw's index lists them, not the manifest
-    assert b.weights == [
-        {
-            "name": "w",
-            "codec": "raw",
-            "bytes": 48,
-            "streams": {"data": 48},
-            "shape": [4, 3],
-            "dtype": "float32",
-        },
+    assert b.weights == [  # in weights.mcw's order: sorted by name (front-coded names)
         {
             "name": "b",
             "codec": "fp16",
@@ -72,17 +64,37 @@ def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):
             "shape": [8],
             "dtype": "float32",
         },
+        {
+            "name": "w",
+            "codec": "raw",
+            "bytes": 48,
+            "streams": {"data": 48},
+            "shape": [4, 3],
+            "dtype": "float32",
+        },
     ]
     assert m["verification"] is None and m["options"] == {"dense": False, "out": "/x/y"}
     assert m["provenance"]["source_name"] == "tiny.onnx"
     assert b.manifest == m
 
 
-def test_manifest_is_sorted_indented_and_has_no_timestamps(tmp_path):
+def test_manifest_is_sorted_compact_and_has_no_timestamps(tmp_path):
     _write(tmp_path / "b")
     text = (tmp_path / "b" / "manifest.json").read_text()
-    assert text == json.dumps(json.loads(text), sort_keys=True, indent=2) + "\n"
+    # compact separators (issue 14 item 5: indentation was a third of a small bundle's manifest)
+    assert text == json.dumps(json.loads(text), sort_keys=True, separators=(",", ":")) + "\n"
     assert "time" not in text and "date" not in text
+    # the account's summary only; the per-tensor rows are weights.mcw's index
+    m = json.loads(text)
+    assert "layers" not in m["account"]
+    assert m["account"]["codecs"] == {
+        "fp16": {"bytes": 16, "elements": 8, "original_bytes": 32, "tensors": 1},
+        "raw": {"bytes": 48, "elements": 12, "original_bytes": 48, "tensors": 1},
+    }
+    rows = {r["name"]: r for r in load_bundle(tmp_path / "b").account["layers"]}
+    assert rows["w"]["bytes"] == 48 and rows["w"]["codec"] == "raw" and rows["w"]["elements"] == 12
+    assert rows["b"]["bytes"] == 16 and rows["b"]["codec"] == "fp16" and rows["b"]["weight_bits"] == 16
+    assert rows["b"]["kept"] is None  # not known without decoding
 
 
 def test_same_input_gives_byte_identical_bundles(tmp_path):
@@ -281,7 +293,7 @@ def test_provenance_comes_from_metadata_props():
 def test_weights_container_of_a_bundle_reads_standalone(tmp_path):
     _write(tmp_path / "b")
     with read_container(tmp_path / "b" / "weights.mcw") as c:
-        assert c.names == ["w", "b"]
+        assert c.names == ["b", "w"]  # sorted by name
 
 
 # --- hostile manifests and members (issue 11, item 8): one InputError naming the bundle
@@ -351,6 +363,9 @@ def test_manifest_fields_of_the_wrong_type_are_one_input_error(tmp_path, path, v
             "dtype": "float32",
         }
         _edit_manifest(tmp_path / "b", _assign("weights", [entry]))
+    if path.startswith("account/layers/"):  # an older manifest lists the per-tensor rows too
+        row = {"name": "w", "codec": "raw", "bytes": 48, "original_bytes": 48}
+        _edit_manifest(tmp_path / "b", _assign("account/layers", [row]))
     _edit_manifest(tmp_path / "b", _assign(path, value))
     with pytest.raises(InputError, match=match) as exc:
         load_bundle(tmp_path / "b")

@@ -140,7 +140,7 @@ def test_fp16_after_prune_and_cluster_keeps_compression_record_for_export(build,
     assert any("compression record moved" in n for n in reports[-1].notes)
 
     bundle = get_target("cpu").export(model, tmp_path / "bundle", {})
-    rows = {r["name"]: r for r in bundle.manifest["account"]["layers"]}
+    rows = {r["name"]: r for r in bundle.account["layers"]}
     for name in ("w1_fp16", "w2_fp16"):
         assert rows[name]["codec"].startswith(("sparse", "palette")), rows[name]
         assert rows[name]["bytes"] < 0.5 * rows[name]["original_bytes"]  # well below float16 raw
