@@ -307,3 +307,14 @@ def test_each_attempt_reallocates_after_every_retraining(mlp_run):
     for name, chosen in best["reallocated"][-2]["allocation"].items():
         if chosen["sparsity"] > 0:
             assert last[name]["sparsity"] == chosen["sparsity"]
+
+
+def test_the_gate_is_the_net_drop_not_the_samples_lost(monkeypatch):
+    # every held-out sample reported lost: the gate still reads the net drop only
+    monkeypatch.setattr(B._Evaluator, "losses", lambda self, got, idx: 1.0)
+    data = _subset(200, seed=9)
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    mild = {"epochs": 1, "attempts": 1, "sparsities": (0.3,), "bits": (8,)}
+    result = B.compress_to_budget(model, data, max_drop=0.05, seed=0, **mild)
+    assert result.met and result.held_out_lost == 1.0
+    assert result.held_out_drop <= 0.05 + 1e-12
