@@ -14,8 +14,15 @@ Rules
 2. Graph. Subgraph 0 is the model. Operators must come in execution order (as TFLite requires):
    a tensor read before any op writes it, written twice, or an index outside the tensor table is
    bad input. Each TFLite tensor becomes one ONNX value named after the tensor (duplicates get
-   ``_<index>``); the nodes of one op are named after its first output tensor (``name``,
-   ``name/1``, ...).
+   ``_<index>``), except a computed tensor inside the graph whose name is over 32 bytes: that
+   one is ``t<index>`` (converters' fused ``a;b;c`` names were most of a small model's graph;
+   graph inputs, outputs and weights keep their names); the nodes of operator k are named ``op<k>``, ``op<k>/1``, ... (its index in the
+   file; they were named after the output tensor, which repeated that name once more per node),
+   and the values between them, which no TFLite tensor names, ``op<k>/t``, ``op<k>/t/1``, ...
+2c. Helper constants (scales, zero points, axes, bounds the lowerings add; up to 1 KB) are one
+   initializer per distinct value, shared by every node that reads it (also a small constant of
+   the file read twice); constant tensors of the file keep their own names. Quantization
+   parameters of tensor k are named ``t<k>/scale`` and ``t<k>/zero_point`` (k: its index).
 3. Layout. Values keep TFLite's layout (NHWC): the graph's inputs and outputs are exactly the
    arrays TFLite takes and gives. Convolutions and pools run in NCHW between two Transposes;
    a value made by such a back-Transpose remembers its NCHW source, so the next conv reads that
@@ -114,6 +121,8 @@ _DTYPES: dict[int, tuple[np.dtype, int]] = {
     15: (np.dtype(np.uint32), TensorProto.UINT32),
     16: (np.dtype(np.uint16), TensorProto.UINT16),
 }
+_LONG_NAME = 32  # bytes; a computed tensor with a longer name is named t<index> (rule 2)
+_SHARED_INIT_BYTES = 1024  # helper constants up to this size are shared by value (rule 2c)
 _QUANT_TYPES = {3, 7, 9}  # uint8, int16, int8 activations
 
 # Fused activation functions (tflite.ActivationFunctionType).
@@ -616,11 +625,26 @@ class _Converter:
         self.node_names: set[str] = set()
         self.notes: list[str] = []
         self.node_base = ""
+        self.node_tag = ""  # nodes and helper values of the op being lowered: "op<index>"
         self.node_count = 0
+        # helper constants by content (dtype, shape, bytes) -> name: one initializer for all
+        self.shared_inits: dict[tuple[str, tuple[int, ...], bytes], str] = {}
         names: dict[str, int] = {}
         for t in m.tensors:
             names[t.name] = names.get(t.name, 0) + 1
         self.tname = {t.index: (t.name if names[t.name] == 1 else f"{t.name}_{t.index}") for t in m.tensors}
+        # A computed tensor inside the graph with a long name (a converter's fused "a;b;c" names
+        # run to a hundred bytes, repeated by every node that reads it) is named t<index>.
+        io = set(m.inputs) | set(m.outputs)
+        for t in m.tensors:
+            short = f"t{t.index}"
+            if (
+                t.data is None
+                and t.index not in io
+                and len(self.tname[t.index].encode("utf-8")) > _LONG_NAME
+                and short not in names
+            ):
+                self.tname[t.index] = short
         self.used_names.update(self.tname.values())
         # Names a weight may keep: constant tensors' names. A computed tensor's name is reserved for
         # its value (rule 2), so no initializer ever takes it (an op named 'x/Reshape' asks for
@@ -676,6 +700,11 @@ class _Converter:
         self.used_names.add(name)
         return name
 
+    def qname(self, i: int, what: str) -> str:
+        """The name of a quantization parameter (``scale``, ``zero_point``) of tensor ``i``:
+        ``t<i>/<what>``, short where the tensor's own name may be a hundred bytes (rule 2c)."""
+        return f"t{i}/{what}"
+
     def const_array(self, i: int) -> np.ndarray | None:
         t = self.T(i)
         if t.data is not None:
@@ -700,10 +729,10 @@ class _Converter:
         base = self.tname[i]
         q = self.init(base, codes)
         if per_channel:
-            s, z = self.init(f"{base}/scale", scale), self.init(f"{base}/zero_point", zp)
+            s, z = self.init(self.qname(i, "scale"), scale), self.init(self.qname(i, "zero_point"), zp)
             return self.one("DequantizeLinear", [q, s, z], axis=axis)
-        s = self.init(f"{base}/scale", scale.reshape(()))
-        z = self.init(f"{base}/zero_point", zp.reshape(()))
+        s = self.init(self.qname(i, "scale"), scale.reshape(()))
+        z = self.init(self.qname(i, "zero_point"), zp.reshape(()))
         return self.one("DequantizeLinear", [q, s, z])
 
     def need_const(self, i: int, what: str) -> np.ndarray:
@@ -715,9 +744,20 @@ class _Converter:
     def init(self, base: str, array: np.ndarray | np.generic) -> str:
         # A weight keeps its tensor's name when that name is still free for an initializer.
         tensor_name = base in self.tensor_names and base not in self.inits and base not in self.bound
+        a = np.asarray(array)
+        key = None
+        if not tensor_name and a.nbytes <= _SHARED_INIT_BYTES:
+            # a helper constant (a scale, a zero point, axes, a clip bound): one initializer per
+            # distinct value, shared by every node that reads it (rule 2c)
+            key = (a.dtype.str, a.shape, a.tobytes())
+            if key in self.shared_inits:
+                return self.shared_inits[key]
         name = base if tensor_name else self.fresh(base)
         self.bound.add(name)
-        self.inits[name] = onnx.numpy_helper.from_array(np.asarray(array), name)
+        self.inits[name] = onnx.numpy_helper.from_array(a, name)
+        if key is not None or a.nbytes <= _SHARED_INIT_BYTES:
+            # a small constant of the file read again (a bias shared by two convolutions)
+            self.shared_inits.setdefault(key or (a.dtype.str, a.shape, a.tobytes()), name)
         return name
 
     def value(self, i: int) -> str:
@@ -740,15 +780,12 @@ class _Converter:
         return name
 
     def emit(self, op_type: str, inputs: list[str], outputs: int | list[str] = 1, **attrs) -> list[str]:
-        outs = (
-            [self.fresh(f"{self.node_base}/t") for _ in range(outputs)]
-            if isinstance(outputs, int)
-            else outputs
-        )
-        name = self.node_base if self.node_count == 0 else f"{self.node_base}/{self.node_count}"
+        tag = self.node_tag or self.node_base
+        outs = [self.fresh(f"{tag}/t") for _ in range(outputs)] if isinstance(outputs, int) else outputs
+        name = tag if self.node_count == 0 else f"{tag}/{self.node_count}"
         while name in self.node_names:
             self.node_count += 1
-            name = f"{self.node_base}/{self.node_count}"
+            name = f"{tag}/{self.node_count}"
         self.node_count += 1
         self.node_names.add(name)
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=name, **attrs))
@@ -758,7 +795,7 @@ class _Converter:
         return self.emit(op_type, inputs, 1, **attrs)[0]
 
     def ints(self, base: str, vals) -> str:
-        return self.init(f"{self.node_base}/{base}", np.asarray(vals, dtype=np.int64))
+        return self.init(f"{self.node_tag or self.node_base}/{base}", np.asarray(vals, dtype=np.int64))
 
     def to_nchw(self, i: int) -> str:
         v = self.value(i)
@@ -785,13 +822,13 @@ class _Converter:
         if not (t.quantized and t.type in _QUANT_TYPES and t.quant()[0].size == 1):
             return x
         scale, zero = t.quant()
-        s = self.init(f"{self.tname[t.index]}/scale", scale.reshape(()).astype(np.float32))
+        s = self.init(self.qname(t.index, "scale"), scale.reshape(()).astype(np.float32))
         zp = zero.reshape(())
         # int8 grids are written as the same grid in uint8 (codes + 128): ONNX Runtime 1.32's QDQ
         # propagation fails on int8 pairs next to Reshape/Transpose ("output_dtype INT8 does not
         # match y_zero_point type UINT8").
         z = self.init(
-            f"{self.tname[t.index]}/zero_point",
+            self.qname(t.index, "zero_point"),
             (zp + 128).astype(np.uint8) if t.type == 9 else zp.astype(_DTYPES[t.type][0]),
         )
         q = self.one("QuantizeLinear", [x, s, z])
@@ -842,15 +879,15 @@ class _Converter:
             quant_in = t.quantized and t.type in _QUANT_TYPES
             if quant_in and self.io == "tflite":
                 graph_inputs.append(self._value_info(i, dt[1]))
-                self.node_base = self.tname[i]
+                self.node_base, self.node_tag = self.tname[i], f"input{i}"
                 self.node_count = 0
                 scale, zero = t.quant()
-                s = self.init(f"{self.tname[i]}/scale", scale.reshape(-1)[:1].reshape(()))
+                s = self.init(self.qname(i, "scale"), scale.reshape(-1)[:1].reshape(()))
                 # (x - zero_point) * scale spelled out: ONNX Runtime 1.32's QDQ propagation breaks on
                 # a DequantizeLinear of a graph input that feeds a Transpose (int8 vs uint8 zero point).
                 xf = self.one("Cast", [self.tname[i]], to=TensorProto.FLOAT)
                 zf = self.init(
-                    f"{self.tname[i]}/zero_point", zero.reshape(-1)[:1].reshape(()).astype(np.float32)
+                    self.qname(i, "zero_point"), zero.reshape(-1)[:1].reshape(()).astype(np.float32)
                 )
                 self.vals[i] = self.emit(
                     "Mul", [self.one("Sub", [xf, zf]), s], [self.fresh(f"{self.tname[i]}/dequantized")]
@@ -896,7 +933,7 @@ class _Converter:
                 unsupported.append((label, f"{op.code} with sparse weights"))
                 self._poison(op)
                 continue
-            self.node_base, self.node_count = label, 0
+            self.node_base, self.node_tag, self.node_count = label, f"op{op.index}", 0
             mark = len(self.nodes)
             if not op.outputs or not op.inputs:
                 raise InputError(
@@ -943,11 +980,11 @@ class _Converter:
             v = self.value(i)
             dt = _DTYPES.get(t.type) or (np.dtype(np.float32), TensorProto.FLOAT)
             quant_out = t.quantized and t.type in _QUANT_TYPES
-            self.node_base, self.node_count = self.tname[i], 0
+            self.node_base, self.node_tag, self.node_count = self.tname[i], f"output{i}", 0
             if quant_out and self.io == "tflite":
                 scale, zero = t.quant()
-                s = self.init(f"{self.tname[i]}/scale", scale.reshape(-1)[:1].reshape(()))
-                z = self.init(f"{self.tname[i]}/zero_point", zero.reshape(-1)[:1].reshape(()).astype(dt[0]))
+                s = self.init(self.qname(i, "scale"), scale.reshape(-1)[:1].reshape(()))
+                z = self.init(self.qname(i, "zero_point"), zero.reshape(-1)[:1].reshape(()).astype(dt[0]))
                 self._rename_or_emit("QuantizeLinear", [v, s, z], self.tname[i])
                 graph_outputs.append(self._value_info(i, dt[1]))
             else:
