@@ -1,17 +1,20 @@
 """LLM-size weight files: streaming throughput and peak RSS, and the quantizer comparison.
 
-    python3 bench/llm_weights.py generate [--layers 8] [--out /work/cache/llm/llama-1.6b]
+    python3 bench/llm_weights.py generate [--layers 8] [--shards 2] [--pool] [--embeddings] [--out /work/cache/llm/llama-1.6b]
     python3 bench/llm_weights.py throughput [--src DIR]     # baseline fp16 pass vs blockwise / cluster
     python3 bench/llm_weights.py compare                    # SNR at equal bits per weight
 
-``generate`` writes Llama-7B-shaped layers (hidden 4096, MLP 11008, 8 layers = 1.62B parameters,
-3.2 GB of fp16, random normal * 0.02) as two shards plus ``model.safetensors.index.json``,
-chunk by chunk (seeded). ``throughput`` runs each job in a fresh subprocess and reads its peak
-RSS from its own ``getrusage(RUSAGE_SELF)``; the baseline is a numpy pass that reads every tensor
-and writes it back as fp16 (same machine, same run), and each scheme's time is given as a ratio
-to it. ``compare`` quantizes the same tensors (one Llama q_proj- and down_proj-shaped weight,
-drawn with a heavy-tailed distribution and correlated activations) with k-means palettes, RTN,
-HQQ and GPTQ and prints weight SNR and output SNR at the bits per weight each costs.
+``generate`` writes Llama-7B-shaped layers (hidden 4096, MLP 11008; 8 layers = 1.62B parameters,
+3.2 GB of fp16; 32 layers with ``--embeddings`` = Llama-2-7B's 6.74B, 13.5 GB), random normal * 0.02, as shards plus
+``model.safetensors.index.json``, chunk by chunk (seeded); ``--pool`` takes each chunk as a
+random slice of 2**26 normal draws (fast enough for the 13 GB file). ``throughput`` runs each
+job as a whole command in a fresh process, timed from start to exit, with its own peak RSS and
+CPU seconds (``os.wait4``): the baseline, a numpy script that reads every tensor and writes it
+back as fp16, then ``mconv optimize SRC --passes SPEC -o OUT --json`` (the streamed path) per
+scheme, each as a speed ratio to the baseline of the same run. ``compare`` quantizes the same
+tensors (one Llama q_proj- and down_proj-shaped weight, drawn with a heavy-tailed distribution
+and correlated activations) with k-means palettes, RTN, HQQ and GPTQ and prints weight SNR and
+output SNR at the bits per weight each costs.
 """
 
 from __future__ import annotations
@@ -31,8 +34,13 @@ HIDDEN, MLP = 4096, 11008
 DEFAULT = Path("/work/cache/llm/llama-1.6b")
 
 
-def layer_shapes(layers: int) -> list[tuple[str, tuple[int, ...]]]:
-    out = []
+VOCAB = 32000
+
+
+def layer_shapes(layers: int, embeddings: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+    out: list[tuple[str, tuple[int, ...]]] = (
+        [("model.embed_tokens.weight", (VOCAB, HIDDEN))] if embeddings else []
+    )
     for i in range(layers):
         p = f"model.layers.{i}."
         out += [
@@ -46,10 +54,14 @@ def layer_shapes(layers: int) -> list[tuple[str, tuple[int, ...]]]:
             (p + "mlp.up_proj.weight", (MLP, HIDDEN)),
             (p + "mlp.down_proj.weight", (HIDDEN, MLP)),
         ]
+    if embeddings:
+        out += [("model.norm.weight", (HIDDEN,)), ("lm_head.weight", (VOCAB, HIDDEN))]
     return out
 
 
-def _write_shard(path: Path, tensors: list[tuple[str, tuple[int, ...]]], rng: np.random.Generator) -> None:
+def _write_shard(
+    path: Path, tensors: list[tuple[str, tuple[int, ...]]], rng: np.random.Generator, pool: np.ndarray | None
+) -> None:
     header, pos = {}, 0
     for name, shape in tensors:
         n = int(np.prod(shape)) * 2
@@ -66,23 +78,31 @@ def _write_shard(path: Path, tensors: list[tuple[str, tuple[int, ...]]], rng: np
                 continue
             rows_per = max(1, (8 << 20) // shape[1])
             for r in range(0, shape[0], rows_per):
-                block = rng.standard_normal((min(rows_per, shape[0] - r), shape[1]), dtype=np.float32)
+                rows = min(rows_per, shape[0] - r)
+                if pool is not None:  # a random slice of the pool: no normal draws per value
+                    at = int(rng.integers(0, pool.size - rows * shape[1]))
+                    f.write(pool[at : at + rows * shape[1]].tobytes())
+                    continue
+                block = rng.standard_normal((rows, shape[1]), dtype=np.float32)
                 block *= 0.02
                 f.write(block.astype(np.float16).tobytes())
     os.replace(tmp, path)
 
 
-def generate(out: Path, layers: int, shards: int = 2, seed: int = 0) -> None:
+def generate(
+    out: Path, layers: int, shards: int = 2, seed: int = 0, pool: bool = False, embeddings: bool = False
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    shapes = layer_shapes(layers)
+    shapes = layer_shapes(layers, embeddings)
     rng = np.random.default_rng(seed)
+    values = (rng.standard_normal(1 << 26, dtype=np.float32) * 0.02).astype(np.float16) if pool else None
     per = -(-len(shapes) // shards)
     wmap = {}
     total = 0
     for s in range(shards):
         part = shapes[s * per : (s + 1) * per]
         name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        _write_shard(out / name, part, rng)
+        _write_shard(out / name, part, rng, values)
         for t, shape in part:
             wmap[t] = name
             total += int(np.prod(shape)) * 2
@@ -133,8 +153,9 @@ JOBS = {
 }
 
 
-def _run(cmd: list[str]) -> tuple[float, float, str]:
-    """Wall seconds, peak RSS (MB, this child's own) and stdout of a whole command."""
+def _run(cmd: list[str]) -> tuple[float, float, str, float]:
+    """Wall seconds, peak RSS (MB, this child's own), stdout and CPU seconds (user + system)
+    of a whole command."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stderr is not None
@@ -144,7 +165,7 @@ def _run(cmd: list[str]) -> tuple[float, float, str]:
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status):
         raise SystemExit(f"{cmd} failed: {err[-2000:]}")
-    return wall, usage.ru_maxrss / 1024, out
+    return wall, usage.ru_maxrss / 1024, out, usage.ru_utime + usage.ru_stime
 
 
 def throughput(src: Path, scratch: Path, only: list[str] | None = None) -> None:
@@ -166,8 +187,8 @@ def throughput(src: Path, scratch: Path, only: list[str] | None = None) -> None:
             cmd = [sys.executable, __file__, "_child", str(src), str(dest)]
         else:
             cmd = [mconv, "optimize", str(src), "--passes", spec, "-o", str(dest), "--json"]
-        wall, rss, out = _run(cmd)
-        r: dict = {"seconds": wall, "peak_rss_mb": rss, "mb_per_s": bytes_in / 1e6 / wall}
+        wall, rss, out, cpu = _run(cmd)
+        r: dict = {"seconds": wall, "cpu_seconds": cpu, "peak_rss_mb": rss, "mb_per_s": bytes_in / 1e6 / wall}
         if spec is None:
             base = wall
             r["loop_seconds"] = json.loads(out.strip().splitlines()[-1])["seconds"]
@@ -184,13 +205,13 @@ def throughput(src: Path, scratch: Path, only: list[str] | None = None) -> None:
     subprocess.run(["rm", "-rf", str(scratch / "out")], check=True)
     load = os.getloadavg()
     print(f"\n{bytes_in / 1e9:.2f} GB in; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end")
-    print("| job | s (whole command) | MB/s in | speed vs baseline | peak RSS MB | bits/w | SNR dB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| job | s (whole command) | MB/s in | speed vs baseline | CPU s | peak RSS MB | bits/w | SNR dB |")
+    print("|---|---|---|---|---|---|---|---|")
     for label, spec, r in rows:
         name = f'`--passes "{spec}"`' if spec else label
         print(
             f"| {name} | {r['seconds']:.1f} | {r['mb_per_s']:.0f} | {r['x_baseline_speed']:.2f} | "
-            f"{r['peak_rss_mb']:.0f} | {r.get('bits_per_weight', 16):.2f} | {r.get('snr_db_mean', float('nan')):.2f} |"
+            f"{r['cpu_seconds']:.1f} | {r['peak_rss_mb']:.0f} | {r.get('bits_per_weight', 16):.2f} | {r.get('snr_db_mean', float('nan')):.2f} |"
         )
 
 
@@ -263,11 +284,18 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=DEFAULT)
     ap.add_argument("--src", type=Path, default=DEFAULT)
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--embeddings", action="store_true", help="generate: add Llama's embeddings and lm_head")
+    ap.add_argument(
+        "--pool",
+        action="store_true",
+        help="generate: weights as random slices of 2**26 normal draws (fast; for the 7B file)",
+    )
     ap.add_argument("--scratch", type=Path, default=Path("/work/cache/llm/scratch"))
     ap.add_argument("--only", action="append", help="throughput: this pass spec only (repeatable)")
     a = ap.parse_args()
     if a.what == "generate":
-        generate(a.out, a.layers)
+        generate(a.out, a.layers, a.shards, pool=a.pool, embeddings=a.embeddings)
     elif a.what == "throughput":
         a.scratch.mkdir(parents=True, exist_ok=True)
         throughput(a.src, a.scratch, a.only)
