@@ -233,6 +233,15 @@ class Bundle:
                 hint=_HINT_TAMPERED,
             ) from None
 
+    def arrays(self, names: Sequence[str], dtype: Any = np.float32) -> dict[str, np.ndarray]:
+        """The tensors ``names`` decoded from ``weights.mcw`` (each checked) as ``dtype`` arrays,
+        by name: the weight buffers of the metal and webgpu runners (one reader for the three
+        that decoded them the same way)."""
+        if not names:
+            return {}
+        with self.container() as container:
+            return {name: np.array(container.array(name), dtype=dtype) for name in names}
+
     def container(self) -> Container:
         """The bundle's ``weights.mcw`` (memory-mapped for a directory, in memory for a zip)."""
         if WEIGHTS not in self.files:

@@ -232,12 +232,7 @@ def load(bundle: Bundle | str | os.PathLike) -> HarnessRunner:
     plan = read_plan(bundle)
     kernels = bundle.read_bytes(kernels_path(plan)).decode()
     exe = compile_harness(plan, kernels, label)
-    weights = {}
-    if plan.weight_buffers():
-        with bundle.container() as container:
-            weights = {
-                b.name: np.array(container.array(b.name), dtype=np.float32) for b in plan.weight_buffers()
-            }
+    weights = bundle.arrays([b.name for b in plan.weight_buffers()])
     return HarnessRunner(
         plan,
         exe,

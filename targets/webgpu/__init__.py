@@ -36,7 +36,6 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
 import onnx_ir as ir
 from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
 from mconv.errors import InputError
@@ -155,12 +154,7 @@ def load(bundle: Bundle | str | os.PathLike) -> WebGPURunner:
         )
     plan = read_plan(bundle)
     sources = kernel_sources(bundle, plan, label)
-    weights: dict[str, np.ndarray] = {}
-    if plan.weight_buffers():
-        with bundle.container() as container:
-            weights = {
-                b.name: np.array(container.array(b.name), dtype=np.float32) for b in plan.weight_buffers()
-            }
+    weights = bundle.arrays([b.name for b in plan.weight_buffers()])
     return WebGPURunner(plan, sources, weights, bundle.inputs, [o.name for o in bundle.outputs], label)
 
 

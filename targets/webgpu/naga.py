@@ -37,7 +37,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 from mconv.bundle import Bundle, load_bundle
 from mconv.errors import InputError
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
@@ -298,12 +297,7 @@ def _runner(plan: MetalPlan, source: str, bundle: Bundle, probe: bool) -> Harnes
     if probe:
         plan = every_layer(plan)
     exe = compile_harness(plan, source, label)
-    weights: dict[str, np.ndarray] = {}
-    if plan.weight_buffers():
-        with bundle.container() as container:
-            weights = {
-                b.name: np.array(container.array(b.name), dtype=np.float32) for b in plan.weight_buffers()
-            }
+    weights = bundle.arrays([b.name for b in plan.weight_buffers()])
     outputs = [o["name"] for o in plan.outputs] if probe else [o.name for o in bundle.outputs]
     dtypes = {} if probe else {o.name: o.dtype for o in bundle.outputs}
     return HarnessRunner(plan, exe, weights, bundle.inputs, outputs, label, output_dtypes=dtypes)
