@@ -42,7 +42,7 @@ def load_model(model: Any, label: str = "model", options: Mapping | None = None)
     """Run a bare IR model on XLA without writing a bundle (lower, export, call in memory)."""
     import jax
     from mconv.targets.xla.exporter import export_program
-    from mconv.targets.xla.runtime import Spec, XlaRunner
+    from mconv.targets.xla.runtime import Spec, XlaRunner, jit
 
     exported, lowered, shapes, x64 = export_program(model, options)
     if lowered.shape_note:
@@ -56,9 +56,7 @@ def load_model(model: Any, label: str = "model", options: Mapping | None = None)
         Spec(n, a.dtype.name, tuple(d if isinstance(d, int) else str(d) for d in a.shape))
         for n, a in zip(lowered.input_names, exported.in_avals[:n_in])
     ]
-    return XlaRunner(
-        jax.jit(exported.call), inputs, list(lowered.output_names), weights, x64, label, exported
-    )
+    return XlaRunner(jit(exported.call), inputs, list(lowered.output_names), weights, x64, label, exported)
 
 
 # The target (the protocol of mconv.targets.base) is this module.

@@ -77,6 +77,7 @@ class XlaEngine:
     def __init__(self, model: ir.Model, outputs: Sequence[str] | None = None, device: str = "cpu") -> None:
         import jax
         from mconv.targets.xla.lower import lower_graph
+        from mconv.targets.xla.runtime import jit
 
         self.device = jax_device(device)
         lowered = lower_graph(model)
@@ -96,7 +97,7 @@ class XlaEngine:
         self.weights: dict[str, Any] = {
             n: jax.device_put(np.asarray(a), self.device) for n, a in lowered.weights()
         }
-        self._forward = jax.jit(self._call)
+        self._forward = jit(self._call)  # runtime rule 4: the CPU compile options
         self._steps: dict[tuple, Callable] = {}
 
     # ----------------------------------------------------------------------------- forward
@@ -146,6 +147,7 @@ class XlaEngine:
     ) -> tuple[float, dict[str, np.ndarray]]:
         """``loss(outputs) -> jnp scalar``; its value and gradients w.r.t. the weights ``wrt``."""
         import jax
+        from mconv.targets.xla.runtime import jit
 
         self.check_trainable(wrt)
         inputs = self._inputs(feeds)
@@ -156,7 +158,7 @@ class XlaEngine:
             return loss(dict(zip(self.output_names, values)))
 
         # one program for the call (jit), not one dispatch per op
-        value, grads = jax.jit(jax.value_and_grad(f))({n: self.weights[n] for n in wrt}, rest, inputs)
+        value, grads = jit(jax.value_and_grad(f))({n: self.weights[n] for n in wrt}, rest, inputs)
         return float(value), {n: np.asarray(g) for n, g in grads.items()}
 
     # ----------------------------------------------------------------------------- training
@@ -177,6 +179,7 @@ class XlaEngine:
         :meth:`set_weight` is seen without recompiling)."""
         import jax
         import jax.numpy as jnp
+        from mconv.targets.xla.runtime import jit
 
         key = (
             tuple((p.name, p.mode) for p in params),
@@ -239,7 +242,7 @@ class XlaEngine:
                 new_trained[n], new_state[n] = p, (m, v)
             return value, new_trained, new_state
 
-        fn = jax.jit(step, donate_argnums=(0, 1))
+        fn = jit(step, donate_argnums=(0, 1))
         self._steps[key] = fn
         return fn
 

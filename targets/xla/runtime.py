@@ -14,6 +14,12 @@ Rules:
    argument records a ``layout`` (the exporter's rule 9), and kept on the device.
 3. ``model.jax_export`` is deserialized with ``jax.export.deserialize`` and its ``call`` is
    jitted; feeds are checked (names, dtype, rank, fixed dimensions) before the call.
+4. Programs are jitted with :func:`jit`, which turns XLA's CPU YNNPACK fusions off
+   (``xla_cpu_experimental_ynn_fusion_type`` empty): jaxlib 0.10's CPU compiler fuses a chain
+   of dots and the reduction after it (a classifier's Gemms and its Softmax) into one YNN
+   fusion that runs 10-25x slower than the dots alone (light AlexNet at batch 8 on 2 cores:
+   6.6 s, 1.0 s without; ORT 0.86 s). Left to the user when ``XLA_FLAGS`` names the option,
+   and skipped where this jaxlib has no such option.
 """
 
 from __future__ import annotations
@@ -35,6 +41,30 @@ from mconv.errors import InputError, IntegrityError
 PAYLOAD = "model.jax_export"
 CONVENTION = "xla.json"
 _HINT = "the bundle was modified or truncated; re-export it"
+
+
+_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+_OPTIONS: list[dict[str, str] | None] = []  # decided once per process
+
+
+def compiler_options() -> dict[str, str] | None:
+    """The XLA compile options of rule 4 (None: none to pass)."""
+    if not _OPTIONS:
+        chosen: dict[str, str] | None = dict(_CPU_OPTIONS)
+        if any(k in os.environ.get("XLA_FLAGS", "") for k in _CPU_OPTIONS):
+            chosen = None  # the user's flag wins
+        else:
+            try:  # a jaxlib without the option refuses it at compile time
+                jax.jit(lambda x: x + 1, compiler_options=chosen).lower(np.float32(0)).compile()
+            except Exception:
+                chosen = None
+        _OPTIONS.append(chosen)
+    return _OPTIONS[0]
+
+
+def jit(fn: Callable, **kwargs: Any) -> Callable:
+    """``jax.jit`` with the compile options of rule 4."""
+    return jax.jit(fn, compiler_options=compiler_options(), **kwargs)
 
 
 @dataclass(frozen=True)
@@ -229,7 +259,7 @@ def runner_from_parts(
         for d in conv["inputs"]
     ]
     return XlaRunner(
-        call=jax.jit(exported.call),
+        call=jit(exported.call),
         inputs=inputs,
         outputs=list(conv["outputs"]),
         weights=weights,
