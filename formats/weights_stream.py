@@ -442,8 +442,9 @@ def _palette_for(hist: np.ndarray, dtype: np.dtype, bits: int, init: str) -> tup
     index table of a 16-bit float tensor from its histogram of bit patterns."""
     from mconv.passes.cluster import ValueBins, bin_centroids
 
-    codes = np.arange(1 << 16, dtype=np.uint16)
-    values = codes.view(dtype).astype(np.float64)
+    from mconv.passes._stream_kernels import values16
+
+    values = values16(dtype)
     finite = np.isfinite(values)
     if hist[~finite].any():
         raise InputError("weights hold inf or nan", hint="clean the weights before clustering")
