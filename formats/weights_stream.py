@@ -440,9 +440,8 @@ class _Stats:
 def _palette_for(hist: np.ndarray, dtype: np.dtype, bits: int, init: str) -> tuple[np.ndarray, np.ndarray]:
     """Centroids (sorted float32 LUT, zero first when the tensor holds zeros) and the code ->
     index table of a 16-bit float tensor from its histogram of bit patterns."""
-    from mconv.passes.cluster import ValueBins, bin_centroids
-
     from mconv.passes._stream_kernels import values16
+    from mconv.passes.cluster import ValueBins, bin_centroids
 
     values = values16(dtype)
     finite = np.isfinite(values)
