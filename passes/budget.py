@@ -771,7 +771,7 @@ def _export_sizes(model: ir.Model) -> dict:
         folder = Path(tmp) / "bundle"
         bundle = get_target("cpu").export(model, folder, {})
         files = [p for p in folder.rglob("*") if p.is_file()]
-        account = bundle.manifest.get("account") or {}
+        account = bundle.account or {}  # the manifest keeps only a summary; the rows come from the index
         return {
             "weights_file": (folder / "weights.mcw").stat().st_size,
             "bundle": sum(p.stat().st_size for p in files),
