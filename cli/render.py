@@ -39,15 +39,15 @@ def optimize_summary(
     """optimize's last line: weights before -> after in the .onnx, and (when the byte account
     predicts one) what a bundle will store; pruned and clustered weights stay dense in the
     .onnx (exact zeros, repeated values) until export encodes them."""
+    onnx = Path(output).suffix.lower() == ".onnx"  # else a streamed checkpoint (packed safetensors)
+    where = "in the .onnx" if onnx else "in the output"
     line = (
         f"wrote {output} ({human_bytes(file_bytes)}): weights {human_bytes(weights_before)} -> "
-        f"{human_bytes(weights_after)} in the .onnx ({weights_before / max(weights_after, 1):.1f}x)"
+        f"{human_bytes(weights_after)} {where} ({weights_before / max(weights_after, 1):.1f}x)"
     )
     if predicted is not None:
-        line += (
-            f"; predicted bundle weights {human_bytes(predicted)} "
-            f"({weights_before / max(predicted, 1):.1f}x; stored dense in the .onnx until export)"
-        )
+        dense = "; stored dense in the .onnx until export" if onnx else ""
+        line += f"; predicted bundle weights {human_bytes(predicted)} ({weights_before / max(predicted, 1):.1f}x{dense})"
     return line
 
 

@@ -304,3 +304,12 @@ def test_real_tflite_bundle_figures_are_reported_like_for_like(tmp_path, name):
     assert doc["file_bytes_before"] == (tmp_path / "m.onnx").stat().st_size
     assert doc["file_bytes_after"] == sum(p.stat().st_size for p in (tmp_path / "b").iterdir())
     assert doc["weight_bytes_after"] <= doc["weight_bytes_before"]  # lossless never grows the weights
+
+
+def test_optimize_summary_names_the_onnx_only_when_it_wrote_one():
+    from mconv.cli.render import optimize_summary
+
+    onnx = optimize_summary(Path("o.onnx"), 4000, 4000, 4100, 500)
+    assert "in the .onnx (1.0x)" in onnx and "stored dense in the .onnx until export" in onnx, onnx
+    packed = optimize_summary(Path("out.safetensors"), 4000, 1000, 1100, None)  # a streamed checkpoint
+    assert ".onnx" not in packed and "in the output (4.0x)" in packed, packed
