@@ -763,11 +763,9 @@ Y[(o * AXIS + a + {lo}) * INNER + ii] = v;
 
 
 def _strides(shape: list[int]) -> list[int]:
-    out, step = [0] * len(shape), 1
-    for axis in reversed(range(len(shape))):
-        out[axis] = step
-        step *= shape[axis]
-    return out
+    from mconv.targets.metal.kernels.shape import _strides as strides
+
+    return strides(shape)
 
 
 def strided_copy(
@@ -835,18 +833,10 @@ def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
 @register("DepthToSpace", "SpaceToDepth")
 def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     """The 6-D transpose of the ONNX definition (DCR or CRD) as one strided copy (the Metal rule)."""
+    from mconv.targets.metal.kernels.shape import depth_space_view
+
     x = inp(node, 0)
-    n, c, h, w = ctx.shape(x)
-    bs = node.attributes.get_int("blocksize")
-    if node.op_type == "DepthToSpace":
-        if node.attributes.get_string("mode", "DCR") == "DCR":
-            shape6, perm = [n, bs, bs, c // (bs * bs), h, w], [0, 3, 4, 1, 5, 2]
-        else:
-            shape6, perm = [n, c // (bs * bs), bs, bs, h, w], [0, 1, 4, 2, 5, 3]
-    else:
-        shape6, perm = [n, c, h // bs, bs, w // bs, bs], [0, 3, 5, 1, 2, 4]
-    st = _strides(shape6)
-    return strided_copy(ctx, kernel, x, [shape6[p] for p in perm], [st[p] for p in perm])
+    return strided_copy(ctx, kernel, x, *depth_space_view(node, ctx.shape(x)))
 
 
 @register("Tile")

@@ -204,10 +204,10 @@ def lower_expand(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
     return strided_copy(ctx, kernel, x, ctx.shape(y), broadcast_strides(ctx.shape(x), ctx.shape(y)))
 
 
-@register("DepthToSpace", "SpaceToDepth", integers=True)
-def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    x = required(node.inputs[0])
-    n, c, h, w = ctx.shape(x)
+def depth_space_view(node: ir.Node, shape: list[int]) -> tuple[list[int], list[int]]:
+    """DepthToSpace (DCR or CRD) / SpaceToDepth of an NCHW input as the 6-D transpose of the ONNX
+    definition: the copy's output shape and the input strides it reads with (Metal and WebGPU)."""
+    n, c, h, w = shape
     bs = node.attributes.get_int("blocksize")
     if node.op_type == "DepthToSpace":
         if node.attributes.get_string("mode", "DCR") == "DCR":
@@ -217,7 +217,13 @@ def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activa
     else:
         shape6, perm = [n, c, h // bs, bs, w // bs, bs], [0, 3, 5, 1, 2, 4]
     st = _strides(shape6)
-    return strided_copy(ctx, kernel, x, [shape6[p] for p in perm], [st[p] for p in perm])
+    return [shape6[p] for p in perm], [st[p] for p in perm]
+
+
+@register("DepthToSpace", "SpaceToDepth", integers=True)
+def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    x = required(node.inputs[0])
+    return strided_copy(ctx, kernel, x, *depth_space_view(node, ctx.shape(x)))
 
 
 def _pad_params(ctx: LowerContext, node: ir.Node) -> tuple[list[int], str, float] | str:
