@@ -12,11 +12,10 @@ import mconv.fixtures
 import numpy as np
 import onnx_ir as ir
 import pytest
+import ray  # in .[test]: a missing ray fails here, never skips
 from mconv.errors import InputError
 from mconv.irio import load_onnx
 from mconv.passes import budget as B
-
-ray = pytest.importorskip("ray")
 
 FIXTURES = Path(mconv.fixtures.__file__).resolve().parent
 FAST = {"epochs": 1, "attempts": 1, "sparsities": (0.5, 0.8, 0.9), "bits": (6, 4)}
