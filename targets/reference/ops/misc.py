@@ -291,13 +291,30 @@ FALLBACK_OPS: tuple[tuple[str, str], ...] = (
 )
 
 
+def _attrs_key(attrs: dict) -> tuple:
+    """A hashable key of an attribute dict's values (arrays by dtype, shape and bytes)."""
+    items = []
+    for name in sorted(attrs):
+        v = attrs[name]
+        if isinstance(v, np.ndarray):
+            v = ("ndarray", v.dtype.str, v.shape, v.tobytes())
+        elif isinstance(v, list | tuple):
+            v = tuple(x.tobytes() if isinstance(x, np.ndarray) else x for x in v)
+        elif not isinstance(v, str | bytes | int | float | bool | None):
+            v = repr(v)
+        items.append((name, v))
+    return tuple(items)
+
+
 def _fallback_kernel(op_type: str, domain: str):
     cache: dict[tuple, object] = {}
 
     def forward(inputs, attrs, ctx):
         from onnx.reference import ReferenceEvaluator
 
-        key = (id(attrs), len(inputs), ctx.opset)
+        # keyed by the attributes' values: an id() of a dict that was freed can be reused by
+        # another node's attributes, which then ran with the first node's (a flaky test did)
+        key = (_attrs_key(attrs), len(inputs), ctx.opset, ctx.num_outputs)
         sess = cache.get(key)
         if sess is None:
             names = [f"i{k}" if x is not None else "" for k, x in enumerate(inputs)]

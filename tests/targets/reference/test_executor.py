@@ -267,3 +267,21 @@ def test_backend_rep_returns_outputs_in_graph_order():
     np.testing.assert_allclose(a, np.abs(x))
     assert backend.supports_device("CPU") and not backend.supports_device("CUDA")
     assert onnx.checker.check_model(proto) is None
+
+
+def test_fallback_kernel_runs_with_each_nodes_own_attributes_not_a_cached_sessions():
+    """The onnx.reference fallback caches one session per attribute set. It was keyed by the
+    attribute dict's id(), which a freed dict's successor can reuse: a StringNormalizer then ran
+    with another node's case action (a backend test failed some of the time). The same dict
+    object with new values stands for that reuse here, deterministically."""
+    from mconv.targets.reference.ops import lookup
+    from mconv.targets.reference.ops import OpContext
+
+    forward = lookup("StringNormalizer").forward
+    words = np.array(["Mixed", "Case"], dtype=object)
+    attrs = {"case_change_action": "LOWER"}
+    (low,) = forward([words], attrs, OpContext(opset=21, num_outputs=1))
+    attrs["case_change_action"] = "UPPER"
+    (up,) = forward([words], attrs, OpContext(opset=21, num_outputs=1))
+    assert list(low) == ["mixed", "case"]
+    assert list(up) == ["MIXED", "CASE"]
