@@ -274,8 +274,7 @@ def test_fallback_kernel_runs_with_each_nodes_own_attributes_not_a_cached_sessio
     attribute dict's id(), which a freed dict's successor can reuse: a StringNormalizer then ran
     with another node's case action (a backend test failed some of the time). The same dict
     object with new values stands for that reuse here, deterministically."""
-    from mconv.targets.reference.ops import lookup
-    from mconv.targets.reference.ops import OpContext
+    from mconv.targets.reference.ops import OpContext, lookup
 
     forward = lookup("StringNormalizer").forward
     words = np.array(["Mixed", "Case"], dtype=object)
