@@ -300,6 +300,45 @@ def to_proto(model: ir.Model) -> onnx.ModelProto:
     return ir.serde.serialize_model(model)
 
 
+# A protobuf message cannot exceed 2 GiB; self_contained_bytes refuses models that would.
+_PROTO_LIMIT = (1 << 31) - (1 << 20)
+
+
+def self_contained_bytes(model: ir.Model) -> bytes:
+    """The model as one ONNX protobuf with every tensor's data inside it: the external tensors
+    (a large file's lazily loaded initializers, spilled scratch tensors, ``.data`` files) read
+    in. For a process that cannot see the source files (Ray workers on other hosts, or in
+    another working folder: a plain serialisation keeps references such as ``resnet50.onnx``
+    relative to the source's folder)."""
+    external = {(t.location, int(t.offset or 0), t.length): t for t in _external_tensors(model)}
+    total = sum(int(t.nbytes) for t in external.values())
+    if total > _PROTO_LIMIT:
+        raise InputError(
+            f"the model's {total / 1e9:.1f} GB of weights do not fit one protobuf message",
+            hint="run it in-process (without --workers / --ray)",
+        )
+    proto = ir.serde.serialize_model(model)
+    from onnx.external_data_helper import _get_all_tensors
+
+    for tensor in _get_all_tensors(proto):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in tensor.external_data}
+        length = int(info["length"]) if "length" in info else None
+        source = external.get((info.get("location"), int(info.get("offset", 0)), length))
+        if source is None:  # only the model's own external tensors are ever serialised
+            raise InputError(f"tensor {show(tensor.name)}: its external data is not the model's own")
+        tensor.raw_data = source.tobytes()
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+    if proto.ByteSize() > _PROTO_LIMIT:
+        raise InputError(
+            f"the model is {proto.ByteSize() / 1e9:.1f} GB, over one protobuf message's 2 GB",
+            hint="run it in-process (without --workers / --ray)",
+        )
+    return proto.SerializeToString()
+
+
 def save_onnx(
     model: ir.Model, path: str | os.PathLike, *, external_threshold: int = EXTERNAL_DATA_THRESHOLD
 ) -> list[Path]:

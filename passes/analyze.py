@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError
-from mconv.irio import real_inputs
+from mconv.irio import real_inputs, self_contained_bytes
 
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -186,7 +186,7 @@ def analyze_sensitivity(
         "bits": bit_list,
     }
     if uses_ray(workers, ray_address):
-        shared["onnx"] = ir.serde.serialize_model(model).SerializeToString()  # rule 5: bytes, not objects
+        shared["onnx"] = self_contained_bytes(model)  # rule 5: bytes, not objects
     else:
         shared["model"] = model
     state = _SweepState(shared)

@@ -97,7 +97,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 from mconv.errors import GateFailed, InputError
-from mconv.irio import real_inputs
+from mconv.irio import real_inputs, self_contained_bytes
 from mconv.passes._weights import compression_info, weight_refs
 from mconv.passes.base import Pass, PassContext, PassReport, PassSpec, register_pass
 from mconv.passes.pipeline import _record_provenance, make_spec, snapshot_model
@@ -345,7 +345,7 @@ def _candidates(
     }
     if shared["sweep"]:  # the sweep estimator runs the model: ONNX bytes on Ray, never objects
         if on_ray:
-            shared["onnx"] = ir.serde.serialize_model(model).SerializeToString()
+            shared["onnx"] = self_contained_bytes(model)
         else:
             shared["model"] = model
     per_layer = len(sparsities) * (1 + len(bits))

@@ -152,3 +152,47 @@ def test_cli_analyze_with_workers_matches_the_plain_run_and_refuses_bad_values(t
     assert len(json.loads(plain.stdout)["layers"]) == 2
     bad = runner.invoke(app, [*args, "--workers", "-2"])
     assert bad.exit_code == 2 and "--workers" in bad.output and "Traceback" not in bad.output
+
+
+def test_a_lazily_loaded_model_reaches_the_workers_with_its_weights(tmp_path, monkeypatch):
+    """A large single-file model loads lazily: its weights stay references into the file, named
+    relative to its folder. Shipped to Ray as a plain serialisation, a worker in another folder
+    read 'resnet50.onnx' from its own cwd (exit 3 on the H200 host). The bytes sent now carry
+    the weights: the lazily loaded model's report on 2 workers is the in-process one's."""
+    from mconv.cli.app import app
+    from mconv.irio import load_onnx, self_contained_bytes
+    from typer.testing import CliRunner
+
+    rng = np.random.default_rng(9)
+    models = tmp_path / "models"
+    models.mkdir()
+    onnx.save(conv_proto(3), models / "convs.onnx")
+    data = tmp_path / "d.npz"
+    np.savez(data, x=rng.standard_normal((16, 2, 8, 8)).astype(np.float32))
+    monkeypatch.setattr("mconv.irio.LAZY_LOAD_THRESHOLD", 1)
+    monkeypatch.setattr("mconv.irio.LAZY_TENSOR_BYTES", 64)  # w1, w2 become references
+    lazy = load_onnx(models / "convs.onnx")
+    assert isinstance(lazy.graph.initializers["w1"].const_value, ir_external())
+    # the self-contained bytes hold the weights: they parse and read with no folder at all
+    alone = onnx.load_from_string(self_contained_bytes(lazy))
+    assert not any(t.external_data for t in alone.graph.initializer)
+    assert np.array_equal(
+        numpy_helper.to_array(alone.graph.initializer[0]),
+        numpy_helper.to_array(conv_proto(3).graph.initializer[0]),
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    args = ["analyze", str(models / "convs.onnx"), "--data", str(data), "--sweep", "0.5,0.8", "--json"]
+    runner = CliRunner()
+    plain = runner.invoke(app, args)
+    assert plain.exit_code == 0, plain.output
+    on_ray = runner.invoke(app, [*args, "--workers", "2"])
+    assert on_ray.exit_code == 0, on_ray.output
+    assert json.loads(on_ray.stdout) == json.loads(plain.stdout)
+
+
+def ir_external():
+    import onnx_ir as ir
+
+    return ir.ExternalTensor
