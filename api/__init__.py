@@ -367,6 +367,7 @@ def optimize(
     device: str | None = None,
     workers: int = 0,
     ray_address: str | None = None,
+    val_data=None,
 ) -> OptimizeResult:
     """``mconv optimize``: run a pass spec (``passes``) or a recipe (name or TOML path) over the
     model (an ``ir.Model``, mutated, or a path); with ``output``, write it and check that ONNX's
@@ -376,7 +377,8 @@ def optimize(
     and ``save_recipe`` (a TOML path) go with ``recipe="deep-compression"``: the budget search of
     :func:`mconv.passes.budget.compress_to_budget` picks each layer's sparsity and bits on a
     held-out split (its report is ``budget`` in the result); an unmet budget raises
-    ``GateFailed`` (exit 1) after the best result was written.
+    ``GateFailed`` (exit 1) after the best result was written. ``val_data`` (.npz or dict) is a
+    validation set of its own for that gate: then fine-tuning uses all of ``data``.
 
     ``engine`` (``reference`` or ``xla``) and ``device`` (``cpu`` or ``cuda``, xla only) say where
     fine-tuning runs: every ``finetune`` pass of the spec or recipe that does not name its own,
@@ -401,6 +403,12 @@ def optimize(
             "give exactly one of --passes or --recipe", hint=f"recipes: {', '.join(P.recipe_names())}"
         )
     budgeted = max_drop is not None or target_size is not None or save_recipe is not None
+    if val_data is not None and not budgeted:
+        raise InputError(
+            "--val-data is the budget search's gate data",
+            where="--val-data",
+            hint="add --max-drop F or --target-size SIZE with --recipe deep-compression",
+        )
     if budgeted:
         return _optimize_budget(
             model,
@@ -417,6 +425,7 @@ def optimize(
             device or "cpu",
             workers,
             ray_address,
+            val_data,
         )
     if uses_ray(workers, ray_address):
         raise InputError(
@@ -489,6 +498,7 @@ def _optimize_budget(
     device: str = "cpu",
     workers: int = 0,
     ray_address: str | None = None,
+    val_data=None,
 ):
     """``--max-drop`` / ``--target-size`` / ``--save-recipe``: the budgeted Deep Compression."""
     from mconv.account import predicted_account
@@ -504,6 +514,7 @@ def _optimize_budget(
     m, _ = _as_model(model)
     before = model_stats(m)
     feeds = load_data(data, m)
+    val_feeds = load_data(val_data, m)
     failed: GateFailed | None = None
     with naming_the_file(source) if source else contextlib.nullcontext():
         with _progress(progress)("optimize deep-compression (budget)", None) as update:
@@ -519,6 +530,7 @@ def _optimize_budget(
                     device=device,
                     workers=workers,
                     ray_address=ray_address,
+                    val_data=val_feeds,
                 )
             except BudgetNotMet as exc:  # the best result found is still written and reported
                 budget, failed = exc.result, exc

@@ -39,6 +39,15 @@ def optimize_cmd(
         Path | None,
         typer.Option("--data", metavar="FILE", help="Calibration / fine-tuning data (.npz)."),
     ] = None,
+    val_data: Annotated[
+        Path | None,
+        typer.Option(
+            "--val-data",
+            metavar="FILE",
+            help="deep-compression budget: validation data (.npz) for the gate; fine-tuning then "
+            "uses all of --data (give it when --data is the set the model was trained on).",
+        ),
+    ] = None,
     seed: Annotated[
         int, typer.Option("--seed", metavar="INT", help="Seed of every random choice the passes make.")
     ] = 0,
@@ -131,6 +140,7 @@ def optimize_cmd(
                     device=device,
                     workers=workers,
                     ray_address=ray_address,
+                    val_data=val_data,
                 )
             except GateFailed as exc:  # an unmet budget: the best result is reported, then exit 1
                 if getattr(exc, "result", None) is None:

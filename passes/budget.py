@@ -9,7 +9,12 @@ Rules
 1. **Split.** The samples are split once, seeded (``seed``): a fraction ``holdout`` (default
    0.25) is held out and never trained on; fine-tuning sees only the rest. The split is the
    ``finetune`` pass's own (``holdout``/``seed`` options), so the saved recipe splits the same
-   way. The report names both counts.
+   way. The report names both counts. With ``val_data`` (``--val-data``: a validation set of
+   its own, e.g. when ``data`` is the set the model was trained on, where the original is
+   right on nearly every sample and a held-out slice of it overstates every loss), nothing is
+   split: fine-tuning sees all of ``data`` (its passes' ``holdout`` is 0, so the saved recipe
+   rebuilds the model from ``data`` alone) and the gate measures ``val_data``. Both have
+   ``labels`` or neither.
 2. **Metric.** With ``labels`` in the data, top-1 accuracy; without, top-1 agreement with the
    original model's class scores; cosine similarity for outputs that are not class scores (as
    ``mconv analyze``). ``drop = baseline - metric`` on the held-out samples (0.005 = half a
@@ -96,7 +101,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-from mconv.errors import GateFailed, InputError
+from mconv.errors import GateFailed, InputError, show
 from mconv.irio import real_inputs, self_contained_bytes
 from mconv.passes._weights import compression_info, weight_refs
 from mconv.passes.base import Pass, PassContext, PassReport, PassSpec, register_pass
@@ -726,6 +731,31 @@ def _check_data(model: ir.Model, data: Mapping[str, np.ndarray]) -> tuple[dict, 
     return feeds, labels, n
 
 
+def _with_validation(
+    model: ir.Model, feeds: dict, labels: np.ndarray | None, val_data: Mapping[str, np.ndarray]
+) -> tuple[dict, np.ndarray | None, np.ndarray]:
+    """The training feeds with the validation samples appended (rule 1), their labels, and the
+    validation samples' indices. Both sets have labels or neither does (one metric for both)."""
+    vfeeds, vlabels, m = _check_data(model, val_data)
+    if (labels is None) != (vlabels is None):
+        which = "the validation data" if vlabels is None else "the calibration data"
+        raise InputError(
+            f"{which} has no 'labels' and the other has",
+            hint="give 'labels' in both .npz files or in neither (one metric for the gate and the training)",
+        )
+    for k, v in feeds.items():
+        if vfeeds[k].shape[1:] != v.shape[1:] or vfeeds[k].dtype != v.dtype:
+            raise InputError(
+                f"validation input {show(k)} is {vfeeds[k].dtype}{list(vfeeds[k].shape[1:])} per sample, "
+                f"the calibration data's {v.dtype}{list(v.shape[1:])}",
+                hint="both .npz files hold samples of the same model inputs",
+            )
+    n = len(next(iter(feeds.values())))
+    joined = {k: np.concatenate([v, vfeeds[k]]) for k, v in feeds.items()}
+    both = None if labels is None or vlabels is None else np.concatenate([labels, vlabels])
+    return joined, both, np.arange(n, n + m)
+
+
 def _run_specs(model: ir.Model, specs: list[PassSpec], ctx: PassContext) -> list[PassReport]:
     """The pipeline's loop without provenance (recorded once at the end, rule 9)."""
     reports = []
@@ -892,6 +922,7 @@ def compress_to_budget(
     reestimate: bool = True,
     workers: int = 0,
     ray_address: str | None = None,
+    val_data: Mapping[str, np.ndarray] | None = None,
 ) -> BudgetResult:
     """Deep Compression of ``model`` (mutated) under a budget; see the module rules.
 
@@ -913,6 +944,12 @@ def compress_to_budget(
         raise InputError(f"holdout {holdout!r}", hint="a fraction in (0, 1), e.g. 0.25")
     if attempts < 1:
         raise InputError(f"attempts {attempts!r}", hint="1 or more")
+    if val_data is not None and data is None:
+        raise InputError(
+            "validation data without calibration data",
+            where="--val-data",
+            hint="give --data D.npz (fine-tuning) with --val-data V.npz (the gate)",
+        )
     if data is not None and max_drop is None and target is None:
         max_drop = 0.005
     say = progress or (lambda *a: None)
@@ -947,17 +984,24 @@ def compress_to_budget(
         )
 
     feeds, labels, n = _check_data(model, data)
-    train, held = split_indices(n, holdout, seed)
+    if val_data is None:
+        train, held = split_indices(n, holdout, seed)
+        total = n
+    else:  # rule 1: a validation set of its own; fine-tuning sees every sample of ``data``
+        feeds, labels, held = _with_validation(model, feeds, labels, val_data)
+        train = split_indices(n, 0.0, seed)[0]  # the finetune pass's sample order
+        holdout, total = 0.0, n + len(held)
     say("original outputs", 0, None)
     output = _score_value(model)
     ev0 = _Evaluator(feeds, output, np.zeros((0,)), labels)
-    ev = _Evaluator(feeds, output, ev0.outputs(reference, np.arange(n)), labels)
+    ev = _Evaluator(feeds, output, ev0.outputs(reference, np.arange(total)), labels)
     baseline = ev.metric(ev.reference[held], held)
     split = {
-        "samples": n,
+        "samples": total,
         "train": int(len(train)),
         "held_out": int(len(held)),
         "holdout": holdout,
+        "validation": val_data is not None,
         "seed": seed,
     }
     if epochs is None:
@@ -1158,7 +1202,9 @@ def compress_to_budget(
         tried=tried,
     )
     result.notes.append(
-        f"{split['train']} samples for fine-tuning, {split['held_out']} held out for the gate (seed {seed})"
+        f"{split['train']} samples for fine-tuning, {split['held_out']} validation samples (a file of their own) for the gate"
+        if split["validation"]
+        else f"{split['train']} samples for fine-tuning, {split['held_out']} held out for the gate (seed {seed})"
     )
     result.seconds = time.perf_counter() - t_start
     if not result.met:

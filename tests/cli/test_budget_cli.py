@@ -82,10 +82,14 @@ def test_a_size_that_cannot_be_met_exits_1_with_the_best_result(small, tmp_path)
         (["--recipe", "deep-compression", "--max-drop", "1.5"], "fraction"),
         (["--recipe", "deep-compression", "--target-size", "44 parsecs"], "not a size"),
         (["--recipe", "deep-compression", "--target-size", "0"], "not positive"),
+        (["--passes", "dce", "--val-data", "VAL"], "--val-data"),
+        (["--recipe", "deep-compression", "--max-drop", "0.01", "--val-data", "MISSING"], "MISSING"),
     ],
 )
 def test_bad_budget_options_are_one_line_exit_2(small, tmp_path, args, needle):
     model, data = small
+    args = [str(data) if a == "VAL" else str(tmp_path / "missing.npz") if a == "MISSING" else a for a in args]
+    needle = "missing.npz" if needle == "MISSING" else needle
     r = _cli("optimize", str(model), *args, "--data", str(data), "-o", str(tmp_path / "x.onnx"))
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
@@ -135,3 +139,18 @@ def test_bad_engine_options_are_one_line_exit_2(small, tmp_path, args, needle):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0], r.output
+
+
+def test_validation_data_from_the_cli_is_the_gate_and_in_the_json(small, tmp_path):
+    model, data = small
+    with np.load(fixture_path("digits_test.npz")) as z:
+        x = (z["images"][:120].reshape(120, -1) / 16.0).astype(np.float32)
+        np.savez(tmp_path / "val.npz", input=x, labels=z["labels"][:120])
+    out = tmp_path / "c.onnx"
+    r = _cli(
+        "optimize", str(model), "--recipe", "deep-compression", "--data", str(data),
+        "--val-data", str(tmp_path / "val.npz"), "--max-drop", "0.02", "-o", str(out), "--json",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    split = json.loads(r.stdout)["budget"]["split"]
+    assert split == {**split, "validation": True, "train": 300, "held_out": 120, "holdout": 0.0}

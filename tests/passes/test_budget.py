@@ -318,3 +318,59 @@ def test_the_gate_is_the_net_drop_not_the_samples_lost(monkeypatch):
     result = B.compress_to_budget(model, data, max_drop=0.05, seed=0, **mild)
     assert result.met and result.held_out_lost == 1.0
     assert result.held_out_drop <= 0.05 + 1e-12
+
+
+@pytest.fixture(scope="module")
+def validated_run():
+    """Fine-tuned on 240 training digits, gated on 120 test digits (a file of their own)."""
+    data = _subset(240, seed=11)
+    with np.load(FIXTURES / "digits_test.npz") as z:
+        idx = np.random.default_rng(12).permutation(len(z["labels"]))[:120]
+        val = {
+            "input": z["images"][idx].reshape(-1, 64).astype(np.float32) / 16.0,
+            "labels": z["labels"][idx],
+        }
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    result = B.compress_to_budget(model, data, val_data=val, max_drop=0.05, seed=4, **FAST)
+    return data, val, result
+
+
+def test_validation_data_is_the_gate_and_every_calibration_sample_is_trained_on(validated_run):
+    from mconv.targets.reference.executor import Executor
+
+    data, val, result = validated_run
+    assert result.split["validation"] is True
+    assert result.split["train"] == 240 and result.split["held_out"] == 120
+    assert any("validation samples" in note for note in result.notes)
+    # the gate's figures are the validation set's, measured again here independently
+    original = Executor(load_onnx(fixture_path("digits_mlp.onnx"))).run({"input": val["input"]})["logits"]
+    got = Executor(result.model).run({"input": val["input"]})["logits"]
+    assert result.baseline == pytest.approx(float(np.mean(original.argmax(1) == val["labels"])))
+    assert result.final == pytest.approx(float(np.mean(got.argmax(1) == val["labels"])))
+    assert result.met and result.held_out_drop <= 0.05 + 1e-12
+    # every fine-tuning stage trained on all of data: its passes hold nothing out
+    finetunes = [s for s in result.specs if s.name == "finetune"]
+    assert finetunes and all(s.config["holdout"] == 0.0 for s in finetunes)
+
+
+def test_a_validated_recipe_rebuilds_the_model_from_the_calibration_data_alone(validated_run, tmp_path):
+    data, _, result = validated_run
+    a = tmp_path / "budget.onnx"
+    save_onnx(result.model, a)
+    specs = load_recipe(result.write_recipe(tmp_path / "chosen.toml"))
+    model, _ = run_pipeline(load_onnx(fixture_path("digits_mlp.onnx")), specs, PassContext(data=data, seed=4))
+    b = tmp_path / "replay.onnx"
+    save_onnx(model, b)
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_bad_validation_data_is_an_input_error():
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    data = _subset(40, seed=13)
+    unlabelled = {"input": data["input"]}
+    with pytest.raises(InputError, match="labels"):
+        B.compress_to_budget(model, data, val_data=unlabelled, max_drop=0.01)
+    with pytest.raises(InputError, match="per sample"):
+        B.compress_to_budget(model, data, val_data={**data, "input": data["input"][:, :32]}, max_drop=0.01)
+    with pytest.raises(InputError, match="without calibration data"):
+        B.compress_to_budget(model, None, val_data=data, max_drop=0.01)
