@@ -173,6 +173,7 @@ def run_one(name: str, seed: int, args) -> dict:
         "drop": round(base_acc - acc, 4),
         "agreement": float(np.mean(got.argmax(1) == ref.argmax(1))),
         "search_held_out_drop": result.held_out_drop,
+        "search_drop_se": result.held_out_drop_se,
         "search_met": result.met,
         "split": result.split,
         "layers": {r["name"]: (r["sparsity"], r["bits"]) for r in result.layers},

@@ -59,7 +59,9 @@ Rules
    original's metric minus the result's, what "within half a point" means) is within
    ``max_drop``. The fraction of held-out samples the original gets right and the result gets
    wrong is reported (``held_out_lost``), not gated: a sample lost and another gained are a
-   net drop of zero, not a loss counted once in the drop and again on its own. The
+   net drop of zero, not a loss counted once in the drop and again on its own. The drop's
+   standard error (``held_out_drop_se``, from the paired samples) is reported, and a note says
+   when it exceeds ``max_drop``: the gate's samples are then too few to tell. The
    first attempt is the smallest allocation whose uncompressed-to-compressed drop *before any
    fine-tuning* is at most ``max(10 * max_drop, 0.05)`` on the training samples. A failed
    gate backs off towards the original (larger ``lam``: the layers that cost most per byte get
@@ -195,6 +197,16 @@ class _Evaluator:
         ref = self.reference[idx]
         target = self.labels[idx] if self.labels is not None else ref.argmax(1)
         return float(np.mean((ref.argmax(1) == target) & (got.argmax(1) != target)))
+
+    def drop_se(self, got: np.ndarray, idx: np.ndarray) -> float | None:
+        """The standard error of the net drop of class scores (rule 7): from the samples the
+        two models disagree on (a paired difference: lost and gained), None for cosine."""
+        if not self.is_scores or len(idx) == 0:
+            return None
+        ref = self.reference[idx]
+        target = self.labels[idx] if self.labels is not None else ref.argmax(1)
+        d = (ref.argmax(1) == target).astype(np.float64) - (got.argmax(1) == target)
+        return float(np.sqrt(np.var(d) / len(idx)))
 
     def agreement(self, got: np.ndarray, idx: np.ndarray) -> float | None:
         if not self.is_scores:
@@ -613,6 +625,7 @@ class BudgetResult:
     final: float | None = None
     held_out_drop: float | None = None
     held_out_lost: float | None = None  # fraction the original gets right and the result wrong
+    held_out_drop_se: float | None = None  # the net drop's standard error (paired samples)
     agreement: float | None = None
     max_drop: float | None = None
     target_size: int | None = None
@@ -636,6 +649,7 @@ class BudgetResult:
             "final": self.final,
             "held_out_drop": self.held_out_drop,
             "held_out_lost": self.held_out_lost,
+            "held_out_drop_se": self.held_out_drop_se,
             "agreement": self.agreement,
             "max_drop": self.max_drop,
             "target_size": self.target_size,
@@ -1141,6 +1155,7 @@ def compress_to_budget(
             "final": final,
             "agreement": ev.agreement(got, held),
             "drop": drop,
+            "drop_se": ev.drop_se(got, held),
             "lost": lost,
             "sizes": sizes,
             "ok": ok_drop and ok_size,
@@ -1206,6 +1221,13 @@ def compress_to_budget(
         if split["validation"]
         else f"{split['train']} samples for fine-tuning, {split['held_out']} held out for the gate (seed {seed})"
     )
+    se = result.held_out_drop_se
+    if se is not None and max_drop is not None and se > max_drop:
+        result.notes.append(
+            f"the gate's {split['held_out']} samples cannot tell a drop of {max_drop}: the held-out drop "
+            f"{result.held_out_drop:+.4f} has a standard error of {se:.4f}; give more validation samples "
+            "(--val-data) for a gate that can"
+        )
     result.seconds = time.perf_counter() - t_start
     if not result.met:
         raise BudgetNotMet(
@@ -1305,6 +1327,7 @@ def _result(
         final=best["final"],
         held_out_drop=best["drop"],
         held_out_lost=best["lost"],
+        held_out_drop_se=best.get("drop_se"),
         agreement=best["agreement"],
         max_drop=max_drop,
         target_size=target,

@@ -348,6 +348,10 @@ def test_validation_data_is_the_gate_and_every_calibration_sample_is_trained_on(
     assert result.baseline == pytest.approx(float(np.mean(original.argmax(1) == val["labels"])))
     assert result.final == pytest.approx(float(np.mean(got.argmax(1) == val["labels"])))
     assert result.met and result.held_out_drop <= 0.05 + 1e-12
+    # the drop's standard error from the paired samples, and the note that 120 cannot tell 0.05
+    d = (original.argmax(1) == val["labels"]).astype(float) - (got.argmax(1) == val["labels"])
+    assert result.held_out_drop_se == pytest.approx(float(np.sqrt(np.var(d) / 120)))
+    assert (result.held_out_drop_se > 0.05) == any("cannot tell" in note for note in result.notes)
     # every fine-tuning stage trained on all of data: its passes hold nothing out
     finetunes = [s for s in result.specs if s.name == "finetune"]
     assert finetunes and all(s.config["holdout"] == 0.0 for s in finetunes)
