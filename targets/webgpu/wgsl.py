@@ -35,6 +35,13 @@ from mconv.targets.metal.kernels.conv import _bias_strides, conv_transpose_const
 from mconv.targets.metal.kernels.elementwise import _BINARY as _MSL_BINARY
 from mconv.targets.metal.kernels.elementwise import activation_of, broadcast_strides
 from mconv.targets.metal.kernels.reduction import merged_groups, reduce_axes
+from mconv.targets.metal.kernels.sampling import (
+    OUTSIDE,
+    GridAxis,
+    GridSamplePlan,
+    check_grid_sample,
+    grid_sample_plan,
+)
 
 WORKGROUP = 64
 MAX_WORKGROUPS = 65535  # WebGPU's guaranteed maxComputeWorkgroupsPerDimension
@@ -1089,3 +1096,82 @@ Y[((n * OC + oc) * OH + oh) * OW + ow] = T({activation_expr(act)});
 """
     grid = (cs["OW"], cs["OH"], n * oc)
     return KernelSource(kernel, module(ctx, kernel, names, grid, cs, _indent(body)), reads, grid)
+
+
+# -- GridSample: the Metal target's rules (targets/metal/kernels/sampling.py) -------------------
+
+
+def _grid_axis_wgsl(plan: GridSamplePlan, j: int, ax: GridAxis) -> list[str]:
+    """WGSL statements for spatial axis ``j``: its coordinate ``c{j}``, its taps' X offsets
+    ``o{j}`` (-1: reads nothing) and weights ``w{j}`` (the Metal kernel's ``_axis_msl``)."""
+    lo, hi, d = flit(ax.lo), flit(ax.hi), ax.size
+    lines = [f"var c{j}: f32 = {ax.coord(f'f32(G[g + {ax.component}])')};"]
+    if plan.mode == "nearest":
+        lines.append(f"c{j} = round(c{j});")  # half to even
+    if plan.padding == "border":
+        lines.append(f"if (c{j} < {lo} || c{j} > {hi}) {{ c{j} = min(max(c{j}, 0.0f), {flit(d - 1)}); }}")
+    elif plan.padding == "reflection" and ax.hi > ax.lo:
+        span = flit(ax.hi - ax.lo)
+        lines += [
+            f"if (c{j} < {lo} || c{j} > {hi}) {{",
+            f"    let dx{j} = select(c{j} - {hi}, {lo} - c{j}, c{j} < {lo});",
+            f"    let n{j} = floor(dx{j} / {span}); let r{j} = dx{j} - n{j} * {span};",
+            f"    c{j} = select({hi} - r{j}, {lo} + r{j}, (c{j} < {lo}) == (n{j} % 2.0f == 0.0f));",
+            "}",
+        ]
+    elif plan.padding == "zeros":
+        lines.append(f"c{j} = min(max(c{j}, {flit(-OUTSIDE)}), {flit(d + OUTSIDE)});")
+    taps = len(plan.offsets)
+    if plan.mode == "nearest":
+        lines.append(f"let b{j} = i32(c{j});")
+    else:
+        lines.append(f"let f{j} = floor(c{j}); let u{j} = c{j} - f{j};")
+        lines.append(f"let b{j} = i32(f{j}){plan.first};")
+        lines.append(f"var w{j} = array<f32, {taps}>({', '.join(plan.weights(f'u{j}'))});")
+    lines.append(f"var o{j}: array<i32, {taps}>;")
+    if plan.padding == "zeros":
+        fix = f"o{j}[i] = select(-1, k * {ax.stride}, k >= 0 && k < {d});"
+    elif plan.padding == "border":
+        fix = f"o{j}[i] = min(max(k, 0), {d - 1}) * {ax.stride};"
+    elif (period := ax.reflect_period()) is None:
+        fix = f"o{j}[i] = 0;"
+    else:
+        m, mirror = period
+        fix = f"k = ((k % {m}) + {m}) % {m}; o{j}[i] = select(k, {mirror} - k, k >= {d}) * {ax.stride};"
+    lines.append(f"for (var i: i32 = 0; i < {taps}; i++) {{ var k = b{j} + i; {fix} }}")
+    return lines
+
+
+@register("GridSample", check=check_grid_sample)
+def lower_grid_sample(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """One invocation per output element: each spatial axis's coordinate, taps and weights, then
+    the sum over the taps' product (the Metal target's sampling rules 1-4)."""
+    x, grid = inp(node, 0), inp(node, 1)
+    plan = grid_sample_plan(ctx, node)
+    assert not isinstance(plan, str)  # check_grid_sample admitted it
+    rank, taps = len(plan.axes), len(plan.offsets)
+    lines = [line for j, ax in enumerate(plan.axes) for line in _grid_axis_wgsl(plan, j, ax)]
+    loops = " ".join(f"for (var t{j}: i32 = 0; t{j} < {taps}; t{j}++) {{" for j in range(rank))
+    offset = " + ".join(f"o{j}[t{j}]" for j in range(rank))
+    weight = " * ".join(f"w{j}[t{j}]" for j in range(rank)) if plan.mode != "nearest" else "1.0f"
+    add = f"acc += {weight} * f32(X[xb + {offset}]);"
+    if plan.padding == "zeros":
+        add = f"if ({' && '.join(f'o{j}[t{j}] >= 0' for j in range(rank))}) {{ {add} }}"
+    body = (
+        f"""
+let i_out = gx % OUT; let nc = gx / OUT;
+let g = ((nc / C) * OUT + i_out) * {rank}; let xb = nc * IN;
+"""
+        + "\n".join(lines)
+        + f"""
+var acc: f32 = 0.0f;
+{loops}
+    {add}
+{"}" * rank}
+Y[gx] = T(acc);
+"""
+    )
+    grid_size = (plan.count, 1, 1)
+    constants = dict(OUT=plan.out_size, C=plan.channels, IN=plan.in_size)
+    src = module(ctx, kernel, ["X", "G"], grid_size, constants, _indent(body))
+    return KernelSource(kernel, src, [x, grid], grid_size)

@@ -297,5 +297,6 @@ from mconv.targets.metal.kernels import (  # noqa: E402,F401
     quantization,
     recurrent,
     reduction,
+    sampling,
     shape,
 )

@@ -131,3 +131,62 @@ def light_with_random_weights(name: str, seed: int = 0) -> ir.Model:
         return rng.standard_normal(shape) * np.sqrt(2.0 / int(np.prod(shape[1:])))
 
     return light_model(name, fill, seed)
+
+
+# -- GridSample cases, shared with tests/targets/webgpu/test_gridsample.py -------------------------
+
+GRID_PADDINGS = ("zeros", "border", "reflection")
+GRID_MODES = {
+    16: ("bilinear", "nearest", "bicubic"),
+    20: ("linear", "nearest", "cubic"),
+    22: ("linear", "nearest", "cubic"),
+}
+
+
+def grid_special_points(size: int, align: bool) -> np.ndarray:
+    """Normalized coordinates of every pixel centre and pixel edge of an axis of ``size``."""
+    if align:
+        centres = np.arange(size) * 2 / (size - 1) - 1
+        edges = (np.arange(size - 1) + 0.5) * 2 / (size - 1) - 1
+    else:
+        centres, edges = (np.arange(size) + 0.5) * 2 / size - 1, np.arange(size + 1) * 2 / size - 1
+    return np.concatenate([centres, edges])
+
+
+def gridsample_model(opset: int, align: bool, size: list[int], out: list[int], modes=None, batch: int = 2):
+    """X (batch, 3, *size) and a grid computed as Concat(gx, gy[, gz]) of (batch, *out, 1) inputs;
+    one GridSample per mode x padding_mode, each output named ``<mode>_<padding>``."""
+    rank = len(size)
+    planes = ["gx", "gy", "gz"][:rank]
+    nodes = [helper.make_node("Concat", planes, ["grid"], name="grid", axis=-1)]
+    outs = []
+    for mode in modes or GRID_MODES[opset]:
+        for padding in GRID_PADDINGS:
+            name = f"{mode}_{padding}"
+            attrs = dict(mode=mode, padding_mode=padding, align_corners=int(align))
+            nodes.append(helper.make_node("GridSample", ["x", "grid"], [name], name=f"gs_{name}", **attrs))
+            outs.append(name)
+    inputs = [("x", [batch, 3, *size]), *[(p, [batch, *out, 1]) for p in planes]]
+    return make_model(nodes, inputs, outs, {}, opset=opset, name="gridsample"), outs
+
+
+def gridsample_feeds(rng: np.random.Generator, align: bool, size: list[int], out: list[int], batch: int = 2):
+    """X standard normal; each grid plane mixes its axis's pixel centres and edges (exact in f32
+    for sizes 2^k, or 2^k + 1 with align_corners), points far outside [-1, 1] (reflection folds
+    them more than once), +-1 exactly, and uniform points in [-1.6, 1.6], shuffled."""
+    count = batch * int(np.prod(out))
+    feeds = {"x": rng.standard_normal((batch, 3, *size)).astype(np.float32)}
+    for plane, extent in zip(["gx", "gy", "gz"], reversed(size)):  # x addresses the last axis
+        far = np.array([-7.3, -3.1, -1.0, 1.0, 2.2, 5.6])
+        pts = np.concatenate([grid_special_points(extent, align), far, rng.uniform(-1.6, 1.6, count)])
+        feeds[plane] = rng.permutation(pts[:count]).reshape(batch, *out, 1).astype(np.float32)
+    return feeds
+
+
+def assert_f32_close(got: dict, ref: dict, tol: float = 1e-5) -> None:
+    """Same outputs, same shapes, max abs difference within ``tol``."""
+    assert set(got) == set(ref)
+    for name, want in ref.items():
+        assert got[name].shape == want.shape, name
+        err = float(np.abs(got[name].astype(np.float64) - want).max())
+        assert err <= tol, f"{name}: max abs {err}"
