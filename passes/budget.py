@@ -61,7 +61,8 @@ Rules
    wrong is reported (``held_out_lost``), not gated: a sample lost and another gained are a
    net drop of zero, not a loss counted once in the drop and again on its own. The drop's
    standard error (``held_out_drop_se``, from the paired samples) is reported, and a note says
-   when it exceeds ``max_drop``: the gate's samples are then too few to tell. The
+   when it or one sample's share of the drop exceeds ``max_drop``: the gate's samples are then
+   too few to tell. The
    first attempt is the smallest allocation whose uncompressed-to-compressed drop *before any
    fine-tuning* is at most ``max(10 * max_drop, 0.05)`` on the training samples. A failed
    gate backs off towards the original (larger ``lam``: the layers that cost most per byte get
@@ -1222,11 +1223,15 @@ def compress_to_budget(
         else f"{split['train']} samples for fine-tuning, {split['held_out']} held out for the gate (seed {seed})"
     )
     se = result.held_out_drop_se
-    if se is not None and max_drop is not None and se > max_drop:
+    step = 1.0 / max(split["held_out"], 1)  # one sample's share of the drop
+    if se is not None and max_drop is not None and max(se, step) > max_drop:
+        why = (
+            f"one sample moves the drop by {step:.4f}, and the held-out drop "
+            f"{result.held_out_drop:+.4f} has a standard error of {se:.4f}"
+        )
         result.notes.append(
-            f"the gate's {split['held_out']} samples cannot tell a drop of {max_drop}: the held-out drop "
-            f"{result.held_out_drop:+.4f} has a standard error of {se:.4f}; give more validation samples "
-            "(--val-data) for a gate that can"
+            f"the gate's {split['held_out']} samples cannot tell a drop of {max_drop}: {why}; give "
+            "more validation samples (--val-data) for a gate that can"
         )
     result.seconds = time.perf_counter() - t_start
     if not result.met:
@@ -1510,11 +1515,18 @@ def summary_text(result: BudgetResult) -> str:
         lines.append("WARNING: " + result.notes[0])
     else:
         sp = result.split
-        lines.append(
-            f"split: {sp['train']} samples for fine-tuning, {sp['held_out']} held out (seed {sp['seed']}); "
-            f"{result.metric} {result.baseline:.4f} -> {result.final:.4f} on the held-out samples "
-            f"(drop {result.held_out_drop:+.4f}, lost {result.held_out_lost:.4f}, max {result.max_drop})"
+        where = (
+            f"{sp['held_out']} validation samples (--val-data)"
+            if sp.get("validation")
+            else f"{sp['held_out']} held out (seed {sp['seed']})"
         )
+        se = "" if result.held_out_drop_se is None else f" +/- {result.held_out_drop_se:.4f}"
+        lines.append(
+            f"split: {sp['train']} samples for fine-tuning, {where}; "
+            f"{result.metric} {result.baseline:.4f} -> {result.final:.4f} on the held-out samples "
+            f"(drop {result.held_out_drop:+.4f}{se}, lost {result.held_out_lost:.4f}, max {result.max_drop})"
+        )
+        lines += [f"note: {n}" for n in result.notes if "cannot tell" in n]
     head = f"{'layer':<16}{'params':>9}{'sparsity':>9}{'bits':>5}{'predicted':>10}{'stored':>9}{'of f32':>8}"
     lines += [head, "-" * len(head)]
     for r in result.layers:

@@ -351,6 +351,8 @@ def test_validation_data_is_the_gate_and_every_calibration_sample_is_trained_on(
     # the drop's standard error from the paired samples, and the note that 120 cannot tell 0.05
     d = (original.argmax(1) == val["labels"]).astype(float) - (got.argmax(1) == val["labels"])
     assert result.held_out_drop_se == pytest.approx(float(np.sqrt(np.var(d) / 120)))
+    assert result.held_out_drop_se > 0  # the two disagree on some of the 120 digits
+    # 120 samples resolve 1/120 = 0.0083 per sample, finer than 0.05: a note only if se > 0.05
     assert (result.held_out_drop_se > 0.05) == any("cannot tell" in note for note in result.notes)
     # every fine-tuning stage trained on all of data: its passes hold nothing out
     finetunes = [s for s in result.specs if s.name == "finetune"]
@@ -378,3 +380,18 @@ def test_bad_validation_data_is_an_input_error():
         B.compress_to_budget(model, data, val_data={**data, "input": data["input"][:, :32]}, max_drop=0.01)
     with pytest.raises(InputError, match="without calibration data"):
         B.compress_to_budget(model, None, val_data=data, max_drop=0.01)
+
+
+def test_a_gate_too_small_to_tell_the_drop_says_so():
+    """50 held-out samples: one sample is 0.02 of the drop, more than the 0.01 asked for."""
+    data = _subset(200, seed=14)
+    try:
+        result = B.compress_to_budget(
+            load_onnx(fixture_path("digits_mlp.onnx")), data, max_drop=0.01, seed=0, **{**FAST, "attempts": 1}
+        )
+    except GateFailed as exc:  # met or not, the report says the gate cannot tell
+        result = exc.result
+    assert result.split["held_out"] == 50
+    notes = [n for n in result.notes if "cannot tell" in n]
+    assert len(notes) == 1 and "50 samples" in notes[0] and "0.0200" in notes[0]
+    assert "cannot tell" in B.summary_text(result)
