@@ -397,17 +397,10 @@ _INTEGERS = (
 )
 
 
-def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
-    """None when the node lowers (a kernel or a view); else "" (unknown op) or why not."""
-    if node.domain not in ("", "ai.onnx") or (node.op_type not in LOWER and node.op_type not in VIEWS):
-        return ""
-    if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1].uses():
-        return "mask output"
-    if node.op_type in VIEWS:
-        return None
-    data = [v for v in node.inputs[:1] if v is not None]
-    if any(_static_shape(v) is None for v in data):
-        return "input shape not static"
+def value_reason(node: ir.Node, target: str) -> str | None:
+    """Rule 3 for the values ``node`` reads (not constants) and writes: None when each is a float,
+    or an integer or bool held as a float in a kernel exact on them (:data:`INTEGER_OPS`); else
+    why not. Shared with the webgpu target, whose kernels of these ops are exact on them too."""
     for v in [*[v for v in node.inputs if v is not None and v.const_value is None], *node.outputs]:
         if (
             v is not None
@@ -417,11 +410,64 @@ def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
         ):
             kind = v.dtype.name.lower()
             if v.dtype not in _INTEGERS:
-                return f"{kind} values (the metal target computes floats)"
+                return f"{kind} values (the {target} target computes floats)"
             if node.op_type not in INTEGER_OPS:
                 return f"{kind} values ({node.op_type} on integers held as floats is not exact)"
-    check = CHECKS.get(node.op_type)
+    return None
+
+
+def unsupported_reason(
+    ctx: LowerContext, node: ir.Node, lower: Mapping, checks: Mapping, target: str
+) -> str | None:
+    """None when the node lowers (a kernel of ``lower`` or a view); else "" (unknown op) or why
+    not (rules 2 and 3; ``checks`` holds the op types' own conditions)."""
+    if node.domain not in ("", "ai.onnx") or (node.op_type not in lower and node.op_type not in VIEWS):
+        return ""
+    if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1].uses():
+        return "mask output"
+    if node.op_type in VIEWS:
+        return None
+    data = [v for v in node.inputs[:1] if v is not None]
+    if any(_static_shape(v) is None for v in data):
+        return "input shape not static"
+    reason = value_reason(node, target)
+    if reason is not None:
+        return reason
+    check = checks.get(node.op_type)
     return check(ctx, node) if check is not None else None
+
+
+def refuse_unsupported(
+    graph: ir.Graph, ctx: LowerContext, lower: Mapping, checks: Mapping, target: str
+) -> None:
+    """Rule 2: one UnsupportedError naming every node that does not lower, if any."""
+    unsupported: list[tuple[str, str]] = []
+    for node in graph:
+        reason = unsupported_reason(ctx, node, lower, checks, target)
+        if reason is not None:
+            label = node.op_type if reason == "" else f"{node.op_type}: {reason}"
+            unsupported.append((node.name or f"#{len(unsupported)}", label))
+    if unsupported:
+        raise UnsupportedError(
+            unsupported,
+            what="node",
+            hint=f"the {target} target lowers " + ", ".join(sorted({*lower, *VIEWS})),
+        )
+
+
+def check_integer_constant(value: ir.Value, storage: str) -> None:
+    """Rule 3: an integer weight beyond the integers ``storage`` holds exactly is refused in one
+    line naming the value and the largest magnitude it holds."""
+    if value.dtype not in _INTEGERS or value.const_value is None:
+        return
+    big = np.abs(value.const_value.numpy().astype(np.float64)).max(initial=0)
+    if big > exact_integer_limit(storage):
+        raise UnsupportedError(
+            [(show(value.name), f"integer constant holds {int(big)}")],
+            what="value",
+            hint=f"{storage} storage holds integers exactly up to {exact_integer_limit(storage)}"
+            + ("; export with --precision fp32" if storage == "half" else ""),
+        )
 
 
 def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
@@ -438,18 +484,7 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     graph = model.graph
     graph.sort()
 
-    unsupported: list[tuple[str, str]] = []
-    for node in graph:
-        reason = _unsupported_reason(ctx, node)
-        if reason is not None:
-            label = node.op_type if reason == "" else f"{node.op_type}: {reason}"
-            unsupported.append((node.name or f"#{len(unsupported)}", label))
-    if unsupported:
-        raise UnsupportedError(
-            unsupported,
-            what="node",
-            hint="the metal target lowers " + ", ".join(sorted({*LOWER, *VIEWS})),
-        )
+    refuse_unsupported(graph, ctx, LOWER, CHECKS, "metal")
 
     fused = _fusions(model, ctx)
     absorbed = {id(n) for _, nodes in fused.values() for n in nodes}
@@ -460,15 +495,8 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
         name = name_of(value)
         if name in by_value:
             return by_value[name]
-        if kind == "weight" and value.dtype in _INTEGERS and value.const_value is not None:
-            big = np.abs(value.const_value.numpy().astype(np.float64)).max(initial=0)
-            if big > exact_integer_limit(storage):
-                raise UnsupportedError(
-                    [(show(value.name), f"integer constant holds {int(big)}")],
-                    what="value",
-                    hint=f"{storage} storage holds integers exactly up to {exact_integer_limit(storage)}"
-                    + ("; export with --precision fp32" if storage == "half" else ""),
-                )
+        if kind == "weight":
+            check_integer_constant(value, storage)
         shape = _static_shape(value)
         if shape is None:
             raise InputError(

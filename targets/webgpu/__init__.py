@@ -22,7 +22,9 @@ Load rules:
 1. ``load(bundle)`` returns a :class:`~mconv.targets.webgpu.runner.WebGPURunner`: the weights
    decoded by the Python decoder of ``weights.mcw`` (:mod:`mconv.container`), the kernels
    compiled by the device, one command buffer per inference. Where no adapter exists it raises
-   a one-line InputError (exit 2) saying so.
+   a one-line InputError (exit 2) saying so. Integer and bool inputs are written to the float
+   buffers as their values; integer and bool outputs come back as the model's type (the bundle's
+   output dtypes), as the Metal target's runner gives them.
 2. ``load_model(model)`` exports to a temporary bundle and loads it.
 """
 
@@ -84,10 +86,12 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
             shape[0] = "batch"
         src = next((s for s in original_inputs if s.name == spec["name"]), None)
         inputs.append(TensorSpec(spec["name"], src.dtype if src else "float32", tuple(shape)))
+    # integer and bool outputs are held as floats by the kernels; the runner gives them back typed
+    out_dtypes = {s.name: s.dtype for s in (TensorSpec.from_value(v) for v in model.graph.outputs)}
     outputs = [
         TensorSpec(
             o["name"],
-            "float32",
+            out_dtypes.get(o["name"], "float32") if out_dtypes.get(o["name"]) != "float16" else "float32",
             tuple(["batch", *o["shape"][1:]] if any(symbolic.values()) and o["shape"] else o["shape"]),
         )
         for o in plan.outputs
@@ -155,7 +159,15 @@ def load(bundle: Bundle | str | os.PathLike) -> WebGPURunner:
     plan = read_plan(bundle)
     sources = kernel_sources(bundle, plan, label)
     weights = bundle.arrays([b.name for b in plan.weight_buffers()])
-    return WebGPURunner(plan, sources, weights, bundle.inputs, [o.name for o in bundle.outputs], label)
+    return WebGPURunner(
+        plan,
+        sources,
+        weights,
+        bundle.inputs,
+        [o.name for o in bundle.outputs],
+        label,
+        output_dtypes={o.name: o.dtype for o in bundle.outputs},
+    )
 
 
 def load_model(model: ir.Model, label: str = "model", options: Mapping | None = None) -> WebGPURunner:

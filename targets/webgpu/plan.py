@@ -9,10 +9,15 @@ Rules:
    ``metal_plan.json`` (``dtype`` is ``half`` or ``float``).
 2. Every node is a WGSL kernel (a rule of :data:`mconv.targets.webgpu.wgsl.LOWER`), a view
    (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Dropout: the output shares the input's
-   buffer) or unsupported; all unsupported nodes are named in one UnsupportedError. Values are
-   floats, except bool values between the comparisons, Not, And, Or, Xor, Cast and Where's
-   condition (:data:`~mconv.targets.webgpu.wgsl.LOGIC`), held as 0/1 in a float buffer; a bool
-   graph input or output is refused.
+   buffer) or unsupported; all unsupported nodes are named in one UnsupportedError
+   (:func:`mconv.targets.metal.plan.refuse_unsupported`, the Metal plan's rule). Kernels compute
+   floats: integer and bool values are held as floats (bool as 0/1) by the Metal plan's rule 3,
+   shared: exact for integers up to 2^24 in f32 storage and 2^11 in f16 storage; only the
+   kernels exact on them take them (data movement, comparisons, logic, Where, Cast,
+   QuantizeLinear/DequantizeLinear, Add/Sub/Mul/Min/Max: the Metal target's ``INTEGER_OPS``),
+   any other node reading or writing them is refused with the reason, and so is an integer
+   weight beyond the exact range (:func:`~mconv.targets.metal.plan.check_integer_constant`).
+   Integer and bool graph inputs and outputs are converted at the buffer boundary by the runner.
 3. A layer binds at most :data:`~mconv.targets.webgpu.wgsl.MAX_BINDINGS` storage buffers (the
    limit every WebGPU device has); Concat of more inputs is several kernels, each writing its
    slice of the output.
@@ -34,7 +39,6 @@ from mconv.errors import InputError, UnsupportedError
 from mconv.irio import real_inputs
 from mconv.targets.metal.kernels import LowerContext
 from mconv.targets.metal.plan import (
-    _FLOATS,
     VIEWS,
     Buffer,
     Layer,
@@ -43,9 +47,11 @@ from mconv.targets.metal.plan import (
     _opset,
     _safe,
     _static_shape,
+    check_integer_constant,
     prepare,
+    refuse_unsupported,
 )
-from mconv.targets.webgpu.wgsl import CHECKS, LOGIC, LOWER, MAX_BINDINGS
+from mconv.targets.webgpu.wgsl import CHECKS, LOWER, MAX_BINDINGS
 
 __all__ = ["MAX_BINDING_BYTES", "build_plan", "prepare", "split_large_weights", "supported_ops"]
 
@@ -119,42 +125,6 @@ def supported_ops() -> list[str]:
     return sorted({*LOWER, *VIEWS})
 
 
-def _unsupported_reason(ctx: LowerContext, node: ir.Node) -> str | None:
-    """None when the node lowers (a kernel or a view); else "" (unknown op) or why not."""
-    if node.domain not in ("", "ai.onnx") or (node.op_type not in LOWER and node.op_type not in VIEWS):
-        return ""
-    if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1].uses():
-        return "mask output"
-    if node.op_type in VIEWS:
-        return None
-    if any(_static_shape(v) is None for v in node.inputs[:1] if v is not None):
-        return "input shape not static"
-    for v in [*[v for v in node.inputs if v is not None and v.const_value is None], *node.outputs]:
-        if (
-            v is not None
-            and v.dtype is not None
-            and v.dtype not in _FLOATS
-            and (v.uses() or v.is_graph_output())
-            and not _bool_between_logic(node, v)
-        ):
-            return f"{v.dtype.name.lower()} values (the webgpu target computes floats)"
-    x = node.inputs[0]
-    if node.op_type in ("Conv", "MaxPool", "AveragePool") and (x is None or len(x.shape or []) not in (3, 4)):
-        return "only 1-D and 2-D windows"
-    check = CHECKS.get(node.op_type)
-    return check(ctx, node) if check is not None else None
-
-
-def _bool_between_logic(node: ir.Node, v: ir.Value) -> bool:
-    """Rule 2: a bool value read or written by a comparison, Not, And, Or, Xor, Cast or Where (as
-    its condition) is held as 0/1 in a float buffer; not as a graph input or output."""
-    if v.dtype != ir.DataType.BOOL or node.op_type not in LOGIC or v.is_graph_output():
-        return False
-    if v.producer() is None:  # a graph input
-        return False
-    return not (node.op_type == "Where" and any(x is v for x in node.inputs[1:]))
-
-
 def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     """Lower a prepared model to a plan whose ``sources`` are WGSL modules (rules 2, 3)."""
     options = dict(options or {})
@@ -166,16 +136,7 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     split_large_weights(model, 2 if storage == "half" else 4)
     graph = model.graph
     graph.sort()
-    unsupported: list[tuple[str, str]] = []
-    for node in graph:
-        reason = _unsupported_reason(ctx, node)
-        if reason is not None:
-            label = node.op_type if reason == "" else f"{node.op_type}: {reason}"
-            unsupported.append((node.name or f"#{len(unsupported)}", label))
-    if unsupported:
-        raise UnsupportedError(
-            unsupported, what="node", hint="the webgpu target lowers " + ", ".join(supported_ops())
-        )
+    refuse_unsupported(graph, ctx, LOWER, CHECKS, "webgpu")
 
     fused = _fusions(model, ctx)
     absorbed = {id(n) for _, nodes in fused.values() for n in nodes}
@@ -185,6 +146,8 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     def buffer_for(value: ir.Value, kind: str) -> int:
         if value.name in by_value:
             return by_value[value.name]
+        if kind == "weight":
+            check_integer_constant(value, ctx.storage)
         shape = _static_shape(value)
         if shape is None:
             raise InputError(

@@ -18,6 +18,11 @@ Rules:
    share a buffer), the output buffers are copied to mappable buffers in the same encoder,
    the buffer is submitted and the outputs read back as float32. Feeds whose batch is a
    multiple of the exported batch run as consecutive inferences, outputs concatenated.
+5. Integer and bool values are held as floats (the plan's rule 2): an integer or bool input is
+   written as its values (exact within the storage's exact range, which int8/uint8 codes are
+   in), and an output whose model type is an integer or bool comes back as that type
+   (``output_dtypes``): integers rounded and saturated to the type, bool as nonzero (the Metal
+   harness's :func:`~mconv.targets.metal.harness._typed`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import Any
 
 import numpy as np
 from mconv.errors import InputError, IntegrityError
+from mconv.targets.metal.harness import _typed
 from mconv.targets.metal.plan import MetalPlan
 from mconv.targets.webgpu.wgsl import dispatch_size, storage_header
 
@@ -133,6 +139,8 @@ class WebGPURunner:
     inputs: list  # mconv.bundle.TensorSpec
     outputs: list[str]
     label: str = "bundle"
+    # output name -> numpy dtype name: integer and bool outputs (held as floats) come back typed
+    output_dtypes: Mapping[str, str] = field(default_factory=dict)
     f16: bool = field(default=False, init=False)
     adapter_info: dict = field(default_factory=dict, init=False)
     last_latency_s: float = field(default=0.0, init=False)
@@ -272,7 +280,7 @@ class WebGPURunner:
                 parts[o["name"]].append(got[o["buffer"]].reshape(o["shape"]))
         self.last_latency_s = (time.perf_counter() - start) / samples
         results = {k: v[0] if samples == 1 else np.concatenate(v, axis=0) for k, v in parts.items()}
-        return {name: results[name] for name in self.outputs}
+        return {name: _typed(results[name], self.output_dtypes.get(name)) for name in self.outputs}
 
     def close(self) -> None:
         self._gpu = {}

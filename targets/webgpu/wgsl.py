@@ -33,7 +33,8 @@ from mconv.errors import InputError
 from mconv.targets.metal.kernels import Activation, LowerContext, flit
 from mconv.targets.metal.kernels.conv import _bias_strides, conv_transpose_constants, spatial_params
 from mconv.targets.metal.kernels.elementwise import _BINARY as _MSL_BINARY
-from mconv.targets.metal.kernels.elementwise import activation_of, broadcast_strides
+from mconv.targets.metal.kernels.elementwise import _cast_target, activation_of, broadcast_strides, cast_rule
+from mconv.targets.metal.kernels.quantization import CODE_RANGES, _code_type, _params
 from mconv.targets.metal.kernels.reduction import merged_groups, reduce_axes
 from mconv.targets.metal.kernels.sampling import (
     OUTSIDE,
@@ -249,7 +250,12 @@ def register(*ops: str, check: Callable | None = None) -> Callable[[Callable], C
 # -- convolution and fully connected ------------------------------------------------------
 
 
-@register("Conv")
+def _check_window(ctx: LowerContext, node: ir.Node) -> str | None:
+    xs = inp(node, 0).shape
+    return "only 1-D and 2-D windows" if xs is None or len(xs) not in (3, 4) else None
+
+
+@register("Conv", check=_check_window)
 def lower_conv(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x, w = inp(node, 0), inp(node, 1)
     b = node.inputs[2] if len(node.inputs) > 2 else None
@@ -377,7 +383,7 @@ Y[(gz * M + row) * N + col] = T({activation_expr(act)});
 # -- pooling ------------------------------------------------------------------------------
 
 
-@register("MaxPool", "AveragePool")
+@register("MaxPool", "AveragePool", check=_check_window)
 def lower_pool(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x, y = inp(node, 0), outp(node)
     if len(node.outputs) > 1 and node.outputs[1] is not None and node.outputs[1].uses():
@@ -487,7 +493,7 @@ Y[gx] = T({activation_expr(act)});
 
 
 # comparisons and logic: a bool value is held as T 0 or 1 (nonzero is true), as the Metal target
-# holds it; the planner accepts bool values only between these ops (:data:`LOGIC`)
+# holds it; integer and bool values follow the Metal plan's rule 3 (:func:`mconv.targets.metal.plan.value_reason`)
 _PREDICATES = {
     "Equal": "select(0.0f, 1.0f, a == b)",
     "Less": "select(0.0f, 1.0f, a < b)",
@@ -498,40 +504,92 @@ _PREDICATES = {
     "Or": "select(0.0f, 1.0f, a != 0.0f || b != 0.0f)",
     "Xor": "select(0.0f, 1.0f, (a != 0.0f) != (b != 0.0f))",
 }
-LOGIC = frozenset({*_PREDICATES, "Not", "Where", "Cast", "CastLike"})
-_CASTABLE = (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BOOL)
 
 
 def _cast_types(node: ir.Node) -> tuple[ir.DataType | None, ir.DataType | None]:
-    from mconv.targets.metal.kernels.elementwise import _cast_target
-
     return inp(node, 0).dtype, _cast_target(node)
 
 
 def _check_cast(ctx: LowerContext, node: ir.Node) -> str | None:
     src, dst = _cast_types(node)
-    if src not in _CASTABLE or dst not in _CASTABLE:
-        name = lambda t: t.name.lower() if t is not None else "?"  # noqa: E731
-        return f"{name(src)} to {name(dst)} (the webgpu target casts between floats and bool)"
+    if cast_rule(src, dst) is None:
+        name = lambda t: t.name.lower() if t is not None else "unknown"  # noqa: E731
+        return f"cast from {name(src)} to {name(dst)}"
     return None
+
+
+def cast_wgsl(src: ir.DataType | None, dst: ir.DataType | None) -> str:
+    """The WGSL expression of the Metal target's Cast rule (:func:`~mconv.targets.metal.kernels.
+    elementwise.cast_rule`) applied to the f32 ``a``: to bool nonzero is 1; to float16 rounds to
+    half (through WGSL's pack2x16float); float to an integer type rounds toward zero and
+    saturates; an integer to a narrower one wraps; the rest keeps the value."""
+    rule = cast_rule(src, dst)
+    assert rule is not None  # _check_cast admitted it
+    kind = rule[0]
+    if kind == "bool":
+        return "select(0.0f, 1.0f, a != 0.0f)"
+    if kind == "half":
+        return "unpack2x16float(pack2x16float(vec2<f32>(a, 0.0f))).x"
+    if kind == "keep":
+        return "a"
+    if kind == "truncate":
+        return f"min(max(trunc(a), {flit(rule[1])}), {flit(rule[2])})"
+    bits, signed = rule[1], rule[2]
+    span = flit(2**bits)
+    if signed:
+        return f"(a - {span} * floor((a + {flit(2 ** (bits - 1))}) / {span}))"
+    return f"(a - {span} * floor(a / {span}))"
 
 
 @register("Cast", "CastLike", check=_check_cast)
 def lower_cast(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    """Between floats and bool (0/1): to bool nonzero is 1, to float16 rounds to half (through
-    WGSL's pack2x16float), the rest keeps the value."""
-    src, dst = _cast_types(node)
+    """Cast by the Metal target's rule (:func:`cast_wgsl`); integers and bool are floats."""
     x = inp(node, 0)
-    if dst == ir.DataType.BOOL:
-        expr = "select(0.0f, 1.0f, a != 0.0f)"
-    elif dst == ir.DataType.FLOAT16 and src != ir.DataType.BOOL:
-        expr = "unpack2x16float(pack2x16float(vec2<f32>(a, 0.0f))).x"
-    else:
-        expr = "a"
+    expr = cast_wgsl(*_cast_types(node))
     count = int(np.prod(ctx.shape(x))) if ctx.shape(x) else 1
     body = f"let a = f32(X[gx]);\nY[gx] = T({expr});\n"
     grid = (count, 1, 1)
     return KernelSource(kernel, module(ctx, kernel, ["X"], grid, {}, _indent(body)), [x], grid)
+
+
+def _check_quantize(ctx: LowerContext, node: ir.Node) -> str | None:
+    got = _params(ctx, node)
+    return got if isinstance(got, str) else None
+
+
+@register("QuantizeLinear", "DequantizeLinear", check=_check_quantize)
+def lower_quantize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """The Metal target's quantization rules (``targets/metal/kernels/quantization.py``): codes
+    are floats; QuantizeLinear is ``clamp(round(x / scale) + zero_point, lo, hi)`` (WGSL's
+    ``round`` is half to even, before the zero point is added), DequantizeLinear
+    ``(q - zero_point) * scale``; per tensor (literals) or per axis (tables)."""
+    x = inp(node, 0)
+    xs = ctx.shape(x)
+    got = _params(ctx, node)
+    assert not isinstance(got, str)  # _check_quantize admitted it
+    scale, zp, axis = got
+    count = int(np.prod(xs)) if xs else 1
+    tables, pick = "", ""
+    if scale.size == 1:
+        s, z = flit(scale[0]), flit(zp[0])
+    else:
+        n, inner = scale.size, int(np.prod(xs[axis + 1 :]))
+        tables = "".join(
+            f"var<private> {t}: array<f32, {n}> = array<f32, {n}>({', '.join(flit(v) for v in vals)});\n"
+            for t, vals in (("S", scale), ("Z", zp))
+        )
+        pick = f"let c = (gx / {inner}) % {n};\n"
+        s, z = "S[c]", "Z[c]"
+    if node.op_type == "QuantizeLinear":
+        code = _code_type(node)
+        assert code is not None
+        lo, hi = CODE_RANGES[code]
+        expr = f"min(max(round(f32(X[gx]) / {s}) + {z}, {flit(lo)}), {flit(hi)})"
+    else:
+        expr = f"(f32(X[gx]) - {z}) * {s}"
+    body = f"{pick}Y[gx] = T({expr});\n"
+    grid = (count, 1, 1)
+    return KernelSource(kernel, module(ctx, kernel, ["X"], grid, {}, _indent(body), tables), [x], grid)
 
 
 @register(*_PREDICATES, check=_check_binary)

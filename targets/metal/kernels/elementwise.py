@@ -352,8 +352,10 @@ def _cast_target(node: ir.Node) -> ir.DataType | None:
         return None
 
 
-def cast_expr(src: ir.DataType | None, dst: ir.DataType | None) -> str | None:
-    """The float expression of Cast from ``src`` to ``dst`` applied to ``a``, or None (refused).
+def cast_rule(src: ir.DataType | None, dst: ir.DataType | None) -> tuple | None:
+    """Cast from ``src`` to ``dst`` on integer-valued floats as a rule (the webgpu target writes
+    the same rules in WGSL), or None (refused): ``("bool",)``, ``("half",)``, ``("keep",)``,
+    ``("truncate", lo, hi)`` or ``("wrap", bits, signed)``.
 
     ONNX's rules, on integer-valued floats: to bool, nonzero is 1; float to an integer type
     rounds toward zero (out of range is undefined in ONNX: saturated here); an integer to a
@@ -365,20 +367,39 @@ def cast_expr(src: ir.DataType | None, dst: ir.DataType | None) -> str | None:
     if src not in known or dst not in known:
         return None
     if dst == ir.DataType.BOOL:
-        return "(a != 0.0f ? 1.0f : 0.0f)"
+        return ("bool",)
     if dst == ir.DataType.FLOAT16:
-        return "a" if src in (ir.DataType.FLOAT16, ir.DataType.BOOL) else "float(half(a))"
+        return ("keep",) if src in (ir.DataType.FLOAT16, ir.DataType.BOOL) else ("half",)
     if dst in _FLOAT_TYPES:
-        return "a"
+        return ("keep",)
     bits, signed = _INT_TYPES[dst]
     lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
     if src in (*_FLOAT_TYPES, ir.DataType.FLOAT16):
-        return f"min(max((a < 0.0f ? ceil(a) : floor(a)), {flit(lo)}), {flit(hi)})"
+        return ("truncate", lo, hi)
     if src == ir.DataType.BOOL or bits >= 32:
-        return "a"  # 0/1, or a type wider than the integers a float holds exactly
+        return ("keep",)  # 0/1, or a type wider than the integers a float holds exactly
     sbits, ssigned = _INT_TYPES[src]
     if (sbits == bits and ssigned == signed) or (sbits < bits and (signed or not ssigned)):
-        return "a"  # every value of the source type is one of the target type
+        return ("keep",)  # every value of the source type is one of the target type
+    return ("wrap", bits, signed)
+
+
+def cast_expr(src: ir.DataType | None, dst: ir.DataType | None) -> str | None:
+    """The MSL expression of Cast from ``src`` to ``dst`` applied to ``a`` (:func:`cast_rule`),
+    or None (refused)."""
+    rule = cast_rule(src, dst)
+    if rule is None:
+        return None
+    kind = rule[0]
+    if kind == "bool":
+        return "(a != 0.0f ? 1.0f : 0.0f)"
+    if kind == "half":
+        return "float(half(a))"
+    if kind == "keep":
+        return "a"
+    if kind == "truncate":
+        return f"min(max((a < 0.0f ? ceil(a) : floor(a)), {flit(rule[1])}), {flit(rule[2])})"
+    bits, signed = rule[1], rule[2]
     span = flit(2**bits)
     if signed:
         return f"(a - {span} * floor((a + {flit(2 ** (bits - 1))}) / {span}))"

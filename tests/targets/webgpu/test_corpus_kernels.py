@@ -3,8 +3,9 @@ each against the reference executor on a real WebGPU device (lavapipe in CI).
 
 - comparisons, Not/And/Or/Xor and Where: a TFLite model with dynamic-range quantized
   convolutions (fer-emotion) imports as Equal(range, 0) + Where(., 1, scale) per layer; bool
-  values are held as 0/1 in float buffers, and only between these ops.
-- Cast between floats and bool (a mask as Cast(Greater(x, 0)), float16 rounding and back).
+  values are held as 0/1 in float buffers (the Metal plan's rule for integers and bool).
+- Cast between floats and bool (a mask as Cast(Greater(x, 0)), float16 rounding and back); casts
+  to integer types and bool graph outputs: test_quantized.py.
 - DepthToSpace (DCR and CRD), SpaceToDepth, Tile: MediaPipe's face and pose detectors upsample
   with DepthToSpace.
 """
@@ -70,7 +71,8 @@ def test_comparisons_logic_and_where_match_the_reference(tmp_path):
     _check(logic_zoo(), tmp_path, _feeds(4), precision="fp16", min_cos=0.999)
 
 
-def test_a_bool_graph_output_is_refused_by_name(tmp_path):
+@needs_adapter
+def test_a_bool_graph_output_comes_back_as_bool(tmp_path):
     graph = helper.make_graph(
         [helper.make_node("Greater", ["x", "x0"], ["gt"], name="cmp")],
         "boolout",
@@ -81,9 +83,12 @@ def test_a_bool_graph_output_is_refused_by_name(tmp_path):
     from mconv.irio import from_proto
 
     model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    with pytest.raises(UnsupportedError) as exc:
-        get_target("webgpu").export(model, tmp_path / "b", {})
-    assert "cmp" in str(exc.value) and "bool" in str(exc.value)
+    target = get_target("webgpu")
+    got = target.load(target.export(model, tmp_path / "b", {})).run(
+        {"x": np.array([[-1, 0, 2, 0.5]], np.float32)}
+    )
+    assert got["gt"].dtype == np.bool_
+    np.testing.assert_array_equal(got["gt"], [[False, False, True, True]])
 
 
 def shape_zoo(seed: int) -> object:
@@ -158,10 +163,10 @@ def test_casts_between_floats_and_bool_match_the_reference(tmp_path):
     np.testing.assert_array_equal(got["same"], ref["same"])
 
 
-def test_a_cast_to_an_integer_type_is_refused_by_name(tmp_path):
+def test_a_cast_to_a_type_the_kernels_do_not_hold_is_refused_by_name(tmp_path):
     model = make_model(
         [
-            helper.make_node("Cast", ["x"], ["i"], name="to_int", to=TensorProto.INT32),
+            helper.make_node("Cast", ["x"], ["i"], name="to_fp8", to=TensorProto.FLOAT8E4M3FN),
             helper.make_node("Cast", ["i"], ["y"], name="back", to=TensorProto.FLOAT),
         ],
         [("x", [1, 4])],
@@ -170,4 +175,4 @@ def test_a_cast_to_an_integer_type_is_refused_by_name(tmp_path):
     )
     with pytest.raises(UnsupportedError) as exc:
         get_target("webgpu").export(model, tmp_path / "b", {})
-    assert "to_int" in str(exc.value)
+    assert "to_fp8" in str(exc.value) and "float8e4m3fn" in str(exc.value)
