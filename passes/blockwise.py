@@ -39,8 +39,12 @@ Rules:
    scales + zero points at ``bits`` bits), MSE and SNR (dB) against the original weights, and
    for GPTQ the output SNR on the recorded activations.
 5. The model's default-domain opset becomes 21 (``DequantizeLinear`` takes ``block_size`` from
-   21). Only a model whose every default-domain op has the same definition at its current opset
-   and at 21 is raised; otherwise the pass refuses in one line (the ops are named).
+   21). Only a model whose every default-domain op means the same at its current opset and at
+   21 is raised: the definition is the same, or every later version only widens the type
+   constraints (Reshape, Transpose, Equal: new element types) with the same inputs, outputs
+   and attributes, or adds one of :data:`_NEUTRAL_ATTRS`, attributes whose defaults keep the
+   old meaning (Cast's ``saturate`` concerns float8 types, which no earlier opset has).
+   Otherwise the pass refuses in one line (the ops are named).
 """
 
 from __future__ import annotations
@@ -345,8 +349,58 @@ def quantize(
 # --- the graph rewrite ----------------------------------------------------------------------
 
 
+# Attributes added after opset 18 whose defaults give an older node's meaning (rule 5).
+_NEUTRAL_ATTRS = {
+    ("Cast", "saturate"),
+    ("CastLike", "saturate"),
+    ("QuantizeLinear", "saturate"),
+    ("QuantizeLinear", "block_size"),
+    ("QuantizeLinear", "output_dtype"),
+    ("DequantizeLinear", "block_size"),
+}
+
+
+def _schema_terms(schema) -> tuple[dict, list, list, dict]:
+    attrs = {
+        a.name: (a.type, a.default_value.SerializeToString() if a.default_value else b"")
+        for a in schema.attributes.values()
+    }
+    inputs = [(i.name, i.option) for i in schema.inputs]
+    outputs = [(o.name, o.option) for o in schema.outputs]
+    types = {t.type_param_str: set(t.allowed_type_strs) for t in schema.type_constraints}
+    return attrs, inputs, outputs, types
+
+
+def _same_meaning(op: str, current: int, target: int) -> bool:
+    """Rule 5: every version of ``op`` after ``current`` up to ``target`` keeps the inputs,
+    outputs and attributes (or adds a neutral one) and only widens the type constraints."""
+    import onnx.defs
+
+    prev = onnx.defs.get_schema(op, current, "")
+    later = []
+    version = target
+    while True:
+        schema = onnx.defs.get_schema(op, version, "")
+        if schema.since_version <= prev.since_version:
+            break
+        later.append(schema)
+        version = schema.since_version - 1
+    for schema in reversed(later):
+        a0, i0, o0, t0 = _schema_terms(prev)
+        a1, i1, o1, t1 = _schema_terms(schema)
+        added = set(a1) - set(a0)
+        if i0 != i1 or o0 != o1 or set(a0) - set(a1) or any((op, n) not in _NEUTRAL_ATTRS for n in added):
+            return False
+        if any(a0[n] != a1[n] for n in a0):
+            return False
+        if any(k not in t1 or not v <= t1[k] for k, v in t0.items()):
+            return False
+        prev = schema
+    return True
+
+
 def _opset_check(model: ir.Model) -> None:
-    """Rule 5: raise the default opset to 21 when no op's definition changes on the way."""
+    """Rule 5: raise the default opset to 21 when no op's meaning changes on the way."""
     import onnx.defs
 
     current = model.opset_imports.get("", model.graph.opset_imports.get("", 1))
@@ -362,7 +416,7 @@ def _opset_check(model: ir.Model) -> None:
         except onnx.defs.SchemaError:
             changed.add(node.op_type)
             continue
-        if a != b:
+        if a != b and not _same_meaning(node.op_type, current, BLOCK_OPSET):
             changed.add(node.op_type)
     if changed:
         raise InputError(

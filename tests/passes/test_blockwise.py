@@ -146,3 +146,49 @@ def test_bad_options_are_input_errors():
                 P.parse_spec(spec),
                 P.PassContext(),
             )
+
+
+def test_an_opset_18_graph_whose_later_ops_only_widen_types_is_raised_to_21():
+    """What torch's dynamo exporter writes for a transformer (opset 18): Reshape, Transpose and
+    Equal change at 19/21 only by new element types, Cast by ``saturate`` (float8 only): the pass
+    raises the opset and the model means the same (checker, ORT against the reference)."""
+    from mconv.passes.blockwise import _same_meaning
+
+    assert _same_meaning("Reshape", 18, 21) and _same_meaning("Transpose", 18, 21)
+    assert _same_meaning("Equal", 18, 21) and _same_meaning("Cast", 18, 21)
+    assert not _same_meaning("ReduceMean", 13, 21)  # axes moved from an attribute to an input
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["y"]),
+        helper.make_node("Reshape", ["y", "shape"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("Cast", ["t"], ["ti"], to=TensorProto.INT32),
+        helper.make_node("Equal", ["ti", "zero"], ["eq"]),
+        helper.make_node("Where", ["eq", "t", "t2"], ["z"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4, 8, 4])],
+        [
+            onnx.numpy_helper.from_array(w, "W"),
+            onnx.numpy_helper.from_array(np.array([4, 4, 8], np.int64), "shape"),
+            onnx.numpy_helper.from_array(np.array(0, np.int32), "zero"),
+            onnx.numpy_helper.from_array(np.full((4, 8, 4), 7.0, np.float32), "t2"),
+        ],
+    )
+    model = ir.serde.deserialize_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    model, _ = P.run_pipeline(model, P.parse_spec("blockwise(bits=4, block=32)"), P.PassContext())
+    assert model.opset_imports[""] == 21
+    assert any(n.op_type == "DequantizeLinear" for n in model.graph)
+    proto = ir.serde.serialize_model(model)
+    onnx.checker.check_model(proto, full_check=True)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    y_ort = ort.InferenceSession(proto.SerializeToString(), so).run(None, {"x": x})[0]
+    y_ref = Executor(model).run({"x": x})["z"]
+    np.testing.assert_allclose(y_ref, y_ort, rtol=1e-4, atol=1e-4)
+    assert (y_ref == 7.0).any() and (y_ref != 7.0).any()  # both branches of the Where taken
