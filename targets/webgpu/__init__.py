@@ -56,6 +56,12 @@ PLAN = "webgpu_plan.json"
 KERNELS = "kernels"
 
 
+def _held_type(dtype: str | None) -> str:
+    """An output's bundle dtype: the model's integer or bool type (given back typed by the
+    runner), float32 for every float (the kernels' float16 storage is read back as float32)."""
+    return "float32" if dtype in (None, "float16") else dtype
+
+
 def kernel_path(kernel: str) -> str:
     return f"{KERNELS}/{kernel}.wgsl"
 
@@ -91,7 +97,7 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     outputs = [
         TensorSpec(
             o["name"],
-            out_dtypes.get(o["name"], "float32") if out_dtypes.get(o["name"]) != "float16" else "float32",
+            _held_type(out_dtypes.get(o["name"])),
             tuple(["batch", *o["shape"][1:]] if any(symbolic.values()) and o["shape"] else o["shape"]),
         )
         for o in plan.outputs

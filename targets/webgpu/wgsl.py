@@ -33,7 +33,13 @@ from mconv.errors import InputError
 from mconv.targets.metal.kernels import Activation, LowerContext, flit
 from mconv.targets.metal.kernels.conv import _bias_strides, conv_transpose_constants, spatial_params
 from mconv.targets.metal.kernels.elementwise import _BINARY as _MSL_BINARY
-from mconv.targets.metal.kernels.elementwise import _cast_target, activation_of, broadcast_strides, cast_rule
+from mconv.targets.metal.kernels.elementwise import (
+    _cast_target,
+    activation_of,
+    broadcast_strides,
+    cast_rule,
+    wrap_expr,
+)
 from mconv.targets.metal.kernels.quantization import CODE_RANGES, _code_type, _params
 from mconv.targets.metal.kernels.reduction import merged_groups, reduce_axes
 from mconv.targets.metal.kernels.sampling import (
@@ -534,11 +540,7 @@ def cast_wgsl(src: ir.DataType | None, dst: ir.DataType | None) -> str:
         return "a"
     if kind == "truncate":
         return f"min(max(trunc(a), {flit(rule[1])}), {flit(rule[2])})"
-    bits, signed = rule[1], rule[2]
-    span = flit(2**bits)
-    if signed:
-        return f"(a - {span} * floor((a + {flit(2 ** (bits - 1))}) / {span}))"
-    return f"(a - {span} * floor(a / {span}))"
+    return wrap_expr(rule[1], rule[2])
 
 
 @register("Cast", "CastLike", check=_check_cast)

@@ -399,7 +399,12 @@ def cast_expr(src: ir.DataType | None, dst: ir.DataType | None) -> str | None:
         return "a"
     if kind == "truncate":
         return f"min(max((a < 0.0f ? ceil(a) : floor(a)), {flit(rule[1])}), {flit(rule[2])})"
-    bits, signed = rule[1], rule[2]
+    return wrap_expr(rule[1], rule[2])
+
+
+def wrap_expr(bits: int, signed: bool) -> str:
+    """``a`` (an integer held as a float) wrapped to a ``bits``-bit integer type, two's
+    complement when ``signed``; MSL and WGSL spell it alike, so both targets take it here."""
     span = flit(2**bits)
     if signed:
         return f"(a - {span} * floor((a + {flit(2 ** (bits - 1))}) / {span}))"
