@@ -542,9 +542,8 @@ def _stream_shard(
             _pread(ifd, buf, t.offset + r0 * row, t.path)
             return buf
 
+        pending: list[tuple[_Job, list]] = []
         for job in jobs:
-            if tick:
-                tick(job.src.name)
             t = job.src
             if job.info["scheme"] == "copy":
                 done = 0
@@ -555,7 +554,6 @@ def _stream_shard(
                     os.pwrite(ofd, _mv(buf), base + job.outputs[0].offset + done)
                     done += n
                 continue
-            st = _Stats()
             if scheme.kind == "blockwise":
                 qw, sc = job.outputs[0], job.outputs[1]
                 zp = job.outputs[2] if len(job.outputs) > 2 else None
@@ -587,10 +585,18 @@ def _stream_shard(
                 futures = [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes)]
             else:
                 futures = _cluster_tensor(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
+            # not waited for here: the next tensor's chunks queue behind these, so the pool's
+            # threads never idle at a tensor's end (the report is summed below, in order)
+            pending.append((job, futures))
+        for job, futures in pending:
+            if tick:
+                tick(job.src.name)
+            st = _Stats()
             for f in futures:
                 sig, noise = f.result()
                 st.signal += sig
                 st.noise += noise
+            t = job.src
             n = job.rows * job.cols
             bpw = sum(o.nbytes for o in job.outputs) * 8 / n
             stats.append(

@@ -10,6 +10,9 @@ without importing the target.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from typing import Any
 
 from mconv.errors import InputError
@@ -41,7 +44,24 @@ def options_class(name: str) -> type:
     such as ONNX Runtime or jax is not imported for it)."""
     if name not in _TARGETS:
         raise InputError(f"unknown target '{name}'", hint=f"choose one of: {', '.join(_TARGETS)}")
-    return importlib.import_module(f"{_TARGETS[name]}.options").Options
+    module = f"{_TARGETS[name]}.options"
+    if module not in sys.modules:
+        # the options file alone, without its package's __init__, which imports the target's
+        # runtime (ONNX Runtime, onnx, the executor): every command builds its flags from these,
+        # and a command that never exports should not pay 2 s of imports for them
+        package = importlib.util.find_spec(_TARGETS[name])
+        assert package is not None and package.submodule_search_locations
+        path = os.path.join(list(package.submodule_search_locations)[0], "options.py")
+        spec = importlib.util.spec_from_file_location(module, path)
+        assert spec is not None and spec.loader is not None
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[module] = loaded
+        try:
+            spec.loader.exec_module(loaded)
+        except BaseException:
+            del sys.modules[module]
+            raise
+    return sys.modules[module].Options
 
 
 def check_export_options(name: str, options: dict, *, path: str | None = None) -> dict:

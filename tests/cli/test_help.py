@@ -73,3 +73,28 @@ def test_optimize_help_lists_the_registered_passes_and_recipes():
 def test_usage_lines_name_arguments_plainly():
     assert "Usage: mconv import [OPTIONS] FILE..." in _help("import")
     assert "Usage: mconv verify [OPTIONS] REF CANDIDATE" in _help("verify")
+
+
+def test_the_command_line_starts_without_any_target_runtime():
+    """Building the commands reads every target's export flags from its ``options.py`` alone:
+    no target package, ONNX Runtime, onnx, the executor or scipy is imported for it (they cost
+    about 2 s of a streamed ``optimize``'s start-up before), and the options class the flags
+    came from is the one the target package uses once it is imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, mconv.cli.app\n"
+        "heavy = [m for m in ('onnxruntime', 'onnx', 'onnx_ir', 'scipy', 'mconv.targets.cpu',"
+        " 'mconv.targets.reference', 'mconv.targets.metal', 'mconv.targets.webgpu') if m in sys.modules]\n"
+        "print(heavy)\n"
+        "from mconv.targets import options_class\n"
+        "before = {n: options_class(n) for n in ('cpu', 'xla', 'metal', 'webgpu', 'weights', 'reference')}\n"
+        "import mconv.targets.cpu, mconv.targets.xla, mconv.targets.weights, mconv.targets.reference\n"
+        "from mconv.targets.cpu.options import Options as C\n"
+        "print(before['cpu'] is C, before['xla'] is mconv.targets.xla.Options,"
+        " before['weights'] is mconv.targets.weights.Options,"
+        " before['reference'] is mconv.targets.reference.Options)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[]", "True True True True"]
