@@ -35,7 +35,9 @@ def codec_label(record: Mapping) -> str:
     parts = [record.get("codec", "raw")]
     if parts[0] == "sparse":
         parts.append(record.get("values", "raw"))
-    if record.get("groups", 1) not in (None, 1):
+    if record.get("block"):  # per-block palettes: the block length, not the count of blocks
+        parts.append(f"b{record['block']}")
+    elif record.get("groups", 1) not in (None, 1):
         parts.append(f"g{record['groups']}")
     if record.get("huffman"):
         parts.append("huffman")

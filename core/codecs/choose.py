@@ -15,7 +15,9 @@ Rules:
    smallest, lossless by construction. Candidates, in this order (ties go to the one listed
    first, the simpler): ``raw``; ``fp16`` when every value is fp16-exact (floats wider than 16
    bits); a dense ``palette`` when the distinct values (zero included) fit a palette; a grouped
-   palette when the cluster pass used ``groups`` output-channel groups along axis 0; ``sparse``
+   palette when the cluster pass used ``groups`` output-channel groups along axis 0; a
+   per-block palette (:mod:`mconv.codecs.palette` rule 7) when it used ``block`` values per
+   codebook and every block's values fit a palette; ``sparse``
    with raw, fp16 (when exact) or palette values for the recorded ``index_bits``, else each of
    2..8; every palette and sparse candidate packed, then with canonical Huffman, then with rANS. A
    palette's width is the recorded ``bits`` when its values fit them, else the fewest bits that
@@ -24,14 +26,16 @@ Rules:
    and float (up to 8 bytes), and empty ones, are ``raw``.
 3. Hints are the facts the prune and cluster passes recorded per tensor in the model's
    ``metadata_props[COMPRESSION_KEY]`` (:mod:`mconv.passes._weights`): ``bits``,
-   ``index_bits``, ``groups``, ``axis``. They only narrow widths and add the grouped palette;
-   a hint of the wrong type or out of range (a damaged or hostile file) is ignored, which still
-   gives a lossless choice.
+   ``index_bits``, ``groups``, ``axis``, ``block``. They only narrow widths and add the grouped
+   and per-block palettes; a hint of the wrong type or out of range (a damaged or hostile file)
+   is ignored, which still gives a lossless choice.
 4. The tensor is analysed once: nonzero positions and value histograms are shared by every
    candidate. Before that, two linear checks skip the analysis (the sort) when no coded
    candidate could be smaller than raw or fp16: the nonzero values alone are at least that
    large, and a prefix of the tensor already holds more than 257 distinct bit patterns (more
-   than any palette, sparse or dense, can hold). Skipping never changes the result.
+   than any palette, sparse or dense, can hold). Skipping never changes the result. A
+   ``groups`` or ``block`` hint always analyses (a per-group or per-block palette can hold a
+   tensor with far more distinct values than 257).
 5. Sparse candidates are sized from one histogram of the gaps (gaps below 256 counted, the
    few larger ones kept), so the 7 index widths x value codecs x Huffman candidates cost a
    few thousand operations each, not a pass over every nonzero (a 37.7M-weight fc6 tensor:
@@ -59,8 +63,11 @@ from mconv.codecs import rans
 from mconv.codecs.bitstream import packed_nbytes
 from mconv.codecs.huffman import HEADER_BYTES, encoded_nbytes
 from mconv.codecs.palette import (
+    BlockPalettes,
     bit_view,
     bits_for,
+    block_palettes,
+    check_block,
     codebook_storage,
     group_sizes,
     palette_indices,
@@ -171,6 +178,15 @@ class TensorStats:
             self._hist[key] = (fillers, counts)
         return self._hist[key]
 
+    def block_palettes(self, block: int) -> BlockPalettes:
+        """Rule 7 of :mod:`mconv.codecs.palette`: every block's codebook and the index counts
+        (no indices), for blocks of ``block`` values; ``overflow`` when a block holds more than
+        256 values."""
+        key = ("block", block)
+        if key not in self._hist:
+            self._hist[key] = block_palettes(self.array, block, 256, want_indices=False)
+        return self._hist[key]
+
     def nonzero_histogram(self) -> tuple[np.ndarray, np.ndarray]:
         if "nonzero" not in self._hist:
             self._hist["nonzero"] = value_histogram(self.nonzero_values)
@@ -236,6 +252,22 @@ def _explicit_counts(values: np.ndarray, counts: np.ndarray, codebook) -> tuple[
     )
 
 
+def _block_palette_bytes(stats: TensorStats, spec: dict, huffman: str) -> int:
+    """A per-block palette (palette rule 7): one codebook per block, each as long as the
+    largest, and the index stream over every block's index counts."""
+    block = min(check_block(spec["block"]), stats.count)
+    if int(spec.get("groups", 1)) > 1 or spec.get("codebook") is not None:
+        raise InputError("block cannot be combined with groups or a codebook")
+    found = stats.block_palettes(block)
+    bits = spec.get("bits")
+    if found.overflow is not None or (bits is not None and found.size > 1 << int(bits)):
+        raise InputError(f"a block's {found.size} distinct values do not fit a palette of bits={bits}")
+    assert found.table is not None and found.counts is not None
+    bits = bits_for(found.size) if bits is None else int(bits)
+    store = codebook_storage(found.table.ravel(), spec.get("codebook_dtype"))
+    return found.table.size * store.itemsize + _index_stream_bytes(found.counts, bits, huffman)
+
+
 def predict(stats: TensorStats, spec: dict) -> int:
     """Blob bytes of ``spec`` for the analysed tensor (rule 1)."""
     codec = spec.get("codec", "raw")
@@ -246,6 +278,8 @@ def predict(stats: TensorStats, spec: dict) -> int:
     if codec == "fp16":
         return stats.count * 2
     if codec == "palette":
+        if spec.get("block") is not None and stats.count:
+            return _block_palette_bytes(stats, spec, huffman)
         groups = int(spec.get("groups", 1))
         if groups > 1:
             flat = np.ascontiguousarray(stats.array).ravel()
@@ -363,12 +397,13 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
     index_bits = _hint_int(hints, "index_bits", 1, 8)
     groups = _hint_int(hints, "groups", 1, 1 << 62) or 1
     grouped = groups > 1 and hints.get("axis", 0) == 0 and array.ndim >= 1 and array.shape[0] >= groups
+    block = _hint_int(hints, "block", 1, 1 << 62)
     flat = np.ascontiguousarray(array).ravel()
     fp16 = array.dtype.kind == "f" and itemsize > 2 and fp16_exact(flat)
     if fp16:
         out.append(({"codec": "fp16"}, count * 2))
 
-    if not (grouped or _coded_may_win(flat, fp16, min(size for _, size in out))):
+    if not (grouped or block or _coded_may_win(flat, fp16, min(size for _, size in out))):
         return out  # rule 4
 
     stats = TensorStats.of(array, fp16 if array.dtype.kind == "f" and itemsize > 2 else None)
@@ -381,6 +416,11 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
         b = _width(max(value_histogram(p)[0].size for p in parts), bits)
         if b is not None:
             coded.append({"codec": "palette", "bits": b, "groups": groups})
+    if block:
+        found = stats.block_palettes(min(block, count))
+        b = _width(found.size, bits) if found.overflow is None else None
+        if b is not None:
+            coded.append({"codec": "palette", "bits": b, "block": block})
     nonzero_distinct = stats.nonzero_histogram()[0].size
     for ib in [index_bits] if index_bits is not None else range(2, 9):
         sparse = {"codec": "sparse", "index_bits": ib}
@@ -404,6 +444,7 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
 _RECORD_EXTRA = {"palette": 19, "sparse": 20}
 _PALETTE_VALUES_EXTRA = 11  # a sparse record's palette fields
 _RANS_EXTRA = 2  # its "rans": true
+_BLOCK_EXTRA = 11  # a per-block palette's "block" (a literal word) and its longer "groups"
 
 
 def record_extra(spec: Mapping) -> int:
@@ -413,6 +454,8 @@ def record_extra(spec: Mapping) -> int:
         extra += _PALETTE_VALUES_EXTRA
     if spec.get("rans"):
         extra += _RANS_EXTRA
+    if spec.get("codec") == "palette" and spec.get("block") is not None:
+        extra += _BLOCK_EXTRA
     return extra
 
 

@@ -243,22 +243,38 @@ static int read_symbols(reader *r, uint64_t count, int bits, int huffman, int ra
 }
 
 static int decode_palette(reader *r, const mcw_record *rec, float *out) {
-    uint64_t G = rec->groups ? rec->groups : 1, K = rec->codebook_size, i, g, base, extra, inner, at = 0;
+    uint64_t G, K = rec->codebook_size, i, g, base = 0, extra = 0, inner = 0, at = 0, csize;
     float *book;
     unsigned char *idx;
     int rc;
     if (rec->bits < 1 || rec->bits > 8) return fail(r, "palette bits %d out of range", rec->bits);
     if (K > (1u << rec->bits) || (K == 0 && rec->count)) return fail(r, "palette codebook size %llu", (unsigned long long)K);
-    if (G > (rec->rows ? rec->rows : 1)) return fail(r, "palette groups exceed rows");
+    if (rec->block) { /* one codebook per block of `block` values (palette.py rule 7) */
+        if (rec->block > (rec->count ? rec->count : 1))
+            return fail(r, "palette block %llu out of range 1 .. %llu", (unsigned long long)rec->block,
+                        (unsigned long long)(rec->count ? rec->count : 1));
+        G = rec->count / rec->block + (rec->count % rec->block != 0);
+        if (rec->groups != G)
+            return fail(r, "palette groups %llu is not the %llu blocks of %llu values", (unsigned long long)rec->groups,
+                        (unsigned long long)G, (unsigned long long)rec->block);
+    } else {
+        G = rec->groups ? rec->groups : 1;
+        if (G > (rec->rows ? rec->rows : 1)) return fail(r, "palette groups exceed rows");
+        base = rec->rows / G, extra = rec->rows % G, inner = rec->rows ? rec->count / rec->rows : 0;
+    }
+    csize = rec->codebook_dtype == MCW_F16 ? 2 : 4;
+    if (K && G > (uint64_t)(r->n - r->off) / K / csize) /* before allocating: the blob must hold it */
+        return fail(r, "blob truncated: codebook needs %llu x %llu entries, %lu bytes left", (unsigned long long)G,
+                    (unsigned long long)K, (unsigned long)(r->n - r->off));
     book = malloc((size_t)(G * K + 1) * sizeof *book);
     idx = malloc((size_t)rec->count + 1);
     if (!book || !idx) { free(book); free(idx); return fail(r, "out of memory"); }
     rc = read_floats(r, rec->codebook_dtype, G * K, book, "codebook");
     if (!rc) rc = read_symbols(r, rec->count, rec->bits, rec->huffman, rec->rans, idx, "palette indices");
-    base = rec->rows / G, extra = rec->rows % G, inner = rec->rows ? rec->count / rec->rows : 0;
-    for (g = 0; !rc && g < G; g++) { /* groups split axis 0 like np.array_split */
+    for (g = 0; !rc && g < G; g++) { /* groups split axis 0 like np.array_split; blocks are runs of `block` */
         uint64_t end = at + (base + (g < extra)) * inner;
-        if (G == 1) end = rec->count;
+        if (rec->block) end = rec->count - at > rec->block ? at + rec->block : rec->count;
+        else if (G == 1) end = rec->count;
         for (i = at; i < end; i++) {
             if (idx[i] >= K) { rc = fail(r, "palette index %u beyond the codebook", idx[i]); break; }
             out[i] = book[g * K + idx[i]];

@@ -5,8 +5,8 @@
  * from little-endian bytes). Blob layouts are documented in core/codecs/{palette,sparse,
  * huffman}.py; this file must follow them bit for bit.
  *
- * Supported: codecs raw, fp16, palette (groups, float16/float32 codebooks, packed, Huffman or
- * rANS indices), sparse (raw/fp16/palette values, packed, Huffman or rANS gaps and indices); dtypes
+ * Supported: codecs raw, fp16, palette (groups or per-block codebooks, float16/float32
+ * codebooks, packed, Huffman or rANS indices), sparse (raw/fp16/palette values, packed, Huffman or rANS gaps and indices); dtypes
  * float32 and float16 (widened to float32, exactly).
  */
 #ifndef MCW_DECODER_H
@@ -27,7 +27,10 @@ typedef struct {
     int bits;               /* palette index bits, 1..8 */
     uint32_t codebook_size; /* palette entries per group */
     int codebook_dtype;     /* MCW_F32 or MCW_F16 */
-    uint32_t groups;        /* palette groups along axis 0 (1 when absent) */
+    uint64_t groups;        /* palette groups along axis 0 (1 when absent); with block, the
+                               number of blocks, ceil(count / block) (0 for an empty tensor) */
+    uint64_t block;         /* palette values per block, 1..count (palette.py rule 7); 0 when
+                               the record has none (groups then split axis 0) */
     int huffman;            /* 1: gap and index streams are canonical-Huffman coded */
     int rans;               /* 1: gap and index streams are rANS coded (core/codecs/rans.py) */
     int index_bits;         /* sparse relative-index bits, 1..8 */

@@ -138,6 +138,12 @@ static int dtype_code(const char *name, int *unsupported) {
     return -1;
 }
 
+/* A record's palette block: 0 means "no block" to the decoder, so a recorded 0 (never valid)
+ * becomes a length no tensor has, which the decoder refuses as Python does. */
+static uint64_t present_block(uint64_t v) {
+    return v ? v : UINT64_MAX;
+}
+
 static void record(json *j, tensor *t) {
     char key[64];
     mcw_record *r = &t->rec;
@@ -156,7 +162,8 @@ static void record(json *j, tensor *t) {
         else if (!strcmp(key, "bits")) r->bits = (int)(integer(j) & 0xFF);
         else if (!strcmp(key, "index_bits")) r->index_bits = (int)(integer(j) & 0xFF);
         else if (!strcmp(key, "codebook_size")) r->codebook_size = (uint32_t)integer(j);
-        else if (!strcmp(key, "groups")) r->groups = (uint32_t)integer(j);
+        else if (!strcmp(key, "groups")) r->groups = integer(j);
+        else if (!strcmp(key, "block")) r->block = present_block(integer(j));
         else if (!strcmp(key, "entries")) r->entries = integer(j);
         else if (!strcmp(key, "shape")) {
             expect(j, '[');
@@ -271,7 +278,8 @@ static void value_v2(bin *b, tensor *t, const char *key) {
         if (!strcmp(key, "bits")) r->bits = (int)(v & 0xFF);
         else if (!strcmp(key, "index_bits")) r->index_bits = (int)(v & 0xFF);
         else if (!strcmp(key, "codebook_size")) r->codebook_size = (uint32_t)v;
-        else if (!strcmp(key, "groups")) r->groups = (uint32_t)v;
+        else if (!strcmp(key, "groups")) r->groups = v;
+        else if (!strcmp(key, "block")) r->block = present_block(v);
         else if (!strcmp(key, "entries")) r->entries = v;
     } else if (tag == 1) {
         word(b, text, sizeof text);

@@ -22,15 +22,34 @@ Rules:
    ``huffman=True`` coded by canonical Huffman over the 2**bits index alphabet, or with
    ``rans=True`` by interleaved rANS (:mod:`mconv.codecs.rans`) over it. The record always has
    ``huffman`` and has ``rans: true`` only when rANS is used.
+7. ``block=B`` (an int >= 1; not with ``groups > 1`` nor with a ``codebook``) cuts the tensor,
+   flattened in C order, into consecutive blocks of B values (the last one shorter when B does
+   not divide the size), each with its own codebook: the block's distinct values in rule 2's
+   order (by value, then bit pattern, NaNs last by bit pattern; :func:`order_keys` is that
+   order as unsigned integers), found for all blocks at once, :data:`BLOCK_CHUNK` values at a
+   time. For a row-major ``[rows, cols]`` weight with B dividing ``cols`` a block is B
+   consecutive values of one row. ``codebook_size`` is the most distinct values of any block,
+   shorter codebooks padded with zeros no index refers to (as rule 5); with ``bits`` given, a
+   block holding more than ``2**bits`` values is an ``InputError`` naming it. The index stream
+   is the blocks' indices in element order, coded as rule 6 says. The record has
+   ``block = min(B, count)`` and ``groups`` = the number of blocks, ``ceil(count / block)``
+   (the codebook layout of rule 5); it has no ``block`` when none was asked for, nor for an
+   empty tensor (nothing to split), and such records decode exactly as before. Decoders that
+   predate ``block`` refuse a record whose ``groups`` exceeds ``shape[0]`` (any B smaller than
+   a row), but one with fewer blocks than rows they would read as axis-0 groups, which is
+   right only when the blocks are those groups: records with ``block`` need this module's
+   decoders (Python, decoder.c, mcw.js, the metal bundle's Swift).
 
-Blob: ``codebook[groups * codebook_size]`` (little-endian ``codebook_dtype``), then the index
-stream. Record: ``bits, codebook_size, codebook_dtype, groups, huffman`` and
-``streams = {"codebook": bytes, "indices": bytes}``.
+Blob: ``codebook[groups * codebook_size]`` (little-endian ``codebook_dtype``; group or block
+``g``'s entries at ``g * codebook_size``), then the index stream. Record: ``bits,
+codebook_size, codebook_dtype, groups, huffman``, ``block`` (rule 7) and ``rans`` (rule 6)
+when used, and ``streams = {"codebook": bytes, "indices": bytes}``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 from mconv.codecs import Codec, register
@@ -39,7 +58,7 @@ from mconv.codecs.bitstream import BlobReader, pack_bits, packed_nbytes, unpack_
 from mconv.codecs.huffman import decode_symbols, encode_symbols
 from mconv.errors import InputError
 
-PALETTE_PARAMS = ("bits", "codebook", "codebook_dtype", "huffman", "rans", "groups")
+PALETTE_PARAMS = ("bits", "codebook", "codebook_dtype", "huffman", "rans", "groups", "block")
 
 
 def bit_view(values: np.ndarray) -> np.ndarray:
@@ -162,6 +181,146 @@ def group_sizes(shape: tuple[int, ...], groups: int) -> list[int]:
     return [(base + (g < extra)) * inner for g in range(groups)]
 
 
+# Values per piece of the per-block analysis (rule 7): whole blocks, so that sorting and the
+# index temporaries stay a few MB however large the tensor; a longer block is one piece.
+BLOCK_CHUNK = 1 << 20
+
+
+def _order_constants(dtype: np.dtype) -> tuple[int, int]:
+    """The sign bit and the +inf pattern of a float dtype's bit patterns."""
+    udtype = bit_view(np.zeros(1, dtype)).dtype
+    sign = 1 << (8 * dtype.itemsize - 1)
+    return sign, int(np.array([np.inf], dtype).view(udtype)[0])
+
+
+def order_keys(patterns: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Unsigned keys (the patterns' own width) whose ascending order is rule 2's order of the
+    values with these bit patterns: by value, then bit pattern (+0.0 before -0.0), NaNs last by
+    bit pattern. A bijection on the patterns (:func:`pattern_of_keys` inverts it). Floats:
+    negatives from -inf up take keys ``0 .. E-1`` (``E`` the +inf pattern), +0.0 ``E``, -0.0
+    ``E+1``, positive values and positive NaNs ``pattern + E + 1``, negative NaNs keep their
+    pattern. Signed ints flip the sign bit; unsigned ints and bools are their own keys."""
+    u = np.asarray(patterns)
+    if dtype.kind == "i":
+        return u ^ u.dtype.type(1 << (8 * dtype.itemsize - 1))
+    if dtype.kind != "f":
+        return u.copy()
+    sign, inf = _order_constants(dtype)
+    t = u.dtype.type
+    keys = np.where(u < t(sign), u + t(inf + 1), np.where(u <= t(sign + inf), t(sign + inf) - u, u))
+    keys[u == 0] = inf
+    keys[u == t(sign)] = inf + 1
+    return keys.astype(u.dtype, copy=False)
+
+
+def pattern_of_keys(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The bit patterns whose :func:`order_keys` are ``keys``."""
+    k = np.asarray(keys)
+    if dtype.kind == "i":
+        return k ^ k.dtype.type(1 << (8 * dtype.itemsize - 1))
+    if dtype.kind != "f":
+        return k.copy()
+    sign, inf = _order_constants(dtype)
+    t = k.dtype.type
+    u = np.where(k < t(inf), t(sign + inf) - k, np.where(k <= t(sign + inf), k - t(inf + 1), k))
+    u[k == inf] = 0
+    u[k == inf + 1] = sign
+    return u.astype(k.dtype, copy=False)
+
+
+class BlockPalettes(NamedTuple):
+    """Rule 7's codebooks of a tensor, from :func:`block_palettes`."""
+
+    table: np.ndarray | None  # [blocks, size] in the tensor's dtype, zero-padded
+    counts: np.ndarray | None  # int64 [size]: how often each index occurs, over every block
+    indices: np.ndarray | None  # uint8, one per element (when asked for)
+    size: int  # the most distinct values of any block
+    overflow: tuple[int, int] | None  # (block, its distinct values): the first over the limit
+
+
+def check_block(block: object) -> int:
+    """A ``block`` parameter (rule 7): an int >= 1."""
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+        raise InputError(
+            f"block={block!r} is not a block length",
+            hint="use an integer >= 1: values per codebook (e.g. 64 .. 4096)",
+        )
+    return int(block)
+
+
+def _piece_palettes(
+    keys: np.ndarray, limit: int, counts: np.ndarray, indices: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """One piece of blocks of equal length, ``keys`` (:func:`order_keys`) ``[blocks, length]``:
+    each row sorted (stable: a radix sort for 16-bit keys), cut into runs of equal keys, a
+    run's rank in its row the index of its elements. Returns the distinct values per block and,
+    block after block, their keys ascending; adds to ``counts`` and fills ``indices``
+    (row-major) unless a block holds more than ``limit`` values."""
+    order = np.argsort(keys, axis=1, kind="stable")
+    ordered = np.take_along_axis(keys, order, axis=1)
+    new = np.empty(keys.shape, dtype=bool)
+    new[:, 0] = True
+    np.not_equal(ordered[:, 1:], ordered[:, :-1], out=new[:, 1:])
+    rank = np.cumsum(new, axis=1, dtype=np.int32)
+    rank -= 1
+    distinct = rank[:, -1].astype(np.int64) + 1
+    if int(distinct.max()) > limit:
+        return distinct, ordered[:0, 0]
+    counts += np.bincount(rank.ravel(), minlength=counts.size)
+    if indices is not None:
+        np.put_along_axis(indices.reshape(keys.shape), order, rank, axis=1)
+    return distinct, ordered[new]
+
+
+def block_palettes(
+    values: np.ndarray, block: int, limit: int = 256, want_indices: bool = True
+) -> BlockPalettes:
+    """Rule 7's codebooks and indices of ``values`` (flattened, C order) in blocks of ``block``,
+    all blocks at once, :data:`BLOCK_CHUNK` values at a time (a longer block alone, through
+    :func:`value_histogram`). Stops at the first block holding more than ``limit`` values
+    (``overflow``), before any index could exceed a byte."""
+    flat = np.ascontiguousarray(values).ravel()
+    patterns = bit_view(flat)
+    n = flat.size
+    nblocks = -(-n // block)
+    distinct = np.zeros(nblocks, dtype=np.int64)
+    counts = np.zeros(max(limit, 1), dtype=np.int64)
+    indices = np.empty(n, dtype=np.uint8) if want_indices else None
+    books: list[np.ndarray] = []
+    full = n // block
+    per = max(1, BLOCK_CHUNK // block)
+    # pieces: runs of whole blocks, then the shorter last block
+    pieces = [(b0, min(full, b0 + per)) for b0 in range(0, full, per)]
+    if full < nblocks:
+        pieces.append((full, nblocks))
+    for b0, b1 in pieces:
+        lo, hi = b0 * block, min(n, b1 * block)
+        if hi - lo > BLOCK_CHUNK:  # one block, longer than a piece
+            book, book_counts = value_histogram(flat[lo:hi])
+            if book.size > limit:
+                return BlockPalettes(None, None, None, int(book.size), (b0, int(book.size)))
+            distinct[b0] = book.size
+            counts[: book.size] += book_counts
+            books.append(order_keys(bit_view(book), flat.dtype))
+            if indices is not None:
+                for s in range(lo, hi, BLOCK_CHUNK):
+                    e = min(hi, s + BLOCK_CHUNK)
+                    indices[s:e] = palette_indices(flat[s:e], book)
+            continue
+        keys = order_keys(patterns[lo:hi], flat.dtype).reshape(b1 - b0, -1)
+        d, book_keys = _piece_palettes(keys, limit, counts, None if indices is None else indices[lo:hi])
+        if int(d.max()) > limit:
+            at = int(np.argmax(d > limit))
+            return BlockPalettes(None, None, None, int(d.max()), (b0 + at, int(d[at])))
+        distinct[b0:b1] = d
+        books.append(book_keys)
+    size = int(distinct.max()) if nblocks else 0
+    table = np.zeros((nblocks, size), dtype=patterns.dtype)
+    if nblocks:
+        table[np.arange(size) < distinct[:, None]] = pattern_of_keys(np.concatenate(books), flat.dtype)
+    return BlockPalettes(table.view(flat.dtype), counts[:size], indices, size, None)
+
+
 def entropy_coder(params: dict) -> tuple[bool, bool]:
     """``(huffman, rans)`` of a spec or record (rule 6); both at once is refused."""
     huffman, rans = params.get("huffman", False), params.get("rans", False)
@@ -215,6 +374,15 @@ def _palette_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
         )
     groups = int(groups)
     flat = np.ascontiguousarray(array).ravel()
+    block = params.get("block")
+    if block is not None:
+        block = check_block(block)
+        if groups > 1:
+            raise InputError("block and groups cannot be combined", hint="use one of them (rule 7)")
+        if params.get("codebook") is not None:
+            raise InputError("an explicit codebook cannot be combined with block", hint="omit codebook")
+        if flat.size:
+            return _block_encode(flat, min(block, flat.size), params)
     sizes = group_sizes(array.shape, groups)
     parts = np.split(flat, np.cumsum(sizes)[:-1]) if groups > 1 else [flat]
     if params.get("codebook") is not None:
@@ -241,19 +409,54 @@ def _palette_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
     table = np.zeros((groups, size), dtype=array.dtype)
     for g, b in enumerate(books):
         table[g, : b.size] = b
+    return _palette_blob(table, indices, bits, params, {})
+
+
+def _palette_blob(
+    table: np.ndarray, indices: np.ndarray, bits: int, params: dict, extra: dict
+) -> tuple[bytes, dict]:
+    """Codebook table (``[groups, size]``) and index stream as the blob, and the record."""
     store = codebook_storage(table.ravel(), params.get("codebook_dtype"))
     huffman, rans = entropy_coder(params)
     codebook_blob = table.ravel().astype(store.newbyteorder("<")).tobytes()
     index_blob = encode_index_stream(indices, bits, huffman, rans)
     record = {
         "bits": bits,
-        "codebook_size": int(size),
+        **extra,
+        "codebook_size": int(table.shape[1]),
         "codebook_dtype": store.name,
-        "groups": groups,
+        "groups": int(table.shape[0]),
         **coder_fields(huffman, rans),
         "streams": {"codebook": len(codebook_blob), "indices": len(index_blob)},
     }
     return codebook_blob + index_blob, record
+
+
+def block_overflow_error(block: int, values: int, bits: int | None) -> InputError:
+    """Rule 7: block ``block`` holds ``values`` distinct values, more than ``bits`` can index."""
+    if bits is None:
+        return InputError(
+            f"block {block} holds {values} distinct values, more than a palette holds (256)",
+            hint="cluster each block first (cluster block=...), or use a shorter block",
+        )
+    return InputError(
+        f"block {block} holds {values} distinct values, more than a {bits}-bit palette holds ({1 << bits})",
+        hint=f"cluster each block to {1 << bits} values first, or use bits={bits_for(values)}"
+        if values <= 256
+        else "cluster each block first (at most 256 values)",
+    )
+
+
+def _block_encode(flat: np.ndarray, block: int, params: dict) -> tuple[bytes, dict]:
+    """Rule 7: one codebook per block of ``block`` values (``flat`` not empty)."""
+    bits = params.get("bits")
+    bits = None if bits is None else check_bits(bits)
+    found = block_palettes(flat, block, 256 if bits is None else 1 << bits)
+    if found.overflow is not None:
+        raise block_overflow_error(*found.overflow, bits)
+    assert found.table is not None and found.indices is not None
+    bits = bits_for(found.size) if bits is None else bits
+    return _palette_blob(found.table, found.indices, bits, params, {"block": block})
 
 
 def read_codebook(reader: BlobReader, entries: int, dtype_name: object, dtype: np.dtype) -> np.ndarray:
@@ -281,7 +484,18 @@ def _palette_decode(blob: memoryview, record: dict) -> np.ndarray:
     bits = record_int(record, "bits", 1, 8)
     size = record_int(record, "codebook_size", 0 if count == 0 else 1, 1 << bits)
     rows = shape[0] if shape else 1
-    groups = record_int(record, "groups", 1, max(1, rows))
+    block = None
+    if "block" in record:  # rule 7
+        block = record_int(record, "block", 1, max(1, count))
+        groups = record_int(record, "groups", 0, max(1, count))
+        if groups != -(-count // block):
+            raise InputError(
+                f"record field groups={groups} is not the {-(-count // block)} blocks of "
+                f"{block} values in {count}",
+                hint="the weights index is damaged",
+            )
+    else:
+        groups = record_int(record, "groups", 1, max(1, rows))
     reader = BlobReader(blob, "palette")
     codebook = read_codebook(reader, groups * size, record.get("codebook_dtype"), dtype).reshape(groups, size)
     huffman, rans = entropy_coder(record)
@@ -292,6 +506,14 @@ def _palette_decode(blob: memoryview, record: dict) -> np.ndarray:
             f"palette index {int(indices.max())} beyond the {size}-entry codebook",
             hint="the weights file is damaged",
         )
+    if block is not None:  # codebook[flat_index // block, index], a piece at a time
+        book, out = codebook.ravel(), np.empty(count, dtype=dtype)
+        for start in range(0, count, BLOCK_CHUNK):
+            end = min(count, start + BLOCK_CHUNK)
+            at = np.arange(start, end, dtype=np.intp) // block * size
+            at += indices[start:end]
+            np.take(book, at, out=out[start:end])
+        return out.reshape(shape)
     group_of = np.repeat(np.arange(groups), group_sizes(shape, groups)) if groups > 1 else 0
     return codebook[group_of, indices].reshape(shape) if count else np.zeros(shape, dtype=dtype)
 

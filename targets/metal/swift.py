@@ -232,7 +232,8 @@ public final class {product} {{
             rec.bits = Int32((record["bits"] as? Int) ?? 0)
             rec.index_bits = Int32((record["index_bits"] as? Int) ?? 0)
             rec.codebook_size = UInt32((record["codebook_size"] as? Int) ?? 0)
-            rec.groups = UInt32((record["groups"] as? Int) ?? 1)
+            rec.groups = UInt64((record["groups"] as? Int) ?? 1)
+            rec.block = Self.paletteBlock(record["block"])
             rec.huffman = ((record["huffman"] as? Bool) ?? false) ? 1 : 0
             rec.rans = ((record["rans"] as? Bool) ?? false) ? 1 : 0
             rec.entries = UInt64((record["entries"] as? Int) ?? 0)
@@ -256,6 +257,14 @@ public final class {product} {{
     static func code(_ name: String?, _ table: [String: Int32]) -> Int32 {{
         guard let name = name, let value = table[name] else {{ return -1 }}
         return value
+    }}
+
+    // A palette record's "block" (values per codebook): 0 when absent (groups split axis 0);
+    // present but not a length >= 1, a length no tensor has, which mcw_decode_tensor refuses.
+    static func paletteBlock(_ value: Any?) -> UInt64 {{
+        guard let value = value else {{ return 0 }}
+        guard let length = value as? Int, length >= 1 else {{ return UInt64.max }}
+        return UInt64(length)
     }}
 }}
 """

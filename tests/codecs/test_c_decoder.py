@@ -49,6 +49,21 @@ def clustered(shape, n_values, sparsity, seed, fp16=False) -> np.ndarray:
     return w
 
 
+def blockwise(shape, block, per_block, seed, fp16=False) -> np.ndarray:
+    """Every run of ``block`` values (C order) drawn from ``per_block`` values of its own, and
+    some -0.0 and +0.0."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(shape))
+    nblocks = -(-n // block)
+    books = rng.standard_normal((nblocks, per_block)).astype(np.float32)
+    if fp16:
+        books = books.astype(np.float16).astype(np.float32)
+    w = books[np.arange(nblocks * block) // block, rng.integers(0, per_block, nblocks * block)][:n]
+    w[rng.random(n) < 0.1] = -0.0
+    w[rng.random(n) < 0.1] = 0.0
+    return w.reshape(shape)
+
+
 CASES = [
     ("raw", clustered((3, 5, 2, 2), 1000, 0.0, 1), {"codec": "raw"}),
     ("fp16", clustered((40,), 50, 0.3, 2, fp16=True), {"codec": "fp16"}),
@@ -96,6 +111,30 @@ CASES = [
     ("scalar_rans", np.array(-0.0, np.float32), {"codec": "palette", "rans": True}),
     ("all_zero_rans", np.zeros((7, 7), np.float32), {"codec": "sparse", "index_bits": 3, "rans": True}),
     ("one_value_rans", np.full((20000,), 0.5, np.float32), {"codec": "palette", "bits": 2, "rans": True}),
+    # per-block palettes (palette rule 7): rows of blocks, a shorter last block, every coder
+    ("block_f32", blockwise((16, 64), 32, 7, 15), {"codec": "palette", "block": 32}),
+    (
+        "block_f32_book",
+        blockwise((16, 64), 32, 7, 16),
+        {"codec": "palette", "block": 32, "codebook_dtype": "float32"},
+    ),
+    (
+        "block_f16_huff",
+        blockwise((9, 50), 64, 12, 17, fp16=True),
+        {"codec": "palette", "block": 64, "huffman": True},
+    ),
+    (
+        "block_f16_rans",
+        blockwise((40, 333), 100, 5, 18, fp16=True),
+        {"codec": "palette", "block": 100, "rans": True},
+    ),
+    (
+        "block_half_tensor",
+        blockwise((6, 7), 5, 3, 19, fp16=True).astype(np.float16),
+        {"codec": "palette", "block": 5},
+    ),
+    ("block_one", blockwise((3, 4), 1, 1, 20), {"codec": "palette", "block": 1, "huffman": True}),
+    ("block_whole", blockwise((5, 5), 25, 9, 21), {"codec": "palette", "block": 1000, "rans": True}),
 ]
 
 
@@ -202,3 +241,41 @@ def test_c_decoder_refuses_damaged_binary_indexes_with_one_line(mcw_decode, tmp_
     (tmp_path / "v4.mcw").write_bytes(bytes(v3))
     proc = subprocess.run([str(mcw_decode), str(tmp_path / "v4.mcw")], capture_output=True, timeout=30)
     assert proc.returncode == 2 and b"unsupported container version" in proc.stderr
+
+
+def test_c_decoder_refuses_damaged_block_records_like_python(mcw_decode, tmp_path):
+    """A block record whose block or groups no longer agree with the tensor: C exits 2 with one
+    line, Python raises InputError; a decoder that ignores "block" (the key renamed) meets
+    groups > rows and refuses too."""
+    w = blockwise((10, 30), 16, 5, 22)  # 300 values: 19 blocks of 16 (the last of 12)
+    path = tmp_path / "block.mcw"
+    container.write_container(path, [("b", w, {"codec": "palette", "block": 16, "huffman": True})], version=1)
+    raw = path.read_bytes()
+    assert raw.count(b'"block":16') == 1 and raw.count(b'"groups":19') == 1
+    proc = subprocess.run([str(mcw_decode), str(path), "b"], capture_output=True, timeout=30)
+    assert proc.returncode == 0 and np.array_equal(np.frombuffer(proc.stdout, "<u4"), w.ravel().view("<u4"))
+    for old, new in [
+        (b'"block":16', b'"block":15'),  # 20 blocks, groups says 19
+        (b'"block":16', b'"block":99'),
+        (b'"groups":19', b'"groups":18'),
+        (b'"groups":19', b'"groups":90'),
+        (b'"block":16', b'"blocc":16'),  # no block: 19 groups of 10 rows
+    ]:
+        bad = tmp_path / "bad.mcw"
+        bad.write_bytes(raw.replace(old, new))
+        with container.read_container(bad) as c, pytest.raises(InputError):
+            c.array("b")
+        proc = subprocess.run([str(mcw_decode), str(bad), "b"], capture_output=True, timeout=30)
+        assert proc.returncode == 2 and proc.stderr.count(b"\n") == 1, (new, proc.stderr)
+    # block 0 and a block longer than the tensor, on a record with one-value blocks
+    one = tmp_path / "one.mcw"
+    container.write_container(one, [("b", w[:1, :5], {"codec": "palette", "block": 1})], version=1)
+    raw = one.read_bytes()
+    for old, new in [(b'"block":1', b'"block":0'), (b'"block":1', b'"block":6')]:
+        assert raw.count(old) == 1
+        bad = tmp_path / "bad1.mcw"
+        bad.write_bytes(raw.replace(old, new))
+        with container.read_container(bad) as c, pytest.raises(InputError):
+            c.array("b")
+        proc = subprocess.run([str(mcw_decode), str(bad), "b"], capture_output=True, timeout=30)
+        assert proc.returncode == 2 and b"block" in proc.stderr, (new, proc.stderr)

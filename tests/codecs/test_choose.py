@@ -301,3 +301,93 @@ def test_chunked_stats_size_every_candidate_exactly(monkeypatch, chunk):
             want = np.bincount(gaps % span, minlength=span)
             want[span - 1] += fillers
             np.testing.assert_array_equal(counts, want)
+
+
+# --- per-block palettes (palette rule 7): exact sizes, and the ``block`` hint
+
+
+def blockwise_clustered(rows, cols, block, per_block, seed=0, dtype=np.float32) -> np.ndarray:
+    """Every run of ``block`` values (row-major) holds ``per_block`` values of its own."""
+    rng = np.random.default_rng(seed)
+    nblocks = -(-rows * cols // block)
+    books = rng.standard_normal((nblocks, per_block)).astype(dtype)
+    codes = rng.integers(0, per_block, nblocks * block)
+    return books[np.arange(nblocks * block) // block, codes][: rows * cols].reshape(rows, cols)
+
+
+def test_predict_bytes_equals_encoded_size_for_block_palettes():
+    from mconv.errors import InputError
+
+    refused = 0
+    for dtype in (np.float32, np.float16):
+        w = blockwise_clustered(12, 40, 20, 6, seed=3, dtype=dtype)
+        w[w < -1] = 0  # pruned zeros: some blocks hold one more value
+        for block in (1, 20, 30, 64, 480, 10**6):
+            for extra in (
+                {},
+                {"huffman": True},
+                {"rans": True},
+                {"bits": 5},
+                {"bits": 3, "rans": True},
+                {"codebook_dtype": "float32"},
+            ):
+                spec = {"codec": "palette", "block": block, **extra}
+                try:
+                    blob = encode(w, spec)[0]
+                except InputError:  # a block over bits=3: sizing refuses it too
+                    with pytest.raises(InputError):
+                        predict_bytes(w, spec)
+                    refused += 1
+                    continue
+                assert predict_bytes(w, spec) == len(blob), spec
+    assert refused > 0  # the refusals were exercised, not only the sizes
+    empty = np.zeros((0, 8), np.float32)
+    assert predict_bytes(empty, {"codec": "palette", "block": 4}) == len(
+        encode(empty, {"codec": "palette", "block": 4})[0]
+    )
+
+
+def test_a_block_hint_adds_block_palette_candidates_sized_exactly():
+    from mconv.codecs import best_spec
+    from mconv.codecs.choose import _specs_and_sizes
+
+    # 64 x 256 float32, 16 values per block of 128 but 2048 distinct in all: no dense palette,
+    # and more than 257 distinct values in the prefix (rule 4 would stop at raw without the hint)
+    w = blockwise_clustered(64, 256, 128, 16, seed=9)
+    assert best_spec(w) == ({"codec": "raw"}, w.nbytes)
+    candidates = _specs_and_sizes(w, {"block": 128, "bits": 4})
+    blocks = [spec for spec, _ in candidates if spec.get("block")]
+    base = {"codec": "palette", "bits": 4, "block": 128}
+    assert blocks == [
+        {**base, "huffman": False},
+        {**base, "huffman": True},
+        {**base, "huffman": False, "rans": True},
+    ]
+    for spec, size in candidates:
+        assert size == len(encode(w, spec)[0]), spec
+    spec, size = best_spec(w, {"block": 128, "bits": 4})
+    assert spec["codec"] == "palette" and spec["block"] == 128 and spec["bits"] == 4
+    blob, record = encode(w, spec)
+    assert len(blob) == size and record["groups"] == 128
+    assert np.array_equal(decode(blob, record).view(np.uint32), w.view(np.uint32))
+    # the recorded width is taken when the blocks fit it, else the fewest bits that fit
+    assert best_spec(w, {"block": 128, "bits": 2})[0]["bits"] == 4
+    # a block hint whose blocks hold more than 256 values adds no candidate
+    assert best_spec(w, {"block": 4096})[0] == {"codec": "raw"}
+
+
+def test_damaged_block_hints_are_ignored():
+    from mconv.codecs import best_spec
+
+    w = blockwise_clustered(16, 64, 32, 4, seed=10)
+    want = best_spec(w)
+    for hints in [
+        {"block": "32"},
+        {"block": True},
+        {"block": 0},
+        {"block": -32},
+        {"block": 2.5},
+        {"block": [32]},
+    ]:
+        assert best_spec(w, hints) == want, hints
+    assert best_spec(w, {"block": 32})[0].get("block") == 32

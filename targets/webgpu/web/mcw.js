@@ -1,7 +1,7 @@
 // weights.mcw in JavaScript: the container of mconv.container and the codecs of mconv.codecs
-// (raw, fp16, palette, sparse; packed, canonical-Huffman or rANS index streams), decoded bit for bit
-// as the Python and C99 decoders do. An ES module: the bundle's page imports it, and the tests
-// run it under node against the Python decoder.
+// (raw, fp16, palette with groups or per-block codebooks, sparse; packed, canonical-Huffman or rANS
+// index streams), decoded bit for bit as the Python and C99 decoders do. An ES module: the
+// bundle's page imports it, and the tests run it under node against the Python decoder.
 //
 // readContainer(arrayBuffer) -> {entries: Map(name -> entry), tensorBytes(name), float32(name)}
 //   tensorBytes: the tensor's elements in its own dtype, little-endian (Uint8Array);
@@ -349,13 +349,19 @@ function decodePalette(blob, record) {
   const bits = recordInt(record, "bits", 1, 8);
   const cb = recordInt(record, "codebook_size", n === 0 ? 0 : 1, 1 << bits);
   const rows = shape.length ? shape[0] : 1;
-  const groups = recordInt(record, "groups", 1, Math.max(1, rows));
+  // block (palette.py rule 7): one codebook per run of `block` values, groups = ceil(n / block)
+  const block = record.block === undefined ? null : recordInt(record, "block", 1, Math.max(1, n));
+  const groups = recordInt(record, "groups", block === null ? 1 : 0, block === null ? Math.max(1, rows) : Math.max(1, n));
+  if (block !== null && groups !== Math.ceil(n / block)) {
+    fail(`record field groups=${groups} is not the ${Math.ceil(n / block)} blocks of ${block} values in ${n}`);
+  }
   const reader = new Reader(blob, "palette");
   const table = readCodebook(reader, groups * cb, record.codebook_dtype, record.dtype);
   const indices = indexStream(reader, n, bits, coder(record), "palette indices");
   reader.finish();
   for (let i = 0; i < n; i++) if (indices[i] >= cb) fail(`palette index ${indices[i]} beyond the ${cb}-entry codebook`);
   if (n === 0) return new Uint8Array(0);
+  if (block !== null) return gather(table, size, indices, (i) => Math.floor(i / block) * cb);
   // groups split axis 0 as np.array_split does
   const inner = n / rows;
   const base = Math.floor(rows / groups);

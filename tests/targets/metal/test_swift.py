@@ -87,3 +87,38 @@ def test_c_decoder_is_shipped_verbatim_and_readme_explains_xcode_and_predict(bun
 def test_same_model_and_options_give_byte_identical_bundles(bundle, tmp_path):
     again = TARGET.export(mobilenet_style(), tmp_path / "MobileNet", {})
     assert again.manifest["files"] == bundle.manifest["files"]
+
+
+def test_model_swift_fills_every_decoder_record_field_with_its_c_type(bundle):
+    """Swift is not compiled here: read decoder.h's mcw_record and check Model.swift sets each
+    field, through the Swift type the C type imports as (a uint64_t field such as ``groups`` or
+    ``block`` given a UInt32 would not compile)."""
+    header = (CODECS / "decoder.h").read_text()
+    body = header[header.index("typedef struct {") : header.index("} mcw_record;")]
+    fields = dict(
+        (name, ctype)
+        for ctype, name in re.findall(r"^\s*(int|uint32_t|uint64_t)\s+(\w+);", body, re.MULTILINE)
+    )
+    assert {"groups", "block", "count", "codebook_size"} <= set(fields)
+    assert fields["groups"] == fields["block"] == "uint64_t"
+    swift = (bundle.root / "Sources/MobilenetStyle/Model.swift").read_text()
+    swift_type = {"int": "Int32", "uint32_t": "UInt32", "uint64_t": "UInt64"}
+    for name, ctype in fields.items():
+        assigned = re.findall(rf"^\s*rec\.{name} = (.+)$", swift, re.MULTILINE)
+        assert len(assigned) == 1, name
+        value = assigned[0]
+        call = re.match(r"(Int32|UInt32|UInt64)\(", value)
+        if call:
+            assert call[1] == swift_type[ctype], (name, value)
+        elif value.startswith("Self."):  # a helper: its declared result type
+            helper = re.match(r"Self\.(\w+)\(", value)[1]
+            declared = re.search(rf"static func {helper}\([^)]*\) -> (\w+)", swift)[1]
+            assert declared == swift_type[ctype], (name, value)
+        else:  # a conditional 1 : 0 literal
+            assert re.fullmatch(r"\(.*\) \? 1 : 0", value) and ctype == "int", (name, value)
+    # "block": absent -> 0 (no block), present but not a length >= 1 -> a length the decoder refuses
+    helper = swift[swift.index("static func paletteBlock(") :]
+    helper = helper[: helper.index("\n    }\n")]
+    assert "guard let value = value else { return 0 }" in helper
+    assert "guard let length = value as? Int, length >= 1 else { return UInt64.max }" in helper
+    assert 'rec.block = Self.paletteBlock(record["block"])' in swift

@@ -80,6 +80,11 @@ def _codec_zoo(seed: int) -> list[tuple[str, np.ndarray, dict]]:
     very_sparse = np.zeros(600, np.float32)
     very_sparse[[3, 250, 599]] = [1.5, -2.25, 0.125]  # gaps beyond 2**index_bits: fillers
     f16_tensor = rng.standard_normal((4, 4)).astype(np.float16)
+    # per-block palettes (palette rule 7): 8 values per block of 16, a shorter last block
+    per_block = rng.standard_normal((13, 8)).astype(np.float32)
+    blocky = per_block[np.arange(208) // 16, rng.integers(0, 8, 208)][:200].reshape(8, 25)
+    blocky.ravel()[::7] = -0.0
+    blocky_half = blocky.astype(np.float16)
     return [
         ("raw", dense, {"codec": "raw"}),
         ("raw_f16_dtype", f16_tensor, {"codec": "raw"}),
@@ -109,6 +114,13 @@ def _codec_zoo(seed: int) -> list[tuple[str, np.ndarray, dict]]:
             {"codec": "sparse", "index_bits": 3, "values": "palette", "rans": True},
         ),
         ("empty_rans", np.zeros((0, 3), np.float32), {"codec": "palette", "rans": True}),
+        ("palette_block", blocky, {"codec": "palette", "block": 16}),
+        ("palette_block_f32book", blocky, {"codec": "palette", "block": 16, "codebook_dtype": "float32"}),
+        ("palette_block_huff", blocky, {"codec": "palette", "block": 16, "bits": 4, "huffman": True}),
+        ("palette_block_rans", blocky_half, {"codec": "palette", "block": 16, "rans": True}),
+        ("palette_block_one", blocky[:2], {"codec": "palette", "block": 1}),
+        ("palette_block_whole", blocky, {"codec": "palette", "block": 10**6, "huffman": True}),
+        ("palette_block_empty", np.zeros((0, 4), np.float32), {"codec": "palette", "block": 16}),
     ]
 
 
@@ -189,6 +201,35 @@ def test_mcw_js_refuses_damaged_containers(tmp_path):
     got = _node_decode(cut, tmp_path)["cut"]
     assert got["kind"] == "McwError" and "truncated" in got["error"] and "'cut'" in got["error"]
     assert "cut.mcw" in got["error"]
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_mcw_js_refuses_damaged_block_records_like_python(tmp_path):
+    """A per-block palette record whose block or groups no longer fit the tensor: mcw.js throws
+    McwError as Python raises InputError; with "block" renamed (a decoder that ignores it) the
+    19 groups of a 10-row tensor are refused too."""
+    rng = np.random.default_rng(4)
+    books = rng.standard_normal((19, 5)).astype(np.float32)
+    w = books[np.arange(304) // 16, rng.integers(0, 5, 304)][:300].reshape(10, 30)
+    path = tmp_path / "block.mcw"
+    write_container(path, [("b", w, {"codec": "palette", "block": 16, "rans": True})])
+    raw = path.read_bytes()
+    assert raw.count(b'"block":16') == 1 and raw.count(b'"groups":19') == 1
+    assert _node_decode(path, tmp_path)["b"] == w.tobytes().hex()
+    for old, new in [
+        (b'"block":16', b'"block":15'),
+        (b'"block":16', b'"block":99'),
+        (b'"groups":19', b'"groups":18'),
+        (b'"block":16', b'"blocc":16'),
+        (b'"block":16', b'"block":-1'),
+    ]:
+        bad = tmp_path / "bad.mcw"
+        bad.write_bytes(raw.replace(old, new))
+        with read_container(bad) as c, pytest.raises(InputError):
+            c.array("b")
+        got = _node_decode(bad, tmp_path)["b"]
+        assert isinstance(got, dict) and got["kind"] == "McwError", (new, got)
+        assert "groups" in got["error"] or "block" in got["error"], (new, got)
 
 
 # -- the page in headless Chromium ----------------------------------------------------------------
