@@ -266,6 +266,14 @@ def compare(seed: int = 0, k: int = 1024, n_out: int = 1024, samples: int = 4096
             dt = time.perf_counter() - t0
             bpw = bits + groups * (1 << bits) * 16 / w.size
             rows.append((f"k-means {bits}-bit, {groups} palette(s)", bpw, *snrs(c), dt))
+    from mconv.passes.cluster import cluster_blocks
+
+    for bits, block in ((2, 64), (3, 128), (3, 256), (4, 256), (4, 1024)):
+        t0 = time.perf_counter()
+        c = cluster_blocks(w, bits, block, init="optimal")
+        dt = time.perf_counter() - t0
+        bpw = bits + (1 << bits) * 16 / block  # float16 palettes, as the streamed file stores them
+        rows.append((f"k-means {bits}-bit optimal, a palette per {block} values", bpw, *snrs(c), dt))
     print(
         f"\nweights [{n_out}, {k}] Student-t(5)*0.02, activations {samples}x{k} correlated, 8 outlier channels"
     )

@@ -27,7 +27,9 @@ Rules:
    ``[rows, blocks]``). ``cluster`` (k-means palettes, :mod:`mconv.passes.cluster`: ``bits``
    1-8, ``groups`` contiguous groups of rows, one palette each) stores ``NAME.indices`` (U8,
    codes packed LSB first at ``bits`` bits per row) and ``NAME.lut`` (F32 ``[groups,
-   2**bits]``). Exact zeros stay exact (cluster rule 1). ``__metadata__["mconv.stream"]``
+   2**bits]``); with ``block=B`` (per-block palettes, cluster rule 8, within each row: a row's
+   last block is shorter when B does not divide it) ``NAME.lut`` is ``[rows, blocks per row,
+   2**bits]`` in the tensor's own dtype. Exact zeros stay exact (cluster rule 1). ``__metadata__["mconv.stream"]``
    records, per tensor, the scheme and the original dtype and shape, so :func:`dequantized`
    rebuilds each tensor.
 4. Memory: a tensor is read in row chunks of at most ``chunk_bytes`` with ``os.preadv`` into
@@ -48,7 +50,7 @@ Rules:
    computed from its histogram (exact, float64).
 6. ``mconv optimize SRC --passes SPEC -o OUT`` streams (:func:`stream_scheme`) when SRC is a
    safetensors checkpoint (rule 1), SPEC is one ``cluster`` (options ``bits``, ``init``,
-   ``groups``, ``min_elements``) or ``blockwise`` (``bits``, ``block``, ``sym``, ``method``,
+   ``groups``, ``block``, ``min_elements``) or ``blockwise`` (``bits``, ``block``, ``sym``, ``method``,
    ``min_elements``) pass, and OUT is a ``.safetensors`` name (one file in) or a folder (a
    sharded checkpoint in). ``blockwise`` of one file to another name is refused (exit 2);
    ``cluster`` to another name runs the graph pipeline (a weights bundle).
@@ -56,6 +58,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -235,12 +238,16 @@ class Scheme:
 
     kind: str = "blockwise"  # or "cluster"
     bits: int = 4
-    block: int = 32
+    block: int = -1  # not given: blockwise 32, cluster 0 (off; > 0: per-block palettes)
     sym: bool = True
     method: str = "rtn"  # blockwise: rtn | hqq
     groups: int = 1  # cluster: palettes per tensor (groups of rows)
     init: str = "linear"  # cluster
     min_elements: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.block == -1:
+            self.block = 32 if self.kind == "blockwise" else 0
 
     def check(self) -> None:
         if self.kind not in ("blockwise", "cluster"):
@@ -259,6 +266,16 @@ class Scheme:
         elif not 1 <= self.bits <= 8 or self.groups < 1:
             raise InputError(
                 f"bits={self.bits} groups={self.groups}", where="pass cluster", hint="bits 1..8, groups >= 1"
+            )
+        elif isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 0:
+            raise InputError(
+                f"block={self.block!r}", where="pass cluster", hint="use 0 (off) or a block size"
+            )
+        elif self.block and (self.groups > 1 or self.init not in ("linear", "density", "optimal")):
+            raise InputError(
+                f"block={self.block} with groups={self.groups}, init={self.init!r}",
+                where="pass cluster",
+                hint="per-block palettes take no groups, and init linear, density or optimal",
             )
 
 
@@ -344,16 +361,27 @@ def _plan_tensor(t: SourceTensor, scheme: Scheme) -> _Job:
         info.update(block=scheme.block, sym=scheme.sym, method=scheme.method)
     else:
         g = min(scheme.groups, rows)
-        outs = [
-            _Plan(
-                f"{t.name}.indices",
-                "U8",
-                (rows, _packed_row(cols, scheme.bits)),
-                rows * _packed_row(cols, scheme.bits),
-            ),
-            _Plan(f"{t.name}.lut", "F32", (g, 1 << scheme.bits), g * (4 << scheme.bits)),
-        ]
-        info.update(groups=g, init=scheme.init)
+        indices = _Plan(
+            f"{t.name}.indices",
+            "U8",
+            (rows, _packed_row(cols, scheme.bits)),
+            rows * _packed_row(cols, scheme.bits),
+        )
+        if scheme.block:
+            nb = -(-cols // scheme.block)
+            # the palettes in the tensor's own dtype: at 16 bits per entry they cost half
+            size = t.dtype.itemsize
+            lut = _Plan(
+                f"{t.name}.lut",
+                _FLOATS[t.dtype.name],
+                (rows, nb, 1 << scheme.bits),
+                rows * nb * (size << scheme.bits),
+            )
+            info.update(block=scheme.block, init=scheme.init)
+        else:
+            lut = _Plan(f"{t.name}.lut", "F32", (g, 1 << scheme.bits), g * (4 << scheme.bits))
+            info.update(groups=g, init=scheme.init)
+        outs = [indices, lut]
     return _Job(t, rows, cols, outs, info)
 
 
@@ -474,6 +502,108 @@ def _palette_for(hist: np.ndarray, dtype: np.dtype, bits: int, init: str) -> tup
         lut[: c32.size] = c32
     table[:] = t.astype(np.uint8)
     return lut, table
+
+
+@functools.lru_cache(maxsize=4)
+def _sorted_patterns(dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For a 16-bit float dtype: the finite nonzero bit patterns sorted by value (stable) and
+    their values; all finite patterns sorted by value and theirs (:func:`_palettes_linear`)."""
+    from mconv.passes._stream_kernels import values16
+
+    values = values16(dtype)
+    finite = np.isfinite(values)
+    nz = np.flatnonzero(finite & (values != 0))
+    nz = nz[np.argsort(values[nz], kind="stable")]
+    fin = np.flatnonzero(finite)
+    fin = fin[np.argsort(values[fin], kind="stable")]
+    return nz, values[nz], fin, values[fin]
+
+
+def _palettes_linear(
+    hists: np.ndarray, dtype: np.dtype, bits: int, max_iter: int = 300
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_palette_for` with ``init="linear"`` for many groups at once (``hists`` ``[G,
+    65536]``): the same Lloyd steps (:func:`mconv.passes.cluster.lloyd_bins`) on every group's
+    histogram together, over the value-sorted bit patterns (a pattern a group does not hold
+    weighs nothing: its prefix sums do not move), so the same centroids, luts and tables, bit
+    for bit, without a Python loop per group."""
+    from mconv.passes._stream_kernels import values16
+
+    values = values16(dtype)
+    if hists[:, ~np.isfinite(values)].any():
+        raise InputError("weights hold inf or nan", hint="clean the weights before clustering")
+    nz, v, fin, vf = _sorted_patterns(dtype)
+    g_all = hists.shape[0]
+    k_total = 1 << bits
+    luts = np.zeros((g_all, k_total), np.float32)
+    tables = np.zeros((g_all, 1 << 16), np.uint8)
+    zeros = hists[:, values == 0].sum(axis=1) > 0
+    n = hists[:, nz]
+    held = n > 0
+    union = np.flatnonzero(held.any(axis=0))  # patterns no group holds weigh nothing anywhere
+    n, held, v = n[:, union], held[:, union], v[union]
+    some = held.any(axis=1)
+    first = np.where(some, held.argmax(axis=1), 0)
+    last = np.where(some, n.shape[1] - 1 - held[:, ::-1].argmax(axis=1), 0)
+    for with_zero in (False, True):
+        rows = np.flatnonzero(some & (zeros == with_zero))
+        if rows.size == 0:
+            continue
+        k = k_total - 1 if with_zero else k_total
+        lo, hi = v[first[rows]], v[last[rows]]
+        single = lo == hi
+        # np.linspace's own arithmetic row by row (its array form switches every row to
+        # another formula when one row's step is zero)
+        if k == 1:
+            c = lo[:, None].copy()
+        else:
+            c = np.arange(k)[None, :] * ((hi - lo) / (k - 1))[:, None] + lo[:, None]
+            c[:, -1] = hi
+        counts_ = n[rows]
+        pc2 = np.zeros((rows.size, v.size + 1), np.int64)
+        np.cumsum(counts_, axis=1, out=pc2[:, 1:])
+        pt2 = np.zeros((rows.size, v.size + 1))
+        np.cumsum(v[None, :] * counts_, axis=1, out=pt2[:, 1:])
+        stride = v.size + 1
+        pc, pt = pc2.ravel(), pt2.ravel()
+        active = np.arange(rows.size)  # rows not yet at their fixed point (they stay there)
+        for _ in range(max_iter):
+            ca = c[active]
+            b = np.empty((active.size, k + 1), np.intp)
+            b[:, 0], b[:, -1] = 0, v.size
+            b[:, 1:-1] = v.searchsorted((ca[:, 1:] + ca[:, :-1]) / 2, side="right")
+            b += (active * stride)[:, None]
+            cb, tb = pc[b], pt[b]
+            cnt = cb[:, 1:] - cb[:, :-1]
+            new = np.where(cnt > 0, (tb[:, 1:] - tb[:, :-1]) / np.maximum(cnt, 1), ca)
+            new.sort(axis=1)
+            moved = (new != ca).any(axis=1)
+            c[active] = new
+            active = active[moved]
+            if active.size == 0:
+                break
+        base = 1 if with_zero else 0
+        # a group of one value: that value alone (bin_centroids' early return)
+        c32 = c.astype(np.float32)
+        c32[single] = 0.0
+        c32[single, 0] = lo[single].astype(np.float32)
+        luts[rows, base : base + k] = c32
+        # codes of every finite pattern: how many midpoints lie below its value
+        mids = (c[:, 1:] + c[:, :-1]) / 2
+        mids[single] = np.inf  # one centroid: every value takes code 0
+        at = np.searchsorted(vf, mids, side="right")  # patterns at or below each midpoint
+        width = vf.size + 1
+        marks = np.bincount(
+            (at + (np.arange(rows.size) * width)[:, None]).ravel(), minlength=rows.size * width
+        ).reshape(rows.size, width)
+        idx = np.cumsum(marks[:, : vf.size], axis=1, dtype=np.uint8)
+        idx += np.uint8(base)
+        t = tables[rows]
+        t[:, fin] = idx
+        if with_zero:
+            t[:, values == 0] = 0
+        tables[rows] = t
+    return luts, tables
 
 
 # --- the driver -----------------------------------------------------------------------------
@@ -613,11 +743,50 @@ def _stream_shard(
     return total
 
 
+def _cluster_blocks(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base) -> list:
+    """Per-block palettes (cluster rule 8, within each row): one pass, chunk by chunk of rows,
+    each chunk's blocks clustered on their own (:func:`mconv.passes.cluster.block_palettes`)."""
+    from mconv.passes import _stream_kernels as K
+    from mconv.passes.cluster import block_palettes
+
+    ind, lutp = job.outputs
+    prow = _packed_row(job.cols, scheme.bits)
+    block, bits, cols = scheme.block, scheme.bits, job.cols
+    nb, full = lutp.shape[1], cols // block * block
+
+    def work(r0: int, r1: int) -> tuple[float, float]:
+        x = K.to_float32(read_rows(job, r0, r1), job.src.dtype).reshape(r1 - r0, cols)
+        lut = np.zeros((r1 - r0, nb, 1 << bits), job.src.dtype)
+        codes = np.empty((r1 - r0, cols), np.uint8)
+        if full:  # whole blocks: the rows' first ``full`` values, as one run of blocks
+            head = np.ascontiguousarray(x[:, :full])
+            p, c = block_palettes(head, bits, block, init=scheme.init)
+            lut[:, : full // block] = p.reshape(r1 - r0, full // block, -1)
+            codes[:, :full] = c
+        if full < cols:  # each row's shorter last block
+            p, c = block_palettes(np.ascontiguousarray(x[:, full:]), bits, cols - full, init=scheme.init)
+            lut[:, -1] = p
+            codes[:, full:] = c
+        approx = lut[np.arange(r1 - r0)[:, None], (np.arange(cols) // block)[None, :], codes]
+        s = _Stats()
+        s.add(x, approx.astype(np.float32))
+        os.pwrite(ofd, lut.tobytes(), base + lutp.offset + r0 * nb * (job.src.dtype.itemsize << bits))
+        packed = K.pack4(codes) if bits == 4 else _pack(codes, bits)
+        os.pwrite(ofd, _mv(np.ascontiguousarray(packed)), base + ind.offset + r0 * prow)
+        return s.signal, s.noise
+
+    return [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes)]
+
+
 def _cluster_tensor(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base) -> list:
     """Palettes per group of rows: histogram pass, centroids, code pass (rule 4)."""
+    if scheme.block:
+        return _cluster_blocks(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
     t = job.src
     if t.dtype.itemsize != 2:  # float32: through float16 bit patterns would change values
         return _cluster_f32(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
+    if scheme.init == "linear":
+        return _cluster_groups_linear(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
     from mconv.passes import _stream_kernels as K
 
     ind, lutp = job.outputs
@@ -651,6 +820,69 @@ def _cluster_tensor(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base
 
         futures += [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes, lo, hi)]
         futures.append(pool.submit(lambda e=errors: e))
+    return futures
+
+
+GROUP_BATCH = 64  # groups whose histograms are counted together (64 x 512 KB per thread)
+
+
+def _cluster_groups_linear(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base) -> list:
+    """16-bit tensors, ``init="linear"``: the groups' histograms counted in one parallel pass
+    over a batch of groups (a chunk of rows adds to every group it spans), the batch's palettes
+    by :func:`_palettes_linear` (the same bytes as :func:`_palette_for` per group), then the
+    code pass, queued without waiting."""
+    from mconv.passes import _stream_kernels as K
+
+    t = job.src
+    ind, lutp = job.outputs
+    prow = _packed_row(job.cols, scheme.bits)
+    bounds = [0]
+    for rows in np.array_split(np.arange(job.rows), job.info["groups"]):
+        bounds.append(bounds[-1] + rows.size)
+    edges = np.array(bounds)
+    values = K.values16(t.dtype)
+    futures = []
+    for g0 in range(0, len(bounds) - 1, GROUP_BATCH):
+        g1 = min(g0 + GROUP_BATCH, len(bounds) - 1)
+        lo, hi = bounds[g0], bounds[g1]
+        acc: dict[int, np.ndarray] = {}  # per worker thread: [groups of the batch, 65536]
+
+        def count(r0: int, r1: int, acc=acc, g0=g0, g1=g1) -> None:
+            raw = read_rows(job, r0, r1).view(np.uint16).reshape(r1 - r0, job.cols)
+            mine = acc.setdefault(threading.get_ident(), np.zeros((g1 - g0, 1 << 16), np.int64))
+            first = int(np.searchsorted(edges, r0, side="right")) - 1
+            for g in range(first, g1):
+                a, b = max(edges[g], r0), min(edges[g + 1], r1)
+                if a >= b:
+                    break
+                mine[g - g0] += K.hist16(raw[a - r0 : b - r0])
+
+        for f in [pool.submit(count, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes, lo, hi)]:
+            f.result()
+        hists = np.sum(list(acc.values()), axis=0)
+        luts, tables = _palettes_linear(hists, t.dtype, scheme.bits)
+        os.pwrite(ofd, luts.tobytes(), base + lutp.offset + g0 * luts[0].nbytes)
+        # the report's error from the histograms: exact, and no pass over the tensor
+        sig = noise = 0.0
+        for h, lut, table in zip(hists, luts, tables):
+            e = K.hist_error(h, values, lut[table])
+            sig, noise = sig + e[0], noise + e[1]
+
+        def work(r0: int, r1: int, tables=tables, g0=g0, g1=g1) -> tuple[float, float]:
+            raw = read_rows(job, r0, r1).view(np.uint16).reshape(r1 - r0, job.cols)
+            codes = np.empty(raw.shape, np.uint8)
+            first = int(np.searchsorted(edges, r0, side="right")) - 1
+            for g in range(first, g1):
+                a, b = max(edges[g], r0), min(edges[g + 1], r1)
+                if a >= b:
+                    break
+                codes[a - r0 : b - r0] = K.lookup16(raw[a - r0 : b - r0], tables[g - g0])
+            packed = K.pack4(codes) if scheme.bits == 4 else _pack(codes, scheme.bits)
+            os.pwrite(ofd, _mv(np.ascontiguousarray(packed)), base + ind.offset + r0 * prow)
+            return 0.0, 0.0
+
+        futures += [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes, lo, hi)]
+        futures.append(pool.submit(lambda e=(sig, noise): e))
     return futures
 
 
@@ -766,9 +998,13 @@ def dequantized(path: str | os.PathLike) -> dict[str, np.ndarray]:
         else:
             codes = _unpack(np.asarray(byname[f"{name}.indices"]), bits, cols)
             lut = np.asarray(byname[f"{name}.lut"])
-            w = np.empty((rows, cols), np.float32)
-            for g, r in enumerate(np.array_split(np.arange(rows), lut.shape[0])):
-                w[r] = lut[g][codes[r]]
+            if "block" in d:  # [rows, blocks per row, 2**bits]
+                at = np.arange(cols) // int(d["block"])
+                w = lut[np.arange(rows)[:, None], at[None, :], codes].astype(np.float32)
+            else:
+                w = np.empty((rows, cols), np.float32)
+                for g, r in enumerate(np.array_split(np.arange(rows), lut.shape[0])):
+                    w[r] = lut[g][codes[r]]
         out[name] = w.astype(dtype).reshape(shape)
     return out
 
@@ -777,7 +1013,7 @@ def dequantized(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 # Options of the passes that stream, and the Scheme field each one sets.
 _STREAMABLE = {
-    "cluster": {"bits", "init", "groups", "min_elements"},
+    "cluster": {"bits", "init", "groups", "block", "min_elements"},
     "blockwise": {"bits", "block", "sym", "method", "min_elements"},
 }
 

@@ -141,7 +141,7 @@ def record_compression(model: ir.Model, value: ir.Value, **facts) -> None:
     """Record ``facts`` about ``value`` per value (rule 1) and per model (rule 2)."""
     if facts.get("pruned"):
         value.metadata_props[PRUNED_KEY] = "1"
-    cluster = {k: facts[k] for k in ("bits", "init", "groups", "axis") if k in facts}
+    cluster = {k: facts[k] for k in ("bits", "init", "groups", "axis", "block") if k in facts}
     if cluster:
         value.metadata_props[CLUSTER_KEY] = json.dumps(cluster, sort_keys=True)
     if facts.get("index_bits") is not None:

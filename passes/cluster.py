@@ -40,6 +40,19 @@ Rules:
    it); each tensor's settings go to its metadata (``mconv.cluster`` = bits, init, groups, axis;
    model-level ``mconv.compression``) so export re-derives the codebook (distinct values ->
    palette) and fine-tuning can update centroids.
+8. ``block = B`` (per-block palettes; not with ``groups``): the tensor as stored, flattened
+   (C order), is cut into blocks of B consecutive values (the last one shorter when B does not
+   divide the size); each block gets its own ``2**bits`` centroids (``2**bits - 1`` and the
+   zero when the block holds exact zeros), by Lloyd on the block's exact values (rules 1, 5,
+   6), all blocks at once (:func:`block_palettes`), from ``init`` ``linear`` (default, as
+   above), ``density`` (the block's quantiles) or ``optimal`` (the exact DP of rule 4 on the
+   block merged into at most 8 k equal-length runs of its sorted values, exact when the block
+   has no more values than that, then Lloyd; 2-5 dB better than ``linear`` on heavy-tailed
+   weights, 2-7x slower). For a row-major
+   ``[out, in]`` weight (``nn.Linear``, a Gemm with ``transB``, safetensors files) with B
+   dividing ``in``, a block is B inputs of one output channel; for a MatMul's ``[in, out]``
+   weight it is B output channels of one input. The metadata records ``block`` (no
+   ``groups``/``axis``); export stores the tensor with the palette codec's ``block``.
 """
 
 from __future__ import annotations
@@ -418,6 +431,256 @@ def _cluster_flat(flat: np.ndarray, k: int, init: Init, max_iter: int, seed: int
     return out
 
 
+BLOCK_CHUNK = 1 << 20  # values per piece of block_palettes: whole blocks, bounded temporaries
+
+
+def _order_keys(x: np.ndarray) -> np.ndarray:
+    """int64 keys of float32 values, in the values' order (-0.0 just below +0.0)."""
+    u = x.view(np.uint32).astype(np.int64)
+    return np.where(u >= 1 << 31, (1 << 32) - 1 - u, u + (1 << 31))
+
+
+BLOCK_INITS = ("linear", "density", "optimal")  # rule 8
+GRID_PER_CLUSTER = 8  # block palettes, init="optimal": the DP runs on at most 8 k bins of a block
+
+
+def _grid_optimal_rows(xs: np.ndarray, live: np.ndarray, k: int) -> np.ndarray:
+    """Initial centroids for Lloyd: the exact DP (:func:`_optimal_weighted`) on each row's
+    sorted values merged into at most :data:`GRID_PER_CLUSTER` ``* k`` bins of equal length
+    (a bin's weight is its live values' count, its item their mean): exact k-means when the
+    row has no more values than bins."""
+    rows, width = xs.shape
+    m = -(-width // (GRID_PER_CLUSTER * k))
+    if m <= 1:
+        return _optimal_rows(xs, live, k)
+    pad = -width % m
+    x = np.where(live, xs.astype(np.float64), 0.0)
+    w = live.astype(np.float64)
+    if pad:
+        x = np.concatenate([x, np.zeros((rows, pad))], axis=1)
+        w = np.concatenate([w, np.zeros((rows, pad))], axis=1)
+    ws = w.reshape(rows, -1, m).sum(axis=2)
+    xs_ = x.reshape(rows, -1, m).sum(axis=2)
+    return _optimal_weighted(np.where(ws > 0, xs_ / np.maximum(ws, 1e-300), 0.0), ws, k)
+
+
+def _lloyd_rows(xs: np.ndarray, live: np.ndarray, k: int, max_iter: int, init: str = "linear") -> np.ndarray:
+    """1-D k-means of every row of ``xs`` (float32 ``[n, B]``, each row sorted) at once, over
+    the values where ``live`` (the others, exact zeros, are left out), as :func:`lloyd_bins`
+    does per tensor: centroids start evenly spaced between the row's least and greatest live
+    value (``linear``); Lloyd steps until no row changes (a row at its fixed point stays there,
+    so stepping the others further changes nothing) or ``max_iter``. A value exactly between
+    two centroids goes to the lower; an empty cluster keeps its centroid. Each step is a binary
+    search per midpoint in the rows' prefix sums: O(n k log(n B)), not O(n B k). Returns the
+    centroids ``[n, k]`` (float64, sorted per row)."""
+    n, width = xs.shape
+    x64 = xs.astype(np.float64)
+    pc = np.zeros((n, width + 1), np.int64)
+    np.cumsum(live, axis=1, out=pc[:, 1:])
+    pt = np.zeros((n, width + 1))
+    np.cumsum(np.where(live, x64, 0.0), axis=1, out=pt[:, 1:])
+    big = np.where(live, x64, np.inf).min(axis=1)
+    small = np.where(live, x64, -np.inf).max(axis=1)
+    dead = ~np.isfinite(big)  # rows without a live value
+    big[dead] = small[dead] = 0.0
+    row = np.arange(n, dtype=np.int64)[:, None]
+    if init == "optimal":
+        c = _grid_optimal_rows(xs, live, k)
+    elif init == "density":  # the live values' quantiles (k of them, at (j + 0.5) / k)
+        nlive = pc[:, -1]
+        below = (xs < 0).sum(axis=1)  # the zeros sit between the negatives and the positives
+        p = ((np.arange(k) + 0.5)[None, :] / k * nlive[:, None]).astype(np.int64)
+        p = np.where(p >= below[:, None], p + (width - nlive)[:, None], p)
+        c = np.take_along_axis(x64, np.minimum(p, width - 1), axis=1)
+        c[nlive == 0] = 0.0
+    else:
+        c = big[:, None] + (small - big)[:, None] * np.linspace(0.0, 1.0, k)[None, :]
+        c[:, -1] = small  # exact ends, as np.linspace
+    keys = (_order_keys(xs) + (row << 32)).ravel()  # ascending: rows sorted, row-major
+    bounds = np.empty((n, k + 1), np.int64)
+    bounds[:, 0], bounds[:, -1] = 0, width
+    for _ in range(max_iter):
+        mids = (c[:, 1:] + c[:, :-1]) / 2
+        # values <= mid are the float32 values <= mid rounded down to float32
+        f = mids.astype(np.float32)
+        f = np.where(f > mids, np.nextafter(f, np.float32(-np.inf)), f) + np.float32(0.0)
+        at = np.searchsorted(keys, (_order_keys(f) + (row << 32)).ravel(), side="right")
+        bounds[:, 1:-1] = at.reshape(n, k - 1) - row * width
+        cb = np.take_along_axis(pc, bounds, axis=1)
+        tb = np.take_along_axis(pt, bounds, axis=1)
+        counts = cb[:, 1:] - cb[:, :-1]
+        new = np.where(counts > 0, (tb[:, 1:] - tb[:, :-1]) / np.maximum(counts, 1), c)
+        new.sort(axis=1)
+        if (new == c).all():
+            break
+        c = new
+    return c
+
+
+def _optimal_rows(xs: np.ndarray, live: np.ndarray, k: int) -> np.ndarray:
+    """Exact 1-D k-means of every row of ``xs`` (float32 ``[n, B]``, each row sorted) over its
+    ``live`` values, all rows at once: :func:`optimal_partition`'s divide-and-conquer DP with
+    the segments of every row in one array per level (dead values weigh nothing). Returns the
+    centroids ``[n, k]`` (float64, sorted; a cluster left without a live value repeats its
+    neighbour's centroid)."""
+    return _optimal_weighted(np.where(live, xs.astype(np.float64), 0.0), live.astype(np.float64), k)
+
+
+def _optimal_weighted(x: np.ndarray, w: np.ndarray, k: int) -> np.ndarray:
+    """:func:`_optimal_rows` on weighted items: ``x`` the items' means (float64, sorted per
+    row), ``w`` their weights (0: left out)."""
+    rows, width = x.shape
+    x = x * (w > 0)
+    live = w > 0
+    if width <= k:  # every value its own cluster
+        c = np.where(live, x, np.nan)
+        c = np.concatenate([c, np.full((rows, k - width), np.nan)], axis=1)
+        return _fill_empty(c)
+    mean = (x * w).sum(axis=1) / np.maximum(w.sum(axis=1), 1e-300)
+    s = (x - mean[:, None]) * w  # centred, for conditioning (as optimal_partition)
+    stride = width + 1
+    pw = np.zeros((rows, stride))
+    np.cumsum(w, axis=1, out=pw[:, 1:])
+    ps = np.zeros((rows, stride))
+    np.cumsum(s, axis=1, out=ps[:, 1:])
+    pw, ps = pw.ravel(), ps.ravel()
+
+    def gain(at: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:  # row offsets ``at``
+        d = ps[at + b] - ps[at + a]
+        den = pw[at + b] - pw[at + a]
+        return np.where(den > 0, d * d / np.maximum(den, 1e-300), 0.0)
+
+    off = np.arange(rows, dtype=np.int64) * stride
+    prev = np.full(rows * stride, -np.inf)
+    i = np.arange(1, stride, dtype=np.int64)
+    prev.reshape(rows, stride)[:, 1:] = gain(off[:, None], np.zeros_like(i)[None, :], i[None, :])
+    splits = np.zeros((k + 1, rows * stride), np.int32)
+    for j in range(2, k + 1):
+        cur = np.full(rows * stride, -np.inf)
+        top = width if j == k else width - (k - j)
+        at = off.copy()
+        lo = np.full(rows, width if j == k else j, np.int64)
+        hi = np.full(rows, top, np.int64)
+        optlo, opthi = np.full(rows, j - 1, np.int64), hi - 1
+        while lo.size:
+            mid = (lo + hi) // 2
+            lengths = np.minimum(mid - 1, opthi) - optlo + 1
+            starts = np.zeros(mid.size, dtype=np.int64)
+            np.cumsum(lengths[:-1], out=starts[1:])
+            seg = np.repeat(np.arange(mid.size), lengths)
+            a = np.arange(seg.size) - np.repeat(starts - optlo, lengths)
+            base = at[seg]
+            vals = prev[base + a] + gain(base, a, mid[seg])
+            best = np.maximum.reduceat(vals, starts)
+            hit = np.flatnonzero(vals == best[seg])
+            first = np.ones(hit.size, dtype=bool)
+            first[1:] = seg[hit[1:]] != seg[hit[:-1]]
+            arg = a[hit[first]]
+            cur[at + mid] = best
+            splits[j, at + mid] = arg
+            left, right = lo <= mid - 1, mid + 1 <= hi
+            lo, hi, optlo, opthi, at = (
+                np.concatenate([lo[left], mid[right] + 1]),
+                np.concatenate([mid[left] - 1, hi[right]]),
+                np.concatenate([optlo[left], arg[right]]),
+                np.concatenate([arg[left], opthi[right]]),
+                np.concatenate([at[left], at[right]]),
+            )
+        prev = cur
+    bounds = np.empty((rows, k + 1), np.int64)
+    bounds[:, k], bounds[:, 0] = width, 0
+    for j in range(k, 1, -1):
+        bounds[:, j - 1] = splits[j, off + bounds[:, j]]
+    px = np.zeros((rows, stride))
+    np.cumsum(x * w, axis=1, out=px[:, 1:])
+    pw2 = pw.reshape(rows, stride)
+    count = np.diff(np.take_along_axis(pw2, bounds, axis=1), axis=1)
+    total = np.diff(np.take_along_axis(px, bounds, axis=1), axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = np.where(count > 0, total / count, np.nan)
+    return _fill_empty(c)
+
+
+def _fill_empty(c: np.ndarray) -> np.ndarray:
+    """Rows of centroids with nan (empty clusters) filled from the nearest finite one before
+    (else after; 0 in a row without any), then sorted."""
+    c = c.copy()
+    bad = np.isnan(c)
+    if bad.any():
+        idx = np.where(~bad, np.arange(c.shape[1])[None, :], 0)
+        np.maximum.accumulate(idx, axis=1, out=idx)
+        filled = np.take_along_axis(c, idx, axis=1)
+        c = np.where(bad, filled, c)
+        # leading nans (no finite value before): the first finite value of the row
+        first = np.where(np.isnan(c), np.inf, 0.0)
+        fin = np.where(np.isnan(c), np.nan, c)
+        lead = np.nanmin(np.where(np.isnan(fin), np.inf, fin), axis=1)
+        lead[~np.isfinite(lead)] = 0.0
+        c = np.where(np.isinf(first), lead[:, None], c)
+    c.sort(axis=1)
+    return c
+
+
+def block_palettes(
+    array: np.ndarray, bits: int, block: int, *, init: str = "linear", max_iter: int = 100
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-block palettes (rule 8): ``array`` flattened (C order) cut into blocks of ``block``
+    values (the last one shorter when the size is not a multiple), each clustered on its own.
+    Returns the palettes (``[blocks, 2**bits]`` in ``array``'s dtype: a block's centroids
+    sorted, zero first when the block holds exact zeros, unused entries zero) and the codes
+    (uint8, ``array``'s shape) with ``palettes[flat_index // block, code]`` the clustered value.
+    Vectorised over blocks, piece by piece (:data:`BLOCK_CHUNK` values)."""
+    flat = np.ascontiguousarray(array).reshape(-1)
+    n = flat.size
+    nb = -(-n // block) if n else 0
+    dtype = array.dtype
+    if not np.isfinite(flat).all():
+        raise InputError("weights hold inf or nan", hint="clean the weights before clustering")
+    lut = np.zeros((nb, 1 << bits), dtype)
+    codes = np.zeros(n, np.uint8)
+    full = n // block
+    step = max(BLOCK_CHUNK // block, 1)
+
+    def run(lo: int, hi: int, width: int) -> None:  # blocks lo..hi-1, each ``width`` values
+        x = flat[lo * block : lo * block + (hi - lo) * width].reshape(hi - lo, width).astype(np.float32)
+        xs = np.sort(x, axis=1)
+        holds_zero = (xs == 0).any(axis=1)
+        code = np.zeros(x.shape, np.uint8)
+        for zero in (False, True):  # blocks without zeros: 2**bits centroids; with: the zero + 2**bits - 1
+            rows = np.flatnonzero(holds_zero == zero)
+            if rows.size == 0:
+                continue
+            k, base = ((1 << bits) - 1, 1) if zero else (1 << bits, 0)
+            c = _lloyd_rows(xs[rows], xs[rows] != 0, k, max_iter, init)
+            lut[lo + rows, base : base + k] = c.astype(dtype)
+            # each value to its nearest centroid, a value between two to the lower (as above)
+            mids = (c[:, 1:] + c[:, :-1]) / 2
+            part = x[rows]
+            got = np.full(part.shape, base, np.uint8)
+            for m in range(k - 1):
+                got += part > mids[:, m : m + 1]
+            got[part == 0] = 0
+            code[rows] = got
+        codes[lo * block : lo * block + x.size] = code.ravel()
+
+    for lo in range(0, full, step):
+        run(lo, min(lo + step, full), block)
+    if full < nb:
+        run(full, nb, n - full * block)
+    return lut, codes.reshape(array.shape)
+
+
+def cluster_blocks(
+    array: np.ndarray, bits: int, block: int, *, init: str = "linear", max_iter: int = 100
+) -> np.ndarray:
+    """``array`` with each block's values replaced by their block's centroids (rule 8)."""
+    lut, codes = block_palettes(array, bits, block, init=init, max_iter=max_iter)
+    if array.size == 0:
+        return array.copy()
+    at = np.arange(array.size) // block
+    return lut[at, codes.reshape(-1)].reshape(array.shape)
+
+
 def cluster_array(
     array: np.ndarray,
     bits: int,
@@ -483,6 +746,8 @@ class Cluster(Pass):
         bits: int = 5
         init: Init = "linear"
         groups: int = 1
+        # > 0: one palette per ``block`` consecutive values of the stored tensor (rule 8)
+        block: int = 0
         max_iter: int = 300
         min_elements: int = 16
         skip: bool = False
@@ -506,28 +771,47 @@ class Cluster(Pass):
                 raise InputError(f"bits={cfg.bits}", where=f"node {ref.node.name}", hint="use 1 .. 8")
             if cfg.groups < 1:
                 raise InputError(f"groups={cfg.groups}", where=f"node {ref.node.name}", hint="use 1 or more")
+            if isinstance(cfg.block, bool) or not isinstance(cfg.block, int) or cfg.block < 0:
+                raise InputError(
+                    f"block={cfg.block!r}", where=f"node {ref.node.name}", hint="use 0 (off) or a block size"
+                )
+            if cfg.block and cfg.groups > 1:
+                raise InputError(
+                    f"block={cfg.block} with groups={cfg.groups}",
+                    where=f"node {ref.node.name}",
+                    hint="one palette per block or per group of channels, not both",
+                )
+            if cfg.block and cfg.init not in BLOCK_INITS:
+                raise InputError(
+                    f"init={cfg.init!r} with block={cfg.block}",
+                    where=f"node {ref.node.name}",
+                    hint=f"per-block palettes take init {', '.join(BLOCK_INITS)}",
+                )
             w = ref.array()
             if w.size < cfg.min_elements:
                 continue
             ctx.tick(f"cluster {ref.name}", i, len(refs))
-            clustered = cluster_array(
-                w,
-                cfg.bits,
-                cfg.init,
-                groups=cfg.groups,
-                axis=ref.out_axis,
-                max_iter=cfg.max_iter,
-                seed=ctx.seed + i,
-            )
+            if cfg.block:
+                clustered = cluster_blocks(w, cfg.bits, cfg.block, init=cfg.init, max_iter=cfg.max_iter)
+            else:
+                clustered = cluster_array(
+                    w,
+                    cfg.bits,
+                    cfg.init,
+                    groups=cfg.groups,
+                    axis=ref.out_axis,
+                    max_iter=cfg.max_iter,
+                    seed=ctx.seed + i,
+                )
             ref.set_array(clustered)
+            facts = {"block": cfg.block} if cfg.block else {"groups": cfg.groups, "axis": ref.out_axis}
             record_compression(
                 model,
                 ref.value,
                 bits=cfg.bits,
                 init=cfg.init,
-                groups=cfg.groups,
-                axis=ref.out_axis,
                 index_bits=cfg.index_bits,
+                **facts,
             )
             book = value_histogram(clustered)[0]  # chunked: no full-size mask or sorted copy
             tensors.append(
@@ -539,6 +823,7 @@ class Cluster(Pass):
                     "bits": cfg.bits,
                     "init": cfg.init,
                     "groups": cfg.groups,
+                    **({"block": cfg.block} if cfg.block else {}),
                     "codebook_size": int(np.count_nonzero(book)),
                     "mse": squared_error(w, clustered) / max(w.size, 1),
                     "snr_db": snr_db(w, clustered),

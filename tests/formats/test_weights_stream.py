@@ -45,10 +45,15 @@ SCHEMES = [
     Scheme("cluster", 4),
     Scheme("cluster", 3, groups=4),
     Scheme("cluster", 1),
+    Scheme("cluster", 3, block=64),
 ]
 
 
-@pytest.mark.parametrize("scheme", SCHEMES, ids=lambda s: f"{s.kind}{s.bits}")
+@pytest.mark.parametrize(
+    "scheme",
+    SCHEMES,
+    ids=lambda s: f"{s.kind}{s.bits}" + (f"b{s.block}" if s.kind == "cluster" and s.block else ""),
+)
 def test_single_file_round_trip(scheme, tmp_path):
     t = _tensors(1)
     save_file(t, str(tmp_path / "w.safetensors"))
@@ -289,6 +294,7 @@ def test_cli_optimize_streams_a_checkpoint_with_the_same_bytes(tmp_path):
         ("blockwise(bits=4, block=32)", Scheme("blockwise", 4, 32)),
         ("blockwise(bits=4, block=64, sym=false)", Scheme("blockwise", 4, 64, False)),
         ("cluster(bits=3, groups=4)", Scheme("cluster", 3, groups=4)),
+        ("cluster(bits=2, block=96)", Scheme("cluster", 2, block=96)),
     ):
         p = _cli("optimize", "w.safetensors", "--passes", spec, "-o", "c.safetensors", "--json", cwd=tmp_path)
         assert p.returncode == 0, p.stderr
@@ -309,3 +315,68 @@ def test_cli_optimize_streams_a_checkpoint_with_the_same_bytes(tmp_path):
     p = _cli("optimize", "w.safetensors", "--passes", "blockwise", "-o", "out2", cwd=tmp_path)
     assert p.returncode == 2 and "OUT.safetensors" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "out2").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_cluster_blocks_within_each_row_equal_the_graph_pass_per_block(dtype, tmp_path):
+    """``cluster(block=B)`` streamed: each row's blocks (the last one shorter, 200 = 64 * 3 + 8)
+    are the graph pass's per-block palettes of that row's values (cluster rule 8), whatever the
+    chunking; the palettes are stored in the tensor's dtype."""
+    from mconv.passes.cluster import cluster_blocks
+
+    rng = np.random.default_rng(31)
+    w = (rng.standard_normal((40, 200)) * 0.02).astype(dtype)
+    w[3, :70] = 0
+    save_file({"w": w}, str(tmp_path / "w.safetensors"))
+    for chunk in (800, 1 << 20):
+        r = compress_checkpoint(
+            tmp_path / "w.safetensors",
+            tmp_path / "o.safetensors",
+            Scheme("cluster", 3, block=64),
+            chunk_bytes=chunk,
+        )
+        got = load_file(str(tmp_path / "o.safetensors"))
+        assert got["w.lut"].shape == (40, 4, 8) and got["w.lut"].dtype == np.dtype(dtype)
+        d = dequantized(tmp_path / "o.safetensors")["w"]
+        for row in (0, 3, 39):
+            x = w[row]
+            want = np.concatenate([cluster_blocks(x[:192], 3, 64), cluster_blocks(x[192:], 3, 8)])
+            assert len(np.unique(d[row][:64])) <= 8
+            np.testing.assert_array_equal(d[row], want.astype(dtype))
+        assert np.all(d[3, :70] == 0)
+        bpw = (got["w.lut"].nbytes + got["w.indices"].nbytes) * 8 / w.size
+        assert r.tensors[0]["bits_per_weight"] == pytest.approx(bpw, abs=1e-3)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("bits", [1, 3, 4])
+def test_batched_linear_palettes_are_the_per_group_palettes_bit_for_bit(dtype, bits):
+    """The groups' palettes of a batch at once (``_palettes_linear``) against the per-group
+    code (``_palette_for``, Lloyd on one histogram), on awkward groups: with zeros, a single
+    value, all zeros, fewer values than centroids, ties with a midpoint."""
+    import ml_dtypes
+    from mconv.formats.weights_stream import _palette_for, _palettes_linear
+    from mconv.passes import _stream_kernels as K
+
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    rng = np.random.default_rng(50 + bits)
+    hists = []
+    for g in range(10):
+        w = (rng.standard_t(4, size=int(rng.integers(50, 3000))) * 0.02).astype(dt)
+        if g % 3 == 0:
+            w[:10] = 0
+        if g == 4:
+            w[:] = w[0]
+        if g == 5:
+            w[:] = 0
+        if g == 6:
+            w = w[:5]
+        if g == 7:
+            w[:] = 0
+            w[:3] = 1.5
+        hists.append(K.hist16(w.view(np.uint16)))
+    luts, tables = _palettes_linear(np.stack(hists), dt, bits)
+    for g, h in enumerate(hists):
+        lut, table = _palette_for(h, dt, bits, "linear")
+        assert np.array_equal(lut.view(np.uint32), luts[g].view(np.uint32)), g
+        assert np.array_equal(table, tables[g]), g

@@ -272,3 +272,95 @@ def test_groups_along_axis_1_give_each_column_group_its_own_codebook():
     out = cluster_array(w, 2, "optimal", groups=2, axis=1)
     assert np.unique(out[:, :4]).size <= 4 and np.unique(out[:, 4:]).size <= 4
     assert set(np.unique(out[:, :4])).isdisjoint(np.unique(out[:, 4:]))
+
+
+# --- per-block palettes (rule 8) --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [64, 100])
+def test_block_palettes_are_lloyd_per_block_from_the_per_tensor_code(block):
+    """Each block (the last one shorter when ``block`` does not divide the size) equals
+    :func:`kmeans_1d` run on that block alone (the per-tensor Lloyd on bins), zeros kept with
+    one centroid less in a block that holds them."""
+    from mconv.passes.cluster import cluster_blocks, kmeans_1d
+
+    rng = np.random.default_rng(21)
+    w = (rng.standard_t(4, size=(12, 50)) * 0.1).astype(np.float32)
+    w[3, 5:30] = 0  # a block with zeros (and one all but empty of nonzeros is not needed)
+    got = cluster_blocks(w, 3, block, init="linear", max_iter=300).reshape(-1)
+    flat = w.reshape(-1)
+    for lo in range(0, flat.size, block):
+        part, out = flat[lo : lo + block], got[lo : lo + block]
+        nz = part != 0
+        k = 7 if (~nz).any() else 8
+        c = kmeans_1d(part[nz], k, "linear", max_iter=300).astype(np.float32)
+        mids = (c[1:].astype(np.float64) + c[:-1]) / 2
+        want = c[np.searchsorted(mids, part[nz].astype(np.float64), side="left")]
+        np.testing.assert_array_equal(out[nz], want)
+        assert np.all(out[~nz] == 0)
+        assert np.unique(out).size <= 8
+
+
+def test_block_palettes_codes_and_float16_tensors():
+    from mconv.passes.cluster import block_palettes
+
+    rng = np.random.default_rng(22)
+    w = (rng.standard_normal((8, 256)) * 0.02).astype(np.float16)
+    lut, codes = block_palettes(w, 4, 128)
+    assert lut.shape == (16, 16) and lut.dtype == np.float16 and codes.dtype == np.uint8
+    back = lut[np.arange(w.size) // 128, codes.reshape(-1)].reshape(w.shape)
+    x = w.astype(np.float64)
+    snr = 10 * np.log10((x**2).sum() / ((x - back) ** 2).sum())
+    assert 18 < snr < 40  # 16 values per 128: better than one palette per tensor (~20 dB), not lossless
+    # the nearest centroid of its own block (brute force; float16 centroids)
+    blocks = np.arange(w.size) // 128
+    d = np.abs(x.reshape(-1)[:, None] - lut[blocks].astype(np.float64))
+    assert np.all(d[np.arange(w.size), codes.reshape(-1)] <= d.min(axis=1) + 1e-3 * np.abs(x).max())
+
+
+def test_pass_block_option_records_block_and_refuses_groups(build, run_ort):
+    rng = np.random.default_rng(23)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    from onnx import helper
+
+    model = build(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="fc")],
+        [("x", TensorProto.FLOAT, [1, 64])],
+        [("y", TensorProto.FLOAT, [1, 32])],
+        [("W", w)],
+    )
+    model, reports = P.run_pipeline(model, P.parse_spec("cluster(bits=2, block=64)"))
+    out = model.graph.initializers["W"].const_value.numpy()
+    assert all(np.unique(b).size <= 4 for b in out.reshape(-1, 64))
+    assert np.unique(out).size > 4  # not one palette for the whole tensor
+    assert compression_info(model)["W"]["block"] == 64 and "groups" not in compression_info(model)["W"]
+    assert reports[0].tensors[0]["block"] == 64
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    np.testing.assert_allclose(run_ort(model, {"x": x})["y"], x @ out, rtol=1e-5, atol=1e-5)
+    for bad in (
+        "cluster(bits=2, block=64, groups=2)",
+        "cluster(bits=2, block=-1)",
+        "cluster(bits=2, block=8, init='kmeans++')",
+    ):
+        with pytest.raises(InputError):
+            P.run_pipeline(model, P.parse_spec(bad))
+
+
+def test_block_palettes_optimal_init_is_the_exact_optimum_on_short_blocks_and_beats_linear():
+    """``init='optimal'``: on blocks of at most 8 k values the DP is exact, so each block's
+    squared error equals the per-tensor exact DP (:func:`optimal_partition`) on that block;
+    on longer heavy-tailed blocks it beats ``linear``."""
+    from mconv.passes.cluster import _segment_means, cluster_blocks, optimal_partition
+
+    rng = np.random.default_rng(24)
+    w = (rng.standard_t(4, size=(6, 60)) * 0.1).astype(np.float32)
+    got = cluster_blocks(w, 3, 60, init="optimal").astype(np.float64)
+    for r in range(6):
+        u, cnt = np.unique(w[r].astype(np.float64), return_counts=True)
+        c = _segment_means(cnt, u * cnt, optimal_partition(cnt, u * cnt, 8))
+        mids = (c[1:] + c[:-1]) / 2
+        best = ((w[r] - c[np.searchsorted(mids, w[r].astype(np.float64))]) ** 2).sum()
+        assert ((w[r] - got[r]) ** 2).sum() == pytest.approx(best, rel=1e-6)
+    big = (rng.standard_t(5, size=(64, 1024)) * 0.02).astype(np.float32)
+    err = {i: float(((cluster_blocks(big, 4, 512, init=i) - big) ** 2).sum()) for i in ("linear", "optimal")}
+    assert err["optimal"] < 0.8 * err["linear"]
