@@ -148,7 +148,8 @@ def run_one(name: str, seed: int, args) -> dict:
         result = compress_to_budget(
             loader(),
             calib,
-            max_drop=args.max_drop,
+            max_drop=None if args.size_only else args.max_drop,
+            target_size=args.target_size,
             seed=seed,
             progress=progress,
             attempts=args.attempts,
@@ -198,6 +199,12 @@ def main() -> int:
     ap.add_argument("--models", default="p3,dwcnn,p2")
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--max-drop", type=float, default=0.005)
+    ap.add_argument(
+        "--target-size",
+        default=None,
+        help="weights.mcw size (44KB, bytes) as mconv optimize --target-size",
+    )
+    ap.add_argument("--size-only", action="store_true", help="--target-size without --max-drop")
     ap.add_argument("--estimators", action="store_true")
     ap.add_argument(
         "--engine", default="reference", choices=["reference", "xla"], help="where fine-tuning runs"

@@ -395,3 +395,57 @@ def test_a_gate_too_small_to_tell_the_drop_says_so():
     notes = [n for n in result.notes if "cannot tell" in n]
     assert len(notes) == 1 and "50 samples" in notes[0] and "0.0200" in notes[0]
     assert "cannot tell" in B.summary_text(result)
+
+
+def test_a_stage_is_worse_only_beyond_the_paired_noise_of_the_held_out_split():
+    """Rule 6's rollback check: one sample lost on 250 (a paired standard error of 0.004) is not
+    evidence that a stage hurt; three lost and none gained are; three lost and three gained
+    are a net zero; cosine outputs roll back on any loss."""
+    rng = np.random.default_rng(40)
+    labels = rng.integers(0, 10, 250)
+    good = np.eye(10)[labels] + 0.01 * rng.standard_normal((250, 10))
+    ev = B._Evaluator({}, "y", good, labels)
+    idx = np.arange(250)
+
+    def wrong_on(rows):
+        out = good.copy()
+        out[rows] = np.roll(out[rows], 1, axis=1)
+        return out
+
+    assert not ev.worse(good, wrong_on([0]), idx)
+    assert ev.worse(good, wrong_on([0, 1, 2]), idx)
+    assert not ev.worse(wrong_on([0, 1, 2]), good, idx)  # better is never worse
+    assert not ev.worse(wrong_on([0, 1, 2]), wrong_on([3, 4, 5]), idx)  # net zero
+    assert ev.worse(wrong_on([0]), wrong_on([3, 4, 5, 6]), idx)
+    cos = B._Evaluator({}, "y", np.ones((4, 1)), None)
+    assert cos.worse(np.ones((4, 1)), np.array([[1.0], [1.0], [1.0], [0.9]]), np.arange(4))
+
+
+def test_the_allocation_within_a_byte_budget_is_the_least_costly_one_that_fits():
+    """``_within`` (rule 5's knapsack) against every combination of the layers' options."""
+    import itertools
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(41)
+    for _ in range(60):
+        layers = []
+        for j in range(3):
+            opts = {}
+            for s in range(int(rng.integers(1, 5))):
+                opts[(s / 10, int(rng.integers(3, 9)))] = (int(rng.integers(10, 5000)), float(rng.random()))
+            layers.append(SimpleNamespace(name=f"l{j}", options=opts))
+        budget = int(rng.integers(100, 12000))
+        got = B._within(layers, budget, quanta=1 << 20)  # one quantum a byte: exact
+        best = None
+        for combo in itertools.product(*[list(layer.options) for layer in layers]):
+            nbytes = sum(layer.options[k][0] for layer, k in zip(layers, combo))
+            cost = sum(layer.options[k][1] for layer, k in zip(layers, combo))
+            if nbytes <= budget and (best is None or cost < best - 1e-12):
+                best = cost
+        if best is None:
+            assert got is None
+            continue
+        assert sum(layer.options[got[layer.name]][0] for layer in layers) <= budget
+        assert sum(layer.options[got[layer.name]][1] for layer in layers) == pytest.approx(best, abs=1e-12)
+        coarse = B._within(layers, budget, quanta=16)  # coarse quanta round up: never over the budget
+        assert coarse is None or sum(layer.options[coarse[layer.name]][0] for layer in layers) <= budget
