@@ -75,7 +75,8 @@ Rules
    fine-tuning* is at most ``max(10 * max_drop, 0.05)`` on the training samples. A failed
    gate backs off towards the original (larger ``lam``: the layers that cost most per byte get
    their bytes back first). ``target_size`` alone: the least costly allocation whose predicted
-   weight file fits, checked after export (smaller ones if the export overshoots). Both: only
+   weight file fits, checked after export (when the export overshoots: the least costly
+   allocation of the budget cut by the overshoot and 2% more, else a smaller one). Both: only
    allocations that fit are searched; when none passes the gate, :class:`BudgetNotMet` (a
    :class:`GateFailed`, exit 1) carries the best result found (:attr:`BudgetNotMet.result`).
 8. **No data.** Only a data-free check: per layer the smallest setting whose weight SNR is at
@@ -1256,8 +1257,18 @@ def compress_to_budget(
     if max_drop is None:  # target size alone: the least costly allocation that fits
         k = min(range(len(fitting)), key=lambda i: (_alloc_cost(layers, fitting[i]), -i))
         r = run(k)
-        while not r["ok_size"] and k > 0 and len(tried) < attempts:
-            k = max(k - max(1, len(fitting) // 8), 0)
+        while not r["ok_size"] and len(tried) < attempts:
+            # the export overshot the prediction: the least costly allocation of a budget cut
+            # by the overshoot (and 2% more), else the next smaller frontier point
+            over = r["sizes"]["weights_file"] - target
+            cut = _within(layers, _alloc_bytes(layers, fitting[k]) - over - (room + 49) // 50)
+            if cut is not None and cut not in fitting:
+                fitting.append(cut)
+                k = len(fitting) - 1
+            elif k > 0:
+                k = max(k - max(1, len(fitting) // 8), 0)
+            else:
+                break
             r = run(k)
         best = min(tried.values(), key=lambda r: (not r["ok_size"], r["drop"], r["sizes"]["weights_file"]))
     else:

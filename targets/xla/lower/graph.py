@@ -56,8 +56,21 @@ def _opset(model: ir.Model) -> int:
     return int(model.opset_imports.get("", model.opset_imports.get("ai.onnx", 21)))
 
 
+def _widened(arr: np.ndarray) -> np.ndarray:
+    """4-bit integer codes (ml_dtypes int4/uint4) as int8/uint8: numpy and the weights
+    container have no 4-bit arrays, and DequantizeLinear computes the same from either."""
+    name = arr.dtype.name
+    if name == "int4":
+        return arr.astype(np.int8)
+    if name == "uint4":
+        return arr.astype(np.uint8)
+    return arr
+
+
 def _is_weight_dtype(arr: np.ndarray) -> bool:
-    return arr.dtype.kind == "f" or arr.dtype in _ARG_INT_DTYPES
+    # 4-bit codes too: as arguments (stored by the container, a palette of 16 values at 4 bits
+    # or less) rather than constants serialised at a byte each into both program files
+    return arr.dtype.kind == "f" or arr.dtype in _ARG_INT_DTYPES or arr.dtype.name in ("int4", "uint4")
 
 
 def _subgraphs(node: ir.Node) -> list[ir.Graph]:
@@ -176,7 +189,7 @@ class LoweredGraph:
         for n in self.weight_names:
             tensor = inits[n].const_value
             assert tensor is not None  # an initializer holds its tensor
-            arr = tensor.numpy()
+            arr = _widened(tensor.numpy())
             perm = None if stored else self.layouts.get(n)
             out.append((n, arr if perm is None else np.ascontiguousarray(np.transpose(arr, perm))))
         return out
