@@ -9,7 +9,7 @@ Rules:
    background-networking flags), and WebGPU on a software adapter (SwiftShader's Vulkan); it is
    driven over ``--remote-debugging-pipe`` (Chrome DevTools Protocol on file descriptors 3 and
    4: no extra package), bounded by a wall-clock deadline, and killed by its own pid at the end.
-3. :func:`run_page` returns the page's ``window.mconvResult`` (outputs as float32 arrays, timing,
+3. :func:`run_page` returns the page's ``window.mconvResult`` (outputs as arrays of the model's output types, timing,
    adapter) and, when asked, writes a PNG screenshot of the page after the run.
 """
 
@@ -233,8 +233,11 @@ def run_page(
                 os.close(cmd_w)
                 os.close(res_r)
         if isinstance(result, dict) and "outputs" in result:
+            types = result.get("dtypes") or {}
             result["outputs"] = {
-                k: np.asarray(v, dtype=np.float32).reshape(result["shapes"][k])
+                k: np.asarray(
+                    v, dtype=np.bool_ if types.get(k) == "bool" else types.get(k, "float32")
+                ).reshape(result["shapes"][k])
                 for k, v in result["outputs"].items()
             }
         return result

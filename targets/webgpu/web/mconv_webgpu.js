@@ -7,8 +7,13 @@
 // every layer in the plan's order, the outputs copied to mappable buffers, submitted, read back.
 //
 // Inputs: ?feed=URL names a weights.mcw-format container holding one tensor per model input
-// (raw float32, batch = the exported batch); without it the inputs are uniform in [-1, 1) from
-// the seeded generator below (?seed=N, default 0). ?runs=N timed inferences after one warm-up.
+// (any dtype the container decodes, converted to the float values the plan holds; batch = the
+// exported batch); without it the inputs come from the seeded generator below (?seed=N,
+// default 0): float inputs uniform in [-1, 1), integer inputs floor((u + 1) * 4), in 0..7 (valid
+// indices and token ids for any table of 8 or more), bool inputs u > 0. Integer and bool
+// outputs (held as floats, as the plan holds every value) come back as the manifest's type:
+// integers rounded half to even and saturated to the type's range, bool as 0/1 (the Python
+// runner's rule). ?runs=N timed inferences after one warm-up.
 // The result (outputs as number lists, timing, adapter) is shown on the page and left as
 // window.mconvResult; window.mconvDone is a promise of it. A page without a WebGPU adapter says
 // so and resolves with {error: "no WebGPU adapter ..."}.
@@ -148,14 +153,44 @@ export async function infer(b, inputs) {
   return out;
 }
 
-async function feedInputs(plan, params) {
+const INT_RANGES = {
+  int8: [-128, 127], uint8: [0, 255], int16: [-32768, 32767], uint16: [0, 65535],
+  int32: [-2147483648, 2147483647], uint32: [0, 4294967295],
+  int64: [-9223372036854775808, 9223372036854775807], uint64: [0, 18446744073709551615],
+};
+
+export function dtypesOf(specs) {
+  return Object.fromEntries((specs || []).map((s) => [s.name, s.dtype]));
+}
+
+// The page's default values of one input: floats as drawn, integers 0..7, bool 0/1.
+export function defaultInput(u, dtype) {
+  if (dtype === "bool") return u.map((v) => (v > 0 ? 1 : 0));
+  if (dtype in INT_RANGES) return u.map((v) => Math.floor((v + 1) * 4));
+  return u;
+}
+
+function roundHalfEven(v) {
+  const r = Math.round(v);
+  return Math.abs(v % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+// An output held as floats, as the model's type (the Python runner's _typed).
+export function typedOutput(values, dtype) {
+  if (dtype === "bool") return Array.from(values, (v) => (v !== 0 ? 1 : 0));
+  const range = INT_RANGES[dtype];
+  if (!range) return Array.from(values);
+  return Array.from(values, (v) => Math.min(range[1], Math.max(range[0], roundHalfEven(v))));
+}
+
+async function feedInputs(plan, params, dtypes = {}) {
   const inputs = {};
   const feed = params.get("feed");
   const container = feed ? readContainer(await fetchOk(feed, "bytes"), feed) : null;
   const seed = Number(params.get("seed") || 0);
   plan.inputs.forEach((spec, i) => {
     const n = spec.shape.reduce((a, d) => a * d, 1);
-    const arr = container ? container.float32(spec.name) : uniformInputs(seed + i, n);
+    const arr = container ? container.float32(spec.name) : defaultInput(uniformInputs(seed + i, n), dtypes[spec.name]);
     if (arr.length !== n) throw new Error(`feed input '${spec.name}' has ${arr.length} elements, the bundle takes ${n} (${JSON.stringify(spec.shape)})`);
     inputs[spec.name] = arr;
   });
@@ -179,7 +214,8 @@ function show(result) {
     values.forEach((v, i) => {
       if (v > values[best]) best = i;
     });
-    const head = values.slice(0, 6).map((v) => v.toPrecision(5)).join(", ");
+    const integral = (result.dtypes || {})[name] in INT_RANGES || (result.dtypes || {})[name] === "bool";
+    const head = values.slice(0, 6).map((v) => (integral ? String(v) : v.toPrecision(5))).join(", ");
     for (const text of [name, JSON.stringify(result.shapes[name]), `${head}${values.length > 6 ? ", ..." : ""}`, String(best)]) {
       row.insertCell().textContent = text;
     }
@@ -194,7 +230,7 @@ export async function main(params = new URLSearchParams(location.search)) {
       result = { error: b.error };
     } else {
       setStatus("running");
-      const inputs = await feedInputs(b.plan, params);
+      const inputs = await feedInputs(b.plan, params, dtypesOf(b.manifest.inputs));
       let outputs = await infer(b, inputs); // warm-up: the first submit pays pipeline creation
       const runs = Math.max(1, Number(params.get("runs") || 5));
       const times = [];
@@ -205,6 +241,7 @@ export async function main(params = new URLSearchParams(location.search)) {
       }
       times.sort((x, y) => x - y);
       const shapes = Object.fromEntries(b.plan.outputs.map((o) => [o.name, o.shape]));
+      const dtypes = dtypesOf(b.manifest.outputs);
       result = {
         model: b.plan.model_name,
         layers: b.plan.layers.length,
@@ -217,7 +254,8 @@ export async function main(params = new URLSearchParams(location.search)) {
         median_ms: times[Math.floor(times.length / 2)],
         min_ms: times[0],
         shapes,
-        outputs: Object.fromEntries(Object.entries(outputs).map(([k, v]) => [k, Array.from(v)])),
+        dtypes: Object.fromEntries(b.plan.outputs.map((o) => [o.name, dtypes[o.name] || "float32"])),
+        outputs: Object.fromEntries(Object.entries(outputs).map(([k, v]) => [k, typedOutput(v, dtypes[k])])),
       };
       result.summary = Object.fromEntries(Object.entries(result).filter(([k]) => k !== "outputs"));
     }

@@ -335,3 +335,63 @@ def test_run_page_refuses_a_bundle_without_page(tmp_path):
     with pytest.raises(InputError, match="no index.html") as exc:
         browser.run_page(tmp_path / "b")
     assert str(tmp_path / "b") in exc.value.line()
+
+
+def _integer_io_model():
+    """x float [1, 12], k int32 [1, 12] -> y = x * float(k) (float), r = int32(x * 4)
+    (truncated, int32), pos = x > 0 (bool): integer and bool I/O on the page."""
+    from mconv.irio import from_proto
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["k"], ["kf"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["x", "kf"], ["y"]),
+            helper.make_node("Mul", ["x", "four"], ["x4"]),
+            helper.make_node("Cast", ["x4"], ["r"], to=TensorProto.INT32),
+            helper.make_node("Greater", ["x", "zero"], ["pos"]),
+        ],
+        "ints",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 12]),
+            helper.make_tensor_value_info("k", TensorProto.INT32, [1, 12]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 12]),
+            helper.make_tensor_value_info("r", TensorProto.INT32, [1, 12]),
+            helper.make_tensor_value_info("pos", TensorProto.BOOL, [1, 12]),
+        ],
+        [
+            helper.make_tensor("four", TensorProto.FLOAT, [], [4.0]),
+            helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+        ],
+    )
+    return from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@needs_chromium
+def test_page_takes_integer_inputs_and_gives_typed_outputs(tmp_path):
+    """Integer inputs from a feed and, without one, from the page's generator (0..7); integer
+    and bool outputs come back in the model's types, equal to the reference executor's."""
+    model = _integer_io_model()
+    bundle = get_target("webgpu").export(model, tmp_path / "ints", {})
+    rng = np.random.default_rng(8)
+    feeds = {
+        "x": rng.standard_normal((1, 12)).astype(np.float32),
+        "k": rng.integers(-300, 300, (1, 12)).astype(np.int32),
+    }
+    for tag, given in (("ints", feeds), ("ints_default", None)):
+        result = _page(bundle.root, given, tmp_path, tag)
+        if given is None:  # x uniform from seed 0, k floor((u + 1) * 4) from seed 1
+            plan = json.loads((bundle.root / "webgpu_plan.json").read_text())
+            u = {
+                s["name"]: _mulberry32(i, int(np.prod(s["shape"]))).reshape(s["shape"])
+                for i, s in enumerate(plan["inputs"])
+            }
+            given = {"x": u["x"], "k": np.floor((u["k"].astype(np.float64) + 1) * 4).astype(np.int32)}
+            assert given["k"].min() >= 0 and given["k"].max() <= 7 and len(np.unique(given["k"])) > 3
+        ref = get_target("reference").load_model(model).run(given)
+        assert result["outputs"]["r"].dtype == np.int32 and result["outputs"]["pos"].dtype == np.bool_
+        np.testing.assert_array_equal(result["outputs"]["r"], ref["r"])
+        np.testing.assert_array_equal(result["outputs"]["pos"], ref["pos"])
+        np.testing.assert_allclose(result["outputs"]["y"], ref["y"], rtol=1e-6)
