@@ -785,7 +785,7 @@ def _cluster_tensor(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base
     t = job.src
     if t.dtype.itemsize != 2:  # float32: through float16 bit patterns would change values
         return _cluster_f32(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
-    if scheme.init == "linear":
+    if scheme.init == "linear" and job.info["groups"] > 1:  # (one group: the loop below is as fast)
         return _cluster_groups_linear(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
     from mconv.passes import _stream_kernels as K
 
@@ -849,7 +849,9 @@ def _cluster_groups_linear(job, scheme: Scheme, pool, chunk_bytes, read_rows, of
 
         def count(r0: int, r1: int, acc=acc, g0=g0, g1=g1) -> None:
             raw = read_rows(job, r0, r1).view(np.uint16).reshape(r1 - r0, job.cols)
-            mine = acc.setdefault(threading.get_ident(), np.zeros((g1 - g0, 1 << 16), np.int64))
+            mine = acc.get(threading.get_ident())
+            if mine is None:  # (not setdefault: its default would be allocated on every call)
+                mine = acc[threading.get_ident()] = np.zeros((g1 - g0, 1 << 16), np.int64)
             first = int(np.searchsorted(edges, r0, side="right")) - 1
             for g in range(first, g1):
                 a, b = max(edges[g], r0), min(edges[g + 1], r1)
@@ -876,7 +878,7 @@ def _cluster_groups_linear(job, scheme: Scheme, pool, chunk_bytes, read_rows, of
                 a, b = max(edges[g], r0), min(edges[g + 1], r1)
                 if a >= b:
                     break
-                codes[a - r0 : b - r0] = K.lookup16(raw[a - r0 : b - r0], tables[g - g0])
+                K.lookup16(raw[a - r0 : b - r0], tables[g - g0], out=codes[a - r0 : b - r0])
             packed = K.pack4(codes) if scheme.bits == 4 else _pack(codes, scheme.bits)
             os.pwrite(ofd, _mv(np.ascontiguousarray(packed)), base + ind.offset + r0 * prow)
             return 0.0, 0.0

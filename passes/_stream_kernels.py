@@ -66,10 +66,11 @@ def hist16(raw: np.ndarray) -> np.ndarray:
     return out
 
 
-def lookup16(raw: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """``table[raw]`` (uint8) for a uint16 ``raw``, piece by piece."""
+def lookup16(raw: np.ndarray, table: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``table[raw]`` (uint8) for a uint16 ``raw``, piece by piece (into ``out``, contiguous and
+    of ``raw``'s size, when given)."""
     flat = raw.reshape(-1)
-    out = np.empty(flat.size, table.dtype)
+    out = np.empty(flat.size, table.dtype) if out is None else out.reshape(-1)
     for i in range(0, flat.size, SUB):
         np.take(table, flat[i : i + SUB].astype(np.intp), out=out[i : i + SUB])
     return out.reshape(raw.shape)
