@@ -368,7 +368,10 @@ def finetune_model(
             probs = _run_batched(ref_exec, feeds, [out_name])[out_name].astype(np.float64)
             teacher = np.log(np.maximum(probs, 1e-30))
     scores_2d = teacher.ndim == 2 if teacher is not None else True
-    if loss_kind == "kl" and not scores_2d:
+    per_position = (
+        config.loss == "kl" and teacher is not None and teacher.ndim > 2 and teacher.shape[-1] >= 2
+    )  # rule 4: [N, ..., classes] distilled position by position
+    if loss_kind == "kl" and not scores_2d and not per_position:
         loss_kind = "mse"  # not class scores: match the values themselves
     result.loss = loss_kind
     targets = labels if loss_kind == "xent" else teacher
@@ -389,6 +392,8 @@ def finetune_model(
             return float(np.mean(got.argmax(1) == labels[hold])), "accuracy"
         if teacher is not None and got.ndim == 2:
             return float(np.mean(got.argmax(1) == teacher[hold].argmax(1))), "top1_agreement"
+        if teacher is not None and per_position:
+            return float(np.mean(got.argmax(-1) == teacher[hold].argmax(-1))), "top1_agreement"
         if teacher is None:  # loss xent with labels: nothing to compare other than class scores
             raise InputError(
                 f"loss 'xent' needs class scores [N, classes]; '{show(loss_value)}' is {got.ndim}-D",
@@ -402,6 +407,11 @@ def finetune_model(
             s = outputs[loss_value]
             if loss_kind == "xent":
                 value, g = softmax_cross_entropy(s, targets[idx])
+            elif loss_kind == "kl" and s.ndim > 2:  # per position over the last axis
+                value, g = distillation_kl(
+                    s.reshape(-1, s.shape[-1]), targets[idx].reshape(-1, s.shape[-1]), config.temperature
+                )
+                g = g.reshape(s.shape)
             elif loss_kind == "kl":
                 value, g = distillation_kl(s, targets[idx], config.temperature)
             else:
@@ -571,7 +581,11 @@ class Finetune(Pass):
        ``margin = w > 0`` adds w times :func:`top1_margin_hinge` to the KL: a sample whose
        top-1 class the student ranks below another (or ahead by less than half the teacher's
        own margin) costs in proportion, so near-ties are kept on the teacher's side, which
-       top-1 agreement counts and KL alone does not.
+       top-1 agreement counts and KL alone does not. ``loss = "kl"`` asked for on an output of
+       more than two dimensions distils per position over its last axis (a language model's
+       ``[N, T, vocab]`` logits: the KL averaged over the N x T positions), and the held-out
+       metric is the top-1 agreement per position; ``auto`` keeps MSE there (a segmentation
+       map's classes are not on its last axis).
     5. Optimizer ``sgd`` (with ``momentum``) or ``adam``; ``schedule = "cosine"`` decays the
        rate from ``lr`` to 0 over the pass's steps (``"constant"``, the default, keeps it);
        ``epochs`` over a seeded shuffle in
