@@ -159,6 +159,10 @@ class Float16(Pass):
         non-finite while their inputs are finite are kept and it runs again; when every output is
         finite but its error exceeds ``tolerance``, the nodes whose error grows most (output
         error minus input error) are kept, 1, 2, 4, ... per run, at most ``max_rounds`` runs.
+        (c) Then each node kept, least local error first, goes back to half when the end-to-end
+        run without it still has every output finite and within ``tolerance`` (an overflow the
+        graph absorbs, such as a -inf attention mask before a Softmax, costs nothing); at most
+        ``max_rounds`` more runs.
         The note and the ``auto`` entry of the report name every node kept, the output error and
         whether it is within the tolerance.
     11. ``dtype="bfloat16"`` (modes all and auto) or mode ``bf16`` (mode all in bfloat16):
@@ -432,16 +436,7 @@ class Float16(Pass):
         rounds, out_err, step = 0, math.inf, 1
         while rounds < config.max_rounds:
             rounds += 1
-            trial = ir.serde.deserialize_model(ir.serde.serialize_model(model))
-            for name, value in trial.graph.initializers.items():  # the same tensors (external ones too)
-                original = graph.initializers.get(name)
-                if original is not None:
-                    value.const_value = original.const_value
-            self._all(trial, config, half=half, keep_nodes=frozenset(keep), blocked_ops=set())
-            runner = Executor(trial, dtype_check=False)
-            acc = _Accumulator()
-            for feeds, ref in zip(batches, refs):
-                acc.add(runner.run(feeds, intermediates=True), ref)
+            acc = self._end_to_end(model, config, half, keep, batches, refs)
             out_err = max((acc.rel(n) for n in out_names), default=0.0)
             sources = [
                 n.name or ""
@@ -467,13 +462,28 @@ class Float16(Pass):
                 break
             keep.update(name or "" for _, name in growth[:step])
             step *= 2
+        # (c) the screened nodes back to half, one at a time, where the end-to-end run shows they
+        # are not needed: an overflow whose inf the graph absorbs (a -inf attention mask before a
+        # Softmax), a local error the outputs do not feel.
+        dropped = 0
+        if out_err <= config.tolerance:
+            for name in sorted(keep, key=lambda n: local.get(n, math.inf)):
+                if rounds >= 2 * config.max_rounds:
+                    break
+                rounds += 1
+                trial_keep = keep - {name}
+                acc = self._end_to_end(model, config, half, trial_keep, batches, refs)
+                err = max((acc.rel(n) for n in out_names), default=0.0)
+                if err <= config.tolerance and not any(acc.bad(n) for n in out_names):
+                    keep, out_err, dropped = trial_keep, err, dropped + 1
         report = self._all(model, config, half=half, keep_nodes=frozenset(keep), blocked_ops=set())
         shown = ", ".join(show(n) for n in sorted(keep)[:8]) + (", ..." if len(keep) > 8 else "")
         within = "within" if out_err <= config.tolerance else "NOT within"
         report.notes.insert(
             1,
-            f"auto: {len(keep)} of {len(candidates)} nodes kept in float32 ({screened} by their own error or "
-            f"overflow, {len(keep) - screened} from {rounds} end-to-end run(s)){': ' + shown if keep else ''}; "
+            f"auto: {len(keep)} of {len(candidates)} nodes kept in float32 ({screened} flagged by their own "
+            f"error or overflow, {dropped} of them returned to half by the end-to-end check; "
+            f"{rounds} end-to-end run(s)){': ' + shown if keep else ''}; "
             f"output relative error {out_err:.3g} {within} tolerance {config.tolerance:g} on "
             f"{sum(len(next(iter(b.values()))) for b in batches)} sample(s), {time.perf_counter() - t0:.2f} s",
         )
@@ -486,6 +496,24 @@ class Float16(Pass):
             }
         )
         return report
+
+    def _end_to_end(self, model: ir.Model, config: Config, half: ir.DataType, keep: set[str], batches, refs):
+        """The model converted with ``keep`` in float32, run on the reference executor over
+        ``batches``, its values against ``refs`` (rule 10 b)."""
+        from mconv.targets.reference.executor import Executor
+
+        graph = model.graph
+        trial = ir.serde.deserialize_model(ir.serde.serialize_model(model))
+        for name, value in trial.graph.initializers.items():  # the same tensors (external ones too)
+            original = graph.initializers.get(name)
+            if original is not None:
+                value.const_value = original.const_value
+        self._all(trial, config, half=half, keep_nodes=frozenset(keep), blocked_ops=set())
+        runner = Executor(trial, dtype_check=False)
+        acc = _Accumulator()
+        for feeds, ref in zip(batches, refs):
+            acc.add(runner.run(feeds, intermediates=True), ref)
+        return acc
 
     @staticmethod
     def _runs_half(node: ir.Node, blocked_ops: set[str]) -> bool:

@@ -160,3 +160,32 @@ def test_auto_on_a_model_with_external_data(tmp_path):
         tmp_path / "m.onnx", passes="fp16(mode=auto)", data=tmp_path / "d.npz", output=tmp_path / "a.onnx"
     )
     assert res.reports[0].tensors[-1]["kept_float32"] == ["big", "scale"]
+
+
+def test_auto_returns_an_absorbed_overflow_to_half(tmp_path):
+    """A causal mask filled with -1e30 (as exporters write attention masks) overflows to -inf in
+    float16, which the node-by-node screen flags; the Softmax after it absorbs the -inf, so the
+    end-to-end check (rule 10 c) returns the node to half and nothing stays float32."""
+    rng = np.random.default_rng(7)
+    mask = np.tril(np.ones((6, 6), bool))
+    g = h.make_graph(
+        [
+            h.make_node("Where", ["mask", "x", "neg"], ["filled"], name="fill"),
+            h.make_node("Softmax", ["filled"], ["y"], name="softmax", axis=-1),
+        ],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [4, 6, 6])],
+        [h.make_tensor_value_info("y", T.FLOAT, [4, 6, 6])],
+        [nh.from_array(mask, "mask"), nh.from_array(np.array(-1e30, np.float32), "neg")],
+    )
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 18)]), str(tmp_path / "m.onnx"))
+    x = rng.standard_normal((4, 6, 6)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x)
+    res = api.optimize(
+        tmp_path / "m.onnx", passes="fp16(mode=auto)", data=tmp_path / "d.npz", output=tmp_path / "a.onnx"
+    )
+    auto = res.reports[0].tensors[-1]
+    assert auto["kept_float32"] == []
+    assert "1 flagged by their own error or overflow, 1 of them returned to half" in res.reports[0].notes[1]
+    got, ref = _ref(tmp_path / "a.onnx", x), _ref(tmp_path / "m.onnx", x)
+    assert np.isfinite(got).all() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.01
