@@ -159,10 +159,10 @@ class Float16(Pass):
         non-finite while their inputs are finite are kept and it runs again; when every output is
         finite but its error exceeds ``tolerance``, the nodes whose error grows most (output
         error minus input error) are kept, 1, 2, 4, ... per run, at most ``max_rounds`` runs.
-        (c) Then each node kept, least local error first, goes back to half when the end-to-end
-        run without it still has every output finite and within ``tolerance`` (an overflow the
-        graph absorbs, such as a -inf attention mask before a Softmax, costs nothing); at most
-        ``max_rounds`` more runs.
+        (c) Then the nodes kept go back to half when the end-to-end run without them still has
+        every output finite and within ``tolerance`` (an overflow the graph absorbs, such as a
+        -inf attention mask before a Softmax, costs nothing): all at once first, else each,
+        least local error first; at most ``max_rounds`` more runs.
         The note and the ``auto`` entry of the report name every node kept, the output error and
         whether it is within the tolerance.
     11. ``dtype="bfloat16"`` (modes all and auto) or mode ``bf16`` (mode all in bfloat16):
@@ -466,7 +466,13 @@ class Float16(Pass):
         # are not needed: an overflow whose inf the graph absorbs (a -inf attention mask before a
         # Softmax), a local error the outputs do not feel.
         dropped = 0
-        if out_err <= config.tolerance:
+        if out_err <= config.tolerance and keep:  # all of them at once first: one run when none is needed
+            rounds += 1
+            acc = self._end_to_end(model, config, half, set(), batches, refs)
+            err = max((acc.rel(n) for n in out_names), default=0.0)
+            if err <= config.tolerance and not any(acc.bad(n) for n in out_names):
+                keep, out_err, dropped = set(), err, len(keep)
+        if out_err <= config.tolerance and len(keep) > 1:
             for name in sorted(keep, key=lambda n: local.get(n, math.inf)):
                 if rounds >= 2 * config.max_rounds:
                     break
