@@ -205,23 +205,40 @@ def optimal_partition(counts: np.ndarray, sums: np.ndarray, k: int) -> np.ndarra
     n = w.size
     if n <= k:
         return np.arange(n + 1)
-    s = np.asarray(sums, dtype=np.float64)
-    s = s - w * (s.sum() / w.sum())
-    pw = np.concatenate([[0.0], np.cumsum(w)])
-    ps = np.concatenate([[0.0], np.cumsum(s)])
+    return partition_rows(w[None, :], np.asarray(sums, dtype=np.float64)[None, :], k)[0]
 
-    def gain(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # items a..b-1
-        d = ps[b] - ps[a]
-        return d * d / (pw[b] - pw[a])
 
-    prev = np.full(n + 1, -np.inf)
-    prev[1:] = gain(np.zeros(n, dtype=np.int64), np.arange(1, n + 1))
-    splits = np.zeros((k + 1, n + 1), dtype=np.int64)
+def partition_rows(w: np.ndarray, s: np.ndarray, k: int) -> np.ndarray:
+    """:func:`optimal_partition` of every row of ``w`` (weights, float64 ``[R, n]``, ``n > k``;
+    a weight of 0 leaves an item out) and ``s`` (the items' sums) at once: the segments of every
+    row's recursion level in one array, row ``r``'s prefix sums at offset ``r * (n + 1)``.
+    Returns the bounds ``[R, k + 1]``."""
+    rows, n = w.shape
+    s = s - w * (s.sum(axis=1) / np.maximum(w.sum(axis=1), 1e-300))[:, None]  # centred per row
+    stride = n + 1
+    pw = np.zeros((rows, stride))
+    np.cumsum(w, axis=1, out=pw[:, 1:])
+    ps = np.zeros((rows, stride))
+    np.cumsum(s, axis=1, out=ps[:, 1:])
+    pw, ps = pw.ravel(), ps.ravel()
+
+    def gain(at: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:  # items a..b-1 of rows at
+        d = ps[at + b] - ps[at + a]
+        den = pw[at + b] - pw[at + a]
+        return np.where(den > 0, d * d / np.maximum(den, 1e-300), 0.0)
+
+    off = np.arange(rows, dtype=np.int64) * stride
+    prev = np.full(rows * stride, -np.inf)
+    i = np.arange(1, stride, dtype=np.int64)
+    prev.reshape(rows, stride)[:, 1:] = gain(off[:, None], np.zeros_like(i)[None, :], i[None, :])
+    splits = np.zeros((k + 1, rows * stride), np.int32 if n < 1 << 31 else np.int64)
     for j in range(2, k + 1):
-        cur = np.full(n + 1, -np.inf)
+        cur = np.full(rows * stride, -np.inf)
         # The last layer is needed at i = n only; the others for i up to n - (k - j).
-        lo, hi = (np.array([n]), np.array([n])) if j == k else (np.array([j]), np.array([n - (k - j)]))
-        optlo, opthi = np.array([j - 1]), hi - 1
+        at = off.copy()
+        lo = np.full(rows, n if j == k else j, np.int64)
+        hi = np.full(rows, n if j == k else n - (k - j), np.int64)
+        optlo, opthi = np.full(rows, j - 1, np.int64), hi - 1
         while lo.size:
             mid = (lo + hi) // 2
             lengths = np.minimum(mid - 1, opthi) - optlo + 1
@@ -229,27 +246,29 @@ def optimal_partition(counts: np.ndarray, sums: np.ndarray, k: int) -> np.ndarra
             np.cumsum(lengths[:-1], out=starts[1:])
             seg = np.repeat(np.arange(mid.size), lengths)
             a = np.arange(seg.size) - np.repeat(starts - optlo, lengths)
-            vals = prev[a] + gain(a, mid[seg])
+            base = at[seg]
+            vals = prev[base + a] + gain(base, a, mid[seg])
             best = np.maximum.reduceat(vals, starts)
             hit = np.flatnonzero(vals == best[seg])
             first = np.ones(hit.size, dtype=bool)
             first[1:] = seg[hit[1:]] != seg[hit[:-1]]
             arg = a[hit[first]]
-            cur[mid] = best
-            splits[j, mid] = arg
+            cur[at + mid] = best
+            splits[j, at + mid] = arg
             left, right = lo <= mid - 1, mid + 1 <= hi
-            lo, hi, optlo, opthi = (
+            lo, hi, optlo, opthi, at = (
                 np.concatenate([lo[left], mid[right] + 1]),
                 np.concatenate([mid[left] - 1, hi[right]]),
                 np.concatenate([optlo[left], arg[right]]),
                 np.concatenate([arg[left], opthi[right]]),
+                np.concatenate([at[left], at[right]]),
             )
         prev = cur
-    ends = [n]
+    bounds = np.empty((rows, k + 1), np.int64)
+    bounds[:, k], bounds[:, 0] = n, 0
     for j in range(k, 1, -1):
-        ends.append(int(splits[j, ends[-1]]))
-    ends.append(0)
-    return np.array(ends[::-1])
+        bounds[:, j - 1] = splits[j, off + bounds[:, j]]
+    return bounds
 
 
 def _segment_means(counts: np.ndarray, sums: np.ndarray, bounds: np.ndarray) -> np.ndarray:
@@ -536,65 +555,13 @@ def _optimal_weighted(x: np.ndarray, w: np.ndarray, k: int) -> np.ndarray:
         c = np.where(live, x, np.nan)
         c = np.concatenate([c, np.full((rows, k - width), np.nan)], axis=1)
         return _fill_empty(c)
-    mean = (x * w).sum(axis=1) / np.maximum(w.sum(axis=1), 1e-300)
-    s = (x - mean[:, None]) * w  # centred, for conditioning (as optimal_partition)
+    bounds = partition_rows(w, x * w, k)
     stride = width + 1
-    pw = np.zeros((rows, stride))
-    np.cumsum(w, axis=1, out=pw[:, 1:])
-    ps = np.zeros((rows, stride))
-    np.cumsum(s, axis=1, out=ps[:, 1:])
-    pw, ps = pw.ravel(), ps.ravel()
-
-    def gain(at: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:  # row offsets ``at``
-        d = ps[at + b] - ps[at + a]
-        den = pw[at + b] - pw[at + a]
-        return np.where(den > 0, d * d / np.maximum(den, 1e-300), 0.0)
-
-    off = np.arange(rows, dtype=np.int64) * stride
-    prev = np.full(rows * stride, -np.inf)
-    i = np.arange(1, stride, dtype=np.int64)
-    prev.reshape(rows, stride)[:, 1:] = gain(off[:, None], np.zeros_like(i)[None, :], i[None, :])
-    splits = np.zeros((k + 1, rows * stride), np.int32)
-    for j in range(2, k + 1):
-        cur = np.full(rows * stride, -np.inf)
-        top = width if j == k else width - (k - j)
-        at = off.copy()
-        lo = np.full(rows, width if j == k else j, np.int64)
-        hi = np.full(rows, top, np.int64)
-        optlo, opthi = np.full(rows, j - 1, np.int64), hi - 1
-        while lo.size:
-            mid = (lo + hi) // 2
-            lengths = np.minimum(mid - 1, opthi) - optlo + 1
-            starts = np.zeros(mid.size, dtype=np.int64)
-            np.cumsum(lengths[:-1], out=starts[1:])
-            seg = np.repeat(np.arange(mid.size), lengths)
-            a = np.arange(seg.size) - np.repeat(starts - optlo, lengths)
-            base = at[seg]
-            vals = prev[base + a] + gain(base, a, mid[seg])
-            best = np.maximum.reduceat(vals, starts)
-            hit = np.flatnonzero(vals == best[seg])
-            first = np.ones(hit.size, dtype=bool)
-            first[1:] = seg[hit[1:]] != seg[hit[:-1]]
-            arg = a[hit[first]]
-            cur[at + mid] = best
-            splits[j, at + mid] = arg
-            left, right = lo <= mid - 1, mid + 1 <= hi
-            lo, hi, optlo, opthi, at = (
-                np.concatenate([lo[left], mid[right] + 1]),
-                np.concatenate([mid[left] - 1, hi[right]]),
-                np.concatenate([optlo[left], arg[right]]),
-                np.concatenate([arg[left], opthi[right]]),
-                np.concatenate([at[left], at[right]]),
-            )
-        prev = cur
-    bounds = np.empty((rows, k + 1), np.int64)
-    bounds[:, k], bounds[:, 0] = width, 0
-    for j in range(k, 1, -1):
-        bounds[:, j - 1] = splits[j, off + bounds[:, j]]
     px = np.zeros((rows, stride))
     np.cumsum(x * w, axis=1, out=px[:, 1:])
-    pw2 = pw.reshape(rows, stride)
-    count = np.diff(np.take_along_axis(pw2, bounds, axis=1), axis=1)
+    pw = np.zeros((rows, stride))
+    np.cumsum(w, axis=1, out=pw[:, 1:])
+    count = np.diff(np.take_along_axis(pw, bounds, axis=1), axis=1)
     total = np.diff(np.take_along_axis(px, bounds, axis=1), axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         c = np.where(count > 0, total / count, np.nan)
