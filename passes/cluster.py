@@ -63,7 +63,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
-from mconv.codecs.palette import value_histogram
+from mconv.codecs.palette import bit_view, order_keys, value_histogram
 from mconv.errors import InputError
 from mconv.passes._weights import (
     WEIGHT_OPS,
@@ -453,10 +453,12 @@ def _cluster_flat(flat: np.ndarray, k: int, init: Init, max_iter: int, seed: int
 BLOCK_CHUNK = 1 << 20  # values per piece of block_palettes: whole blocks, bounded temporaries
 
 
-def _order_keys(x: np.ndarray) -> np.ndarray:
-    """int64 keys of float32 values, in the values' order (-0.0 just below +0.0)."""
-    u = x.view(np.uint32).astype(np.int64)
-    return np.where(u >= 1 << 31, (1 << 32) - 1 - u, u + (1 << 31))
+def _row_keys(x: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """int64 keys of finite float32 values ``x`` ``[n, m]`` in the values' order within each row
+    (the palette codec's :func:`~mconv.codecs.palette.order_keys`, zeros of either sign as +0.0)
+    and every row's keys above the row before's, flattened."""
+    bits = bit_view(x + np.float32(0.0))  # -0.0 + 0.0 is +0.0
+    return (order_keys(bits, np.dtype(np.float32)).astype(np.int64) + (row << 32)).ravel()
 
 
 BLOCK_INITS = ("linear", "density", "optimal")  # rule 8
@@ -515,15 +517,15 @@ def _lloyd_rows(xs: np.ndarray, live: np.ndarray, k: int, max_iter: int, init: s
     else:
         c = big[:, None] + (small - big)[:, None] * np.linspace(0.0, 1.0, k)[None, :]
         c[:, -1] = small  # exact ends, as np.linspace
-    keys = (_order_keys(xs) + (row << 32)).ravel()  # ascending: rows sorted, row-major
+    keys = _row_keys(xs, row)  # ascending: rows sorted, row-major
     bounds = np.empty((n, k + 1), np.int64)
     bounds[:, 0], bounds[:, -1] = 0, width
     for _ in range(max_iter):
         mids = (c[:, 1:] + c[:, :-1]) / 2
         # values <= mid are the float32 values <= mid rounded down to float32
         f = mids.astype(np.float32)
-        f = np.where(f > mids, np.nextafter(f, np.float32(-np.inf)), f) + np.float32(0.0)
-        at = np.searchsorted(keys, (_order_keys(f) + (row << 32)).ravel(), side="right")
+        f = np.where(f > mids, np.nextafter(f, np.float32(-np.inf)), f)
+        at = np.searchsorted(keys, _row_keys(f, row), side="right")
         bounds[:, 1:-1] = at.reshape(n, k - 1) - row * width
         cb = np.take_along_axis(pc, bounds, axis=1)
         tb = np.take_along_axis(pt, bounds, axis=1)
