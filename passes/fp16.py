@@ -149,7 +149,12 @@ class Float16(Pass):
     op-type block list.
 
     10. The float32 model runs on the reference executor over the first ``samples`` samples
-        (batches of the model's fixed batch size), keeping every value. (a) Each node that could
+        (batches of the model's fixed batch size), keeping every value. Every run of rule 10
+        accumulates in float32 (the executor's ``fast_math``: float16 products summed in float32
+        as on a GPU, each op's output still rounded to its type; ~1e-6 relative, against a
+        tolerance of ~1e-2). (0) The model all in half runs end to end: when every output is
+        finite and within ``tolerance`` no node needs float32 and that is the result (one run;
+        (a)-(c) would end there too). Otherwise: (a) Each node that could
         run in half precision is evaluated alone on those float32 inputs rounded to the half
         type, its outputs rounded: a node whose output overflows (a non-finite value where
         float32's is finite) or whose relative L2 error exceeds ``tolerance`` stays float32.
@@ -161,8 +166,8 @@ class Float16(Pass):
         error minus input error) are kept, 1, 2, 4, ... per run, at most ``max_rounds`` runs.
         (c) Then the nodes kept go back to half when the end-to-end run without them still has
         every output finite and within ``tolerance`` (an overflow the graph absorbs, such as a
-        -inf attention mask before a Softmax, costs nothing): all at once first, else each,
-        least local error first; at most ``max_rounds`` more runs.
+        -inf attention mask before a Softmax, costs nothing): each, least local error first
+        (all at once is step 0's run); at most ``max_rounds`` more runs.
         The note and the ``auto`` entry of the report name every node kept, the output error and
         whether it is within the tolerance.
     11. ``dtype="bfloat16"`` (modes all and auto) or mode ``bf16`` (mode all in bfloat16):
@@ -313,7 +318,7 @@ class Float16(Pass):
             ):
                 continue
             array = t.numpy()
-            if np.any(np.abs(array[np.isfinite(array)]) > hmax):
+            if _beyond(array, hmax):
                 notes.append(f"{name}: kept float32 (values beyond the {hnp.name} range)")
                 continue
             h = array.astype(hnp)
@@ -410,15 +415,26 @@ class Float16(Pass):
                     fresh_name(node.name or node.op_type, taken) if names.count(node.name) > 1 else node.name
                 )
         from mconv.targets.reference.executor import Executor
+        from mconv.targets.reference.ops import fast_math
 
         reference = Executor(model)
-        refs = [reference.run(feeds, intermediates=True) for feeds in batches]
-        # (a) each node alone: float32 inputs rounded to the half type, computed, output rounded.
+        with fast_math():  # float32 accumulation: off by ~1e-6 relative, the tolerance is ~1e-2
+            refs = [reference.run(feeds, intermediates=True) for feeds in batches]
+        out_names = [v.name for v in graph.outputs]
         candidates = [
             n
             for n in graph
             if self._runs_half(n, set(_ALWAYS_BLOCKED)) and _half_plan(n, opset, half) is not None
         ]
+        # (0) everything in half, its outputs compared: when they are within the tolerance no node
+        # needs float32, and (a)-(c) would end there too.
+        acc = self._end_to_end(model, config, half, set(), batches, refs, only=out_names)
+        out_err = max((acc.rel(n) for n in out_names), default=0.0)
+        if out_err <= config.tolerance and not any(acc.bad(n) for n in out_names):
+            return self._auto_report(
+                model, config, half, set(), out_err, 1, len(candidates), None, 0, batches, t0
+            )
+        # (a) each node alone: float32 inputs rounded to the half type, computed, output rounded.
         local: dict[str, float] = {}
         keep: set[str] = set()
         hnp = _NP[half]
@@ -432,9 +448,8 @@ class Float16(Pass):
         screened = len(keep)
         # (b) the whole graph with those kept, run end to end; overflow sources and the nodes whose
         # error grows most are added until every output is within the tolerance.
-        out_names = [v.name for v in graph.outputs]
-        rounds, out_err, step = 0, math.inf, 1
-        while rounds < config.max_rounds:
+        rounds, out_err, step = 1, math.inf, 1
+        while rounds < config.max_rounds + 1:
             rounds += 1
             acc = self._end_to_end(model, config, half, keep, batches, refs)
             out_err = max((acc.rel(n) for n in out_names), default=0.0)
@@ -465,16 +480,11 @@ class Float16(Pass):
         # (c) the screened nodes back to half, one at a time, where the end-to-end run shows they
         # are not needed: an overflow whose inf the graph absorbs (a -inf attention mask before a
         # Softmax), a local error the outputs do not feel.
+        # All of them at once is step (0)'s run, which failed.
         dropped = 0
-        if out_err <= config.tolerance and keep:  # all of them at once first: one run when none is needed
-            rounds += 1
-            acc = self._end_to_end(model, config, half, set(), batches, refs)
-            err = max((acc.rel(n) for n in out_names), default=0.0)
-            if err <= config.tolerance and not any(acc.bad(n) for n in out_names):
-                keep, out_err, dropped = set(), err, len(keep)
         if out_err <= config.tolerance and len(keep) > 1:
             for name in sorted(keep, key=lambda n: local.get(n, math.inf)):
-                if rounds >= 2 * config.max_rounds:
+                if rounds >= 2 * config.max_rounds + 1:
                     break
                 rounds += 1
                 trial_keep = keep - {name}
@@ -482,14 +492,25 @@ class Float16(Pass):
                 err = max((acc.rel(n) for n in out_names), default=0.0)
                 if err <= config.tolerance and not any(acc.bad(n) for n in out_names):
                     keep, out_err, dropped = trial_keep, err, dropped + 1
+        return self._auto_report(
+            model, config, half, keep, out_err, rounds, len(candidates), screened, dropped, batches, t0
+        )
+
+    def _auto_report(
+        self, model, config, half, keep: set[str], out_err, rounds, candidates, screened, dropped, batches, t0
+    ) -> PassReport:
         report = self._all(model, config, half=half, keep_nodes=frozenset(keep), blocked_ops=set())
+        screen = (
+            f"{screened} flagged by their own error or overflow, {dropped} of them returned to half by the "
+            f"end-to-end check; {rounds} end-to-end run(s)"
+            if screened is not None
+            else "all in half is within the tolerance end to end: 1 run, no node screened"
+        )
         shown = ", ".join(show(n) for n in sorted(keep)[:8]) + (", ..." if len(keep) > 8 else "")
         within = "within" if out_err <= config.tolerance else "NOT within"
         report.notes.insert(
             1,
-            f"auto: {len(keep)} of {len(candidates)} nodes kept in float32 ({screened} flagged by their own "
-            f"error or overflow, {dropped} of them returned to half by the end-to-end check; "
-            f"{rounds} end-to-end run(s)){': ' + shown if keep else ''}; "
+            f"auto: {len(keep)} of {candidates} nodes kept in float32 ({screen}){': ' + shown if keep else ''}; "
             f"output relative error {out_err:.3g} {within} tolerance {config.tolerance:g} on "
             f"{sum(len(next(iter(b.values()))) for b in batches)} sample(s), {time.perf_counter() - t0:.2f} s",
         )
@@ -503,9 +524,12 @@ class Float16(Pass):
         )
         return report
 
-    def _end_to_end(self, model: ir.Model, config: Config, half: ir.DataType, keep: set[str], batches, refs):
+    def _end_to_end(
+        self, model: ir.Model, config: Config, half: ir.DataType, keep: set[str], batches, refs, only=None
+    ):
         """The model converted with ``keep`` in float32, run on the reference executor over
-        ``batches``, its values against ``refs`` (rule 10 b)."""
+        ``batches``, its values (only the values named ``only`` when given) against ``refs``
+        (rule 10 b)."""
         from mconv.targets.reference.executor import Executor
 
         graph = model.graph
@@ -517,9 +541,19 @@ class Float16(Pass):
         self._all(trial, config, half=half, keep_nodes=frozenset(keep), blocked_ops=set())
         runner = Executor(trial, dtype_check=False)
         acc = _Accumulator()
-        for feeds, ref in zip(batches, refs):
-            acc.add(runner.run(feeds, intermediates=True), ref)
+        from mconv.targets.reference.ops import fast_math
+
+        with fast_math():  # float32 accumulation, every output still rounded to its type
+            self._accumulate(runner, batches, refs, only, acc)
         return acc
+
+    @staticmethod
+    def _accumulate(runner, batches, refs, only, acc) -> None:
+        for feeds, ref in zip(batches, refs):
+            if only is None:
+                acc.add(runner.run(feeds, intermediates=True), ref)
+            else:
+                acc.add(runner.run(feeds, outputs=only), {n: ref[n] for n in only if n in ref})
 
     @staticmethod
     def _runs_half(node: ir.Node, blocked_ops: set[str]) -> bool:
@@ -613,7 +647,8 @@ def _local_error(node: ir.Node, refs: list[dict], opset: int, hnp: np.dtype) -> 
             if x is None:
                 return 0.0, False
             x = np.asarray(x)
-            inputs.append(x.astype(hnp).astype(np.float32) if x.dtype == np.float32 else x)
+            with np.errstate(over="ignore"):  # an input beyond the half range is what it measures
+                inputs.append(x.astype(hnp).astype(np.float32) if x.dtype == np.float32 else x)
         try:
             outs = evaluate_node(node, inputs, opset)
         except Exception:  # a kernel the reference executor cannot run alone: the end-to-end run decides
@@ -633,6 +668,32 @@ def _local_error(node: ir.Node, refs: list[dict], opset: int, hnp: np.dtype) -> 
     return (math.sqrt(d2 / r2) if r2 > 0 else math.sqrt(d2)), over
 
 
+def _beyond(array: np.ndarray, hmax: float) -> bool:
+    """Whether a finite value of ``array`` exceeds ``hmax`` in magnitude: two reductions without
+    a temporary, the masked test only when they see an infinity or a NaN."""
+    if array.size == 0:
+        return False
+    lo, hi = float(array.min()), float(array.max())
+    if math.isfinite(lo) and math.isfinite(hi):
+        return hi > hmax or lo < -hmax
+    return bool(np.any(np.abs(array[np.isfinite(array)]) > hmax))
+
+
+def _sums(h: np.ndarray, r: np.ndarray) -> tuple[float | None, float]:
+    """``sum((h - r)**2)`` and ``sum(r**2)`` in float32 (numpy's pairwise sums: a relative
+    error of a few float32 roundings, all rule 10 needs), or ``(None, 0)`` when either is not
+    finite: then some value is, or a float32 sum overflowed, and the caller takes the masked
+    float64 sums."""
+    r32 = np.ascontiguousarray(r, dtype=np.float32).ravel()
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = np.ascontiguousarray(h, dtype=np.float32).ravel() - r32
+        d2 = float(np.square(d, out=d).sum(dtype=np.float32))
+        r2 = float(np.square(r32).sum(dtype=np.float32))
+    if not (math.isfinite(d2) and math.isfinite(r2)):
+        return None, 0.0
+    return d2, r2
+
+
 class _Accumulator:
     """Per value: squared error and squared reference (finite entries), and whether the half run
     gave a non-finite value where the float32 run did not."""
@@ -650,13 +711,16 @@ class _Accumulator:
             h = np.asarray(h)
             if h.shape != r.shape or h.dtype.kind != "f" and h.dtype != _NP[BF16]:
                 continue
-            h64, r64 = h.astype(np.float64), r.astype(np.float64)
-            fin = np.isfinite(r64)
-            if np.any(fin & ~np.isfinite(h64)):
-                self.nonfinite.add(name)
-            ok = fin & np.isfinite(h64)
-            self.d2[name] = self.d2.get(name, 0.0) + float(np.sum((h64[ok] - r64[ok]) ** 2))
-            self.r2[name] = self.r2.get(name, 0.0) + float(np.sum(r64[ok] ** 2))
+            d2, r2 = _sums(h, r)
+            if d2 is None:  # a non-finite value somewhere: the masked sums
+                h64, r64 = h.astype(np.float64), r.astype(np.float64)
+                fin = np.isfinite(r64)
+                if np.any(fin & ~np.isfinite(h64)):
+                    self.nonfinite.add(name)
+                ok = fin & np.isfinite(h64)
+                d2, r2 = float(np.sum((h64[ok] - r64[ok]) ** 2)), float(np.sum(r64[ok] ** 2))
+            self.d2[name] = self.d2.get(name, 0.0) + d2
+            self.r2[name] = self.r2.get(name, 0.0) + r2
 
     def rel(self, name: str | None) -> float:
         if not name or name not in self.d2:

@@ -185,7 +185,50 @@ def test_auto_returns_an_absorbed_overflow_to_half(tmp_path):
         tmp_path / "m.onnx", passes="fp16(mode=auto)", data=tmp_path / "d.npz", output=tmp_path / "a.onnx"
     )
     auto = res.reports[0].tensors[-1]
-    assert auto["kept_float32"] == []
-    assert "1 flagged by their own error or overflow, 1 of them returned to half" in res.reports[0].notes[1]
+    # all in half is within the tolerance (rule 10, step 0): one run, nothing screened
+    assert auto["kept_float32"] == [] and auto["rounds"] == 1
+    assert "all in half is within the tolerance end to end" in res.reports[0].notes[1]
+    got, ref = _ref(tmp_path / "a.onnx", x), _ref(tmp_path / "m.onnx", x)
+    assert np.isfinite(got).all() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.01
+
+
+def test_auto_returns_an_absorbed_overflow_to_half_beside_a_real_one(tmp_path):
+    """The causal mask of the test above beside the overflowing MatMul of _overflow_model: all in
+    half overflows (step 0 fails), the screen flags the mask's Where and the MatMul chain, and the
+    one-at-a-time check of rule 10 c returns the Where to half and keeps the chain."""
+    rng = np.random.default_rng(9)
+    w1 = (rng.standard_normal((6, 32)) * 400).astype(np.float32)
+    w2 = (rng.standard_normal((32, 6)) * 0.1).astype(np.float32)
+    mask = np.tril(np.ones((6, 6), bool))
+    g = h.make_graph(
+        [
+            h.make_node("Where", ["mask", "x", "neg"], ["filled"], name="fill"),
+            h.make_node("Softmax", ["filled"], ["p"], name="softmax", axis=-1),
+            h.make_node("MatMul", ["x", "w1"], ["a"], name="big"),
+            h.make_node("Mul", ["a", "s"], ["b"], name="scale"),
+            h.make_node("Relu", ["b"], ["c"], name="relu"),
+            h.make_node("MatMul", ["c", "w2"], ["d"], name="mm2"),
+            h.make_node("Add", ["p", "d"], ["y"], name="join"),
+        ],
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [4, 6, 6])],
+        [h.make_tensor_value_info("y", T.FLOAT, [4, 6, 6])],
+        [
+            nh.from_array(mask, "mask"),
+            nh.from_array(np.array(-1e30, np.float32), "neg"),
+            nh.from_array(w1, "w1"),
+            nh.from_array(w2, "w2"),
+            nh.from_array(np.array(1e-3, np.float32), "s"),
+        ],
+    )
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 18)]), str(tmp_path / "m.onnx"))
+    x = (rng.standard_normal((4, 6, 6)) * 20).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x)
+    res = api.optimize(
+        tmp_path / "m.onnx", passes="fp16(mode=auto)", data=tmp_path / "d.npz", output=tmp_path / "a.onnx"
+    )
+    auto = res.reports[0].tensors[-1]
+    assert auto["kept_float32"] == ["big", "scale"] and auto["rounds"] > 1
+    assert "3 flagged by their own error or overflow, 1 of them returned to half" in res.reports[0].notes[1]
     got, ref = _ref(tmp_path / "a.onnx", x), _ref(tmp_path / "m.onnx", x)
     assert np.isfinite(got).all() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.01

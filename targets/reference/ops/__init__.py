@@ -25,7 +25,9 @@ accumulate in float64 when the inputs are float16, bfloat16 or float32 (:func:`w
 result is rounded once to the ONNX output type. A float32 BLAS GEMM over K terms is off by about
 ``sqrt(K) * 6e-8`` relative; float64 leaves only the final rounding. Reverse mode
 (:meth:`Executor.value_and_grad`, :meth:`Executor.vjp`) runs under :func:`fast_math`: gradients
-for fine-tuning need no oracle precision, and float32 GEMMs are about twice as fast.
+for fine-tuning need no oracle precision, and float32 GEMMs are about twice as fast. Under it
+float16 and bfloat16 accumulate in float32 (as on a GPU), never in their own type; outputs are
+still rounded to their ONNX type.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def exact() -> bool:
 
 @contextlib.contextmanager
 def fast_math() -> Iterator[None]:
-    """Accumulate in the inputs' own float type (reverse mode, where speed beats the last bits)."""
+    """Accumulate in float32 (reverse mode, fp16(mode=auto)'s trial runs: speed beats the last
+    bits). float16 and bfloat16 inputs too: numpy has no BLAS for them, and a GPU accumulates
+    them in float32 as well."""
     token = _EXACT.set(False)
     try:
         yield
@@ -64,10 +68,11 @@ def fast_math() -> Iterator[None]:
 
 def wide(dtype: np.dtype) -> np.dtype:
     """The dtype a forward accumulates in for inputs of ``dtype``: float64 for float16, bfloat16
-    and float32 (in exact mode), else ``dtype`` itself (float64, integers, ...)."""
+    and float32 in exact mode, float32 for them under :func:`fast_math`, else ``dtype`` itself
+    (float64, integers, ...)."""
     dtype = np.dtype(dtype)
-    if dtype.name in _NARROW_FLOATS and _EXACT.get():
-        return np.dtype(np.float64)
+    if dtype.name in _NARROW_FLOATS:
+        return np.dtype(np.float64 if _EXACT.get() else np.float32)
     return dtype
 
 

@@ -134,6 +134,31 @@ def test_reverse_mode_runs_under_fast_math_and_restores_exactness():
     assert abs(value - float(ex.run({"x": x})["loss"])) < 1e-3
 
 
+def test_fast_math_accumulates_float16_in_float32():
+    """Under fast_math (reverse mode, fp16(mode=auto)'s trial runs) float16 and bfloat16 sum in
+    float32, as a GPU does (numpy has no BLAS for float16), and outputs are still rounded to their
+    type: a float16 MatMul is the float32 product of the same operands, rounded."""
+    import ml_dtypes
+    from mconv.targets.reference.ops import exact, fast_math, wide
+
+    rng = np.random.default_rng(16)
+    a = rng.standard_normal((8, 2048)).astype(np.float16)
+    b = rng.standard_normal((2048, 8)).astype(np.float16)
+    truth = a.astype(np.float64) @ b.astype(np.float64)
+    with fast_math():
+        assert not exact()
+        assert [wide(t) for t in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64)] == [
+            np.float32,
+            np.float32,
+            np.float32,
+            np.float64,
+        ]
+        (got,) = ours("MatMul", [a, b], {})
+    assert exact() and wide(np.float16) == np.float64 and got.dtype == np.float16
+    np.testing.assert_array_equal(got, (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16))
+    assert _rel_err(got, truth) < 2**-11  # within float16's rounding
+
+
 def test_quantize_linear_rounds_before_adding_the_zero_point():
     """0.5 / (5/255) is 25.5 in float32: round-half-even gives 26, + 153 = 179 (ONNX Runtime and
     the spec); adding the zero point first gave round(178.5) = 178."""
