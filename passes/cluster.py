@@ -53,6 +53,11 @@ Rules:
    dividing ``in``, a block is B inputs of one output channel; for a MatMul's ``[in, out]``
    weight it is B output channels of one input. The metadata records ``block`` (no
    ``groups``/``axis``); export stores the tensor with the palette codec's ``block``.
+9. Embedding tables are weights too (``op_types`` includes ``Gather`` by default, as
+   coremltools' palettizer takes an embedding's table): a Gather whose ``data`` (input 0) is a
+   float initializer of rank 2 gathered along axis 0 (a row per token), ``[vocab, dim]``,
+   grouped along axis 0 (rows); a table that is also some node's weight is clustered once, as
+   that weight.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ from mconv.passes._weights import (
     weight_refs,
 )
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.rewrite import is_overridable
 
 Init = Literal["linear", "density", "kmeans++", "optimal"]
 MAX_DP_VALUES = 1 << 16
@@ -691,6 +697,30 @@ def _tensor_owner(name: str) -> ir.Node:
     return ir.Node("", _FREE_TENSOR, [], name=name, num_outputs=0)
 
 
+def _gather_tables(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
+    """Rule 9: the float ``[vocab, dim]`` initializers that Gather nodes index along axis 0 and
+    that are no other node's weight, each once, in node order."""
+    seen = {id(r.value) for r in taken}
+    refs = []
+    for node in model.graph:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        value = node.inputs[0]
+        if value is None or id(value) in seen or not value.is_initializer() or value.const_value is None:
+            continue
+        t = value.const_value
+        axis = node.attributes.get("axis")
+        if (axis is not None and int(axis.value) not in (0, -2)) or len(t.shape) != 2:
+            continue
+        if t.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+            continue
+        if is_overridable(model.graph, value, model.ir_version or 10):
+            continue
+        seen.add(id(value))
+        refs.append(WeightRef(node, value, 0, 1))
+    return refs
+
+
 def _free_tensor_refs(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
     """Float initializers of ndim >= 1 that are not already some node's weight (axis 0)."""
     seen = {id(r.value) for r in taken}
@@ -720,7 +750,7 @@ class Cluster(Pass):
         max_iter: int = 300
         min_elements: int = 16
         skip: bool = False
-        op_types: list[str] = field(default_factory=lambda: list(WEIGHT_OPS))
+        op_types: list[str] = field(default_factory=lambda: [*WEIGHT_OPS, "Gather"])  # rule 9
         index_bits: int | None = None
         # "weights": the weights of op_types nodes; "all": also every other float initializer of
         # ndim >= 1 (global config, axis 0). A weight-only model (no nodes: a safetensors /
@@ -729,6 +759,7 @@ class Cluster(Pass):
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         refs = weight_refs(model)
+        refs = refs + _gather_tables(model, refs)
         if config.tensors == "all" or len(model.graph) == 0:
             refs = refs + _free_tensor_refs(model, refs)
         tensors, notes = [], []

@@ -99,8 +99,8 @@ def make_parameter(value: ir.Value, facts: Mapping[str, dict] | None = None) -> 
 
 def trainable_values(model: ir.Model, frozen: Callable[[ir.Node], bool] | None = None) -> list[ir.Value]:
     """Float initializers that are weights or biases of Conv/ConvTranspose/Gemm/MatMul (and the
-    constant operand of an Add that follows one), in graph order; nodes where ``frozen(node)`` is
-    true contribute none."""
+    constant operand of an Add that follows one) or embedding tables (a Gather's rank-2 ``data``
+    along axis 0), in graph order; nodes where ``frozen(node)`` is true contribute none."""
     graph = model.graph
     inits = graph.initializers
     found: dict[str, ir.Value] = {}
@@ -118,6 +118,11 @@ def trainable_values(model: ir.Model, frozen: Callable[[ir.Node], bool] | None =
         if node.op_type in WEIGHT_OPS and node.domain in ("", "ai.onnx"):
             for v in node.inputs[1:]:
                 take(v)
+        elif node.op_type == "Gather" and node.domain in ("", "ai.onnx") and node.inputs:
+            table, axis = node.inputs[0], node.attributes.get("axis")
+            if table is not None and table.const_value is not None and len(table.const_value.shape) == 2:
+                if axis is None or int(axis.value) in (0, -2):  # an embedding (cluster rule 9)
+                    take(table)
         elif node.op_type in BIAS_OPS and len(node.inputs) == 2:
             a, b = node.inputs
             for this, other in ((a, b), (b, a)):

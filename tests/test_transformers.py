@@ -213,10 +213,13 @@ def test_distillation_fine_tunes_a_gpt2_shaped_model(tmp_path):
         )
     name = _input_name(tmp_path / "g.onnx")
     np.savez(tmp_path / "ids.npz", **{name: rng.integers(0, 256, size=(64, 16), dtype=np.int64)})
-    api.optimize(tmp_path / "g.onnx", passes="cluster(bits=3)", output=tmp_path / "c.onnx")
+    # the MatMul weights only: the 3-bit token table (cluster rule 9) costs agreement that centroid
+    # fine-tuning cannot win back (8 values for 16,384: 0.586 -> 0.625 after 12 epochs)
+    cluster = "cluster(bits=3,op_types=['MatMul'])"
+    api.optimize(tmp_path / "g.onnx", passes=cluster, output=tmp_path / "c.onnx")
     result = api.optimize(
         tmp_path / "g.onnx",
-        passes="cluster(bits=3),finetune(epochs=4,batch_size=8,lr=1e-3,loss='kl',seed=0)",
+        passes=f"{cluster},finetune(epochs=4,batch_size=8,lr=1e-3,loss='kl',seed=0)",
         data=tmp_path / "ids.npz",
         output=tmp_path / "f.onnx",
     )
