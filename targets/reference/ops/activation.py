@@ -15,9 +15,9 @@ Rules:
 from __future__ import annotations
 
 import numpy as np
-from scipy import special
 
 from . import register, register_vjp, wide
+from ._special import special
 from .elementwise import _same, is_float, unbroadcast
 
 

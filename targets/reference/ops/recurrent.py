@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from mconv.errors import InputError
-from scipy import special
 
 from . import register, register_vjp, wide
+from ._special import special
 
 # --------------------------------------------------------------------------- activations
 
