@@ -34,6 +34,8 @@ Stages, each run as a user runs it (the ``mconv`` CLI in a subprocess with ``--j
   graph optimizations off (the ONNX spec's Q/DQ; ORT's fused int8 kernels requantize in integers
   and differ by a code: an inexact oracle) (``MCONV_ZOO_DENSE=1``: cpu also writes ``--dense`` and
   checks that ONNX);
+- ``webgpu16``: as ``webgpu`` with ``--precision fp16`` (f16 storage where the adapter has
+  ``shader-f16``, as lavapipe has; f32 accumulation), at cosine >= 0.999;
 - ``webgpu`` (issue 17 item 5): ``mconv export --target webgpu`` (f32) and ``mconv run BUNDLE``
   through wgpu (lavapipe, Vulkan on the CPU, here), judged as metal but at cosine >= 0.9999; only
   the rows whose input is an image (``WEBGPU_FEEDS``, ``--subset webgpu``), the others skipped;
@@ -84,11 +86,13 @@ STAGES = (
     "xla",
     "metal",
     "webgpu",
+    "webgpu16",
     "verify",
 )
 REF_COSINE = 0.99999
 TARGET_COSINE = 0.999
 WEBGPU_COSINE = 0.9999  # issue 17 item 5: f32 storage, f32 accumulation
+WEBGPU16_COSINE = 0.999  # issue 17 item 5: f16 storage (the adapter's shader-f16), f32 accumulation
 # lavapipe runs WGSL on the CPU (ResNet-50: about 4 minutes warm on 2 idle cores): the webgpu
 # stage's export and run get this timeout, not --timeout (``--webgpu-timeout``)
 WEBGPU_TIMEOUT = 2400.0
@@ -1837,24 +1841,28 @@ def _run_model(
         cells[recipe] = c
 
     shape_args = _shape_args(imp, feeds)
-    for target in ("cpu", "xla", "metal", "webgpu"):
+    for target in ("cpu", "xla", "metal", "webgpu", "webgpu16"):
         if target not in stages and not (target == "cpu" and "verify" in stages):
             continue
-        if target == "webgpu" and m.feeds not in WEBGPU_FEEDS:
+        gpu = target.startswith("webgpu")
+        if gpu and m.feeds not in WEBGPU_FEEDS:
             cells[target] = _cell("skip", "not in the webgpu set (image inputs)")
             continue
-        limit = webgpu_timeout if target == "webgpu" else timeout
+        limit = webgpu_timeout if gpu else timeout
         bundle = work / f"bundle-{target}"
         extra = shape_args if target != "cpu" else []
+        if target == "webgpu16":  # the webgpu target with f16 storage
+            extra = [*extra, "--precision", "fp16"]
         rc, doc, line, dt = mconv(
-            "export", str(imp), "--target", target, "-o", str(bundle), *extra, "--json", timeout=limit
-        )
+            "export", str(imp), "--target", "webgpu" if gpu else target, "-o", str(bundle), *extra, "--json",
+            timeout=limit,
+        )  # fmt: skip
         if rc != 0:
             cells[target] = _classify(rc, line, dt)
             continue
         c = _run_and_compare(
             bundle,
-            WEBGPU_COSINE if target == "webgpu" else TARGET_COSINE,
+            {"webgpu": WEBGPU_COSINE, "webgpu16": WEBGPU16_COSINE}.get(target, TARGET_COSINE),
             target,
             dt,
             against=exact_outs if target != "cpu" else None,
@@ -1914,9 +1922,10 @@ def _short(text: str, n: int = 120) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _render_webgpu(rows: list[dict]) -> list[str]:
-    """The webgpu stage's rows: cosine vs ORT, and the inference's seconds next to the cpu bundle's."""
-    out = ["", "## webgpu on lavapipe (rows with image inputs)", ""]
+def _render_webgpu(rows: list[dict], stage: str = "webgpu") -> list[str]:
+    """A webgpu stage's rows: cosine vs ORT, and the inference's seconds next to the cpu bundle's."""
+    what = "f16 storage, `--precision fp16`" if stage == "webgpu16" else "f32"
+    out = ["", f"## {stage} on lavapipe ({what}; rows with image inputs)", ""]
     out.append(
         "Inference seconds as `mconv run --json` reports them: the first inference after the bundle is "
         "loaded and its pipelines created, not a warm figure (bench/webgpu.py measured LeNet-5 on lavapipe "
@@ -1929,7 +1938,7 @@ def _render_webgpu(rows: list[dict]) -> list[str]:
     )
     out.append("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        c = r["cells"].get("webgpu")
+        c = r["cells"].get(stage)
         if not c or c["status"] == "skip":
             continue
         cos = f"{c['cos']:.7f}" if "cos" in c else ""
@@ -1982,8 +1991,9 @@ def render(rows: list[dict], stages: tuple[str, ...], header: str) -> str:
                 t += f" {c['cos']:.6f}"
             cells.append(t)
         out.append(f"| {r['model']} | {r['fmt']} | {b} | " + " | ".join(cells) + " |")
-    if "webgpu" in stages:
-        out += _render_webgpu(rows)
+    for stage in ("webgpu", "webgpu16"):
+        if stage in stages:
+            out += _render_webgpu(rows, stage)
     out.append("")
     out.append("## Failures (one line each: stage, exit code, message)")
     out.append("")
@@ -2142,7 +2152,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - t0),
         "jobs": jobs,
         "timeout_s": a.timeout,
-        **({"webgpu_timeout_s": a.webgpu_timeout} if "webgpu" in stages else {}),
+        **({"webgpu_timeout_s": a.webgpu_timeout} if {"webgpu", "webgpu16"} & set(stages) else {}),
         "load": f"{load0:.1f} at the start, {os.getloadavg()[1]:.1f} at the end (5-min load average, {os.cpu_count()} cores)",
     }
     _write_merged(Path(a.out), ordered, stages, run, a.merge)
