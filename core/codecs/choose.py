@@ -15,7 +15,10 @@ Rules:
    smallest, lossless by construction. Candidates, in this order (ties go to the one listed
    first, the simpler): ``raw``; ``fp16`` when every value is fp16-exact (floats wider than 16
    bits); a dense ``palette`` when the distinct values (zero included) fit a palette; a grouped
-   palette when the cluster pass used ``groups`` output-channel groups along axis 0; a
+   palette (:mod:`mconv.codecs.palette` rule 5) when the cluster pass used ``groups``
+   output-channel groups along its recorded ``axis`` (0 when absent: Conv, Gemm; 1 for a
+   MatMul's ``[in, out]`` weight), any axis of the tensor at least ``groups`` long, with
+   ``axis`` in the spec when it is not 0, and every group's values fit a palette; a
    per-block palette (:mod:`mconv.codecs.palette` rule 7) when it used ``block`` values per
    codebook and every block's values fit a palette; ``sparse``
    with raw, fp16 (when exact) or palette values for the recorded ``index_bits``, else each of
@@ -27,8 +30,9 @@ Rules:
 3. Hints are the facts the prune and cluster passes recorded per tensor in the model's
    ``metadata_props[COMPRESSION_KEY]`` (:mod:`mconv.passes._weights`): ``bits``,
    ``index_bits``, ``groups``, ``axis``, ``block``. They only narrow widths and add the grouped
-   and per-block palettes; a hint of the wrong type or out of range (a damaged or hostile file)
-   is ignored, which still gives a lossless choice.
+   and per-block palettes; a hint of the wrong type or out of range (a damaged or hostile file;
+   an ``axis`` that is not an axis of the tensor) is ignored, which still gives a lossless
+   choice.
 4. The tensor is analysed once: nonzero positions and value histograms are shared by every
    candidate. Before that, two linear checks skip the analysis (the sort) when no coded
    candidate could be smaller than raw or fp16: the nonzero values alone are at least that
@@ -41,7 +45,9 @@ Rules:
    few thousand operations each, not a pass over every nonzero (a 37.7M-weight fc6 tensor:
    0.25 s per candidate before, 60 candidates).
 6. "Smallest" counts what the candidate's record adds to the container's index
-   (:func:`record_extra`, a constant per codec, within a few bytes of the real record): a
+   (:func:`record_extra`, a constant per codec and per optional field: ``rans``, a per-block
+   palette's ``block``, a grouped palette's ``axis`` (7 bytes); within a few bytes of the real
+   record): a
    sparse record of an all-zero scalar costs about 20 bytes more than a raw one, so a tensor of a few bytes stays raw (issue 14 item 5:
    quantized models have dozens of one-element zero points). On tensors of more than a few
    dozen bytes the choice is the smallest blob, as before.
@@ -64,12 +70,14 @@ from mconv.codecs.bitstream import packed_nbytes
 from mconv.codecs.huffman import HEADER_BYTES, encoded_nbytes
 from mconv.codecs.palette import (
     BlockPalettes,
+    GroupPalettes,
     bit_view,
     bits_for,
     block_palettes,
+    check_axis,
     check_block,
     codebook_storage,
-    group_sizes,
+    group_palettes,
     palette_indices,
     value_histogram,
 )
@@ -187,6 +195,15 @@ class TensorStats:
             self._hist[key] = block_palettes(self.array, block, 256, want_indices=False)
         return self._hist[key]
 
+    def group_palettes(self, groups: int, axis: int) -> GroupPalettes:
+        """Rule 5 of :mod:`mconv.codecs.palette`: every group's codebook and the index counts
+        (no indices), for ``groups`` groups along ``axis``; ``overflow`` when a group holds more
+        than 256 values."""
+        key = ("groups", groups, axis)
+        if key not in self._hist:
+            self._hist[key] = group_palettes(self.array, groups, axis, 256, want_indices=False)
+        return self._hist[key]
+
     def nonzero_histogram(self) -> tuple[np.ndarray, np.ndarray]:
         if "nonzero" not in self._hist:
             self._hist["nonzero"] = value_histogram(self.nonzero_values)
@@ -268,6 +285,23 @@ def _block_palette_bytes(stats: TensorStats, spec: dict, huffman: str) -> int:
     return found.table.size * store.itemsize + _index_stream_bytes(found.counts, bits, huffman)
 
 
+def _grouped_palette_bytes(stats: TensorStats, spec: dict, groups: int, huffman: str) -> int:
+    """A grouped palette (palette rule 5): one codebook per group along ``axis``, each as long as
+    the largest, and the index stream over every group's index counts."""
+    shape = stats.array.shape
+    axis = 0 if spec.get("axis") is None else check_axis(spec["axis"], shape)
+    if not shape or groups > shape[axis] or spec.get("codebook") is not None:
+        raise InputError(f"groups={groups} does not split axis {axis} of shape {list(shape)}")
+    found = stats.group_palettes(groups, axis)
+    bits = spec.get("bits")
+    if found.overflow is not None or (bits is not None and found.size > 1 << int(bits)):
+        raise InputError(f"a group's {found.size} distinct values do not fit a palette of bits={bits}")
+    assert found.table is not None and found.counts is not None
+    bits = bits_for(found.size) if bits is None else int(bits)
+    store = codebook_storage(found.table.ravel(), spec.get("codebook_dtype"))
+    return found.table.size * store.itemsize + _index_stream_bytes(found.counts, bits, huffman)
+
+
 def predict(stats: TensorStats, spec: dict) -> int:
     """Blob bytes of ``spec`` for the analysed tensor (rule 1)."""
     codec = spec.get("codec", "raw")
@@ -278,23 +312,15 @@ def predict(stats: TensorStats, spec: dict) -> int:
     if codec == "fp16":
         return stats.count * 2
     if codec == "palette":
+        if spec.get("axis") is not None:  # palette rule 5, refused as encode refuses it
+            check_axis(spec["axis"], stats.array.shape)
+            if spec.get("block") is not None or spec.get("codebook") is not None:
+                raise InputError("axis cannot be combined with block or an explicit codebook")
         if spec.get("block") is not None and stats.count:
             return _block_palette_bytes(stats, spec, huffman)
         groups = int(spec.get("groups", 1))
         if groups > 1:
-            flat = np.ascontiguousarray(stats.array).ravel()
-            parts = np.split(flat, np.cumsum(group_sizes(stats.array.shape, groups))[:-1])
-            hists = [value_histogram(p) for p in parts]
-            size = max(h[0].size for h in hists)
-            counts = np.zeros(size, dtype=np.int64)
-            table = np.zeros((groups, size), dtype=flat.dtype)
-            for g, (book, c) in enumerate(hists):
-                counts[: c.size] += c
-                table[g, : book.size] = book
-            bits = spec.get("bits")
-            bits = bits_for(size) if bits is None else int(bits)
-            store = codebook_storage(table.ravel(), spec.get("codebook_dtype"))
-            return groups * size * store.itemsize + _index_stream_bytes(counts, bits, huffman)
+            return _grouped_palette_bytes(stats, spec, groups, huffman)
         book, counts = stats.dense_histogram()
         if spec.get("codebook") is not None:
             book, counts = _explicit_counts(book, counts, spec["codebook"])
@@ -396,7 +422,8 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
     bits = _hint_int(hints, "bits", 1, 8)
     index_bits = _hint_int(hints, "index_bits", 1, 8)
     groups = _hint_int(hints, "groups", 1, 1 << 62) or 1
-    grouped = groups > 1 and hints.get("axis", 0) == 0 and array.ndim >= 1 and array.shape[0] >= groups
+    axis = _hint_int(hints, "axis", 0, array.ndim - 1) if "axis" in hints else 0
+    grouped = groups > 1 and axis is not None and array.ndim >= 1 and array.shape[axis] >= groups
     block = _hint_int(hints, "block", 1, 1 << 62)
     flat = np.ascontiguousarray(array).ravel()
     fp16 = array.dtype.kind == "f" and itemsize > 2 and fp16_exact(flat)
@@ -412,10 +439,13 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
     if b is not None:
         coded.append({"codec": "palette", "bits": b})
     if grouped:
-        parts = np.split(flat, np.cumsum(group_sizes(array.shape, groups))[:-1])
-        b = _width(max(value_histogram(p)[0].size for p in parts), bits)
+        assert axis is not None
+        found_groups = stats.group_palettes(groups, axis)
+        b = _width(found_groups.size, bits) if found_groups.overflow is None else None
         if b is not None:
-            coded.append({"codec": "palette", "bits": b, "groups": groups})
+            coded.append(
+                {"codec": "palette", "bits": b, "groups": groups, **({"axis": axis} if axis else {})}
+            )
     if block:
         found = stats.block_palettes(min(block, count))
         b = _width(found.size, bits) if found.overflow is None else None
@@ -445,6 +475,7 @@ _RECORD_EXTRA = {"palette": 19, "sparse": 20}
 _PALETTE_VALUES_EXTRA = 11  # a sparse record's palette fields
 _RANS_EXTRA = 2  # its "rans": true
 _BLOCK_EXTRA = 11  # a per-block palette's "block" (a literal word) and its longer "groups"
+_AXIS_EXTRA = 7  # a grouped palette's "axis" (a literal word, a tag and a one-byte varint)
 
 
 def record_extra(spec: Mapping) -> int:
@@ -456,6 +487,8 @@ def record_extra(spec: Mapping) -> int:
         extra += _RANS_EXTRA
     if spec.get("codec") == "palette" and spec.get("block") is not None:
         extra += _BLOCK_EXTRA
+    if spec.get("codec") == "palette" and spec.get("axis") and spec.get("groups", 1) != 1:
+        extra += _AXIS_EXTRA  # palette rule 5: the record has "axis" only with groups > 1
     return extra
 
 

@@ -242,6 +242,26 @@ static int read_symbols(reader *r, uint64_t count, int bits, int huffman, int ra
     return huffman ? read_huffman(r, count, 1u << bits, out, what) : read_packed(r, count, bits, out, what);
 }
 
+/* Groups along axis > 0 (palette.py rule 5): element (o, l, k) of the [outer, L, inner] layout,
+ * at (o * L + l) * inner + k, takes its value from group g(l), the groups splitting the L
+ * positions like np.array_split (the first L % G groups one position longer). */
+static int gather_along_axis(reader *r, const mcw_record *rec, const float *book, const unsigned char *idx,
+                             float *out) {
+    uint64_t L = rec->axis_len, inner = rec->axis_inner, G = rec->groups, K = rec->codebook_size;
+    uint64_t outer = rec->count / (L * inner), base = L / G, extra = L % G, o, l, k, g, end, i = 0;
+    for (o = 0; o < outer; o++)
+        for (l = 0, g = 0, end = base + (extra > 0); l < L; l++) {
+            const float *b;
+            if (l == end) g++, end += base + (g < extra);
+            b = book + g * K;
+            for (k = 0; k < inner; k++, i++) {
+                if (idx[i] >= K) return fail(r, "palette index %u beyond the codebook", idx[i]);
+                out[i] = b[idx[i]];
+            }
+        }
+    return 0;
+}
+
 static int decode_palette(reader *r, const mcw_record *rec, float *out) {
     uint64_t G, K = rec->codebook_size, i, g, base = 0, extra = 0, inner = 0, at = 0, csize;
     float *book;
@@ -249,7 +269,18 @@ static int decode_palette(reader *r, const mcw_record *rec, float *out) {
     int rc;
     if (rec->bits < 1 || rec->bits > 8) return fail(r, "palette bits %d out of range", rec->bits);
     if (K > (1u << rec->bits) || (K == 0 && rec->count)) return fail(r, "palette codebook size %llu", (unsigned long long)K);
-    if (rec->block) { /* one codebook per block of `block` values (palette.py rule 7) */
+    if (rec->axis < 0) return fail(r, "palette axis is not an axis of the shape");
+    if (rec->axis > 0) { /* groups split axis `axis` (palette.py rule 5) */
+        uint64_t L = rec->axis_len;
+        if (rec->block) return fail(r, "palette record has both block and axis %d", rec->axis);
+        if (rec->groups < 1 || rec->groups > (L ? L : 1))
+            return fail(r, "palette groups %llu out of range 1 .. %llu along axis %d", (unsigned long long)rec->groups,
+                        (unsigned long long)(L ? L : 1), rec->axis);
+        if (rec->count && (!L || !rec->axis_inner || rec->axis_inner > rec->count / L ||
+                           rec->count % (L * rec->axis_inner)))
+            return fail(r, "palette axis %d does not fit the tensor", rec->axis);
+        G = rec->groups;
+    } else if (rec->block) { /* one codebook per block of `block` values (palette.py rule 7) */
         if (rec->block > (rec->count ? rec->count : 1))
             return fail(r, "palette block %llu out of range 1 .. %llu", (unsigned long long)rec->block,
                         (unsigned long long)(rec->count ? rec->count : 1));
@@ -271,7 +302,8 @@ static int decode_palette(reader *r, const mcw_record *rec, float *out) {
     if (!book || !idx) { free(book); free(idx); return fail(r, "out of memory"); }
     rc = read_floats(r, rec->codebook_dtype, G * K, book, "codebook");
     if (!rc) rc = read_symbols(r, rec->count, rec->bits, rec->huffman, rec->rans, idx, "palette indices");
-    for (g = 0; !rc && g < G; g++) { /* groups split axis 0 like np.array_split; blocks are runs of `block` */
+    if (!rc && rec->axis > 0 && rec->count) rc = gather_along_axis(r, rec, book, idx, out);
+    for (g = 0; !rc && rec->axis == 0 && g < G; g++) { /* groups split axis 0 like np.array_split; blocks are runs of `block` */
         uint64_t end = at + (base + (g < extra)) * inner;
         if (rec->block) end = rec->count - at > rec->block ? at + rec->block : rec->count;
         else if (G == 1) end = rec->count;

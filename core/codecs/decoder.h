@@ -5,7 +5,7 @@
  * from little-endian bytes). Blob layouts are documented in core/codecs/{palette,sparse,
  * huffman}.py; this file must follow them bit for bit.
  *
- * Supported: codecs raw, fp16, palette (groups or per-block codebooks, float16/float32
+ * Supported: codecs raw, fp16, palette (groups along any axis or per-block codebooks, float16/float32
  * codebooks, packed, Huffman or rANS indices), sparse (raw/fp16/palette values, packed, Huffman or rANS gaps and indices); dtypes
  * float32 and float16 (widened to float32, exactly).
  */
@@ -31,6 +31,11 @@ typedef struct {
                                number of blocks, ceil(count / block) (0 for an empty tensor) */
     uint64_t block;         /* palette values per block, 1..count (palette.py rule 7); 0 when
                                the record has none (groups then split axis 0) */
+    int axis;               /* palette groups' axis (palette.py rule 5): 0 when the record has
+                               none (groups split rows); -1 when its "axis" is not an axis of the
+                               shape (or not an integer), which the decoder refuses */
+    uint64_t axis_len;      /* with axis > 0: shape[axis], the positions the groups split */
+    uint64_t axis_inner;    /* with axis > 0: the product of shape[axis+1:] (elements per position) */
     int huffman;            /* 1: gap and index streams are canonical-Huffman coded */
     int rans;               /* 1: gap and index streams are rANS coded (core/codecs/rans.py) */
     int index_bits;         /* sparse relative-index bits, 1..8 */

@@ -32,6 +32,8 @@ typedef struct {
     char name[NAME_MAX_LEN];
     uint64_t offset, nbytes, shape[MAX_DIMS];
     int ndim, have_offset, have_nbytes, have_codec, have_dtype, unsupported_dtype;
+    int have_axis, bad_axis; /* the record's palette "axis", and whether it is not an integer */
+    uint64_t axis;
     char codec[32], dtype[32], codebook_dtype[32], values[32];
     mcw_record rec;
 } tensor;
@@ -164,6 +166,7 @@ static void record(json *j, tensor *t) {
         else if (!strcmp(key, "codebook_size")) r->codebook_size = (uint32_t)integer(j);
         else if (!strcmp(key, "groups")) r->groups = integer(j);
         else if (!strcmp(key, "block")) r->block = present_block(integer(j));
+        else if (!strcmp(key, "axis")) t->axis = integer(j), t->have_axis = 1;
         else if (!strcmp(key, "entries")) r->entries = integer(j);
         else if (!strcmp(key, "shape")) {
             expect(j, '[');
@@ -208,6 +211,15 @@ static const char *finish(tensor *t) {
     }
     r->count = count;
     r->rows = t->ndim ? t->shape[0] : 1;
+    /* palette "axis" (palette.py rule 5): absent is axis 0; one that is not an axis of the shape
+     * becomes -1, which the decoder refuses as Python does */
+    r->axis = !t->have_axis ? 0 : t->bad_axis || t->axis >= (uint64_t)t->ndim ? -1 : (int)t->axis;
+    if (r->axis > 0) {
+        r->axis_len = t->shape[r->axis];
+        for (r->axis_inner = 1, i = r->axis + 1; i < t->ndim; i++) /* saturates: only an empty tensor's can */
+            r->axis_inner = t->shape[i] && r->axis_inner > UINT64_MAX / t->shape[i] ? UINT64_MAX
+                                                                                    : r->axis_inner * t->shape[i];
+    }
     r->dtype = dtype_code(t->dtype, &t->unsupported_dtype);
     r->codebook_dtype = t->codebook_dtype[0] ? dtype_code(t->codebook_dtype, &t->unsupported_dtype) : MCW_F32;
     if (t->unsupported_dtype) return "dtype not supported by the C decoder (float32/float16 only)";
@@ -273,6 +285,7 @@ static void value_v2(bin *b, tensor *t, const char *key) {
     char text[32];
     if (b->p >= b->end) { b->bad = 1; return; }
     tag = *b->p++;
+    if (tag != 0 && !strcmp(key, "axis")) t->have_axis = 1, t->bad_axis = 1; /* not an integer: refused */
     if (tag == 0) {
         v = varint(b);
         if (!strcmp(key, "bits")) r->bits = (int)(v & 0xFF);
@@ -280,6 +293,7 @@ static void value_v2(bin *b, tensor *t, const char *key) {
         else if (!strcmp(key, "codebook_size")) r->codebook_size = (uint32_t)v;
         else if (!strcmp(key, "groups")) r->groups = v;
         else if (!strcmp(key, "block")) r->block = present_block(v);
+        else if (!strcmp(key, "axis")) t->axis = v, t->have_axis = 1;
         else if (!strcmp(key, "entries")) r->entries = v;
     } else if (tag == 1) {
         word(b, text, sizeof text);

@@ -15,9 +15,17 @@ Rules:
 4. The codebook is stored as float16 when every entry survives float16 bit-exactly
    (``codebook_dtype="auto"``, the default), else in the tensor's own dtype; a caller may force
    one, which must also be exact.
-5. ``groups=G`` splits axis 0 (output channels) into G contiguous groups the way
-   ``np.array_split`` does, each with its own codebook; codebooks are padded to the largest
-   group's size with zeros that no index refers to.
+5. ``groups=G`` splits axis ``axis=A`` (default 0, the output channels of a Conv ``[out, in,
+   kh, kw]`` or a Gemm ``[out, in]``; 1 for a MatMul's ``[in, out]`` weight) into G contiguous
+   groups the way ``np.array_split`` does: the element at multi-index ``i`` belongs to group
+   ``g(i[A])``. Each group has its own codebook, its distinct values in rule 2's order;
+   codebooks are padded to the largest group's size with zeros that no index refers to. The
+   index stream stays in element (C) order. ``axis`` is an int ``0 <= A < ndim``, only
+   meaningful with ``groups > 1``, and combines neither with ``block`` nor with a ``codebook``.
+   The record has ``axis`` only when ``A != 0`` and ``groups > 1``, so axis-0 records are
+   unchanged. Decoders that predate ``axis`` ignore it and would read such a record as axis-0
+   groups (wrong values, no error, whenever ``groups <= shape[0]``): records with ``axis``
+   need this module's decoders (Python, decoder.c, mcw.js, the metal bundle's Swift).
 6. Indices are packed LSB-first at exactly ``bits`` bits (``bitstream.pack_bits``), or with
    ``huffman=True`` coded by canonical Huffman over the 2**bits index alphabet, or with
    ``rans=True`` by interleaved rANS (:mod:`mconv.codecs.rans`) over it. The record always has
@@ -42,8 +50,8 @@ Rules:
 
 Blob: ``codebook[groups * codebook_size]`` (little-endian ``codebook_dtype``; group or block
 ``g``'s entries at ``g * codebook_size``), then the index stream. Record: ``bits,
-codebook_size, codebook_dtype, groups, huffman``, ``block`` (rule 7) and ``rans`` (rule 6)
-when used, and ``streams = {"codebook": bytes, "indices": bytes}``.
+codebook_size, codebook_dtype, groups, huffman``, ``axis`` (rule 5), ``block`` (rule 7) and
+``rans`` (rule 6) when used, and ``streams = {"codebook": bytes, "indices": bytes}``.
 """
 
 from __future__ import annotations
@@ -58,7 +66,7 @@ from mconv.codecs.bitstream import BlobReader, pack_bits, packed_nbytes, unpack_
 from mconv.codecs.huffman import decode_symbols, encode_symbols
 from mconv.errors import InputError
 
-PALETTE_PARAMS = ("bits", "codebook", "codebook_dtype", "huffman", "rans", "groups", "block")
+PALETTE_PARAMS = ("bits", "codebook", "codebook_dtype", "huffman", "rans", "groups", "axis", "block")
 
 
 def bit_view(values: np.ndarray) -> np.ndarray:
@@ -85,8 +93,15 @@ def _bit_histogram(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         starts = np.concatenate([[0], np.flatnonzero(run[1:] != run[:-1]) + 1])
         keys.append(run[starts])
         counts.append(np.diff(starts, append=run.size))
+    return _merge_histograms(keys, counts, bits[:0])
+
+
+def _merge_histograms(
+    keys: list[np.ndarray], counts: list[np.ndarray], empty: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """One histogram (patterns ascending) of several, each with its patterns ascending."""
     if not keys:
-        return bits[:0].copy(), np.zeros(0, dtype=np.int64)
+        return empty.copy(), np.zeros(0, dtype=np.int64)
     if len(keys) == 1:
         return keys[0], counts[0].astype(np.int64)
     merged, inverse = np.unique(np.concatenate(keys), return_inverse=True)
@@ -95,15 +110,18 @@ def _bit_histogram(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
+def _ordered(patterns: np.ndarray, counts: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Values with these distinct bit patterns (ascending) in rule 2's order, and their counts."""
+    udtype = bit_view(np.zeros(0, dtype)).dtype
+    uniq = patterns.astype(udtype, copy=False).view(dtype)
+    order = np.lexsort((bit_view(uniq), uniq))
+    return uniq[order], counts[order]
+
+
 def value_histogram(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``distinct_values(values)`` and how often each occurs, in the same order."""
     flat = np.ascontiguousarray(values).ravel()
-    patterns, counts = _bit_histogram(bit_view(flat))
-    uniq = (
-        patterns.view(flat.dtype) if flat.dtype.itemsize > 1 else patterns.astype(np.uint8).view(flat.dtype)
-    )
-    order = np.lexsort((bit_view(uniq), uniq))
-    return uniq[order], counts[order]
+    return _ordered(*_bit_histogram(bit_view(flat)), flat.dtype)
 
 
 def distinct_values(values: np.ndarray) -> np.ndarray:
@@ -173,12 +191,121 @@ def palette_indices(values: np.ndarray, codebook: np.ndarray) -> np.ndarray:
     return order[pos].astype(np.uint8)
 
 
-def group_sizes(shape: tuple[int, ...], groups: int) -> list[int]:
-    """Elements per group when axis 0 is split like ``np.array_split`` (rule 5)."""
-    rows = shape[0] if shape else 1
-    inner = int(np.prod(shape[1:], dtype=np.int64)) if shape else 1
+def group_sizes(shape: tuple[int, ...], groups: int, axis: int = 0) -> list[int]:
+    """Elements per group when axis ``axis`` is split like ``np.array_split`` (rule 5)."""
+    rows = shape[axis] if shape else 1
+    rest = int(np.prod(shape[:axis] + shape[axis + 1 :], dtype=np.int64)) if shape else 1
     base, extra = divmod(rows, groups)
-    return [(base + (g < extra)) * inner for g in range(groups)]
+    return [(base + (g < extra)) * rest for g in range(groups)]
+
+
+def axis_bounds(length: int, groups: int) -> list[int]:
+    """The first position of each of ``groups`` groups of ``length`` positions split like
+    ``np.array_split``, then ``length`` (rule 5)."""
+    base, extra = divmod(length, groups)
+    return [g * base + min(g, extra) for g in range(groups + 1)]
+
+
+def check_axis(axis: object, shape: tuple[int, ...]) -> int:
+    """An ``axis`` parameter (rule 5): an int ``0 <= axis < ndim``."""
+    ndim = len(shape)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < ndim:
+        raise InputError(
+            f"axis={axis!r} is not an axis of shape {list(shape)}",
+            hint=f"use an integer 0 .. {ndim - 1}" if ndim else "a 0-d tensor has no axis: omit axis",
+        )
+    return int(axis)
+
+
+def _cube(shape: tuple[int, ...], axis: int) -> tuple[int, int, int]:
+    """``(outer, length, inner)``: the shape as ``[prod(shape[:axis]), shape[axis],
+    prod(shape[axis+1:])]``, the layout rule 5's groups are taken from."""
+    if not shape:
+        return 1, 1, 1
+    return (
+        int(np.prod(shape[:axis], dtype=np.int64)),
+        shape[axis],
+        int(np.prod(shape[axis + 1 :], dtype=np.int64)),
+    )
+
+
+def _group_pieces(cube: tuple[int, int, int], lo: int, hi: int) -> list[tuple[slice, slice]]:
+    """Positions ``lo .. hi`` of the axis in an ``[outer, length, inner]`` layout, as
+    ``(outer slice, axis slice)`` pieces of about :data:`HISTOGRAM_CHUNK` elements (a piece is at
+    least one row of ``inner``): a few MB of temporaries however large the group."""
+    outer, _, inner = cube
+    span = (hi - lo) * inner
+    if span <= HISTOGRAM_CHUNK:
+        step = max(1, HISTOGRAM_CHUNK // max(span, 1))
+        return [(slice(o, o + step), slice(lo, hi)) for o in range(0, outer, step)]
+    rows = max(1, HISTOGRAM_CHUNK // max(inner, 1))
+    return [(slice(o, o + 1), slice(r, min(hi, r + rows))) for o in range(outer) for r in range(lo, hi, rows)]
+
+
+# Tensors of at most this many bits per element count a group's bit patterns in a table
+# (np.bincount: no sort) and index through it, when the group holds at least an eighth as many
+# elements as the table has entries; smaller groups and wider dtypes sort. Both give the same.
+_TABLE_BITS = 16
+
+
+class GroupPalettes(NamedTuple):
+    """Rule 5's codebooks of a tensor, from :func:`group_palettes`."""
+
+    table: np.ndarray | None  # [groups, size] in the tensor's dtype, zero-padded
+    counts: np.ndarray | None  # int64 [size]: how often each index occurs, over every group
+    indices: np.ndarray | None  # uint8, one per element in C order (when asked for)
+    size: int  # the most distinct values of any group
+    overflow: tuple[int, int] | None  # (group, its distinct values): the first over the limit
+
+
+def group_palettes(
+    values: np.ndarray, groups: int, axis: int = 0, limit: int = 256, want_indices: bool = True
+) -> GroupPalettes:
+    """Rule 5's codebooks and indices of ``values``, axis ``axis`` split into ``groups`` groups
+    (``1 <= groups <= max(1, shape[axis])``): a loop over the groups, each read in pieces of its
+    ``[outer, positions, inner]`` slab (:func:`_group_pieces`), never a transposed copy of the
+    tensor. Stops at the first group holding more than ``limit`` values (``overflow``)."""
+    a = np.ascontiguousarray(values)
+    cube = _cube(a.shape, axis)
+    elements, patterns = a.reshape(cube), bit_view(a).reshape(cube)
+    width = 8 * a.dtype.itemsize
+    bounds = axis_bounds(cube[1], groups)
+    indices = np.empty(cube, dtype=np.uint8) if want_indices else None
+    counts = np.zeros(max(limit, 1), dtype=np.int64)
+    books: list[np.ndarray] = []
+    for g in range(groups):
+        lo, hi = bounds[g], bounds[g + 1]
+        pieces = _group_pieces(cube, lo, hi)
+        table = width <= _TABLE_BITS and cube[0] * (hi - lo) * cube[2] >= (1 << width) >> 3
+        if table:
+            hist = np.zeros(1 << width, dtype=np.int64)
+            for at in pieces:
+                hist += np.bincount(patterns[at].ravel(), minlength=1 << width)
+            found = np.flatnonzero(hist)
+            book, book_counts = _ordered(found, hist[found], a.dtype)
+        else:
+            parts = [_bit_histogram(patterns[at].ravel()) for at in pieces]
+            merged = _merge_histograms([k for k, _ in parts], [c for _, c in parts], patterns.ravel()[:0])
+            book, book_counts = _ordered(*merged, a.dtype)
+        if book.size > limit:
+            return GroupPalettes(None, None, None, int(book.size), (g, int(book.size)))
+        counts[: book.size] += book_counts
+        books.append(book)
+        if indices is None:
+            continue
+        if table:
+            lut = np.zeros(1 << width, dtype=np.uint8)
+            lut[bit_view(book)] = np.arange(book.size)
+            for at in pieces:
+                indices[at] = lut[patterns[at]]
+        else:
+            for at in pieces:
+                indices[at] = palette_indices(elements[at], book).reshape(indices[at].shape)
+    size = max(b.size for b in books)
+    table = np.zeros((groups, size), dtype=a.dtype)
+    for g, b in enumerate(books):
+        table[g, : b.size] = b
+    return GroupPalettes(table, counts[:size], None if indices is None else indices.ravel(), size, None)
 
 
 # Values per piece of the per-block analysis (rule 7): whole blocks, so that sorting and the
@@ -361,16 +488,25 @@ def _palette_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
             hint=f"palette takes {', '.join(PALETTE_PARAMS)}",
         )
     bit_view(array)  # rejects dtypes the codec cannot hold
+    axis = params.get("axis")
+    if axis is not None:  # rule 5
+        axis = check_axis(axis, array.shape)
+        if params.get("block") is not None or params.get("codebook") is not None:
+            raise InputError(
+                "axis cannot be combined with block or an explicit codebook",
+                hint="axis places groups=G (rule 5): omit block and codebook",
+            )
+    axis = axis or 0
     groups = params.get("groups", 1)
     if (
         isinstance(groups, bool)
         or not isinstance(groups, (int, np.integer))
         or groups < 1
-        or (groups > 1 and (array.ndim == 0 or groups > array.shape[0]))
+        or (groups > 1 and (array.ndim == 0 or groups > array.shape[axis]))
     ):
         raise InputError(
-            f"groups={groups!r} does not split axis 0 of shape {list(array.shape)}",
-            hint="use 1 .. shape[0] groups",
+            f"groups={groups!r} does not split axis {axis} of shape {list(array.shape)}",
+            hint=f"use 1 .. shape[{axis}] groups",
         )
     groups = int(groups)
     flat = np.ascontiguousarray(array).ravel()
@@ -383,33 +519,46 @@ def _palette_encode(array: np.ndarray, params: dict) -> tuple[bytes, dict]:
             raise InputError("an explicit codebook cannot be combined with block", hint="omit codebook")
         if flat.size:
             return _block_encode(flat, min(block, flat.size), params)
-    sizes = group_sizes(array.shape, groups)
-    parts = np.split(flat, np.cumsum(sizes)[:-1]) if groups > 1 else [flat]
-    if params.get("codebook") is not None:
-        if groups > 1:
+    if groups > 1:
+        if params.get("codebook") is not None:
             raise InputError("an explicit codebook cannot be combined with groups", hint="omit codebook")
-        books = [np.asarray(params["codebook"], dtype=array.dtype).ravel()]
+        return _grouped_encode(array, groups, axis, params)
+    if params.get("codebook") is not None:
+        book = np.asarray(params["codebook"], dtype=array.dtype).ravel()
     else:
-        books = [distinct_values(p) for p in parts]
-    size = max(b.size for b in books)
+        book = distinct_values(flat)
+    size = book.size
     bits = params.get("bits")
     bits = bits_for(size) if bits is None else check_bits(bits)
-    if size > 1 << bits:
-        raise InputError(
-            f"{size} distinct values do not fit a {bits}-bit palette (at most {1 << bits})",
-            hint=f"cluster to {1 << bits} values first, or use bits={bits_for(size)}"
-            if size <= 256
-            else "cluster the tensor first (at most 256 values)",
-        )
-    indices = (
-        np.concatenate([palette_indices(p, b) for p, b in zip(parts, books)])
-        if flat.size
-        else (np.zeros(0, dtype=np.uint8))
+    if size > min(1 << bits, 256):
+        raise _palette_overflow(size, bits)
+    indices = palette_indices(flat, book) if flat.size else np.zeros(0, dtype=np.uint8)
+    return _palette_blob(book.reshape(1, size), indices, bits, params, {})
+
+
+def _palette_overflow(size: int, bits: int, where: str = "") -> InputError:
+    """``size`` distinct values (in ``where``) are more than a ``bits``-bit palette holds."""
+    return InputError(
+        f"{size} distinct values{where} do not fit a {bits}-bit palette (at most {min(1 << bits, 256)})",
+        hint=f"cluster to {1 << bits} values first, or use bits={bits_for(size)}"
+        if size <= 256
+        else "cluster the tensor first (at most 256 values)",
     )
-    table = np.zeros((groups, size), dtype=array.dtype)
-    for g, b in enumerate(books):
-        table[g, : b.size] = b
-    return _palette_blob(table, indices, bits, params, {})
+
+
+def _grouped_encode(array: np.ndarray, groups: int, axis: int, params: dict) -> tuple[bytes, dict]:
+    """Rule 5: one codebook per group of positions along ``axis`` (``groups > 1``)."""
+    bits = params.get("bits")
+    bits = None if bits is None else check_bits(bits)
+    found = group_palettes(array, groups, axis, 256 if bits is None else 1 << bits)
+    if found.overflow is not None:
+        g, size = found.overflow
+        raise _palette_overflow(
+            size, bits_for(size) if bits is None else bits, f" in group {g} of axis {axis}"
+        )
+    assert found.table is not None and found.indices is not None
+    bits = bits_for(found.size) if bits is None else bits
+    return _palette_blob(found.table, found.indices, bits, params, {"axis": axis} if axis else {})
 
 
 def _palette_blob(
@@ -483,9 +632,15 @@ def _palette_decode(blob: memoryview, record: dict) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     bits = record_int(record, "bits", 1, 8)
     size = record_int(record, "codebook_size", 0 if count == 0 else 1, 1 << bits)
-    rows = shape[0] if shape else 1
+    axis = record_int(record, "axis", 0, len(shape) - 1) if "axis" in record else 0  # rule 5
+    rows = shape[axis] if shape else 1
     block = None
     if "block" in record:  # rule 7
+        if axis:
+            raise InputError(
+                f"record has both block={record['block']!r} and axis={axis}",
+                hint="the weights index is damaged",
+            )
         block = record_int(record, "block", 1, max(1, count))
         groups = record_int(record, "groups", 0, max(1, count))
         if groups != -(-count // block):
@@ -514,8 +669,16 @@ def _palette_decode(blob: memoryview, record: dict) -> np.ndarray:
             at += indices[start:end]
             np.take(book, at, out=out[start:end])
         return out.reshape(shape)
-    group_of = np.repeat(np.arange(groups), group_sizes(shape, groups)) if groups > 1 else 0
-    return codebook[group_of, indices].reshape(shape) if count else np.zeros(shape, dtype=dtype)
+    if not count:
+        return np.zeros(shape, dtype=dtype)
+    if groups == 1:
+        return codebook[0, indices].reshape(shape)
+    cube = _cube(shape, axis)  # rule 5: the groups split positions along axis
+    out, at = np.empty(cube, dtype=dtype), indices.reshape(cube)
+    bounds = axis_bounds(cube[1], groups)
+    for g in range(groups):
+        out[:, bounds[g] : bounds[g + 1]] = codebook[g][at[:, bounds[g] : bounds[g + 1]]]
+    return out.reshape(shape)
 
 
 register(Codec("palette", _palette_encode, _palette_decode))

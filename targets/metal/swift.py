@@ -234,6 +234,9 @@ public final class {product} {{
             rec.codebook_size = UInt32((record["codebook_size"] as? Int) ?? 0)
             rec.groups = UInt64((record["groups"] as? Int) ?? 1)
             rec.block = Self.paletteBlock(record["block"])
+            rec.axis = Self.paletteAxis(record["axis"], rank: shape.count)
+            rec.axis_len = UInt64(rec.axis > 0 ? shape[Int(rec.axis)] : 0)
+            rec.axis_inner = UInt64(rec.axis > 0 ? shape[(Int(rec.axis) + 1)...].reduce(1, *) : 0)
             rec.huffman = ((record["huffman"] as? Bool) ?? false) ? 1 : 0
             rec.rans = ((record["rans"] as? Bool) ?? false) ? 1 : 0
             rec.entries = UInt64((record["entries"] as? Int) ?? 0)
@@ -265,6 +268,14 @@ public final class {product} {{
         guard let value = value else {{ return 0 }}
         guard let length = value as? Int, length >= 1 else {{ return UInt64.max }}
         return UInt64(length)
+    }}
+
+    // A palette record's "axis" (the axis its groups split): 0 when absent; present but not an
+    // axis of the shape, -1, which mcw_decode_tensor refuses.
+    static func paletteAxis(_ value: Any?, rank: Int) -> Int32 {{
+        guard let value = value else {{ return 0 }}
+        guard let axis = value as? Int, axis >= 0, axis < rank else {{ return -1 }}
+        return Int32(axis)
     }}
 }}
 """

@@ -70,6 +70,8 @@ def test_predict_bytes_equals_encoded_size_for_grouped_and_given_codebooks():
     book = sorted(set(w.ravel().tolist()), reverse=True)
     for spec in [
         {"codec": "palette", "groups": 5, "huffman": True},
+        {"codec": "palette", "groups": 7, "axis": 1, "rans": True},  # palette rule 5: column groups
+        {"codec": "palette", "groups": 12, "axis": 0, "bits": 4},
         {"codec": "palette", "codebook": book, "huffman": True, "bits": 4},
         {"codec": "sparse", "index_bits": 2, "values": "palette", "codebook": book, "huffman": True},
     ]:

@@ -1,5 +1,5 @@
 // weights.mcw in JavaScript: the container of mconv.container and the codecs of mconv.codecs
-// (raw, fp16, palette with groups or per-block codebooks, sparse; packed, canonical-Huffman or rANS
+// (raw, fp16, palette with groups along any axis or per-block codebooks, sparse; packed, canonical-Huffman or rANS
 // index streams), decoded bit for bit as the Python and C99 decoders do. An ES module: the
 // bundle's page imports it, and the tests run it under node against the Python decoder.
 //
@@ -348,8 +348,11 @@ function decodePalette(blob, record) {
   const size = itemsize(record.dtype);
   const bits = recordInt(record, "bits", 1, 8);
   const cb = recordInt(record, "codebook_size", n === 0 ? 0 : 1, 1 << bits);
-  const rows = shape.length ? shape[0] : 1;
+  // axis (palette.py rule 5): the groups split this axis; absent, axis 0
+  const axis = record.axis === undefined ? 0 : recordInt(record, "axis", 0, shape.length - 1);
+  const rows = shape.length ? shape[axis] : 1;
   // block (palette.py rule 7): one codebook per run of `block` values, groups = ceil(n / block)
+  if (record.block !== undefined && axis !== 0) fail(`record has both block and axis=${axis}`);
   const block = record.block === undefined ? null : recordInt(record, "block", 1, Math.max(1, n));
   const groups = recordInt(record, "groups", block === null ? 1 : 0, block === null ? Math.max(1, rows) : Math.max(1, n));
   if (block !== null && groups !== Math.ceil(n / block)) {
@@ -362,21 +365,18 @@ function decodePalette(blob, record) {
   for (let i = 0; i < n; i++) if (indices[i] >= cb) fail(`palette index ${indices[i]} beyond the ${cb}-entry codebook`);
   if (n === 0) return new Uint8Array(0);
   if (block !== null) return gather(table, size, indices, (i) => Math.floor(i / block) * cb);
-  // groups split axis 0 as np.array_split does
-  const inner = n / rows;
+  // groups split the axis's positions as np.array_split does; element i sits at position
+  // floor(i / inner) % rows, inner = the product of the dimensions after the axis
+  let inner = 1;
+  for (let d = axis + 1; d < shape.length; d++) inner *= shape[d];
   const base = Math.floor(rows / groups);
   const extra = rows % groups;
-  const bounds = [];
-  let acc = 0;
-  for (let g = 0; g < groups; g++) {
-    acc += (base + (g < extra ? 1 : 0)) * inner;
-    bounds.push(acc);
+  const groupAt = new Uint32Array(rows);
+  for (let l = 0, g = 0, end = base + (extra > 0 ? 1 : 0); l < rows; l++) {
+    if (l === end) end += base + (++g < extra ? 1 : 0);
+    groupAt[l] = g * cb;
   }
-  let g = 0;
-  return gather(table, size, indices, (i) => {
-    while (i >= bounds[g]) g++;
-    return g * cb;
-  });
+  return gather(table, size, indices, (i) => groupAt[Math.floor(i / inner) % rows]);
 }
 
 function decodeSparse(blob, record) {

@@ -122,3 +122,12 @@ def test_model_swift_fills_every_decoder_record_field_with_its_c_type(bundle):
     assert "guard let value = value else { return 0 }" in helper
     assert "guard let length = value as? Int, length >= 1 else { return UInt64.max }" in helper
     assert 'rec.block = Self.paletteBlock(record["block"])' in swift
+    # "axis": absent -> 0 (axis-0 groups), present but not an axis of the shape -> -1 (refused);
+    # with axis > 0 the decoder gets shape[axis] and the product of the dimensions after it
+    helper = swift[swift.index("static func paletteAxis(") :]
+    helper = helper[: helper.index("\n    }\n")]
+    assert "guard let value = value else { return 0 }" in helper
+    assert "guard let axis = value as? Int, axis >= 0, axis < rank else { return -1 }" in helper
+    assert 'rec.axis = Self.paletteAxis(record["axis"], rank: shape.count)' in swift
+    assert "rec.axis_len = UInt64(rec.axis > 0 ? shape[Int(rec.axis)] : 0)" in swift
+    assert "rec.axis_inner = UInt64(rec.axis > 0 ? shape[(Int(rec.axis) + 1)...].reduce(1, *) : 0)" in swift

@@ -85,6 +85,15 @@ def _codec_zoo(seed: int) -> list[tuple[str, np.ndarray, dict]]:
     blocky = per_block[np.arange(208) // 16, rng.integers(0, 8, 208)][:200].reshape(8, 25)
     blocky.ravel()[::7] = -0.0
     blocky_half = blocky.astype(np.float16)
+    # grouped palettes along axis 1 and 3 (palette rule 5): groups of columns, not dividing them
+    col_books = rng.standard_normal((3, 6)).astype(np.float32)
+    cols = np.repeat(np.arange(3), [4, 3, 3])
+    axis1 = col_books[cols[None, :], rng.integers(0, 6, (9, 10))]
+    axis1[::4, ::3] = -0.0
+    last_books = rng.standard_normal((4, 5)).astype(np.float16)
+    axis3 = last_books[
+        np.repeat(np.arange(4), [3, 3, 3, 2])[None, None, None, :], rng.integers(0, 5, (2, 3, 4, 11))
+    ]
     return [
         ("raw", dense, {"codec": "raw"}),
         ("raw_f16_dtype", f16_tensor, {"codec": "raw"}),
@@ -121,6 +130,20 @@ def _codec_zoo(seed: int) -> list[tuple[str, np.ndarray, dict]]:
         ("palette_block_one", blocky[:2], {"codec": "palette", "block": 1}),
         ("palette_block_whole", blocky, {"codec": "palette", "block": 10**6, "huffman": True}),
         ("palette_block_empty", np.zeros((0, 4), np.float32), {"codec": "palette", "block": 16}),
+        ("palette_axis1", axis1, {"codec": "palette", "groups": 3, "axis": 1}),
+        (
+            "palette_axis1_f32book",
+            axis1,
+            {"codec": "palette", "groups": 3, "axis": 1, "codebook_dtype": "float32"},
+        ),
+        (
+            "palette_axis1_huff",
+            axis1,
+            {"codec": "palette", "groups": 3, "axis": 1, "bits": 4, "huffman": True},
+        ),
+        ("palette_axis3_rans", axis3, {"codec": "palette", "groups": 4, "axis": 3, "rans": True}),
+        ("palette_axis2_ones", axis3, {"codec": "palette", "groups": 4, "axis": 2}),
+        ("palette_axis_empty", np.zeros((0, 6), np.float32), {"codec": "palette", "groups": 3, "axis": 1}),
     ]
 
 
@@ -230,6 +253,41 @@ def test_mcw_js_refuses_damaged_block_records_like_python(tmp_path):
         got = _node_decode(bad, tmp_path)["b"]
         assert isinstance(got, dict) and got["kind"] == "McwError", (new, got)
         assert "groups" in got["error"] or "block" in got["error"], (new, got)
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_mcw_js_refuses_damaged_axis_records_like_python(tmp_path):
+    """A grouped palette record along axis 1 (palette rule 5) whose axis or groups no longer fit
+    the tensor, or that also has a block: mcw.js throws McwError as Python raises InputError.
+    With "axis" renamed (a decoder that predates it) the record reads as axis-0 groups: values
+    come out, wrong ones, in both."""
+    rng = np.random.default_rng(5)
+    books = rng.standard_normal((3, 4)).astype(np.float32)
+    w = books[np.repeat(np.arange(3), [2, 2, 1])[None, :], rng.integers(0, 4, (40, 5))]
+    path = tmp_path / "axis.mcw"
+    write_container(path, [("a", w, {"codec": "palette", "groups": 3, "axis": 1, "rans": True})])
+    raw = path.read_bytes()
+    assert raw.count(b'"axis":1') == 1 and raw.count(b'"groups":3') == 1 and raw.count(b'"rans":true') == 1
+    assert _node_decode(path, tmp_path)["a"] == w.tobytes().hex()
+    for old, new in [
+        (b'"axis":1', b'"axis":2'),  # not an axis of a 2-d tensor
+        (b'"groups":3', b'"groups":6'),  # more groups than the 5 columns
+        (b'"groups":3', b'"groups":0'),
+        (b'"rans":true', b'"block":999'),  # a block and an axis
+    ]:
+        bad = tmp_path / "bad.mcw"
+        bad.write_bytes(raw.replace(old, new))
+        with read_container(bad) as c, pytest.raises(InputError):
+            c.array("a")
+        got = _node_decode(bad, tmp_path)["a"]
+        assert isinstance(got, dict) and got["kind"] == "McwError", (new, got)
+        assert "groups" in got["error"] or "axis" in got["error"], (new, got)
+    old_reader = tmp_path / "old.mcw"
+    old_reader.write_bytes(raw.replace(b'"axis":1', b'"axiz":1'))
+    with read_container(old_reader) as c:
+        misread = c.array("a")
+    assert not np.array_equal(misread, w)
+    assert _node_decode(old_reader, tmp_path)["a"] == misread.tobytes().hex()
 
 
 # -- the page in headless Chromium ----------------------------------------------------------------
