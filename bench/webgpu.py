@@ -7,10 +7,11 @@ decode weights, compile every kernel, one inference; ORT: load the cpu bundle, o
 their ratio, plus one warm inference each. Optionally the page in headless Chromium too
 (``--page``: SwiftShader's Vulkan, the page's median of 3). Prints a markdown table.
 
-    python bench/webgpu.py [--models alexnet,resnet50,lenet,mobilenet] [--precision fp32] [--page]
+    python bench/webgpu.py [--models alexnet,resnet50,lenet,mobilenet,pruned] [--precision fp32] [--page]
 
 Models: onnx's light AlexNet and ResNet-50 (folded, He-normal fill of fixtures/light.py, seed
-0), the LeNet-5 and MobileNet-style test builders. One run each (the whole-command figure is a
+0), the LeNet-5 and MobileNet-style test builders, and that LeNet-5 pruned to 80% and clustered
+to 5 bits (``pruned``). One run each (the whole-command figure is a
 cold start and is not repeated).
 """
 
@@ -43,6 +44,11 @@ def build(name: str):
         return lenet(0)
     if name == "mobilenet":
         return mobilenet_style(2)
+    if name == "pruned":  # issue 5's pruned and clustered LeNet-5
+        from mconv.passes import parse_spec, run_pipeline
+        from test_webgpu import lenet
+
+        return run_pipeline(lenet(0), parse_spec("prune(sparsity=0.8),cluster(bits=5)"))[0]
     raise SystemExit(f"unknown model {name}")
 
 
