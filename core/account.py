@@ -37,8 +37,9 @@ def codec_label(record: Mapping) -> str:
         parts.append(record.get("values", "raw"))
     if record.get("block"):  # per-block palettes: the block length, not the count of blocks
         parts.append(f"b{record['block']}")
-    elif record.get("groups", 1) not in (None, 1):
-        parts.append(f"g{record['groups']}")
+    elif record.get("groups", 1) not in (None, 1):  # along axis 0, else g<G>a<axis>
+        axis = record.get("axis", 0)
+        parts.append(f"g{record['groups']}" + (f"a{axis}" if axis else ""))
     if record.get("huffman"):
         parts.append("huffman")
     if record.get("rans"):

@@ -83,3 +83,12 @@ def test_byte_account_reports_real_blob_sizes_and_kept_fraction():
     assert row["kept"] == np.count_nonzero(w) / w.size
     assert row["original_bytes"] == w.size * 4
     assert account["total"]["bytes"] == len(blob)
+
+
+def test_codec_labels_name_groups_blocks_and_the_grouping_axis():
+    from mconv.account import codec_label
+
+    assert codec_label({"codec": "palette", "groups": 4}) == "palette+g4"
+    assert codec_label({"codec": "palette", "groups": 4, "axis": 1, "rans": True}) == "palette+g4a1+rans"
+    assert codec_label({"codec": "palette", "groups": 8, "block": 16}) == "palette+b16"
+    assert codec_label({"codec": "sparse", "values": "palette", "huffman": True}) == "sparse+palette+huffman"
