@@ -302,10 +302,10 @@ def group_palettes(
             for at in pieces:
                 indices[at] = palette_indices(elements[at], book).reshape(indices[at].shape)
     size = max(b.size for b in books)
-    table = np.zeros((groups, size), dtype=a.dtype)
+    codebooks = np.zeros((groups, size), dtype=a.dtype)
     for g, b in enumerate(books):
-        table[g, : b.size] = b
-    return GroupPalettes(table, counts[:size], None if indices is None else indices.ravel(), size, None)
+        codebooks[g, : b.size] = b
+    return GroupPalettes(codebooks, counts[:size], None if indices is None else indices.ravel(), size, None)
 
 
 # Values per piece of the per-block analysis (rule 7): whole blocks, so that sorting and the
