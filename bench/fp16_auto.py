@@ -4,7 +4,10 @@ Models: the GPT-2-small- and ViT-B/16-shaped transformers of tests/test_transfor
 weights, dynamo-exported, opset 18) and a graph with a MatMul whose float16 output overflows.
 For each: the float32 nodes of the converted model (non-Cast nodes with a float32 output, after
 ONNX shape inference), the output's relative L2 error against float32 in ONNX Runtime on the same
-feeds, and the conversion's wall time. Both tools are given the same relative tolerance.
+feeds, and the conversion's wall time: the call alone (onnxconverter-common's function on a
+loaded model; mconv's api.optimize with load, save and the written-model check) and the whole
+command each way in a fresh process (`mconv optimize ...`; a Python command that imports
+onnxconverter-common, loads, converts and saves). Both tools are given the same relative tolerance.
 
     python3 bench/fp16_auto.py [--layers 2] [--tolerance 0.01] [--json out.json]
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -127,7 +131,34 @@ def compare(name: str, src: Path, feeds: dict, tol: float, work: Path) -> dict:
         row["occ_rel_err_fp16_exec"] = rel(ref_run(work / f"{name}_occ.onnx", feeds), ref)
     except Exception as exc:  # record why, keep the row
         row["occ_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    # Whole commands as a user runs them, side by side: start-up, load, convert, save.
+    data = work / f"{name}_data.npz"
+    t = time.perf_counter()
+    r = subprocess.run(
+        [sys.executable, "-m", "mconv", "optimize", str(src), "--passes", f"fp16(mode=auto,tolerance={tol})",
+         "--data", str(data), "-o", str(work / f"{name}_cmd.onnx")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    row["mconv_cmd_s"] = round(time.perf_counter() - t, 2) if r.returncode == 0 else None
+    t = time.perf_counter()
+    r = subprocess.run([sys.executable, "-c", OCC_COMMAND, str(src), str(data), str(tol), str(work / f"{name}_occ_cmd.onnx")],
+                       capture_output=True, text=True)  # fmt: skip
+    row["occ_cmd_s"] = round(time.perf_counter() - t, 2) if r.returncode == 0 else None
     return row
+
+
+# onnxconverter-common's auto mixed precision as a command: load, shape inference (it needs the
+# value types), convert on the feeds, save.
+OCC_COMMAND = """
+import sys
+import numpy as np, onnx
+from onnxconverter_common import auto_mixed_precision
+src, data, tol, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+feeds = dict(np.load(data))
+model = onnx.shape_inference.infer_shapes(onnx.load(src))
+conv = auto_mixed_precision.auto_convert_mixed_precision(model, feeds, rtol=tol, atol=tol, keep_io_types=True)
+onnx.save(conv, out)
+"""
 
 
 def main(argv=None) -> int:
