@@ -275,14 +275,7 @@ def _block_palette_bytes(stats: TensorStats, spec: dict, huffman: str) -> int:
     block = min(check_block(spec["block"]), stats.count)
     if int(spec.get("groups", 1)) > 1 or spec.get("codebook") is not None:
         raise InputError("block cannot be combined with groups or a codebook")
-    found = stats.block_palettes(block)
-    bits = spec.get("bits")
-    if found.overflow is not None or (bits is not None and found.size > 1 << int(bits)):
-        raise InputError(f"a block's {found.size} distinct values do not fit a palette of bits={bits}")
-    assert found.table is not None and found.counts is not None
-    bits = bits_for(found.size) if bits is None else int(bits)
-    store = codebook_storage(found.table.ravel(), spec.get("codebook_dtype"))
-    return found.table.size * store.itemsize + _index_stream_bytes(found.counts, bits, huffman)
+    return _palettes_bytes(stats.block_palettes(block), spec, huffman, "block")
 
 
 def _grouped_palette_bytes(stats: TensorStats, spec: dict, groups: int, huffman: str) -> int:
@@ -292,10 +285,15 @@ def _grouped_palette_bytes(stats: TensorStats, spec: dict, groups: int, huffman:
     axis = 0 if spec.get("axis") is None else check_axis(spec["axis"], shape)
     if not shape or groups > shape[axis] or spec.get("codebook") is not None:
         raise InputError(f"groups={groups} does not split axis {axis} of shape {list(shape)}")
-    found = stats.group_palettes(groups, axis)
+    return _palettes_bytes(stats.group_palettes(groups, axis), spec, huffman, "group")
+
+
+def _palettes_bytes(found, spec: dict, huffman: str, what: str) -> int:
+    """The blob of per-block or per-group palettes ``found``: every codebook as long as the
+    largest, then the index stream over their index counts."""
     bits = spec.get("bits")
     if found.overflow is not None or (bits is not None and found.size > 1 << int(bits)):
-        raise InputError(f"a group's {found.size} distinct values do not fit a palette of bits={bits}")
+        raise InputError(f"a {what}'s {found.size} distinct values do not fit a palette of bits={bits}")
     assert found.table is not None and found.counts is not None
     bits = bits_for(found.size) if bits is None else int(bits)
     store = codebook_storage(found.table.ravel(), spec.get("codebook_dtype"))
