@@ -730,6 +730,7 @@ def export(
         from mconv.targets.validity import check_written
 
         check_written(output, source, what="export")
+    notes += [str(n) for n in bundle.manifest.get("notes") or []]  # the target's decisions
     files = bundle.manifest.get("files", {})
     weights_bytes = sum(w.get("bytes", 0) for w in bundle.weights)
     return ExportResult(

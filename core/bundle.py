@@ -323,8 +323,12 @@ def write_bundle(
     options: Mapping | None,
     provenance: Mapping | None,
     verification: Mapping | None = None,
+    notes: Sequence[str] = (),
 ) -> Bundle:
     """Write a complete bundle directory at ``out_dir`` atomically and return it.
+
+    ``notes``: what the target decided that the user should know (the manifest's ``notes``, only
+    when there are some).
 
     ``weights`` are (name, array, codec spec); a spec ``{"codec": "dense"}`` marks a weight that
     the payload already holds (it is listed in the manifest, not stored in ``weights.mcw``).
@@ -388,6 +392,8 @@ def write_bundle(
             "verification": _jsonable(dict(verification)) if verification is not None else None,
             "options": _jsonable(dict(options or {})),
         }
+        if notes:
+            manifest["notes"] = [str(n) for n in notes]
         account = None
         if records:  # the per-layer byte account (Deep Compression's Table 4), mconv.account
             from mconv.account import account_summary, byte_account

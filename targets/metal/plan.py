@@ -32,6 +32,12 @@ Rules:
    then its output; binding ``i`` is ``[[buffer(i)]]``.
 5. Kernel names are ``L<index>_<op>``; grids are exact (one thread per output element, per
    output pixel x channel, or per softmax row) and threadgroups at most 256 threads.
+6. Storage (:func:`storage_for`): ``precision`` fp16 is half storage, fp32 float, except that a
+   graph which quantizes computed values (a QuantizeLinear whose input is not a constant) is
+   planned in float storage whatever the precision asked, and the plan's ``notes`` say so. Its
+   dequantized activations ``(q - zp) * s`` and dequantized weights are not exact in half, and
+   the next QuantizeLinear then lands codes away from the spec's (person_detect.tflite: 2 int8
+   codes off its single output with half weights, up to 8 with half activations alone).
 """
 
 from __future__ import annotations
@@ -98,10 +104,13 @@ class MetalPlan:
     batch: int
     version: int = PLAN_VERSION
     sources: dict[str, str] = field(default_factory=dict, repr=False)  # kernel -> MSL (not in JSON)
+    notes: list[str] = field(default_factory=list)  # rule 6 (in the JSON only when there are some)
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("sources")
+        if not d["notes"]:
+            d.pop("notes")
         return d
 
     @classmethod
@@ -115,6 +124,7 @@ class MetalPlan:
             outputs=list(d["outputs"]),
             batch=int(d["batch"]),
             version=int(d.get("version", PLAN_VERSION)),
+            notes=[str(n) for n in d.get("notes", [])],
         )
 
     def weight_buffers(self) -> list[Buffer]:
@@ -470,15 +480,34 @@ def check_integer_constant(value: ir.Value, storage: str) -> None:
         )
 
 
+def storage_for(model: ir.Model, precision: str) -> tuple[str, list[str]]:
+    """(storage, notes) for ``precision`` (rule 6): ``half`` or ``float``; a graph that quantizes
+    computed values is planned in float, and the note says why."""
+    if precision not in ("fp16", "fp32"):
+        raise InputError(f"precision '{precision}'", where="--precision", hint="choose fp16 or fp32")
+    if precision == "fp32":
+        return "float", []
+    quantizers = [
+        n
+        for n in model.graph
+        if n.op_type == "QuantizeLinear" and n.inputs and n.inputs[0] is not None
+        and n.inputs[0].const_value is None
+    ]
+    if not quantizers:
+        return "half", []
+    return "float", [
+        f"float32 storage, not float16: {len(quantizers)} QuantizeLinear node(s) quantize computed "
+        "values, and dequantized int8 values are not exact in float16 (codes would land off the "
+        "spec's); the kernels run as they would with --precision fp32"
+    ]
+
+
 def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     """Lower a prepared model (see :func:`prepare`) to a :class:`MetalPlan` with MSL sources."""
     from mconv.passes.rewrite import name_of
 
     options = dict(options or {})
-    precision = options.get("precision") or "fp16"
-    if precision not in ("fp16", "fp32"):
-        raise InputError(f"precision '{precision}'", where="--precision", hint="choose fp16 or fp32")
-    storage = "half" if precision == "fp16" else "float"
+    storage, notes = storage_for(model, options.get("precision") or "fp16")
     batch = int(options.get("batch") or 1)
     ctx = LowerContext(storage, _opset(model))
     graph = model.graph
@@ -570,6 +599,7 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
         outputs=outputs,
         batch=batch,
         sources=sources,
+        notes=notes,
     )
 
 

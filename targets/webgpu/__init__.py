@@ -117,6 +117,7 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         options={k: v for k, v in options.items() if k != "verification"},
         provenance=provenance_from_model(model),
         verification=options.get("verification"),
+        notes=plan.notes,
     )
 
 

@@ -27,6 +27,8 @@ Rules:
    weight each, their outputs joined by a Concat (AlexNet's fc6, 9216 x 4096 f32 = 144 MiB,
    becomes two); activations never exceed it in the models here, and a buffer that does is
    refused at load by the runner in one line.
+5. Storage follows the Metal plan's rule 6: f16 for ``precision`` fp16, except that a graph which
+   quantizes computed values is planned in f32 and the plan's ``notes`` say so.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from mconv.targets.metal.plan import (
     check_integer_constant,
     prepare,
     refuse_unsupported,
+    storage_for,
 )
 from mconv.targets.webgpu.wgsl import CHECKS, LOWER, MAX_BINDINGS
 
@@ -128,10 +131,7 @@ def supported_ops() -> list[str]:
 def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
     """Lower a prepared model to a plan whose ``sources`` are WGSL modules (rules 2, 3)."""
     options = dict(options or {})
-    precision = options.get("precision") or "fp32"
-    if precision not in ("fp16", "fp32"):
-        raise InputError(f"precision '{precision}'", where="--precision", hint="choose fp16 or fp32")
-    storage = "half" if precision == "fp16" else "float"
+    storage, notes = storage_for(model, options.get("precision") or "fp32")  # the Metal plan's rule 6
     ctx = LowerContext(storage, _opset(model))
     split_large_weights(model, 2 if storage == "half" else 4)
     graph = model.graph
@@ -223,4 +223,5 @@ def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:
         outputs=outputs,
         batch=int(options.get("batch") or 1),
         sources=sources,
+        notes=notes,
     )
