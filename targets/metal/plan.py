@@ -490,7 +490,9 @@ def storage_for(model: ir.Model, precision: str) -> tuple[str, list[str]]:
     quantizers = [
         n
         for n in model.graph
-        if n.op_type == "QuantizeLinear" and n.inputs and n.inputs[0] is not None
+        if n.op_type == "QuantizeLinear"
+        and n.inputs
+        and n.inputs[0] is not None
         and n.inputs[0].const_value is None
     ]
     if not quantizers:

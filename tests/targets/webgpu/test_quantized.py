@@ -309,7 +309,9 @@ def test_person_detect_at_fp16_stores_float_and_keeps_the_spec_codes(tmp_path, s
 
 
 def test_a_float_graph_at_fp16_stays_half_with_no_notes():
-    relu = model_of([n("Relu", ["x"], ["y"], name="relu")], [("x", T.FLOAT, [1, 4])], [("y", T.FLOAT, [1, 4])])
+    relu = model_of(
+        [n("Relu", ["x"], ["y"], name="relu")], [("x", T.FLOAT, [1, 4])], [("y", T.FLOAT, [1, 4])]
+    )
     plan = build_plan(prepare(relu), {"precision": "fp16"})
     assert plan.dtype == "half" and plan.notes == [] and "notes" not in plan.as_dict()
     weights_only = model_of(  # a DequantizeLinear of constants folds: nothing computed is quantized
