@@ -382,6 +382,34 @@ def finetune_model(
     targets = labels if loss_kind == "xent" else teacher
     assert targets is not None  # xent is refused without labels; any other loss has the teacher
 
+    mix_alpha = float(getattr(config, "mixup", 0.0))
+    if mix_alpha > 0 and (loss_kind == "xent" or teacher is None):
+        result.notes.append("mixup left off: it needs distillation (labels cannot be mixed)")
+        mix_alpha = 0.0
+    if mix_alpha > 0 and any(np.asarray(v).dtype.kind != "f" for v in feeds.values()):
+        result.notes.append("mixup left off: an input is not float (token ids cannot be mixed)")
+        mix_alpha = 0.0
+    mix_rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x313C])
+    teacher_out = loss_value if teacher is not None and loss_value in ref_names else None
+
+    def batch_of(idx: np.ndarray) -> tuple[dict, np.ndarray]:
+        """The batch's feeds and targets: mixed (rule 6) and labelled by the teacher, or as given."""
+        fb = {k: v[idx] for k, v in feeds.items()}
+        if mix_alpha <= 0 or len(idx) < 2:
+            return fb, targets[idx]
+        lam = mix_rng.beta(mix_alpha, mix_alpha, len(idx))
+        perm = mix_rng.permutation(len(idx))
+        mixed = {}
+        for k, v in fb.items():
+            w = lam.reshape((-1,) + (1,) * (v.ndim - 1)).astype(v.dtype)
+            mixed[k] = (w * v + (1 - w) * v[perm]).astype(v.dtype)
+        if teacher_out is not None:
+            t = _run_batched(ref_exec, mixed, [teacher_out])[teacher_out].astype(np.float64)
+        else:
+            probs = _run_batched(ref_exec, mixed, [out_name])[out_name].astype(np.float64)
+            t = np.log(np.maximum(probs, 1e-30))
+        return mixed, t
+
     rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5EED])
     order = rng.permutation(n)
     n_hold = int(round(config.holdout * n)) if n >= 2 else 0
@@ -407,22 +435,22 @@ def finetune_model(
             )
         return float(np.mean((got - teacher[hold]) ** 2)), "mse"
 
-    def loss_fn(idx: np.ndarray) -> Callable:
+    def loss_fn(target: np.ndarray) -> Callable:
         def fn(outputs: dict) -> tuple[float, dict]:
             s = outputs[loss_value]
             if loss_kind == "xent":
-                value, g = softmax_cross_entropy(s, targets[idx])
+                value, g = softmax_cross_entropy(s, target)
             elif loss_kind == "kl" and s.ndim > 2:  # per position over the last axis
                 value, g = distillation_kl(
-                    s.reshape(-1, s.shape[-1]), targets[idx].reshape(-1, s.shape[-1]), config.temperature
+                    s.reshape(-1, s.shape[-1]), target.reshape(-1, s.shape[-1]), config.temperature
                 )
                 g = g.reshape(s.shape)
             elif loss_kind == "kl":
-                value, g = distillation_kl(s, targets[idx], config.temperature)
+                value, g = distillation_kl(s, target, config.temperature)
             else:
-                value, g = mean_squared_error(s, targets[idx])
+                value, g = mean_squared_error(s, target)
             if config.margin and loss_kind != "xent" and s.ndim == 2:
-                hinge, gh = top1_margin_hinge(s, targets[idx])  # the teacher
+                hinge, gh = top1_margin_hinge(s, target)  # the teacher
                 value, g = value + config.margin * hinge, g + config.margin * gh
             return value, {loss_value: g}
 
@@ -445,13 +473,11 @@ def finetune_model(
             idx = train[b]
             if config.schedule == "cosine":  # decays from lr to 0 over the pass's steps
                 opt.lr = 0.5 * config.lr * (1.0 + np.cos(np.pi * done / total))
+            fb, target = batch_of(idx)
             if trainer is not None:
-                target = targets[idx]
-                value = trainer.step({k: v[idx] for k, v in feeds.items()}, target, opt.lr)
+                value = trainer.step(fb, target, opt.lr)
             else:
-                value, grads = student.value_and_grad(
-                    {k: v[idx] for k, v in feeds.items()}, loss_fn(idx), wrt
-                )
+                value, grads = student.value_and_grad(fb, loss_fn(target), wrt)
                 opt.step(
                     {p.name: p.trained for p in params}, {p.name: p.gradient(grads[p.name]) for p in params}
                 )
@@ -597,7 +623,14 @@ class Finetune(Pass):
        ``batch_size`` batches; ``holdout`` of the data (a seeded slice) is never trained on and
        measures accuracy (with labels) or top-1 agreement with the teacher after every epoch.
        Deterministic for a given ``seed`` (default: the pipeline's seed).
-    6. ``engine = "xla"`` runs the same training on the model lowered to jax
+    6. ``mixup = a > 0`` (distillation only: a teacher-based loss on float inputs) trains each
+       batch on mixed samples instead: ``x' = l * x_i + (1 - l) * x_j`` with ``j`` a shuffle of
+       the batch and ``l ~ Beta(a, a)`` per sample, and the teacher's outputs on ``x'`` as the
+       targets (one teacher run per batch). The samples between the calibration samples are
+       where a small calibration set says nothing and the compressed model departs from the
+       teacher; labels cannot be mixed, so with ``loss = "xent"`` (or integer inputs) it is
+       left off with a note. The held-out metric stays on the unmixed samples.
+    7. ``engine = "xla"`` runs the same training on the model lowered to jax
        (:mod:`mconv.targets.xla.engine`): the whole step (weights rebuilt from masks or
        centroids, loss, gradient, optimizer update, re-zeroing) is one jitted program, on
        ``device = "cpu"`` or ``"cuda"``. Same batches, same rules; float32 arithmetic
@@ -622,6 +655,7 @@ class Finetune(Pass):
         freeze: bool = False
         schedule: Literal["constant", "cosine"] = "constant"
         margin: float = 0.0
+        mixup: float = 0.0
         engine: Literal["reference", "xla"] = "reference"
         device: Literal["cpu", "cuda"] = "cpu"
 
@@ -634,12 +668,13 @@ class Finetune(Pass):
             or not 0 <= config.holdout < 1
             or config.lr <= 0
             or config.margin < 0
+            or config.mixup < 0
         ):
             raise InputError(
                 f"bad finetune settings: epochs={config.epochs}, batch_size={config.batch_size}, "
-                f"holdout={config.holdout}, lr={config.lr}, margin={config.margin}",
+                f"holdout={config.holdout}, lr={config.lr}, margin={config.margin}, mixup={config.mixup}",
                 where="pass finetune",
-                hint="epochs >= 0, batch_size >= 1, 0 <= holdout < 1, lr > 0, margin >= 0",
+                hint="epochs >= 0, batch_size >= 1, 0 <= holdout < 1, lr > 0, margin >= 0, mixup >= 0",
             )
 
         def frozen(node: ir.Node) -> bool:
