@@ -26,6 +26,13 @@ Two declared exceptions to the layering: the lazy forward below of the API names
 nothing above it), and ``__main__``, which starts the command line.
 """
 
+import importlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+
 __version__ = "0.1.0"
 
 # The public API (mconv.api), reached from the package root: ``mconv.load(...)``. Forwarded
@@ -54,11 +61,61 @@ _API = (
 
 def __getattr__(name: str):
     if name in _API:
-        import importlib
-
         return getattr(importlib.import_module("mconv.api"), name)
     raise AttributeError(f"module 'mconv' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_API])
+
+
+class _Deferred(types.ModuleType):
+    """A module's stand-in in ``sys.modules`` until an attribute of it is first read."""
+
+    def __getattr__(self, attr: str):
+        spec = self.__spec__
+        assert spec is not None  # set by _defer_sympy
+        name = spec.name
+        if sys.modules.get(name) is self:
+            del sys.modules[name]
+        real = importlib.import_module(name)  # the real module, now in sys.modules
+        self.__dict__.update(real.__dict__)  # so that names bound to the stand-in work too
+        return getattr(real, attr)
+
+
+def _defer_sympy() -> None:
+    """Load sympy on first use instead of at ``import onnx_ir``.
+
+    onnx_ir imports sympy at module level (about 0.8 s of every command on the 2-core machine)
+    for arithmetic on symbolic dimensions (``SymbolicDim('N') + 1``), which mconv never asks of
+    it. Where neither is imported yet, ``sympy`` and ``onnx_ir._symbolic_shapes`` (which reads
+    sympy's names at import) start as stand-ins (:class:`_Deferred`) holding their real module
+    specs: ``import sympy`` finds the stand-in, and the first attribute read loads the real
+    module, so any code that uses sympy (onnx_ir's symbolic arithmetic, torch) gets all of it.
+    (The standard library's LazyLoader does not do here: the import statement reads
+    ``__spec__``, which loads a LazyLoader module at once.)"""
+    if "sympy" in sys.modules or "onnx_ir" in sys.modules or os.environ.get("MCONV_EAGER_SYMPY"):
+        return
+    try:
+        top = importlib.util.find_spec("onnx_ir")
+        if top is None or not top.submodule_search_locations:
+            return
+        locations = list(top.submodule_search_locations)
+        specs = [
+            importlib.util.find_spec("sympy"),
+            importlib.machinery.PathFinder.find_spec("onnx_ir._symbolic_shapes", locations),
+        ]
+    except (ImportError, ValueError):  # pragma: no cover - an unusual install: load as usual
+        return
+    for spec in specs:
+        if spec is None:
+            return
+    for spec in specs:
+        assert spec is not None
+        stand_in = _Deferred(spec.name)
+        stand_in.__spec__ = spec
+        stand_in.__loader__ = spec.loader
+        sys.modules[spec.name] = stand_in
+
+
+_defer_sympy()
