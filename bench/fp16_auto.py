@@ -168,6 +168,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default="overflow,vit,gpt2")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "bench"))
+    from _startup import compile_mconv
+
+    compile_mconv()  # as pip install does: mconv's commands start from bytecode, as the peer's do
     tt = _transformers()
     rows = []
     with tempfile.TemporaryDirectory() as d:

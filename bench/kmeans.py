@@ -189,6 +189,13 @@ def main() -> None:
     ap.add_argument("--coremltools-python", help="a python with coremltools 9, for --whole")
     args = ap.parse_args()
     if args.whole:
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _startup import compile_mconv
+
+        compile_mconv()  # as pip install does: the timed command starts from bytecode
         whole(args.coremltools_python)
         return
 

@@ -105,3 +105,26 @@ def test_tflite_helper_constants_are_shared_and_names_short(shared):
     inner = [v.name for n in model.graph for v in n.outputs if v.name not in io]
     assert max(len(name) for name in inner if not name.endswith("/dequantized")) <= 32
     assert [v.name for v in model.graph.inputs] == ["input"]
+
+
+def test_the_pass_history_is_said_once_by_the_manifest_not_again_by_model_onnx(tmp_path):
+    """After passes, the model's ``mconv.passes`` history and ``mconv.compression`` facts go to the
+    manifest's provenance and the container's records, not into the bundle's model.onnx too."""
+    root = Path(__file__).resolve().parents[3]
+    model = api.load(root / "fixtures" / "digits_mlp.onnx")
+    api.optimize(model, passes="fold,dce,prune(sparsity=0.8),cluster(bits=4)")
+    assert {"mconv.passes", "mconv.compression"} <= set(model.metadata_props)
+    out = tmp_path / "b"
+    api.export(model, "cpu", out)
+    props = {p.key for p in onnx.load(out / "model.onnx", load_external_data=False).metadata_props}
+    assert not props & {"mconv.passes", "mconv.compression"}, props
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [p["name"] for p in manifest["provenance"]["passes"]] == ["fold", "dce", "prune", "cluster"]
+    with read_container(out / "weights.mcw") as c:
+        assert {c.record(n)["codec"] for n in c.names} & {"palette", "sparse"}
+    x = np.random.default_rng(0).random((4, 64), dtype=np.float32)
+    got = api.open(out).run({"input": x})
+    api.save(model, tmp_path / "m.onnx")
+    want = api.open(tmp_path / "m.onnx", target="cpu").run({"input": x})
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
