@@ -363,6 +363,7 @@ def optimize(
     target_size: int | str | None = None,
     save_recipe: PathLike | None = None,
     progress=None,
+    target_of: str = "weights",
     engine: str | None = None,
     device: str | None = None,
     workers: int = 0,
@@ -374,7 +375,9 @@ def optimize(
     checker and ONNX Runtime accept it. ``data``: calibration / fine-tuning feeds (.npz or dict).
 
     ``max_drop`` (a fraction: 0.005 is half a point), ``target_size`` (``44KB``, ``6.9MB``, bytes)
-    and ``save_recipe`` (a TOML path) go with ``recipe="deep-compression"``: the budget search of
+    and ``save_recipe`` (a TOML path) go with ``recipe="deep-compression"``; ``target_of``
+    (``weights``, the default, or ``bundle``) says what ``target_size`` is the size of: the cpu
+    bundle's ``weights.mcw``, or its whole directory (graph and manifest too): the budget search of
     :func:`mconv.passes.budget.compress_to_budget` picks each layer's sparsity and bits on a
     held-out split (its report is ``budget`` in the result); an unmet budget raises
     ``GateFailed`` (exit 1) after the best result was written. ``val_data`` (.npz or dict) is a
@@ -426,6 +429,7 @@ def optimize(
             workers,
             ray_address,
             val_data,
+            target_of,
         )
     if uses_ray(workers, ray_address):
         raise InputError(
@@ -499,6 +503,7 @@ def _optimize_budget(
     workers: int = 0,
     ray_address: str | None = None,
     val_data=None,
+    target_of: str = "weights",
 ):
     """``--max-drop`` / ``--target-size`` / ``--save-recipe``: the budgeted Deep Compression."""
     from mconv.account import predicted_account
@@ -524,6 +529,7 @@ def _optimize_budget(
                     feeds,
                     max_drop=max_drop,
                     target_size=target_size,
+                    target_of=target_of,
                     seed=seed,
                     progress=update,
                     engine=engine,

@@ -15,6 +15,9 @@ def compile_mconv() -> Path:
     """Compile the installed mconv package in place (``__pycache__``, ignored by git)."""
     import mconv
 
-    root = Path(mconv.__file__).resolve().parent
+    root = Path(mconv.__file__).parent
     compileall.compile_dir(str(root), quiet=1, workers=1)
+    for sub in root.iterdir():  # compile_dir skips linked folders: the layers above core are links
+        if sub.is_symlink() and sub.is_dir():
+            compileall.compile_dir(str(sub), quiet=1, workers=1)
     return root

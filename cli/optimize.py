@@ -73,6 +73,15 @@ def optimize_cmd(
             "exit 1 with the best result when both cannot be met.",
         ),
     ] = None,
+    target_of: Annotated[
+        str,
+        typer.Option(
+            "--target-of",
+            metavar="WHAT",
+            help="deep-compression: what --target-size is the size of: weights (the cpu bundle's "
+            "weights.mcw) or bundle (the whole cpu bundle directory: graph and manifest too).",
+        ),
+    ] = "weights",
     save_recipe: Annotated[
         Path | None,
         typer.Option(
@@ -134,6 +143,7 @@ def optimize_cmd(
                     format=format,
                     max_drop=max_drop,
                     target_size=target_size,
+                    target_of=target_of,
                     save_recipe=save_recipe,
                     progress=reuse_progress(update, restart=True),
                     engine=engine,

@@ -75,7 +75,10 @@ Rules
    fine-tuning* is at most ``max(10 * max_drop, 0.05)`` on the training samples. A failed
    gate backs off towards the original (larger ``lam``: the layers that cost most per byte get
    their bytes back first). ``target_size`` alone: the least costly allocation whose predicted
-   weight file fits, checked after export (when the export overshoots: the least costly
+   weight file fits, checked after export (``target_of="bundle"``, ``--target-of bundle``: the
+   whole cpu bundle directory fits instead, ``weights.mcw`` plus the graph and the manifest; its
+   other files' bytes are measured on the model before the search, with the planned passes'
+   history that the manifest's provenance will carry, and subtracted from the weights' room) (when the export overshoots: the least costly
    allocation of the budget cut by the overshoot and 2% more, else a smaller one). Both: only
    allocations that fit are searched; when none passes the gate, :class:`BudgetNotMet` (a
    :class:`GateFailed`, exit 1) carries the best result found (:attr:`BudgetNotMet.result`).
@@ -994,6 +997,7 @@ def compress_to_budget(
     *,
     max_drop: float | None = None,
     target_size: int | str | None = None,
+    target_of: str = "weights",
     seed: int = 0,
     progress: Progress | None = None,
     engine: str = "reference",
@@ -1028,6 +1032,9 @@ def compress_to_budget(
     if max_drop is not None and (isinstance(max_drop, bool) or not 0.0 <= float(max_drop) < 1.0):
         raise InputError(f"max drop {max_drop!r} is not a fraction", hint="0.005 is half a point")
     target = None if target_size is None else parse_size(target_size)
+    if target_of not in ("weights", "bundle"):
+        raise InputError(f"target of {target_of!r}", where="--target-of", hint="weights or bundle")
+    measured = "weights_file" if target_of == "weights" else "bundle"  # rule 7: what the size is of
     if not 0.0 < holdout < 1.0:
         raise InputError(f"holdout {holdout!r}", hint="a fraction in (0, 1), e.g. 0.25")
     if attempts < 1:
@@ -1069,6 +1076,7 @@ def compress_to_budget(
             bits,
             workers=workers,
             ray_address=ray_address,
+            measured=measured,
         )
 
     feeds, labels, n = _check_data(model, data)
@@ -1144,6 +1152,16 @@ def compress_to_budget(
     est["frontier"] = len(frontier)
     overhead = 512
     if target is not None:
+        if target_of == "bundle":  # the bundle's other files: the graph and the manifest, with the
+            # schedule's pass history in its provenance (what an attempt will add to it)
+            # (the smallest allocation's plan: every layer named in its prune and cluster tables)
+            plan = _schedule(frontier[0], epochs, seed, holdout, batch_size, engine, device)
+            history = [spec.as_dict() for spec in pre] + [
+                spec.as_dict() for _, specs in plan for spec in specs
+            ]
+            base_sizes = _export_sizes(model)
+            overhead += base_sizes["bundle"] - base_sizes["weights_file"]
+            overhead += len(json.dumps(history, sort_keys=True, separators=(",", ":")))
         room = target - _bias_bytes(model, layers) - overhead
         fitting = [a for a in frontier if _alloc_bytes(layers, a) <= room]
         packed = _within(layers, room)
@@ -1171,7 +1189,8 @@ def compress_to_budget(
         budget = _alloc_bytes(layers, alloc)
         reallocated: list[dict] = []
         if reestimate:  # rule 6: every stage's slot; its settings are decided when it comes
-            plan = _schedule(_widest(layers), epochs, seed, holdout, batch_size, engine, device)
+            # (the smallest allocation's plan: every layer named in its prune and cluster tables)
+            plan = _schedule(frontier[0], epochs, seed, holdout, batch_size, engine, device)
         actx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
         for si, (name, specs) in enumerate(plan):
             actx.progress = _prefix(say, f"{label} [{si + 1}/{len(plan)}] {name}")
@@ -1226,7 +1245,7 @@ def compress_to_budget(
         drop = baseline - final
         lost = ev.losses(got, held)
         ok_drop = max_drop is None or drop <= max_drop + 1e-12  # rule 7: the net drop
-        ok_size = target is None or sizes["weights_file"] <= target
+        ok_size = target is None or sizes[measured] <= target
         return {
             "index": k,
             "alloc": alloc,
@@ -1260,7 +1279,7 @@ def compress_to_budget(
         while not r["ok_size"] and len(tried) < attempts:
             # the export overshot the prediction: the least costly allocation of a budget cut
             # by the overshoot (and 2% more), else the next smaller frontier point
-            over = r["sizes"]["weights_file"] - target
+            over = r["sizes"][measured] - target
             cut = _within(layers, _alloc_bytes(layers, fitting[k]) - over - (room + 49) // 50)
             if cut is not None and cut not in fitting:
                 fitting.append(cut)
@@ -1327,7 +1346,7 @@ def compress_to_budget(
     if not result.met:
         raise BudgetNotMet(
             f"budget not met: held-out {ev.metric_name} drop {best['drop']:.4f} (max {max_drop}), "
-            f"weights {best['sizes']['weights_file']:,} B (target {target if target else '-'})",
+            f"{target_of} {best['sizes'][measured]:,} B (target {target if target else '-'})",
             result,
             hint="allow a larger --max-drop or --target-size",
         )
@@ -1457,6 +1476,7 @@ def _data_free(
     *,
     workers: int = 0,
     ray_address: str | None = None,
+    measured: str = "weights_file",
 ) -> BudgetResult:
     """Rule 8: per layer the smallest setting with weight SNR >= snr_min; no fine-tuning."""
     layers, est = _candidates(
@@ -1497,7 +1517,7 @@ def _data_free(
         for layer in layers
     ]
     original = sum(4 * layer.params for layer in layers)
-    met = target is None or sizes["weights_file"] <= target
+    met = target is None or sizes[measured] <= target
     result = BudgetResult(
         model=model,
         metric="none",
@@ -1527,7 +1547,8 @@ def _data_free(
     result.seconds = time.perf_counter() - t_start
     if not met:
         raise BudgetNotMet(
-            f"budget not met without data: weights {sizes['weights_file']:,} B (target {target:,} B) at a weight "
+            f"budget not met without data: {'weights' if measured == 'weights_file' else 'bundle'} "
+            f"{sizes[measured]:,} B (target {target:,} B) at a weight "
             f"SNR of {snr_min:g} dB",
             result,
             hint="give --data D.npz so the budget can be measured and fine-tuned",

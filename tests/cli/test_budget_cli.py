@@ -74,6 +74,21 @@ def test_a_size_that_cannot_be_met_exits_1_with_the_best_result(small, tmp_path)
     assert doc["budget"]["met"] is False and out.is_file()
 
 
+def test_a_bundle_target_fits_the_exported_cpu_bundle_directory(small, tmp_path):
+    model, data = small
+    out, bundle = tmp_path / "c.onnx", tmp_path / "bundle"
+    r = _cli(
+        "optimize", str(model), "--recipe", "deep-compression", "--data", str(data),
+        "--target-size", "5500", "--target-of", "bundle", "-o", str(out), "--json", "--seed", "1",
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output
+    size = json.loads(r.stdout)["budget"]["size"]
+    assert size["bundle"] <= 5500 < size["bundle"] + 1200  # fits, not far under
+    r = _cli("export", str(out), "--target", "cpu", "-o", str(bundle))
+    assert r.exit_code == 0, r.output
+    assert sum(f.stat().st_size for f in bundle.iterdir() if f.is_file()) == size["bundle"]
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -82,6 +97,7 @@ def test_a_size_that_cannot_be_met_exits_1_with_the_best_result(small, tmp_path)
         (["--recipe", "deep-compression", "--max-drop", "1.5"], "fraction"),
         (["--recipe", "deep-compression", "--target-size", "44 parsecs"], "not a size"),
         (["--recipe", "deep-compression", "--target-size", "0"], "not positive"),
+        (["--recipe", "deep-compression", "--target-size", "9KB", "--target-of", "disk"], "--target-of"),
         (["--passes", "dce", "--val-data", "VAL"], "--val-data"),
         (["--recipe", "deep-compression", "--max-drop", "0.01", "--val-data", "MISSING"], "MISSING"),
     ],

@@ -164,6 +164,7 @@ def test_without_data_only_the_weight_snr_check_and_a_loud_note():
         ({"max_drop": 0.01, "estimator": "magic"}, "estimator"),
         ({"max_drop": 0.01, "holdout": 1.0}, "holdout"),
         ({"max_drop": 0.01, "bits": (9,)}, "bits"),
+        ({"target_size": 9000, "target_of": "folder"}, "target of"),
     ],
 )
 def test_bad_options_are_input_errors(kwargs, words):
@@ -449,3 +450,27 @@ def test_the_allocation_within_a_byte_budget_is_the_least_costly_one_that_fits()
         assert sum(layer.options[got[layer.name]][1] for layer in layers) == pytest.approx(best, abs=1e-12)
         coarse = B._within(layers, budget, quanta=16)  # coarse quanta round up: never over the budget
         assert coarse is None or sum(layer.options[coarse[layer.name]][0] for layer in layers) <= budget
+
+
+def test_a_bundle_size_target_fits_the_whole_cpu_bundle_and_a_weights_target_does_not(tmp_path):
+    """--target-of bundle: the cpu bundle directory (weights.mcw, graph, manifest with the pass
+    history) fits the size; the same size as a weights.mcw target leaves the directory over it."""
+    from mconv.targets import get_target
+
+    data = _subset(240, seed=4)
+    target = 13_000
+    sizes = {}
+    for target_of in ("weights", "bundle"):
+        model = load_onnx(fixture_path("digits_mlp.onnx"))
+        result = B.compress_to_budget(
+            model, data, target_size=target, target_of=target_of, seed=1, **{**FAST, "attempts": 3}
+        )
+        out = tmp_path / target_of
+        get_target("cpu").export(result.model, out, {})
+        bundle = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+        assert result.size["bundle"] == bundle  # what the search measured is what export writes
+        sizes[target_of] = (result.size["weights_file"], bundle, result.met)
+    print(sizes)
+    assert sizes["weights"][0] <= target < sizes["weights"][1]  # the other files push it over
+    assert sizes["bundle"][1] <= target and sizes["bundle"][2]
+    assert sizes["bundle"][0] < sizes["weights"][0]

@@ -232,3 +232,21 @@ def test_auto_returns_an_absorbed_overflow_to_half_beside_a_real_one(tmp_path):
     assert "3 flagged by their own error or overflow, 1 of them returned to half" in res.reports[0].notes[1]
     got, ref = _ref(tmp_path / "a.onnx", x), _ref(tmp_path / "m.onnx", x)
     assert np.isfinite(got).all() and np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.01
+
+
+def test_the_overflow_the_trials_measure_is_not_warned_about(tmp_path):
+    """``-q`` on a graph whose float16 trial overflows prints nothing: numpy's overflow
+    warnings inside the trials are the measurement, not news for the user."""
+    import subprocess
+    import sys
+
+    x = _overflow_model(tmp_path / "m.onnx", seed=9)
+    np.savez(tmp_path / "d.npz", x=x)
+    r = subprocess.run(
+        [sys.executable, "-m", "mconv", "optimize", str(tmp_path / "m.onnx"), "--passes", "fp16(mode=auto)",
+         "--data", str(tmp_path / "d.npz"), "-o", str(tmp_path / "a.onnx"), "-q"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "" and r.stdout == ""
+    assert _fp32_nodes(tmp_path / "a.onnx") == {"big", "scale"}
