@@ -21,6 +21,9 @@ saw (its own held-out split is part of the calibration data):
 ``--estimators`` also prints the sensitivity estimators side by side (Fisher vs the one-layer
 sweep against the measured one-layer drop, Spearman correlations, seconds).
 
+P2 as a user asks for it: ``--models p2 --target-size 44KB --target-of bundle --size-only`` (the
+bundle directory within 44 KB, the least costly allocation that fits).
+
 Run: python bench/deep_compression.py [--models p2,p3,dwcnn] [--seeds 0,1,2,3,4] [--max-drop 0.005]
      [--estimators] [--engine reference|xla] [--json FILE] [--shared ../shared] [--lenet lenet.onnx] [--digits digits.npz]
 """
@@ -150,6 +153,7 @@ def run_one(name: str, seed: int, args) -> dict:
             calib,
             max_drop=None if args.size_only else args.max_drop,
             target_size=args.target_size,
+            target_of=getattr(args, "target_of", "weights"),
             seed=seed,
             progress=progress,
             attempts=args.attempts,
@@ -203,6 +207,12 @@ def main() -> int:
         "--target-size",
         default=None,
         help="weights.mcw size (44KB, bytes) as mconv optimize --target-size",
+    )
+    ap.add_argument(
+        "--target-of",
+        default="weights",
+        choices=["weights", "bundle"],
+        help="what --target-size is the size of, as mconv optimize --target-of",
     )
     ap.add_argument("--size-only", action="store_true", help="--target-size without --max-drop")
     ap.add_argument("--estimators", action="store_true")

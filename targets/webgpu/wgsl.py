@@ -20,6 +20,11 @@ Kernel conventions (the runner and the web page rely on them):
    once past the end.
 4. No workgroup memory, no barriers: each invocation computes its outputs from storage alone.
 5. A fused activation is a WGSL expression of the f32 ``v`` (:func:`activation_expr`).
+6. Register blocking: a convolution invocation computes 4 (or 2) output channels of one group
+   at one pixel, and a Gemm/MatMul invocation 4 (or 2) adjacent output columns of one row
+   (:func:`_block`), so each input value is loaded once for all of them; the grid counts
+   invocations (``n * OC / 4`` in z for a convolution, ``N / 4`` in x for a Gemm). Depthwise
+   convolutions (one output channel a group) stay one output an invocation.
 """
 
 from __future__ import annotations
@@ -233,6 +238,11 @@ fn {kernel}(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroup
     )
 
 
+def _block(count: int) -> int:
+    """Rule 6: how many outputs one invocation computes along a run of ``count`` (4, 2 or 1)."""
+    return 4 if count % 4 == 0 else 2 if count % 2 == 0 else 1
+
+
 def _indent(text: str) -> str:
     return "".join(f"    {ln}\n" if ln.strip() else "\n" for ln in text.strip("\n").splitlines())
 
@@ -273,30 +283,44 @@ def lower_conv(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
     if b is not None:
         reads.append(b)
         names.append("B")
-    seed = "f32(B[oc])" if b is not None else "0.0f"
-    body = f"""
-let ow = gx; let oh = gy; let oc = gz % OC; let n = gz / OC;
-let c0 = (oc / OCG) * ICG;
-var acc: f32 = {seed};
-for (var ic: i32 = 0; ic < ICG; ic++) {{
+    ocg = oc // group
+    ob = _block(ocg)  # rule 6: output channels per invocation, all in one group
+    accs = [f"a{j}" for j in range(ob)]
+    seeds = [f"f32(B[oc0 + {j}])" if b is not None else "0.0f" for j in range(ob)]
+    updates = "\n".join(
+        f"            {a} += xv * f32(W[wb + {j * (c // group) * kh * kw} + kh * KW + kw]);"
+        for j, a in enumerate(accs)
+    )
+    stores = "\n".join(
+        f"Y[((n * OC + oc0 + {j}) * OH + oh) * OW + ow] = T({activation_expr(act, a)});"
+        for j, a in enumerate(accs)
+    )
+    body = (
+        f"""
+let ow = gx; let oh = gy; let oc0 = (gz % OCB) * {ob}; let n = gz / OCB;
+let c0 = (oc0 / OCG) * ICG;
+"""
+        + "".join(f"var {a}: f32 = {sd};\n" for a, sd in zip(accs, seeds))
+        + f"""for (var ic: i32 = 0; ic < ICG; ic++) {{
     let xb = ((n * IC + c0 + ic) * IH) * IW;
-    let wb = ((oc * ICG + ic) * KH) * KW;
+    let wb = ((oc0 * ICG + ic) * KH) * KW;
     for (var kh: i32 = 0; kh < KH; kh++) {{
         let ih = oh * SH - PH + kh * DH;
         if (ih < 0 || ih >= IH) {{ continue; }}
         for (var kw: i32 = 0; kw < KW; kw++) {{
             let iw = ow * SW - PW + kw * DW;
             if (iw < 0 || iw >= IW) {{ continue; }}
-            acc += f32(X[xb + ih * IW + iw]) * f32(W[wb + kh * KW + kw]);
+            let xv = f32(X[xb + ih * IW + iw]);
+{updates}
         }}
     }}
 }}
-let v = acc;
-Y[((n * OC + oc) * OH + oh) * OW + ow] = T({activation_expr(act)});
+{stores}
 """
-    grid = (ow, oh, n * oc)
+    )
+    grid = (ow, oh, n * (oc // ob))
     cs = dict(IC=c, IH=ih, IW=iw, OC=oc, OH=oh, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, DH=dh, DW=dw, PH=ph, PW=pw)
-    cs.update(ICG=c // group, OCG=oc // group)
+    cs.update(ICG=c // group, OCG=ocg, OCB=oc // ob)
     return KernelSource(kernel, module(ctx, kernel, names, grid, cs, _indent(body)), reads, grid)
 
 
@@ -327,16 +351,20 @@ def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
         names.append("C")
         bias = f" + {flit(beta)} * f32(C[row * {sr} + col * {sc}])"
     scale = "" if alpha == 1.0 else f"{flit(alpha)} * "
-    body = f"""
-let col = gx; let row = gy;
-var acc: f32 = 0.0f;
-for (var kk: i32 = 0; kk < K; kk++) {{
-    acc += f32(A[{a_index}]) * f32(B[{b_index}]);
-}}
-let v = {scale}acc{bias};
-Y[row * N + col] = T({activation_expr(act)});
-"""
-    grid = (n, m, 1)
+    cb = _block(n)  # rule 6: adjacent output columns per invocation
+    accs = [f"a{j}" for j in range(cb)]
+    b_step = "K" if tb else "1"  # B's stride from one output column to the next
+    lines = [f"let col0 = gx * {cb}; let row = gy;", *(f"var {a}: f32 = 0.0f;" for a in accs)]
+    lines.append("for (var kk: i32 = 0; kk < K; kk++) {")
+    lines.append(f"    let av = f32(A[{a_index}]);")
+    lines.append(f"    let bi = {b_index.replace('col', 'col0')};")
+    lines += [f"    {a} += av * f32(B[bi + {j} * {b_step}]);" for j, a in enumerate(accs)]
+    lines.append("}")
+    for j, a in enumerate(accs):
+        lines.append(f"let v{j} = {scale}{a}{bias.replace('col', f'(col0 + {j})')};")
+        lines.append(f"Y[row * N + col0 + {j}] = T({activation_expr(act, f'v{j}')});")
+    body = "\n" + "\n".join(lines) + "\n"
+    grid = (n // cb, m, 1)
     return KernelSource(
         kernel, module(ctx, kernel, names, grid, dict(M=m, N=n, K=k), _indent(body)), reads, grid
     )
