@@ -20,10 +20,10 @@ Kernel conventions (the runner and the web page rely on them):
    once past the end.
 4. No workgroup memory, no barriers: each invocation computes its outputs from storage alone.
 5. A fused activation is a WGSL expression of the f32 ``v`` (:func:`activation_expr`).
-6. Register blocking: a convolution invocation computes 4 (or 2) output channels of one group
-   at one pixel, and a Gemm/MatMul invocation 4 (or 2) adjacent output columns of one row
+6. Register blocking: a convolution invocation computes 8 (or 4, or 2) output channels of one
+   group at one pixel, and a Gemm/MatMul invocation 8 (4, 2) adjacent output columns of one row
    (:func:`_block`), so each input value is loaded once for all of them; the grid counts
-   invocations (``n * OC / 4`` in z for a convolution, ``N / 4`` in x for a Gemm). Depthwise
+   invocations (``n * OC / 8`` in z for a convolution, ``N / 8`` in x for a Gemm). Depthwise
    convolutions (one output channel a group) stay one output an invocation.
 """
 
@@ -239,8 +239,8 @@ fn {kernel}(@builtin(global_invocation_id) id: vec3<u32>, @builtin(num_workgroup
 
 
 def _block(count: int) -> int:
-    """Rule 6: how many outputs one invocation computes along a run of ``count`` (4, 2 or 1)."""
-    return 4 if count % 4 == 0 else 2 if count % 2 == 0 else 1
+    """Rule 6: how many outputs one invocation computes along a run of ``count`` (8, 4, 2 or 1)."""
+    return 8 if count % 8 == 0 else 4 if count % 4 == 0 else 2 if count % 2 == 0 else 1
 
 
 def _indent(text: str) -> str:
