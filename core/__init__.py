@@ -27,6 +27,7 @@ nothing above it), and ``__main__``, which starts the command line.
 """
 
 import importlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
@@ -73,8 +74,10 @@ class _Deferred(types.ModuleType):
     """A module's stand-in in ``sys.modules`` until an attribute of it is first read."""
 
     def __getattr__(self, attr: str):
+        if not self.__dict__.get("_mconv_ready"):  # the import system probing the new stand-in
+            raise AttributeError(attr)
         spec = self.__spec__
-        assert spec is not None  # set by _defer_sympy
+        assert spec is not None  # made by _DeferFinder
         name = spec.name
         if sys.modules.get(name) is self:
             del sys.modules[name]
@@ -83,39 +86,45 @@ class _Deferred(types.ModuleType):
         return getattr(real, attr)
 
 
+class _DeferLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _Deferred(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__dict__["_mconv_ready"] = True  # from now on, a missing name loads the real module
+
+
+class _DeferFinder(importlib.abc.MetaPathFinder):
+    """Gives the first import of each of ``names`` a :class:`_Deferred` stand-in; the stand-in's
+    first attribute read imports the real module past this finder (the name is spent)."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    def find_spec(self, name: str, path=None, target=None) -> importlib.machinery.ModuleSpec | None:
+        if name not in self.names:
+            return None
+        self.names.discard(name)
+        return importlib.util.spec_from_loader(name, _DeferLoader())
+
+
 def _defer_sympy() -> None:
     """Load sympy on first use instead of at ``import onnx_ir``.
 
     onnx_ir imports sympy at module level (about 0.8 s of every command on the 2-core machine)
     for arithmetic on symbolic dimensions (``SymbolicDim('N') + 1``), which mconv never asks of
-    it. Where neither is imported yet, ``sympy`` and ``onnx_ir._symbolic_shapes`` (which reads
-    sympy's names at import) start as stand-ins (:class:`_Deferred`) holding their real module
-    specs: ``import sympy`` finds the stand-in, and the first attribute read loads the real
-    module, so any code that uses sympy (onnx_ir's symbolic arithmetic, torch) gets all of it.
-    (The standard library's LazyLoader does not do here: the import statement reads
-    ``__spec__``, which loads a LazyLoader module at once.)"""
+    it. A finder first on ``sys.meta_path`` gives the first import of ``sympy`` and of
+    ``onnx_ir._symbolic_shapes`` (which reads sympy's names at import) a stand-in
+    (:class:`_Deferred`); the first attribute read of a stand-in imports the real module, so any
+    code that uses sympy (onnx_ir's symbolic arithmetic, torch) gets all of it, and nothing is
+    in ``sys.modules`` before something imports them. (The standard library's LazyLoader does
+    not do here: the import statement reads ``__spec__``, which loads a LazyLoader module at
+    once.) ``MCONV_EAGER_SYMPY=1`` turns it off."""
     if "sympy" in sys.modules or "onnx_ir" in sys.modules or os.environ.get("MCONV_EAGER_SYMPY"):
         return
-    try:
-        top = importlib.util.find_spec("onnx_ir")
-        if top is None or not top.submodule_search_locations:
-            return
-        locations = list(top.submodule_search_locations)
-        specs = [
-            importlib.util.find_spec("sympy"),
-            importlib.machinery.PathFinder.find_spec("onnx_ir._symbolic_shapes", locations),
-        ]
-    except (ImportError, ValueError):  # pragma: no cover - an unusual install: load as usual
+    if any(isinstance(f, _DeferFinder) for f in sys.meta_path):
         return
-    for spec in specs:
-        if spec is None:
-            return
-    for spec in specs:
-        assert spec is not None
-        stand_in = _Deferred(spec.name)
-        stand_in.__spec__ = spec
-        stand_in.__loader__ = spec.loader
-        sys.modules[spec.name] = stand_in
+    sys.meta_path.insert(0, _DeferFinder({"sympy", "onnx_ir._symbolic_shapes"}))
 
 
 _defer_sympy()

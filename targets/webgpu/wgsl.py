@@ -354,14 +354,14 @@ def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
     cb = _block(n)  # rule 6: adjacent output columns per invocation
     accs = [f"a{j}" for j in range(cb)]
     b_step = "K" if tb else "1"  # B's stride from one output column to the next
-    lines = [f"let col0 = gx * {cb}; let row = gy;", *(f"var {a}: f32 = 0.0f;" for a in accs)]
+    lines = [f"let col0 = gx * {cb}; let row = gy;", *(f"var {acc}: f32 = 0.0f;" for acc in accs)]
     lines.append("for (var kk: i32 = 0; kk < K; kk++) {")
     lines.append(f"    let av = f32(A[{a_index}]);")
     lines.append(f"    let bi = {b_index.replace('col', 'col0')};")
-    lines += [f"    {a} += av * f32(B[bi + {j} * {b_step}]);" for j, a in enumerate(accs)]
+    lines += [f"    {acc} += av * f32(B[bi + {j} * {b_step}]);" for j, acc in enumerate(accs)]
     lines.append("}")
-    for j, a in enumerate(accs):
-        lines.append(f"let v{j} = {scale}{a}{bias.replace('col', f'(col0 + {j})')};")
+    for j, acc in enumerate(accs):
+        lines.append(f"let v{j} = {scale}{acc}{bias.replace('col', f'(col0 + {j})')};")
         lines.append(f"Y[row * N + col0 + {j}] = T({activation_expr(act, f'v{j}')});")
     body = "\n" + "\n".join(lines) + "\n"
     grid = (n // cb, m, 1)
