@@ -1153,9 +1153,8 @@ def compress_to_budget(
     overhead = 512
     if target is not None:
         if target_of == "bundle":  # the bundle's other files: the graph and the manifest, with the
-            # schedule's pass history in its provenance (what an attempt will add to it)
-            # (the smallest allocation's plan: every layer named in its prune and cluster tables)
-            plan = _schedule(frontier[0], epochs, seed, holdout, batch_size, engine, device)
+            # schedule's pass history in its provenance (at most what an attempt will add to it)
+            plan = _schedule(_widest(layers), epochs, seed, holdout, batch_size, engine, device)
             history = [spec.as_dict() for spec in pre] + [
                 spec.as_dict() for _, specs in plan for spec in specs
             ]
@@ -1189,8 +1188,7 @@ def compress_to_budget(
         budget = _alloc_bytes(layers, alloc)
         reallocated: list[dict] = []
         if reestimate:  # rule 6: every stage's slot; its settings are decided when it comes
-            # (the smallest allocation's plan: every layer named in its prune and cluster tables)
-            plan = _schedule(frontier[0], epochs, seed, holdout, batch_size, engine, device)
+            plan = _schedule(_widest(layers), epochs, seed, holdout, batch_size, engine, device)
         actx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
         for si, (name, specs) in enumerate(plan):
             actx.progress = _prefix(say, f"{label} [{si + 1}/{len(plan)}] {name}")

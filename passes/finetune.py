@@ -367,11 +367,15 @@ def finetune_model(
             )
             ref_exec = XlaEngine(ref, [ref_out], device=device)
         ref_names = {v.name for v in ref.graph.outputs} | {o.name for nd in ref.graph for o in nd.outputs}
-        if loss_value in ref_names:
-            teacher = _run_batched(ref_exec, feeds, [loss_value])[loss_value].astype(np.float64)
-        else:  # the logits were renamed: log-probabilities differ from logits by a constant per row
-            probs = _run_batched(ref_exec, feeds, [out_name])[out_name].astype(np.float64)
-            teacher = np.log(np.maximum(probs, 1e-30))
+
+        def teacher_on(fd: dict) -> np.ndarray:
+            if loss_value in ref_names:
+                return _run_batched(ref_exec, fd, [loss_value])[loss_value].astype(np.float64)
+            # the logits were renamed: log-probabilities differ from logits by a constant per row
+            probs = _run_batched(ref_exec, fd, [out_name])[out_name].astype(np.float64)
+            return np.log(np.maximum(probs, 1e-30))
+
+        teacher = teacher_on(feeds)
     scores_2d = teacher.ndim == 2 if teacher is not None else True
     per_position = (
         config.loss == "kl" and teacher is not None and teacher.ndim > 2 and teacher.shape[-1] >= 2
@@ -390,7 +394,6 @@ def finetune_model(
         result.notes.append("mixup left off: an input is not float (token ids cannot be mixed)")
         mix_alpha = 0.0
     mix_rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x313C])
-    teacher_out = loss_value if teacher is not None and loss_value in ref_names else None
 
     def batch_of(idx: np.ndarray) -> tuple[dict, np.ndarray]:
         """The batch's feeds and targets: mixed (rule 6) and labelled by the teacher, or as given."""
@@ -403,12 +406,7 @@ def finetune_model(
         for k, v in fb.items():
             w = lam.reshape((-1,) + (1,) * (v.ndim - 1)).astype(v.dtype)
             mixed[k] = (w * v + (1 - w) * v[perm]).astype(v.dtype)
-        if teacher_out is not None:
-            t = _run_batched(ref_exec, mixed, [teacher_out])[teacher_out].astype(np.float64)
-        else:
-            probs = _run_batched(ref_exec, mixed, [out_name])[out_name].astype(np.float64)
-            t = np.log(np.maximum(probs, 1e-30))
-        return mixed, t
+        return mixed, teacher_on(mixed)
 
     rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5EED])
     order = rng.permutation(n)

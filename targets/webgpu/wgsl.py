@@ -342,14 +342,17 @@ def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
         m, k = (as_[1], as_[0]) if ta else (as_[0], as_[1])
     n = bs[0] if tb else bs[1]
     a_index = "kk * M + row" if ta else "row * K + kk"
-    b_index = "col * K + kk" if tb else "kk * N + col"
+    b_index = "col0 * K + kk" if tb else "kk * N + col0"
     reads, names = [a, b], ["A", "B"]
-    bias = ""
+    sr = sc = None
     if c is not None and beta != 0.0:
         sr, sc = _bias_strides(ctx.shape(c), m, n)
         reads.append(c)
         names.append("C")
-        bias = f" + {flit(beta)} * f32(C[row * {sr} + col * {sc}])"
+
+    def bias(col: str) -> str:
+        return "" if sr is None else f" + {flit(beta)} * f32(C[row * {sr} + {col} * {sc}])"
+
     scale = "" if alpha == 1.0 else f"{flit(alpha)} * "
     cb = _block(n)  # rule 6: adjacent output columns per invocation
     accs = [f"a{j}" for j in range(cb)]
@@ -357,11 +360,11 @@ def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
     lines = [f"let col0 = gx * {cb}; let row = gy;", *(f"var {acc}: f32 = 0.0f;" for acc in accs)]
     lines.append("for (var kk: i32 = 0; kk < K; kk++) {")
     lines.append(f"    let av = f32(A[{a_index}]);")
-    lines.append(f"    let bi = {b_index.replace('col', 'col0')};")
+    lines.append(f"    let bi = {b_index};")
     lines += [f"    {acc} += av * f32(B[bi + {j} * {b_step}]);" for j, acc in enumerate(accs)]
     lines.append("}")
     for j, acc in enumerate(accs):
-        lines.append(f"let v{j} = {scale}{acc}{bias.replace('col', f'(col0 + {j})')};")
+        lines.append(f"let v{j} = {scale}{acc}{bias(f'(col0 + {j})')};")
         lines.append(f"Y[row * N + col0 + {j}] = T({activation_expr(act, f'v{j}')});")
     body = "\n" + "\n".join(lines) + "\n"
     grid = (n // cb, m, 1)
