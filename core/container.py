@@ -714,9 +714,13 @@ def _is_count(v: object) -> bool:
 
 def numeric_dtype(name: object) -> np.dtype | None:
     """The numpy dtype a record names when it is a plain numeric one (bool, ints, floats,
-    complex), else None (object, strings, void/structured, datetimes, unknown names)."""
+    complex, and ml_dtypes' bfloat16), else None (object, strings, void/structured, datetimes, unknown names)."""
     if not isinstance(name, str) or len(name) > 32:
         return None
+    if name == "bfloat16":  # ml_dtypes' (kind "V"): safetensors checkpoints of LLMs hold it
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
     try:
         dtype = np.dtype(name)
     except Exception:  # noqa: BLE001 - numpy raises TypeError, ValueError, SyntaxError, ...

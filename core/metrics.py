@@ -82,6 +82,22 @@ def looks_like_scores(a: np.ndarray) -> bool:
     return a.ndim == 2 and a.shape[1] >= 2 and np.issubdtype(a.dtype, np.floating)
 
 
+# ml_dtypes' numbers (numpy kind "V"): bfloat16 checkpoints, float8 and int4 tensors compare
+# as numbers, not as opaque bytes
+_ML_NUMBERS = frozenset(
+    (
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float4_e2m1fn",
+        "int4",
+        "uint4",
+    )
+)
+
+
 def compare(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None) -> dict:
     """All metrics for one output pair."""
     ref = np.asarray(ref)
@@ -91,7 +107,7 @@ def compare(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None)
             f"output shapes differ: reference {ref.shape} vs candidate {cand.shape}",
             hint="compare models with the same outputs",
         )
-    if not (np.issubdtype(ref.dtype, np.number) or ref.dtype == bool):
+    if not (np.issubdtype(ref.dtype, np.number) or ref.dtype == bool or ref.dtype.name in _ML_NUMBERS):
         equal = bool(np.array_equal(ref, cand))
         return {
             "max_abs": 0.0 if equal else math.inf,

@@ -64,16 +64,20 @@ float mcw_half_to_float(uint16_t h) {
     return f32_from_bits(sign | (exp + 127 - 15) << 23 | man << 13);
 }
 
-/* Read `count` elements stored as dtype `dt` (f32 or f16, little-endian) into out. */
+/* Read `count` elements stored as dtype `dt` (f32, f16 or bf16, little-endian) into out;
+   bfloat16 is the top half of a float32, so it widens exactly. */
 static int read_floats(reader *r, int dt, uint64_t count, float *out, const char *what) {
-    uint64_t i, size = dt == MCW_F16 ? 2 : 4;
+    uint64_t i, size = dt == MCW_F32 ? 4 : 2;
     const unsigned char *b;
-    if (dt != MCW_F32 && dt != MCW_F16) return fail(r, "%s: unsupported dtype", what);
+    if (dt != MCW_F32 && dt != MCW_F16 && dt != MCW_BF16) return fail(r, "%s: unsupported dtype", what);
     if (count > (uint64_t)-1 / size) return fail(r, "%s: count overflows", what);
     if (!(b = take(r, count * size, what))) return -1;
-    for (i = 0; i < count; i++)
-        out[i] = dt == MCW_F16 ? mcw_half_to_float((uint16_t)(b[2 * i] | b[2 * i + 1] << 8))
-                               : f32_from_bits(le32(b + 4 * i));
+    for (i = 0; i < count; i++) {
+        uint32_t h = (uint32_t)b[size * i] | (uint32_t)b[size * i + 1] << 8;
+        out[i] = dt == MCW_F16 ? mcw_half_to_float((uint16_t)h)
+                 : dt == MCW_BF16 ? f32_from_bits(h << 16)
+                                  : f32_from_bits(le32(b + 4 * i));
+    }
     return 0;
 }
 
@@ -293,7 +297,7 @@ static int decode_palette(reader *r, const mcw_record *rec, float *out) {
         if (G > (rec->rows ? rec->rows : 1)) return fail(r, "palette groups exceed rows");
         base = rec->rows / G, extra = rec->rows % G, inner = rec->rows ? rec->count / rec->rows : 0;
     }
-    csize = rec->codebook_dtype == MCW_F16 ? 2 : 4;
+    csize = rec->codebook_dtype == MCW_F32 ? 4 : 2;
     if (K && G > (uint64_t)(r->n - r->off) / K / csize) /* before allocating: the blob must hold it */
         return fail(r, "blob truncated: codebook needs %llu x %llu entries, %lu bytes left", (unsigned long long)G,
                     (unsigned long long)K, (unsigned long)(r->n - r->off));
@@ -363,7 +367,8 @@ int mcw_decode_tensor(const mcw_record *rec, const unsigned char *blob, size_t n
     int rc;
     r.p = blob, r.n = nbytes, r.off = 0, r.err = err, r.errlen = errlen;
     if (err && errlen) err[0] = '\0';
-    if (rec->dtype != MCW_F32 && rec->dtype != MCW_F16) return fail(&r, "unsupported tensor dtype");
+    if (rec->dtype != MCW_F32 && rec->dtype != MCW_F16 && rec->dtype != MCW_BF16)
+        return fail(&r, "unsupported tensor dtype");
     switch (rec->codec) {
     case MCW_RAW: rc = read_floats(&r, rec->dtype, rec->count, out, "raw values"); break;
     case MCW_FP16: rc = read_floats(&r, MCW_F16, rec->count, out, "fp16 values"); break;

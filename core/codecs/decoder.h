@@ -16,17 +16,17 @@
 #include <stdint.h>
 
 enum { MCW_RAW = 0, MCW_FP16 = 1, MCW_PALETTE = 2, MCW_SPARSE = 3 };
-enum { MCW_F32 = 0, MCW_F16 = 1 };
+enum { MCW_F32 = 0, MCW_F16 = 1, MCW_BF16 = 2 };
 enum { MCW_VALUES_RAW = 0, MCW_VALUES_FP16 = 1, MCW_VALUES_PALETTE = 2 };
 
 typedef struct {
     int codec;              /* MCW_RAW, MCW_FP16, MCW_PALETTE, MCW_SPARSE */
-    int dtype;              /* tensor dtype: MCW_F32 or MCW_F16 */
+    int dtype;              /* tensor dtype: MCW_F32, MCW_F16 or MCW_BF16 */
     uint64_t count;         /* elements: product of the shape */
     uint64_t rows;          /* shape[0], or 1 for a 0-d tensor (palette groups split it) */
     int bits;               /* palette index bits, 1..8 */
     uint32_t codebook_size; /* palette entries per group */
-    int codebook_dtype;     /* MCW_F32 or MCW_F16 */
+    int codebook_dtype;     /* MCW_F32, MCW_F16 or MCW_BF16 */
     uint64_t groups;        /* palette groups along axis 0 (1 when absent); with block, the
                                number of blocks, ceil(count / block) (0 for an empty tensor) */
     uint64_t block;         /* palette values per block, 1..count (palette.py rule 7); 0 when

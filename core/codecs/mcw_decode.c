@@ -136,6 +136,7 @@ static int boolean(json *j) {
 static int dtype_code(const char *name, int *unsupported) {
     if (!strcmp(name, "float32")) return MCW_F32;
     if (!strcmp(name, "float16")) return MCW_F16;
+    if (!strcmp(name, "bfloat16")) return MCW_BF16;
     *unsupported = 1;
     return -1;
 }
@@ -222,7 +223,7 @@ static const char *finish(tensor *t) {
     }
     r->dtype = dtype_code(t->dtype, &t->unsupported_dtype);
     r->codebook_dtype = t->codebook_dtype[0] ? dtype_code(t->codebook_dtype, &t->unsupported_dtype) : MCW_F32;
-    if (t->unsupported_dtype) return "dtype not supported by the C decoder (float32/float16 only)";
+    if (t->unsupported_dtype) return "dtype not supported by the C decoder (float32, float16, bfloat16 only)";
     if (!strcmp(t->codec, "raw")) r->codec = MCW_RAW;
     else if (!strcmp(t->codec, "fp16")) r->codec = MCW_FP16;
     else if (!strcmp(t->codec, "palette")) r->codec = MCW_PALETTE;
