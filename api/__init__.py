@@ -310,10 +310,22 @@ class OptimizeResult:
         }
 
 
+def _stream_config(passes: str, scheme) -> dict:
+    """The pass's whole config as the graph pipeline records it (every option, defaults
+    included), with the streamed selection's ``min_elements``: a bundle's provenance."""
+    import dataclasses
+
+    from mconv import passes as P
+    from mconv.passes.cluster import Cluster
+
+    spec = P.parse_spec(passes)[0]
+    return {**dataclasses.asdict(Cluster.Config()), **spec.config, "min_elements": scheme.min_elements}
+
+
 def _optimize_streamed(src: Path, passes: str, scheme, output: Path, progress) -> OptimizeResult:
     """``optimize`` of a safetensors checkpoint by one streamable pass
     (:func:`mconv.formats.weights_stream.compress_checkpoint`)."""
-    from mconv.formats.weights_stream import compress_checkpoint, open_checkpoint
+    from mconv.formats.weights_stream import compress_checkpoint, compress_to_bundle, open_checkpoint
     from mconv.passes.base import PassReport
 
     with naming_the_file(src):
@@ -325,7 +337,10 @@ def _optimize_streamed(src: Path, passes: str, scheme, output: Path, progress) -
                 update(f"stream {name}", done[0], n)
                 done[0] += 1
 
-            r = compress_checkpoint(src, output, scheme, tick=tick)
+            if scheme.bundle:  # one file to a folder: a weights bundle (weights_stream rule 7)
+                r = compress_to_bundle(src, output, scheme, config=_stream_config(passes, scheme), tick=tick)
+            else:
+                r = compress_checkpoint(src, output, scheme, tick=tick)
     keys = ("bits", "init", "groups") if scheme.kind == "cluster" else ("bits", "block", "sym", "method")
     config = {k: getattr(scheme, k) for k in (*keys, "min_elements")}
     report = PassReport(
@@ -335,7 +350,9 @@ def _optimize_streamed(src: Path, passes: str, scheme, output: Path, progress) -
         bytes_after=r.bytes_out,
         seconds=r.seconds,
         tensors=r.tensors,
-        notes=[f"streamed: {r.mb_per_s:.0f} MB/s of input, packed safetensors"],
+        notes=[
+            f"streamed: {r.mb_per_s:.0f} MB/s of input, {'a weights bundle' if scheme.bundle else 'packed safetensors'}"
+        ],
         modified=bool(r.tensors),
     )
     files = [Path(f) for f in r.files]

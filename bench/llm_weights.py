@@ -1,7 +1,7 @@
 """LLM-size weight files: streaming throughput and peak RSS, and the quantizer comparison.
 
     python3 bench/llm_weights.py generate [--layers 8] [--shards 2] [--pool] [--embeddings] [--out /work/cache/llm/llama-1.6b]
-    python3 bench/llm_weights.py throughput [--src DIR]     # baseline fp16 pass vs blockwise / cluster
+    python3 bench/llm_weights.py throughput [--src DIR|FILE] # baseline fp16 pass vs blockwise / cluster
     python3 bench/llm_weights.py compare                    # SNR at equal bits per weight
 
 ``generate`` writes Llama-7B-shaped layers (hidden 4096, MLP 11008; 8 layers = 1.62B parameters,
@@ -11,7 +11,10 @@ random slice of 2**26 normal draws (fast enough for the 13 GB file). ``throughpu
 job as a whole command in a fresh process, timed from start to exit, with its own peak RSS and
 CPU seconds (``os.wait4``): the baseline, a numpy script that reads every tensor and writes it
 back as fp16, then ``mconv optimize SRC --passes SPEC -o OUT --json`` (the streamed path) per
-scheme, each as a speed ratio to the baseline of the same run. ``compare`` quantizes the same
+scheme, each as a speed ratio to the baseline of the same run; with one ``.safetensors`` file as
+SRC (``generate --shards 1``) the packed jobs write ``OUT.safetensors`` and one more job runs the
+issue's own command, ``--passes "cluster(bits=4)" -o FOLDER``: a weights bundle, streamed.
+``compare`` quantizes the same
 tensors (one Llama q_proj- and down_proj-shaped weight, drawn with a heavy-tailed distribution
 and correlated activations) with k-means palettes, RTN, HQQ and GPTQ and prints weight SNR and
 output SNR at the bits per weight each costs.
@@ -101,15 +104,17 @@ def generate(
     total = 0
     for s in range(shards):
         part = shapes[s * per : (s + 1) * per]
-        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        # one shard: a single model.safetensors and no index, as single-file checkpoints ship
+        name = "model.safetensors" if shards == 1 else f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         _write_shard(out / name, part, rng, values)
         for t, shape in part:
             wmap[t] = name
             total += int(np.prod(shape)) * 2
         print(f"wrote {name}", flush=True)
-    (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2)
-    )
+    if shards > 1:
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2)
+        )
     print(f"{sum(int(np.prod(s)) for _, s in shapes) / 1e9:.2f}B parameters, {total / 1e9:.2f} GB in {out}")
 
 
@@ -153,6 +158,9 @@ JOBS = {
 }
 
 
+BUNDLE_JOB = "cluster(bits=4) into a weights bundle"
+
+
 def _run(cmd: list[str]) -> tuple[float, float, str, float]:
     """Wall seconds, peak RSS (MB, this child's own), stdout and CPU seconds (user + system)
     of a whole command."""
@@ -171,18 +179,25 @@ def _run(cmd: list[str]) -> tuple[float, float, str, float]:
 def throughput(src: Path, scratch: Path, only: list[str] | None = None) -> None:
     """Each job a whole command in a fresh process, timed from start to exit: the baseline
     script, then ``mconv optimize SRC --passes SPEC -o OUT --json`` per scheme."""
+    from _startup import compile_mconv
     from mconv.formats.weights_stream import open_checkpoint
 
-    bytes_in = sum(t.nbytes for s in open_checkpoint(src)[0] for t in s.tensors)
+    compile_mconv()  # as pip install does: the timed commands start from bytecode
+    shards, index, _ = open_checkpoint(src)
+    bytes_in = sum(t.nbytes for s in shards for t in s.tensors)
     mconv = str(Path(sys.executable).with_name("mconv"))
     rows = []
     base = None
     jobs: dict[str, str | None] = {"baseline fp16 rewrite (numpy)": None, **JOBS}
+    if index is None:  # one file: the issue's own command, a folder out (a weights bundle)
+        jobs[BUNDLE_JOB] = "cluster(bits=4)"
     for label, spec in jobs.items():
         if only and spec is not None and spec not in only:
             continue
-        dest = scratch / "out"
-        subprocess.run(["rm", "-rf", str(dest)], check=True)
+        # one file in: packed safetensors to a .safetensors name, the bundle to a folder
+        single = index is None and label != BUNDLE_JOB and spec is not None
+        dest = scratch / ("out.safetensors" if single else "out")
+        subprocess.run(["rm", "-rf", str(scratch / "out"), str(scratch / "out.safetensors")], check=True)
         if spec is None:
             cmd = [sys.executable, __file__, "_child", str(src), str(dest)]
         else:
@@ -202,13 +217,15 @@ def throughput(src: Path, scratch: Path, only: list[str] | None = None) -> None:
         r["x_baseline_speed"] = base / wall if base else None
         rows.append((label, spec, r))
         print(label, json.dumps(r), flush=True)
-    subprocess.run(["rm", "-rf", str(scratch / "out")], check=True)
+    subprocess.run(["rm", "-rf", str(scratch / "out"), str(scratch / "out.safetensors")], check=True)
     load = os.getloadavg()
     print(f"\n{bytes_in / 1e9:.2f} GB in; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end")
     print("| job | s (whole command) | MB/s in | speed vs baseline | CPU s | peak RSS MB | bits/w | SNR dB |")
     print("|---|---|---|---|---|---|---|---|")
     for label, spec, r in rows:
         name = f'`--passes "{spec}"`' if spec else label
+        if label == BUNDLE_JOB:
+            name += " `-o FOLDER` (a weights bundle)"
         print(
             f"| {name} | {r['seconds']:.1f} | {r['mb_per_s']:.0f} | {r['x_baseline_speed']:.2f} | "
             f"{r['cpu_seconds']:.1f} | {r['peak_rss_mb']:.0f} | {r.get('bits_per_weight', 16):.2f} | {r.get('snr_db_mean', float('nan')):.2f} |"

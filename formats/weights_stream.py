@@ -53,7 +53,12 @@ Rules:
    ``groups``, ``block``, ``min_elements``) or ``blockwise`` (``bits``, ``block``, ``sym``, ``method``,
    ``min_elements``) pass, and OUT is a ``.safetensors`` name (one file in) or a folder (a
    sharded checkpoint in). ``blockwise`` of one file to another name is refused (exit 2);
-   ``cluster`` to another name runs the graph pipeline (a weights bundle).
+   ``cluster`` of one file to a folder name writes a weights bundle (rule 7), and to a name
+   with another extension runs the graph pipeline.
+7. A weights bundle streamed (:func:`compress_to_bundle`): the container's index first (every
+   blob's size follows from the shapes), palettes in the tensor's own dtype and packed codes at
+   their offsets, the CRCs read back and written into the index in place. Its docstring has
+   the details.
 """
 
 from __future__ import annotations
@@ -244,6 +249,7 @@ class Scheme:
     groups: int = 1  # cluster: palettes per tensor (groups of rows)
     init: str = "linear"  # cluster
     min_elements: int = 4096
+    bundle: bool = False  # cluster: write a weights bundle (rule 7), not packed safetensors
 
     def __post_init__(self) -> None:
         if self.block == -1:
@@ -327,18 +333,31 @@ class _Job:
     cols: int
     outputs: list[_Plan] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    # the dtype palettes are stored in when not float32 (a weights bundle stores the tensor's
+    # own: rule 7), and the report's error is that of the stored values
+    lut_dtype: np.dtype | None = None
+
+
+def _stored_lut(lut: np.ndarray, job: _Job) -> np.ndarray:
+    return lut if job.lut_dtype is None else lut.astype(job.lut_dtype)
 
 
 def _is_target(t: SourceTensor, scheme: Scheme) -> bool:
-    return t.dtype.name in _FLOATS and len(t.shape) >= 2 and int(np.prod(t.shape)) >= scheme.min_elements
+    # a weights bundle clusters vectors too (rule 7: the graph pass's selection on a weight file)
+    rank = 1 if scheme.bundle else 2
+    return t.dtype.name in _FLOATS and len(t.shape) >= rank and int(np.prod(t.shape)) >= scheme.min_elements
+
+
+def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
+    """A tensor as ``[rows, cols]``: ``[shape[0], prod(shape[1:])]``, a vector as one row."""
+    return (1, shape[0]) if len(shape) == 1 else (shape[0], int(np.prod(shape[1:])))
 
 
 def _plan_tensor(t: SourceTensor, scheme: Scheme) -> _Job:
     if not _is_target(t, scheme):
         code = _ST_CODE[t.dtype.name]
         return _Job(t, 0, 0, [_Plan(t.name, code, t.shape, t.nbytes)], {"scheme": "copy"})
-    rows = t.shape[0]
-    cols = int(np.prod(t.shape[1:]))
+    rows, cols = _rows_cols(t.shape)
     info = {
         "scheme": scheme.kind,
         "dtype": _FLOATS[t.dtype.name],
@@ -663,84 +682,98 @@ def _stream_shard(
     with atomic_path(dest) as tmp, open(tmp, "wb") as out, open(shard.path, "rb") as src:
         out.write(head)
         out.truncate(total)
-        ofd, ifd = out.fileno(), src.fileno()
-
-        def read_rows(job: _Job, r0: int, r1: int) -> np.ndarray:
-            t = job.src
-            row = job.cols * t.dtype.itemsize
-            buf = np.empty((r1 - r0) * row, np.uint8)
-            _pread(ifd, buf, t.offset + r0 * row, t.path)
-            return buf
-
-        pending: list[tuple[_Job, list]] = []
-        for job in jobs:
-            t = job.src
-            if job.info["scheme"] == "copy":
-                done = 0
-                while done < t.nbytes:
-                    n = min(chunk_bytes, t.nbytes - done)
-                    buf = np.empty(n, np.uint8)
-                    _pread(ifd, buf, t.offset + done, t.path)
-                    os.pwrite(ofd, _mv(buf), base + job.outputs[0].offset + done)
-                    done += n
-                continue
-            if scheme.kind == "blockwise":
-                qw, sc = job.outputs[0], job.outputs[1]
-                zp = job.outputs[2] if len(job.outputs) > 2 else None
-                prow = _packed_row(job.cols, scheme.bits)
-                nb = sc.shape[1]
-
-                def work(
-                    r0: int, r1: int, job=job, qw=qw, sc=sc, zp=zp, prow=prow, nb=nb
-                ) -> tuple[float, float]:
-                    raw = read_rows(job, r0, r1)
-                    if scheme.method == "rtn" and job.cols % scheme.block == 0:
-                        packed, scales, zeros, sig, noise = _rtn_chunk(raw, job.src.dtype, scheme)
-                    else:
-                        x = _as_float32(raw, job.src.dtype).reshape(r1 - r0, job.cols)
-                        packed, scales, zeros, qz = _blockwise_chunk(x, scheme)
-                        s = _Stats()
-                        s.add(x, qz.dequantize())
-                        sig, noise = s.signal, s.noise
-                    os.pwrite(ofd, _mv(np.ascontiguousarray(packed)), base + qw.offset + r0 * prow)
-                    os.pwrite(
-                        ofd,
-                        _mv(np.ascontiguousarray(scales)),
-                        base + sc.offset + r0 * nb * 2,
-                    )
-                    if zp is not None and zeros is not None:
-                        os.pwrite(ofd, _mv(np.ascontiguousarray(zeros)), base + zp.offset + r0 * nb)
-                    return sig, noise
-
-                futures = [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes)]
-            else:
-                futures = _cluster_tensor(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
-            # not waited for here: the next tensor's chunks queue behind these, so the pool's
-            # threads never idle at a tensor's end (the report is summed below, in order)
-            pending.append((job, futures))
-        for job, futures in pending:
-            if tick:
-                tick(job.src.name)
-            st = _Stats()
-            for f in futures:
-                sig, noise = f.result()
-                st.signal += sig
-                st.noise += noise
-            t = job.src
-            n = job.rows * job.cols
-            bpw = sum(o.nbytes for o in job.outputs) * 8 / n
-            stats.append(
-                {
-                    "name": t.name,
-                    "shape": list(t.shape),
-                    "scheme": scheme.kind,
-                    "bits_per_weight": round(bpw, 4),
-                    "mse": st.noise / n,
-                    "snr_db": 10 * np.log10(st.signal / st.noise) if st.noise > 0 else float("inf"),
-                }
-            )
-        os.fchmod(ofd, 0o644)
+        _run_jobs(jobs, scheme, pool, chunk_bytes, src.fileno(), out.fileno(), base, stats, tick)
+        os.fchmod(out.fileno(), 0o644)
     return total
+
+
+def _run_jobs(
+    jobs: list[_Job],
+    scheme: Scheme,
+    pool: ThreadPoolExecutor,
+    chunk_bytes: int,
+    ifd: int,
+    ofd: int,
+    base: int,
+    stats: list[dict],
+    tick: Callable[[str], None] | None,
+) -> None:
+    """Every job's output written at ``base`` + its planned offsets in ``ofd`` (rule 4): copies
+    byte for byte, the others compressed chunk by chunk on ``pool``; a report row per
+    compressed tensor appended to ``stats`` in the jobs' order."""
+
+    def read_rows(job: _Job, r0: int, r1: int) -> np.ndarray:
+        t = job.src
+        row = job.cols * t.dtype.itemsize
+        buf = np.empty((r1 - r0) * row, np.uint8)
+        _pread(ifd, buf, t.offset + r0 * row, t.path)
+        return buf
+
+    pending: list[tuple[_Job, list]] = []
+    for job in jobs:
+        t = job.src
+        if job.info["scheme"] == "copy":
+            done = 0
+            while done < t.nbytes:
+                n = min(chunk_bytes, t.nbytes - done)
+                buf = np.empty(n, np.uint8)
+                _pread(ifd, buf, t.offset + done, t.path)
+                os.pwrite(ofd, _mv(buf), base + job.outputs[0].offset + done)
+                done += n
+            continue
+        if scheme.kind == "blockwise":
+            qw, sc = job.outputs[0], job.outputs[1]
+            zp = job.outputs[2] if len(job.outputs) > 2 else None
+            prow = _packed_row(job.cols, scheme.bits)
+            nb = sc.shape[1]
+
+            def work(r0: int, r1: int, job=job, qw=qw, sc=sc, zp=zp, prow=prow, nb=nb) -> tuple[float, float]:
+                raw = read_rows(job, r0, r1)
+                if scheme.method == "rtn" and job.cols % scheme.block == 0:
+                    packed, scales, zeros, sig, noise = _rtn_chunk(raw, job.src.dtype, scheme)
+                else:
+                    x = _as_float32(raw, job.src.dtype).reshape(r1 - r0, job.cols)
+                    packed, scales, zeros, qz = _blockwise_chunk(x, scheme)
+                    s = _Stats()
+                    s.add(x, qz.dequantize())
+                    sig, noise = s.signal, s.noise
+                os.pwrite(ofd, _mv(np.ascontiguousarray(packed)), base + qw.offset + r0 * prow)
+                os.pwrite(
+                    ofd,
+                    _mv(np.ascontiguousarray(scales)),
+                    base + sc.offset + r0 * nb * 2,
+                )
+                if zp is not None and zeros is not None:
+                    os.pwrite(ofd, _mv(np.ascontiguousarray(zeros)), base + zp.offset + r0 * nb)
+                return sig, noise
+
+            futures = [pool.submit(work, r0, r1) for r0, r1 in _row_chunks(job, chunk_bytes)]
+        else:
+            futures = _cluster_tensor(job, scheme, pool, chunk_bytes, read_rows, ofd, base)
+        # not waited for here: the next tensor's chunks queue behind these, so the pool's
+        # threads never idle at a tensor's end (the report is summed below, in order)
+        pending.append((job, futures))
+    for job, futures in pending:
+        if tick:
+            tick(job.src.name)
+        st = _Stats()
+        for f in futures:
+            sig, noise = f.result()
+            st.signal += sig
+            st.noise += noise
+        t = job.src
+        n = job.rows * job.cols
+        bpw = sum(o.nbytes for o in job.outputs) * 8 / n
+        stats.append(
+            {
+                "name": t.name,
+                "shape": list(t.shape),
+                "scheme": scheme.kind,
+                "bits_per_weight": round(bpw, 4),
+                "mse": st.noise / n,
+                "snr_db": 10 * np.log10(st.signal / st.noise) if st.noise > 0 else float("inf"),
+            }
+        )
 
 
 def _cluster_blocks(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base) -> list:
@@ -807,9 +840,10 @@ def _cluster_tensor(job, scheme: Scheme, pool, chunk_bytes, read_rows, ofd, base
             f.result()
         hist = np.sum(list(acc.values()), axis=0)
         lut, table = _palette_for(hist, t.dtype, scheme.bits, scheme.init)
+        lut = _stored_lut(lut, job)
         os.pwrite(ofd, lut.tobytes(), base + lutp.offset + g * lut.nbytes)
         # the report's error from the histogram: exact, and no pass over the tensor
-        errors = K.hist_error(hist, values, lut[table])
+        errors = K.hist_error(hist, values, lut.astype(np.float32)[table])
 
         def work(r0: int, r1: int, table=table) -> tuple[float, float]:
             raw = read_rows(job, r0, r1).view(np.uint16).reshape(r1 - r0, job.cols)
@@ -863,11 +897,12 @@ def _cluster_groups_linear(job, scheme: Scheme, pool, chunk_bytes, read_rows, of
             f.result()
         hists = np.sum(list(acc.values()), axis=0)
         luts, tables = _palettes_linear(hists, t.dtype, scheme.bits)
+        luts = _stored_lut(luts, job)
         os.pwrite(ofd, luts.tobytes(), base + lutp.offset + g0 * luts[0].nbytes)
         # the report's error from the histograms: exact, and no pass over the tensor
         sig = noise = 0.0
         for h, lut, table in zip(hists, luts, tables):
-            e = K.hist_error(h, values, lut[table])
+            e = K.hist_error(h, values, lut.astype(np.float32)[table])
             sig, noise = sig + e[0], noise + e[1]
 
         def work(r0: int, r1: int, tables=tables, g0=g0, g1=g1) -> tuple[float, float]:
@@ -1049,7 +1084,8 @@ def stream_scheme(src: Path, passes: str, output: Path, format: str | None) -> S
     if set(spec.config) - _STREAMABLE[spec.name]:
         return None
     sharded = _sharded(src) or (src.is_dir() and len(list(src.glob("*.safetensors"))) != 1)
-    if not sharded and output.suffix != ".safetensors":
+    bundle = not sharded and output.suffix != ".safetensors"
+    if bundle:
         if spec.name == "blockwise":  # the graph pass quantizes MatMul/Gemm weights: a weight file has none
             raise InputError(
                 f"blockwise on a weight file writes packed safetensors, not '{show(output.name)}'",
@@ -1057,7 +1093,8 @@ def stream_scheme(src: Path, passes: str, output: Path, format: str | None) -> S
                 where="-o",
                 hint="name the output OUT.safetensors",
             )
-        return None  # cluster to a weights bundle: the graph pipeline (README)
+        if output.suffix:  # out.onnx, out.npz ...: the graph pipeline writes that format
+            return None
     if sharded and output.suffix:
         raise InputError(
             f"a sharded checkpoint is written as a folder, not '{show(output.name)}'",
@@ -1071,4 +1108,180 @@ def stream_scheme(src: Path, passes: str, output: Path, format: str | None) -> S
     if "min_elements" in spec.config:
         scheme.min_elements = int(spec.config["min_elements"])
     scheme.check()
+    if bundle:  # a weights bundle (rule 7), streamed when the rows pack as the container does
+        if "min_elements" not in spec.config:  # the graph pass's selection on a weight file
+            scheme.min_elements = Cluster.Config().min_elements
+        if not bundle_streamable(src, scheme):
+            return None  # the graph pipeline writes it
+        scheme.bundle = True
     return scheme
+
+
+# --- a weights bundle, streamed (rule 7) -----------------------------------------------------
+
+
+def bundle_streamable(src: str | os.PathLike, scheme: Scheme) -> bool:
+    """Rule 7's precondition: one ``.safetensors`` file, ``cluster``, and every tensor it
+    compresses has rows of whole bytes of codes (``cols * bits % 8 == 0``) and, with ``block``,
+    rows of whole blocks, so that the rows' packed codes and palettes are the container's
+    flat ones."""
+    if scheme.kind != "cluster":
+        return False
+    shards, index, _ = open_checkpoint(src)
+    if index is not None:
+        return False
+    bundle, scheme.bundle = scheme.bundle, True
+    try:
+        for t in shards[0].tensors:
+            if _is_target(t, scheme):
+                cols = _rows_cols(t.shape)[1]
+                if cols * scheme.bits % 8 or (scheme.block and cols % scheme.block):
+                    return False
+                if len(t.shape) == 1 and scheme.groups > 1:  # the graph pass splits its values
+                    return False
+    finally:
+        scheme.bundle = bundle
+    return True
+
+
+def _crc_range(fd: int, offset: int, nbytes: int, piece: int = 8 << 20) -> int:
+    import zlib
+
+    crc, done = 0, 0
+    while done < nbytes:
+        n = min(piece, nbytes - done)
+        crc = zlib.crc32(os.pread(fd, n, offset + done), crc)
+        done += n
+    return crc
+
+
+def compress_to_bundle(
+    src: str | os.PathLike,
+    dest: str | os.PathLike,
+    scheme: Scheme,
+    *,
+    config: dict | None = None,
+    threads: int | None = None,
+    chunk_bytes: int = 4 << 20,
+    tick: Callable[[str], None] | None = None,
+) -> StreamReport:
+    """Rule 7: a ``.safetensors`` file clustered into a weights bundle at ``dest`` (the
+    ``weights`` target's ``manifest.json`` + ``weights.mcw``, container version 3), tensor by
+    tensor with the memory of rule 4.
+
+    7. ``mconv optimize FILE.safetensors --passes "cluster(...)" -o FOLDER`` streams here when
+       :func:`bundle_streamable` holds (else the graph pipeline writes the bundle). The
+       tensors are those the graph pass clusters in a weight file: float, ndim >= 1 (a vector
+       is one row), at least ``min_elements`` values (the pass's default, 16). Every
+       size follows from the shapes: the container's index is written first with the blobs'
+       sizes and records, the blobs at their offsets as the chunks finish, then each blob's
+       CRC-32 is read back and the index rewritten in place (the CRCs are fixed-width). A
+       compressed tensor is a palette record (``bits``, ``groups`` or ``block``, no entropy
+       coder) whose codebook is the palettes in the tensor's own dtype and whose index stream
+       is the rows' packed codes; everything else is a ``raw`` record. Tensors are stored
+       sorted by name, as every bundle stores them. The manifest is the ``weights`` target's:
+       provenance names the source and its sha256 (hashed on a thread of its own while the
+       tensors stream) and the pass with ``config``; the account is read from the index.
+       The folder is written atomically."""
+    import mconv
+    from mconv.account import account_summary, container_account
+    from mconv.bundle import FORMAT, FORMAT_VERSION, MANIFEST, WEIGHTS, manifest_bytes
+    from mconv.container import HEADER, MAGIC, TensorEntry, _alignment_v3, _index_v3, _pad_to
+    from mconv.fileio import atomic_dir, sha256_file
+
+    scheme.check()
+    shards, index, _ = open_checkpoint(src)
+    if index is not None or not bundle_streamable(shards[0].path, scheme):
+        raise InputError(
+            "this checkpoint does not stream into a weights bundle",
+            path=str(src),
+            hint="one .safetensors file, cluster, rows of whole bytes of codes (and of whole blocks)",
+        )
+    shard = shards[0]
+    scheme.bundle = True
+    jobs = sorted((_plan_tensor(t, scheme) for t in shard.tensors), key=lambda j: j.src.name)
+    entries: list[TensorEntry] = []
+    for job in jobs:
+        t = job.src
+        if job.info["scheme"] == "copy":
+            record: dict = {"codec": "raw", "dtype": t.dtype.name, "shape": list(t.shape)}
+            record["streams"] = {"data": t.nbytes}
+            nbytes = t.nbytes
+        else:
+            job.lut_dtype = t.dtype
+            count, size = job.rows * job.cols, 1 << scheme.bits
+            groups = count // scheme.block if scheme.block else int(job.info["groups"])
+            codebook, codes = groups * size * t.dtype.itemsize, count * scheme.bits // 8
+            record = {"codec": "palette", "bits": scheme.bits, "codebook_size": size}
+            record |= {"codebook_dtype": t.dtype.name, "groups": groups, "huffman": False}
+            if scheme.block:
+                record["block"] = scheme.block
+            record |= {"streams": {"codebook": codebook, "indices": codes}}
+            record |= {"shape": list(t.shape), "dtype": t.dtype.name}
+            nbytes = codebook + codes
+        entries.append(TensorEntry(t.name, 0, nbytes, "", record))
+    placeholder = _index_v3(entries, [0] * len(entries))
+    offset = HEADER.size + len(placeholder)
+    for e in entries:
+        offset += _pad_to(offset, _alignment_v3(e.record))
+        e.offset = offset
+        offset += e.nbytes
+    total = offset
+    for job, e in zip(jobs, entries):
+        if job.info["scheme"] == "copy":
+            job.outputs[0].offset = e.offset
+        else:  # the palettes first, then the codes (palette rule: codebook, then index stream)
+            ind, lutp = job.outputs
+            lutp.offset = e.offset
+            ind.offset = e.offset + e.record["streams"]["codebook"]
+
+    t0 = time.perf_counter()
+    stats: list[dict] = []
+    hasher = ThreadPoolExecutor(1)
+    source_sha = hasher.submit(sha256_file, shard.path)
+    dest = Path(dest)
+    threads = threads or min(4, os.cpu_count() or 1)
+    with atomic_dir(dest) as tmp:
+        mcw = tmp / WEIGHTS
+        with ThreadPoolExecutor(threads) as pool, open(mcw, "w+b") as out, open(shard.path, "rb") as inp:
+            ofd = out.fileno()
+            out.write(HEADER.pack(MAGIC, 3, len(placeholder)))
+            out.truncate(total)
+            _run_jobs(jobs, scheme, pool, chunk_bytes, inp.fileno(), ofd, 0, stats, tick)
+            crcs = list(pool.map(lambda e: _crc_range(ofd, e.offset, e.nbytes), entries))
+            final = _index_v3(entries, crcs)
+            assert len(final) == len(placeholder)  # a CRC is 4 bytes whatever its value
+            os.pwrite(ofd, final, HEADER.size)
+        digest = sha256_file(mcw, 8 << 20)
+        sha = source_sha.result()
+        hasher.shutdown()
+        account = container_account(entries)
+        summary = account_summary(account)
+        summary["total"]["predicted_bytes"] = summary["total"]["bytes"]  # sizes follow from shapes
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "target": "weights",
+            "model_name": shard.path.stem,
+            "inputs": [],
+            "outputs": [],
+            "files": {WEIGHTS: {"bytes": total, "sha256": digest}},
+            "weights": [],
+            "provenance": {
+                "source_name": shard.path.name,
+                "source_sha256": sha,
+                "source_format": "safetensors",
+                "mconv_version": mconv.__version__,
+                "passes": [{"name": scheme.kind, "config": dict(config or {})}],
+            },
+            "verification": None,
+            "options": {},
+            "account": summary,
+        }
+        (tmp / MANIFEST).write_bytes(manifest_bytes(manifest))
+        for f in tmp.rglob("*"):
+            f.chmod(0o644)
+        tmp.chmod(0o755)
+    bytes_in = sum(t.nbytes for t in shard.tensors)
+    files = [str(dest / MANIFEST), str(dest / WEIGHTS)]
+    return StreamReport(files, bytes_in, total, time.perf_counter() - t0, stats)
