@@ -441,3 +441,36 @@ def test_weights_over_the_binding_limit_are_split_over_columns(tmp_path, monkeyp
         assert b.count * item <= 4096, (b.name, b.count)
     joins = [layer for layer in runner.plan.layers if layer.op == "Concat"]
     assert len(joins) == 3  # fc1 (5600 B), fc2 (14000 B), fc3 (6600 B): each over 4 KiB
+
+
+def test_register_blocking_leaves_a_gpu_enough_invocations():
+    """Rule 6: the largest block of 8, 4, 2 that divides the run and leaves MIN_INVOCATIONS."""
+    from mconv.targets.webgpu.wgsl import MIN_INVOCATIONS, _block
+
+    assert _block(4096, 1) == 1  # AlexNet's fc6 at batch 1: 4096 columns stay 4096 invocations
+    assert _block(64, MIN_INVOCATIONS // 8) == 8
+    assert _block(64, MIN_INVOCATIONS // 16) == 4
+    assert _block(12, MIN_INVOCATIONS) == 4 and _block(6, MIN_INVOCATIONS) == 2 and _block(7, 1 << 30) == 1
+
+
+@needs_adapter
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_blocked_kernels_match_the_reference(tmp_path, monkeypatch, precision):
+    """Rule 6 forced on small models (MIN_INVOCATIONS 1): convolutions of 8, 4 and 2 output
+    channels an invocation (grouped too), and Gemm/MatMul columns, against the reference."""
+    from mconv.targets.webgpu import wgsl
+
+    monkeypatch.setattr(wgsl, "MIN_INVOCATIONS", 1)
+    rng = np.random.default_rng(9)
+    tol = 0.9999 if precision == "fp32" else 0.999
+    feeds = {"x": rng.standard_normal((2, 1, 28, 28)).astype(np.float32)}
+    runner, _ = _check(lenet(2), tmp_path, feeds, precision=precision, min_cos=tol)
+    kernels = tmp_path / f"bundle_{precision}" / "kernels"
+    sources = [(kernels / f"{layer.kernel}.wgsl").read_text() for layer in runner.plan.layers]
+    assert any("a7" in s for s in sources)  # some layer computes 8 outputs an invocation
+    feeds = {"x": rng.standard_normal((1, 8, 8, 8)).astype(np.float32)}
+    (tmp_path / "zoo").mkdir()
+    _check(op_zoo(1), tmp_path / "zoo", feeds, precision=precision, min_cos=tol)
+    feeds = {"x": rng.standard_normal((2, 3, 16, 16)).astype(np.float32)}
+    (tmp_path / "mb").mkdir()
+    _check(mobilenet_style(3), tmp_path / "mb", feeds, precision=precision, min_cos=tol, batch=2)
