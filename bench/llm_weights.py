@@ -211,7 +211,12 @@ def throughput(src: Path, scratch: Path, only: list[str] | None = None) -> None:
             doc = json.loads(out)
             rep = doc["passes"][0]
             r["pass_seconds"] = rep["seconds"]
-            r["snr_db_mean"] = float(np.mean([t["snr_db"] for t in rep["tensors"]]))
+            # an all-equal tensor (a norm of ones) is stored exactly: SNR inf (or null in JSON);
+            # the mean is over the tensors with a finite SNR, the exact ones counted apart
+            snrs = [t["snr_db"] for t in rep["tensors"]]
+            finite = [float(v) for v in snrs if v is not None and np.isfinite(float(v))]
+            r["snr_db_mean"] = float(np.mean(finite)) if finite else float("nan")
+            r["tensors_exact"] = len(snrs) - len(finite)
             r["bits_per_weight"] = float(np.mean([t["bits_per_weight"] for t in rep["tensors"]]))
             r["bytes_out"] = doc["file_bytes_after"]
         r["x_baseline_speed"] = base / wall if base else None
