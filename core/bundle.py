@@ -37,7 +37,14 @@ from typing import Any
 import mconv
 import numpy as np
 import onnx_ir as ir
-from mconv.container import Container, choose_codec, container_from_bytes, read_container, write_container
+from mconv.container import (
+    LATEST,
+    Container,
+    choose_codec,
+    container_from_bytes,
+    read_container,
+    write_container,
+)
 from mconv.errors import InputError, IntegrityError, show
 from mconv.fileio import atomic_dir, atomic_path, load_json, sha256_file
 
@@ -346,14 +353,15 @@ def write_bundle(
         weight_entries: list[dict] = []
         records: dict[str, dict] = {}
         if stored:
-            # version 3 (compact binary index) where the readers are mconv's own (Python, mcw_decode);
-            # the Swift and JavaScript readers of metal and webgpu bundles parse version 1's JSON
-            # sorted by name: version 3 front-codes each name against the one before (issue 14
-            # item 5: a quantized model's t12/scale, t12/zero_point, ... then cost a few bytes)
+            # the latest binary index (version 4) where the readers are mconv's own (Python,
+            # mcw_decode); the Swift and JavaScript readers of metal and webgpu bundles parse
+            # version 1's JSON. Sorted by name: the binary index front-codes each name against the
+            # one before (issue 14 item 5: a quantized model's t12/scale, t12/zero_point, ... then
+            # cost a few bytes)
             info = write_container(
                 tmp / WEIGHTS,
                 sorted(stored, key=lambda t: t[0]),
-                version=1 if target in _JSON_INDEX else 3,
+                version=1 if target in _JSON_INDEX else LATEST,
             )
             records = {e.name: e.record | {"nbytes": e.nbytes} for e in info.tensors}
         for name, array, _spec in weights:

@@ -40,7 +40,20 @@ tensors of a few bytes each, where version 2's names and hashes outweighed the w
                 k > 0 repeats the record of the tensor k places before (k <= 64)
 
 A record leaves out ``streams`` when it is ``{"data": nbytes}`` (raw, fp16); the reader puts it
-back. Blobs follow in order, each at the next multiple of its alignment: the element size for
+back.
+
+Version 4 (what cpu, xla and weights bundles write; issue 14 item 5: a model of a few dozen
+small tensors spent more on its index than on its weights) is version 3 with two changes:
+
+- a blob of fewer than ``SMALL_BLOB`` (16) bytes has no CRC-32 of its own; one CRC-32 over
+  all such blobs, concatenated in order, ends the index (present when there is one);
+- a record's field count is ``varint (fields << 1) | slim``. A slim record leaves out the
+  fields the reader derives (``_derived``): ``dtype`` float32; for palettes ``groups`` 1,
+  ``huffman`` false, ``codebook_dtype`` float16 and ``streams`` (the codebook is ``groups x
+  codebook_size`` values of ``codebook_dtype``, the indices the rest of the blob); for raw and
+  fp16 blobs ``streams`` (as version 3); for sparse blobs ``huffman`` false. The writer leaves a
+  field out only when the reader's derivation gives it back exactly, and marks a record slim
+  only when it left one out, so every record reads back as written. Blobs follow in order, each at the next multiple of its alignment: the element size for
 raw blobs (1, 2, 4, 8), 2 for fp16, 1 for coded blobs (read byte by byte). The CRC-32 catches a
 damaged blob; a bundle's manifest holds the sha256 of the whole file against tampering.
 
@@ -74,8 +87,9 @@ from mconv.fileio import atomic_path, load_json
 
 MAGIC = b"MCW1"
 VERSION = 1
-VERSIONS = (1, 2, 3)  # what this mconv reads
-LATEST = 3  # what bundles whose readers follow (Python, mcw_decode) are written with
+VERSIONS = (1, 2, 3, 4)  # what this mconv reads
+LATEST = 4  # what bundles whose readers follow (Python, mcw_decode) are written with
+SMALL_BLOB = 16  # version 4: blobs shorter than this share one CRC-32 at the end of the index
 ALIGNMENT = 64
 ALIGNMENT_V2 = 8
 _RECORD_BACKREF = 64  # a version 3 record may repeat one of the last 64 tensors' records
@@ -120,6 +134,8 @@ class TensorEntry:
     sha256: str  # hex; "" in version 3, which keeps a CRC-32 per blob instead
     record: dict
     crc32: int | None = None
+    # version 4: a small blob's CRC is its group's
+    group: _SmallBlobs | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict:
         return {
@@ -129,6 +145,15 @@ class TensorEntry:
             "sha256": self.sha256,
             "record": self.record,
         }
+
+
+@dataclass(eq=False)
+class _SmallBlobs:
+    """Version 4's blobs under ``SMALL_BLOB`` bytes and their one CRC-32 (checked once)."""
+
+    crc32: int
+    entries: list[TensorEntry]
+    checked: bool = False
 
 
 @dataclass
@@ -216,7 +241,54 @@ def _v3_record(record: dict, nbytes: int) -> dict:
     return record
 
 
-def _index_v3(entries: list[TensorEntry], crcs: list[int]) -> bytes:
+_CODEBOOK_DTYPES = {
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+    "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
+}  # fmt: skip
+_FIELD_DEFAULTS: dict[str, dict[str, object]] = {  # version 4: per codec, what a slim record may leave out
+    "palette": {"groups": 1, "huffman": False, "codebook_dtype": "float16"},
+    "sparse": {"huffman": False},
+}
+
+
+def _derived(record: Mapping, nbytes: int) -> dict:
+    """The fields a version 4 reader puts back into a slim ``record`` (module docstring)."""
+    out: dict[str, object] = {"dtype": "float32"}
+    codec = record.get("codec")
+    out.update(_FIELD_DEFAULTS.get(str(codec), {}))
+    full = {**out, **record}
+    if codec in ("raw", "fp16"):
+        out["streams"] = {"data": nbytes}
+    elif codec == "palette" and "block" not in full:
+        groups, size = full.get("groups"), full.get("codebook_size")
+        item = _CODEBOOK_DTYPES.get(str(full.get("codebook_dtype")))
+        if isinstance(groups, int) and isinstance(size, int) and _is_uint(groups) and _is_uint(size) and item:
+            book = groups * size * item
+            if book <= nbytes:
+                out["streams"] = {"codebook": book, "indices": nbytes - book}
+    return out
+
+
+def _restore_v4(record: dict, nbytes: int) -> dict:
+    """A slim record with its derived fields put back."""
+    return {**record, **{k: v for k, v in _derived(record, nbytes).items() if k not in record}}
+
+
+def _slim_v4(record: dict, nbytes: int) -> tuple[dict, bool]:
+    """``record`` without the fields the reader derives exactly, and whether any was left out."""
+    slim = dict(record)
+    for key in _derived(record, nbytes):
+        if key in slim:
+            trial = {k: v for k, v in slim.items() if k != key}
+            if _restore_v4(trial, nbytes) == record:
+                slim = trial
+    if slim == record:
+        return record, False
+    return slim, True
+
+
+def _index_v3(entries: list[TensorEntry], crcs: list[int], version: int = 3) -> bytes:
+    """The binary index of version 3, or of version 4 (small blobs' CRC shared, slim records)."""
     out = [_varint(len(entries))]
     previous = b""
     recent: list[bytes] = []  # the encoded records of the last _RECORD_BACKREF tensors
@@ -226,16 +298,33 @@ def _index_v3(entries: list[TensorEntry], crcs: list[int]) -> bytes:
         limit = min(len(name), len(previous))
         while shared < limit and name[shared] == previous[shared]:
             shared += 1
-        fields = sorted(_v3_record(e.record, e.nbytes).items())
-        body = _varint(len(fields)) + b"".join(_word(k) + _value_v2(v) for k, v in fields)
+        if version == 4:
+            record, slim = _slim_v4(e.record, e.nbytes)
+            fields = sorted(record.items())
+            count = len(fields) << 1 | slim
+        else:
+            fields = sorted(_v3_record(e.record, e.nbytes).items())
+            count = len(fields)
+        body = _varint(count) + b"".join(_word(k) + _value_v2(v) for k, v in fields)
         back = next((i + 1 for i, r in enumerate(reversed(recent)) if r == body), 0)
         out += [_varint(shared), _varint(len(name) - shared), name[shared:], _varint(e.nbytes)]
-        out += [crc.to_bytes(4, "little"), _varint(back)]
+        if version != 4 or e.nbytes >= SMALL_BLOB:
+            out.append(crc.to_bytes(4, "little"))
+        out.append(_varint(back))
         if not back:
             out.append(body)
         recent = [*recent[-(_RECORD_BACKREF - 1) :], body]
         previous = name
     return b"".join(out)
+
+
+def _small_crc(blobs: list[bytes]) -> int:
+    """Version 4: the CRC-32 of the blobs under ``SMALL_BLOB`` bytes, concatenated in order."""
+    crc = 0
+    for b in blobs:
+        if len(b) < SMALL_BLOB:
+            crc = zlib.crc32(b, crc)
+    return crc
 
 
 def write_container(
@@ -261,15 +350,17 @@ def write_container(
         blobs.append(blob)
         entries.append(TensorEntry(name, 0, len(blob), hashlib.sha256(blob).hexdigest(), record))
 
-    if version in (2, 3):
+    if version in (2, 3, 4):
         try:
             if version == 2:
                 index = _index_v2(entries)
             else:
-                index = _index_v3(entries, [zlib.crc32(b) for b in blobs])
+                index = _index_v3(entries, [zlib.crc32(b) for b in blobs], version)
+                if version == 4 and any(len(b) < SMALL_BLOB for b in blobs):
+                    index += _small_crc(blobs).to_bytes(4, "little")
         except ValueError:
             version = 1
-    if version in (2, 3):
+    if version in (2, 3, 4):
         offset = HEADER.size + len(index)
         for e, blob in zip(entries, blobs):
             offset += _pad_to(offset, ALIGNMENT_V2 if version == 2 else _alignment_v3(e.record))
@@ -366,7 +457,9 @@ class Container:
         e = self._entry(name)
         blob = self.blob(name)
         tensor = f"tensor '{show(name)}'"
-        if verify and e.crc32 is not None:
+        if verify and e.group is not None:
+            self._check_small(e.group, tensor)
+        elif verify and e.crc32 is not None:
             crc = zlib.crc32(blob)
             if crc != e.crc32:
                 raise IntegrityError(
@@ -415,6 +508,23 @@ class Container:
             )
         return array
 
+    def _check_small(self, group: _SmallBlobs, tensor: str) -> None:
+        """Version 4: the CRC-32 of every small blob, once a container (they are a few bytes each)."""
+        if group.checked:
+            return
+        crc = 0
+        for e in group.entries:
+            crc = zlib.crc32(self._view[e.offset : e.offset + e.nbytes], crc)
+        if crc != group.crc32:
+            raise IntegrityError(
+                f"{tensor}: the CRC-32 of the {len(group.entries)} blobs under {SMALL_BLOB} bytes "
+                f"does not match (expected {group.crc32:08x}, got {crc:08x})",
+                path=self.label,
+                where=f"byte offset {group.entries[0].offset}",
+                hint="the weights file was modified or truncated; re-export the bundle",
+            )
+        group.checked = True
+
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
         for name in self.entries:
             yield name, self.array(name)
@@ -455,7 +565,7 @@ def _parse_index(view: memoryview, label: str) -> dict[str, TensorEntry]:
         )
     if version not in VERSIONS:
         raise InputError(
-            f"container version {version} is not supported (this mconv reads versions 1, 2 and 3)",
+            f"container version {version} is not supported (this mconv reads versions 1 to 4)",
             path=label,
             where="byte offset 4",
             hint="upgrade mconv or re-export the bundle",
@@ -470,8 +580,8 @@ def _parse_index(view: memoryview, label: str) -> dict[str, TensorEntry]:
     where_index = f"byte offset {HEADER.size} (index)"
     if version == 2:
         return _parse_index_v2(view, label, index_len)
-    if version == 3:
-        return _parse_index_v3(view, label, index_len)
+    if version in (3, 4):
+        return _parse_index_v3(view, label, index_len, version)
 
     def bad(what: str, where: str = where_index) -> InputError:
         return InputError(what, path=label, where=where, hint=_HINT_CORRUPT)
@@ -629,8 +739,9 @@ def _parse_index_v2(view: memoryview, label: str, index_len: int) -> dict[str, T
     return out
 
 
-def _parse_index_v3(view: memoryview, label: str, index_len: int) -> dict[str, TensorEntry]:
+def _parse_index_v3(view: memoryview, label: str, index_len: int, version: int = 3) -> dict[str, TensorEntry]:
     r = _V2Reader(view, HEADER.size, HEADER.size + index_len, label)
+    small: list[TensorEntry] = []  # version 4: the blobs that share the index's last CRC-32
     count = r.varint("tensor count")
     if count > index_len:  # every tensor takes 8 bytes at least
         raise r.bad(f"tensor count {count} is more than the index can hold", HEADER.size)
@@ -652,7 +763,9 @@ def _parse_index_v3(view: memoryview, label: str, index_len: int) -> dict[str, T
             raise r.bad(f"entry {i} name is not UTF-8", start) from None
         tensor = f"tensor '{show(name)}'"
         nbytes = r.varint(f"{tensor} nbytes")
-        crc = int.from_bytes(r.take(4, f"{tensor} crc32"), "little")
+        crc: int | None = None
+        if version == 3 or nbytes >= SMALL_BLOB:
+            crc = int.from_bytes(r.take(4, f"{tensor} crc32"), "little")
         back = r.varint(f"{tensor} record reference")
         record: dict[str, object]
         if back:
@@ -662,6 +775,10 @@ def _parse_index_v3(view: memoryview, label: str, index_len: int) -> dict[str, T
         else:
             record = {}
             fields = r.varint(f"{tensor} record fields")
+            if version == 4:
+                fields, slim = fields >> 1, fields & 1
+                if slim:
+                    record["\0slim"] = True  # restored below, once the fields are read
             if fields > r.end - r.at:
                 raise r.bad(f"{tensor} claims {fields} record fields, more than the index holds", start)
             for _ in range(fields):
@@ -671,6 +788,8 @@ def _parse_index_v3(view: memoryview, label: str, index_len: int) -> dict[str, T
                 record[key] = r.value(key)
         recent = [*recent[-(_RECORD_BACKREF - 1) :], json.loads(json.dumps(record))]
         full = dict(record)
+        if full.pop("\0slim", False):
+            full = _restore_v4(full, nbytes)
         full.setdefault("streams", {"data": nbytes})
         _check_record(full, tensor, lambda what, at=start: r.bad(what, at))
         offset += _pad_to(offset, _alignment_v3(full))
@@ -684,8 +803,14 @@ def _parse_index_v3(view: memoryview, label: str, index_len: int) -> dict[str, T
         if name in out:
             raise r.bad(f"{tensor} listed twice", start)
         out[name] = TensorEntry(name, offset, nbytes, "", full, crc32=crc)
+        if crc is None:
+            small.append(out[name])
         offset += nbytes
         previous = raw_name
+    if small:  # version 4: the small blobs' CRC-32, checked on the first decode of one of them
+        group = _SmallBlobs(int.from_bytes(r.take(4, "small blobs' crc32"), "little"), small)
+        for e in small:
+            e.group = group
     if r.at != r.end:
         raise r.bad(f"{r.end - r.at} bytes after the last entry")
     return out

@@ -466,27 +466,39 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
     return out
 
 
-# What a coded record costs in a version 3 container index beyond a raw one (rule 6): about
-# one or two bytes per field (a word, a tag, a small varint) and the streams object.
-# Measured on version 3 records (within 3 bytes: varints of counts grow with the tensor).
-_RECORD_EXTRA = {"palette": 19, "sparse": 20}
+# What a coded record costs in a version 4 container index beyond a raw one (rule 6): one to
+# three bytes per field (a word, a tag, a small varint); a slim record leaves out the fields
+# the reader derives (float32, a palette's groups 1, huffman false, float16 codebook, streams).
+# Measured on version 4 records (within 3 bytes: varints of counts grow with the tensor).
+_RECORD_EXTRA = {"palette": 6, "sparse": 23}
 _PALETTE_VALUES_EXTRA = 11  # a sparse record's palette fields
 _RANS_EXTRA = 2  # its "rans": true
-_BLOCK_EXTRA = 11  # a per-block palette's "block" (a literal word) and its longer "groups"
+_HUFFMAN_EXTRA = 2  # "huffman": true (false is left out)
+_GROUPS_EXTRA = 3  # a grouped palette's "groups" (1 is left out)
+_BLOCK_EXTRA = 21  # a per-block palette's "block" (a literal word), "groups" and its streams
 _AXIS_EXTRA = 7  # a grouped palette's "axis" (a literal word, a tag and a one-byte varint)
+_CODEBOOK_DTYPE_EXTRA = 3  # a codebook not in float16 (a tensor not float32): its dtype is stored
 
 
-def record_extra(spec: Mapping) -> int:
-    """Index bytes of ``spec``'s record beyond a raw record's, within a few bytes (rule 6)."""
+def record_extra(spec: Mapping, dtype: np.dtype | None = None) -> int:
+    """Index bytes of ``spec``'s record beyond a raw record's, within a few bytes (rule 6), for
+    a tensor of ``dtype`` (float32 when not given)."""
     extra = _RECORD_EXTRA.get(str(spec.get("codec")), 0)
+    palette = spec.get("codec") == "palette" or spec.get("values") == "palette"
+    if palette and dtype is not None and np.dtype(dtype) != np.float32:
+        extra += _CODEBOOK_DTYPE_EXTRA
     if spec.get("codec") == "sparse" and spec.get("values") == "palette":
         extra += _PALETTE_VALUES_EXTRA
     if spec.get("rans"):
         extra += _RANS_EXTRA
+    if spec.get("huffman"):
+        extra += _HUFFMAN_EXTRA
     if spec.get("codec") == "palette" and spec.get("block") is not None:
         extra += _BLOCK_EXTRA
-    if spec.get("codec") == "palette" and spec.get("axis") and spec.get("groups", 1) != 1:
-        extra += _AXIS_EXTRA  # palette rule 5: the record has "axis" only with groups > 1
+    elif spec.get("codec") == "palette" and spec.get("groups", 1) != 1:
+        extra += _GROUPS_EXTRA
+        if spec.get("axis"):
+            extra += _AXIS_EXTRA  # palette rule 5: the record has "axis" only with groups > 1
     return extra
 
 
@@ -494,7 +506,8 @@ def best_spec(array: np.ndarray, hints: Mapping | None = None) -> tuple[dict, in
     """The smallest candidate spec for ``array`` (rule 2), its index record counted (rule 6),
     and its exact blob size (rule 1)."""
     candidates = _specs_and_sizes(np.asarray(array), hints)
-    costs = [size + record_extra(spec) for spec, size in candidates]
+    dtype = np.asarray(array).dtype
+    costs = [size + record_extra(spec, dtype) for spec, size in candidates]
     spec, size = candidates[costs.index(min(costs))]  # the first of the cheapest: the simplest
     return spec, size
 

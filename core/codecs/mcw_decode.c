@@ -10,6 +10,7 @@
  * 64-byte aligned blobs; the JSON parser is minimal: it reads exactly that shape and skips every
  * other key. Version 2: the binary index of container.py (varints, a word table, implied
  * offsets at 8-byte alignment); every length is checked against the index before it is used.
+ * Versions 3 and 4: see index_bin.
  * Exit status: 0 ok, 2 bad input (one line on stderr naming the file and tensor), 3 I/O error.
  *
  * Build: cc -std=c99 -O2 -o mcw_decode mcw_decode.c decoder.c
@@ -331,30 +332,33 @@ static uint64_t dtype_size(const char *d) {
 }
 
 #define RECORD_BACKREF 64
+#define SMALL_BLOB 16 /* version 4: blobs shorter than this have no CRC of their own */
 
 /* Every tensor of a version 2 or 3 index, in order; calls visit for each (offsets implied).
  * Version 3 (container.py): names front-coded against the previous one, a CRC-32 instead of
  * the sha256, a record may repeat one of the last 64, and blobs aligned to their element size
- * (raw, fp16) or not at all (coded). */
+ * (raw, fp16) or not at all (coded). Version 4: no CRC for blobs under SMALL_BLOB bytes (one
+ * shared CRC ends the index), and a record's field count says whether it is slim. */
 static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_len, int version,
                      int (*visit)(tensor *, void *), void *ctx) {
     bin b;
     uint64_t count, i, offset = 16 + index_len, prev_len = 0, nrecent = 0;
     char err[160];
     unsigned char *prev = malloc((size_t)index_len + 1); /* a name is never longer than the index */
-    tensor *recent = version == 3 ? malloc(RECORD_BACKREF * sizeof *recent) : NULL;
-    int rc = 0;
-    if (!prev || (version == 3 && !recent)) { free(prev), free(recent); return die(NULL, "out of memory", 3); }
+    tensor *recent = version >= 3 ? malloc(RECORD_BACKREF * sizeof *recent) : NULL;
+    int rc = 0, small = 0;
+    if (!prev || (version >= 3 && !recent)) { free(prev), free(recent); return die(NULL, "out of memory", 3); }
     b.p = data + 16, b.end = b.p + index_len, b.bad = 0;
     count = varint(&b);
     if (count > index_len) b.bad = 1;
     for (i = 0; !b.bad && i < count; i++) {
         tensor t;
-        uint64_t n, shared = 0, fields, f, back = 0, align = 8;
+        uint64_t n, shared = 0, fields, f, back = 0, align = 8, crc_len = 32;
+        int slim = 0;
         const char *why;
         memset(&t, 0, sizeof t);
         t.rec.groups = 1;
-        if (version == 3) {
+        if (version >= 3) {
             shared = varint(&b);
             if (b.bad || shared > prev_len) { b.bad = 1; break; }
         }
@@ -366,9 +370,11 @@ static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_le
         snprintf(t.name, sizeof t.name, "%.*s", (int)(prev_len < NAME_MAX_LEN - 1 ? prev_len : NAME_MAX_LEN - 1),
                  (const char *)prev);
         t.nbytes = varint(&b), t.have_nbytes = 1;
-        if (b.bad || b.end - b.p < (version == 3 ? 4 : 32)) { b.bad = 1; break; }
-        b.p += version == 3 ? 4 : 32; /* CRC-32 / sha256: checked by the Python loader; this tool trusts the manifest */
-        if (version == 3) back = varint(&b);
+        if (version >= 3) crc_len = version == 4 && t.nbytes < SMALL_BLOB ? 0 : 4;
+        small |= crc_len == 0;
+        if (b.bad || (uint64_t)(b.end - b.p) < crc_len) { b.bad = 1; break; }
+        b.p += crc_len; /* CRC-32 / sha256: checked by the Python loader; this tool trusts the manifest */
+        if (version >= 3) back = varint(&b);
         if (b.bad || back > nrecent || back > RECORD_BACKREF) { b.bad = 1; break; }
         if (back) { /* the record of a recent tensor; name and sizes are this one's */
             char name[NAME_MAX_LEN];
@@ -379,15 +385,21 @@ static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_le
             t.nbytes = nbytes;
         } else {
             fields = varint(&b);
+            if (version == 4) slim = (int)(fields & 1), fields >>= 1;
             if (fields > (uint64_t)(b.end - b.p)) b.bad = 1;
             for (f = 0; !b.bad && f < fields; f++) {
                 char key[64];
                 word(&b, key, sizeof key);
                 if (!b.bad) value_v2(&b, &t, key);
             }
+            if (slim) { /* version 4: the fields a slim record leaves out (container.py's _derived) */
+                if (!t.have_dtype) snprintf(t.dtype, sizeof t.dtype, "float32"), t.have_dtype = 1;
+                if (!strcmp(t.codec, "palette") && !t.codebook_dtype[0])
+                    snprintf(t.codebook_dtype, sizeof t.codebook_dtype, "float16");
+            } /* groups 1 and huffman false are this decoder's defaults already */
         }
         if (b.bad) break;
-        if (version == 3) {
+        if (version >= 3) {
             recent[nrecent++ % RECORD_BACKREF] = t;
             align = !strcmp(t.codec, "raw") ? dtype_size(t.dtype) : !strcmp(t.codec, "fp16") ? 2 : 1;
         }
@@ -400,6 +412,10 @@ static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_le
     }
     free(prev), free(recent);
     if (rc) return rc;
+    if (!b.bad && small) { /* version 4: the small blobs' one CRC-32 ends the index */
+        if (b.end - b.p < 4) b.bad = 1;
+        else b.p += 4;
+    }
     if (b.bad || b.p != b.end) {
         snprintf(err, sizeof err, "byte offset %lu: binary index not understood", (unsigned long)(b.p - data));
         return die(NULL, err, 2);
@@ -505,12 +521,12 @@ int main(int argc, char **argv) {
     fclose(f);
     if (size < 16 || memcmp(data, "MCW1", 4)) return die(NULL, "byte offset 0: not a weights.mcw file (magic)", 2);
     version = data[4] | data[5] << 8 | data[6] << 16 | (uint32_t)data[7] << 24;
-    if (version != 1 && version != 2 && version != 3)
-        return die(NULL, "byte offset 4: unsupported container version (this decoder reads 1, 2 and 3)", 2);
+    if (version < 1 || version > 4)
+        return die(NULL, "byte offset 4: unsupported container version (this decoder reads 1 to 4)", 2);
     for (index_len = 0, i = 7; i >= 0; i--) index_len = index_len << 8 | data[8 + i];
     if (index_len > (uint64_t)size - 16) return die(NULL, "byte offset 8: index runs past the end of the file", 2);
     jb.data = data, jb.size = (uint64_t)size, jb.only = only, jb.out_dir = out_dir, jb.list = list, jb.found = 0;
-    if (version == 2 || version == 3) {
+    if (version >= 2) {
         if ((rc = index_bin(data, (uint64_t)size, index_len, (int)version, emit, &jb))) return rc;
         if (only && !jb.found) return die(only, ": no such tensor", 2);
         free(data);
