@@ -270,6 +270,29 @@ def _score_output(model: ir.Model) -> tuple[str, str]:
     return name_of(out), name_of(out)
 
 
+def shift_images(
+    feeds: Mapping[str, np.ndarray], images: list[str], shift: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """Rule 8: each sample of the ``images`` inputs ([N, C, H, W]) moved by a random whole number
+    of pixels in ``[-shift, shift]`` along H and along W (the same move for every input of a
+    sample), zeros shifted in; the other inputs as given."""
+    n = len(next(iter(feeds.values())))
+    dy = rng.integers(-shift, shift + 1, n)
+    dx = rng.integers(-shift, shift + 1, n)
+    out = dict(feeds)
+    for k in images:
+        v = feeds[k]
+        h, w = v.shape[2:]
+        pad = np.pad(v, ((0, 0), (0, 0), (shift, shift), (shift, shift)))
+        out[k] = np.stack(
+            [
+                pad[i, :, shift - dy[i] : shift - dy[i] + h, shift - dx[i] : shift - dx[i] + w]
+                for i in range(n)
+            ]
+        )
+    return out
+
+
 def _batches(n: int, batch_size: int, rng: np.random.Generator):
     order = rng.permutation(n)
     for s in range(0, n, batch_size):
@@ -394,10 +417,29 @@ def finetune_model(
         result.notes.append("mixup left off: an input is not float (token ids cannot be mixed)")
         mix_alpha = 0.0
     mix_rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x313C])
+    shift = int(getattr(config, "shift", 0))
+    if shift > 0 and (loss_kind == "xent" or teacher is None):
+        result.notes.append("shift left off: it needs distillation (the teacher labels the shifted samples)")
+        shift = 0
+    images = [k for k, v in feeds.items() if np.asarray(v).dtype.kind == "f" and np.asarray(v).ndim == 4]
+    if shift > 0 and (not images or any(min(feeds[k].shape[2:]) <= 2 * shift for k in images)):
+        result.notes.append(
+            f"shift left off: no float input of shape [N, C, H, W] with H and W above {2 * shift}"
+        )
+        shift = 0
+    shift_rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5A1F])
+
+    def shifted(fb: dict) -> dict:
+        return shift_images(fb, images, shift, shift_rng)
 
     def batch_of(idx: np.ndarray) -> tuple[dict, np.ndarray]:
-        """The batch's feeds and targets: mixed (rule 6) and labelled by the teacher, or as given."""
+        """The batch's feeds and targets: mixed (rule 6) or shifted (rule 8) and labelled by the
+        teacher, or as given."""
         fb = {k: v[idx] for k, v in feeds.items()}
+        if shift > 0:
+            fb = shifted(fb)
+            if mix_alpha <= 0 or len(idx) < 2:
+                return fb, teacher_on(fb)
         if mix_alpha <= 0 or len(idx) < 2:
             return fb, targets[idx]
         lam = mix_rng.beta(mix_alpha, mix_alpha, len(idx))
@@ -628,6 +670,13 @@ class Finetune(Pass):
        where a small calibration set says nothing and the compressed model departs from the
        teacher; labels cannot be mixed, so with ``loss = "xent"`` (or integer inputs) it is
        left off with a note. The held-out metric stays on the unmixed samples.
+    8. ``shift = k > 0`` (distillation only, float inputs of shape ``[N, C, H, W]`` with H and W
+       above ``2k``) moves every training sample of a batch by a random whole number of pixels
+       in ``[-k, k]`` along H and W (zeros shifted in; seeded) and trains on the teacher's
+       outputs for the moved samples (one teacher run per batch). It tells the compressed model
+       what the original does near the calibration samples, as the original's own training
+       data augmentation did; with ``mixup`` too, the moved samples are mixed. Left off with a
+       note where it does not apply. The held-out metric stays on the unmoved samples.
     7. ``engine = "xla"`` runs the same training on the model lowered to jax
        (:mod:`mconv.targets.xla.engine`): the whole step (weights rebuilt from masks or
        centroids, loss, gradient, optimizer update, re-zeroing) is one jitted program, on
@@ -654,6 +703,7 @@ class Finetune(Pass):
         schedule: Literal["constant", "cosine"] = "constant"
         margin: float = 0.0
         mixup: float = 0.0
+        shift: int = 0
         engine: Literal["reference", "xla"] = "reference"
         device: Literal["cpu", "cuda"] = "cpu"
 
@@ -667,12 +717,14 @@ class Finetune(Pass):
             or config.lr <= 0
             or config.margin < 0
             or config.mixup < 0
+            or config.shift < 0
         ):
             raise InputError(
                 f"bad finetune settings: epochs={config.epochs}, batch_size={config.batch_size}, "
-                f"holdout={config.holdout}, lr={config.lr}, margin={config.margin}, mixup={config.mixup}",
+                f"holdout={config.holdout}, lr={config.lr}, margin={config.margin}, mixup={config.mixup}, "
+                f"shift={config.shift}",
                 where="pass finetune",
-                hint="epochs >= 0, batch_size >= 1, 0 <= holdout < 1, lr > 0, margin >= 0, mixup >= 0",
+                hint="epochs >= 0, batch_size >= 1, 0 <= holdout < 1, lr > 0, margin >= 0, mixup >= 0, shift >= 0",
             )
 
         def frozen(node: ir.Node) -> bool:

@@ -381,3 +381,100 @@ def test_mixup_with_the_same_seed_gives_identical_weights(build):
         results.append(weight(model, "w1"))
     np.testing.assert_array_equal(results[0], results[1])
     assert not np.array_equal(results[0], weight(mlp(build, *[w + 0.1 for w in WEIGHTS]), "w1"))
+
+
+def test_shift_images_moves_each_sample_by_whole_pixels_with_zeros_in():
+    """Rule 8's translation, against np.roll with the wrapped rows and columns zeroed."""
+    rng = np.random.default_rng(40)
+    x = rng.standard_normal((20, 3, 7, 9)).astype(np.float32)
+    other = rng.standard_normal((20, 5)).astype(np.float32)
+    from mconv.passes.finetune import shift_images
+
+    out = shift_images({"x": x, "v": other}, ["x"], 2, np.random.default_rng(5))
+    assert out["v"] is other and out["x"].shape == x.shape and out["x"].dtype == x.dtype
+    moves = set()
+    for i in range(len(x)):
+        found = None
+        for dy in range(-2, 3):
+            for dx in range(-2, 3):
+                want = np.roll(x[i], (dy, dx), axis=(1, 2))
+                if dy > 0:
+                    want[:, :dy] = 0
+                if dy < 0:
+                    want[:, dy:] = 0
+                if dx > 0:
+                    want[:, :, :dx] = 0
+                if dx < 0:
+                    want[:, :, dx:] = 0
+                if np.array_equal(out["x"][i], want):
+                    found = (dy, dx)
+        assert found is not None, i  # one move, the same for all three channels
+        moves.add(found)
+    assert len(moves) > 5  # random moves, not one for all
+    again = shift_images({"x": x}, ["x"], 2, np.random.default_rng(5))["x"]
+    np.testing.assert_array_equal(again, out["x"])  # seeded
+
+
+def _image_mlp(build, w1, b1, w2, b2, side: int):
+    """x[N,1,side,side] -> Flatten -> Gemm -> Relu -> Gemm -> logits[N,4]."""
+    nodes = [
+        helper.make_node("Flatten", ["x"], ["f"], name="flat"),
+        helper.make_node("Gemm", ["f", "w1", "b1"], ["h0"], name="fc1", transB=1),
+        helper.make_node("Relu", ["h0"], ["h1"], name="relu"),
+        helper.make_node("Gemm", ["h1", "w2", "b2"], ["logits"], name="fc2", transB=1),
+    ]
+    inits = [("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2)]
+    return build(nodes, [("x", F, ["N", 1, side, side])], [("logits", F, ["N", 4])], inits)
+
+
+def _blobs(rng, n: int, side: int) -> np.ndarray:
+    """Images of a Gaussian bump of random width, sign and place: what moves between samples."""
+    yy, xx = np.mgrid[0:side, 0:side]
+    cy, cx = rng.uniform(2, side - 3, (2, n, 1, 1))
+    width = rng.uniform(1.0, 2.0, (n, 1, 1))
+    sign = rng.choice([-1.0, 1.0], (n, 1, 1))
+    img = sign * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * width**2))
+    return img[:, None].astype(np.float32)
+
+
+def test_shift_distils_the_teacher_at_the_places_the_calibration_samples_miss(build, run_ort):
+    """Sixteen calibration images of a bump somewhere: plain distillation fits the teacher on
+    them; moved by up to 2 pixels (rule 8) the student also sees the teacher at the places
+    between them. Over five seeded problems it is closer to the teacher on 400 images it never
+    saw: the mean KL at most half of plain distillation's, and lower on at least four of the
+    five (0.28 -> 0.05 when written)."""
+    side = 12
+    results = []
+    for seed in (1, 2, 3, 4, 5):
+        rng = np.random.default_rng(seed)
+        weights = [
+            (0.5 * rng.standard_normal((24, side * side))).astype(np.float32),
+            (0.2 * rng.standard_normal(24)).astype(np.float32),
+            (0.8 * rng.standard_normal((4, 24))).astype(np.float32),
+            np.zeros(4, np.float32),
+        ]
+        teacher = _image_mlp(build, *weights, side=side)
+        noisy = [(w + 0.3 * rng.standard_normal(w.shape)).astype(np.float32) for w in weights]
+        calib, fresh = _blobs(rng, 16, side), _blobs(rng, 400, side)
+        want = run_ort(teacher, {"x": fresh})["logits"]
+        kl = {}
+        for shift in (0, 2):
+            student = _image_mlp(build, *[w.copy() for w in noisy], side=side)
+            config = FinetuneConfig(epochs=100, lr=0.005, batch_size=16, holdout=0.0, shift=shift, seed=3)
+            result = finetune_model(student, {"x": calib}, config, reference_model=teacher)
+            assert not any("shift left off" in n for n in result.notes)
+            kl[shift] = _kl_to(want, run_ort(student, {"x": fresh})["logits"])
+        print(f"seed {seed}: KL {kl[0]:.4f} -> {kl[2]:.4f}")
+        results.append(kl)
+    assert np.mean([k[2] for k in results]) < 0.5 * np.mean([k[0] for k in results])
+    assert sum(k[2] < k[0] for k in results) >= 4
+
+
+def test_shift_is_left_off_with_a_note_where_it_does_not_apply(build):
+    x, y = toy_problem(64)
+    teacher = mlp(build, *[w.copy() for w in WEIGHTS])
+    model = mlp(build, *[w + 0.1 for w in WEIGHTS])
+    result = finetune_model(model, {"x": x}, FinetuneConfig(epochs=1, shift=2), reference_model=teacher)
+    assert any("shift left off" in note and "[N, C, H, W]" in note for note in result.notes)
+    result = finetune_model(model, {"x": x, "labels": y}, FinetuneConfig(epochs=1, loss="xent", shift=1))
+    assert any("shift left off" in note and "distillation" in note for note in result.notes)
