@@ -159,6 +159,7 @@ def run_one(name: str, seed: int, args) -> dict:
             attempts=args.attempts,
             engine=args.engine,
             val_data=val,
+            shift=getattr(args, "shift", None),
         )
     except GateFailed as exc:
         result = exc.result
@@ -183,6 +184,7 @@ def run_one(name: str, seed: int, args) -> dict:
         "split": result.split,
         "layers": {r["name"]: (r["sparsity"], r["bits"]) for r in result.layers},
         "attempts": len(result.attempts),
+        "shift": next((s.config.get("shift", 0) for s in result.specs if s.name == "finetune"), 0),
         "tried": [
             (a["predicted_bytes"], a["weights_file"], round(a["held_out_drop"], 4), a["passed"])
             for a in result.attempts
@@ -220,6 +222,12 @@ def main() -> int:
         "--engine", default="reference", choices=["reference", "xla"], help="where fine-tuning runs"
     )
     ap.add_argument("--attempts", type=int, default=8, help="full schedules the search may run")
+    ap.add_argument(
+        "--shift",
+        type=int,
+        default=None,
+        help="compress_to_budget's shift (pixels of translation in distillation; default: from the input)",
+    )
     ap.add_argument(
         "--gate",
         default="validation",

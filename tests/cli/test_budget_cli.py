@@ -82,8 +82,14 @@ def test_a_bundle_target_fits_the_exported_cpu_bundle_directory(small, tmp_path)
         "--target-size", "5500", "--target-of", "bundle", "-o", str(out), "--json", "--seed", "1",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
-    size = json.loads(r.stdout)["budget"]["size"]
-    assert size["bundle"] <= 5500 < size["bundle"] + 1200  # fits, not far under
+    budget = json.loads(r.stdout)["budget"]
+    size = budget["size"]
+    assert size["bundle"] <= 5500  # fits
+    # the first attempt left more than 1% of the target unspent: a second one grew into it, and
+    # the result is the one whose gate drop is the smaller
+    first, grown = budget["attempts"]
+    assert grown["predicted_bytes"] > first["predicted_bytes"]
+    assert budget["held_out_drop"] == min(first["held_out_drop"], grown["held_out_drop"])
     r = _cli("export", str(out), "--target", "cpu", "-o", str(bundle))
     assert r.exit_code == 0, r.output
     assert sum(f.stat().st_size for f in bundle.iterdir() if f.is_file()) == size["bundle"]

@@ -165,6 +165,7 @@ def test_without_data_only_the_weight_snr_check_and_a_loud_note():
         ({"max_drop": 0.01, "holdout": 1.0}, "holdout"),
         ({"max_drop": 0.01, "bits": (9,)}, "bits"),
         ({"target_size": 9000, "target_of": "folder"}, "target of"),
+        ({"target_size": 9000, "shift": -1}, "shift"),
     ],
 )
 def test_bad_options_are_input_errors(kwargs, words):
@@ -474,3 +475,21 @@ def test_a_bundle_size_target_fits_the_whole_cpu_bundle_and_a_weights_target_doe
     assert sizes["weights"][0] <= target < sizes["weights"][1]  # the other files push it over
     assert sizes["bundle"][1] <= target and sizes["bundle"][2]
     assert sizes["bundle"][0] < sizes["weights"][0]
+
+
+def test_the_translation_for_distillation_follows_the_image_input():
+    from mconv.passes.budget import auto_shift
+
+    def f(*shape, dtype=np.float32):
+        return {"x": np.zeros(shape, dtype)}
+
+    assert auto_shift(f(5, 1, 28, 28)) == 2  # LeNet-5's MNIST frames
+    assert auto_shift(f(5, 1, 8, 8)) == 1  # the 8x8 digits
+    assert auto_shift(f(2, 3, 224, 224)) == 16
+    assert auto_shift(f(2, 3, 224, 112)) == 8  # the shorter side
+    assert auto_shift(f(5, 64)) == 0  # not an image
+    assert auto_shift(f(5, 1, 4, 4)) == 0  # too small to move
+    assert auto_shift(f(5, 1, 28, 28, dtype=np.int64)) == 0  # ids, not pixels
+    assert (
+        auto_shift({"x": np.zeros((5, 1, 28, 28), np.float32), "y": np.zeros((5, 1, 8, 8), np.float32)}) == 1
+    )
