@@ -1,8 +1,9 @@
 """Issue 14 item 5: the container's own bytes (header, index, padding) against its encoded tensors.
 
-For each model a cpu bundle is exported through the CLI (container version 3); the same tensors
+For each model a cpu bundle is exported through the CLI (container version 4); the same tensors
 and codec records are then written again as version 1 (JSON index, 64-byte alignment), 2 (binary
-index, sha256s, 8-byte alignment) and 3 containers for comparison. The budget: overhead <=
+index, sha256s, 8-byte alignment) and 3 (a CRC-32 a blob, whole records) containers for
+comparison. The budget: overhead <=
 max(2% of the encoded tensors, 512 B). Also printed: manifest.json and the whole bundle's bytes,
 and the source file's.
 
@@ -61,7 +62,7 @@ def measure(name: str, model: Path, work: Path, source_bytes: int | None = None)
         src = f"  source {source_bytes:,d} B ({verdict})"
     print(
         f"{name:26s} tensors {len(entries):4d}  encoded {blobs:10,d} B  overhead v1 {over[1]:7,d} B  "
-        f"v2 {over[2]:7,d} B  v3 (bundle) {total - blobs:6,d} B  budget {budget:8,.0f} B  "
+        f"v2 {over[2]:7,d} B  v3 {over[3]:6,d} B  v4 (bundle) {total - blobs:6,d} B  budget {budget:8,.0f} B  "
         f"{'ok' if total - blobs <= budget else 'OVER'}  manifest.json {manifest:,d} B  bundle {files:,d} B{src}"
     )
 
