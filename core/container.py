@@ -749,7 +749,7 @@ def _parse_index_v3(view: memoryview, label: str, index_len: int, version: int =
     offset = HEADER.size + index_len
     out: dict[str, TensorEntry] = {}
     previous = b""
-    recent: list[dict[str, object]] = []
+    recent: list[tuple[dict[str, object], bool]] = []  # the last records read, and whether slim
     for i in range(count):
         start = r.at
         shared = r.varint(f"entry {i} shared name prefix")
@@ -768,17 +768,17 @@ def _parse_index_v3(view: memoryview, label: str, index_len: int, version: int =
             crc = int.from_bytes(r.take(4, f"{tensor} crc32"), "little")
         back = r.varint(f"{tensor} record reference")
         record: dict[str, object]
+        slim = False
         if back:
             if back > len(recent):
                 raise r.bad(f"{tensor} repeats the record {back} tensors back, of {len(recent)}", start)
-            record = json.loads(json.dumps(recent[-back]))  # a copy: records are mutable dicts
+            shared_record, slim = recent[-back]
+            record = json.loads(json.dumps(shared_record))  # a copy: records are mutable dicts
         else:
             record = {}
             fields = r.varint(f"{tensor} record fields")
             if version == 4:
-                fields, slim = fields >> 1, fields & 1
-                if slim:
-                    record["\0slim"] = True  # restored below, once the fields are read
+                fields, slim = fields >> 1, bool(fields & 1)
             if fields > r.end - r.at:
                 raise r.bad(f"{tensor} claims {fields} record fields, more than the index holds", start)
             for _ in range(fields):
@@ -786,10 +786,8 @@ def _parse_index_v3(view: memoryview, label: str, index_len: int, version: int =
                 if key in record:
                     raise r.bad(f"{tensor} record lists '{show(key)}' twice", start)
                 record[key] = r.value(key)
-        recent = [*recent[-(_RECORD_BACKREF - 1) :], json.loads(json.dumps(record))]
-        full = dict(record)
-        if full.pop("\0slim", False):
-            full = _restore_v4(full, nbytes)
+        recent = [*recent[-(_RECORD_BACKREF - 1) :], (json.loads(json.dumps(record)), slim)]
+        full = _restore_v4(record, nbytes) if slim else dict(record)
         full.setdefault("streams", {"data": nbytes})
         _check_record(full, tensor, lambda what, at=start: r.bad(what, at))
         offset += _pad_to(offset, _alignment_v3(full))

@@ -947,6 +947,12 @@ def _schedule(
 ) -> list[tuple[str, list[PassSpec]]]:
     """The paper's schedule for ``alloc`` (rule 6): (stage name, specs) in order."""
     stages = []
+
+    def tune(stage_epochs: int, lr: float) -> list[PassSpec]:  # a stage; the rest every stage shares
+        return [
+            _finetune_spec(stage_epochs, lr, seed, holdout, batch, engine=engine, device=device, shift=shift)
+        ]
+
     for i, f in enumerate(PRUNE_STEPS):
         table = {
             n: {"sparsity": round(1.0 - (1.0 - s) ** f, 4)} for n, (s, _) in sorted(alloc.items()) if s > 0
@@ -958,18 +964,7 @@ def _schedule(
         stages.append(
             (
                 f"masked retraining {i + 1}",
-                [
-                    _finetune_spec(
-                        epochs * (FINAL_RETRAIN if last else 1),
-                        2e-3,
-                        seed,
-                        holdout,
-                        batch,
-                        engine=engine,
-                        device=device,
-                        shift=shift,
-                    )
-                ],
+                tune(epochs * (FINAL_RETRAIN if last else 1), 2e-3),
             )
         )
     clustered = {n: {"skip": False, "bits": b} for n, (_, b) in sorted(alloc.items()) if b is not None}
@@ -979,26 +974,8 @@ def _schedule(
         )
         bias = {"tensors": "all", "op_types": [], "bits": BIAS_BITS, "init": "linear"}
         stages.append(("biases clustered", [make_spec("cluster", bias)]))
-        stages.append(
-            (
-                "centroid fine-tuning 1",
-                [
-                    _finetune_spec(
-                        epochs, 3e-4, seed, holdout, batch, engine=engine, device=device, shift=shift
-                    )
-                ],
-            )
-        )
-        stages.append(
-            (
-                "centroid fine-tuning 2",
-                [
-                    _finetune_spec(
-                        epochs, 1e-4, seed, holdout, batch, engine=engine, device=device, shift=shift
-                    )
-                ],
-            )
-        )
+        stages.append(("centroid fine-tuning 1", tune(epochs, 3e-4)))
+        stages.append(("centroid fine-tuning 2", tune(epochs, 1e-4)))
     stages.append(("values to float16", [make_spec("round-fp16", {"compressed": True})]))
     return stages
 
@@ -1136,6 +1113,10 @@ def compress_to_budget(
     if shift is None:
         shift = auto_shift(feeds)
 
+    def plan_for(alloc: Mapping) -> list[tuple[str, list[PassSpec]]]:
+        """Rule 6's schedule for ``alloc`` with this search's fine-tuning settings."""
+        return _schedule(alloc, epochs, seed, holdout, batch_size, engine, device, shift)
+
     pre_stages: list[dict] = []
     start_metric = baseline
     if decay > 0:  # rule 6: L2 pre-training, so that weights the task does not use go to zero first
@@ -1195,7 +1176,7 @@ def compress_to_budget(
     if target is not None:
         if target_of == "bundle":  # the bundle's other files: the graph and the manifest, with the
             # schedule's pass history in its provenance (at most what an attempt will add to it)
-            plan = _schedule(_widest(layers), epochs, seed, holdout, batch_size, engine, device, shift)
+            plan = plan_for(_widest(layers))
             history = [spec.as_dict() for spec in pre] + [
                 spec.as_dict() for _, specs in plan for spec in specs
             ]
@@ -1225,11 +1206,11 @@ def compress_to_budget(
         stages = list(pre_stages)
         held_metric = start_metric
         held_got = ev.outputs(work, held)  # the outputs before the next stage (rule 6's check)
-        plan = _schedule(alloc, epochs, seed, holdout, batch_size, engine, device, shift)
+        plan = plan_for(alloc)
         budget = _alloc_bytes(layers, alloc)
         reallocated: list[dict] = []
         if reestimate:  # rule 6: every stage's slot; its settings are decided when it comes
-            plan = _schedule(_widest(layers), epochs, seed, holdout, batch_size, engine, device, shift)
+            plan = plan_for(_widest(layers))
         actx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
         for si, (name, specs) in enumerate(plan):
             actx.progress = _prefix(say, f"{label} [{si + 1}/{len(plan)}] {name}")
@@ -1247,7 +1228,7 @@ def compress_to_budget(
                             },
                         }
                     )
-                current = dict(_schedule(alloc, epochs, seed, holdout, batch_size, engine, device, shift))
+                current = dict(plan_for(alloc))
                 if name not in current:
                     continue  # the allocation has nothing for this stage (e.g. nothing clustered)
                 specs = current[name]

@@ -429,19 +429,14 @@ def finetune_model(
         shift = 0
     shift_rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5A1F])
 
-    def shifted(fb: dict) -> dict:
-        return shift_images(fb, images, shift, shift_rng)
-
     def batch_of(idx: np.ndarray) -> tuple[dict, np.ndarray]:
-        """The batch's feeds and targets: mixed (rule 6) or shifted (rule 8) and labelled by the
-        teacher, or as given."""
+        """The batch's feeds and targets: shifted (rule 8) and/or mixed (rule 6) and labelled by
+        the teacher, or as given."""
         fb = {k: v[idx] for k, v in feeds.items()}
         if shift > 0:
-            fb = shifted(fb)
-            if mix_alpha <= 0 or len(idx) < 2:
-                return fb, teacher_on(fb)
+            fb = shift_images(fb, images, shift, shift_rng)
         if mix_alpha <= 0 or len(idx) < 2:
-            return fb, targets[idx]
+            return fb, (teacher_on(fb) if shift > 0 else targets[idx])
         lam = mix_rng.beta(mix_alpha, mix_alpha, len(idx))
         perm = mix_rng.permutation(len(idx))
         mixed = {}
@@ -670,6 +665,11 @@ class Finetune(Pass):
        where a small calibration set says nothing and the compressed model departs from the
        teacher; labels cannot be mixed, so with ``loss = "xent"`` (or integer inputs) it is
        left off with a note. The held-out metric stays on the unmixed samples.
+    7. ``engine = "xla"`` runs the same training on the model lowered to jax
+       (:mod:`mconv.targets.xla.engine`): the whole step (weights rebuilt from masks or
+       centroids, loss, gradient, optimizer update, re-zeroing) is one jitted program, on
+       ``device = "cpu"`` or ``"cuda"``. Same batches, same rules; float32 arithmetic
+       throughout (the reference optimizer keeps float64 state), so results agree to rounding.
     8. ``shift = k > 0`` (distillation only, float inputs of shape ``[N, C, H, W]`` with H and W
        above ``2k``) moves every training sample of a batch by a random whole number of pixels
        in ``[-k, k]`` along H and W (zeros shifted in; seeded) and trains on the teacher's
@@ -677,11 +677,6 @@ class Finetune(Pass):
        what the original does near the calibration samples, as the original's own training
        data augmentation did; with ``mixup`` too, the moved samples are mixed. Left off with a
        note where it does not apply. The held-out metric stays on the unmoved samples.
-    7. ``engine = "xla"`` runs the same training on the model lowered to jax
-       (:mod:`mconv.targets.xla.engine`): the whole step (weights rebuilt from masks or
-       centroids, loss, gradient, optimizer update, re-zeroing) is one jitted program, on
-       ``device = "cpu"`` or ``"cuda"``. Same batches, same rules; float32 arithmetic
-       throughout (the reference optimizer keeps float64 state), so results agree to rounding.
     """
 
     lossless = False
