@@ -27,6 +27,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.codecs.choose import COMPRESSION_KEY, TensorStats, best_spec, compression_hints, predict
 from mconv.codecs.choose import choose_spec as choose_compressed_spec  # noqa: F401 (old name)
+from mconv.codecs.palette import bit_view, known_histogram
 from mconv.irio import owned_array
 
 
@@ -65,13 +66,20 @@ def _predicted_bytes(a: np.ndarray, spec: Mapping, stats: TensorStats | None = N
 
 
 def _row(
-    name: str, a: np.ndarray, record: Mapping, stored: int, predicted: int, codebook: int | None
+    name: str,
+    a: np.ndarray,
+    record: Mapping,
+    stored: int,
+    predicted: int,
+    codebook: int | None,
+    nonzeros: int | None = None,
 ) -> dict:
-    """One layer of the account (rule 3)."""
+    """One layer of the account (rule 3); ``nonzeros`` is ``a``'s count when known."""
+    nonzeros = int(np.count_nonzero(a)) if nonzeros is None else nonzeros
     return {
         "name": name,
         "codec": codec_label(record),
-        "kept": float(np.count_nonzero(a)) / max(a.size, 1),
+        "kept": float(nonzeros) / max(a.size, 1),
         "elements": int(a.size),
         "weight_bits": _weight_bits(record, a.dtype.itemsize),
         "index_bits": record.get("index_bits"),
@@ -120,7 +128,9 @@ def predicted_account(model) -> dict | None:
     4. For ``mconv optimize``'s report: every initializer gets the spec export would choose
        (:func:`mconv.container.choose_codec`) and its predicted size; ``bytes`` is that
        prediction. ``None`` when no tensor carries compression facts (nothing to account for
-       beyond raw/fp16 sizes).
+       beyond raw/fp16 sizes). A tensor whose histogram the cluster pass left is sized from it
+       (:mod:`mconv.codecs.choose` rule 8), its kept fraction too: one without zeros is not
+       read at all (issue 14 item 4: the account cost a third of the pass it reports on).
     """
     meta = dict(model.metadata_props)
     if COMPRESSION_KEY not in meta:
@@ -130,15 +140,25 @@ def predicted_account(model) -> dict | None:
         if value.const_value is None:
             continue
         tensor = value.const_value
-        # An external tensor is read into a private copy: a memory map would keep its pages
-        # resident until exit, one whole model's worth after the loop.
-        a = owned_array(tensor) if isinstance(tensor, ir.ExternalTensor) else tensor.numpy()
+        known = known_histogram(tensor)  # the cluster pass's counts (palette rule 8)
+        stats, nonzeros = None, None
+        if known is not None and tensor.dtype.is_floating_point() and len(tensor.shape) > 0:
+            book, counts = known
+            nonzeros = int(counts[book != 0].sum())
+            a = tensor.numpy()
+            if np.any(bit_view(book) == 0) and isinstance(tensor, ir.ExternalTensor):
+                a = owned_array(tensor)  # its zeros' gaps are read (below)
+            stats = TensorStats.of(a, known=known)  # reads no value when there is no +0.0
+        else:
+            # An external tensor is read into a private copy: a memory map would keep its pages
+            # resident until exit, one whole model's worth after the loop.
+            a = owned_array(tensor) if isinstance(tensor, ir.ExternalTensor) else tensor.numpy()
         if a.dtype.kind != "f" or a.ndim == 0:
             continue
         # the choice export makes (mconv.container.choose_codec) and the size it computed
-        spec, predicted = best_spec(a, compression_hints(meta, name))
+        spec, predicted = best_spec(a, compression_hints(meta, name), stats)
         record = {**spec, "codec": spec.get("codec", "raw")}
-        layers.append(_row(name, a, record, predicted, predicted, None))
+        layers.append(_row(name, a, record, predicted, predicted, None, nonzeros))
     return {"layers": layers, "total": _totals(layers), "predicted": True}
 
 

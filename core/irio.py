@@ -251,10 +251,16 @@ def spilling(directory: str | os.PathLike, min_bytes: int | None = None):
 
 def weight_tensor(array: np.ndarray, name: str | None) -> ir.TensorProtocol:
     """``array`` as an IR tensor: in memory, or spilled to the scratch folder (see :func:`spilling`)."""
+    from mconv.codecs.palette import known_histogram, remember_histogram
+
+    known = known_histogram(array)  # palette rule 8: the tensor keeps what its array had
     array = np.asarray(array, order="C")  # keeps a 0-d array 0-d (ascontiguousarray: shape [1])
     scratch = _SPILL["dir"]
     if scratch is None or array.nbytes < _SPILL["min_bytes"] or array.dtype.byteorder == ">":
-        return ir.tensor(array, name=name)
+        tensor = ir.tensor(array, name=name)
+        if known is not None:
+            remember_histogram(tensor, *known)
+        return tensor
     _SPILL["count"] += 1
     location = f"{_SPILL['count']}.bin"
     from mconv.fileio import output_errors
@@ -262,7 +268,7 @@ def weight_tensor(array: np.ndarray, name: str | None) -> ir.TensorProtocol:
     with output_errors(scratch / location, what="write a large weight to the scratch folder"):
         with open(scratch / location, "wb") as f:
             f.write(array.data.cast("B"))  # the array's own buffer, as bytes
-    return ir.ExternalTensor(
+    spilled = ir.ExternalTensor(
         location,
         offset=0,
         length=array.nbytes,
@@ -271,6 +277,9 @@ def weight_tensor(array: np.ndarray, name: str | None) -> ir.TensorProtocol:
         name=name or "",
         base_dir=str(scratch),
     )
+    if known is not None:  # a scratch file is written once (palette rule 8)
+        remember_histogram(spilled, *known)
+    return spilled
 
 
 def owned_array(tensor: ir.TensorProtocol) -> np.ndarray:
@@ -356,6 +365,7 @@ def save_onnx(
        replaced in one step, and a run killed between the two renames would leave the input
        unreadable.
     """
+    from mconv.codecs.palette import known_histogram, remember_histogram
     from mconv.fileio import output_errors, prepare_output, read_error, remove_quietly, temp_dir
 
     dest = prepare_output(path)
@@ -380,7 +390,10 @@ def save_onnx(
                     # the references.
                     for value in model.graph.initializers.values():
                         if isinstance(value.const_value, ir.ExternalTensor):
+                            known = known_histogram(value.const_value)
                             value.const_value = ir.tensor(owned_array(value.const_value), name=value.name)
+                            if known is not None:  # palette rule 8: the same values
+                                remember_histogram(value.const_value, *known)
                     ir.save(model, tmp_model)
                 written = []
                 if data_name:

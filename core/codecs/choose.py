@@ -56,6 +56,10 @@ Rules:
    histogram under several specs, and planning a rANS or Huffman stream is most of a
    candidate's cost (P3's first estimate: 7.8 s -> 2.7 s on an idle core). Sizes are a pure
    function of the counts, so the cache never changes a result.
+8. A tensor whose histogram a pass left (:mod:`mconv.codecs.palette` rule 8, the cluster pass)
+   is not counted again: its palettes are sized from that histogram, fp16 exactness is its
+   distinct values', rule 4's checks are not needed, and when it holds no ``+0.0`` (every gap
+   0) its values are not read at all (an array spilled to a scratch file stays unread).
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ from mconv.codecs.palette import (
     check_block,
     codebook_storage,
     group_palettes,
+    known_histogram,
     palette_indices,
     value_histogram,
 )
@@ -116,7 +121,35 @@ class TensorStats:
     _hist: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, array: np.ndarray, fp16: bool | None = None) -> TensorStats:
+    def of(
+        cls, array: np.ndarray, fp16: bool | None = None, known: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> TensorStats:
+        """The stats of ``array``; ``known`` (default: what :func:`known_histogram` has for it) is
+        its value histogram, exact (rule 8)."""
+        known = known if known is not None else known_histogram(array)
+        if known is not None and int(known[1].sum()) != np.size(array):
+            known = None  # not this array's (a caller's mistake): count it
+        if known is not None:
+            book, counts = known
+            if fp16 is None:
+                fp16 = fp16_exact(book)
+            if not np.any(bit_view(book) == 0):  # no +0.0: every gap is 0, nothing to read
+                small = np.zeros(_GAP_SPLIT, dtype=np.int64)
+                small[0] = int(counts.sum())
+                stats = cls(
+                    np.asarray(array), int(counts.sum()), np.ravel(array), fp16, small, np.zeros(0, np.int64)
+                )
+                stats._hist["dense"] = stats._hist["nonzero"] = known
+                return stats
+        stats = cls._scan(array, fp16)
+        if known is not None:
+            stats._hist["dense"] = known
+            nonzero = bit_view(known[0]) != 0
+            stats._hist["nonzero"] = (known[0][nonzero], known[1][nonzero])
+        return stats
+
+    @classmethod
+    def _scan(cls, array: np.ndarray, fp16: bool | None) -> TensorStats:
         flat = np.ascontiguousarray(array).ravel()
         bits = bit_view(flat)
         small = np.zeros(_GAP_SPLIT, dtype=np.int64)
@@ -409,8 +442,11 @@ def _coded_may_win(flat: np.ndarray, fp16: bool, best: int) -> bool:
     return palette_may_win(distinct, int(flat.size)) or palette_may_win(seen_nonzero, nonzeros)
 
 
-def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dict, int]]:
-    """The candidates of rule 2 in their order, each with its predicted size."""
+def _specs_and_sizes(
+    array: np.ndarray, hints: Mapping | None, stats: TensorStats | None = None
+) -> list[tuple[dict, int]]:
+    """The candidates of rule 2 in their order, each with its predicted size; ``stats``, when
+    given, are ``array``'s."""
     count = int(array.size)
     itemsize = array.dtype.itemsize
     out: list[tuple[dict, int]] = [({"codec": "raw"}, count * itemsize)]
@@ -423,15 +459,21 @@ def _specs_and_sizes(array: np.ndarray, hints: Mapping | None) -> list[tuple[dic
     axis = _hint_int(hints, "axis", 0, array.ndim - 1) if "axis" in hints else 0
     grouped = groups > 1 and axis is not None and array.ndim >= 1 and array.shape[axis] >= groups
     block = _hint_int(hints, "block", 1, 1 << 62)
-    flat = np.ascontiguousarray(array).ravel()
-    fp16 = array.dtype.kind == "f" and itemsize > 2 and fp16_exact(flat)
-    if fp16:
-        out.append(({"codec": "fp16"}, count * 2))
-
-    if not (grouped or block or _coded_may_win(flat, fp16, min(size for _, size in out))):
-        return out  # rule 4
-
-    stats = TensorStats.of(array, fp16 if array.dtype.kind == "f" and itemsize > 2 else None)
+    wide_float = array.dtype.kind == "f" and itemsize > 2
+    if stats is None and known_histogram(array) is not None:
+        stats = TensorStats.of(array)  # rule 8
+    if stats is not None:
+        fp16 = wide_float and stats.fp16_exact
+        if fp16:
+            out.append(({"codec": "fp16"}, count * 2))
+    else:
+        flat = np.ascontiguousarray(array).ravel()
+        fp16 = wide_float and fp16_exact(flat)
+        if fp16:
+            out.append(({"codec": "fp16"}, count * 2))
+        if not (grouped or block or _coded_may_win(flat, fp16, min(size for _, size in out))):
+            return out  # rule 4
+        stats = TensorStats.of(array, fp16 if wide_float else None)
     coded: list[dict] = []
     b = _width(stats.dense_histogram()[0].size, bits)
     if b is not None:
@@ -502,10 +544,12 @@ def record_extra(spec: Mapping, dtype: np.dtype | None = None) -> int:
     return extra
 
 
-def best_spec(array: np.ndarray, hints: Mapping | None = None) -> tuple[dict, int]:
+def best_spec(
+    array: np.ndarray, hints: Mapping | None = None, stats: TensorStats | None = None
+) -> tuple[dict, int]:
     """The smallest candidate spec for ``array`` (rule 2), its index record counted (rule 6),
-    and its exact blob size (rule 1)."""
-    candidates = _specs_and_sizes(np.asarray(array), hints)
+    and its exact blob size (rule 1); ``stats``, when given, are ``array``'s."""
+    candidates = _specs_and_sizes(np.asarray(array), hints, stats)
     dtype = np.asarray(array).dtype
     costs = [size + record_extra(spec, dtype) for spec, size in candidates]
     spec, size = candidates[costs.index(min(costs))]  # the first of the cheapest: the simplest

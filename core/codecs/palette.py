@@ -48,6 +48,13 @@ Rules:
    right only when the blocks are those groups: records with ``block`` need this module's
    decoders (Python, decoder.c, mcw.js, the metal bundle's Swift).
 
+8. Histograms known without counting: a pass that writes a tensor and knows its values'
+   histogram exactly (the cluster pass, from its bins) leaves it with
+   :func:`remember_histogram` on the array it wrote (made read-only, so that it cannot change
+   under the histogram) and the IR tensor that holds it; :func:`value_histogram` of that array
+   and :func:`known_histogram` of either answer from it while the object lives. A tensor
+   spilled to the scratch folder is a file written once. Nothing is kept across processes.
+
 Blob: ``codebook[groups * codebook_size]`` (little-endian ``codebook_dtype``; group or block
 ``g``'s entries at ``g * codebook_size``), then the index stream. Record: ``bits,
 codebook_size, codebook_dtype, groups, huffman``, ``axis`` (rule 5), ``block`` (rule 7) and
@@ -57,6 +64,7 @@ codebook_size, codebook_dtype, groups, huffman``, ``axis`` (rule 5), ``block`` (
 from __future__ import annotations
 
 import math
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -118,8 +126,55 @@ def _ordered(patterns: np.ndarray, counts: np.ndarray, dtype: np.dtype) -> tuple
     return uniq[order], counts[order]
 
 
+# rule 8: id(object) -> (a weak reference to it, distinct values, counts)
+_KNOWN: dict[int, tuple[weakref.ref, np.ndarray, np.ndarray]] = {}
+
+
+def remember_histogram(obj: object, values: np.ndarray, counts: np.ndarray) -> None:
+    """Rule 8: ``values`` (in rule 2's order) and ``counts`` are the exact histogram of ``obj``,
+    an array (made read-only here) or the IR tensor holding one."""
+    held = getattr(obj, "raw", None)  # an IR tensor over an array: that array too
+    for array in (obj, held):
+        if isinstance(array, np.ndarray):
+            array.flags.writeable = False
+    values, counts = np.array(values), np.array(counts, dtype=np.int64)
+    values.flags.writeable = counts.flags.writeable = False
+    key = id(obj)
+
+    def forget(_ref: weakref.ref, key: int = key) -> None:
+        _KNOWN.pop(key, None)
+
+    _KNOWN[key] = (weakref.ref(obj, forget), values, counts)
+
+
+def known_histogram(obj: object) -> tuple[np.ndarray, np.ndarray] | None:
+    """The histogram :func:`remember_histogram` left for this very object, or None (rule 8)."""
+    entry = _KNOWN.get(id(obj))
+    if entry is None or entry[0]() is not obj:
+        return None
+    if isinstance(obj, np.ndarray) and obj.flags.writeable:  # made writable again: not trusted
+        return None
+    return entry[1], entry[2]
+
+
+def counted_histogram(
+    values: np.ndarray, counts: np.ndarray, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """The histogram, in :func:`value_histogram`'s form, of a tensor that holds ``counts[i]``
+    copies of ``values[i]`` (cast to ``dtype``; repeated values and zero counts allowed)."""
+    bits = bit_view(np.asarray(values).astype(dtype, copy=False)).ravel()
+    counts = np.asarray(counts, dtype=np.int64).ravel()
+    keep = counts > 0
+    patterns, inverse = np.unique(bits[keep], return_inverse=True)
+    summed = np.bincount(inverse.ravel(), weights=counts[keep], minlength=patterns.size)
+    return _ordered(patterns, summed.astype(np.int64), np.dtype(dtype))
+
+
 def value_histogram(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``distinct_values(values)`` and how often each occurs, in the same order."""
+    known = known_histogram(values)
+    if known is not None:
+        return known
     flat = np.ascontiguousarray(values).ravel()
     return _ordered(*_bit_histogram(bit_view(flat)), flat.dtype)
 
