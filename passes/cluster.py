@@ -35,7 +35,10 @@ Rules:
 6. The assignment is exact: each value goes to its nearest centroid (a value exactly between
    two goes to the lower), through a lookup table from bin to centroid where no midpoint falls
    inside the bin, and a binary search for the few values in bins that hold a midpoint.
-   Centroids are float32 means of their members' bins; the tensor keeps its dtype.
+   Centroids are float32 means of their members' bins; the tensor keeps its dtype. The
+   assignment counts its values as it goes (a sure bin's count, the searched values one by
+   one), and the clustered tensor's histogram is remembered (:mod:`mconv.codecs.palette` rule
+   8): the pass's report, the predicted account and export do not count it again.
 7. The saved model holds the clustered values as plain dense initializers (any ONNX tool runs
    it); each tensor's settings go to its metadata (``mconv.cluster`` = bits, init, groups, axis;
    model-level ``mconv.compression``) so export re-derives the codebook (distinct values ->
@@ -68,7 +71,14 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
-from mconv.codecs.palette import bit_view, order_keys, value_histogram
+from mconv.codecs.palette import (
+    bit_view,
+    counted_histogram,
+    known_histogram,
+    order_keys,
+    remember_histogram,
+    value_histogram,
+)
 from mconv.errors import InputError
 from mconv.passes._weights import (
     WEIGHT_OPS,
@@ -414,7 +424,9 @@ def assign_nearest(
     return labels
 
 
-def _clustered_by_code(flat: np.ndarray, bins: ValueBins, centroids: np.ndarray) -> np.ndarray:
+def _clustered_by_code(
+    flat: np.ndarray, bins: ValueBins, centroids: np.ndarray
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """``flat`` (float32) with every value replaced by its nearest centroid (rule 6), zeros kept:
     a bin whose range holds no midpoint maps to its centroid in a table indexed by code; the
     table holds nan for the rest, whose values are placed by binary search."""
@@ -425,19 +437,40 @@ def _clustered_by_code(flat: np.ndarray, bins: ValueBins, centroids: np.ndarray)
     table[bins.codes] = np.where(low == high, c[low], np.nan)
     out = np.empty_like(flat)
     bits = flat.view(np.uint32)
+    # rule 6's counts as they fall out: a sure bin's values all go to its centroid, an unsure
+    # value to the one its search finds; the rest are the zeros
+    sure = low == high
+    counts = np.bincount(low[sure], weights=bins.count[sure], minlength=c.size).astype(np.int64)
     for i in range(0, flat.size, _CHUNK):
         part = out[i : i + _CHUNK]
         np.take(table, (bits[i : i + _CHUNK] >> _DROP).astype(np.intp), out=part)
         unsure = np.flatnonzero(np.isnan(part))
         if unsure.size:
-            part[unsure] = c[np.searchsorted(mids, flat[i + unsure], side="left")]
-    return out
+            at = np.searchsorted(mids, flat[i + unsure], side="left")
+            part[unsure] = c[at]
+            counts += np.bincount(at, minlength=c.size)
+    zeros = flat.size - int(counts.sum())
+    hist = counted_histogram(np.append(c, np.float32(0)), np.append(counts, zeros), np.dtype(np.float32))
+    return out, hist
 
 
 def _cluster_flat(flat: np.ndarray, k: int, init: Init, max_iter: int, seed: int, zeros: int) -> np.ndarray:
-    """A 1-D array clustered (rules 1, 3-6); ``zeros`` is its count of exact zeros."""
+    """A 1-D array clustered (rules 1, 3-6); ``zeros`` is its count of exact zeros. Its value
+    histogram is remembered (:mod:`mconv.codecs.palette` rule 8) where it fell out of the bins."""
+    out = _clustered_flat(flat, k, init, max_iter, seed, zeros)
+    if isinstance(out, tuple):
+        out, hist = out
+        remember_histogram(out, *hist)
+    return out
+
+
+def _clustered_flat(
+    flat: np.ndarray, k: int, init: Init, max_iter: int, seed: int, zeros: int
+) -> np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """:func:`_cluster_flat`'s array, with its histogram where the bins give it."""
     if zeros == flat.size:
-        return np.zeros_like(flat)
+        out = np.zeros_like(flat)
+        return out, counted_histogram(out[:1], np.array([flat.size]), flat.dtype)
     bins = value_bins(flat, zeros)
     if bins is None:  # subnormals share the zero code: cluster the nonzero values alone
         keep = flat != 0
@@ -449,11 +482,14 @@ def _cluster_flat(flat: np.ndarray, k: int, init: Init, max_iter: int, seed: int
         return _clustered_by_code(flat, bins, centroids)
     c = centroids.astype(flat.dtype)
     if not zeros:
-        return c[assign_nearest(flat, centroids)]
+        at = assign_nearest(flat, centroids)
+        return c[at], counted_histogram(c, np.bincount(at, minlength=c.size), flat.dtype)
     keep = flat != 0
     out = np.zeros_like(flat)
-    out[keep] = c[assign_nearest(flat[keep], centroids)]
-    return out
+    at = assign_nearest(flat[keep], centroids)
+    out[keep] = c[at]
+    counts = np.append(np.bincount(at, minlength=c.size), flat.size - at.size)
+    return out, counted_histogram(np.append(c, flat.dtype.type(0)), counts, flat.dtype)
 
 
 BLOCK_CHUNK = 1 << 20  # values per piece of block_palettes: whole blocks, bounded temporaries
@@ -673,17 +709,28 @@ def cluster_array(
     k = max((1 << bits) - 1 if nonzero != array.size else 1 << bits, 1)
     if groups <= 1:
         flat = array.ravel()
-        return _cluster_flat(flat, k, init, max_iter, seed, int(flat.size - nonzero)).reshape(array.shape)
-    out = np.empty_like(array)
-    moved = np.moveaxis(array, axis, 0)
-    target = np.moveaxis(out, axis, 0)
-    for g, channels in enumerate(np.array_split(np.arange(moved.shape[0]), groups)):
-        if channels.size == 0:
-            continue
-        part = moved[channels[0] : channels[-1] + 1]
-        flat = np.ascontiguousarray(part).ravel()
-        clustered = _cluster_flat(flat, k, init, max_iter, seed + g, int(flat.size - np.count_nonzero(flat)))
-        target[channels[0] : channels[-1] + 1] = clustered.reshape(part.shape)
+        clustered = _cluster_flat(flat, k, init, max_iter, seed, int(flat.size - nonzero))
+        out = clustered.reshape(array.shape)
+        hists = [known_histogram(clustered)]
+    else:
+        out = np.empty_like(array)
+        moved = np.moveaxis(array, axis, 0)
+        target = np.moveaxis(out, axis, 0)
+        hists = []
+        for g, channels in enumerate(np.array_split(np.arange(moved.shape[0]), groups)):
+            if channels.size == 0:
+                continue
+            part = moved[channels[0] : channels[-1] + 1]
+            flat = np.ascontiguousarray(part).ravel()
+            clustered = _cluster_flat(
+                flat, k, init, max_iter, seed + g, int(flat.size - np.count_nonzero(flat))
+            )
+            target[channels[0] : channels[-1] + 1] = clustered.reshape(part.shape)
+            hists.append(known_histogram(clustered))
+    if all(h is not None for h in hists):  # palette rule 8: the whole tensor's, from its parts'
+        values = np.concatenate([h[0] for h in hists if h is not None])
+        counts = np.concatenate([h[1] for h in hists if h is not None])
+        remember_histogram(out, *counted_histogram(values, counts, out.dtype))
     return out
 
 
