@@ -386,6 +386,7 @@ def optimize(
     workers: int = 0,
     ray_address: str | None = None,
     val_data=None,
+    epochs: int | None = None,
 ) -> OptimizeResult:
     """``mconv optimize``: run a pass spec (``passes``) or a recipe (name or TOML path) over the
     model (an ``ir.Model``, mutated, or a path); with ``output``, write it and check that ONNX's
@@ -398,7 +399,9 @@ def optimize(
     :func:`mconv.passes.budget.compress_to_budget` picks each layer's sparsity and bits on a
     held-out split (its report is ``budget`` in the result); an unmet budget raises
     ``GateFailed`` (exit 1) after the best result was written. ``val_data`` (.npz or dict) is a
-    validation set of its own for that gate: then fine-tuning uses all of ``data``.
+    validation set of its own for that gate: then fine-tuning uses all of ``data``. ``epochs``:
+    the budget search's epochs per fine-tuning stage (default: from the model's multiply-adds
+    and the samples, :func:`mconv.passes.budget.default_epochs`).
 
     ``engine`` (``reference`` or ``xla``) and ``device`` (``cpu`` or ``cuda``, xla only) say where
     fine-tuning runs: every ``finetune`` pass of the spec or recipe that does not name its own,
@@ -429,6 +432,13 @@ def optimize(
             where="--val-data",
             hint="add --max-drop F or --target-size SIZE with --recipe deep-compression",
         )
+    if epochs is not None and not budgeted:
+        raise InputError(
+            "--epochs is the budget search's, per fine-tuning stage",
+            where="--epochs",
+            hint="add --max-drop F or --target-size SIZE with --recipe deep-compression, or give "
+            "finetune(epochs=N) in --passes",
+        )
     if budgeted:
         return _optimize_budget(
             model,
@@ -447,6 +457,7 @@ def optimize(
             ray_address,
             val_data,
             target_of,
+            epochs=epochs,
         )
     if uses_ray(workers, ray_address):
         raise InputError(
@@ -521,6 +532,8 @@ def _optimize_budget(
     ray_address: str | None = None,
     val_data=None,
     target_of: str = "weights",
+    *,
+    epochs: int | None = None,
 ):
     """``--max-drop`` / ``--target-size`` / ``--save-recipe``: the budgeted Deep Compression."""
     from mconv.account import predicted_account
@@ -554,6 +567,7 @@ def _optimize_budget(
                     workers=workers,
                     ray_address=ray_address,
                     val_data=val_feeds,
+                    epochs=epochs,
                 )
             except BudgetNotMet as exc:  # the best result found is still written and reported
                 budget, failed = exc.result, exc

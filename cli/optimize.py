@@ -82,6 +82,15 @@ def optimize_cmd(
             "weights.mcw) or bundle (the whole cpu bundle directory: graph and manifest too).",
         ),
     ] = "weights",
+    epochs: Annotated[
+        int | None,
+        typer.Option(
+            "--epochs",
+            metavar="N",
+            help="deep-compression budget: epochs of each fine-tuning stage (default: from the "
+            "model's multiply-adds and the samples, 3 to 30).",
+        ),
+    ] = None,
     save_recipe: Annotated[
         Path | None,
         typer.Option(
@@ -151,6 +160,7 @@ def optimize_cmd(
                     workers=workers,
                     ray_address=ray_address,
                     val_data=val_data,
+                    epochs=epochs,
                 )
             except GateFailed as exc:  # an unmet budget: the best result is reported, then exit 1
                 if getattr(exc, "result", None) is None:

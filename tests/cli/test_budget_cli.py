@@ -105,6 +105,8 @@ def test_a_bundle_target_fits_the_exported_cpu_bundle_directory(small, tmp_path)
         (["--recipe", "deep-compression", "--target-size", "0"], "not positive"),
         (["--recipe", "deep-compression", "--target-size", "9KB", "--target-of", "disk"], "--target-of"),
         (["--passes", "dce", "--val-data", "VAL"], "--val-data"),
+        (["--passes", "dce", "--epochs", "3"], "--epochs"),
+        (["--recipe", "deep-compression", "--max-drop", "0.01", "--epochs", "0"], "--epochs"),
         (["--recipe", "deep-compression", "--max-drop", "0.01", "--val-data", "MISSING"], "MISSING"),
     ],
 )
@@ -124,13 +126,15 @@ def test_the_budget_search_fine_tunes_on_the_xla_engine_and_its_recipe_says_so(s
     out, recipe = tmp_path / "x.onnx", tmp_path / "x.toml"
     r = _cli(
         "optimize", str(model), "--recipe", "deep-compression", "--data", str(data), "--max-drop", "0.02",
-        "--engine", "xla", "--save-recipe", str(recipe), "-o", str(out), "--json", "--seed", "1",
+        "--engine", "xla", "--epochs", "3", "--save-recipe", str(recipe), "-o", str(out), "--json",
+        "--seed", "1",
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     budget = json.loads(r.stdout)["budget"]
     assert budget["met"] and budget["held_out_drop"] <= 0.02
     text = recipe.read_text()
     assert 'engine = "xla"' in text and 'device = "cpu"' in text
+    assert "epochs = 3" in text and "epochs = 6" in text  # --epochs per stage, the final retraining twice
     again = tmp_path / "again.onnx"  # the recipe replays on the engine it names, to the same bytes
     r = _cli(
         "optimize", str(model), "--recipe", str(recipe), "--data", str(data), "-o", str(again), "--seed", "1"

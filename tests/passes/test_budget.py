@@ -493,3 +493,37 @@ def test_the_translation_for_distillation_follows_the_image_input():
     assert (
         auto_shift({"x": np.zeros((5, 1, 28, 28), np.float32), "y": np.zeros((5, 1, 8, 8), np.float32)}) == 1
     )
+
+
+def test_default_epochs_give_each_stage_the_same_compute():
+    from mconv.irio import from_proto
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    g = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),  # [1,1,8,8] -> [1,4,6,6]
+            helper.make_node("Flatten", ["c"], ["f"]),
+            helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], transB=1, name="fc"),  # 144 -> 10
+        ],
+        "net",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+        [
+            numpy_helper.from_array(rng.standard_normal((4, 1, 3, 3)).astype(np.float32), "w"),
+            numpy_helper.from_array(rng.standard_normal((10, 144)).astype(np.float32), "fw"),
+            numpy_helper.from_array(np.zeros(10, np.float32), "fb"),
+        ],
+    )
+    model = from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    feeds = {"x": rng.standard_normal((5, 1, 8, 8)).astype(np.float32)}
+    # 144 conv outputs x 9 weights each, 10 logits x 144 weights each
+    assert B.macs_per_sample(model, feeds) == 144 * 9 + 10 * 144
+    assert B.default_epochs(model, feeds, 1000) == 30  # cheap: the most
+    huge = int(B.STAGE_MACS // (2736 * 3)) + 1  # so many samples that 3 epochs are the budget
+    assert B.default_epochs(model, feeds, huge) == 3
+    assert B.default_epochs(model, feeds, int(B.STAGE_MACS // (2736 * 12)) + 1) == 12
+    # the digits MLP: 64*300 + 300*100 + 100*10 multiply-adds, fewer than its 50,610 weights and
+    # biases, which count at least once each
+    mlp = load_onnx(fixture_path("digits_mlp.onnx"))
+    assert B.macs_per_sample(mlp, {"input": np.zeros((2, 64), np.float32)}) == 50_610
