@@ -50,7 +50,9 @@ Rules
    compressed model keeps agreeing with the original rather than being retrained on the
    labels; for an image input ``[N, C, H, W]`` on samples moved by up to ``shift`` pixels,
    :func:`auto_shift` unless given: 2 on 28x28, the finetune pass's rule 8, which raised P2's
-   agreement on unseen digits); every value rounded to float16 (``round-fp16`` with ``compressed=true``: palettes
+   agreement on unseen digits; for ``epochs`` each, :func:`default_epochs` unless given: about
+   :data:`STAGE_MACS` multiply-adds of forward passes per stage, so a cheap model on few
+   samples trains longer, 3 to 30 epochs); every value rounded to float16 (``round-fp16`` with ``compressed=true``: palettes
    stored as float16). Every fine-tuning stage (and the rounding) is measured on the held-out
    split before and after, and rolled back (values and compression records) when it makes the
    metric worse: for class scores by more than the paired standard error of the change (from
@@ -138,6 +140,11 @@ FINAL_RETRAIN = 2  # the masked retraining after the last prune step runs this m
 DECAY = 1e-3  # L2 weight decay of the pre-training stage (0: none)
 BIAS_BITS = 5  # biases (and other float tensors no layer owns) are clustered to this many bits
 PRE_PASSES = ("fold", "eliminate-identity", "fuse-bn", "dce")
+# Rule 6's default epochs: each fine-tuning stage gets about this many multiply-adds of forward
+# passes (the model's per sample times the training samples times the epochs), 3 to 30 epochs.
+# LeNet-5 on 750 digits: 10 epochs; the digits MLP and the depthwise CNN on 1,347: 30.
+STAGE_MACS = 1.7e10
+EPOCHS_RANGE = (3, 30)
 Progress = Callable[[str, float, float | None], None]
 
 
@@ -231,7 +238,7 @@ class _Evaluator:
         target = self.labels[idx] if self.labels is not None else ref.argmax(1)
         flips = int(np.count_nonzero((before.argmax(1) == target) != (after.argmax(1) == target)))
         # the change's standard error if the stage did nothing: sqrt(discordant) / n (McNemar)
-        return drop > np.sqrt(flips) / len(idx) + 1e-12
+        return bool(drop > np.sqrt(flips) / len(idx) + 1e-12)  # a Python bool: it goes to --json
 
     def drop_se(self, got: np.ndarray, idx: np.ndarray) -> float | None:
         """The standard error of the net drop of class scores (rule 7): from the samples the
@@ -980,6 +987,34 @@ def _schedule(
     return stages
 
 
+def macs_per_sample(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> int:
+    """Multiply-adds of one forward pass on one sample (rule 6's default epochs): per
+    Conv/ConvTranspose/Gemm/MatMul weight, its output's elements times the weights each one
+    takes (the weight's size over its output channels), the output shapes from one sample's
+    run; at least one per weight of the model (ops without a weight layer)."""
+    from mconv.targets.reference.executor import Executor
+
+    refs = [(r, r.node.outputs[0].name) for r in weight_refs(model) if r.node.outputs]
+    wanted = [name for _, name in refs if name]
+    got = Executor(model).run({k: v[:1] for k, v in feeds.items()}, outputs=wanted) if wanted else {}
+    macs = 0
+    for r, name in refs:
+        out = got.get(name) if name else None
+        if out is None or np.ndim(out) < 1:
+            continue
+        channels = out.shape[1] if r.node.op_type.startswith("Conv") and out.ndim > 1 else out.shape[-1]
+        macs += int(out.size * r.array().size // max(int(channels), 1))
+    tensors = [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
+    return max(macs, sum(int(t.size) for t in tensors))
+
+
+def default_epochs(model: ir.Model, feeds: Mapping[str, np.ndarray], samples: int) -> int:
+    """Rule 6: the epochs that give each fine-tuning stage about :data:`STAGE_MACS` multiply-adds
+    on ``samples`` training samples, within :data:`EPOCHS_RANGE` (cheap models train longer)."""
+    per_epoch = macs_per_sample(model, feeds) * max(samples, 1)
+    return int(np.clip(np.ceil(STAGE_MACS / max(per_epoch, 1)), *EPOCHS_RANGE))
+
+
 def auto_shift(feeds: Mapping[str, np.ndarray]) -> int:
     """Rule 6's translation for distillation: with a float input of shape [N, C, H, W] and H, W of
     8 or more, up to ``max(1, round(min(H, W) / 14))`` pixels (2 on MNIST's 28, 1 on 8x8
@@ -1045,6 +1080,8 @@ def compress_to_budget(
         raise InputError(f"holdout {holdout!r}", hint="a fraction in (0, 1), e.g. 0.25")
     if attempts < 1:
         raise InputError(f"attempts {attempts!r}", hint="1 or more")
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise InputError(f"epochs {epochs!r}", where="--epochs", hint="1 or more per fine-tuning stage")
     if shift is not None and (isinstance(shift, bool) or not isinstance(shift, int) or shift < 0):
         raise InputError(f"shift {shift!r}", hint="pixels, 0 (off) or more; None: from the input's size")
     if val_data is not None and data is None:
@@ -1109,7 +1146,7 @@ def compress_to_budget(
         "seed": seed,
     }
     if epochs is None:
-        epochs = int(np.clip(np.ceil(8000 / max(len(train), 1)), 3, 10))
+        epochs = default_epochs(model, feeds, len(train))
     if shift is None:
         shift = auto_shift(feeds)
 
