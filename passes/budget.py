@@ -83,10 +83,12 @@ Rules
    whole cpu bundle directory fits instead, ``weights.mcw`` plus the graph and the manifest; its
    other files' bytes are measured on the model before the search, with the planned passes'
    history that the manifest's provenance will carry, and subtracted from the weights' room) (when the export overshoots: the least costly
-   allocation of the budget cut by the overshoot and 2% more, else a smaller one; when it
-   leaves more than 1% of the target unspent, because the biases and the index cost less than
-   estimated, once the least costly allocation of the budget grown by what was left, less 1%;
-   the result is the attempt that fits with the smallest gate drop, then the highest agreement). Both: only
+   allocation of the budget cut by the overshoot and 2% more, else a smaller one, unless an
+   attempt already fits at that budget or above: it is the answer; when it leaves more than 1%
+   of the target unspent, because the biases and the index cost less than estimated, once the
+   least costly allocation of the budget grown by what was left, less 1%, but at most halfway
+   to a budget that overshot, and not for less than 1% more; the result is the attempt that
+   fits with the smallest gate drop, then the highest agreement). Both: only
    allocations that fit are searched; when none passes the gate, :class:`BudgetNotMet` (a
    :class:`GateFailed`, exit 1) carries the best result found (:attr:`BudgetNotMet.result`).
 8. **No data.** Only a data-free check: per layer the smallest setting whose weight SNR is at
@@ -1336,11 +1338,16 @@ def compress_to_budget(
         r = run(k)
         grown = False
         while len(tried) < attempts:
+            fits = [t["budget"] for t in tried.values() if t["ok_size"]]
+            overs = [t["budget"] for t in tried.values() if not t["ok_size"]]
             if not r["ok_size"]:
                 # the export overshot the prediction: the least costly allocation of a budget cut
-                # by the overshoot (and 2% more), else the next smaller frontier point
+                # by the overshoot (and 2% more), else the next smaller frontier point; never
+                # one below a budget that already fits (that attempt is the answer)
                 over = r["sizes"][measured] - target
                 cut = _within(layers, _alloc_bytes(layers, fitting[k]) - over - (room + 49) // 50)
+                if fits and (cut is None or _alloc_bytes(layers, cut) <= max(fits)):
+                    break
                 if cut is not None and cut not in fitting:
                     fitting.append(cut)
                     k = len(fitting) - 1
@@ -1351,12 +1358,19 @@ def compress_to_budget(
             else:
                 # rule 7: the export left more than 1% of the target unspent (the biases and the
                 # index cost less than their estimate): once, the least costly allocation of the
-                # budget grown by what was left (less 1%)
+                # budget grown by what was left (less 1%), and at most halfway to a budget that
+                # overshot (between the two, the prediction's error decides)
                 slack = target - r["sizes"][measured]
+                one = (target + 99) // 100
                 if grown or slack <= max(16, target // 100):
                     break
                 grown = True
-                bigger = _within(layers, r["budget"] + slack - (target + 99) // 100)
+                grow_to = r["budget"] + slack - one
+                if overs:
+                    grow_to = min(grow_to, (r["budget"] + min(overs)) // 2)
+                if grow_to <= r["budget"] + one:
+                    break
+                bigger = _within(layers, grow_to)
                 if bigger is None or _alloc_bytes(layers, bigger) <= r["budget"]:
                     break
                 if bigger not in fitting:

@@ -527,3 +527,46 @@ def test_default_epochs_give_each_stage_the_same_compute():
     # biases, which count at least once each
     mlp = load_onnx(fixture_path("digits_mlp.onnx"))
     assert B.macs_per_sample(mlp, {"input": np.zeros((2, 64), np.float32)}) == 50_610
+
+
+def _with_export_errors(monkeypatch, errors: list[int]) -> list[int]:
+    """The budget search's exports with ``errors[i]`` bytes added to attempt ``i``'s weights file:
+    the prediction's error, made large on purpose. Returns the sizes the search saw."""
+    real = B._export_sizes
+    seen: list[int] = []
+
+    def export(model):
+        sizes = dict(real(model))
+        sizes["weights_file"] += errors[min(len(seen), len(errors) - 1)]
+        seen.append(sizes["weights_file"])
+        return sizes
+
+    monkeypatch.setattr(B, "_export_sizes", export)
+    return seen
+
+
+def test_after_an_overshoot_the_budget_grows_at_most_halfway_back_to_it(monkeypatch):
+    data = _subset(240, seed=4)
+    target = 12_000
+    # attempt 1 overshoots by far, the cut one fits with much room, the grown one fits too
+    seen = _with_export_errors(monkeypatch, [4_000, 0, 0])
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    result = B.compress_to_budget(model, data, target_size=target, seed=1, **{**FAST, "attempts": 5})
+    budgets = [a["budget_bytes"] for a in result.attempts]
+    assert seen[0] > target and seen[1] <= target and len(budgets) == 3, (seen, budgets)
+    over, fit, grown = budgets
+    assert fit < grown <= (fit + over) // 2  # never back into the budget that overshot
+    assert result.size["weights_file"] <= target
+
+
+def test_when_the_grown_attempt_overshoots_the_first_fitting_one_is_the_answer(monkeypatch):
+    data = _subset(240, seed=4)
+    target = 12_000
+    # attempt 1 fits with room to grow; the grown one overshoots: no cut below attempt 1 is tried
+    seen = _with_export_errors(monkeypatch, [-1_500, 4_000])
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    result = B.compress_to_budget(model, data, target_size=target, seed=1, **{**FAST, "attempts": 5})
+    budgets = [a["budget_bytes"] for a in result.attempts]
+    assert len(budgets) == 2 and budgets[1] > budgets[0], (seen, budgets)
+    assert seen[0] <= target < seen[1]
+    assert result.size["weights_file"] == seen[0]  # the attempt that fits
