@@ -14,16 +14,18 @@ targets, fixtures, api or cli; ``tests/test_layering.py`` walks every import). I
 - :mod:`mconv.container`  the ``weights.mcw`` weight container;
 - :mod:`mconv.bundle`     the deployable bundle (manifest + weights container + payload);
 - :mod:`mconv.account`    the per-layer byte account of a bundle (and of an export, predicted);
-- :mod:`mconv.datasets`   small real data sets in the shapes models expect;
-- :mod:`mconv.__main__`   ``python -m mconv``: the command line's entry point.
+- :mod:`mconv.datasets`   small real data sets in the shapes models expect.
+
+``core/__main__.py`` (``python -m mconv``) is a link to ``cli/__main__.py``: the command line's
+entry point belongs to the command line's layer.
 
 The layers above: :mod:`mconv.formats` (files -> IR), :mod:`mconv.passes` (IR -> IR) and
 :mod:`mconv.targets` (IR -> bundles and runners) on the core; :mod:`mconv.api` (the Python API)
 on them; :mod:`mconv.cli` (the command line) on the API.
 
-Two declared exceptions to the layering: the lazy forward below of the API names
+One declared exception to the layering: the lazy forward below of the API names
 (``mconv.load`` is ``mconv.api.load``, imported on first use, so importing a core module loads
-nothing above it), and ``__main__``, which starts the command line.
+nothing above it).
 """
 
 import importlib

@@ -1,3 +1,1 @@
-from mconv.cli.app import main
-
-main()
+../cli/__main__.py
