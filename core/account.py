@@ -141,20 +141,15 @@ def predicted_account(model) -> dict | None:
             continue
         tensor = value.const_value
         known = known_histogram(tensor)  # the cluster pass's counts (palette rule 8)
-        stats, nonzeros = None, None
-        if known is not None and tensor.dtype.is_floating_point() and len(tensor.shape) > 0:
-            book, counts = known
-            nonzeros = int(counts[book != 0].sum())
-            a = tensor.numpy()
-            if np.any(bit_view(book) == 0) and isinstance(tensor, ir.ExternalTensor):
-                a = owned_array(tensor)  # its zeros' gaps are read (below)
-            stats = TensorStats.of(a, known=known)  # reads no value when there is no +0.0
-        else:
-            # An external tensor is read into a private copy: a memory map would keep its pages
-            # resident until exit, one whole model's worth after the loop.
-            a = owned_array(tensor) if isinstance(tensor, ir.ExternalTensor) else tensor.numpy()
+        # An external tensor is read into a private copy (a memory map would keep its pages
+        # resident until exit, one whole model's worth after the loop), unless its histogram
+        # says there is nothing to read: no +0.0, no gaps (choose rule 8)
+        unread = known is not None and not np.any(bit_view(known[0]) == 0)
+        a = owned_array(tensor) if isinstance(tensor, ir.ExternalTensor) and not unread else tensor.numpy()
         if a.dtype.kind != "f" or a.ndim == 0:
             continue
+        stats = None if known is None else TensorStats.of(a, known=known)
+        nonzeros = None if known is None else int(known[1][known[0] != 0].sum())
         # the choice export makes (mconv.container.choose_codec) and the size it computed
         spec, predicted = best_spec(a, compression_hints(meta, name), stats)
         record = {**spec, "codec": spec.get("codec", "raw")}

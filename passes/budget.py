@@ -996,13 +996,15 @@ def macs_per_sample(model: ir.Model, feeds: Mapping[str, np.ndarray]) -> int:
     run; at least one per weight of the model (ops without a weight layer)."""
     from mconv.targets.reference.executor import Executor
 
-    refs = [(r, r.node.outputs[0].name) for r in weight_refs(model) if r.node.outputs]
-    wanted = [name for _, name in refs if name]
+    refs = [
+        (r, r.node.outputs[0].name) for r in weight_refs(model) if r.node.outputs and r.node.outputs[0].name
+    ]
+    wanted = [name for _, name in refs]
     got = Executor(model).run({k: v[:1] for k, v in feeds.items()}, outputs=wanted) if wanted else {}
     macs = 0
     for r, name in refs:
-        out = got.get(name) if name else None
-        if out is None or np.ndim(out) < 1:
+        out = got[name]
+        if np.ndim(out) < 1:
             continue
         channels = out.shape[1] if r.node.op_type.startswith("Conv") and out.ndim > 1 else out.shape[-1]
         macs += int(out.size * r.array().size // max(int(channels), 1))

@@ -74,7 +74,6 @@ import onnx_ir as ir
 from mconv.codecs.palette import (
     bit_view,
     counted_histogram,
-    known_histogram,
     order_keys,
     remember_histogram,
     value_histogram,
@@ -424,9 +423,12 @@ def assign_nearest(
     return labels
 
 
+Histogram = tuple[np.ndarray, np.ndarray]  # distinct values in rule 2's order, their counts
+
+
 def _clustered_by_code(
     flat: np.ndarray, bins: ValueBins, centroids: np.ndarray
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+) -> tuple[np.ndarray, Histogram]:
     """``flat`` (float32) with every value replaced by its nearest centroid (rule 6), zeros kept:
     a bin whose range holds no midpoint maps to its centroid in a table indexed by code; the
     table holds nan for the rest, whose values are placed by binary search."""
@@ -454,20 +456,11 @@ def _clustered_by_code(
     return out, hist
 
 
-def _cluster_flat(flat: np.ndarray, k: int, init: Init, max_iter: int, seed: int, zeros: int) -> np.ndarray:
-    """A 1-D array clustered (rules 1, 3-6); ``zeros`` is its count of exact zeros. Its value
-    histogram is remembered (:mod:`mconv.codecs.palette` rule 8) where it fell out of the bins."""
-    out = _clustered_flat(flat, k, init, max_iter, seed, zeros)
-    if isinstance(out, tuple):
-        out, hist = out
-        remember_histogram(out, *hist)
-    return out
-
-
-def _clustered_flat(
+def _cluster_flat(
     flat: np.ndarray, k: int, init: Init, max_iter: int, seed: int, zeros: int
-) -> np.ndarray | tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """:func:`_cluster_flat`'s array, with its histogram where the bins give it."""
+) -> tuple[np.ndarray, Histogram]:
+    """A 1-D array clustered (rules 1, 3-6) and its value histogram, counted as the values are
+    assigned; ``zeros`` is its count of exact zeros."""
     if zeros == flat.size:
         out = np.zeros_like(flat)
         return out, counted_histogram(out[:1], np.array([flat.size]), flat.dtype)
@@ -475,8 +468,11 @@ def _clustered_flat(
     if bins is None:  # subnormals share the zero code: cluster the nonzero values alone
         keep = flat != 0
         out = np.zeros_like(flat)
-        out[keep] = _cluster_flat(flat[keep], k, init, max_iter, seed, 0)
-        return out
+        out[keep], (book, counts) = _cluster_flat(flat[keep], k, init, max_iter, seed, 0)
+        zero = flat.dtype.type(0)
+        return out, counted_histogram(
+            np.append(book, zero), np.append(counts, flat.size - counts.sum()), flat.dtype
+        )
     centroids = bin_centroids(bins, k, init, max_iter=max_iter, seed=seed)
     if bins.codes is not None:
         return _clustered_by_code(flat, bins, centroids)
@@ -709,9 +705,8 @@ def cluster_array(
     k = max((1 << bits) - 1 if nonzero != array.size else 1 << bits, 1)
     if groups <= 1:
         flat = array.ravel()
-        clustered = _cluster_flat(flat, k, init, max_iter, seed, int(flat.size - nonzero))
+        clustered, hist = _cluster_flat(flat, k, init, max_iter, seed, int(flat.size - nonzero))
         out = clustered.reshape(array.shape)
-        hists = [known_histogram(clustered)]
     else:
         out = np.empty_like(array)
         moved = np.moveaxis(array, axis, 0)
@@ -722,15 +717,14 @@ def cluster_array(
                 continue
             part = moved[channels[0] : channels[-1] + 1]
             flat = np.ascontiguousarray(part).ravel()
-            clustered = _cluster_flat(
+            clustered, h = _cluster_flat(
                 flat, k, init, max_iter, seed + g, int(flat.size - np.count_nonzero(flat))
             )
             target[channels[0] : channels[-1] + 1] = clustered.reshape(part.shape)
-            hists.append(known_histogram(clustered))
-    if all(h is not None for h in hists):  # palette rule 8: the whole tensor's, from its parts'
-        values = np.concatenate([h[0] for h in hists if h is not None])
-        counts = np.concatenate([h[1] for h in hists if h is not None])
-        remember_histogram(out, *counted_histogram(values, counts, out.dtype))
+            hists.append(h)
+        values, counts = (np.concatenate(parts) for parts in zip(*hists))
+        hist = counted_histogram(values, counts, out.dtype)  # the whole tensor's, from its parts'
+    remember_histogram(out, *hist)  # palette rule 8: the report, account and export count no more
     return out
 
 
@@ -860,7 +854,7 @@ class Cluster(Pass):
                 index_bits=cfg.index_bits,
                 **facts,
             )
-            book = value_histogram(clustered)[0]  # chunked: no full-size mask or sorted copy
+            book = value_histogram(clustered)[0]  # cluster_array's own counts (palette rule 8)
             tensors.append(
                 {
                     "name": ref.name,

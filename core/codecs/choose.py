@@ -460,8 +460,9 @@ def _specs_and_sizes(
     grouped = groups > 1 and axis is not None and array.ndim >= 1 and array.shape[axis] >= groups
     block = _hint_int(hints, "block", 1, 1 << 62)
     wide_float = array.dtype.kind == "f" and itemsize > 2
-    if stats is None and known_histogram(array) is not None:
-        stats = TensorStats.of(array)  # rule 8
+    known = known_histogram(array) if stats is None else None
+    if known is not None:
+        stats = TensorStats.of(array, known=known)  # rule 8
     if stats is not None:
         fp16 = wide_float and stats.fp16_exact
         if fp16:

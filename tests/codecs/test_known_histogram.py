@@ -30,7 +30,9 @@ def _cases():
     signed = pruned.copy()
     signed[0, :7] = -0.0
     tiny = big.copy()
-    tiny[1, 1] = 1e-42  # a subnormal shares the zero code: the nonzero values are clustered alone
+    tiny[1, 1] = 1e-42  # a subnormal shares the zero code
+    tiny_pruned = pruned.copy()
+    tiny_pruned[1, 1] = 1e-42  # ... beside exact zeros: the nonzero values are clustered alone
     small = rng.standard_normal((20, 30)).astype(np.float32)  # one bin per distinct value
     small_zeros = small.copy()
     small_zeros[:5] = 0.0
@@ -41,6 +43,7 @@ def _cases():
         (pruned, {"bits": 3}),
         (signed, {"bits": 3}),
         (tiny, {"bits": 4}),
+        (tiny_pruned, {"bits": 3}),
         (big, {"bits": 4, "groups": 4}),
         (pruned, {"bits": 2, "groups": 3, "axis": 1}),
         (small, {"bits": 3}),
