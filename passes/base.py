@@ -263,6 +263,8 @@ class PassContext:
     progress: ``progress(description, completed, total)`` or None (the CLI draws a bar, or
         prints a line every few seconds off a terminal). Passes report through :meth:`tick`.
     seed: seed of every random choice a pass makes.
+    memo: what a pass computed that the run's later passes may reuse, as it would compute it
+        again (the teacher's outputs of fine-tuning); one run's passes share it.
     """
 
     data: dict[str, np.ndarray] | None = None
@@ -271,6 +273,7 @@ class PassContext:
     seed: int = 0
     spec: PassSpec | None = None  # the pass being run; set by the pipeline
     stage: str | None = field(default=None, repr=False)  # "pass 3/5 finetune", set by tick()
+    memo: dict = field(default_factory=dict, repr=False)
 
     def config_for(self, node: ir.Node | None = None) -> Any:
         """The running pass's config for ``node`` (global when None): name beats type beats global."""

@@ -50,7 +50,10 @@ Rules
    compressed model keeps agreeing with the original rather than being retrained on the
    labels; for an image input ``[N, C, H, W]`` on samples moved by up to ``shift`` pixels,
    :func:`auto_shift` unless given: 2 on 28x28, the finetune pass's rule 8, which raised P2's
-   agreement on unseen digits; for ``epochs`` each, :func:`default_epochs` unless given: about
+   agreement on unseen digits; the original's outputs on the moved samples are computed once
+   per move for the whole search, ``shift_targets = "table"``, when an attempt's stages train
+   at least as many epochs as there are moves, and shared by its stages through the run's
+   memo; for ``epochs`` each, :func:`default_epochs` unless given: about
    :data:`STAGE_MACS` multiply-adds of forward passes per stage, so a cheap model on few
    samples trains longer, 3 to 50 epochs); every value rounded to float16 (``round-fp16`` with ``compressed=true``: palettes
    stored as float16). Every fine-tuning stage (and the rounding) is measured on the held-out
@@ -924,6 +927,7 @@ def _finetune_spec(
     engine: str = "reference",
     device: str = "cpu",
     shift: int = 0,
+    shift_targets: str = "auto",
 ) -> PassSpec:
     config: dict[str, object] = {
         "epochs": epochs,
@@ -939,6 +943,8 @@ def _finetune_spec(
         config["weight_decay"] = weight_decay
     if shift:  # rule 6: image inputs moved by up to this many pixels, labelled by the original
         config["shift"] = shift
+        if shift_targets != "auto":  # the moved samples' targets kept for the search's stages
+            config["shift_targets"] = shift_targets
     if engine != "reference":  # rule 11: where the stage trains (the recipe says so too)
         config["engine"], config["device"] = engine, device
     return make_spec("finetune", config)
@@ -953,13 +959,24 @@ def _schedule(
     engine: str = "reference",
     device: str = "cpu",
     shift: int = 0,
+    shift_targets: str = "auto",
 ) -> list[tuple[str, list[PassSpec]]]:
     """The paper's schedule for ``alloc`` (rule 6): (stage name, specs) in order."""
     stages = []
 
     def tune(stage_epochs: int, lr: float) -> list[PassSpec]:  # a stage; the rest every stage shares
         return [
-            _finetune_spec(stage_epochs, lr, seed, holdout, batch, engine=engine, device=device, shift=shift)
+            _finetune_spec(
+                stage_epochs,
+                lr,
+                seed,
+                holdout,
+                batch,
+                engine=engine,
+                device=device,
+                shift=shift,
+                shift_targets=shift_targets,
+            )
         ]
 
     for i, f in enumerate(PRUNE_STEPS):
@@ -1153,10 +1170,15 @@ def compress_to_budget(
         epochs = default_epochs(model, feeds, len(train))
     if shift is None:
         shift = auto_shift(feeds)
+    # Rule 6: the teacher's outputs on the moved samples once per move for the whole search (the
+    # finetune pass's rule 8), when an attempt's stages train at least as many epochs as there
+    # are moves; the stages' recipe says so, so a rerun makes the same choice.
+    attempt_epochs = epochs * (len(PRUNE_STEPS) - 1 + FINAL_RETRAIN + 2)
+    shift_targets = "table" if shift and (2 * shift + 1) ** 2 <= attempt_epochs else "auto"
 
     def plan_for(alloc: Mapping) -> list[tuple[str, list[PassSpec]]]:
         """Rule 6's schedule for ``alloc`` with this search's fine-tuning settings."""
-        return _schedule(alloc, epochs, seed, holdout, batch_size, engine, device, shift)
+        return _schedule(alloc, epochs, seed, holdout, batch_size, engine, device, shift, shift_targets)
 
     pre_stages: list[dict] = []
     start_metric = baseline
@@ -1171,9 +1193,10 @@ def compress_to_budget(
             engine=engine,
             device=device,
             shift=shift,
+            shift_targets=shift_targets,
         )
         state = _weights_state(model)
-        pctx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
+        pctx = PassContext(data=ctx.data, reference_model=reference, seed=seed, memo=ctx.memo)
         pctx.progress = _prefix(say, "L2 pre-training")
         t0 = time.perf_counter()
         _run_specs(model, [spec], pctx)
@@ -1252,7 +1275,7 @@ def compress_to_budget(
         reallocated: list[dict] = []
         if reestimate:  # rule 6: every stage's slot; its settings are decided when it comes
             plan = plan_for(_widest(layers))
-        actx = PassContext(data=ctx.data, reference_model=reference, seed=seed)
+        actx = PassContext(data=ctx.data, reference_model=reference, seed=seed, memo=ctx.memo)
         for si, (name, specs) in enumerate(plan):
             actx.progress = _prefix(say, f"{label} [{si + 1}/{len(plan)}] {name}")
             actx.stage = None

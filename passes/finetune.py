@@ -229,7 +229,7 @@ class Optimizer:
 class EpochStats:
     epoch: int  # 0: before training
     loss: float | None
-    metric: float
+    metric: float | None  # None: not measured after this epoch (no held-out samples, rule 5)
     metric_name: str
 
     def as_dict(self) -> dict:
@@ -270,15 +270,16 @@ def _score_output(model: ir.Model) -> tuple[str, str]:
     return name_of(out), name_of(out)
 
 
-def shift_images(
-    feeds: Mapping[str, np.ndarray], images: list[str], shift: int, rng: np.random.Generator
+def shift_offsets(n: int, shift: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Rule 8's moves of ``n`` samples: whole pixels in ``[-shift, shift]`` along H, then along W."""
+    return rng.integers(-shift, shift + 1, n), rng.integers(-shift, shift + 1, n)
+
+
+def move_images(
+    feeds: Mapping[str, np.ndarray], images: list[str], shift: int, dy: np.ndarray, dx: np.ndarray
 ) -> dict[str, np.ndarray]:
-    """Rule 8: each sample of the ``images`` inputs ([N, C, H, W]) moved by a random whole number
-    of pixels in ``[-shift, shift]`` along H and along W (the same move for every input of a
-    sample), zeros shifted in; the other inputs as given."""
-    n = len(next(iter(feeds.values())))
-    dy = rng.integers(-shift, shift + 1, n)
-    dx = rng.integers(-shift, shift + 1, n)
+    """Each sample ``i`` of the ``images`` inputs ([N, C, H, W]) moved by ``dy[i]`` pixels along
+    H and ``dx[i]`` along W (``|dy|, |dx| <= shift``), zeros shifted in; the other inputs as given."""
     out = dict(feeds)
     for k in images:
         v = feeds[k]
@@ -287,10 +288,54 @@ def shift_images(
         out[k] = np.stack(
             [
                 pad[i, :, shift - dy[i] : shift - dy[i] + h, shift - dx[i] : shift - dx[i] + w]
-                for i in range(n)
+                for i in range(len(v))
             ]
         )
     return out
+
+
+def shift_images(
+    feeds: Mapping[str, np.ndarray], images: list[str], shift: int, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    """Rule 8: each sample of the ``images`` inputs ([N, C, H, W]) moved by a random whole number
+    of pixels in ``[-shift, shift]`` along H and along W (the same move for every input of a
+    sample), zeros shifted in; the other inputs as given."""
+    dy, dx = shift_offsets(len(next(iter(feeds.values()))), shift, rng)
+    return move_images(feeds, images, shift, dy, dx)
+
+
+# Rule 8: the teacher's outputs on every move of every sample are kept only when they take at most
+# this many bytes (moves x the teacher's outputs on the unmoved samples).
+TEACHER_TABLE_BYTES = 1 << 28
+
+
+class _MovedTeacher:
+    """Rule 8's targets: the teacher's outputs for every sample moved by ``(dy, dx)``, computed
+    for one move at a time over all samples (in :func:`_run_batched`'s fixed batches), when a
+    batch first needs that move. A value never depends on which batch asked for it first, so a
+    saved recipe run again gets the same targets; ``memo`` (the run's
+    :attr:`~mconv.passes.base.PassContext.memo`) shares ``moves`` across the run's passes."""
+
+    def __init__(self, teacher_on: Callable, feeds: dict, images: list[str], shift: int, moves: dict) -> None:
+        self.teacher_on, self.feeds, self.images, self.shift = teacher_on, feeds, images, shift
+        self.moves = moves  # (dy, dx) -> the teacher's outputs on every sample moved so
+
+    def on(self, ddy: int, ddx: int) -> np.ndarray:
+        got = self.moves.get((ddy, ddx))
+        if got is None:
+            n = len(next(iter(self.feeds.values())))
+            dy, dx = np.full(n, ddy), np.full(n, ddx)
+            got = self.moves[(ddy, ddx)] = self.teacher_on(
+                move_images(self.feeds, self.images, self.shift, dy, dx)
+            )
+        return got
+
+    def targets(self, idx: np.ndarray, dy: np.ndarray, dx: np.ndarray) -> np.ndarray:
+        first = self.on(int(dy[0]), int(dx[0]))
+        out = np.empty((len(idx),) + first.shape[1:], dtype=first.dtype)
+        for j, (i, a, b) in enumerate(zip(idx, dy, dx)):
+            out[j] = self.on(int(a), int(b))[i]
+        return out
 
 
 def _batches(n: int, batch_size: int, rng: np.random.Generator):
@@ -318,8 +363,11 @@ def finetune_model(
     frozen: Callable[[ir.Node], bool] | None = None,
     progress: Callable[[str, int, int | None], None] | None = None,
     seed: int = 0,
+    memo: dict | None = None,
 ) -> FinetuneResult:
-    """Retrain ``model``'s weights in place on ``data``; see :class:`Finetune` for the rules."""
+    """Retrain ``model``'s weights in place on ``data``; see :class:`Finetune` for the rules.
+    ``memo`` (a run's :attr:`~mconv.passes.base.PassContext.memo`) keeps the teacher's outputs
+    for the run's next fine-tuning passes with the same reference model and data."""
     from mconv.targets.reference.executor import Executor
 
     result = FinetuneResult()
@@ -398,7 +446,23 @@ def finetune_model(
             probs = _run_batched(ref_exec, fd, [out_name])[out_name].astype(np.float64)
             return np.log(np.maximum(probs, 1e-30))
 
-        teacher = teacher_on(feeds)
+        # The teacher's outputs (and rule 8's moved ones) are the same for every pass of a run that
+        # distils from the same snapshot on the same arrays: kept in the run's memo, with the
+        # objects they were computed from (so their ids stay theirs while the memo lives).
+        moves: dict = {}
+        if memo is not None and reference_model is not None:
+            key = (
+                "teacher",
+                id(ref),
+                engine,
+                device,
+                loss_value,
+                tuple((k, id(v)) for k, v in feeds.items()),
+            )
+            moves = memo.setdefault(key, {"from": (ref, list(feeds.values())), "moves": {}})["moves"]
+        if (0, 0) not in moves:
+            moves[(0, 0)] = teacher_on(feeds)
+        teacher = moves[(0, 0)]
     scores_2d = teacher.ndim == 2 if teacher is not None else True
     per_position = (
         config.loss == "kl" and teacher is not None and teacher.ndim > 2 and teacher.shape[-1] >= 2
@@ -428,15 +492,25 @@ def finetune_model(
         )
         shift = 0
     shift_rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5A1F])
+    moved = None
+    if shift > 0 and mix_alpha <= 0 and teacher is not None:
+        moves_n = (2 * shift + 1) ** 2
+        how = getattr(config, "shift_targets", "auto")
+        wanted = how == "table" or (how == "auto" and moves_n <= config.epochs)  # then it costs no more
+        if wanted and moves_n * teacher.nbytes <= TEACHER_TABLE_BYTES:
+            moved = _MovedTeacher(teacher_on, feeds, images, shift, moves)
 
     def batch_of(idx: np.ndarray) -> tuple[dict, np.ndarray]:
         """The batch's feeds and targets: shifted (rule 8) and/or mixed (rule 6) and labelled by
         the teacher, or as given."""
         fb = {k: v[idx] for k, v in feeds.items()}
         if shift > 0:
-            fb = shift_images(fb, images, shift, shift_rng)
+            dy, dx = shift_offsets(len(idx), shift, shift_rng)
+            fb = move_images(fb, images, shift, dy, dx)
         if mix_alpha <= 0 or len(idx) < 2:
-            return fb, (teacher_on(fb) if shift > 0 else targets[idx])
+            if shift <= 0:
+                return fb, targets[idx]
+            return fb, (teacher_on(fb) if moved is None else moved.targets(idx, dy, dx))
         lam = mix_rng.beta(mix_alpha, mix_alpha, len(idx))
         perm = mix_rng.permutation(len(idx))
         mixed = {}
@@ -529,12 +603,15 @@ def finetune_model(
                     done,
                     total,
                 )
-        if progress is not None:
-            progress(f"epoch {epoch}/{config.epochs}: {metric_name} on held-out samples", done, total)
         if trainer is not None:
             trainer.commit()  # the trained arrays back into the Parameters and the engine
-        m, _ = metric()
         loss = float(np.average(losses, weights=sizes))
+        if n_hold == 0 and epoch < config.epochs:  # rule 5: the training samples, once at the end
+            result.epochs.append(EpochStats(epoch, loss, None, metric_name))
+            continue
+        if progress is not None:
+            progress(f"epoch {epoch}/{config.epochs}: {metric_name} on held-out samples", done, total)
+        m, _ = metric()
         result.epochs.append(EpochStats(epoch, loss, m, metric_name))
         last_metric = f", {metric_name} {m:.4f} after epoch {epoch}"
         if progress is not None:
@@ -657,6 +734,8 @@ class Finetune(Pass):
        ``epochs`` over a seeded shuffle in
        ``batch_size`` batches; ``holdout`` of the data (a seeded slice) is never trained on and
        measures accuracy (with labels) or top-1 agreement with the teacher after every epoch.
+       With ``holdout = 0`` the metric is taken on the training samples before training and
+       after the last epoch only (the epochs between report their loss).
        Deterministic for a given ``seed`` (default: the pipeline's seed).
     6. ``mixup = a > 0`` (distillation only: a teacher-based loss on float inputs) trains each
        batch on mixed samples instead: ``x' = l * x_i + (1 - l) * x_j`` with ``j`` a shuffle of
@@ -673,7 +752,14 @@ class Finetune(Pass):
     8. ``shift = k > 0`` (distillation only, float inputs of shape ``[N, C, H, W]`` with H and W
        above ``2k``) moves every training sample of a batch by a random whole number of pixels
        in ``[-k, k]`` along H and W (zeros shifted in; seeded) and trains on the teacher's
-       outputs for the moved samples (one teacher run per batch). It tells the compressed model
+       outputs for the moved samples: one teacher run per batch (``shift_targets = "batch"``),
+       or once per move for every sample (``"table"``, :class:`_MovedTeacher`, when the table
+       takes at most :data:`TEACHER_TABLE_BYTES`), kept in the run's ``memo`` for its next
+       passes: a run of many stages then pays ``(2k + 1)**2`` teacher runs per sample, not one
+       per epoch. ``"auto"`` is the table when the pass has at least as many epochs as there
+       are moves (``(2k + 1)**2``), so that it costs no more on its own. The choice depends on
+       the pass's own settings and data only, so a saved recipe run again (without the passes
+       a search rolled back) gets the same targets. It tells the compressed model
        what the original does near the calibration samples, as the original's own training
        data augmentation did; with ``mixup`` too, the moved samples are mixed. Left off with a
        note where it does not apply. The held-out metric stays on the unmoved samples.
@@ -699,6 +785,7 @@ class Finetune(Pass):
         margin: float = 0.0
         mixup: float = 0.0
         shift: int = 0
+        shift_targets: Literal["auto", "table", "batch"] = "auto"
         engine: Literal["reference", "xla"] = "reference"
         device: Literal["cpu", "cuda"] = "cpu"
 
@@ -733,6 +820,7 @@ class Finetune(Pass):
             frozen=frozen,
             progress=ctx.tick,  # shown under the pipeline's stage ("pass 3/5 finetune: epoch ...")
             seed=ctx.seed,
+            memo=ctx.memo,
         )
         notes = list(res.notes)
         if res.epochs:
@@ -741,7 +829,8 @@ class Finetune(Pass):
             )
         for e in res.epochs:
             loss = "-" if e.loss is None else f"{e.loss:.4f}"
-            notes.append(f"epoch {e.epoch}: loss {loss}, {e.metric_name} {e.metric:.4f}")
+            measured = "" if e.metric is None else f", {e.metric_name} {e.metric:.4f}"
+            notes.append(f"epoch {e.epoch}: loss {loss}{measured}")
         return self.report(bool(res.tensors), notes=notes, tensors=res.tensors)
 
 

@@ -478,3 +478,110 @@ def test_shift_is_left_off_with_a_note_where_it_does_not_apply(build):
     assert any("shift left off" in note and "[N, C, H, W]" in note for note in result.notes)
     result = finetune_model(model, {"x": x, "labels": y}, FinetuneConfig(epochs=1, loss="xent", shift=1))
     assert any("shift left off" in note and "distillation" in note for note in result.notes)
+
+
+def _rolled(x: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """``x`` [C, H, W] moved by (dy, dx) with zeros in: np.roll with the wrapped rows zeroed."""
+    out = np.roll(x, (dy, dx), axis=(1, 2))
+    out[:, : max(dy, 0)] = 0
+    out[:, out.shape[1] + min(dy, 0) :] = 0
+    out[:, :, : max(dx, 0)] = 0
+    out[:, :, out.shape[2] + min(dx, 0) :] = 0
+    return out
+
+
+def test_the_moved_teachers_table_holds_the_teachers_outputs_on_the_moved_samples(build, run_ort):
+    """Rule 8's table, one move at a time for every sample: each target it gives is ONNX
+    Runtime's output of the teacher on that sample moved by np.roll with zeros in."""
+    from mconv.passes.finetune import _MovedTeacher, _run_batched
+    from mconv.targets.reference.executor import Executor
+
+    rng = np.random.default_rng(41)
+    side = 9
+    weights = [
+        (0.5 * rng.standard_normal((24, side * side))).astype(np.float32),
+        (0.2 * rng.standard_normal(24)).astype(np.float32),
+        (0.8 * rng.standard_normal((4, 24))).astype(np.float32),
+        np.zeros(4, np.float32),
+    ]
+    teacher = _image_mlp(build, *weights, side=side)
+    x = _blobs(rng, 300, side)
+    ex = Executor(teacher)
+    runs = []
+
+    def teacher_on(fd):
+        runs.append(len(fd["x"]))
+        return _run_batched(ex, fd, ["logits"])["logits"].astype(np.float64)
+
+    moves: dict = {}
+    table = _MovedTeacher(teacher_on, {"x": x}, ["x"], 2, moves)
+    idx = rng.permutation(300)[:40]
+    dy, dx = rng.integers(-2, 3, 40), rng.integers(-2, 3, 40)
+    got = table.targets(idx, dy, dx)
+    moved = np.stack([_rolled(x[i], int(a), int(b)) for i, a, b in zip(idx, dy, dx)])
+    want = run_ort(teacher, {"x": moved})["logits"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert set(moves) == {(int(a), int(b)) for a, b in zip(dy, dx)}  # only the moves asked for
+    assert all(r == 300 for r in runs) and len(runs) == len(moves)  # each move once, every sample
+    table.targets(idx, dy, dx)
+    assert len(runs) == len(moves)  # asked again: nothing run
+
+
+def test_fine_tuning_passes_sharing_a_memo_run_the_teacher_once_and_train_as_alone(build):
+    """Rule 8 with ``memo``: a second pass of the run reuses the first's table of moved
+    targets (no teacher run at all) and trains to the same bytes as the same pass with a memo
+    of its own, so a saved recipe run again (with other passes before it) gives the same model."""
+    from mconv.targets.reference import executor as E
+
+    rng = np.random.default_rng(42)
+    side = 9
+    weights = [
+        (0.5 * rng.standard_normal((24, side * side))).astype(np.float32),
+        (0.2 * rng.standard_normal(24)).astype(np.float32),
+        (0.8 * rng.standard_normal((4, 24))).astype(np.float32),
+        np.zeros(4, np.float32),
+    ]
+    teacher = _image_mlp(build, *weights, side=side)
+    x = _blobs(rng, 64, side)
+    noisy = [(w + 0.3 * rng.standard_normal(w.shape)).astype(np.float32) for w in weights]
+    config = FinetuneConfig(epochs=9, lr=0.005, batch_size=16, holdout=0.0, shift=1, seed=3)
+    other = FinetuneConfig(epochs=9, lr=0.002, batch_size=16, holdout=0.0, shift=1, seed=4)
+    data = {"x": x}
+
+    shared: dict = {}
+    first = _image_mlp(build, *[w.copy() for w in noisy], side=side)
+    finetune_model(first, data, other, reference_model=teacher, memo=shared)
+    assert len(next(iter(shared.values()))["moves"]) == 9  # every move of shift 1, kept
+    runs = []
+    real_run = E.Executor.run
+
+    def counting(self, feeds, outputs=None):
+        runs.append(outputs)
+        return real_run(self, feeds, outputs=outputs)
+
+    E.Executor.run = counting
+    try:
+        again = _image_mlp(build, *[w.copy() for w in noisy], side=side)
+        finetune_model(again, data, config, reference_model=teacher, memo=shared)
+    finally:
+        E.Executor.run = real_run
+    assert runs and all(r == ["logits"] for r in runs)  # the student's metric only, no teacher
+    assert len(runs) == 2 * -(-64 // 256)  # before training and after the last epoch
+
+    alone = _image_mlp(build, *[w.copy() for w in noisy], side=side)
+    finetune_model(alone, data, config, reference_model=teacher, memo={})
+    for name in ("w1", "b1", "w2", "b2"):
+        np.testing.assert_array_equal(weight(again, name), weight(alone, name))
+    assert not np.array_equal(weight(again, "w1"), noisy[0])  # it trained
+
+
+def test_without_held_out_samples_the_metric_is_taken_before_and_after_only(build):
+    """Rule 5 with holdout 0: the epochs between report their loss, no metric."""
+    x, _ = toy_problem(64)
+    teacher = mlp(build, *[w.copy() for w in WEIGHTS])
+    model = mlp(build, *[w + 0.1 for w in WEIGHTS])
+    result = finetune_model(model, {"x": x}, FinetuneConfig(epochs=4, holdout=0.0), reference_model=teacher)
+    assert [e.metric is None for e in result.epochs] == [False, True, True, True, False]
+    assert all(e.loss is not None for e in result.epochs[1:])
+    held = finetune_model(model, {"x": x}, FinetuneConfig(epochs=4, holdout=0.25), reference_model=teacher)
+    assert all(e.metric is not None for e in held.epochs)
