@@ -88,7 +88,7 @@ def optimize_cmd(
             "--epochs",
             metavar="N",
             help="deep-compression budget: epochs of each fine-tuning stage (default: from the "
-            "model's multiply-adds and the samples, 3 to 50).",
+            "model's multiply-adds and the samples, 3 to 80).",
         ),
     ] = None,
     save_recipe: Annotated[
