@@ -144,8 +144,7 @@ BITS = (8, 6, 5, 4, 3)
 PRUNE_STEPS = (0.25, 0.5, 0.75, 1.0)
 FINAL_RETRAIN = 2  # the masked retraining after the last prune step runs this many times the epochs
 DECAY = 1e-3  # L2 weight decay of the pre-training stage (0: none)
-BIAS_BITS = 4  # biases (and other float tensors no layer owns) are clustered to this many bits (5 left
-# the CNN at 20x a quarter of its file in biases and index: 4 halved its grown attempt's KL on seed 2)
+BIAS_BITS = 5  # biases (and other float tensors no layer owns) are clustered to this many bits
 PRE_PASSES = ("fold", "eliminate-identity", "fuse-bn", "dce")
 # Rule 6's default epochs: each fine-tuning stage gets about this many multiply-adds of forward
 # passes (the model's per sample times the training samples times the epochs), 3 to 80 epochs.
