@@ -427,6 +427,16 @@ def _image_mlp(build, w1, b1, w2, b2, side: int):
     return build(nodes, [("x", F, ["N", 1, side, side])], [("logits", F, ["N", 4])], inits)
 
 
+def _image_weights(rng: np.random.Generator, side: int) -> list[np.ndarray]:
+    """Seeded weights for :func:`_image_mlp` (24 hidden units, 4 classes)."""
+    return [
+        (0.5 * rng.standard_normal((24, side * side))).astype(np.float32),
+        (0.2 * rng.standard_normal(24)).astype(np.float32),
+        (0.8 * rng.standard_normal((4, 24))).astype(np.float32),
+        np.zeros(4, np.float32),
+    ]
+
+
 def _blobs(rng, n: int, side: int) -> np.ndarray:
     """Images of a Gaussian bump of random width, sign and place: what moves between samples."""
     yy, xx = np.mgrid[0:side, 0:side]
@@ -447,12 +457,7 @@ def test_shift_distils_the_teacher_at_the_places_the_calibration_samples_miss(bu
     results = []
     for seed in (1, 2, 3, 4, 5):
         rng = np.random.default_rng(seed)
-        weights = [
-            (0.5 * rng.standard_normal((24, side * side))).astype(np.float32),
-            (0.2 * rng.standard_normal(24)).astype(np.float32),
-            (0.8 * rng.standard_normal((4, 24))).astype(np.float32),
-            np.zeros(4, np.float32),
-        ]
+        weights = _image_weights(rng, side)
         teacher = _image_mlp(build, *weights, side=side)
         noisy = [(w + 0.3 * rng.standard_normal(w.shape)).astype(np.float32) for w in weights]
         calib, fresh = _blobs(rng, 16, side), _blobs(rng, 400, side)
@@ -498,12 +503,7 @@ def test_the_moved_teachers_table_holds_the_teachers_outputs_on_the_moved_sample
 
     rng = np.random.default_rng(41)
     side = 9
-    weights = [
-        (0.5 * rng.standard_normal((24, side * side))).astype(np.float32),
-        (0.2 * rng.standard_normal(24)).astype(np.float32),
-        (0.8 * rng.standard_normal((4, 24))).astype(np.float32),
-        np.zeros(4, np.float32),
-    ]
+    weights = _image_weights(rng, side)
     teacher = _image_mlp(build, *weights, side=side)
     x = _blobs(rng, 300, side)
     ex = Executor(teacher)
@@ -535,12 +535,7 @@ def test_fine_tuning_passes_sharing_a_memo_run_the_teacher_once_and_train_as_alo
 
     rng = np.random.default_rng(42)
     side = 9
-    weights = [
-        (0.5 * rng.standard_normal((24, side * side))).astype(np.float32),
-        (0.2 * rng.standard_normal(24)).astype(np.float32),
-        (0.8 * rng.standard_normal((4, 24))).astype(np.float32),
-        np.zeros(4, np.float32),
-    ]
+    weights = _image_weights(rng, side)
     teacher = _image_mlp(build, *weights, side=side)
     x = _blobs(rng, 64, side)
     noisy = [(w + 0.3 * rng.standard_normal(w.shape)).astype(np.float32) for w in weights]
