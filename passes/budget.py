@@ -30,7 +30,9 @@ Rules
    :func:`compare_estimators` puts both against the measured one-layer drop.
 4. **Bytes.** Each candidate's bytes are what export would store for it: the tensor pruned and
    clustered as the passes do, then :func:`mconv.codecs.choose.best_spec` (sparse relative
-   indices, palettes, Huffman). Tensors that are not compressed (biases) count as float16.
+   indices, palettes, Huffman), with its values rounded to float16 as the schedule's last
+   stage rounds them (a palette's codebook is stored as float16: counting it in float32 put
+   16 B too many on every layer).
 5. **Global allocation.** For a trade-off ``lam``, each layer takes the setting minimising
    ``bytes + lam * cost``; sweeping ``lam`` gives the frontier of allocations, from the smallest
    to the original. Bytes go where they buy the most metric per byte, across layers. The
@@ -44,8 +46,9 @@ Rules
    pruning takes them first; rolled back if it costs held-out metric). Then per attempt from
    that model: prune in steps (:data:`PRUNE_STEPS`, exponents of the kept fraction: each step
    removes the same share of what is left) with masked retraining after each (the last one
-   :data:`FINAL_RETRAIN` times as long); cluster (k-means, linear init) the chosen layers and
-   the biases (:data:`BIAS_BITS`, rolled back if it costs metric); two centroid fine-tuning
+   :data:`FINAL_RETRAIN` times as long); cluster (k-means, linear init) the biases
+   (:data:`BIAS_BITS`, rolled back if it costs metric), then the chosen layers (their bits
+   decided on what the biases really take); two centroid fine-tuning
    stages (every stage distils from the original: T^2 KL plus the top-1 margin hinge, so the
    compressed model keeps agreeing with the original rather than being retrained on the
    labels; for an image input ``[N, C, H, W]`` on samples moved by up to ``shift`` pixels,
@@ -82,16 +85,24 @@ Rules
    fine-tuning* is at most ``max(10 * max_drop, 0.05)`` on the training samples. A failed
    gate backs off towards the original (larger ``lam``: the layers that cost most per byte get
    their bytes back first). ``target_size`` alone: the least costly allocation whose predicted
-   weight file fits, checked after export (``target_of="bundle"``, ``--target-of bundle``: the
-   whole cpu bundle directory fits instead, ``weights.mcw`` plus the graph and the manifest; its
-   other files' bytes are measured on the model before the search, with the planned passes'
-   history that the manifest's provenance will carry, and subtracted from the weights' room) (when the export overshoots: the least costly
+   weight file fits. The weights' room is the target less the rest of the export, measured:
+   the model before the search exported with its biases clustered as the schedule clusters
+   them and rounded to float16, less the layers' blobs, plus :data:`PALETTE_RECORD` index
+   bytes a layer (``target_of="bundle"``, ``--target-of bundle``: the whole cpu bundle
+   directory fits instead, ``weights.mcw`` plus the graph and the manifest, with the planned
+   passes' history that the manifest's provenance will carry). At clustering (with
+   ``reestimate``) the room is measured again on the attempt's model, the bit widths chosen on
+   the bytes the retrained weights code to, and the clustered model's export (what the
+   result will be: later stages move centroids, not indices) checked: the bits are chosen
+   again for the bytes it missed the target by, over or under, up to four times, until it is
+   within 1% of the target; the largest that fits is kept (``reallocated[].fitted``: budget
+   and size of each). The search then checks the export (when it overshoots: the least costly
    allocation of the budget cut by the overshoot and 2% more, else a smaller one, unless an
-   attempt already fits at that budget or above: it is the answer; when it leaves more than 1%
-   of the target unspent, because the biases and the index cost less than estimated, once the
-   least costly allocation of the budget grown by what was left, less 1%, but at most halfway
-   to a budget that overshot, and not for less than 1% more; the result is the attempt that
-   fits with the smallest gate drop, then the highest agreement). Both: only
+   attempt already fits at that budget or above: it is the answer; when it leaves more than
+   4% of the target unspent, once the least costly allocation of the budget grown by what was
+   left, less 1%, but at most halfway to a budget that overshot, and not for less than 1%
+   more; the result is the attempt that fits with the smallest gate drop, then the highest
+   agreement). Both: only
    allocations that fit are searched; when none passes the gate, :class:`BudgetNotMet` (a
    :class:`GateFailed`, exit 1) carries the best result found (:attr:`BudgetNotMet.result`).
 8. **No data.** Only a data-free check: per layer the smallest setting whose weight SNR is at
@@ -145,6 +156,7 @@ PRUNE_STEPS = (0.25, 0.5, 0.75, 1.0)
 FINAL_RETRAIN = 2  # the masked retraining after the last prune step runs this many times the epochs
 DECAY = 1e-3  # L2 weight decay of the pre-training stage (0: none)
 BIAS_BITS = 5  # biases (and other float tensors no layer owns) are clustered to this many bits
+PALETTE_RECORD = 8  # index bytes a layer's palette record takes beyond a float one (bits, size, rans)
 PRE_PASSES = ("fold", "eliminate-identity", "fuse-bn", "dce")
 # Rule 6's default epochs: each fine-tuning stage gets about this many multiply-adds of forward
 # passes (the model's per sample times the training samples times the epochs), 3 to 80 epochs.
@@ -323,8 +335,12 @@ def _compressed(w: np.ndarray, sparsity: float, bits: int | None) -> np.ndarray:
 
 
 def _stored_bytes(a: np.ndarray, sparsity: float, bits: int | None) -> int:
+    """What export stores for ``a`` once the schedule's last stage has rounded its values (and
+    a palette's codebook) to float16."""
     from mconv.codecs.choose import best_spec
 
+    if a.dtype == np.float32:
+        a = a.astype(np.float16).astype(np.float32)
     hints: dict = {}
     if sparsity > 0:
         hints["pruned"] = True
@@ -605,16 +621,17 @@ def _reallocate(
     budget: int,
     *,
     bits_only: bool,
-) -> dict[str, tuple[float, int | None]]:
+) -> tuple[dict[str, tuple[float, int | None]], int]:
     """Rule 6: the allocation for ``budget`` bytes decided again on ``model`` as the last
     retraining left it. The diagonal Fisher is measured on the current weights; an option's
     cost is that of pruning the current weights to its sparsity (a sparsity below what a layer
     already has costs nothing: its zeros stay), plus the clustering increment the first
     estimate measured at that sparsity (``bits_only``: at the sparsity each layer has now, the
-    bit widths alone, each clustered and costed on the current weights). Bytes are the first
-    estimate's (they follow the count kept and the bits, not the values). Then the least costly
-    allocation within ``budget`` (the frontier's and :func:`_within`'s; the frontier's smallest
-    when none fits)."""
+    bit widths alone, each clustered, costed and coded on the current weights: retraining
+    leaves weights whose clustered indices code to fewer bytes than the first estimate's).
+    Otherwise bytes are the first estimate's (they follow the count kept and the bits). Then
+    the least costly allocation within ``budget`` (the frontier's and :func:`_within`'s; the
+    frontier's smallest when none fits), and its bytes."""
     fresh = _recosted(model, ev, train, layers, bits_only=bits_only)
     frontier = _frontier(fresh)
     fits = [a for a in frontier if _alloc_bytes(fresh, a) <= budget] or frontier[:1]
@@ -622,7 +639,7 @@ def _reallocate(
     if packed is not None:
         fits.append(packed)
     chosen = min(fits, key=lambda a: (_alloc_cost(fresh, a), _alloc_bytes(fresh, a)))
-    return dict(chosen)
+    return dict(chosen), _alloc_bytes(fresh, chosen)
 
 
 def _alloc_cost(layers: list[_Layer], alloc: Mapping) -> float:
@@ -645,6 +662,7 @@ def _recosted(
         f = fisher[layer.tensor]
         pruned: dict[float, tuple[np.ndarray, float]] = {}
         new = _Layer(layer.name, layer.op_type, layer.tensor, layer.params, w)
+        scale = {} if bits_only else _byte_scale(layer, w, zeros)
         for s, b in list(layer.options):
             se = max(s, floor)
             if (bits_only and s != floor) or (se, b) not in layer.options:
@@ -653,14 +671,37 @@ def _recosted(
                 a = _compressed(w, se, None) if se > 0 else w
                 pruned[se] = (a, 0.5 * float(np.sum(f * np.square(a.astype(np.float64) - w))))
             a, cost = pruned[se]
+            nbytes = layer.options[(se, b)][0]
             if bits_only and b is not None:
                 c = _compressed(a, 0.0, b)
                 cost = 0.5 * float(np.sum(f * np.square(c.astype(np.float64) - w)))
-            elif b is not None:
-                cost += max(layer.options[(se, b)][1] - layer.options[(se, None)][1], 0.0)
-            new.options[(s, b)] = (layer.options[(se, b)][0], cost)
+                nbytes = _stored_bytes(c, se, b)  # what the retrained weights code to (entropy)
+            else:
+                nbytes = int(round(nbytes * scale.get(b, 1.0)))
+                if b is not None:
+                    cost += max(layer.options[(se, b)][1] - layer.options[(se, None)][1], 0.0)
+            new.options[(s, b)] = (nbytes, cost)
         fresh.append(new)
     return fresh
+
+
+def _byte_scale(layer: _Layer, w: np.ndarray, zeros: float) -> dict[int | None, float]:
+    """Per bit width, what the current weights ``w`` (``zeros`` of them zero) code to over
+    what the first estimate predicted at that sparsity (interpolated between its options):
+    retrained weights code to fewer bytes than the first estimate's, and a reallocation of
+    the sparsities spends the difference."""
+    out: dict[int | None, float] = {}
+    for b in sorted({k[1] for k in layer.options}, key=lambda x: -1 if x is None else x):
+        levels = sorted(s for s, bb in layer.options if bb == b)
+        lo = max((s for s in levels if s <= zeros + 1e-9), default=levels[0])
+        hi = min((s for s in levels if s >= zeros - 1e-9), default=levels[-1])
+        first_lo, first_hi = layer.options[(lo, b)][0], layer.options[(hi, b)][0]
+        t = 0.0 if hi <= lo else (zeros - lo) / (hi - lo)
+        first = (1.0 - t) * first_lo + t * first_hi
+        exact = _stored_bytes(_compressed(w, 0.0, b) if b is not None else w, zeros, b)
+        if first > 0:
+            out[b] = exact / first
+    return out
 
 
 # --------------------------------------------------------------------------- passes
@@ -918,6 +959,20 @@ def _export_sizes(model: ir.Model) -> dict:
         }
 
 
+def _attempt_sizes(model: ir.Model) -> dict:
+    """The sizes the search judges an attempt's result by (its export's)."""
+    return _export_sizes(model)
+
+
+def _rounded_sizes(model: ir.Model) -> dict:
+    """:func:`_export_sizes` of ``model`` as the schedule's last stage leaves it (values and
+    palettes to float16; a small palette then takes float16 where that is fewer bytes), on a
+    copy."""
+    copy = snapshot_model(model)
+    _run_specs(copy, [make_spec("round-fp16", {"compressed": True})], PassContext(seed=0))
+    return _export_sizes(copy)
+
+
 def _finetune_spec(
     epochs: int,
     lr: float,
@@ -949,6 +1004,11 @@ def _finetune_spec(
     if engine != "reference":  # rule 11: where the stage trains (the recipe says so too)
         config["engine"], config["device"] = engine, device
     return make_spec("finetune", config)
+
+
+def _bias_spec() -> PassSpec:
+    """The stage that clusters the biases (and other float tensors no layer owns)."""
+    return make_spec("cluster", {"tensors": "all", "op_types": [], "bits": BIAS_BITS, "init": "linear"})
 
 
 def _schedule(
@@ -996,11 +1056,12 @@ def _schedule(
         )
     clustered = {n: {"skip": False, "bits": b} for n, (_, b) in sorted(alloc.items()) if b is not None}
     if clustered:
+        # the biases first: the layers' bit widths are then decided on the bytes the biases
+        # really take (clustered, or float16 when that stage was rolled back)
+        stages.append(("biases clustered", [_bias_spec()]))
         stages.append(
             ("cluster", [make_spec("cluster", {"skip": True, "init": "linear", "op_name": clustered})])
         )
-        bias = {"tensors": "all", "op_types": [], "bits": BIAS_BITS, "init": "linear"}
-        stages.append(("biases clustered", [make_spec("cluster", bias)]))
         stages.append(("centroid fine-tuning 1", tune(epochs, 3e-4)))
         stages.append(("centroid fine-tuning 2", tune(epochs, 1e-4)))
     stages.append(("values to float16", [make_spec("round-fp16", {"compressed": True})]))
@@ -1237,18 +1298,35 @@ def compress_to_budget(
     frontier = _frontier(layers)
     est["layers"] = len(layers)
     est["frontier"] = len(frontier)
-    overhead = 512
+    close = 0 if target is None else max(16, target // 100)  # rule 7: a size this near the target fits it
+    grow_over = max(16, (target or 0) // 25)  # rule 7: what an attempt may leave unspent without a bigger one
+
+    def history_bytes(specs: list[PassSpec], stages: list[tuple[str, list[PassSpec]]]) -> int:
+        """The bundle's provenance of ``specs`` and the ``stages`` still to come (an attempt's
+        history, at most: a rolled-back stage leaves its specs out), when the target is the
+        bundle's; 0 when it is the weight file's."""
+        if target_of != "bundle":
+            return 0
+        history = [spec.as_dict() for spec in specs] + [spec.as_dict() for _, ss in stages for spec in ss]
+        return len(json.dumps(history, sort_keys=True, separators=(",", ":")))
+
+    def nonlayer_now(work: ir.Model, specs: list[PassSpec], stages: list) -> int:
+        """Rule 7: the measured size less the layers' blobs, with their palette records."""
+        sizes = _rounded_sizes(work)
+        blobs = sum(sizes["stored"].get(layer.tensor, 0) for layer in layers)
+        nonlayer = sizes[measured] - blobs + PALETTE_RECORD * len(layers)
+        return nonlayer + history_bytes(specs, stages)
+
+    def final_size(work: ir.Model, specs: list[PassSpec], stages: list) -> int:
+        return _rounded_sizes(work)[measured] + history_bytes(specs, stages)
+
     if target is not None:
-        if target_of == "bundle":  # the bundle's other files: the graph and the manifest, with the
-            # schedule's pass history in its provenance (at most what an attempt will add to it)
-            plan = plan_for(_widest(layers))
-            history = [spec.as_dict() for spec in pre] + [
-                spec.as_dict() for _, specs in plan for spec in specs
-            ]
-            base_sizes = _export_sizes(model)
-            overhead += base_sizes["bundle"] - base_sizes["weights_file"]
-            overhead += len(json.dumps(history, sort_keys=True, separators=(",", ":")))
-        room = target - _bias_bytes(model, layers) - overhead
+        # rule 7: what the weights' blobs have room for: the target less the rest of the export
+        # (the index, the biases clustered as the schedule clusters them, for a bundle target
+        # its other files and the schedule's history), measured on the model before the search
+        estimate = snapshot_model(model)
+        _run_specs(estimate, [_bias_spec()], PassContext(seed=seed))
+        room = target - nonlayer_now(estimate, list(pre), plan_for(_widest(layers)))
         fitting = [a for a in frontier if _alloc_bytes(layers, a) <= room]
         packed = _within(layers, room)
         if packed is not None and packed not in fitting:
@@ -1283,11 +1361,17 @@ def compress_to_budget(
             if reestimate:
                 if (name.startswith("prune step") and si > 0) or name == "cluster":
                     say(f"{label} [{si + 1}/{len(plan)}] re-estimating the allocation", 0, None)
-                    alloc = _reallocate(work, ev, train, layers, budget, bits_only=name == "cluster")
+                    stage_budget = budget
+                    if name == "cluster" and target is not None:  # rule 7: the bytes left, measured
+                        stage_budget = target - nonlayer_now(work, kept, plan[si:])
+                    alloc, predicted = _reallocate(
+                        work, ev, train, layers, stage_budget, bits_only=name == "cluster"
+                    )
                     reallocated.append(
                         {
                             "stage": name,
-                            "predicted_bytes": _alloc_bytes(layers, alloc),
+                            "budget_bytes": stage_budget,
+                            "predicted_bytes": predicted,
                             "allocation": {
                                 n: {"sparsity": s, "bits": b} for n, (s, b) in sorted(alloc.items())
                             },
@@ -1300,6 +1384,35 @@ def compress_to_budget(
             before_state = _weights_state(work)
             t0 = time.perf_counter()
             _run_specs(work, specs, actx)
+            if reestimate and name == "cluster" and target is not None:
+                # rule 7: the export after clustering is the result's size (the stages after it
+                # move centroids, not indices): the bits again for the bytes it missed the
+                # target by, over or under, until it fits within ``close`` of it; the largest
+                # that fits is kept (else the smallest)
+                runs = []
+                for _ in range(4):
+                    size = final_size(work, kept + specs, plan[si + 1 :])
+                    runs.append((size, _weights_state(work), alloc, predicted, specs, stage_budget))
+                    if 0 <= target - size <= close:
+                        break
+                    stage_budget += target - size
+                    _restore(work, before_state)
+                    alloc, predicted = _reallocate(work, ev, train, layers, stage_budget, bits_only=True)
+                    if any(alloc == r[2] for r in runs):
+                        break
+                    specs = dict(plan_for(alloc)).get(name, specs)
+                    _run_specs(work, specs, actx)
+                fit = [r for r in runs if r[0] <= target]
+                size, state, alloc, predicted, specs, stage_budget = (
+                    max(fit, key=lambda r: r[0]) if fit else min(runs, key=lambda r: r[0])
+                )
+                _restore(work, state)
+                reallocated[-1].update(
+                    budget_bytes=stage_budget,
+                    predicted_bytes=predicted,
+                    allocation={n: {"sparsity": s, "bits": b} for n, (s, b) in sorted(alloc.items())},
+                    fitted=[[r[5], r[0]] for r in runs],
+                )
             got = ev.outputs(work, held)
             m = ev.metric(got, held)
             check = specs[0].name in ("finetune", "round-fp16") or name == "biases clustered"
@@ -1326,7 +1439,7 @@ def compress_to_budget(
         else:
             work.metadata_props["mconv.passes"] = base_history
         _record_provenance(work, kept)
-        sizes = _export_sizes(work)
+        sizes = _attempt_sizes(work)
         drop = baseline - final
         lost = ev.losses(got, held)
         ok_drop = max_drop is None or drop <= max_drop + 1e-12  # rule 7: the net drop
@@ -1388,7 +1501,7 @@ def compress_to_budget(
                 # overshot (between the two, the prediction's error decides)
                 slack = target - r["sizes"][measured]
                 one = (target + 99) // 100
-                if grown or slack <= max(16, target // 100):
+                if grown or slack <= grow_over:
                     break
                 grown = True
                 grow_to = r["budget"] + slack - one
@@ -1470,17 +1583,6 @@ def compress_to_budget(
             hint="allow a larger --max-drop or --target-size",
         )
     return result
-
-
-def _bias_bytes(model: ir.Model, layers: list[_Layer]) -> int:
-    taken = {layer.tensor for layer in layers}
-    total = 0
-    for name, v in model.graph.initializers.items():
-        t = v.const_value
-        if name in taken or t is None or t.dtype != ir.DataType.FLOAT:
-            continue
-        total += 2 * t.size
-    return total
 
 
 def _start_index(fitting, layers, base, ev: _Evaluator, train, max_drop: float) -> int:

@@ -85,10 +85,10 @@ def test_a_bundle_target_fits_the_exported_cpu_bundle_directory(small, tmp_path)
     budget = json.loads(r.stdout)["budget"]
     size = budget["size"]
     assert size["bundle"] <= 5500  # fits
-    # the first attempt left more than 1% of the target unspent: a second one grew into it, and
+    # the first attempt left more than 4% of the target unspent: a second one grew into it, and
     # the result is the one whose gate drop is the smaller
     first, grown = budget["attempts"]
-    assert grown["predicted_bytes"] > first["predicted_bytes"]
+    assert grown["budget_bytes"] > first["budget_bytes"]
     assert budget["held_out_drop"] == min(first["held_out_drop"], grown["held_out_drop"])
     r = _cli("export", str(out), "--target", "cpu", "-o", str(bundle))
     assert r.exit_code == 0, r.output
