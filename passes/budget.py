@@ -642,6 +642,11 @@ def _reallocate(
     return dict(chosen), _alloc_bytes(fresh, chosen)
 
 
+def _alloc_table(alloc: Mapping) -> dict[str, dict]:
+    """An allocation as the report lists it: per layer its sparsity and bits."""
+    return {n: {"sparsity": s, "bits": b} for n, (s, b) in sorted(alloc.items())}
+
+
 def _alloc_cost(layers: list[_Layer], alloc: Mapping) -> float:
     return sum(layer.options[alloc[layer.name]][1] for layer in layers)
 
@@ -1372,9 +1377,7 @@ def compress_to_budget(
                             "stage": name,
                             "budget_bytes": stage_budget,
                             "predicted_bytes": predicted,
-                            "allocation": {
-                                n: {"sparsity": s, "bits": b} for n, (s, b) in sorted(alloc.items())
-                            },
+                            "allocation": _alloc_table(alloc),
                         }
                     )
                 current = dict(plan_for(alloc))
@@ -1389,29 +1392,31 @@ def compress_to_budget(
                 # move centroids, not indices): the bits again for the bytes it missed the
                 # target by, over or under, until it fits within ``close`` of it; the largest
                 # that fits is kept (else the smallest)
-                runs = []
+                runs: list[dict] = []
                 for _ in range(4):
                     size = final_size(work, kept + specs, plan[si + 1 :])
-                    runs.append((size, _weights_state(work), alloc, predicted, specs, stage_budget))
+                    runs.append(
+                        {"size": size, "state": _weights_state(work), "alloc": alloc,
+                         "predicted": predicted, "specs": specs, "budget": stage_budget}
+                    )  # fmt: skip
                     if 0 <= target - size <= close:
                         break
                     stage_budget += target - size
                     _restore(work, before_state)
                     alloc, predicted = _reallocate(work, ev, train, layers, stage_budget, bits_only=True)
-                    if any(alloc == r[2] for r in runs):
+                    if any(alloc == r["alloc"] for r in runs):
                         break
                     specs = dict(plan_for(alloc)).get(name, specs)
                     _run_specs(work, specs, actx)
-                fit = [r for r in runs if r[0] <= target]
-                size, state, alloc, predicted, specs, stage_budget = (
-                    max(fit, key=lambda r: r[0]) if fit else min(runs, key=lambda r: r[0])
-                )
-                _restore(work, state)
+                fit = [r for r in runs if r["size"] <= target]
+                kept_run = max(fit, key=lambda r: r["size"]) if fit else min(runs, key=lambda r: r["size"])
+                _restore(work, kept_run["state"])
+                alloc, predicted, specs = kept_run["alloc"], kept_run["predicted"], kept_run["specs"]
                 reallocated[-1].update(
-                    budget_bytes=stage_budget,
+                    budget_bytes=kept_run["budget"],
                     predicted_bytes=predicted,
-                    allocation={n: {"sparsity": s, "bits": b} for n, (s, b) in sorted(alloc.items())},
-                    fitted=[[r[5], r[0]] for r in runs],
+                    allocation=_alloc_table(alloc),
+                    fitted=[[r["budget"], r["size"]] for r in runs],
                 )
             got = ev.outputs(work, held)
             m = ev.metric(got, held)
@@ -1647,7 +1652,7 @@ def _result(
             "held_out_drop": r["drop"],
             "held_out_lost": r["lost"],
             "passed": r["ok"],
-            "allocation": {n: {"sparsity": s, "bits": b} for n, (s, b) in sorted(r["alloc"].items())},
+            "allocation": _alloc_table(r["alloc"]),
             "budget_bytes": r.get("budget"),
             "reallocated": r.get("reallocated", []),
         }
