@@ -76,7 +76,7 @@ def test_bundle_holds_the_streamed_codes_and_palettes(scheme, tmp_path):
         # and float32 tensors, which the safetensors path stores in that dtype already)
         np.testing.assert_array_equal(got[name], want[name].astype(np.float32).astype(w.dtype))
         if not scheme.block:
-            assert len(np.unique(got[name])) <= (1 << scheme.bits) * scheme.groups
+            assert len(np.unique(got[name].astype(np.float32))) <= (1 << scheme.bits) * scheme.groups
     assert np.all(got["layers.0.q.weight"][5, :17] == 0)  # exact zeros stay exact
     # the report's error is the stored values' error
     for row in r.tensors:
@@ -143,7 +143,7 @@ def test_cli_optimize_to_a_folder_streams_a_weights_bundle(tmp_path):
     )
     assert p.returncode == 0, p.stderr
     assert not any("streamed" in n for n in json.loads(p.stdout)["passes"][0]["notes"])
-    assert len(np.unique(bundle_arrays(load_bundle(tmp_path / "odd"))["w"])) <= 8
+    assert len(np.unique(bundle_arrays(load_bundle(tmp_path / "odd"))["w"].astype(np.float32))) <= 8
 
 
 @pytest.mark.skipif(CC is None, reason="no C compiler on PATH")
