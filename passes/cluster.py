@@ -126,7 +126,7 @@ class ValueBins:
 
 def _distinct_bins(values: np.ndarray) -> ValueBins:
     """One bin per distinct value (a sort). float16 sorts as float32 (exact): numpy 2.4's AVX-512
-    float16 sort misorders on AVX512_ICL CPUs without AVX512-FP16 (Ice Lake to Emerald Rapids)."""
+    float16 sort misorders on CPUs it finds AVX512_ICL but not AVX512_SPR on (no AVX512-FP16)."""
     flat = values.ravel()
     s = np.sort(flat.astype(np.float32)).astype(np.float16) if flat.dtype == np.float16 else np.sort(flat)
     starts = np.concatenate([[0], np.flatnonzero(s[1:] != s[:-1]) + 1])
