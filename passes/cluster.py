@@ -71,6 +71,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 import onnx_ir as ir
+from mconv import sorting
 from mconv.codecs.palette import (
     bit_view,
     counted_histogram,
@@ -125,10 +126,9 @@ class ValueBins:
 
 
 def _distinct_bins(values: np.ndarray) -> ValueBins:
-    """One bin per distinct value (a sort). float16 sorts as float32 (exact): numpy 2.4's AVX-512
-    float16 sort misorders on CPUs it finds AVX512_ICL but not AVX512_SPR on (no AVX512-FP16)."""
+    """One bin per distinct value (a sort; float16 through ``mconv.sorting``, exact on every CPU)."""
     flat = values.ravel()
-    s = np.sort(flat.astype(np.float32)).astype(np.float16) if flat.dtype == np.float16 else np.sort(flat)
+    s = sorting.sort(flat)
     starts = np.concatenate([[0], np.flatnonzero(s[1:] != s[:-1]) + 1])
     counts = np.diff(np.concatenate([starts, [s.size]]))
     u = s[starts]
