@@ -10,7 +10,7 @@ targets, fixtures, api or cli; ``tests/test_layering.py`` walks every import). I
 - :mod:`mconv.onnx_check` the load-time ONNX check (structure, sizes, external data);
 - :mod:`mconv.irio`       loading/saving ``.onnx`` as ``onnx_ir.Model`` plus model statistics;
 - :mod:`mconv.metrics`    comparison metrics, gates and feeds;
-- :mod:`mconv.sorting`    float16 sorts that are exact on every CPU (numpy's misorder on some);
+- :mod:`mconv.sorting`    a float16 sort that is exact on every CPU (numpy's misorders on some);
 - :mod:`mconv.codecs`     the weight codecs (raw, fp16, palette, sparse, huffman, the choice);
 - :mod:`mconv.container`  the ``weights.mcw`` weight container;
 - :mod:`mconv.bundle`     the deployable bundle (manifest + weights container + payload);

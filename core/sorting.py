@@ -4,20 +4,18 @@ numpy 2.4's AVX-512 float16 quicksort misorders on CPUs numpy finds AVX512_ICL b
 AVX512_SPR on (no AVX512-FP16): 19,200 values drawn from 16 distinct float16 values sort out
 of order there, and a plain ``np.unique``, which sorts that way, returns 20 "distinct" values.
 Its stable sort, argsort and partition are not affected, nor ``np.unique(return_index=True)``,
-which sorts stably (so the reference executor's ONNX ``Unique`` is exact; tests/test_sorting.py
-holds it to that).
+which sorts stably (so the reference executor's ONNX ``Unique`` is exact;
+tests/targets/reference/test_indexing.py holds it to that).
 
 Rules:
 
 1. float16 sorts as float32. The conversion is exact and keeps order and equality (-0.0 equals
-   0.0, NaNs compare as NaNs), so every result, indices included, is the one an exact float16
-   sort would give; values come back as float16.
+   0.0, NaNs compare as NaNs), so the result is the one an exact float16 sort would give, as
+   float16.
 2. Every other dtype goes straight to numpy.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import numpy as np
 
@@ -28,14 +26,3 @@ def sort(values: np.ndarray, axis: int | None = -1) -> np.ndarray:
     if a.dtype == np.float16:
         return np.sort(a.astype(np.float32), axis=axis).astype(np.float16)
     return np.sort(a, axis=axis)
-
-
-def unique(values: np.ndarray, **kwargs: Any) -> Any:
-    """``np.unique`` with the same keywords and results, exact for float16 (rule 1)."""
-    a = np.asarray(values)
-    if a.dtype != np.float16:
-        return np.unique(a, **kwargs)
-    got = np.unique(a.astype(np.float32), **kwargs)
-    if isinstance(got, tuple):
-        return (got[0].astype(np.float16), *got[1:])
-    return got.astype(np.float16)

@@ -106,6 +106,40 @@ def test_nonzero_compress_unique():
         np.testing.assert_array_equal(g, w)
 
 
+# numpy's float16 quicksort misorders on AVX512_ICL CPUs without AVX512_SPR (mconv.sorting); the
+# executor's Unique sorts stably (np.unique with return_index), and these hold it to results
+# counted from the 16-value table the 19,200 values were drawn from, never from a sort.
+F16_TABLE = np.linspace(-0.06, 0.06, 16).astype(np.float16)
+
+
+def f16_drawn(seed: int = 16, n: int = 19_200) -> tuple[np.ndarray, np.ndarray]:
+    code = np.random.default_rng(seed).integers(0, F16_TABLE.size, n)
+    return F16_TABLE[code], code
+
+
+@pytest.mark.parametrize("sorted_", [1, 0])
+def test_the_reference_executors_unique_on_float16(sorted_):
+    v, code = f16_drawn()
+    vals, first, inverse, counts = ours("Unique", [v], {"sorted": sorted_})
+    firsts = [int(np.flatnonzero(code == k)[0]) for k in range(F16_TABLE.size)]
+    order = list(range(F16_TABLE.size)) if sorted_ else sorted(range(F16_TABLE.size), key=firsts.__getitem__)
+    rank = {k: i for i, k in enumerate(order)}
+    assert vals.dtype == np.float16 and vals.tolist() == [float(F16_TABLE[k]) for k in order]
+    assert first.tolist() == [firsts[k] for k in order]
+    assert inverse.tolist() == [rank[int(k)] for k in code]
+    assert counts.tolist() == [int(np.sum(code == k)) for k in order]
+
+
+def test_the_reference_executors_unique_on_float16_rows():
+    rows = np.stack([F16_TABLE[::-1], F16_TABLE, F16_TABLE[::-1]]).astype(np.float16)
+    vals, first, inverse, counts = ours("Unique", [rows], {"sorted": 1, "axis": 0})
+    assert vals.tolist() == [
+        F16_TABLE.tolist(),
+        F16_TABLE[::-1].tolist(),
+    ]  # rows compare by their first value
+    assert first.tolist() == [1, 0] and inverse.tolist() == [1, 0, 1] and counts.tolist() == [1, 2]
+
+
 # --------------------------------------------------------------------------- VJPs
 
 
