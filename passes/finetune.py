@@ -5,6 +5,7 @@ Deep Compression (Han et al. 2016) retrains after each lossy step; this pass is 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -33,15 +34,19 @@ class Parameter:
     gradient is masked and the weights re-zeroed after each step. ``centroid`` (clustered):
     every nonzero element keeps its cluster index; the cluster's gradient is the sum of its
     elements' gradients (the paper's eq. 3) and the weights are rewritten from the centroids.
+    ``release`` (a clustered tensor under ``release = r``, :func:`release_parameter`): the
+    elements of ``mask`` train as floats, every other element keeps its value (``fixed``); at
+    the pass's end the trained ones take their nearest centroid (:meth:`snap`).
     """
 
     name: str
     value: ir.Value
-    mode: Literal["free", "masked", "centroid"]
+    mode: Literal["free", "masked", "centroid", "release"]
     weights: np.ndarray  # float32 master copy, the tensor's shape
     mask: np.ndarray | None = None  # bool, True where the weight may be nonzero
     index: np.ndarray | None = None  # centroid mode: cluster index of each nonzero (in mask order)
     centroids: np.ndarray | None = None  # centroid mode: float64 codebook
+    fixed: np.ndarray | None = None  # release mode: the tensor as clustered (kept where ~mask)
 
     def codebook(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(mask, index, centroids)`` of a centroid-mode parameter (set together)."""
@@ -63,7 +68,7 @@ class Parameter:
         if self.mode == "centroid":
             mask, index, centroids = self.codebook()
             return cluster_gradient(grad[mask], index, len(centroids))
-        if self.mode == "masked":
+        if self.mode in ("masked", "release"):
             return np.where(self.kept(), grad, 0.0)
         return grad
 
@@ -74,6 +79,48 @@ class Parameter:
             self.weights[mask] = centroids[index]
         elif self.mode == "masked":
             self.weights[~self.kept()] = 0.0
+        elif self.mode == "release":
+            assert self.fixed is not None, self.name
+            free = self.kept()
+            self.weights[~free] = self.fixed[~free]
+
+    def snap(self) -> None:
+        """Release mode: every trained element to its nearest centroid (the codebook the tensor
+        had when the pass began), so its distinct nonzero values are again that codebook's."""
+        if self.mode != "release":
+            return
+        assert self.fixed is not None and self.centroids is not None, self.name
+        free, c = self.kept(), self.centroids
+        w = self.weights[free].astype(np.float64)
+        right = np.clip(np.searchsorted(c, w), 1, len(c) - 1)
+        left = right - 1
+        nearest = np.where(np.abs(w - c[left]) <= np.abs(c[right] - w), left, right)
+        self.weights[free] = c[nearest].astype(self.weights.dtype) if len(c) > 1 else c[0]
+
+
+def release_parameter(p: Parameter, fraction: float, seed: int) -> Parameter:
+    """A centroid-mode parameter in release mode: ``ceil(fraction * nonzeros)`` of its nonzero
+    elements (the first of a permutation seeded by ``seed`` and the tensor's name, so a smaller
+    fraction with the same seed releases a subset: incremental quantization's nested
+    partitions) train as floats; the rest keep their centroids. Other modes are returned as
+    they are."""
+    if p.mode != "centroid" or fraction <= 0:
+        return p
+    mask, _, centroids = p.codebook()
+    flat = np.flatnonzero(mask)
+    order = np.random.default_rng([seed, zlib.crc32(p.name.encode("utf-8"))]).permutation(len(flat))
+    chosen = flat[order[: int(np.ceil(min(fraction, 1.0) * len(flat)))]]
+    free = np.zeros(mask.size, dtype=bool)
+    free[chosen] = True
+    return Parameter(
+        p.name,
+        p.value,
+        "release",
+        p.weights,
+        free.reshape(mask.shape),
+        centroids=centroids,
+        fixed=p.weights.copy(),
+    )
 
 
 def cluster_gradient(grad_nonzero: np.ndarray, index: np.ndarray, clusters: int) -> np.ndarray:
@@ -391,6 +438,10 @@ def finetune_model(
     out_name, loss_value = _score_output(model)
     facts = compression_info(model)
     params = [make_parameter(v, facts) for v in trainable_values(model, frozen)]
+    release = float(getattr(config, "release", 0.0))
+    if release > 0:  # rule 9: part of each clustered tensor trains as floats, then snaps
+        release_seed = seed if config.seed is None else config.seed
+        params = [release_parameter(p, release, release_seed) for p in params]
     if not params:
         result.notes.append("no trainable weights (Conv/Gemm/MatMul initializers) found")
         return result
@@ -618,6 +669,7 @@ def finetune_model(
             progress(f"epoch {epoch}/{config.epochs}, loss {loss:.4f}{last_metric}", done, total)
 
     for p in params:
+        p.snap()  # rule 9: the released elements back on the codebook
         old = tensor_of(p.value)
         before = np.asarray(old.numpy(), dtype=np.float32)
         p.value.const_value = ir.Tensor(p.weights.astype(old.dtype.numpy()), name=p.name)
@@ -630,6 +682,8 @@ def finetune_model(
         }
         if p.mode == "centroid":
             entry["clusters"] = int(len(p.codebook()[2]))
+        if p.mode == "release":
+            entry["released"] = int(np.count_nonzero(p.kept()))
         result.tensors.append(entry)
     return result
 
@@ -664,6 +718,9 @@ class _XlaTrainer:
         for p in params:
             if p.mode == "masked":
                 aux[p.name + ":mask"] = p.kept()
+            elif p.mode == "release":
+                aux[p.name + ":mask"] = p.kept()
+                aux[p.name + ":fixed"] = np.where(p.kept(), 0.0, p.fixed).astype(np.float32)  # type: ignore[arg-type]
             elif p.mode == "centroid":
                 mask, index, _ = p.codebook()
                 aux[p.name + ":flat"] = np.flatnonzero(mask).astype(np.int32)
@@ -763,6 +820,13 @@ class Finetune(Pass):
        what the original does near the calibration samples, as the original's own training
        data augmentation did; with ``mixup`` too, the moved samples are mixed. Left off with a
        note where it does not apply. The held-out metric stays on the unmoved samples.
+    9. ``release = r > 0`` (incremental quantization, Zhou et al. 2017): in every clustered
+       tensor a seeded ``r`` of the nonzero weights (:func:`release_parameter`; a smaller ``r``
+       with the same seed releases a subset) train as floats while the others keep their
+       centroids, so the released ones make up for the clustering error of the rest; at the end
+       each released weight takes its nearest centroid of the codebook the tensor came with.
+       The tensor then has no more distinct values than before and its zeros stay zero; weights
+       may change cluster. Without ``release`` clustered tensors train their centroids (rule 3).
     """
 
     lossless = False
@@ -785,6 +849,7 @@ class Finetune(Pass):
         margin: float = 0.0
         mixup: float = 0.0
         shift: int = 0
+        release: float = 0.0
         shift_targets: Literal["auto", "table", "batch"] = "auto"
         engine: Literal["reference", "xla"] = "reference"
         device: Literal["cpu", "cuda"] = "cpu"
@@ -800,13 +865,15 @@ class Finetune(Pass):
             or config.margin < 0
             or config.mixup < 0
             or config.shift < 0
+            or not 0 <= config.release <= 1
         ):
             raise InputError(
                 f"bad finetune settings: epochs={config.epochs}, batch_size={config.batch_size}, "
                 f"holdout={config.holdout}, lr={config.lr}, margin={config.margin}, mixup={config.mixup}, "
-                f"shift={config.shift}",
+                f"shift={config.shift}, release={config.release}",
                 where="pass finetune",
-                hint="epochs >= 0, batch_size >= 1, 0 <= holdout < 1, lr > 0, margin >= 0, mixup >= 0, shift >= 0",
+                hint="epochs >= 0, batch_size >= 1, 0 <= holdout < 1, lr > 0, margin >= 0, mixup >= 0, "
+                "shift >= 0, 0 <= release <= 1",
             )
 
         def frozen(node: ir.Node) -> bool:

@@ -65,7 +65,7 @@ class TrainedParam:
     """How one weight argument is rebuilt from the array the optimizer trains (engine rule 3)."""
 
     name: str
-    mode: str  # "free", "masked", "centroid"
+    mode: str  # "free", "masked", "centroid", "release"
     shape: tuple[int, ...]
     mask: np.ndarray | None = None  # bool, the tensor's shape
     index: np.ndarray | None = None  # centroid: cluster of each nonzero, in C order of the mask
@@ -200,6 +200,8 @@ class XlaEngine:
             p = by_name[name]
             if p.mode == "masked":
                 return jnp.where(aux[name + ":mask"], arr, jnp.zeros_like(arr))
+            if p.mode == "release":  # the released elements train; the others keep their values
+                return jnp.where(aux[name + ":mask"], arr, aux[name + ":fixed"])
             if p.mode == "centroid":
                 flat = (
                     jnp.zeros(int(np.prod(p.shape)), arr.dtype)
@@ -239,6 +241,8 @@ class XlaEngine:
                     p = p - lr * mh / (jnp.sqrt(vh) + 1e-8)
                 if by_name[n].mode == "masked":
                     p = jnp.where(aux[n + ":mask"], p, jnp.zeros_like(p))
+                elif by_name[n].mode == "release":
+                    p = jnp.where(aux[n + ":mask"], p, aux[n + ":fixed"])
                 new_trained[n], new_state[n] = p, (m, v)
             return value, new_trained, new_state
 

@@ -9,7 +9,14 @@ import onnx
 import onnx_ir as ir
 import pytest
 from mconv import passes as P
-from mconv.passes.finetune import FinetuneConfig, cluster_gradient, finetune_model, top1_margin_hinge
+from mconv.passes.finetune import (
+    FinetuneConfig,
+    Parameter,
+    cluster_gradient,
+    finetune_model,
+    release_parameter,
+    top1_margin_hinge,
+)
 from onnx import TensorProto, helper
 
 RNG = np.random.default_rng(7)
@@ -95,6 +102,93 @@ def test_centroid_finetuning_keeps_codebook_size_zeros_and_assignment(build):
         assert members.size == 0 or np.all(members == members[0])
     assert not np.array_equal(after, clustered)  # the centroids moved
     assert next(t for t in report.tensors if t["name"] == "w2")["mode"] == "centroid"
+
+
+def _clustered_w2(model):
+    w2 = weight(model, "w2")
+    codebook = np.array([-0.6, -0.2, 0.3, 0.7], np.float32)
+    clustered = codebook[np.argmin(np.abs(w2[..., None] - codebook), axis=-1)]
+    clustered[np.abs(w2) < 0.15] = 0.0
+    set_weight(model, "w2", clustered, **{"mconv.pruned": "1", "mconv.cluster": json.dumps({"bits": 2})})
+    return clustered, codebook
+
+
+def test_release_trains_a_share_as_floats_and_snaps_it_back_to_the_codebook(build):
+    """Rule 9: the unreleased weights keep their centroids exactly, zeros stay zero, the values
+    stay within the codebook the tensor came with, and some released weights change cluster."""
+    rng = np.random.default_rng(17)  # this test's own draws, whatever ran before it
+    model = mlp(
+        build, *[(0.5 * rng.standard_normal(s)).astype(np.float32) for s in ((4, 16), 16, (3, 16), 3)]
+    )
+    clustered, codebook = _clustered_w2(model)
+    nonzero = clustered != 0
+    centres = np.array([[2, 0, 0, 1], [0, 2, 0, -1], [0, 0, 2, 0]], np.float32)
+    y = rng.integers(0, 3, 240)
+    x = (centres[y] + 0.6 * rng.standard_normal((240, 4))).astype(np.float32)
+    ctx = P.PassContext(data={"x": x, "labels": y}, seed=3)
+    spec = P.parse_spec("finetune(epochs=4,lr=0.05,release=0.5)")
+    model, (report,) = P.run_pipeline(model, spec, ctx)
+    after = weight(model, "w2")
+    entry = next(t for t in report.tensors if t["name"] == "w2")
+    assert entry["mode"] == "release"
+    assert entry["released"] == int(np.ceil(0.5 * nonzero.sum()))
+    assert np.array_equal(after != 0, nonzero)
+    assert set(np.unique(after[nonzero]).tolist()) <= set(codebook.tolist())
+    free = release_parameter(
+        Parameter(
+            "w2",
+            None,
+            "centroid",
+            clustered.copy(),
+            nonzero,  # type: ignore[arg-type]
+            np.unique(clustered[nonzero], return_inverse=True)[1],
+            np.unique(clustered[nonzero]).astype(np.float64),
+        ),
+        0.5,
+        3,
+    ).kept()
+    assert np.array_equal(after[nonzero & ~free], clustered[nonzero & ~free])  # kept exactly
+    assert np.any(after[free] != clustered[free])  # released weights moved to other centroids
+
+
+def _centroid_param(w: np.ndarray) -> Parameter:
+    mask = w != 0
+    values, index = np.unique(w[mask], return_inverse=True)
+    return Parameter("t", None, "centroid", w.copy(), mask, index.ravel(), values.astype(np.float64))  # type: ignore[arg-type]
+
+
+def test_release_partitions_are_nested_and_sized_by_the_fraction():
+    rng = np.random.default_rng(11)
+    w = rng.choice(np.array([-0.5, 0.0, 0.25, 0.75], np.float32), size=(8, 9))
+    nnz = int(np.count_nonzero(w))
+    half = release_parameter(_centroid_param(w), 0.5, 4).kept()
+    quarter = release_parameter(_centroid_param(w), 0.25, 4).kept()
+    assert half.sum() == int(np.ceil(nnz / 2)) and quarter.sum() == int(np.ceil(nnz / 4))
+    assert not np.any(quarter & ~half)  # the smaller share is a subset of the larger
+    assert not np.any(half & (w == 0))  # zeros are never released
+    other = release_parameter(_centroid_param(w), 0.5, 5).kept()
+    assert not np.array_equal(other, half)  # another seed, another partition
+    free = _centroid_param(w)
+    assert release_parameter(Parameter("f", None, "free", w.copy()), 0.5, 4).mode == "free"  # type: ignore[arg-type]
+    assert release_parameter(free, 0.0, 4) is free
+
+
+def test_snap_takes_the_nearest_centroid():
+    w = np.array([0.0, -0.5, 0.25, 0.75, 0.25], np.float32)
+    p = release_parameter(_centroid_param(w), 1.0, 0)
+    p.weights[...] = [0.0, -0.1, 0.49, 0.51, 2.0]  # -0.1: nearer 0.25 than -0.5; 0.49 -> 0.25
+    p.snap()
+    assert p.weights.tolist() == [0.0, 0.25, 0.25, 0.75, 0.75]
+
+
+def test_release_outside_zero_to_one_is_an_input_error(build):
+    from mconv.errors import InputError
+
+    rng = np.random.default_rng(18)
+    model = mlp(build, *[np.ones(s, np.float32) for s in ((4, 16), 16, (3, 16), 3)])
+    data = {"x": rng.standard_normal((24, 4)).astype(np.float32), "labels": rng.integers(0, 3, 24)}
+    with pytest.raises(InputError, match="release"):
+        P.run_pipeline(model, P.parse_spec("finetune(epochs=1,release=1.5)"), P.PassContext(data=data))
 
 
 def test_cluster_gradient_is_the_sum_over_each_cluster():

@@ -182,6 +182,30 @@ def test_training_steps_equal_the_reference_steps(optimizer, loss, margin):
     assert not np.allclose(w_x["w2"], start["w2"])  # the centroids moved
 
 
+def test_release_steps_equal_the_reference_steps():
+    """finetune rule 9 on both engines: half of w2's weights train as floats, the rest keep
+    their centroids; the same snapped weights, zeros kept, the codebook never grows."""
+    results = {}
+    for engine in ("reference", "xla"):
+        rng = np.random.default_rng(5)
+        model = _clustered_pruned(rng)
+        teacher = mlp(np.random.default_rng(6))
+        x, _ = blobs(rng, 64)
+        config = FinetuneConfig(
+            lr=0.1, epochs=6, batch_size=16, holdout=0.25, loss="kl", release=0.5, engine=engine
+        )
+        res = finetune_model(model, {"x": x}, config, reference_model=teacher, seed=1)
+        results[engine] = _weights(model)
+        assert {t["name"]: t["mode"] for t in res.tensors}["w2"] == "release"
+    start = _weights(_clustered_pruned(np.random.default_rng(5)))
+    for name in results["reference"]:
+        np.testing.assert_allclose(results["xla"][name], results["reference"][name], rtol=1e-4, atol=1e-5)
+    w2 = results["xla"]["w2"]
+    assert np.array_equal(w2 == 0, start["w2"] == 0)
+    assert set(np.unique(w2[w2 != 0]).tolist()) <= set(np.unique(start["w2"][start["w2"] != 0]).tolist())
+    assert not np.array_equal(w2, start["w2"])  # released weights changed cluster
+
+
 def test_pipeline_finetune_on_either_engine_reaches_the_same_held_out_accuracy():
     metrics = {}
     for engine in ("reference", "xla"):
