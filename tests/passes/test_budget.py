@@ -212,6 +212,19 @@ def test_the_schedule_prunes_geometrically_and_clusters_the_biases():
     assert last.name == "round-fp16" and last.config["compressed"] is True
 
 
+def test_incremental_quantization_stages_sit_between_the_centroid_stages(monkeypatch):
+    monkeypatch.setattr(B, "RELEASE_STEPS", (0.5, 0.25))
+    plan = dict(B._schedule({"fc1": (0.9, 4)}, 2, 0, 0.25, 32))
+    names = list(plan)
+    first, second = names.index("centroid fine-tuning 1"), names.index("centroid fine-tuning 2")
+    assert names[first + 1 : second] == ["incremental quantization 1", "incremental quantization 2"]
+    configs = [plan[n][0].config for n in names[first : second + 1]]
+    assert [c.get("release", 0.0) for c in configs] == [0.0, 0.5, 0.25, 0.0]
+    assert [c["lr"] for c in configs[1:3]] == [B.RELEASE_LR] * 2
+    monkeypatch.setattr(B, "RELEASE_STEPS", ())
+    assert not any(n.startswith("incremental") for n, _ in B._schedule({"fc1": (0.9, 4)}, 2, 0, 0.25, 32))
+
+
 def _clustered_mlp(seed: int):
     model = load_onnx(fixture_path("digits_mlp.onnx"))
     ctx = PassContext(seed=seed)
