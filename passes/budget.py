@@ -48,11 +48,11 @@ Rules
    removes the same share of what is left) with masked retraining after each (the last one
    :data:`FINAL_RETRAIN` times as long); cluster (k-means, linear init) the biases
    (:data:`BIAS_BITS`, rolled back if it costs metric), then the chosen layers (their bits
-   decided on what the biases really take); two centroid fine-tuning
-   stages (:data:`RELEASE_STEPS`, empty by default, puts incremental quantization stages
-   between them: finetune rule 9) (every stage distils from the original: T^2 KL plus the top-1 margin hinge, so the
-   compressed model keeps agreeing with the original rather than being retrained on the
-   labels; for an image input ``[N, C, H, W]`` on samples moved by up to ``shift`` pixels,
+   decided on what the biases really take); two centroid fine-tuning stages
+   (:data:`RELEASE_STEPS`, empty by default, puts incremental quantization stages between
+   them: finetune rule 9). Every stage distils from the original (T^2 KL plus the top-1
+   margin hinge, so the compressed model keeps agreeing with the original rather than being
+   retrained on the labels; for an image input ``[N, C, H, W]`` on samples moved by up to ``shift`` pixels,
    :func:`auto_shift` unless given: 2 on 28x28, the finetune pass's rule 8, which raised P2's
    agreement on unseen digits; the original's outputs on the moved samples are computed once
    per move for the whole search, ``shift_targets = "table"``, when an attempt's stages train

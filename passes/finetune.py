@@ -16,6 +16,7 @@ from mconv.errors import InputError, show
 from mconv.irio import real_inputs
 from mconv.passes._weights import CLUSTER_KEY, PRUNED_KEY, compression_info
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.cluster import assign_nearest
 from mconv.passes.rewrite import name_of, tensor_of
 
 # Ops whose initializer inputs are the learnable parameters (weights and biases).
@@ -90,12 +91,8 @@ class Parameter:
         if self.mode != "release":
             return
         assert self.fixed is not None and self.centroids is not None, self.name
-        free, c = self.kept(), self.centroids
-        w = self.weights[free].astype(np.float64)
-        right = np.clip(np.searchsorted(c, w), 1, len(c) - 1)
-        left = right - 1
-        nearest = np.where(np.abs(w - c[left]) <= np.abs(c[right] - w), left, right)
-        self.weights[free] = c[nearest].astype(self.weights.dtype) if len(c) > 1 else c[0]
+        free = self.kept()
+        self.weights[free] = self.centroids[assign_nearest(self.weights[free], self.centroids)]
 
 
 def release_parameter(p: Parameter, fraction: float, seed: int) -> Parameter:
