@@ -37,6 +37,8 @@ from mconv.errors import InputError
 WEB = Path(__file__).parent / "web"
 WEB_FILES = ("index.html", "mconv_webgpu.js", "mcw.js")
 FEED = "_mconv_feed.mcw"
+BROWSER_TRIES = 2
+DEVICE_FAILED = "requestDevice failed"  # the page's error once its own tries are spent
 CHROMIUM_FLAGS = (
     "--headless=new",
     "--no-sandbox",
@@ -160,8 +162,31 @@ def run_page(
     runs: int = 3,
     timeout_s: float = 240.0,
     chromium: str | None = None,
+    init_script: str | None = None,
 ) -> dict:
-    """Open the bundle's page in headless Chromium; the page's result (rule 3)."""
+    """Open the bundle's page in headless Chromium; the page's result (rule 3).
+
+    ``init_script`` is JavaScript run in the page before its own scripts (instrumentation).
+    The page itself retries a failed ``requestDevice``; when all its tries fail (the browser's
+    GPU process lost its instance), the whole browser is started once more.
+    """
+    result: dict = {}
+    for _ in range(BROWSER_TRIES):
+        result = _run_page_once(bundle_dir, feeds, screenshot, runs, timeout_s, chromium, init_script)
+        if not str(result.get("error", "")).startswith(DEVICE_FAILED):
+            break
+    return result
+
+
+def _run_page_once(
+    bundle_dir: str | os.PathLike,
+    feeds: Mapping[str, np.ndarray] | None,
+    screenshot: str | os.PathLike | None,
+    runs: int,
+    timeout_s: float,
+    chromium: str | None,
+    init_script: str | None,
+) -> dict:
     bundle_dir = Path(bundle_dir)
     if not (bundle_dir / "index.html").is_file():
         raise InputError(
@@ -214,6 +239,10 @@ def run_page(
                     "sessionId"
                 ]
                 cdp.call("Page.enable", session=session)
+                if init_script:
+                    cdp.call(
+                        "Page.addScriptToEvaluateOnNewDocument", {"source": init_script}, session=session
+                    )
                 cdp.call("Page.navigate", {"url": url}, session=session)
                 cdp.wait_event("Page.loadEventFired")
                 got = cdp.call(

@@ -68,18 +68,39 @@ function fromStorage(buffer, n, f16) {
   return new Float32Array(out.buffer);
 }
 
+// requestDevice can fail transiently (Dawn: "A valid external Instance reference no longer
+// exists" when the GPU process restarts its instance). An adapter is spent once it has handed out
+// a device or failed to, so each try asks for a fresh adapter; the third failure is reported.
+const DEVICE_TRIES = 3;
+
+async function acquireDevice(plan) {
+  let last = null;
+  for (let attempt = 0; attempt < DEVICE_TRIES; attempt++) {
+    const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+    if (!adapter) return { error: "no WebGPU adapter (requestAdapter returned null)" };
+    const f16 = plan.dtype === "half" && adapter.features.has("shader-f16");
+    const keys = ["maxStorageBufferBindingSize", "maxBufferSize", "maxStorageBuffersPerShaderStage"];
+    const requiredLimits = Object.fromEntries(keys.map((k) => [k, adapter.limits[k]]));
+    try {
+      const device = await adapter.requestDevice({ requiredFeatures: f16 ? ["shader-f16"] : [], requiredLimits });
+      return { adapter, device, f16, attempts: attempt + 1 };
+    } catch (err) {
+      last = err;
+      await new Promise((r) => setTimeout(r, 200 * (attempt + 1)));
+    }
+  }
+  return { error: `requestDevice failed ${DEVICE_TRIES} times: ${last.name}: ${last.message}` };
+}
+
 export async function loadBundle(base = ".") {
   const status = (m) => setStatus(m);
   status("loading manifest and plan");
   const manifest = await fetchOk(`${base}/manifest.json`, "json");
   const plan = await fetchOk(`${base}/webgpu_plan.json`, "json");
   if (!navigator.gpu) return { error: "no WebGPU adapter (navigator.gpu is undefined: this browser has WebGPU off)" };
-  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
-  if (!adapter) return { error: "no WebGPU adapter (requestAdapter returned null)" };
-  const f16 = plan.dtype === "half" && adapter.features.has("shader-f16");
-  const keys = ["maxStorageBufferBindingSize", "maxBufferSize", "maxStorageBuffersPerShaderStage"];
-  const requiredLimits = Object.fromEntries(keys.map((k) => [k, adapter.limits[k]]));
-  const device = await adapter.requestDevice({ requiredFeatures: f16 ? ["shader-f16"] : [], requiredLimits });
+  const got = await acquireDevice(plan);
+  if (got.error) return got;
+  const { adapter, device, f16, attempts } = got;
   const info = adapter.info || {};
   const size = f16 ? 2 : 4;
   status("decoding weights.mcw");
@@ -125,7 +146,7 @@ export async function loadBundle(base = ".") {
   return {
     manifest, plan, device, buffers, pipelines, groups, staging, f16,
     adapter: { vendor: info.vendor || "", architecture: info.architecture || "", device: info.device || "", description: info.description || "" },
-    decodeMs, compileMs, shaChecked,
+    decodeMs, compileMs, shaChecked, deviceAttempts: attempts,
   };
 }
 
@@ -247,6 +268,7 @@ export async function main(params = new URLSearchParams(location.search)) {
         layers: b.plan.layers.length,
         storage: b.f16 ? "f16" : "f32",
         adapter: b.adapter,
+        device_attempts: b.deviceAttempts,
         decode_ms: b.decodeMs,
         compile_ms: b.compileMs,
         sha256_checked: b.shaChecked,

@@ -388,6 +388,51 @@ def test_page_without_feed_uses_seeded_inputs(tmp_path):
     _compare(model, result, {spec["name"]: x}, 0.9999)
 
 
+# Makes GPUAdapter.requestDevice reject the first N times on this page, as Dawn does when the GPU
+# process loses its instance ("A valid external Instance reference no longer exists").
+_FAIL_DEVICE = """
+(() => {
+  let left = %d;
+  const real = GPUAdapter.prototype.requestDevice;
+  GPUAdapter.prototype.requestDevice = function (...args) {
+    if (left-- > 0) return Promise.reject(new DOMException(
+      "A valid external Instance reference no longer exists.", "OperationError"));
+    return real.apply(this, args);
+  };
+})();
+"""
+
+
+@needs_chromium
+def test_page_retries_a_lost_device(tmp_path, monkeypatch):
+    from mconv.irio import load_onnx
+
+    model = load_onnx(Path(__file__).parents[3] / "fixtures" / "digits_mlp.onnx")
+    bundle = get_target("webgpu").export(model, tmp_path / "mlp", {})
+    rng = np.random.default_rng(8)
+    (spec,) = json.loads((bundle.root / "webgpu_plan.json").read_text())["inputs"]
+    feeds = {spec["name"]: rng.standard_normal(spec["shape"]).astype(np.float32)}
+    result = browser.run_page(bundle.root, feeds, runs=1, init_script=_FAIL_DEVICE % 2)
+    if str(result.get("error", "")).startswith("no WebGPU adapter"):
+        pytest.skip(result["error"])
+    assert "error" not in result, result["error"]
+    assert result["device_attempts"] == 3
+    _compare(model, result, feeds, 0.9999)
+    # every try in every browser fails: one line naming the cause, after the browser retry
+    calls = []
+    real_once = browser._run_page_once
+
+    def counted(*args):
+        calls.append(1)
+        return real_once(*args)
+
+    monkeypatch.setattr(browser, "_run_page_once", counted)
+    failed = browser.run_page(bundle.root, feeds, runs=1, init_script=_FAIL_DEVICE % 99)
+    assert len(calls) == browser.BROWSER_TRIES == 2
+    assert failed == {"error": failed["error"]}
+    assert failed["error"].startswith("requestDevice failed 3 times: OperationError: A valid external")
+
+
 def test_run_page_refuses_a_bundle_without_page(tmp_path):
     (tmp_path / "b").mkdir()
     with pytest.raises(InputError, match="no index.html") as exc:
