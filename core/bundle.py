@@ -353,7 +353,7 @@ def write_bundle(
         weight_entries: list[dict] = []
         records: dict[str, dict] = {}
         if stored:
-            # the latest binary index (version 4) where the readers are mconv's own (Python,
+            # the latest binary index (version 5) where the readers are mconv's own (Python,
             # mcw_decode); the Swift and JavaScript readers of metal and webgpu bundles parse
             # version 1's JSON. Sorted by name: the binary index front-codes each name against the
             # one before (issue 14 item 5: a quantized model's t12/scale, t12/zero_point, ... then

@@ -42,7 +42,7 @@ tensors of a few bytes each, where version 2's names and hashes outweighed the w
 A record leaves out ``streams`` when it is ``{"data": nbytes}`` (raw, fp16); the reader puts it
 back.
 
-Version 4 (what cpu, xla and weights bundles write; issue 14 item 5: a model of a few dozen
+Version 4 (issue 14 item 5: a model of a few dozen
 small tensors spent more on its index than on its weights) is version 3 with two changes:
 
 - a blob of fewer than ``SMALL_BLOB`` (16) bytes has no CRC-32 of its own; one CRC-32 over
@@ -56,6 +56,19 @@ small tensors spent more on its index than on its weights) is version 3 with two
   only when it left one out, so every record reads back as written. Blobs follow in order, each at the next multiple of its alignment: the element size for
 raw blobs (1, 2, 4, 8), 2 for fp16, 1 for coded blobs (read byte by byte). The CRC-32 catches a
 damaged blob; a bundle's manifest holds the sha256 of the whole file against tampering.
+
+Version 5 (what cpu, xla and weights bundles write; issue 14 item 5: a 20x depthwise CNN of 2.7 KB
+spent 362 bytes on its version 4 index, 30 a tensor) is version 4 with two changes:
+
+- blobs of fewer than ``SMALL_BLOB_V5`` (1,024) bytes share the index's last CRC-32 (a CRC of
+  its own is under 0.4% of a larger blob);
+- a record starts with a varint ``head``: 0, a version 4 record follows (field count, fields);
+  1, a palette in a few bytes: shape, varint bits, varint codebook size, u8 flags (bit 0:
+  ``rans``), every other field the version 4 reader derives (float32 values, one group, no
+  Huffman, float16 codebook, the streams); 2, fp16 and 3, raw float32: the shape alone; ``k + 3``
+  (k >= 1) repeats the record of the tensor k places before (k <= 64). A shape is a varint
+  count, then each dimension. The writer uses a short form only when it reads back as the
+  record it was given.
 
 Rules:
 
@@ -87,9 +100,11 @@ from mconv.fileio import atomic_path, load_json
 
 MAGIC = b"MCW1"
 VERSION = 1
-VERSIONS = (1, 2, 3, 4)  # what this mconv reads
-LATEST = 4  # what bundles whose readers follow (Python, mcw_decode) are written with
+VERSIONS = (1, 2, 3, 4, 5)  # what this mconv reads
+LATEST = 5  # what bundles whose readers follow (Python, mcw_decode) are written with
 SMALL_BLOB = 16  # version 4: blobs shorter than this share one CRC-32 at the end of the index
+SMALL_BLOB_V5 = 1024  # version 5: the same, for blobs shorter than this
+_HEAD_GENERIC, _HEAD_PALETTE, _HEAD_FP16, _HEAD_RAW = 0, 1, 2, 3  # version 5 record heads; k + 3: k back
 ALIGNMENT = 64
 ALIGNMENT_V2 = 8
 _RECORD_BACKREF = 64  # a version 3 record may repeat one of the last 64 tensors' records
@@ -287,8 +302,48 @@ def _slim_v4(record: dict, nbytes: int) -> tuple[dict, bool]:
     return slim, True
 
 
+def _small_limit(version: int) -> int:
+    """Blobs shorter than this share the index's last CRC-32 (0: none do)."""
+    return {4: SMALL_BLOB, 5: SMALL_BLOB_V5}.get(version, 0)
+
+
+def _shape_bytes(shape: list) -> bytes:
+    return _varint(len(shape)) + b"".join(_varint(d) for d in shape)
+
+
+def _short_v5(record: dict, nbytes: int) -> bytes | None:
+    """Version 5's short form of ``record`` (head, shape, ...), or None when it has none that
+    reads back as ``record``."""
+    slim, is_slim = _slim_v4(record, nbytes)
+    shape = slim.get("shape")
+    if not is_slim or not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+        return None
+    codec, keys = slim.get("codec"), set(slim)
+    out = None
+    if codec == "palette" and keys - {"rans"} == {"codec", "shape", "bits", "codebook_size"}:
+        bits, size, rans = slim["bits"], slim["codebook_size"], slim.get("rans", True)
+        if _is_uint(bits) and _is_uint(size) and rans is True:
+            out = _varint(_HEAD_PALETTE) + _shape_bytes(shape) + _varint(bits) + _varint(size)
+            out += bytes([1 if "rans" in slim else 0])
+    elif codec in ("fp16", "raw") and keys == {"codec", "shape"}:
+        out = _varint(_HEAD_FP16 if codec == "fp16" else _HEAD_RAW) + _shape_bytes(shape)
+    if out is None or _restore_v4(_read_short(slim), nbytes) != record:
+        return None
+    return out
+
+
+def _read_short(slim: dict) -> dict:
+    """The slim record a short form stands for (its fields as written)."""
+    out = {"codec": slim["codec"], "shape": list(slim["shape"])}
+    for key in ("bits", "codebook_size", "rans"):
+        if key in slim:
+            out[key] = slim[key]
+    return out
+
+
 def _index_v3(entries: list[TensorEntry], crcs: list[int], version: int = 3) -> bytes:
-    """The binary index of version 3, or of version 4 (small blobs' CRC shared, slim records)."""
+    """The binary index of version 3, of version 4 (small blobs' CRC shared, slim records) or of
+    version 5 (more blobs share the CRC, short records)."""
     out = [_varint(len(entries))]
     previous = b""
     recent: list[bytes] = []  # the encoded records of the last _RECORD_BACKREF tensors
@@ -298,31 +353,41 @@ def _index_v3(entries: list[TensorEntry], crcs: list[int], version: int = 3) -> 
         limit = min(len(name), len(previous))
         while shared < limit and name[shared] == previous[shared]:
             shared += 1
-        if version == 4:
-            record, slim = _slim_v4(e.record, e.nbytes)
-            fields = sorted(record.items())
-            count = len(fields) << 1 | slim
+        short = _short_v5(e.record, e.nbytes) if version == 5 else None
+        if short is not None:
+            body = short
         else:
-            fields = sorted(_v3_record(e.record, e.nbytes).items())
-            count = len(fields)
-        body = _varint(count) + b"".join(_word(k) + _value_v2(v) for k, v in fields)
+            if version >= 4:
+                record, slim = _slim_v4(e.record, e.nbytes)
+                fields = sorted(record.items())
+                count = len(fields) << 1 | slim
+            else:
+                fields = sorted(_v3_record(e.record, e.nbytes).items())
+                count = len(fields)
+            body = _varint(count) + b"".join(_word(k) + _value_v2(v) for k, v in fields)
+            if version == 5:
+                body = _varint(_HEAD_GENERIC) + body
         back = next((i + 1 for i, r in enumerate(reversed(recent)) if r == body), 0)
         out += [_varint(shared), _varint(len(name) - shared), name[shared:], _varint(e.nbytes)]
-        if version != 4 or e.nbytes >= SMALL_BLOB:
+        if e.nbytes >= _small_limit(version) or version == 3:
             out.append(crc.to_bytes(4, "little"))
-        out.append(_varint(back))
-        if not back:
-            out.append(body)
+        if version == 5:
+            out.append(_varint(back + _HEAD_RAW) if back else body)
+        else:
+            out.append(_varint(back))
+            if not back:
+                out.append(body)
         recent = [*recent[-(_RECORD_BACKREF - 1) :], body]
         previous = name
     return b"".join(out)
 
 
-def _small_crc(blobs: list[bytes]) -> int:
-    """Version 4: the CRC-32 of the blobs under ``SMALL_BLOB`` bytes, concatenated in order."""
+def _small_crc(blobs: list[bytes], version: int = 4) -> int:
+    """Versions 4 and 5: the CRC-32 of the blobs under the version's small-blob limit,
+    concatenated in order."""
     crc = 0
     for b in blobs:
-        if len(b) < SMALL_BLOB:
+        if len(b) < _small_limit(version):
             crc = zlib.crc32(b, crc)
     return crc
 
@@ -350,17 +415,17 @@ def write_container(
         blobs.append(blob)
         entries.append(TensorEntry(name, 0, len(blob), hashlib.sha256(blob).hexdigest(), record))
 
-    if version in (2, 3, 4):
+    if version in (2, 3, 4, 5):
         try:
             if version == 2:
                 index = _index_v2(entries)
             else:
                 index = _index_v3(entries, [zlib.crc32(b) for b in blobs], version)
-                if version == 4 and any(len(b) < SMALL_BLOB for b in blobs):
-                    index += _small_crc(blobs).to_bytes(4, "little")
+                if any(len(b) < _small_limit(version) for b in blobs):
+                    index += _small_crc(blobs, version).to_bytes(4, "little")
         except ValueError:
             version = 1
-    if version in (2, 3, 4):
+    if version in (2, 3, 4, 5):
         offset = HEADER.size + len(index)
         for e, blob in zip(entries, blobs):
             offset += _pad_to(offset, ALIGNMENT_V2 if version == 2 else _alignment_v3(e.record))
@@ -565,7 +630,7 @@ def _parse_index(view: memoryview, label: str) -> dict[str, TensorEntry]:
         )
     if version not in VERSIONS:
         raise InputError(
-            f"container version {version} is not supported (this mconv reads versions 1 to 4)",
+            f"container version {version} is not supported (this mconv reads versions 1 to 5)",
             path=label,
             where="byte offset 4",
             hint="upgrade mconv or re-export the bundle",
@@ -580,7 +645,7 @@ def _parse_index(view: memoryview, label: str) -> dict[str, TensorEntry]:
     where_index = f"byte offset {HEADER.size} (index)"
     if version == 2:
         return _parse_index_v2(view, label, index_len)
-    if version in (3, 4):
+    if version in (3, 4, 5):
         return _parse_index_v3(view, label, index_len, version)
 
     def bad(what: str, where: str = where_index) -> InputError:
@@ -764,9 +829,14 @@ def _parse_index_v3(view: memoryview, label: str, index_len: int, version: int =
         tensor = f"tensor '{show(name)}'"
         nbytes = r.varint(f"{tensor} nbytes")
         crc: int | None = None
-        if version == 3 or nbytes >= SMALL_BLOB:
+        if version == 3 or nbytes >= _small_limit(version):
             crc = int.from_bytes(r.take(4, f"{tensor} crc32"), "little")
-        back = r.varint(f"{tensor} record reference")
+        head = _HEAD_GENERIC
+        if version == 5:
+            head = r.varint(f"{tensor} record head")
+            back = head - _HEAD_RAW if head > _HEAD_RAW else 0
+        else:
+            back = r.varint(f"{tensor} record reference")
         record: dict[str, object]
         slim = False
         if back:
@@ -774,10 +844,25 @@ def _parse_index_v3(view: memoryview, label: str, index_len: int, version: int =
                 raise r.bad(f"{tensor} repeats the record {back} tensors back, of {len(recent)}", start)
             shared_record, slim = recent[-back]
             record = json.loads(json.dumps(shared_record))  # a copy: records are mutable dicts
+        elif head != _HEAD_GENERIC:  # version 5's short forms
+            ndim = r.varint(f"{tensor} shape length")
+            if ndim > r.end - r.at:
+                raise r.bad(f"{tensor} claims {ndim} dimensions, more than the index holds", start)
+            shape = [r.varint(f"{tensor} dimension {d}") for d in range(ndim)]
+            codec = {_HEAD_PALETTE: "palette", _HEAD_FP16: "fp16", _HEAD_RAW: "raw"}[head]
+            record, slim = {"codec": codec, "shape": shape}, True
+            if head == _HEAD_PALETTE:
+                record["bits"] = r.varint(f"{tensor} bits")
+                record["codebook_size"] = r.varint(f"{tensor} codebook size")
+                flags = r.take(1, f"{tensor} palette flags")[0]
+                if flags & ~1:
+                    raise r.bad(f"{tensor} palette flags {flags:#04x} name no known option", start)
+                if flags & 1:
+                    record["rans"] = True
         else:
             record = {}
             fields = r.varint(f"{tensor} record fields")
-            if version == 4:
+            if version >= 4:
                 fields, slim = fields >> 1, bool(fields & 1)
             if fields > r.end - r.at:
                 raise r.bad(f"{tensor} claims {fields} record fields, more than the index holds", start)

@@ -490,12 +490,12 @@ def test_unknown_container_versions_are_refused_clearly(tmp_path):
     path = tmp_path / "w.mcw"
     write_container(path, _small_model_tensors(3), version=2)
     data = bytearray(path.read_bytes())
-    data[4] = 5
-    with pytest.raises(InputError, match="container version 5 is not supported") as exc:
+    data[4] = 6
+    with pytest.raises(InputError, match="container version 6 is not supported") as exc:
         container_from_bytes(bytes(data), "w.mcw")
     assert "upgrade mconv" in exc.value.line()
     with pytest.raises(InputError, match="container version"):
-        write_container(tmp_path / "x.mcw", [], version=5)
+        write_container(tmp_path / "x.mcw", [], version=6)
 
 
 # --- version 3: front-coded names, CRC-32, repeated records, natural alignment ---------------
@@ -694,3 +694,113 @@ def test_v4_refuses_damaged_indexes_with_one_line(tmp_path):
     cut = data[: 16 + index_len - 4]  # the small blobs' CRC cut off the index
     with pytest.raises(InputError):
         container_from_bytes(struct.pack("<4sIQ", b"MCW1", 4, index_len - 4) + cut[16:], "cut.mcw")
+
+
+# --- version 5: short records, blobs under 1 KiB share one CRC-32 -----------------------------
+
+
+def _index_bytes(info) -> int:
+    return info.total_bytes - info.blob_bytes
+
+
+def test_v5_reads_back_every_record_and_array_as_written_and_is_smaller(tmp_path):
+    tensors = _codec_zoo(0) + _many_small_tensors(0)
+    v5 = write_container(tmp_path / "a.mcw", tensors, version=5)
+    write_container(tmp_path / "b.mcw", tensors, version=5)
+    assert (tmp_path / "a.mcw").read_bytes() == (tmp_path / "b.mcw").read_bytes()
+    v4 = write_container(tmp_path / "v4.mcw", tensors, version=4)
+    v2 = write_container(tmp_path / "v2.mcw", tensors, version=2)
+    assert v5.blob_bytes == v4.blob_bytes == v2.blob_bytes
+    assert _index_bytes(v5) < _index_bytes(v4)
+    with read_container(tmp_path / "a.mcw") as c, read_container(tmp_path / "v2.mcw") as old:
+        assert c.names == [t[0] for t in tensors]
+        for name, a, _ in tensors:
+            assert c.array(name).tobytes() == np.asarray(a).tobytes(), name
+            assert c.record(name) == old.record(name), name  # short forms read back exactly
+        own = [e.name for e in c.entries.values() if e.crc32 is not None]
+        assert own and all(c.entries[n].nbytes >= container.SMALL_BLOB_V5 for n in own)
+
+
+def test_v5_short_forms_stand_only_for_the_records_they_restore():
+    """A palette, fp16 or raw float32 record with the derived fields only takes a few bytes; a
+    record with anything else (groups, Huffman, a float32 codebook, another dtype, rans written
+    false) keeps the version 4 form."""
+    short = {"codec": "palette", "bits": 3, "codebook_size": 8, "shape": [128, 64, 1, 1], "dtype": "float32",
+             "groups": 1, "huffman": False, "codebook_dtype": "float16", "rans": True,
+             "streams": {"codebook": 16, "indices": 451}}  # fmt: skip
+    got = container._short_v5(short, 467)
+    assert got is not None and len(got) == 10  # head, 4 + 4 dims, bits, size, flags
+    assert container._short_v5({**short, "rans": False}, 467) is None
+    assert container._short_v5({**short, "groups": 2}, 467) is None
+    assert (
+        container._short_v5(
+            {**short, "codebook_dtype": "float32", "streams": {"codebook": 32, "indices": 451}}, 483
+        )
+        is None
+    )
+    fp16 = {"codec": "fp16", "shape": [10], "dtype": "float32", "streams": {"data": 20}}
+    assert container._short_v5(fp16, 20) == bytes([2, 1, 10])
+    assert container._short_v5({**fp16, "dtype": "float16"}, 20) is None
+    raw = {"codec": "raw", "shape": [], "dtype": "float32", "streams": {"data": 4}}
+    assert container._short_v5(raw, 4) == bytes([3, 0])
+
+
+def test_v5_checks_the_small_blobs_crc_and_every_large_blobs_own(tmp_path):
+    rng = np.random.default_rng(5)
+    big = rng.standard_normal(600).astype(np.float32)  # 2,400 bytes raw: a CRC of its own
+    path = tmp_path / "w.mcw"
+    info = write_container(path, [("big", big, None), *_codec_zoo(1)], version=5)
+    data = path.read_bytes()
+    small, large = info.entry("b/palette"), info.entry("big")
+    assert small.nbytes < container.SMALL_BLOB_V5 <= large.nbytes
+    for e, match in ((small, "does not match"), (large, "CRC-32 mismatch")):
+        damaged = bytearray(data)
+        damaged[e.offset] ^= 0x04
+        with container_from_bytes(bytes(damaged), "w.mcw") as c:
+            if e is small:
+                c.array("big")  # the large blob has its own CRC
+            else:
+                c.array("b/palette")
+            with pytest.raises(IntegrityError, match=match) as exc:
+                c.array(e.name)
+            assert "w.mcw" in exc.value.line()
+
+
+def test_v5_refuses_damaged_indexes_with_one_line(tmp_path):
+    """Index bytes flipped at random: the file reads (every tensor as written or a CRC error)
+    or is refused with one InputError line naming it; never another exception."""
+    path = tmp_path / "w.mcw"
+    write_container(path, _codec_zoo(2) + _many_small_tensors(2), version=5)
+    data = path.read_bytes()
+    (index_len,) = struct.unpack_from("<Q", data, 8)
+    rng = np.random.default_rng(6)
+    for trial in range(200):
+        damaged = bytearray(data)
+        damaged[16 + int(rng.integers(0, index_len))] ^= int(rng.integers(1, 256))
+        try:
+            with container_from_bytes(bytes(damaged), "bad.mcw") as c:
+                for name in c.names:
+                    c.array(name)
+        except InputError as exc:  # IntegrityError is one too
+            line = exc.line()
+            assert "bad.mcw" in line and "\n" not in line, (trial, line)
+
+
+def test_cpu_bundles_write_version_5_with_a_smaller_index(tmp_path):
+    from mconv import api
+
+    model = api.load(Path(__file__).resolve().parents[1] / "fixtures" / "digits_mlp.onnx")
+    api.optimize(model, passes="prune(sparsity=0.9),cluster(bits=4)")
+    api.export(model, "cpu", tmp_path / "b")
+    data = (tmp_path / "b" / "weights.mcw").read_bytes()
+    assert struct.unpack_from("<4sI", data, 0) == (b"MCW1", 5)
+    with read_container(tmp_path / "b" / "weights.mcw") as c:
+        tensors = [(n, c.array(n), None) for n in c.names]
+        records = {n: c.record(n) for n in c.names}
+    assert all(r["codec"] == "palette" for n, r in records.items() if n.endswith("weight"))
+    # the same blobs in a version 4 file: its index is the larger
+    spec = {n: {k: records[n][k] for k in ("codec", "rans") if k in records[n]} for n in records}
+    blobs = [(n, a, spec[n]) for n, a, _ in tensors]
+    v4 = write_container(tmp_path / "v4.mcw", blobs, version=4)
+    same = write_container(tmp_path / "v5.mcw", blobs, version=5)
+    assert same.blob_bytes == v4.blob_bytes and _index_bytes(same) < _index_bytes(v4)

@@ -10,7 +10,7 @@
  * 64-byte aligned blobs; the JSON parser is minimal: it reads exactly that shape and skips every
  * other key. Version 2: the binary index of container.py (varints, a word table, implied
  * offsets at 8-byte alignment); every length is checked against the index before it is used.
- * Versions 3 and 4: see index_bin.
+ * Versions 3, 4 and 5: see index_bin.
  * Exit status: 0 ok, 2 bad input (one line on stderr naming the file and tensor), 3 I/O error.
  *
  * Build: cc -std=c99 -O2 -o mcw_decode mcw_decode.c decoder.c
@@ -332,13 +332,19 @@ static uint64_t dtype_size(const char *d) {
 }
 
 #define RECORD_BACKREF 64
-#define SMALL_BLOB 16 /* version 4: blobs shorter than this have no CRC of their own */
+#define SMALL_BLOB 16      /* version 4: blobs shorter than this have no CRC of their own */
+#define SMALL_BLOB_V5 1024 /* version 5: the same */
+enum { HEAD_GENERIC, HEAD_PALETTE, HEAD_FP16, HEAD_RAW }; /* version 5 record heads; k + 3: k back */
 
 /* Every tensor of a version 2 or 3 index, in order; calls visit for each (offsets implied).
  * Version 3 (container.py): names front-coded against the previous one, a CRC-32 instead of
  * the sha256, a record may repeat one of the last 64, and blobs aligned to their element size
  * (raw, fp16) or not at all (coded). Version 4: no CRC for blobs under SMALL_BLOB bytes (one
- * shared CRC ends the index), and a record's field count says whether it is slim. */
+ * shared CRC ends the index), and a record's field count says whether it is slim. Version 5:
+ * blobs under SMALL_BLOB_V5 share the CRC, and a record starts with a head: 0 a version 4
+ * record, 1 a palette (shape, bits, codebook size, flags: bit 0 rans), 2 fp16 and 3 raw float32
+ * (the shape alone), k + 3 the record of the tensor k back; short forms take every other field
+ * from the version 4 derivations. */
 static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_len, int version,
                      int (*visit)(tensor *, void *), void *ctx) {
     bin b;
@@ -353,7 +359,7 @@ static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_le
     if (count > index_len) b.bad = 1;
     for (i = 0; !b.bad && i < count; i++) {
         tensor t;
-        uint64_t n, shared = 0, fields, f, back = 0, align = 8, crc_len = 32;
+        uint64_t n, shared = 0, fields, f, back = 0, head = HEAD_GENERIC, align = 8, crc_len = 32;
         int slim = 0;
         const char *why;
         memset(&t, 0, sizeof t);
@@ -370,11 +376,14 @@ static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_le
         snprintf(t.name, sizeof t.name, "%.*s", (int)(prev_len < NAME_MAX_LEN - 1 ? prev_len : NAME_MAX_LEN - 1),
                  (const char *)prev);
         t.nbytes = varint(&b), t.have_nbytes = 1;
-        if (version >= 3) crc_len = version == 4 && t.nbytes < SMALL_BLOB ? 0 : 4;
+        if (version >= 3) crc_len = (version == 4 && t.nbytes < SMALL_BLOB) || (version == 5 && t.nbytes < SMALL_BLOB_V5) ? 0 : 4;
         small |= crc_len == 0;
         if (b.bad || (uint64_t)(b.end - b.p) < crc_len) { b.bad = 1; break; }
         b.p += crc_len; /* CRC-32 / sha256: checked by the Python loader; this tool trusts the manifest */
-        if (version >= 3) back = varint(&b);
+        if (version == 5) {
+            head = varint(&b);
+            back = head > HEAD_RAW ? head - HEAD_RAW : 0;
+        } else if (version >= 3) back = varint(&b);
         if (b.bad || back > nrecent || back > RECORD_BACKREF) { b.bad = 1; break; }
         if (back) { /* the record of a recent tensor; name and sizes are this one's */
             char name[NAME_MAX_LEN];
@@ -383,9 +392,27 @@ static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_le
             t = recent[(nrecent - back) % RECORD_BACKREF];
             memcpy(t.name, name, sizeof name);
             t.nbytes = nbytes;
+        } else if (head != HEAD_GENERIC) { /* version 5's short forms */
+            uint64_t d, flags;
+            n = varint(&b);
+            if (b.bad || n > MAX_DIMS) { b.bad = 1; break; }
+            t.ndim = (int)n;
+            for (d = 0; d < n && !b.bad; d++) t.shape[d] = varint(&b);
+            snprintf(t.codec, sizeof t.codec, "%s", head == HEAD_PALETTE ? "palette" : head == HEAD_FP16 ? "fp16" : "raw");
+            t.have_codec = 1;
+            snprintf(t.dtype, sizeof t.dtype, "float32"), t.have_dtype = 1;
+            if (head == HEAD_PALETTE) {
+                t.rec.bits = (int)(varint(&b) & 0xFF);
+                t.rec.codebook_size = (uint32_t)varint(&b);
+                if (b.bad || b.p >= b.end) { b.bad = 1; break; }
+                flags = *b.p++;
+                if (flags & ~1u) { b.bad = 1; break; }
+                t.rec.rans = (int)(flags & 1);
+                snprintf(t.codebook_dtype, sizeof t.codebook_dtype, "float16");
+            }
         } else {
             fields = varint(&b);
-            if (version == 4) slim = (int)(fields & 1), fields >>= 1;
+            if (version >= 4) slim = (int)(fields & 1), fields >>= 1;
             if (fields > (uint64_t)(b.end - b.p)) b.bad = 1;
             for (f = 0; !b.bad && f < fields; f++) {
                 char key[64];
@@ -412,7 +439,7 @@ static int index_bin(const unsigned char *data, uint64_t size, uint64_t index_le
     }
     free(prev), free(recent);
     if (rc) return rc;
-    if (!b.bad && small) { /* version 4: the small blobs' one CRC-32 ends the index */
+    if (!b.bad && small) { /* versions 4 and 5: the small blobs' one CRC-32 ends the index */
         if (b.end - b.p < 4) b.bad = 1;
         else b.p += 4;
     }
@@ -521,8 +548,8 @@ int main(int argc, char **argv) {
     fclose(f);
     if (size < 16 || memcmp(data, "MCW1", 4)) return die(NULL, "byte offset 0: not a weights.mcw file (magic)", 2);
     version = data[4] | data[5] << 8 | data[6] << 16 | (uint32_t)data[7] << 24;
-    if (version < 1 || version > 4)
-        return die(NULL, "byte offset 4: unsupported container version (this decoder reads 1 to 4)", 2);
+    if (version < 1 || version > 5)
+        return die(NULL, "byte offset 4: unsupported container version (this decoder reads 1 to 5)", 2);
     for (index_len = 0, i = 7; i >= 0; i--) index_len = index_len << 8 | data[8 + i];
     if (index_len > (uint64_t)size - 16) return die(NULL, "byte offset 8: index runs past the end of the file", 2);
     jb.data = data, jb.size = (uint64_t)size, jb.only = only, jb.out_dir = out_dir, jb.list = list, jb.found = 0;

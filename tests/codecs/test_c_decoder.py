@@ -140,8 +140,8 @@ CASES = [
 
 @pytest.fixture(
     scope="module",
-    params=[1, 2, 3, 4],
-    ids=["v1-json-index", "v2-binary-index", "v3-compact-index", "v4-slim-index"],
+    params=[1, 2, 3, 4, 5],
+    ids=["v1-json-index", "v2-binary-index", "v3-compact-index", "v4-slim-index", "v5-short-records"],
 )
 def weights(tmp_path_factory, request) -> Path:
     path = tmp_path_factory.mktemp("mcw") / "weights.mcw"
@@ -215,9 +215,9 @@ def test_c_decoder_rejects_damaged_rans_blobs_like_python(mcw_decode, weights, t
         assert np.array_equal(np.frombuffer(proc.stdout, "<u4"), py.astype(np.float32).ravel().view("<u4"))
 
 
-@pytest.mark.parametrize("version", [2, 3, 4])
+@pytest.mark.parametrize("version", [2, 3, 4, 5])
 def test_c_decoder_refuses_damaged_binary_indexes_with_one_line(mcw_decode, tmp_path, version):
-    """Version 2, 3 and 4 index bytes flipped, cut or lengthened: exit 2 and one line, never a crash."""
+    """Version 2 to 5 index bytes flipped, cut or lengthened: exit 2 and one line, never a crash."""
     path = tmp_path / "v2.mcw"
     container.write_container(path, [(name, w, spec) for name, w, spec in CASES], version=version)
     data = path.read_bytes()
@@ -238,10 +238,10 @@ def test_c_decoder_refuses_damaged_binary_indexes_with_one_line(mcw_decode, tmp_
     (tmp_path / "long.mcw").write_bytes(bytes(longer))
     proc = subprocess.run([str(mcw_decode), str(tmp_path / "long.mcw")], capture_output=True, timeout=30)
     assert proc.returncode == 2 and proc.stderr.count(b"\n") == 1
-    v5 = bytearray(data)
-    v5[4] = 5
-    (tmp_path / "v5.mcw").write_bytes(bytes(v5))
-    proc = subprocess.run([str(mcw_decode), str(tmp_path / "v5.mcw")], capture_output=True, timeout=30)
+    v6 = bytearray(data)
+    v6[4] = 6
+    (tmp_path / "v6.mcw").write_bytes(bytes(v6))
+    proc = subprocess.run([str(mcw_decode), str(tmp_path / "v6.mcw")], capture_output=True, timeout=30)
     assert proc.returncode == 2 and b"unsupported container version" in proc.stderr
 
 

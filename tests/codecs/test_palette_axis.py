@@ -440,7 +440,7 @@ C_CASES = [
 ]
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 5])
 def test_c_decoder_decodes_axis_records_bit_for_bit(mcw_decode, tmp_path, version):
     path = tmp_path / "axis.mcw"
     write_container(path, C_CASES, version=version)
