@@ -212,6 +212,107 @@ def test_the_schedule_prunes_geometrically_and_clusters_the_biases():
     assert last.name == "round-fp16" and last.config["compressed"] is True
 
 
+def test_cluster_groups_put_the_largest_layers_first():
+    sizes = {"a": 10, "b": 8000, "c": 300, "d": 2000, "e": 300, "f": 1200}
+    assert B.cluster_groups(list(sizes), sizes) == [["b", "d"], ["f", "c"], ["e", "a"]]  # ties by name
+    assert B.cluster_groups(["x", "y"], {"x": 1, "y": 2}) == [["y"], ["x"]]  # one group a layer at most
+    assert B.cluster_groups(["x", "y"], None) == [["x", "y"]]  # without sizes: all at once
+    assert B.cluster_groups([], sizes) == []
+
+
+def test_the_schedule_clusters_progressively_largest_group_first(monkeypatch):
+    """Rule 6: each group is clustered in its own stage and fine-tuned before the next, the
+    layers not yet clustered training as floats; every clustered layer in exactly one group,
+    at its own bits; one group (CLUSTER_GROUPS 1) is the paper's all-at-once stage."""
+    alloc = {"a": (0.5, 4), "b": (0.9, 3), "c": (0.0, 5), "d": (0.7, 3), "e": (0.8, None)}
+    sizes = {"a": 500, "b": 9000, "c": 300, "d": 2000, "e": 100}
+    plan = B._schedule(alloc, 2, 0, 0.25, 32, sizes=sizes)
+    names = [n for n, _ in plan]
+    tail = names[names.index("biases clustered") + 1 :]
+    assert tail == ["cluster", "centroid fine-tuning 1", "cluster 2", "centroid fine-tuning 2",
+                    "cluster 3", "centroid fine-tuning 3", "values to float16"]  # fmt: skip
+    groups = [dict(plan)[n][0].op_name for n in ("cluster", "cluster 2", "cluster 3")]
+    assert [sorted(g) for g in groups] == [["b", "d"], ["a"], ["c"]]  # by weights, near-equal counts
+    assert {n: g[n]["bits"] for g in groups for n in g} == {"a": 4, "b": 3, "c": 5, "d": 3}
+    assert all(dict(plan)[n][0].config.get("skip") is True for n in ("cluster", "cluster 2", "cluster 3"))
+    monkeypatch.setattr(B, "CLUSTER_GROUPS", 1)
+    plan = dict(B._schedule(alloc, 2, 0, 0.25, 32, sizes=sizes))
+    assert "cluster 2" not in plan and set(plan["cluster"][0].op_name) == {"a", "b", "c", "d"}
+    assert "centroid fine-tuning 2" in plan
+
+
+def test_pruning_costs_weigh_less_than_clustering_costs():
+    """Rule 3: an option's cost is PRUNE_RECOVERY times the Fisher cost of the weights it prunes
+    (masked retraining wins most of it back) plus the full cost of clustering what is kept."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    f = rng.random((16, 8))
+    state = B._OptionsState(
+        {
+            "weights": {"w": w},
+            "fisher": {"w": f},
+            "sparsities": (0.0, 0.5),
+            "bits": (3,),
+            "ev": object(),
+            "sample": None,
+            "sweep": False,
+        }  # fmt: skip
+    )
+    options, _ = state.options("w")
+    pruned = B._compressed(w, 0.5, None)
+    cut = (pruned == 0) & (w != 0)
+    prune_cost = 0.5 * float(np.sum((f * np.square(w.astype(np.float64)))[cut]))
+    clustered = B._compressed(pruned, 0.0, 3)
+    cluster_cost = 0.5 * float(np.sum((f * np.square(clustered.astype(np.float64) - w))[~cut]))
+    assert options[(0.5, None)][1] == pytest.approx(B.PRUNE_RECOVERY * prune_cost)
+    assert options[(0.5, 3)][1] == pytest.approx(B.PRUNE_RECOVERY * prune_cost + cluster_cost)
+    dense = 0.5 * float(np.sum(f * np.square(B._compressed(w, 0.0, 3).astype(np.float64) - w)))
+    assert options[(0.0, 3)][1] == pytest.approx(dense)
+    assert 0 < B.PRUNE_RECOVERY < 1
+
+
+def test_the_last_group_is_refitted_when_the_export_overshoots(monkeypatch):
+    """Rule 7 with progressive groups: the bits are fitted with every layer clustered; the last
+    group's clustering gives the result's size, and when the export then overshoots (here: 400
+    bytes added to every export measured in that stage) that group's bits are chosen again for
+    what it went over by, and the attempt fits."""
+    data = _subset(240, seed=4)
+    target = 12_500
+    stage = [""]
+    real = B._rounded_sizes
+
+    def sizes(model):
+        got = dict(real(model))
+        if stage[0].endswith("cluster 3"):
+            got["weights_file"] += 400
+        return got
+
+    monkeypatch.setattr(B, "_rounded_sizes", sizes)
+
+    def progress(what, done, total):
+        if "] " in what:
+            stage[0] = what.split("] ", 1)[1].split(":")[0]
+
+    model = load_onnx(fixture_path("digits_mlp.onnx"))
+    result = B.compress_to_budget(
+        model,
+        data,
+        target_size=target,
+        seed=1,
+        progress=progress,
+        **{**FAST, "bits": (6, 5, 4, 3), "attempts": 1},
+    )
+    first = result.attempts[0]
+    refits = [r for r in first["reallocated"] if r["stage"] == "cluster 3"]
+    assert refits and all(r["overshoot"] > 0 for r in refits), first["reallocated"]
+    fitted = first["reallocated"][-1 - len(refits)]
+    assert fitted["stage"] == "cluster"
+    last = B.cluster_groups(list(fitted["allocation"]), {"fc1": 19_200, "fc2": 30_000, "fc3": 1_000})[-1]
+    assert last == ["fc3"]
+    assert refits[-1]["allocation"]["fc3"]["bits"] < fitted["allocation"]["fc3"]["bits"]
+    assert first["weights_file"] <= target - 400  # the real file: the injected bytes were met
+
+
 def test_incremental_quantization_stages_sit_between_the_centroid_stages(monkeypatch):
     monkeypatch.setattr(B, "RELEASE_STEPS", (0.5, 0.25))
     plan = dict(B._schedule({"fc1": (0.9, 4)}, 2, 0, 0.25, 32))
@@ -594,9 +695,10 @@ def test_when_the_grown_attempt_overshoots_the_first_fitting_one_is_the_answer(m
 def test_one_attempt_spends_a_size_target_measured_at_clustering():
     """--target-size alone: the room is the target less the rest of the export, measured, and
     the clustered model's export is fitted to the target at clustering: the first attempt never
-    goes over, says what it tried, and usually lands within 4% of the target. Only bit widths
-    move at clustering, so some targets fall between two widths' sizes (12,000 B here: the
-    tries come out 11,500 B and two over); then the search grows once, as designed."""
+    goes over, says what it tried, and often lands within 4% of the target. Only bit widths
+    move at clustering, and this MLP has three layers and four widths, so some targets fall
+    between two allocations' sizes (12,000 B and 13,000 B here: the tries come out 11,434 B and
+    12,424 B, 12,416 B and 13,328 B); then the search grows once, as designed."""
     data = _subset(240, seed=4)
     within = 0
     for target in (11_000, 12_000, 12_500, 13_000):
@@ -610,11 +712,14 @@ def test_one_attempt_spends_a_size_target_measured_at_clustering():
         assert cluster["stage"] == "cluster"
         fitted = cluster["fitted"]
         assert 1 <= len(fitted) <= 4
-        # the kept try is the largest that fits; each try's size is the export's
-        assert [cluster["budget_bytes"], first["weights_file"]] in fitted
-        assert first["weights_file"] == max(size for _, size in fitted if size <= target)
+        # the kept try is the largest that fits; each try's size is the export's, with every layer
+        # clustered; the groups clustered later (rule 6) were fine-tuned since, which moves the
+        # file by a few bytes of entropy-coded indices
+        kept = max(size for _, size in fitted if size <= target)
+        assert [cluster["budget_bytes"], kept] in fitted
+        assert abs(first["weights_file"] - kept) <= target // 100, (first["weights_file"], kept)
         spent = first["weights_file"] > target * 0.96
         # within 4%: done in one attempt; else one grown attempt follows
         assert len(result.attempts) == (1 if spent else 2), (target, result.attempts)
         within += spent
-    assert within >= 3
+    assert within >= 2
