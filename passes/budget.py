@@ -1533,7 +1533,7 @@ def compress_to_budget(
                     stored = _rounded_sizes(work)["stored"]
                     room = sum(stored.get(layer.tensor, 0) for layer in last) - over
                     _restore(work, before_state)
-                    part, _ = _reallocate(work, ev, train, last, room, bits_only=True)
+                    part, part_bytes = _reallocate(work, ev, train, last, room, bits_only=True)
                     if all(part[n] == alloc[n] for n in part) or any(b is None for _, b in part.values()):
                         _run_specs(work, specs, actx)
                         break
@@ -1544,6 +1544,8 @@ def compress_to_budget(
                         {
                             "stage": name,
                             "budget_bytes": room,
+                            "predicted_bytes": part_bytes
+                            + sum(stored.get(layer.tensor, 0) for layer in layers if layer not in last),
                             "overshoot": over,
                             "allocation": _alloc_table(alloc),
                         }
