@@ -212,7 +212,8 @@ def test_the_schedule_prunes_geometrically_and_clusters_the_biases():
     assert last.name == "round-fp16" and last.config["compressed"] is True
 
 
-def test_cluster_groups_put_the_largest_layers_first():
+def test_cluster_groups_put_the_largest_layers_first(monkeypatch):
+    monkeypatch.setattr(B, "CLUSTER_GROUPS", 3)
     sizes = {"a": 10, "b": 8000, "c": 300, "d": 2000, "e": 300, "f": 1200}
     assert B.cluster_groups(list(sizes), sizes) == [["b", "d"], ["f", "c"], ["e", "a"]]  # ties by name
     assert B.cluster_groups(["x", "y"], {"x": 1, "y": 2}) == [["y"], ["x"]]  # one group a layer at most
@@ -224,6 +225,7 @@ def test_the_schedule_clusters_progressively_largest_group_first(monkeypatch):
     """Rule 6: each group is clustered in its own stage and fine-tuned before the next, the
     layers not yet clustered training as floats; every clustered layer in exactly one group,
     at its own bits; one group (CLUSTER_GROUPS 1) is the paper's all-at-once stage."""
+    monkeypatch.setattr(B, "CLUSTER_GROUPS", 3)
     alloc = {"a": (0.5, 4), "b": (0.9, 3), "c": (0.0, 5), "d": (0.7, 3), "e": (0.8, None)}
     sizes = {"a": 500, "b": 9000, "c": 300, "d": 2000, "e": 100}
     plan = B._schedule(alloc, 2, 0, 0.25, 32, sizes=sizes)
@@ -239,6 +241,10 @@ def test_the_schedule_clusters_progressively_largest_group_first(monkeypatch):
     plan = dict(B._schedule(alloc, 2, 0, 0.25, 32, sizes=sizes))
     assert "cluster 2" not in plan and set(plan["cluster"][0].op_name) == {"a", "b", "c", "d"}
     assert "centroid fine-tuning 2" in plan
+    monkeypatch.setattr(B, "CLUSTER_GROUPS", 6)  # the default: one layer a group on these four
+    plan = B._schedule(alloc, 2, 0, 0.25, 32, sizes=sizes)
+    groups = [spec.op_name for n, (spec, *_) in plan if n.startswith("cluster")]
+    assert [list(g) for g in groups] == [["b"], ["d"], ["a"], ["c"]]
 
 
 def test_pruning_costs_weigh_less_than_clustering_costs():
