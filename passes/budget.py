@@ -1488,6 +1488,7 @@ def compress_to_budget(
                 # move centroids, not indices): the bits again for the bytes it missed the
                 # target by, over or under, until it fits within ``close`` of it; the largest
                 # that fits is kept (else the smallest)
+                assert target is not None  # fitting_now implies a target
                 runs: list[dict] = []
                 for _ in range(4):
                     size = final_size(work, kept + specs, plan[si + 1 :])
