@@ -85,11 +85,16 @@ def test_a_bundle_target_fits_the_exported_cpu_bundle_directory(small, tmp_path)
     budget = json.loads(r.stdout)["budget"]
     size = budget["size"]
     assert size["bundle"] <= 5500  # fits
-    # the first attempt left more than 4% of the target unspent: a second one grew into it, and
-    # the result is the one whose gate drop is the smaller
-    first, grown = budget["attempts"]
-    assert grown["budget_bytes"] > first["budget_bytes"]
-    assert budget["held_out_drop"] == min(first["held_out_drop"], grown["held_out_drop"])
+    # one attempt spends the target within 4% (the bits are fitted on the export at clustering);
+    # one that leaves more unspent is followed by a grown one, and the result is the one whose
+    # gate drop is the smaller (that path with forced export errors: tests/passes/test_budget.py)
+    attempts = budget["attempts"]
+    if len(attempts) == 1:
+        assert size["bundle"] >= 0.96 * 5500, size
+    else:
+        first, grown = attempts
+        assert grown["budget_bytes"] > first["budget_bytes"]
+        assert budget["held_out_drop"] == min(first["held_out_drop"], grown["held_out_drop"])
     r = _cli("export", str(out), "--target", "cpu", "-o", str(bundle))
     assert r.exit_code == 0, r.output
     assert sum(f.stat().st_size for f in bundle.iterdir() if f.is_file()) == size["bundle"]
