@@ -1346,11 +1346,16 @@ def prepare(name: str, timeout: float = 1200) -> dict:
 
 
 def _usable(meta_path: Path, name: str) -> bool:
-    """A cached preparation stands unless its inputs fell back (a drawn scene, synthetic vowels)
-    where the real photo or speech can now be made: then it is prepared again."""
+    """A cached preparation stands unless a model file it names is gone (the cache is shared by
+    checkouts, and a model from ``../shared`` is named by the path it had when prepared) or its
+    inputs fell back (a drawn scene, synthetic vowels) where the real photo or speech can now be
+    made: then it is prepared again."""
     if not meta_path.is_file():
         return False
-    fell_back = any(s.endswith(FALLBACK) for s in json.loads(meta_path.read_text()).get("inputs_from", []))
+    meta = json.loads(meta_path.read_text())
+    if not all(Path(f).is_file() for f in meta.get("files", [])):
+        return False
+    fell_back = any(s.endswith(FALLBACK) for s in meta.get("inputs_from", []))
     return not (fell_back and not missing_tools(real_input_tools(by_name()[name])))
 
 

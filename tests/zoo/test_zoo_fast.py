@@ -99,6 +99,19 @@ def test_a_fallback_preparation_is_prepared_again_once_the_real_input_can_be_mad
     assert zoo._usable(meta, "tv-resnet18-ts-op13")
 
 
+def test_a_preparation_whose_model_files_are_gone_is_prepared_again(tmp_path):
+    """The cache is shared by checkouts: a preparation made where ``../shared`` lay elsewhere
+    names files that are not here, and stands only while every file it names exists."""
+    model = tmp_path / "m.h5"
+    model.write_bytes(b"x")
+    meta = tmp_path / "keras2-conv1d" / "meta.json"
+    meta.parent.mkdir()
+    meta.write_text(json.dumps({"files": [str(model)], "inputs_from": ["the model's own data"]}))
+    assert zoo._usable(meta, "keras2-conv1d")
+    meta.write_text(json.dumps({"files": [str(model), str(tmp_path / "elsewhere" / "m.json")]}))
+    assert not zoo._usable(meta, "keras2-conv1d")
+
+
 def test_wheel_pins_name_an_exact_version_and_sha256():
     for m in zoo.CORPUS:
         if m.kind != "wheel":
