@@ -1479,11 +1479,10 @@ def compress_to_budget(
                 else:
                     _run_specs(work, group_specs, actx)
 
-            if fitting_now:
-                sized(alloc, specs)
-            else:
+            if not fitting_now:
                 _run_specs(work, specs, actx)
-            if fitting_now:
+            else:
+                sized(alloc, specs)
                 # rule 7: the export after clustering is the result's size (the stages after it
                 # move centroids, not indices): the bits again for the bytes it missed the
                 # target by, over or under, until it fits within ``close`` of it; the largest
@@ -1530,11 +1529,11 @@ def compress_to_budget(
                 # the last group's bits are chosen again for the bytes it went over by
                 last = [layer for layer in layers if layer.name in groups[-1]]
                 for _ in range(4):
-                    size = final_size(work, kept + specs, plan[si + 1 :])
-                    over = size - target
+                    sizes = _rounded_sizes(work)  # one export: the size and each layer's blob
+                    over = sizes[measured] + history_bytes(kept + specs, plan[si + 1 :]) - target
                     if over <= 0:
                         break
-                    stored = _rounded_sizes(work)["stored"]
+                    stored = sizes["stored"]
                     room = sum(stored.get(layer.tensor, 0) for layer in last) - over
                     _restore(work, before_state)
                     part, part_bytes = _reallocate(work, ev, train, last, room, bits_only=True)
