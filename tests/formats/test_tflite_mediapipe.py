@@ -484,17 +484,27 @@ def test_mediapipe_v2_ops_bad_options_exit_2(tmp_path, custom, what):
 
 
 def _mediapipe_python() -> Path:
-    """A venv (in the wheel cache, made once) with mediapipe==0.10.14 installed from the cached
-    wheel without dependencies (numpy from the system); its Python runs tests/formats/
-    mediapipe_oracle.py, which loads only the C++ framework bindings."""
+    """A venv (in the wheel cache, made once per test interpreter) with mediapipe==0.10.14 installed
+    from the cached wheel without dependencies; its Python runs tests/formats/mediapipe_oracle.py,
+    which loads only the C++ framework bindings.
+
+    Its other packages (numpy, protobuf) are the test interpreter's own: a ``.pth`` file names this
+    interpreter's site-packages. ``--system-site-packages`` would not do: from inside a virtual
+    environment it gives the base interpreter's packages, which need not hold protobuf."""
     import glob
+    import hashlib
     import os
     import shutil
+    import site
     import subprocess
+    import sysconfig
 
     from _wheels import cache_dir
 
-    venv = cache_dir() / "mediapipe-0.10.14-venv"
+    ours = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()]
+    ours = list(dict.fromkeys(p for p in ours if os.path.isdir(p)))
+    key = hashlib.sha256("\n".join([sys.prefix, *ours]).encode()).hexdigest()[:12]
+    venv = cache_dir() / f"mediapipe-0.10.14-venv-{key}"
     py = venv / "bin" / "python"
     if py.is_file():
         return py
@@ -502,9 +512,31 @@ def _mediapipe_python() -> Path:
     if not wheels:
         pytest.skip("the mediapipe 0.10.14 wheel for this platform is not in the cache")
     tmp = venv.with_name(f"{venv.name}.{os.getpid()}")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(tmp)], check=True)
-    pip = [str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
-    subprocess.run([*pip, wheels[0]], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp)], check=True)
+    purelib = subprocess.run(
+        [str(tmp / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # the wheel goes in first (pip of this interpreter, targeting the new venv), then the .pth line
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            purelib,
+            wheels[0],
+        ],
+        check=True,
+        timeout=300,
+    )
+    Path(purelib, "mconv_test_parent.pth").write_text("".join(f"{p}\n" for p in ours))
     try:
         tmp.rename(venv)
     except OSError:  # another worker made it first
