@@ -89,7 +89,24 @@ def dequantize_linear(inputs, attrs, ctx):
 
 @register_vjp("DequantizeLinear")
 def dequantize_linear_vjp(inputs, attrs, outputs, grads, ctx):
-    return [None] * len(inputs)  # integer input: no gradient flows through the codes
+    """The codes and the zero point are integers: no gradient. The scale's is the cotangent times
+    ``x - zero_point``, summed over the elements each scale entry multiplies (per tensor, axis or
+    block: the element-to-entry map is the forward's own broadcast of the entries' indices)."""
+    x, scale = inputs[0], inputs[1]
+    g = grads[0]
+    out: list = [None] * len(inputs)
+    if g is None or not np.issubdtype(scale.dtype, np.floating):
+        return out
+    zp = inputs[2] if len(inputs) > 2 else None
+    axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+    v = x.astype(np.float64)
+    if zp is not None:
+        v = v - _broadcast_param(zp, x, axis, block).astype(np.float64)
+    which = _broadcast_param(np.arange(scale.size).reshape(scale.shape), x, axis, block)
+    which = np.broadcast_to(which, x.shape)
+    total = np.bincount(which.ravel(), weights=(np.asarray(g, np.float64) * v).ravel(), minlength=scale.size)
+    out[1] = total.reshape(scale.shape).astype(scale.dtype)
+    return out
 
 
 @register("DynamicQuantizeLinear")
