@@ -15,8 +15,15 @@ writes its input files into ``ROOT/cases/<format>-<n>/``, chdirs there and calls
 - ``valid``: exit 0, and no output (files written, stdout, stderr) holds the canary marker
   planted beside and above the inputs (else ``leak``);
 - ``exit3`` (internal error), ``timeout``, ``memory`` (MemoryError/bad_alloc under the limit, or
-  killed by SIGKILL without our timeout), ``other`` (a multi-line message, another exit code, a
-  signal, an input file changed, a file a pickle or model code would have created).
+  killed by SIGKILL without our timeout), ``code`` (a file that a pickle, model code, a bundle's
+  C++ or anything else from a file would have created, ``PWNED*``, exists), ``touched`` (a file
+  of the case folder outside ``out/`` changed or vanished: an input, or the user's files an
+  output path named), ``other`` (a multi-line message, another exit code, a signal).
+
+Surfaces beyond the readers (bench/fuzz_surfaces.py): TorchScript code, metal/xla/webgpu bundles,
+output paths, sharded checkpoints and calibration data. Cases of the surfaces that start engines
+with threads (``EXEC_FORMATS``) exec ``python -m mconv`` in the forked child instead of calling
+the CLI in-process.
 
 Every case is deterministic in (seed, format, n); failing cases are logged one per line in the
 form ``--replay`` takes. The case folders and the corpus live in a temp dir removed at the end
@@ -52,7 +59,7 @@ import numpy as np  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 MEM_LIMIT = 4 << 30
 TIME_LIMIT = 20.0
-CLASSES = ("exit2", "valid", "exit3", "timeout", "memory", "leak", "other")
+CLASSES = ("exit2", "valid", "exit3", "timeout", "memory", "leak", "code", "touched", "other")
 FORMATS = (
     "onnx",
     "onnx-extdata",
@@ -67,7 +74,18 @@ FORMATS = (
     "npz",
     "tf-checkpoint",
     "bundle",
+    "torchscript-code",
+    "metal-bundle",
+    "xla-bundle",
+    "webgpu-bundle",
+    "outputs",
+    "sharded",
+    "data",
 )
+# surfaces whose commands start engines with threads (jax, wgpu, a compiler): each case execs a
+# fresh interpreter (``python -m mconv``) rather than running in a child forked from a parent
+# whose engine already holds threads and locks
+EXEC_FORMATS = ("metal-bundle", "xla-bundle", "webgpu-bundle", "outputs")
 MEMORY_MARKERS = ("MemoryError", "bad_alloc", "Unable to allocate", "Cannot allocate memory", "out of memory")
 
 
@@ -263,8 +281,12 @@ class Runner:
                 os.dup2(null, 1)
                 os.dup2(null, 2)
                 code = 0
+                argv = [a.replace("{D}", str(d)) for a in e["argv"]]
                 try:
-                    self.app(args=[a.replace("{D}", str(d)) for a in e["argv"]], prog_name="mconv")
+                    if e["format"] in EXEC_FORMATS:
+                        code = subprocess.run([sys.executable, "-m", "mconv", *argv], timeout=600).returncode
+                    else:
+                        self.app(args=argv, prog_name="mconv")
                 except SystemExit as exc:
                     code = exc.code if isinstance(exc.code, int) else 1
                 finally:
@@ -296,6 +318,8 @@ class Runner:
             shutil.rmtree(d)
         shutil.copytree(src, d, symlinks=True)
         (d / "out").mkdir(exist_ok=True)
+        for rel in e.get("fifos", []):
+            os.mkfifo(d / rel)
         if case.target is not None:
             rel = e["files"][case.target]
             data = apply_mutations(self.blobs[(e["dir"], rel)], case.edits)
@@ -330,6 +354,8 @@ class Runner:
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
             os.chdir(d)
             argv = [a.replace("{D}", str(d)) for a in case.entry["argv"]]
+            if case.fmt in EXEC_FORMATS:
+                os.execv(sys.executable, [sys.executable, "-m", "mconv", *argv])
             code = 0
             try:
                 self.app(args=argv, prog_name="mconv")
@@ -395,9 +421,9 @@ class Runner:
         if status is not None and cls != "leak":
             changed = self._inputs_changed(d)
             if changed:
-                cls, reason = "other", f"input touched: {changed}"
+                cls, reason = "touched", f"a file of the user's changed or removed: {changed}"
             if _created_files(d, self.root):
-                cls, reason = "other", "a file named by model code or a pickle was created (PWNED)"
+                cls, reason = "code", "a file named by model code or a pickle was created (PWNED)"
         return Result(case, cls, code, reason, text[-2000:], seconds)
 
     def _canary_in(self, out_dir: Path) -> bool:
@@ -528,7 +554,7 @@ def _import_cli(fmt: str | None = None):
         "tflite",
         "ml_dtypes",
         "safetensors",
-        *(("torch", "torch.onnx") if fmt in (None, "torch") else ()),
+        *(("torch", "torch.onnx") if fmt in (None, "torch", "torchscript-code") else ()),
         "mconv.targets",
         "mconv.targets.cpu",
         "mconv.targets.reference",
@@ -568,8 +594,11 @@ def _is_hostile(rec: dict) -> bool:
 
 
 def table(records: list[dict], formats: list[str], hostile: bool) -> str:
-    head = "| format | cases | clean exit 2 | valid | exit 3 | timeout | memory limit | leaks | other |"
-    rows = [head, "|" + "---|" * 9]
+    head = (
+        "| format | cases | clean exit 2 | valid | exit 3 | timeout | memory limit | leaks | code run "
+        "| files touched | other |"
+    )
+    rows = [head, "|" + "---|" * 11]
     tot = dict.fromkeys(CLASSES, 0)
     n_all = 0
     for fmt in formats:
@@ -582,11 +611,11 @@ def table(records: list[dict], formats: list[str], hostile: bool) -> str:
         n_all += len(rs)
         rows.append(
             f"| {fmt} | {len(rs)} | {c['exit2']} | {c['valid']} | {c['exit3']} | {c['timeout']} | "
-            f"{c['memory']} | {c['leak']} | {c['other']} |"
+            f"{c['memory']} | {c['leak']} | {c['code']} | {c['touched']} | {c['other']} |"
         )
     rows.append(
         f"| all | {n_all} | {tot['exit2']} | {tot['valid']} | {tot['exit3']} | {tot['timeout']} | "
-        f"{tot['memory']} | {tot['leak']} | {tot['other']} |"
+        f"{tot['memory']} | {tot['leak']} | {tot['code']} | {tot['touched']} | {tot['other']} |"
     )
     return "\n".join(rows)
 

@@ -30,6 +30,7 @@ import traceback
 import zipfile
 from pathlib import Path
 
+import fuzz_surfaces
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
@@ -940,6 +941,7 @@ BUILDERS = {
     "npz": [build_npz],
     "tf-checkpoint": [build_tf_checkpoint],
     "bundle": [build_bundle],
+    **fuzz_surfaces.BUILDERS,
 }
 # table name -> builder group
 FORMATS = {
@@ -956,6 +958,7 @@ FORMATS = {
     "npz": "npz",
     "tf-checkpoint": "tf-checkpoint",
     "bundle": "bundle",
+    **{name: name for name in fuzz_surfaces.BUILDERS},
 }
 
 
