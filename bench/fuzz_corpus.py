@@ -30,10 +30,12 @@ import traceback
 import zipfile
 from pathlib import Path
 
-import fuzz_surfaces
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))  # the surfaces' builders live beside this file
+import fuzz_surfaces  # noqa: E402
+
 SHARED = Path(os.environ.get("MCONV_SHARED", REPO.parent / "shared"))
 MARKER_HEAD = b"MCONV-FUZZ-CANARY"  # 17 bytes; the full block adds 15 seeded random bytes
 
