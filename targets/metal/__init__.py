@@ -12,17 +12,28 @@ Export rules:
    ``export --input-value NAME=VALUE`` that bakes them.
 2. ``options["precision"]``: ``fp16`` (default: half storage, float accumulation) or ``fp32``.
 3. The bundle holds ``metal_plan.json`` (the layers in encode order), the Swift package
-   (:mod:`mconv.targets.metal.swift`) and ``weights.mcw`` with every weight buffer the kernels
-   read; with fp16 storage a weight the codec chooser would store raw is stored fp16 (the
-   kernels read half anyway).
+   (:mod:`mconv.targets.metal.swift`), ``weights.mcw`` with every weight buffer the kernels
+   read (with fp16 storage a weight the codec chooser would store raw is stored fp16: the
+   kernels read half anyway) and ``metal_graph.onnx``, the prepared graph the plan was built
+   from without the weights' data (:mod:`mconv.targets.metal.graph`); the plan is built from
+   the weights as stored, so plan and kernels are what a loader regenerates.
 
 Load rules:
 
-1. ``load(bundle)`` returns a :class:`~mconv.targets.metal.harness.HarnessRunner`: the kernels
-   compiled as C++ against ``metal_shim.h`` and run on the CPU in the Swift host's order
-   (:mod:`mconv.targets.metal.harness`). Without a C++ compiler it raises a one-line
-   :class:`~mconv.errors.InputError` (exit 2) saying so.
-2. ``load_model(model)`` exports to a temporary bundle and loads it.
+1. A bundle is data: nothing it ships is compiled. ``load`` reads ``metal_graph.onnx`` (checked
+   like any ONNX file, no external data), restores its weights from ``weights.mcw`` and
+   regenerates plan and ``kernels.metal`` (:func:`regenerate`; precision, batch and model name
+   from the manifest); the shipped ``metal_plan.json`` and ``kernels.metal`` must be
+   byte-identical to them, else one :class:`~mconv.errors.InputError` (exit 2, re-export). A
+   bundle without the graph file (an older mconv's) is refused the same way.
+2. ``load(bundle)`` returns a :class:`~mconv.targets.metal.harness.HarnessRunner`: the
+   regenerated kernels compiled as C++ against ``metal_shim.h`` and run on the CPU in the Swift
+   host's order (:mod:`mconv.targets.metal.harness`). Without a C++ compiler it raises a
+   one-line :class:`~mconv.errors.InputError` (exit 2) saying so.
+3. ``load_model(model)`` exports to a temporary bundle and loads it.
+4. Names from the model (nodes, values, the model's name) reach generated code only escaped:
+   in comments as :func:`~mconv.targets.metal.harness.comment_text`, in Swift strings as
+   :func:`~mconv.targets.metal.swift.swift_string`.
 """
 
 from __future__ import annotations
@@ -39,8 +50,10 @@ import numpy as np
 import onnx_ir as ir
 from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
 from mconv.container import choose_codec
-from mconv.errors import InputError, UnsupportedError
+from mconv.errors import InputError, IntegrityError, UnsupportedError
+from mconv.fileio import load_json
 from mconv.irio import real_inputs
+from mconv.targets.metal.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
 from mconv.targets.metal.options import Options
 from mconv.targets.metal.plan import MetalPlan, build_plan, metal_source, prepare
@@ -56,10 +69,18 @@ __all__ = [
     "kernels_path",
     "load_model",
     "read_plan",
+    "regenerate",
 ]
 
 NAME = "metal"
 PLAN = "metal_plan.json"
+GRAPH = "metal_graph.onnx"
+MAX_BATCH = 1 << 20
+
+
+def plan_json(plan: MetalPlan) -> bytes:
+    """``metal_plan.json``'s bytes (sorted keys, two-space indent)."""
+    return (json.dumps(plan.as_dict(), sort_keys=True, indent=2) + "\n").encode()
 
 
 def _weight_spec(array: np.ndarray, metadata: dict, name: str, storage: str, forced: str | None):
@@ -144,26 +165,23 @@ def _name_if_inputs(prepared: ir.Model, exc: UnsupportedError) -> UnsupportedErr
 
 def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
     """Write a metal bundle (plan, Swift package, kernels, weights.mcw) for ``model`` at ``out_dir``."""
-    from mconv.passes.rewrite import tensor_of
-
     options = dict(options or {})
     out_dir = Path(out_dir)
     original_inputs = [TensorSpec.from_value(v) for v in real_inputs(model.graph)]
     prepared = _prepare_inlining_ifs(model, int(options.get("batch") or 1))
     name = options.get("model_name") or model.graph.name or out_dir.name
+    metadata = dict(prepared.metadata_props)
+    plan_options = {**options, "model_name": name}
     try:
-        plan = build_plan(prepared, {**options, "model_name": name})
+        plan, weights = plan_with_stored_weights(
+            prepared,
+            lambda m: build_plan(m, plan_options),
+            lambda p, n, a: _weight_spec(a, metadata, n, p.dtype, options.get("codec")),
+        )
     except UnsupportedError as exc:
         raise _name_if_inputs(prepared, exc) from None
     kernels = metal_source(plan)
-    plan_bytes = (json.dumps(plan.as_dict(), sort_keys=True, indent=2) + "\n").encode()
-    inits = prepared.graph.initializers
-    metadata = dict(prepared.metadata_props)
-    weights = []
-    for b in plan.weight_buffers():
-        array = tensor_of(inits[b.name]).numpy()
-        stored, spec = _weight_spec(array, metadata, b.name, plan.dtype, options.get("codec"))
-        weights.append((b.name, stored, spec))
+    plan_bytes = plan_json(plan)
     batch_dim_symbolic = {
         s.name: s.shape is not None and len(s.shape) > 0 and not isinstance(s.shape[0], int)
         for s in original_inputs
@@ -187,7 +205,11 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         )
         for o in plan.outputs
     ]
-    payload = {PLAN: plan_bytes, **package_files(plan, kernels)}
+    payload = {
+        PLAN: plan_bytes,
+        GRAPH: graph_bytes(prepared, [b.name for b in plan.weight_buffers()]),
+        **package_files(plan, kernels),
+    }
     return write_bundle(
         out_dir,
         target=NAME,
@@ -204,15 +226,59 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
 
 
 def read_plan(bundle: Bundle) -> MetalPlan:
-    """The bundle's plan, checked to be a metal plan."""
+    """The bundle's plan as shipped, checked to parse (for reading it; :func:`load` runs the
+    plan it regenerates, see :func:`regenerate`)."""
+    label = str(bundle.root)
+    data = load_json(bundle.read_bytes(PLAN), PLAN, label, "re-export the bundle")
     try:
-        return MetalPlan.from_dict(json.loads(bundle.read_bytes(PLAN)))
-    except (ValueError, KeyError, TypeError) as exc:
+        return MetalPlan.from_dict(data)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(
             f"{PLAN} is not a valid plan ({type(exc).__name__}: {str(exc)[:80]})",
-            path=str(bundle.root),
+            path=label,
             hint="re-export the bundle",
         ) from None
+
+
+def plan_options(bundle: Bundle, label: str, default_precision: str) -> dict:
+    """The options a bundle's plan was built with, from its manifest (checked: the plan is
+    regenerated from them, and whatever they say, the result is compared with the shipped plan)."""
+    opts = bundle.options if isinstance(bundle.options, dict) else {}
+    precision = opts.get("precision") or default_precision
+    batch = opts.get("batch") or 1
+    if not isinstance(precision, str) or precision not in ("fp16", "fp32"):
+        raise InputError(
+            "options.precision is not fp16 or fp32",
+            path=label,
+            where="manifest.json",
+            hint="re-export the bundle",
+        )
+    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_BATCH:
+        raise InputError(
+            f"options.batch is not a count from 1 to {MAX_BATCH}",
+            path=label,
+            where="manifest.json",
+            hint="re-export the bundle",
+        )
+    return {"precision": precision, "batch": batch, "model_name": bundle.model_name}
+
+
+def regenerate(bundle: Bundle, label: str) -> tuple[MetalPlan, str, dict[str, np.ndarray]]:
+    """(plan, kernels.metal text, weights) that mconv generates from the bundle's graph
+    (``metal_graph.onnx`` with the weights of ``weights.mcw``); the shipped plan and kernels
+    must be byte-identical to them (load rule 1), else one InputError."""
+    model, weights = read_graph(bundle, GRAPH, label)
+    plan = build_plan(model, plan_options(bundle, label, "fp16"))
+    kernels = metal_source(plan)
+    regenerated_mismatch(bundle, {PLAN: plan_json(plan), kernels_path(plan): kernels.encode()}, label, GRAPH)
+    outputs = [o.name for o in bundle.outputs]
+    if outputs != [o["name"] for o in plan.outputs]:
+        raise IntegrityError(
+            "manifest.json's outputs are not the plan's",
+            path=label,
+            hint="the bundle was edited after export; re-export it from the model",
+        )
+    return plan, kernels, weights
 
 
 def kernels_path(plan: MetalPlan) -> str:
@@ -230,10 +296,8 @@ def load(bundle: Bundle | str | os.PathLike) -> HarnessRunner:
             path=label,
             hint=f"run it with --target {bundle.target}",
         )
-    plan = read_plan(bundle)
-    kernels = bundle.read_bytes(kernels_path(plan)).decode()
+    plan, kernels, weights = regenerate(bundle, label)
     exe = compile_harness(plan, kernels, label)
-    weights = bundle.arrays([b.name for b in plan.weight_buffers()])
     return HarnessRunner(
         plan,
         exe,

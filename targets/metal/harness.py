@@ -15,16 +15,28 @@ kernel exists once, its ``[[buffer(i)]]`` parameters are numbered 0..n-1 and mat
 bindings in number, only the last one is writable, every binding names a buffer, grids are
 non-empty and cover no more threads than the output buffer has elements.
 
-Binaries are cached under ``$TMPDIR/mconv-metal-harness/<sha256>`` (kernels, runner, shim and
-flags), so a bundle compiles once. ``MCONV_CXX`` picks the compiler (default g++, then clang++).
+The text compiled is mconv's own: :func:`mconv.targets.metal.load` hands over the kernels it
+regenerated from the bundle's graph (never the shipped ``kernels.metal``), and
+:func:`compile_harness` refuses kernel text with any preprocessor line but
+``#include <metal_stdlib>``. The compiler runs in a private temporary folder (mode 0700) holding
+the shim, the kernels and the runner, with that folder as its working directory and its only
+``-I``; the runner includes only those files.
+
+Binaries are cached under ``$TMPDIR/mconv-metal-harness-<uid>/<sha256>`` (of kernels, runner,
+shim, compiler and flags), so a model compiles once. The cache folder is used only when it is
+a real directory owned by this user with no access for others (created 0700); otherwise
+nothing is cached and the binary lives in a private temporary folder removed at exit.
+``MCONV_CXX`` picks the compiler (default g++, then clang++).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Mapping
@@ -38,6 +50,9 @@ from mconv.targets.metal.plan import MetalPlan
 SHIM = Path(__file__).with_name("metal_shim.h")
 FLAG_SETS = (["-O2", "-march=native"], ["-O2"])
 _KERNEL_RE = re.compile(r"kernel\s+void\s+(\w+)\s*\((.*?)\)\s*\{", re.S)
+_DIRECTIVE_RE = re.compile(r"^[ \t]*#.*$", re.M)
+_ALLOWED_DIRECTIVES = ("#include <metal_stdlib>",)
+_COMMENT_SAFE = re.compile(r"[^A-Za-z0-9 _.,:;=+\-()\[\]{}<>/#@|!%&^~$]")
 _BUFFER_RE = re.compile(r"(device\s+(?:const\s+)?)\w+\s*\*\s*\w+\s*\[\[\s*buffer\((\d+)\)\s*\]\]")
 
 
@@ -51,6 +66,26 @@ def find_compiler() -> str | None:
         if found:
             return found
     return None
+
+
+def comment_text(text: str, limit: int = 200) -> str:
+    """``text`` (names from a model) safe inside a ``//`` comment of generated C++/MSL: one line,
+    printable ASCII without backslashes, quotes or ``?`` (trigraphs; each other character becomes
+    ``_``), at most ``limit`` characters."""
+    text = _COMMENT_SAFE.sub("_", text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_directives(source: str, label: str = "bundle") -> None:
+    """Generated kernel text has no preprocessor line but ``#include <metal_stdlib>``."""
+    for m in _DIRECTIVE_RE.finditer(source):
+        if m.group(0).strip() not in _ALLOWED_DIRECTIVES:
+            raise IntegrityError(
+                f"kernel text holds a preprocessor line ({comment_text(m.group(0).strip(), 60)})",
+                path=label,
+                where="kernels.metal",
+                hint="mconv compiles only kernels it generates; re-export the bundle",
+            )
 
 
 def kernel_signatures(source: str) -> dict[str, list[tuple[int, bool]]]:
@@ -133,7 +168,7 @@ def runner_source(plan: MetalPlan) -> str:
         gx, gy, gz = layer.grid
         args = ", ".join(f"buf[{b}].data()" for b in layer.bindings)
         lines += [
-            f"    // {layer.kernel}: {layer.op}, bindings {layer.binding_names}",
+            f"    // {layer.kernel}: {comment_text(layer.op)}, bindings {comment_text(', '.join(layer.binding_names))}",
             f"    for (uint z = 0; z < {gz}u; ++z) for (uint y = 0; y < {gy}u; ++y) for (uint x = 0; x < {gx}u; ++x)",
             f"        {layer.kernel}({args}, uint3{{x, y, z}});",
         ]
@@ -160,12 +195,32 @@ def runner_source(plan: MetalPlan) -> str:
     return "\n".join(lines)
 
 
-def _cache_root() -> Path:
-    return Path(tempfile.gettempdir()) / "mconv-metal-harness"
+def _private_cache() -> Path | None:
+    """This user's cache folder (see the module doc), or None where it cannot be trusted."""
+    root = Path(tempfile.gettempdir()) / f"mconv-metal-harness-{os.getuid()}"
+    try:
+        os.mkdir(root, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(root)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return root
+
+
+def _private_dir(parent: Path | None) -> Path:
+    """A fresh folder only this user can enter (mkdtemp makes it 0700)."""
+    return Path(tempfile.mkdtemp(prefix="mconv-metal-build.", dir=parent))
 
 
 def compile_harness(plan: MetalPlan, kernels: str, label: str = "bundle") -> Path:
-    """Compile (or find cached) the harness binary for ``plan`` + ``kernels``; return its path."""
+    """Compile (or find cached) the harness binary for ``plan`` + ``kernels`` (text mconv
+    generated: see the module doc); return its path."""
     cxx = find_compiler()
     if cxx is None:
         raise InputError(
@@ -173,15 +228,16 @@ def compile_harness(plan: MetalPlan, kernels: str, label: str = "bundle") -> Pat
             path=label,
             hint="install g++ (apt-get install g++) or set MCONV_CXX; on a Mac run the Swift package",
         )
+    check_directives(kernels, label)
     check_plan(plan, kernels, label)
     runner = runner_source(plan)
     shim = SHIM.read_text()
     key = hashlib.sha256("\0".join([kernels, runner, shim, cxx, repr(FLAG_SETS)]).encode()).hexdigest()
-    exe = _cache_root() / key[:32] / "harness"
-    if exe.is_file():
+    cache = _private_cache()
+    exe = cache / key[:32] / "harness" if cache is not None else None
+    if exe is not None and exe.is_file():
         return exe
-    exe.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build.", dir=exe.parent))
+    work = _private_dir(cache)
     try:
         (work / "metal_shim.h").write_text(shim)
         (work / "metal_stdlib").write_text('#include "metal_shim.h"\n')
@@ -189,24 +245,21 @@ def compile_harness(plan: MetalPlan, kernels: str, label: str = "bundle") -> Pat
         (work / "runner.cpp").write_text(runner)
         errors = ""
         for flags in FLAG_SETS:
-            cmd = [
-                cxx,
-                "-std=c++17",
-                *flags,
-                "-I",
-                str(work),
-                "-o",
-                str(work / "harness"),
-                str(work / "runner.cpp"),
-            ]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            cmd = [cxx, "-std=c++17", *flags, "-I", ".", "-o", "harness", "runner.cpp"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
             if proc.returncode == 0:
+                if exe is None:  # no trusted cache: the binary stays in its private folder
+                    kept = _private_dir(None)
+                    os.replace(work / "harness", kept / "harness")
+                    atexit.register(shutil.rmtree, kept, True)
+                    return kept / "harness"
+                exe.parent.mkdir(mode=0o700, exist_ok=True)
                 os.replace(work / "harness", exe)  # atomic: a concurrent build gives the same binary
                 return exe
             errors = proc.stderr
         first = next((ln for ln in errors.splitlines() if "error" in ln), errors.strip()[:200])
         raise InputError(
-            f"the kernels do not compile as C++ against metal_shim.h ({first[:300]})",
+            f"the kernels do not compile as C++ against metal_shim.h ({comment_text(first, 300)})",
             path=label,
             where="kernels.metal",
             hint="re-export the bundle; report the error if it persists",

@@ -631,10 +631,15 @@ inline float mconv_erf(float x) {{
 
 
 def metal_source(plan: MetalPlan) -> str:
-    """The ``kernels.metal`` text: the prelude and every layer's kernel in encode order."""
+    """The ``kernels.metal`` text: the prelude and every layer's kernel in encode order. Node
+    names appear only in comments, made safe there (:func:`comment_text`)."""
+    from mconv.targets.metal.harness import comment_text
+
     parts = [MSL_PRELUDE.format(storage=plan.dtype)]
     for layer in plan.layers:
-        parts.append(f"// {layer.kernel}: {layer.op} ({', '.join(layer.nodes)})\n")
+        parts.append(
+            f"// {layer.kernel}: {comment_text(layer.op)} ({comment_text(', '.join(layer.nodes))})\n"
+        )
         parts.append(plan.sources[layer.kernel])
         parts.append("\n")
     return "".join(parts)
