@@ -89,6 +89,69 @@ def naming_the_file(path: PathLike):
         raise
 
 
+def _external_files(model: ir.Model) -> list[Path]:
+    """The files a model's initializers still read from (ONNX external data, spilled tensors)."""
+    return sorted(
+        {
+            Path(v.const_value.path)
+            for v in model.graph.initializers.values()
+            if isinstance(v.const_value, ir.ExternalTensor)
+        }
+    )
+
+
+def _paths_in(value: Any) -> list[Any]:
+    """The file paths an argument names: a path, paths in a list or a mapping's values, a
+    model's external data files."""
+    if isinstance(value, str | Path):
+        return [value]
+    if isinstance(value, ir.Model):
+        return list(_external_files(value))
+    if isinstance(value, Mapping):
+        return [v for v in value.values() if isinstance(v, str | Path)]
+    if isinstance(value, list | tuple):
+        return [v for v in value if isinstance(v, str | Path)]
+    return []
+
+
+def _guards(*inputs: str, output: str | None = None, kind: str | None = None):
+    """Run the call under :func:`mconv.fileio.reading` of the files its ``inputs`` arguments
+    name (a FIFO, a device or a socket refused, rule 7), and check its ``output`` argument
+    first (:func:`mconv.fileio.check_output`: never an input, never a folder mconv did not
+    write) so a refusal comes before the work; every writer checks again when it writes.
+    ``kind``: what the output is ("file", "dir"), or a callable of the bound arguments."""
+    import functools
+    import inspect as _inspect
+
+    def deco(fn):
+        sig = _inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            from mconv.fileio import check_output, reading
+
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            named = [p for name in inputs for p in _paths_in(bound.arguments.get(name))]
+            with reading(*named):
+                dest = bound.arguments.get(output) if output else None
+                if dest is not None:
+                    check_output(dest, kind(bound.arguments) if callable(kind) else kind)
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    return deco
+
+
+def _note_model_files(model: ir.Model) -> None:
+    """The model's external data files are inputs too (:func:`mconv.fileio.note_input`)."""
+    from mconv.fileio import note_input
+
+    for f in _external_files(model):
+        note_input(f, "model's external data")
+
+
 def _shapes(input_shapes) -> dict[str, list[int]]:
     """``{"x": [1, 3, 224, 224]}`` as given, or the CLI's ``["x=1,3,224,224", ...]``."""
     if not input_shapes:
@@ -103,6 +166,7 @@ def _shapes(input_shapes) -> dict[str, list[int]]:
 # --- load / save / convert (mconv import) -----------------------------------------------------
 
 
+@_guards("paths", "example_inputs")
 def load(
     *paths: PathLike,
     format: str | None = None,
@@ -159,7 +223,9 @@ def open_model(path: PathLike) -> ir.Model:
 def _as_model(model: ModelLike) -> tuple[ir.Model, Path | None]:
     if isinstance(model, ir.Model):
         return model, None
-    return open_model(model), Path(model)
+    m = open_model(model)
+    _note_model_files(m)
+    return m, Path(model)
 
 
 @dataclass
@@ -187,6 +253,7 @@ class ConvertResult:
         return doc
 
 
+@_guards("src", "example_inputs", output="output", kind="file")
 def convert(
     src: PathLike | Sequence[PathLike],
     output: PathLike,
@@ -207,6 +274,7 @@ def convert(
     paths = [Path(src)] if isinstance(src, str | Path) else [Path(p) for p in src]
     output = Path(output)
     model, shape_notes = _load(paths, format, input_shapes, input_values, example_inputs, options)
+    _note_model_files(model)
     written = save_onnx(model, output)
     check_written(
         output, paths[0] if len(paths) == 1 else None, what="import", graph=not is_weight_only(model)
@@ -223,6 +291,7 @@ def convert(
     )
 
 
+@_guards("model", output="path")
 def save(
     model: ir.Model, path: PathLike, format: str | None = None, *, source: PathLike | None = None
 ) -> list[Path]:
@@ -367,6 +436,7 @@ def _optimize_streamed(src: Path, passes: str, scheme, output: Path, progress) -
     )
 
 
+@_guards("model", "data", "val_data", "recipe", output="output")
 def optimize(
     model: ModelLike,
     *,
@@ -693,6 +763,7 @@ class ExportResult:
         }
 
 
+@_guards("model", output="out_dir", kind=lambda a: "file" if a.get("format") else "dir")
 def export(
     model: ModelLike,
     target: str = "cpu",
@@ -788,6 +859,7 @@ def export(
 # --- open / run --------------------------------------------------------------------------------
 
 
+@_guards("path")
 def open(path: PathLike, target: str | None = None, input_shapes=None):  # noqa: A001 - the API's name
     """A runner (``inputs``, ``outputs``, ``run(feeds) -> dict``) for a bundle (on its own
     target) or a model file (the reference executor, or ``target``). ``input_shapes`` fixes a
@@ -842,6 +914,7 @@ class RunResult:
         return doc
 
 
+@_guards("path", "feeds", "data", output="output", kind="file")
 def run(
     path: PathLike,
     feeds: Mapping[str, np.ndarray | PathLike] | None = None,
@@ -944,6 +1017,7 @@ class VerifyResult:
         return self
 
 
+@_guards("reference", "candidate", "data")
 def verify(
     reference: PathLike,
     candidate: PathLike,
@@ -1035,6 +1109,7 @@ class InspectResult:
         return self.doc
 
 
+@_guards("path")
 def inspect(path: PathLike, *, top: int = 10, input_shapes=None) -> InspectResult:
     """``mconv inspect PATH``: a model file or a bundle (``input_shapes`` fixes a model's
     symbolic dims and is checked against a bundle's inputs)."""
@@ -1075,6 +1150,7 @@ class AnalyzeResult:
         return doc
 
 
+@_guards("model", "data", output="output", kind="file")
 def analyze(
     model: ModelLike,
     data,

@@ -6,6 +6,8 @@ folder given or a temporary one.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import tempfile
 import time
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from mconv.fileio import OUTPUT_MARKER, PRODUCER, atomic_dir
 
 DEFAULT_RECIPE = "deep-compression"
 
@@ -63,7 +66,40 @@ class DemoResult:
 
 def demo(workdir: Path | None = None, recipe: str | None = None, progress=None) -> DemoResult:
     """import -> optimize (``recipe``, default deep-compression) -> export cpu -> verify on the
-    held-out digits; files in ``workdir`` (kept) or a temporary folder (removed)."""
+    held-out digits; files in ``workdir`` (kept) or a temporary folder (removed).
+
+    ``workdir`` is written as one output (:func:`mconv.fileio.atomic_dir`): a new or empty
+    folder, or one an earlier demo wrote (its ``.mconv-output.json`` lists its files); any
+    other folder is refused."""
+    recipe = recipe or DEFAULT_RECIPE
+    tmp = None
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="mconv-demo-")
+        final = work = Path(tmp.name)
+        aside: contextlib.AbstractContextManager[Path] = contextlib.nullcontext(work)
+    else:
+        # The work folder is an mconv output like any other (mconv.fileio rule 5): written aside
+        # and swapped in whole, replacing only an earlier demo's folder (or an empty one).
+        final = Path(workdir)
+        aside = atomic_dir(final)
+    try:
+        with aside as work:
+            result = _demo(work, final, recipe, progress, keep=tmp is None)
+            if tmp is None:
+                files = sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file())
+                marker = {"producer": PRODUCER, "files": files}
+                (work / OUTPUT_MARKER).write_text(json.dumps(marker, indent=2))
+                for p in work.rglob("*"):
+                    p.chmod(0o755 if p.is_dir() else 0o644)
+                work.chmod(0o755)
+        return result
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def _demo(work: Path, final: Path, recipe: str, progress, keep: bool) -> DemoResult:
+    """The demo's steps, writing into ``work`` (``final`` once swapped in, when ``keep``)."""
     from mconv import passes as P
     from mconv.api import _progress, open
     from mconv.formats import import_model
@@ -71,50 +107,38 @@ def demo(workdir: Path | None = None, recipe: str | None = None, progress=None) 
     from mconv.metrics import Gates, verify_outputs
     from mconv.targets import get_target
 
-    recipe = recipe or DEFAULT_RECIPE
-    tmp = None
-    if workdir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="mconv-demo-")
-        work = Path(tmp.name)
-    else:
-        work = Path(workdir)
-        work.mkdir(parents=True, exist_ok=True)
-    try:
-        t0 = time.perf_counter()
-        src = fixture_path("digits_mlp.onnx")
-        model = import_model([src])
-        save_onnx(model, work / "model.onnx")
-        original_bytes = model_stats(model).bytes
-        train = digits_feeds("train")
-        test = digits_feeds("test")
-        labels = test.pop("labels")
+    t0 = time.perf_counter()
+    src = fixture_path("digits_mlp.onnx")
+    model = import_model([src])
+    save_onnx(model, work / "model.onnx")
+    original_bytes = model_stats(model).bytes
+    train = digits_feeds("train")
+    test = digits_feeds("test")
+    labels = test.pop("labels")
 
-        ctx = P.PassContext(data=train, seed=0)
-        with _progress(progress)(f"optimize ({recipe})", None) as update:
-            ctx.progress = update
-            optimized, reports = P.run_pipeline(model, P.load_recipe(recipe), ctx)
-        save_onnx(optimized, work / "optimized.onnx")
-        bundle = get_target("cpu").export(optimized, work / "bundle", {})
-        bundle_bytes = sum(f["bytes"] for f in bundle.manifest["files"].values())
-        weight_bytes = sum(w["bytes"] for w in bundle.weights)
+    ctx = P.PassContext(data=train, seed=0)
+    with _progress(progress)(f"optimize ({recipe})", None) as update:
+        ctx.progress = update
+        optimized, reports = P.run_pipeline(model, P.load_recipe(recipe), ctx)
+    save_onnx(optimized, work / "optimized.onnx")
+    bundle = get_target("cpu").export(optimized, work / "bundle", {})
+    bundle_bytes = sum(f["bytes"] for f in bundle.manifest["files"].values())
+    weight_bytes = sum(w["bytes"] for w in bundle.weights)
 
-        ref_out = open(work / "model.onnx").run(test)
-        cand_out = open(work / "bundle").run(test)
-        report = verify_outputs(ref_out, cand_out, Gates(min_top1=0.97), labels)
-        return DemoResult(
-            passed=report.passed,
-            recipe=recipe,
-            workdir=None if tmp else str(work),
-            bytes_before=original_bytes,
-            bytes_after=weight_bytes,
-            bundle_bytes=bundle_bytes,
-            metrics=report.outputs["logits"],
-            verify=report.as_dict(),
-            reports=list(reports),
-            manifest=bundle.manifest,
-            held_out=len(labels),
-            seconds=time.perf_counter() - t0,
-        )
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+    ref_out = open(work / "model.onnx").run(test)
+    cand_out = open(work / "bundle").run(test)
+    report = verify_outputs(ref_out, cand_out, Gates(min_top1=0.97), labels)
+    return DemoResult(
+        passed=report.passed,
+        recipe=recipe,
+        workdir=str(final) if keep else None,
+        bytes_before=original_bytes,
+        bytes_after=weight_bytes,
+        bundle_bytes=bundle_bytes,
+        metrics=report.outputs["logits"],
+        verify=report.as_dict(),
+        reports=list(reports),
+        manifest=bundle.manifest,
+        held_out=len(labels),
+        seconds=time.perf_counter() - t0,
+    )

@@ -20,6 +20,19 @@ Rules:
    no permission, ...) becomes one :class:`mconv.errors.InputError` naming the output and what
    failed (:func:`output_errors`).
 4. Cleanup never raises and never hides the error that made it run (:func:`remove_quietly`).
+5. An existing output is replaced only by its own kind (a file by a file, a folder by a folder)
+   and a folder only when mconv wrote it (:func:`mconv_listing`: a bundle's manifest, a sharded
+   checkpoint's index with ``"producer": "mconv"`` in its metadata, or the :data:`OUTPUT_MARKER`
+   of another folder mconv writes) and it holds nothing else (the listed files, the folders
+   above them and temporaries of them). An empty folder is replaced; any other folder is
+   refused (:func:`check_output`). An existing regular file is replaced (reruns of a Makefile).
+6. Nothing the command reads is replaced: the inputs a command names (:func:`reading`) and the
+   files its readers open (:func:`note_input`: shards, external data) are compared with the
+   output and everything the swap would replace, by resolved path and by ``(st_dev, st_ino)``
+   (links of either kind), and an output folder holding an input is refused too.
+7. A file a command reads must be a regular file (or a folder where one is expected): a FIFO,
+   a device or a socket is refused before it is opened for reading, so nothing hangs
+   (:func:`note_input`, :func:`read_regular`).
 """
 
 from __future__ import annotations
@@ -33,9 +46,12 @@ import math
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -206,29 +222,295 @@ def clean_stale_scratch(parent: str | os.PathLike, prefix: str) -> list[Path]:
     return removed
 
 
-def prepare_output(dest: str | os.PathLike, kind: str = "file") -> Path:
-    """Make ``dest``'s folder (one-line errors: a parent that is a file, /proc, no permission)
-    and remove the temporaries that dead writers of ``dest`` left there (rule 1).
+# --------------------------------------------------------------------------- what may be replaced
+# Rule 5: how a folder tells that mconv wrote it.
+BUNDLE_FORMAT = "mconv-bundle"  # a bundle's manifest.json "format" (mconv.bundle.FORMAT)
+BUNDLE_MANIFEST = "manifest.json"
+INDEX_SUFFIX = ".safetensors.index.json"
+PRODUCER = "mconv"
+# Any other folder mconv writes holds this JSON file: {"producer": "mconv", "files": [...]}.
+OUTPUT_MARKER = ".mconv-output.json"
+_MAX_RECORD_BYTES = 64 << 20
+_MAX_WALK = 100_000
 
-    An existing ``dest`` must be what the writer replaces (``kind``: a regular file, or a
-    directory for ``"dir"``): a device, a FIFO or a socket is never replaced by a rename (as
-    root that would swap ``/dev/null`` for a regular file)."""
+
+def read_regular(path: str | os.PathLike, limit: int, what: str = "file", *, follow: bool = True) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes (rule 7). A FIFO, a
+    device or a socket is refused without blocking (opened with ``O_NONBLOCK``, then
+    ``fstat``); with ``follow=False`` a symbolic link is refused too."""
+    p = Path(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(p, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow:
+            raise InputError(f"{what} is a symbolic link", path=str(p), hint="give the file itself") from None
+        raise read_error(exc, p, what) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(p, what, st.st_mode)
+        if st.st_size > limit:
+            raise InputError(
+                f"{what} is {st.st_size} bytes, more than {limit}", path=str(p), hint="check the file"
+            )
+        chunks, left = [], limit + 1
+        while left > 0:
+            block = os.read(fd, min(left, 1 << 20))
+            if not block:
+                break
+            chunks.append(block)
+            left -= len(block)
+    except OSError as exc:
+        raise read_error(exc, p, what) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise InputError(
+            f"{what} grew past {limit} bytes while being read", path=str(p), hint="check the file"
+        )
+    return data
+
+
+def not_regular(path: str | os.PathLike, what: str, mode: int) -> InputError:
+    """The one-line refusal of a file that is not a regular file (rule 7)."""
+    kind = (
+        "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "a directory"
+        if stat.S_ISDIR(mode)
+        else "not a regular file"
+    )
+    return InputError(f"{what} is {kind}, not a regular file", path=str(path), hint="give a regular file")
+
+
+def _record(path: Path) -> Any:
+    """A listing record (JSON) of a folder, or None where it is missing, not a regular file
+    (no link), too large or not JSON: then the folder is not known to be mconv's."""
+    try:
+        data = read_regular(path, _MAX_RECORD_BYTES, follow=False)
+        obj = json.loads(data.decode("utf-8"))
+    except (InputError, ValueError, RecursionError):
+        return None
+    return obj if json_depth_ok(obj) else None
+
+
+def mconv_listing(folder: str | os.PathLike) -> set[str] | None:
+    """The relative paths mconv wrote in ``folder`` by the folder's own record (rule 5): a
+    bundle's manifest, a sharded checkpoint's index whose metadata says ``"producer":
+    "mconv"``, or :data:`OUTPUT_MARKER`. None where there is no such record."""
+    folder = Path(folder)
+    doc = _record(folder / BUNDLE_MANIFEST)
+    if isinstance(doc, dict) and doc.get("format") == BUNDLE_FORMAT and isinstance(doc.get("files"), dict):
+        return {BUNDLE_MANIFEST, *(str(k) for k in doc["files"])}
+    doc = _record(folder / OUTPUT_MARKER)
+    if isinstance(doc, dict) and doc.get("producer") == PRODUCER and isinstance(doc.get("files"), list):
+        return {OUTPUT_MARKER, *(str(k) for k in doc["files"])}
+    try:
+        indexes = [n for n in os.listdir(folder) if n.endswith(INDEX_SUFFIX)]
+    except OSError:
+        return None
+    if len(indexes) == 1:
+        doc = _record(folder / indexes[0])
+        meta = doc.get("metadata") if isinstance(doc, dict) else None
+        wmap = doc.get("weight_map") if isinstance(doc, dict) else None
+        if isinstance(meta, dict) and meta.get("producer") == PRODUCER and isinstance(wmap, dict):
+            return {indexes[0], *(str(v) for v in wmap.values())}
+    return None
+
+
+def _foreign_entry(folder: Path) -> str | None:
+    """The first entry of ``folder`` that mconv did not write there (rule 5), or None."""
+    try:
+        entries = os.listdir(folder)
+    except OSError as exc:
+        return f"(unreadable: {exc.strerror})"
+    if not entries:
+        return None
+    listed = mconv_listing(folder)
+    if listed is None:
+        return sorted(entries)[0]
+    parents = {str(Path(rel).parent) for rel in listed} | {
+        str(p) for rel in listed for p in Path(rel).parents
+    }
+    temporaries = re.compile(r"^\.(.+)\.\d+\.[A-Za-z0-9_]+\.(tmp|old)$")
+    seen = 0
+    for dirpath, dirs, files in os.walk(folder, onerror=None):
+        base = Path(dirpath)
+        for name in sorted(dirs + files):
+            seen += 1
+            if seen > _MAX_WALK:
+                return "(too many entries)"
+            p = base / name
+            rel = p.relative_to(folder).as_posix()
+            try:
+                st = os.lstat(p)
+            except OSError:
+                return rel
+            if stat.S_ISDIR(st.st_mode):
+                if rel not in parents:
+                    m = temporaries.match(name)
+                    if m is None or str(Path(rel).parent / m.group(1)) not in listed | parents:
+                        return rel
+                    dirs.remove(name)  # a temporary of a listed folder: its contents are mconv's
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                return rel
+            if rel in listed:
+                continue
+            m = temporaries.match(name)
+            if m is None or (Path(rel).parent / m.group(1)).as_posix() not in listed:
+                return rel
+    return None
+
+
+# Rule 6: the inputs of the running command.
+@dataclass(frozen=True)
+class _Input:
+    path: Path  # resolved
+    dev: int
+    ino: int
+    given: str
+
+
+_INPUTS: ContextVar[list[_Input] | None] = ContextVar("mconv_inputs", default=None)
+
+
+@contextlib.contextmanager
+def reading(*paths: str | os.PathLike | None, what: str = "input") -> Iterator[None]:
+    """The command inside reads ``paths`` (None entries are skipped): every output prepared
+    inside must not replace any of them, nor anything :func:`note_input` adds (rule 6). Each
+    existing path must be a regular file or a folder (rule 7)."""
+    token = _INPUTS.set(list(_INPUTS.get() or []))
+    try:
+        for p in paths:
+            if p is not None:
+                note_input(p, what)
+        yield
+    finally:
+        _INPUTS.reset(token)
+
+
+def note_input(path: str | os.PathLike, what: str = "input") -> None:
+    """Record ``path`` as read by the running command (rule 6); refuse a FIFO, a device or a
+    socket (rule 7). A path that does not exist is left to its reader to report."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+        real = p.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise not_regular(p, what, st.st_mode)
+    inputs = _INPUTS.get()
+    if inputs is not None:
+        inputs.append(_Input(real, st.st_dev, st.st_ino, str(p)))
+
+
+def _ids(path: Path) -> set[tuple[int, int]]:
+    out = set()
+    for fn in (os.stat, os.lstat):
+        with contextlib.suppress(OSError, ValueError):
+            st = fn(path)
+            out.add((st.st_dev, st.st_ino))
+    return out
+
+
+def _clashing_input(dest: Path) -> tuple[_Input, str] | None:
+    """The input that writing ``dest`` would replace, and how (rule 6), or None."""
+    inputs = _INPUTS.get()
+    if not inputs:
+        return None
+    try:
+        places = {dest.parent.resolve() / dest.name, dest.resolve()}
+    except (OSError, RuntimeError, ValueError):
+        places = {dest.absolute()}
+    own = _ids(dest)
+    inside: set[tuple[int, int]] = set()
+    if dest.is_dir() and not dest.is_symlink():
+        seen = 0
+        for dirpath, dirs, files in os.walk(dest):
+            for name in dirs + files:
+                seen += 1
+                if seen > _MAX_WALK:
+                    break
+                inside |= _ids(Path(dirpath) / name)
+    for inp in inputs:
+        for place in places:
+            if inp.path == place:
+                return inp, "is"
+            if place in inp.path.parents:
+                return inp, "holds"
+        if (inp.dev, inp.ino) in own:
+            return inp, "same"
+        if (inp.dev, inp.ino) in inside:
+            return inp, "links"
+    return None
+
+
+def check_output(dest: str | os.PathLike, kind: str | None = None) -> Path:
+    """Refuse an output that would destroy what is not mconv's to replace (rules 5 and 6):
+    an input of the running command, a folder mconv did not write, a file where a folder is
+    expected or a folder where a file is, a device, a FIFO or a socket. ``kind``: ``"file"``,
+    ``"dir"`` or None (not known yet: an existing folder must then be mconv's)."""
     dest = Path(dest)
-    if os.path.lexists(dest):
-        if kind == "dir" and not dest.is_dir():
+    clash = _clashing_input(dest)
+    if clash is not None:
+        inp, how = clash
+        what = {
+            "is": f"the output is the input '{show(inp.given, 200)}'",
+            "holds": f"the output folder holds the input '{show(inp.given, 200)}'",
+            "same": f"the output is the same file as the input '{show(inp.given, 200)}' (a link)",
+            "links": f"the output folder holds a link to the input '{show(inp.given, 200)}'",
+        }[how]
+        raise InputError(
+            what + "; writing it would destroy the input",
+            path=str(dest),
+            hint="write to another -o path, then move it over the input if you want",
+        )
+    if not os.path.lexists(dest):
+        return dest
+    is_dir = dest.is_dir()
+    if kind == "dir" and not is_dir:
+        raise InputError(
+            "output exists and is not a folder", path=str(dest), hint="choose a new -o path or remove it"
+        )
+    if kind == "file" and is_dir:
+        raise InputError(
+            "output is a folder, expected a file path", path=str(dest), hint="choose a new -o path"
+        )
+    if kind == "file" and not dest.is_file():  # a link is followed: /dev/stdout is a link
+        raise InputError(
+            "output exists and is not a regular file (a device, a FIFO or a socket)",
+            path=str(dest),
+            hint="choose another -o path",
+        )
+    if is_dir:
+        foreign = _foreign_entry(dest)
+        if foreign is not None:
             raise InputError(
-                "output exists and is not a directory", path=str(dest), hint="choose another -o path"
-            )
-        if kind == "file" and dest.is_dir():
-            raise InputError(
-                "output is a directory, expected a file path", path=str(dest), hint="choose another -o path"
-            )
-        if kind == "file" and not dest.is_file():  # a link is followed: /dev/stdout is a link
-            raise InputError(
-                "output exists and is not a regular file (a device, a FIFO or a socket)",
+                f"output folder exists and is not one mconv wrote (it holds '{show(foreign)}')",
                 path=str(dest),
-                hint="choose another -o path",
+                hint="choose a new -o path or remove the folder",
             )
+    return dest
+
+
+def prepare_output(dest: str | os.PathLike, kind: str = "file") -> Path:
+    """Check that ``dest`` may be replaced (:func:`check_output`, rules 5 and 6), make its
+    folder (one-line errors: a parent that is a file, /proc, no permission; a missing folder is
+    created) and remove the temporaries that dead writers of ``dest`` left there (rule 1).
+
+    ``kind``: ``"file"`` or ``"dir"``, what the writer puts there; a device, a FIFO or a socket
+    is never replaced by a rename (as root that would swap ``/dev/null`` for a regular file)."""
+    dest = check_output(dest, kind)
     with output_errors(dest, dest.parent, what="create the output folder"):
         for parent in (dest.parent, *dest.parent.parents):
             if os.path.lexists(parent):

@@ -366,12 +366,20 @@ def save_onnx(
        unreadable.
     """
     from mconv.codecs.palette import known_histogram, remember_histogram
-    from mconv.fileio import output_errors, prepare_output, read_error, remove_quietly, temp_dir
+    from mconv.fileio import (
+        check_output,
+        output_errors,
+        prepare_output,
+        read_error,
+        remove_quietly,
+        temp_dir,
+    )
 
     dest = prepare_output(path)
     total = weight_bytes(model)
     data_name = dest.name + ".data" if total > external_threshold else None
     if data_name:
+        check_output(dest.parent / data_name, "file")  # the data file is replaced too
         _refuse_overwriting_sources(model, dest, [dest, dest.parent / data_name])
     tmpdir = None
     fd = -1

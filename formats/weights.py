@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import struct
 from collections.abc import Iterable
 from pathlib import Path
@@ -54,7 +55,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError, show
-from mconv.fileio import atomic_path, check_shape
+from mconv.fileio import atomic_path, check_shape, not_regular
 from mconv.formats import Format
 
 WEIGHT_ONLY_KEY = "mconv.weight_only"
@@ -242,7 +243,10 @@ def _st_dtype(code: object, name: str, path: Path, where: str) -> np.dtype:
 
 def _st_header(path: Path) -> tuple[dict, int, int]:
     """Rules 1-2: the parsed header object, the data area's start and its length."""
-    size = path.stat().st_size
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the open below
+        raise not_regular(path, "safetensors file", st.st_mode)
+    size = st.st_size
     if size < 8:
         raise InputError(
             f"file is {size} bytes, shorter than the 8-byte header length",

@@ -13,7 +13,9 @@ Rules:
    exactly one ``.safetensors``). Every shard is validated by
    :func:`mconv.formats.weights.safetensors_layout` (header bounded and checked against the
    real size, the tensors tile the data area) before anything is read. A shard name must be a
-   plain file name beside the index (no folder, no ``..``, no link out of the folder); the
+   plain file name beside the index (no folder, no ``..``, no link out of the folder); an
+   index or file found in a folder the user named is a regular file there (a link out of
+   the folder is refused, and a FIFO or a device is refused without being opened); the
    tensors a shard holds must be exactly those the weight map assigns to it, and no tensor may
    be in two shards. Anything else is one :class:`mconv.errors.InputError` naming the file.
 2. What is compressed: floating tensors (F16, BF16, F32) of rank >= 2 and at least
@@ -38,7 +40,10 @@ Rules:
    written with ``os.pwrite`` at its final offset: every output size follows from the shapes,
    so each output header is written first. Peak memory is a few chunks, whatever the file size.
    A palette needs the tensor's value histogram first: each group of rows is read twice
-   (statistics, then codes). Outputs are written atomically (temporaries renamed at the end).
+   (statistics, then codes). Outputs are written atomically: one file under a temporary name
+   renamed into place, a sharded checkpoint as a whole folder written aside and swapped in
+   (:func:`mconv.fileio.atomic_dir`; its index says ``"producer": "mconv"``, which lets a later
+   run replace it), so a killed run leaves the old folder or the new one, never a mix.
    The kernels (:mod:`mconv.passes._stream_kernels`) work on pieces of 256K values that stay
    in cache: a 16-bit tensor's palette comes from the exact histogram of its 65,536 bit
    patterns and its codes from a 65,536-entry table; RTN with a row length that is a multiple
@@ -66,6 +71,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -76,7 +82,7 @@ from pathlib import Path
 
 import numpy as np
 from mconv.errors import InputError, show
-from mconv.fileio import atomic_path
+from mconv.fileio import PRODUCER, atomic_dir, atomic_path, not_regular, note_input, read_regular
 from mconv.formats.weights import parse_json, safetensors_layout
 
 STREAM_KEY = "mconv.stream"
@@ -123,16 +129,8 @@ class Shard:
 
 
 def _index_shards(index: Path) -> tuple[list[Path], dict[str, str], dict]:
-    size = index.stat().st_size
-    if size > MAX_INDEX_BYTES:
-        raise InputError(
-            f"index is {size} bytes, more than {MAX_INDEX_BYTES}",
-            path=str(index),
-            hint="a weight map of a few MB is the norm",
-        )
-    doc = parse_json(
-        index.read_bytes(), path=str(index), where="byte offset 0", what="index", hint="re-save it"
-    )
+    raw = read_regular(index, MAX_INDEX_BYTES, "index")  # a FIFO or a device is refused, not waited on
+    doc = parse_json(raw, path=str(index), where="byte offset 0", what="index", hint="re-save it")
     wmap = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(wmap, dict) or not wmap:
         raise InputError("index has no 'weight_map' object", path=str(index), hint="re-save the checkpoint")
@@ -155,20 +153,43 @@ def _index_shards(index: Path) -> tuple[list[Path], dict[str, str], dict]:
                     where=f"weight_map entry '{show(tensor)}'",
                     hint="put every shard beside the index",
                 )
+            note_input(p, "shard")
             shards[shard] = p
     assert isinstance(doc, dict)
     meta: dict = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
     return list(shards.values()), {str(k): str(v) for k, v in wmap.items()}, meta
 
 
+def _in_folder(p: Path, folder: Path) -> Path:
+    """A file found in the folder the user named: a regular file there, or a link to one in the
+    same folder (a link out of it is refused: only the files the user named are read)."""
+    try:
+        st = os.stat(p)
+        inside = p.resolve().parent == folder.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise InputError(
+            f"'{show(p.name)}' cannot be read ({exc})", path=str(folder), hint="check the folder"
+        ) from None
+    if not inside:
+        raise InputError(
+            f"'{show(p.name)}' is a link to a file outside the folder",
+            path=str(folder),
+            hint="copy the file into the folder, or name it directly",
+        )
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(p, "checkpoint file", st.st_mode)
+    return p
+
+
 def open_checkpoint(src: str | os.PathLike) -> tuple[list[Shard], Path | None, dict]:
     """Rule 1: the shards of a checkpoint (validated), the index path (or None) and its metadata."""
     src = Path(src)
+    note_input(src, "checkpoint")
     index: Path | None = None
     if src.is_dir():
         found = sorted(src.glob(f"*{INDEX_SUFFIX}"))
         if len(found) == 1:
-            index = found[0]
+            index = _in_folder(found[0], src)
         elif not found:
             files = sorted(src.glob("*.safetensors"))
             if len(files) != 1:
@@ -177,11 +198,13 @@ def open_checkpoint(src: str | os.PathLike) -> tuple[list[Shard], Path | None, d
                     path=str(src),
                     hint="name the file, or add model.safetensors.index.json",
                 )
-            src = files[0]
+            src = _in_folder(files[0], src)
         else:
             raise InputError(f"folder holds {len(found)} indexes", path=str(src), hint="name one of them")
     elif src.name.endswith(INDEX_SUFFIX) or src.suffix == ".json":
         index = src
+    if index is not None:
+        note_input(index, "index")
     if index is None:
         specs, start, meta = safetensors_layout(src)
         tensors = [SourceTensor(n, src, start + b, e - b, d, s) for b, e, n, d, s in specs]
@@ -975,22 +998,24 @@ def compress_checkpoint(
         if index is None:
             bytes_out += _stream_shard(shards[0], dest, scheme, pool, chunk_bytes, stats, tick)
             files.append(str(dest))
-        else:
-            dest.mkdir(parents=True, exist_ok=True)
+        else:  # the whole folder is written aside and swapped in (mconv.fileio.atomic_dir)
             wmap = {}
-            for shard in shards:
-                target = dest / shard.path.name
-                bytes_out += _stream_shard(shard, target, scheme, pool, chunk_bytes, stats, tick)
-                files.append(str(target))
-                for job in (_plan_tensor(t, scheme) for t in shard.tensors):
-                    for o in job.outputs:
-                        wmap[o.name] = shard.path.name
-            doc = {"metadata": {**imeta, "total_size": bytes_out}, "weight_map": wmap}
-            idx = dest / index.name
-            with atomic_path(idx) as tmp:
-                Path(tmp).write_text(json.dumps(doc, indent=2, sort_keys=True))
-                os.chmod(tmp, 0o644)
-            files.append(str(idx))
+            with atomic_dir(dest) as tmp:
+                for shard in shards:
+                    bytes_out += _stream_shard(
+                        shard, tmp / shard.path.name, scheme, pool, chunk_bytes, stats, tick
+                    )
+                    files.append(str(dest / shard.path.name))
+                    for job in (_plan_tensor(t, scheme) for t in shard.tensors):
+                        for o in job.outputs:
+                            wmap[o.name] = shard.path.name
+                # "producer": what tells a later run that this folder is mconv's to replace
+                meta = {**imeta, "total_size": bytes_out, "producer": PRODUCER}
+                doc = {"metadata": meta, "weight_map": wmap}
+                (tmp / index.name).write_text(json.dumps(doc, indent=2, sort_keys=True))
+                os.chmod(tmp / index.name, 0o644)
+                os.chmod(tmp, 0o755)
+            files.append(str(dest / index.name))
     bytes_in = sum(t.nbytes for s in shards for t in s.tensors)
     return StreamReport(files, bytes_in, bytes_out, time.perf_counter() - t0, stats)
 
@@ -1187,7 +1212,7 @@ def compress_to_bundle(
     from mconv.account import account_summary, container_account
     from mconv.bundle import FORMAT, FORMAT_VERSION, MANIFEST, WEIGHTS, manifest_bytes
     from mconv.container import HEADER, MAGIC, TensorEntry, _alignment_v3, _index_v3, _pad_to
-    from mconv.fileio import atomic_dir, sha256_file
+    from mconv.fileio import sha256_file
 
     scheme.check()
     shards, index, _ = open_checkpoint(src)
