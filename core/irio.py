@@ -20,7 +20,10 @@ import onnx
 import onnx_ir as ir
 from mconv.errors import InputError, show
 from mconv.fileio import require_file
+from mconv.ir_maptypes import install as _install_map_types
 from mconv.wire import encode_varint, iter_fields, length_delimited, read_varint
+
+_install_map_types()  # map(key, value) types (ZipMap's outputs): onnx_ir has none of its own
 
 # Above this many weight bytes a saved model puts its tensors in "<name>.data" beside it.
 EXTERNAL_DATA_THRESHOLD = 1 << 27
@@ -72,8 +75,16 @@ def load_onnx(
     try:
         with quiet:
             model = ir.serde.deserialize_model(proto)
-    except Exception as exc:
-        raise _invalid(p, size, exc) from None
+    except Exception as exc:  # the protobuf parsed and passed the checks: not corrupt, unsupported
+        root = exc
+        while root.__cause__ is not None:
+            root = root.__cause__
+        raise InputError(
+            f"a construct of this ONNX model is not supported ({type(root).__name__}: {str(root)[:120]})",
+            path=str(p),
+            where=f"{size} bytes",
+            hint="the file is valid protobuf; please report the model's producer",
+        ) from None
     del proto
     for tensor in _external_tensors(model):
         tensor.base_dir = folder

@@ -98,10 +98,23 @@ _ML_NUMBERS = frozenset(
 )
 
 
+def _map_rows(a) -> np.ndarray:
+    """A sequence of maps with one key set (ai.onnx.ml ZipMap's output: one ``{label: score}`` per
+    sample) as a ``[N, K]`` float array, keys sorted; anything else as it is."""
+    a = np.asarray(a) if not isinstance(a, list) else a
+    rows = list(a.ravel()) if isinstance(a, np.ndarray) and a.dtype == object else a
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return np.asarray(a)
+    keys = sorted(rows[0], key=repr)
+    if any(sorted(r, key=repr) != keys for r in rows):
+        return np.asarray(a)
+    return np.array([[float(r[k]) for k in keys] for r in rows], dtype=np.float64)
+
+
 def compare(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None) -> dict:
     """All metrics for one output pair."""
-    ref = np.asarray(ref)
-    cand = np.asarray(cand)
+    ref = _map_rows(ref)
+    cand = _map_rows(cand)
     if ref.shape != cand.shape:
         raise InputError(
             f"output shapes differ: reference {ref.shape} vs candidate {cand.shape}",

@@ -155,6 +155,7 @@ _FAMILIES = (
     "signal",
     "sampling",
     "misc",
+    "ml",
 )
 
 for _family in _FAMILIES:

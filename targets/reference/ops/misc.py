@@ -283,6 +283,16 @@ FALLBACK_OPS: tuple[tuple[str, str], ...] = (
     ("ai.onnx.ml", "Binarizer"),
     ("ai.onnx.ml", "LabelEncoder"),
     ("ai.onnx.ml", "TreeEnsemble"),
+    ("ai.onnx.ml", "TreeEnsembleClassifier"),
+    ("ai.onnx.ml", "TreeEnsembleRegressor"),
+    ("ai.onnx.ml", "SVMClassifier"),
+    ("ai.onnx.ml", "SVMRegressor"),
+    ("ai.onnx.ml", "LinearClassifier"),
+    ("ai.onnx.ml", "LinearRegressor"),
+    ("ai.onnx.ml", "OneHotEncoder"),
+    ("ai.onnx.ml", "Imputer"),
+    ("ai.onnx.ml", "FeatureVectorizer"),
+    ("ai.onnx.ml", "DictVectorizer"),
     # optimizer update rules (ai.onnx.preview.training): training-side state updates; mconv's
     # fine-tuning has its own optimizer and never runs these inside a graph
     ("ai.onnx.preview.training", "Adagrad"),
