@@ -20,19 +20,21 @@ Rules:
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 import typer
-from mconv.errors import EXIT_INTERNAL, MconvError, show
+from mconv.errors import EXIT_INTERNAL, InputError, MconvError, show
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -300,10 +302,57 @@ def jsonable(obj):
     return obj
 
 
+def _wanted_bytes(exc: BaseException) -> int | None:
+    """How many bytes the failed allocation asked for, where that is known: numpy's
+    _ArrayMemoryError says it; a mapping that failed (ENOMEM) is a tensor's, found as the
+    ``self`` of the innermost frame that is a tensor with its byte count."""
+    size = getattr(exc, "_total_size", None)
+    if isinstance(size, int):
+        return size
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        obj = frame.f_locals.get("self")
+        nbytes = getattr(obj, "nbytes", None) if type(obj).__name__.endswith("Tensor") else None
+        if isinstance(nbytes, int):
+            return nbytes
+    return None
+
+
+def out_of_memory(exc: BaseException) -> InputError:
+    """Memory that ran out (a MemoryError, or an OSError ENOMEM from mapping a file) as the input
+    error it is: the model or data needs more memory than this process may have."""
+    size = _wanted_bytes(exc)
+    need = f"needs {size / 2**30:.2f} GiB of memory for one tensor" if size else "needs more memory"
+    return InputError(
+        f"{need}; the memory this process may use ran out",
+        hint="run it where more memory is available (or raise the limit: ulimit -v), "
+        "or give a sharded .safetensors checkpoint, which optimize streams",
+    )
+
+
+_NUMPY_FP_WARNING = r"(overflow|underflow|invalid value|divide by zero) encountered in "
+
+
 def run_command(out: Out, fn: Callable[[], int | None]) -> None:
     """Run a command body with the exit-code contract."""
     try:
-        code = fn() or 0
+        try:
+            with warnings.catch_warnings():
+                # numpy's floating-point warnings ("overflow encountered in cast") are not the
+                # user's business: a result that matters is checked and said (exit 2 or a gate)
+                if not out.debug:
+                    warnings.filterwarnings("ignore", message=_NUMPY_FP_WARNING, category=RuntimeWarning)
+                code = fn() or 0
+        except MemoryError as exc:  # anywhere: not a bug of mconv's, exit 2 with what it needs
+            raise out_of_memory(exc) from None
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM:
+                raise
+            raise out_of_memory(exc) from None
     except MconvError as exc:
         label = "internal error" if exc.exit_code == EXIT_INTERNAL else "error"
         line = exc.line()

@@ -40,8 +40,9 @@ import onnx_ir as ir
 from mconv.container import (
     LATEST,
     Container,
+    check_zip_ratio,
     choose_codec,
-    container_from_bytes,
+    container_from_zip,
     read_container,
     write_container,
 )
@@ -227,7 +228,12 @@ class Bundle:
             return _read_member(self.root, rel, label)
         try:
             with zipfile.ZipFile(self.root) as zf:
-                return zf.read(self.zip_prefix + rel)
+                info = zf.getinfo(self.zip_prefix + rel)
+                declared = self.files[rel]["bytes"] if rel != MANIFEST else _MANIFEST_MAX_BYTES
+                if info.file_size > declared:  # zipfile inflates no more than the directory says
+                    raise _mismatch(label, rel, "size", declared, info.file_size)
+                check_zip_ratio(info, label, show(rel))
+                return zf.read(info)
         except KeyError:
             raise IntegrityError(
                 f"{show(rel)}: listed in manifest.json but missing", path=label, hint=_HINT_TAMPERED
@@ -259,7 +265,17 @@ class Bundle:
             )
         if self.zip_prefix is None:
             return read_container(_member_path(self.root, WEIGHTS, str(self.root)))
-        return container_from_bytes(self.read_bytes(WEIGHTS), f"{self.root}!{WEIGHTS}")
+        label = f"{self.root}!{WEIGHTS}"
+        try:  # never whole in memory: mapped in place, or inflated to a temporary file
+            return container_from_zip(
+                self.root, self.zip_prefix + WEIGHTS, self.files[WEIGHTS]["bytes"], label
+            )
+        except _ZIP_ERRORS as exc:
+            raise InputError(
+                f"cannot read {WEIGHTS} from the bundle zip ({type(exc).__name__}: {show(str(exc), 80)})",
+                path=str(self.root),
+                hint=_HINT_TAMPERED,
+            ) from None
 
 
 def _check_relpath(rel: str, root: str) -> str:
@@ -770,10 +786,11 @@ def load_bundle(path: str | os.PathLike, *, verify: bool = True) -> Bundle:
                             path=label,
                             hint=_HINT_TAMPERED,
                         )
+                    # The size is checked from the zip directory before any byte is inflated.
+                    if info.file_size != meta["bytes"]:
+                        raise _mismatch(label, rel, "size", meta["bytes"], info.file_size)
+                    check_zip_ratio(info, label, show(rel))
                     if verify:
-                        # The size is checked from the zip directory before any byte is inflated.
-                        if info.file_size != meta["bytes"]:
-                            raise _mismatch(label, rel, "size", meta["bytes"], info.file_size)
                         got = _sha256_zip_member(zf, info.filename)
                         if got != meta["sha256"]:
                             raise _mismatch(label, rel, "sha256", meta["sha256"], got)

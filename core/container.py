@@ -87,6 +87,8 @@ import json
 import mmap
 import os
 import struct
+import tempfile
+import zipfile
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -477,9 +479,9 @@ class Container:
     Decoding is lazy: ``array(name)`` decodes one tensor when asked.
     """
 
-    def __init__(self, buffer: mmap.mmap | bytes, label: str) -> None:
+    def __init__(self, buffer: mmap.mmap | bytes, label: str, start: int = 0) -> None:
         self._buffer = buffer
-        self._view = memoryview(buffer)
+        self._view = memoryview(buffer)[start:] if start else memoryview(buffer)
         self.label = label
         try:
             self.entries: dict[str, TensorEntry] = _parse_index(self._view, label)
@@ -985,6 +987,98 @@ def read_container(path: str | os.PathLike) -> Container:
         buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         return Container(buffer, str(p))
+    except BaseException:
+        buffer.close()
+        raise
+
+
+# A weights container is coded blobs: it deflates little. One that inflates more than this many
+# times its stored size (and past ZIP_RATIO_FLOOR bytes) is refused before inflating.
+ZIP_RATIO = 100
+ZIP_RATIO_FLOOR = 64 << 20
+_INFLATE_CHUNK = 1 << 20
+
+
+def check_zip_ratio(info: zipfile.ZipInfo, label: str, where: str) -> None:
+    """Refuse a zip member that inflates past ``ZIP_RATIO`` times its stored size (a zip bomb)."""
+    if info.file_size > ZIP_RATIO_FLOOR and info.file_size > ZIP_RATIO * max(info.compress_size, 1):
+        raise InputError(
+            f"{where} inflates from {info.compress_size} to {info.file_size} bytes "
+            f"(more than {ZIP_RATIO} times)",
+            path=label,
+            where=where,
+            hint="a bundle's files compress little; zip the bundle with mconv (weights.mcw stored)",
+        )
+
+
+def container_from_zip(zip_path: str | os.PathLike, member: str, declared: int, label: str) -> Container:
+    """The container ``member`` of the zip ``zip_path``, of ``declared`` bytes (the manifest's
+    size), never whole in memory: memory-mapped in place when stored uncompressed (as mconv
+    zips it), else inflated in chunks into an unnamed temporary file, stopping at the declared
+    size. A member larger than declared, or that inflates past :data:`ZIP_RATIO`, is refused."""
+    zip_path = Path(zip_path)
+    with zipfile.ZipFile(zip_path) as zf:
+        info = zf.getinfo(member)
+        if info.file_size != declared:
+            raise InputError(
+                f"weights container is {info.file_size} bytes, the manifest says {declared}",
+                path=label,
+                hint="the bundle was modified or truncated; re-export it",
+            )
+        check_zip_ratio(info, str(zip_path), member)
+        if info.compress_type == zipfile.ZIP_STORED and info.compress_size == info.file_size and declared:
+            with open(zip_path, "rb") as f:
+                f.seek(info.header_offset)
+                head = f.read(30)
+            if len(head) == 30 and head[:4] == b"PK\x03\x04":
+                name_len, extra_len = struct.unpack_from("<HH", head, 26)
+                return read_container_at(
+                    zip_path, info.header_offset + 30 + name_len + extra_len, declared, label
+                )
+        tmp = tempfile.TemporaryFile()
+        try:
+            left = declared
+            with zf.open(info) as src:
+                while chunk := src.read(min(_INFLATE_CHUNK, left + 1)):
+                    left -= len(chunk)
+                    if left < 0:
+                        raise InputError(
+                            f"weights container inflates past its declared {declared} bytes",
+                            path=label,
+                            hint="the bundle was modified or truncated; re-export it",
+                        )
+                    tmp.write(chunk)
+            tmp.flush()
+            if declared == 0 or left:
+                raise InputError(
+                    f"weights container holds {declared - left} of its {declared} bytes",
+                    path=label,
+                    hint="the bundle was modified or truncated; re-export it",
+                )
+            buffer = mmap.mmap(tmp.fileno(), 0, access=mmap.ACCESS_READ)
+        finally:
+            tmp.close()  # unnamed: its blocks are freed when the map is closed
+    try:
+        return Container(buffer, label)
+    except BaseException:
+        buffer.close()
+        raise
+
+
+def read_container_at(path: str | os.PathLike, offset: int, length: int, label: str) -> Container:
+    """The container held in bytes ``offset .. offset + length`` of ``path``, memory-mapped."""
+    base = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if length <= 0 or offset + length > size:
+            raise InputError(
+                f"weights container of {length} bytes at offset {offset} runs past the file's {size}",
+                path=label,
+                hint=_HINT_CORRUPT,
+            )
+        buffer = mmap.mmap(f.fileno(), offset - base + length, access=mmap.ACCESS_READ, offset=base)
+    try:
+        return Container(buffer, label, start=offset - base)
     except BaseException:
         buffer.close()
         raise

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from mconv.errors import InputError
+from mconv.errors import InputError, show
 
 # Relative errors are measured against max(|ref|, REL_FLOOR * max|ref|) so near-zero reference
 # values do not turn rounding noise into huge relative errors.
@@ -131,24 +131,37 @@ def compare(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None)
         }
     r = ref.astype(np.float64).ravel()
     c = cand.astype(np.float64).ravel()
-    diff = np.abs(r - c)
     out: dict = {}
     if r.size == 0:
         return {"max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "cosine": 1.0, "snr_db": math.inf}
-    out["max_abs"] = float(diff.max())
-    floor = REL_FLOOR * float(np.abs(r).max()) or 1e-30
-    out["max_rel"] = float((diff / np.maximum(np.abs(r), floor)).max())
-    out["mean_abs"] = float(diff.mean())
-    nr, nc = float(np.linalg.norm(r)), float(np.linalg.norm(c))
-    if nr == 0 and nc == 0:
-        out["cosine"] = 1.0
-    elif nr == 0 or nc == 0:
-        out["cosine"] = 0.0
+    # inf or NaN in an output (a weight past float16's range) makes the metrics inf or the worst
+    # value, never NaN (which every gate would pass) and never a warning
+    with np.errstate(all="ignore"):
+        same = (r == c) | (np.isnan(r) & np.isnan(c))
+        diff = np.where(same, 0.0, np.abs(r - c))
+        diff[np.isnan(diff)] = np.inf
+        out["max_abs"] = float(diff.max())
+        finite = np.abs(r[np.isfinite(r)])
+        floor = REL_FLOOR * float(finite.max() if finite.size else 0.0) or 1e-30
+        out["max_rel"] = float((diff / np.maximum(np.abs(np.nan_to_num(r)), floor)).max())
+        out["mean_abs"] = float(diff.mean())
+        nr, nc = float(np.linalg.norm(r)), float(np.linalg.norm(c))
+        if nr == 0 and nc == 0:
+            out["cosine"] = 1.0
+        elif nr == 0 or nc == 0:
+            out["cosine"] = 0.0
+        else:
+            out["cosine"] = float(np.dot(r, c) / (nr * nc))
+        noise = float(np.sum(diff**2))
+        signal = float(np.sum(r**2))
+    if not math.isfinite(out["cosine"]):
+        out["cosine"] = 1.0 if bool(same.all()) else 0.0
+    if noise == 0:
+        out["snr_db"] = math.inf
+    elif math.isfinite(noise) and math.isfinite(signal) and signal > 0:
+        out["snr_db"] = 10 * math.log10(signal / noise)
     else:
-        out["cosine"] = float(np.dot(r, c) / (nr * nc))
-    noise = float(np.sum((r - c) ** 2))
-    signal = float(np.sum(r**2))
-    out["snr_db"] = math.inf if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else -math.inf)
+        out["snr_db"] = -math.inf
     if looks_like_scores(ref):
         top_r = np.argsort(-ref, axis=1, kind="stable")
         top_c = np.argsort(-cand, axis=1, kind="stable")
@@ -159,6 +172,7 @@ def compare(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None)
         if labels is not None:
             lab = np.asarray(labels).reshape(-1)
             if lab.shape[0] == ref.shape[0]:
+                lab = check_labels(lab, ref.shape[1])
                 out["accuracy_reference"] = float(np.mean(top_r[:, 0] == lab))
                 out["accuracy_candidate"] = float(np.mean(top_c[:, 0] == lab))
     return out
@@ -422,6 +436,69 @@ def run_feeds(runner, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarra
     return joined
 
 
+_FINITE_CHUNK = 1 << 20  # elements checked at a time: a copy of at most this many booleans
+
+
+def _first_where(array: np.ndarray, test) -> tuple[int, ...] | None:
+    """The multi-index of the first element (C order) where ``test(chunk)`` is True, reading
+    ``array`` in chunks of :data:`_FINITE_CHUNK` elements (never a whole-array temporary)."""
+    flat = array.reshape(-1)  # a view for any contiguous array; a copy only for a strided one
+    for start in range(0, flat.size, _FINITE_CHUNK):
+        hit = np.flatnonzero(test(flat[start : start + _FINITE_CHUNK]))
+        if hit.size:
+            return tuple(int(i) for i in np.unravel_index(start + int(hit[0]), array.shape))
+    return None
+
+
+def check_finite(
+    array: np.ndarray, name: str, path: str | Path | None = None, where: str | None = None
+) -> None:
+    """Calibration and training data hold no NaN or inf: one would spread into every weight a
+    pass fits to it. Floating arrays only (integers are always finite); checked in chunks."""
+    a = np.asarray(array)
+    if a.dtype.kind not in "fc" or a.size == 0:
+        return
+    at = _first_where(a, lambda c: ~np.isfinite(c))
+    if at is None:
+        return
+    bad = a[at]
+    what = "NaN" if np.isnan(bad) else "inf"
+    raise InputError(
+        f"array '{show(name)}' holds {what} at index {at}",
+        path=None if path is None else str(path),
+        where=where,
+        hint="calibration and training data must be finite numbers",
+    )
+
+
+def check_labels(
+    labels: np.ndarray, classes: int | None = None, path: str | Path | None = None, where: str | None = None
+) -> np.ndarray:
+    """``labels`` as int64 class indices: whole numbers in ``[0, classes)`` (``classes`` None:
+    only ``>= 0``), else an InputError naming the first bad index."""
+    lab = np.asarray(labels).reshape(-1)
+    p = None if path is None else str(path)
+    if lab.dtype.kind not in "iuf":
+        raise InputError(
+            f"array 'labels' is {lab.dtype}", path=p, where=where, hint="labels: one integer class per sample"
+        )
+    top = (1 << 62) if classes is None else classes
+    if lab.dtype.kind == "f":
+        at = _first_where(lab, lambda c: ~np.isfinite(c) | (c != np.floor(c)) | (c < 0) | (c >= top))
+    else:
+        at = _first_where(lab, lambda c: (c < 0) | (c >= top))
+    if at is not None:
+        value = lab[at]
+        scope = "[0, 2**62)" if classes is None else f"[0, {classes})"
+        raise InputError(
+            f"array 'labels' holds {value!r} at index {at}",
+            path=p,
+            where=where,
+            hint=f"labels are whole class numbers in {scope}",
+        )
+    return lab.astype(np.int64)
+
+
 def load_npz_feeds(path: str | Path, inputs) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """Feeds from an ``.npz`` keyed by input name (optional ``labels``), checked against the inputs."""
     from mconv.fileio import require_file
@@ -430,6 +507,8 @@ def load_npz_feeds(path: str | Path, inputs) -> tuple[dict[str, np.ndarray], np.
     p = require_file(path, "data file (.npz)")
     arrays = dict(read_npz(p))
     labels = arrays.pop("labels", None)
+    if labels is not None:
+        labels = check_labels(labels, path=p)
     names = [s.name for s in inputs]
     missing = [n for n in names if n not in arrays]
     if missing:
@@ -454,10 +533,19 @@ def load_npz_feeds(path: str | Path, inputs) -> tuple[dict[str, np.ndarray], np.
                     path=str(p),
                     hint="reshape the data or the model input",
                 )
+        check_finite(a, spec.name, p)
         want = _NP_DTYPES.get(str(spec.dtype))
         if want is not None and a.dtype != want:
             if np.issubdtype(want, np.floating) and np.issubdtype(a.dtype, np.number):
-                a = a.astype(want)
+                with np.errstate(over="ignore"):  # a value beyond the model's float type: refused next
+                    a = a.astype(want)
+                at = _first_where(a, lambda c: ~np.isfinite(c))
+                if at is not None:
+                    raise InputError(
+                        f"array '{show(spec.name)}' holds a value beyond {want.__name__} at index {at}",
+                        path=str(p),
+                        hint="calibration and training data must fit the model's input type",
+                    )
             else:
                 raise InputError(
                     f"array '{spec.name}' is {a.dtype}, the model expects {spec.dtype}",

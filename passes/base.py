@@ -18,6 +18,7 @@ Passes that act per node or per weight tensor call ``ctx.config_for(node)``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -150,10 +151,66 @@ def _check_value(value: Any, hint: Any, where: str, key: str) -> Any:
     return value
 
 
+# The largest count an option may name (groups, blocks, batch size): beyond it no model's tensor
+# has that many channels or elements worth a palette each.
+MAX_COUNT = 1 << 31
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The range a numeric option may take (None: unbounded on that side; ``*_open``: the end
+    itself excluded). Every count-like option is bounded, so that a value no model can use
+    (``groups=10**9``, ``epochs=10**12``) is refused when the spec is read, not after gigabytes
+    are allocated; what a given tensor can use is checked again where the pass meets it."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def holds(self, v: float) -> bool:
+        if self.lo is not None and (v < self.lo or (self.lo_open and v == self.lo)):
+            return False
+        return not (self.hi is not None and (v > self.hi or (self.hi_open and v == self.hi)))
+
+    def text(self) -> str:
+        def num(x: float) -> str:
+            return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+        lo = "" if self.lo is None else f"{num(self.lo)} {'<' if self.lo_open else '<='} "
+        hi = "" if self.hi is None else f" {'<' if self.hi_open else '<='} {num(self.hi)}"
+        return f"{lo}value{hi}"
+
+
+def bounded(
+    default: Any,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> Any:
+    """A Config field with a :class:`Bound` (``epochs: int = bounded(5, 0, 10**6)``)."""
+    return field(default=default, metadata={"bound": Bound(lo, hi, lo_open, hi_open)})
+
+
+def _check_bound(f: dataclasses.Field, value: Any, where: str) -> None:
+    """Numbers are finite and inside the field's :class:`Bound`, if it has one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(f"{f.name}={value}", where=where, hint=f"{f.name} takes a finite number")
+    bound = f.metadata.get("bound")
+    if bound is not None and not bound.holds(value):
+        raise InputError(
+            f"{f.name}={value} is out of range", where=where, hint=f"{f.name} takes {bound.text()}"
+        )
+
+
 def check_config(config_cls: type, values: dict[str, Any], where: str) -> dict[str, Any]:
     """Validate ``values`` (key -> value) for ``config_cls``; unknown keys raise InputError."""
     hints = typing.get_type_hints(config_cls)
-    fields = {f.name for f in dataclasses.fields(config_cls)}
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
     checked = {}
     for key, value in values.items():
         if key not in fields:
@@ -166,6 +223,7 @@ def check_config(config_cls: type, values: dict[str, Any], where: str) -> dict[s
                 default = _field_default(config_cls, key)
                 exc.hint = f"{key} takes {_type_name(hints[key])}, default {default!r}"
             raise
+        _check_bound(fields[key], checked[key], where)
     return checked
 
 

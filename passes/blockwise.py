@@ -56,8 +56,9 @@ from typing import Literal
 import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError, show
+from mconv.metrics import check_finite
 from mconv.passes._weights import WeightRef, snr_db, squared_error, weight_refs
-from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.base import Pass, PassContext, PassReport, bounded, register_pass
 
 Method = Literal["rtn", "hqq", "gptq"]
 BLOCKWISE_KEY = "mconv.blockwise"
@@ -440,6 +441,8 @@ def _record_activations(model: ir.Model, refs: list[WeightRef], data: dict) -> d
             names[ref.name] = x.name
     ex = Executor(model)
     feeds = {k: v for k, v in data.items() if k != "labels"}
+    for k, v in feeds.items():
+        check_finite(v, k, where="pass blockwise")
     env = ex.run(feeds, intermediates=True)
     hessians = {}
     for ref in refs:
@@ -474,14 +477,14 @@ class Blockwise(Pass):
 
     @dataclass
     class Config:
-        bits: int = 4
-        block: int = 32
+        bits: int = bounded(4, 2, 8)
+        block: int = bounded(32, 8, 1 << 16)
         sym: bool = True
         method: Method = "rtn"
-        iters: int = 20  # hqq
-        p: float = 0.7  # hqq's lp norm
-        damp: float = 0.01  # gptq
-        min_elements: int = 1024
+        iters: int = bounded(20, 0, 10**4)  # hqq
+        p: float = bounded(0.7, 0, None, lo_open=True)  # hqq's lp norm
+        damp: float = bounded(0.01, 0, None)  # gptq
+        min_elements: int = bounded(1024, 0, None)
         skip: bool = False
         op_types: list[str] = field(default_factory=lambda: ["MatMul", "Gemm"])
 
@@ -499,6 +502,13 @@ class Blockwise(Pass):
                     hint="ONNX blockwise takes 4 or 8",
                 )
             _check(cfg.bits, cfg.block)
+            k = ref.shape[ref.in_axis]
+            if cfg.block > 2 * k:  # a row is padded to a whole block: more would mostly be padding
+                raise InputError(
+                    f"block={cfg.block} is longer than twice the rows of {show(ref.name)} ({k} values)",
+                    where=f"node {show(ref.node.name)}",
+                    hint=f"use a block of at most {2 * k}, or exclude the node (op_name override skip=true)",
+                )
             chosen.append((ref, cfg))
         if not chosen:
             return self.report(False, notes=["no weight to quantize"])

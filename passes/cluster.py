@@ -88,7 +88,7 @@ from mconv.passes._weights import (
     squared_error,
     weight_refs,
 )
-from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
 from mconv.passes.rewrite import is_overridable
 
 Init = Literal["linear", "density", "kmeans++", "optimal"]
@@ -705,6 +705,7 @@ def cluster_array(
         return array.copy()
     nonzero = np.count_nonzero(array)
     k = max((1 << bits) - 1 if nonzero != array.size else 1 << bits, 1)
+    groups = min(groups, array.shape[axis]) if array.ndim else 1  # no group without a channel
     if groups <= 1:
         flat = array.ravel()
         clustered, hist = _cluster_flat(flat, k, init, max_iter, seed, int(flat.size - nonzero))
@@ -785,16 +786,16 @@ class Cluster(Pass):
 
     @dataclass
     class Config:
-        bits: int = 5
+        bits: int = bounded(5, 1, 8)
         init: Init = "linear"
-        groups: int = 1
+        groups: int = bounded(1, 1, MAX_COUNT)  # at most the tensor's channels are used
         # > 0: one palette per ``block`` consecutive values of the stored tensor (rule 8)
-        block: int = 0
-        max_iter: int = 300
-        min_elements: int = 16
+        block: int = bounded(0, 0, MAX_COUNT)
+        max_iter: int = bounded(300, 0, 10**6)
+        min_elements: int = bounded(16, 0, None)
         skip: bool = False
         op_types: list[str] = field(default_factory=lambda: [*WEIGHT_OPS, "Gather"])  # rule 9
-        index_bits: int | None = None
+        index_bits: int | None = bounded(None, 1, 8)
         # "weights": the weights of op_types nodes; "all": also every other float initializer of
         # ndim >= 1 (global config, axis 0). A weight-only model (no nodes: a safetensors /
         # npz / checkpoint import) always uses "all".
@@ -834,6 +835,8 @@ class Cluster(Pass):
             if w.size < cfg.min_elements:
                 continue
             ctx.tick(f"cluster {ref.name}", i, len(refs))
+            # more groups than channels: every channel is its own group (the rest would be empty)
+            groups = min(cfg.groups, w.shape[ref.out_axis]) if w.ndim else 1
             if cfg.block:
                 clustered = cluster_blocks(w, cfg.bits, cfg.block, init=cfg.init, max_iter=cfg.max_iter)
             else:
@@ -841,13 +844,13 @@ class Cluster(Pass):
                     w,
                     cfg.bits,
                     cfg.init,
-                    groups=cfg.groups,
+                    groups=groups,
                     axis=ref.out_axis,
                     max_iter=cfg.max_iter,
                     seed=ctx.seed + i,
                 )
             ref.set_array(clustered)
-            facts = {"block": cfg.block} if cfg.block else {"groups": cfg.groups, "axis": ref.out_axis}
+            facts = {"block": cfg.block} if cfg.block else {"groups": groups, "axis": ref.out_axis}
             record_compression(
                 model,
                 ref.value,
@@ -865,7 +868,7 @@ class Cluster(Pass):
                     "shape": list(w.shape),
                     "bits": cfg.bits,
                     "init": cfg.init,
-                    "groups": cfg.groups,
+                    "groups": groups,
                     **({"block": cfg.block} if cfg.block else {}),
                     "codebook_size": int(np.count_nonzero(book)),
                     "mse": squared_error(w, clustered) / max(w.size, 1),

@@ -14,8 +14,9 @@ import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError, show
 from mconv.irio import real_inputs
+from mconv.metrics import check_finite, check_labels
 from mconv.passes._weights import CLUSTER_KEY, PRUNED_KEY, compression_info
-from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
 from mconv.passes.cluster import assign_nearest
 from mconv.passes.rewrite import name_of, tensor_of
 
@@ -188,8 +189,14 @@ def softmax(z: np.ndarray, temperature: float = 1.0) -> np.ndarray:
 
 def softmax_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
     """Mean cross-entropy of softmax(logits) against integer labels, and d loss / d logits."""
-    p = softmax(logits)
     n = len(labels)
+    if n and int(labels.max()) >= logits.shape[1]:  # a graph of unstated class count
+        raise InputError(
+            f"array 'labels' holds {int(labels.max())}, the model scores {logits.shape[1]} classes",
+            where="pass finetune",
+            hint=f"labels are whole class numbers in [0, {logits.shape[1]})",
+        )
+    p = softmax(logits)
     rows = np.arange(n)
     loss = float(-np.log(p[rows, labels] + 1e-12).mean())
     g = p.copy()
@@ -314,6 +321,15 @@ def _score_output(model: ir.Model) -> tuple[str, str]:
     return name_of(out), name_of(out)
 
 
+def _classes(model: ir.Model, out_name: str) -> int | None:
+    """The class count of the score output (its last dimension) when the graph states it."""
+    for v in model.graph.outputs:
+        if name_of(v) == out_name and v.shape is not None and len(v.shape) >= 1:
+            last = v.shape[-1]
+            return last if isinstance(last, int) and last > 0 else None
+    return None
+
+
 def shift_offsets(n: int, shift: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Rule 8's moves of ``n`` samples: whole pixels in ``[-shift, shift]`` along H, then along W."""
     return rng.integers(-shift, shift + 1, n), rng.integers(-shift, shift + 1, n)
@@ -427,12 +443,15 @@ def finetune_model(
     n = len(next(iter(feeds.values())))
     if n == 0:
         raise InputError("fine-tuning data has no samples", where="pass finetune")
+    for k, v in feeds.items():
+        check_finite(v, k, where="pass finetune")
+    out_name, loss_value = _score_output(model)
     labels = data.get("labels")
-    labels = None if labels is None else np.asarray(labels).reshape(-1).astype(np.int64)
+    if labels is not None:
+        labels = check_labels(labels, _classes(model, out_name), where="pass finetune")
     if labels is not None and len(labels) != n:
         raise InputError(f"'labels' has {len(labels)} entries for {n} samples", where="pass finetune")
 
-    out_name, loss_value = _score_output(model)
     facts = compression_info(model)
     params = [make_parameter(v, facts) for v in trainable_values(model, frozen)]
     release = float(getattr(config, "release", 0.0))
@@ -832,21 +851,21 @@ class Finetune(Pass):
     @dataclass
     class Config:
         optimizer: Literal["sgd", "adam"] = "adam"
-        lr: float = 3e-3
-        momentum: float = 0.9
-        weight_decay: float = 0.0
-        epochs: int = 5
-        batch_size: int = 32
-        seed: int | None = None
-        holdout: float = 0.1
+        lr: float = bounded(3e-3, 0, None, lo_open=True)
+        momentum: float = bounded(0.9, 0, 1)
+        weight_decay: float = bounded(0.0, 0, None)
+        epochs: int = bounded(5, 0, 10**5)
+        batch_size: int = bounded(32, 1, MAX_COUNT)
+        seed: int | None = bounded(None, 0, 2**63 - 1)
+        holdout: float = bounded(0.1, 0, 1, hi_open=True)
         loss: Literal["auto", "xent", "kl", "mse"] = "auto"
-        temperature: float = 2.0
+        temperature: float = bounded(2.0, 0, None, lo_open=True)
         freeze: bool = False
         schedule: Literal["constant", "cosine"] = "constant"
-        margin: float = 0.0
-        mixup: float = 0.0
-        shift: int = 0
-        release: float = 0.0
+        margin: float = bounded(0.0, 0, None)
+        mixup: float = bounded(0.0, 0, None)
+        shift: int = bounded(0, 0, 1 << 16)  # left off unless below half the images' height and width
+        release: float = bounded(0.0, 0, 1)
         shift_targets: Literal["auto", "table", "batch"] = "auto"
         engine: Literal["reference", "xla"] = "reference"
         device: Literal["cpu", "cuda"] = "cpu"

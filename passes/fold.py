@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
-from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.base import Pass, PassContext, PassReport, bounded, register_pass
 from mconv.passes.rewrite import (
     add_initializer,
     constant_array,
@@ -84,7 +84,7 @@ class ConstantFolding(Pass):
 
     @dataclass
     class Config:
-        max_bytes: int = 1 << 20
+        max_bytes: int = bounded(1 << 20, 0, None)
         always: list[str] = field(default_factory=lambda: ["ConstantOfShape"])
         fold_constants: bool = True  # turn Constant nodes into initializers
 

@@ -14,7 +14,7 @@ import onnx
 import onnx_ir as ir
 from mconv.errors import show
 from mconv.passes._weights import move_compression
-from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
 from mconv.passes.rewrite import fresh_name, is_overridable, taken_names, upgrade_ir3
 from mconv.passes.shape_inference import infer_on_stripped_copy, merge_inferred
 
@@ -181,13 +181,15 @@ class Float16(Pass):
     @dataclass
     class Config:
         mode: Literal["weights", "all", "auto", "bf16"] = "weights"
-        min_elements: int = 16
+        min_elements: int = bounded(16, 0, None)
         keep_io_types: bool = True
         block_list: list[str] = field(default_factory=lambda: list(DEFAULT_BLOCK_LIST))
         dtype: Literal["float16", "bfloat16"] = "float16"  # modes all / auto; mode bf16 = all in bfloat16
-        tolerance: float = 0.01  # mode auto: relative L2 error allowed per node and per graph output
-        max_rounds: int = 12  # mode auto: end-to-end runs at most
-        samples: int = 16  # mode auto: samples of --data used
+        tolerance: float = bounded(
+            0.01, 0, None
+        )  # mode auto: relative L2 error allowed per node and per graph output
+        max_rounds: int = bounded(12, 0, 10**4)  # mode auto: end-to-end runs at most
+        samples: int = bounded(16, 1, MAX_COUNT)  # mode auto: samples of --data used
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         if config.mode == "weights":

@@ -120,8 +120,35 @@ def _parse_args(name: str, args: str) -> dict[str, Any]:
     return values
 
 
+# A recipe is a few kilobytes; options nest a few levels (op_type -> name -> option -> list).
+MAX_RECIPE_BYTES = 1 << 20
+MAX_OPTION_DEPTH = 16
+
+
+def _depth(value: Any) -> int:
+    """How deep lists, tuples and dicts nest in ``value`` (a scalar: 0), without recursion; the
+    walk stops once past :data:`MAX_OPTION_DEPTH`."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list | tuple):
+            deepest = max(deepest, d + 1)
+            if deepest > MAX_OPTION_DEPTH:
+                return deepest
+            stack.extend((x, d + 1) for x in v)
+    return deepest
+
+
 def make_spec(name: str, values: dict[str, Any]) -> PassSpec:
     """A PassSpec from flat options; the keys ``op_type`` and ``op_name`` hold overrides."""
+    if _depth(values) > MAX_OPTION_DEPTH:
+        raise InputError(
+            f"options nested more than {MAX_OPTION_DEPTH} deep",
+            where=f"pass {name}",
+            hint="options are numbers, words, lists of them and op_type/op_name tables",
+        )
     values = dict(values)
     op_type = values.pop("op_type", {}) or {}
     op_name = values.pop("op_name", {}) or {}
@@ -183,14 +210,28 @@ def load_recipe(name_or_path: str | Path) -> list[PassSpec]:
                 path=str(name_or_path),
                 hint=f"built-in recipes: {', '.join(recipe_names())}; or give a .toml path",
             )
+    if path.stat().st_size > MAX_RECIPE_BYTES:
+        raise InputError(
+            f"a recipe of {path.stat().st_size} bytes is larger than {MAX_RECIPE_BYTES}",
+            path=str(path),
+            hint="a recipe lists passes and their options: a few kilobytes",
+        )
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        doc = None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise InputError(
-            f"not a valid TOML recipe ({exc})",
+            f"not a valid TOML recipe ({show(str(exc), 200)})",
             path=str(path),
             hint="see the schema in mconv.passes' docstring",
         ) from None
+    if doc is None or _depth(doc) > MAX_OPTION_DEPTH:
+        raise InputError(
+            f"values nested more than {MAX_OPTION_DEPTH} deep",
+            path=str(path),
+            hint="options are numbers, words, lists of them and op_type/op_name tables",
+        )
     unknown = set(doc) - {"pass", "description"}
     if unknown:
         raise InputError(

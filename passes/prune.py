@@ -41,7 +41,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.passes._weights import WEIGHT_OPS, WeightRef, record_compression, weight_refs
-from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
 
 
 def magnitude_mask(array: np.ndarray, sparsity: float, chunk: int = 1 << 20) -> tuple[np.ndarray, float]:
@@ -130,15 +130,15 @@ class Prune(Pass):
 
     @dataclass
     class Config:
-        sparsity: float = 0.0
-        threshold_std: float | None = None
+        sparsity: float = bounded(0.0, 0, 1, hi_open=True)
+        threshold_std: float | None = bounded(None, 0, None)
         scope: Literal["layer", "global"] = "layer"
-        n: int = 0
-        m: int = 0
+        n: int = bounded(0, 0, MAX_COUNT)
+        m: int = bounded(0, 0, MAX_COUNT)
         structured: Literal["none", "l1", "l2"] = "none"
         on_unsafe: Literal["error", "skip"] = "error"
         op_types: list[str] = field(default_factory=lambda: list(WEIGHT_OPS))
-        index_bits: int | None = None
+        index_bits: int | None = bounded(None, 1, 8)
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         selected: list[tuple[WeightRef, Prune.Config]] = []

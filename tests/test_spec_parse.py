@@ -38,8 +38,8 @@ def test_a_bare_word_is_the_quoted_string(bare, quoted):
 def test_quoted_strings_numbers_and_literals_parse_as_before():
     cfg = _config("prune(sparsity=9e-1,threshold_std=None,scope='layer',on_unsafe=\"skip\")")
     assert (cfg.sparsity, cfg.threshold_std, cfg.scope, cfg.on_unsafe) == (0.9, None, "layer", "skip")
-    cfg = _config("prune(sparsity=-0.5e+0)")  # a number with an exponent is no word
-    assert cfg.sparsity == -0.5
+    cfg = _config("prune(sparsity=+0.5e+0)")  # a number with an exponent is no word
+    assert cfg.sparsity == 0.5
     # commas and '=' inside quotes belong to the string
     (item,) = P.parse_spec("fp16(block_list=['a,b', \"c=d\", 'it\\'s'])")
     assert item.config["block_list"] == ["a,b", "c=d", "it's"]
