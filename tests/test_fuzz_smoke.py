@@ -1,5 +1,5 @@
 """bench/fuzz.py's machinery, in-process: fake readers whose outcome is known are classified as
-such (exit 2, valid, exit 3, timeout, memory, leak, multi-line, signal), and ~20 real mutation
+such (exit 2, valid, exit 3, timeout, memory, leak, multi-line, signal; a MemoryError is a clean exit 2), and ~20 real mutation
 cases of two formats run through the real CLI in forked children."""
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ def _fake_reader(paths, options):
         raise InputError("bad fake file", path=str(paths[0]))
     if text.startswith(b"segv"):
         os.kill(os.getpid(), signal.SIGSEGV)
+    if text.startswith(b"killed"):  # what the kernel's OOM killer does
+        os.kill(os.getpid(), signal.SIGKILL)
     if text.startswith(b"leak"):
         return _weight_model((Path(paths[0]).parent.parent / "canary").read_bytes())
     return _weight_model(np.arange(8, dtype=np.float32).tobytes())
@@ -97,7 +99,8 @@ def test_the_harness_classifies_each_outcome(fuzz, corpus_mod, fake_format, tmp_
         "valid": "valid",
         "exit3": "exit3",
         "sleep": "timeout",
-        "memory": "memory",
+        "memory": "exit2",  # a MemoryError is one line, exit 2, saying how much memory it needs
+        "killed": "memory",
         "leak": "leak",
         "twolines": "other",
         "segv": "other",
@@ -117,7 +120,7 @@ def test_the_harness_classifies_each_outcome(fuzz, corpus_mod, fake_format, tmp_
     assert sorted(p.name for p in (tmp_path / "cases").iterdir()) == ["canary"]  # case folders removed
     recs = [r.record(3) for r in results]
     text = fuzz.table(recs, ["fake"], hostile=True)
-    assert "| fake | 8 | 1 | 1 | 1 | 1 | 1 | 1 | 2 |" in text
+    assert "| fake | 9 | 2 | 1 | 1 | 1 | 1 | 1 | 0 | 0 | 2 |" in text
     assert len(fuzz.failures(recs)) == 6
 
 
