@@ -6,6 +6,14 @@ Rules:
 1. Sources. A TorchScript archive (``torch.jit.save``; a zip holding ``code/`` and
    ``constants.pkl``) is loaded with ``torch.jit.load``: the archive holds TorchScript source
    that torch compiles, not pickled Python objects, so no code from the file runs as Python.
+   TorchScript itself can call any registered operator (``torch.from_file`` maps, creates or
+   overwrites a file; ``torch.save`` writes one; ``print`` writes to stdout), and
+   ``torch.jit.load`` runs ``__setstate__`` methods: so before torch sees the archive, every
+   ``.py`` member (all methods, ``__setstate__``, submodules, classes, functions) is checked
+   against an allowlist of pure tensor operations (``formats/_torchscript_check.py``: ATen
+   operators that touch no file, stream or global state, a few prim operators, TorchScript
+   builtins and classes whose source is in ``code/``; ``print``, other operator namespaces and
+   C++ custom classes are refused). One error lists what was found.
    A spec ``package.module:factory`` (not an existing file) imports ``package.module`` (the
    current directory is on the import path, as for ``python -m``) and calls ``factory()``,
    which must return an ``nn.Module``: the user asked for that code to run.
@@ -57,7 +65,10 @@ Rules:
    that ``data.pkl`` / ``constants.pkl`` declare against its ``data/<key>`` member's size, and
    every tensor view's last element against its storage; in TorchScript pickles, every global
    against what the TorchScript unpickler resolves itself (rebuild functions, storage types,
-   ``__torch__`` classes whose source is in ``code/``). A legacy file's storages must fit in
+   ``__torch__`` classes whose source is in ``code/``; not C++ custom classes
+   ``__torch__.torch.classes.*``, whose ``__setstate__`` runs at load); the TorchScript code
+   against rule 1's allowlist; an archive in the legacy format (``model.json``, code loaded
+   from elsewhere) is refused. A legacy file's storages must fit in
    the bytes after its pickles. Damage torch still finds becomes one ``InputError``.
 6. ``torch.export.save`` archives (``.pt2``: ``<root>/archive_format``, ``models/<name>.json``,
    ``data/weights/``, ``data/constants/``, ``data/sample_inputs/<name>.pt``) are rebuilt
@@ -102,6 +113,7 @@ from mconv.errors import InputError, show
 from mconv.fileio import require_file
 from mconv.formats import Format
 from mconv.formats._torch_pickle import STORAGE_ITEMSIZE, scan
+from mconv.formats._torchscript_check import check_archive
 from mconv.formats._zipsafe import looks_like_zip, read_directory, read_member
 from mconv.irio import from_proto
 from mconv.npzio import read_npz
@@ -190,6 +202,17 @@ def _examine_zip(path: Path) -> Source:
         )
     script = any(n.startswith(f"{root}/code/") for n in entries)
     source = Source("torchscript" if script else "torch.save", root)
+    if script:
+        legacy = [n for n in entries if n.lower().rsplit("/", 1)[-1] == "model.json"]
+        if legacy:
+            raise InputError(
+                "a TorchScript archive in the legacy format (model.json), whose code torch loads "
+                "from other places than code/",
+                path=str(path),
+                where=f"member '{show(legacy[0])}'",
+                hint="load it with the torch that wrote it and torch.jit.save it again",
+            )
+        check_archive(path, entries, root)  # rule 5: no TorchScript code runs unchecked
     # TorchScript reads data.pkl and constants.pkl at load and the debug tables later; torch.load
     # reads data.pkl. Every pickle is walked; those two hold the storages torch will read.
     pickles = [n for n in entries if n.startswith(f"{root}/") and n.endswith((".pkl", ".debug_pkl"))]
@@ -233,11 +256,15 @@ def _check_storages(path: Path, member: str, result, folder: dict, stem: str) ->
 def _check_jit_globals(path: Path, member: str, result, entries: dict, root: str) -> None:
     for g, pos in result.globals:
         if g.module == "__torch__" or g.module.startswith("__torch__."):
-            if g.module.startswith("__torch__.torch.classes."):
-                continue  # torch's own C++ classes (packed quantized weights)
-            if f"{root}/code/{g.module.replace('.', '/')}.py" in entries:
+            if g.module == "__torch__.torch.classes" or g.module.startswith("__torch__.torch.classes."):
+                problem = (
+                    f"class '{show(str(g))}' is a C++ custom class, whose __setstate__ is code "
+                    "outside the archive"
+                )
+            elif f"{root}/code/{g.module.replace('.', '/')}.py" in entries:
                 continue
-            problem = f"class '{show(str(g))}' has no TorchScript source in code/"
+            else:
+                problem = f"class '{show(str(g))}' has no TorchScript source in code/"
         elif g.name in _JIT_GLOBALS.get(g.module, ()):
             continue
         else:
