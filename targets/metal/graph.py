@@ -161,6 +161,5 @@ def regenerated_mismatch(bundle: Bundle, expected: dict[str, bytes], label: str,
             raise InputError(
                 f"{rel} is not what mconv generates from the bundle's graph ({graph})",
                 path=label,
-                where=rel,
                 hint="the bundle was edited after export; re-export it from the model",
             )

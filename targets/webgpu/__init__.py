@@ -10,27 +10,36 @@ Export rules:
    device has ``shader-f16``, f32 where not; f32 accumulation either way). With fp16 a weight
    the codec chooser would store raw is stored fp16 (the kernels read half anyway).
 3. The bundle holds ``webgpu_plan.json`` (the Metal plan's schema: buffers, layers in dispatch
-   order, bindings, grids), ``kernels/<kernel>.wgsl`` (one module per layer) and ``weights.mcw``
-   with every weight buffer the kernels read, and the web page: ``index.html`` with the ES
-   modules ``mconv_webgpu.js`` (loads the manifest, plan, kernels and weights, runs the model
-   with the browser's WebGPU, one command buffer per inference in plan order, shows outputs and
-   timing) and ``mcw.js`` (the weights.mcw decoder: raw, fp16, palette, sparse, Huffman).
-   Serve the folder over HTTP (``python3 -m http.server``) and open ``index.html``.
+   order, bindings, grids), ``kernels/<kernel>.wgsl`` (one module per layer), ``weights.mcw``
+   with every weight buffer the kernels read, ``webgpu_graph.onnx`` (the prepared graph the
+   plan was built from, without the weights' data: :mod:`mconv.targets.metal.graph`; the plan
+   is built from the weights as stored), and the web page: ``index.html`` with the ES modules
+   ``mconv_webgpu.js`` (loads the manifest, plan, kernels and weights, runs the model with the
+   browser's WebGPU, one command buffer per inference in plan order, shows outputs and timing)
+   and ``mcw.js`` (the weights.mcw decoder: raw, fp16, palette, sparse, Huffman). Serve the
+   folder over HTTP (``python3 -m http.server``) and open ``index.html``.
 
 Load rules:
 
-1. ``load(bundle)`` returns a :class:`~mconv.targets.webgpu.runner.WebGPURunner`: the weights
-   decoded by the Python decoder of ``weights.mcw`` (:mod:`mconv.container`), the kernels
-   compiled by the device, one command buffer per inference. Where no adapter exists it raises
+1. A bundle is data: no shipped text is compiled or run. :func:`regenerate` reads
+   ``webgpu_graph.onnx`` (checked like any ONNX file, no external data), restores its weights
+   from ``weights.mcw`` and rebuilds plan and WGSL (precision, batch and model name from the
+   manifest); the shipped plan and every kernel it names must be byte-identical, else one
+   InputError (exit 2, re-export); a bundle without the graph file is refused the same way.
+   ``mconv run``/``verify`` never open the bundle's page; the browser path
+   (:mod:`mconv.targets.webgpu.browser`) serves mconv's own page files and the regenerated
+   plan and kernels.
+2. ``load(bundle)`` returns a :class:`~mconv.targets.webgpu.runner.WebGPURunner`: the weights
+   decoded by the Python decoder of ``weights.mcw`` (:mod:`mconv.container`), the regenerated
+   kernels compiled by the device, one command buffer per inference. Where no adapter exists it raises
    a one-line InputError (exit 2) saying so. Integer and bool inputs are written to the float
    buffers as their values; integer and bool outputs come back as the model's type (the bundle's
    output dtypes), as the Metal target's runner gives them.
-2. ``load_model(model)`` exports to a temporary bundle and loads it.
+3. ``load_model(model)`` exports to a temporary bundle and loads it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -38,21 +47,25 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import onnx_ir as ir
 from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
-from mconv.errors import InputError
+from mconv.errors import InputError, IntegrityError
+from mconv.fileio import load_json
 from mconv.irio import real_inputs
-from mconv.targets.metal import _weight_spec
+from mconv.targets.metal import _weight_spec, plan_json, plan_options
+from mconv.targets.metal.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
 from mconv.targets.metal.plan import MetalPlan
 from mconv.targets.webgpu.browser import web_payload
 from mconv.targets.webgpu.options import Options as Options  # the export options
 from mconv.targets.webgpu.plan import build_plan, prepare
 from mconv.targets.webgpu.runner import WebGPURunner
 
-__all__ = ["NAME", "PLAN", "TARGET", "export", "load", "load_model", "read_plan"]
+__all__ = ["GRAPH", "NAME", "PLAN", "TARGET", "export", "load", "load_model", "read_plan", "regenerate"]
 
 NAME = "webgpu"
 PLAN = "webgpu_plan.json"
+GRAPH = "webgpu_graph.onnx"
 KERNELS = "kernels"
 
 
@@ -74,16 +87,14 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     original_inputs = [TensorSpec.from_value(v) for v in real_inputs(model.graph)]
     prepared = prepare(model, int(options.get("batch") or 1))
     name = options.get("model_name") or model.graph.name or out_dir.name
-    plan = build_plan(prepared, {**options, "model_name": name})
-    plan_bytes = (json.dumps(plan.as_dict(), sort_keys=True, indent=2) + "\n").encode()
-    inits = prepared.graph.initializers
     metadata = dict(prepared.metadata_props)
-    weights = []
-    for b in plan.weight_buffers():
-        const = inits[b.name].const_value
-        assert const is not None
-        stored, spec = _weight_spec(const.numpy(), metadata, b.name, plan.dtype, options.get("codec"))
-        weights.append((b.name, stored, spec))
+    plan_options = {**options, "model_name": name}
+    plan, weights = plan_with_stored_weights(
+        prepared,
+        lambda m: build_plan(m, plan_options),
+        lambda p, n, a: _weight_spec(a, metadata, n, p.dtype, options.get("codec")),
+    )
+    plan_bytes = plan_json(plan)
     symbolic = {s.name: bool(s.shape) and not isinstance((s.shape or (0,))[0], int) for s in original_inputs}
     inputs = []
     for spec in plan.inputs:
@@ -102,9 +113,8 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         )
         for o in plan.outputs
     ]
-    payload = {PLAN: plan_bytes}
-    for layer in plan.layers:
-        payload[kernel_path(layer.kernel)] = plan.sources[layer.kernel].encode()
+    payload = {PLAN: plan_bytes, GRAPH: graph_bytes(prepared, [b.name for b in plan.weight_buffers()])}
+    payload.update(kernel_files(plan))
     payload.update(web_payload())
     return write_bundle(
         out_dir,
@@ -121,39 +131,48 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     )
 
 
+def kernel_files(plan: MetalPlan) -> dict[str, bytes]:
+    """The WGSL modules of ``plan`` by bundle-relative path."""
+    return {kernel_path(layer.kernel): plan.sources[layer.kernel].encode() for layer in plan.layers}
+
+
 def read_plan(bundle: Bundle) -> MetalPlan:
-    """The bundle's plan, checked to parse."""
+    """The bundle's plan as shipped, checked to parse (for reading it; :func:`load` runs the
+    plan it regenerates, see :func:`regenerate`)."""
+    label = str(bundle.root)
+    data = load_json(bundle.read_bytes(PLAN), PLAN, label, "re-export the bundle")
     try:
-        plan = MetalPlan.from_dict(json.loads(bundle.read_bytes(PLAN)))
+        plan = MetalPlan.from_dict(data)
         if plan.dtype not in ("half", "float"):
             raise ValueError(f"dtype {plan.dtype!r}")
         return plan
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(
             f"{PLAN} is not a valid plan ({type(exc).__name__}: {str(exc)[:80]})",
-            path=str(bundle.root),
+            path=label,
             hint="re-export the bundle",
         ) from None
 
 
-def kernel_sources(bundle: Bundle, plan: MetalPlan, label: str) -> dict[str, str]:
-    """Each layer's WGSL source from the bundle, by kernel name (UTF-8 text, else one line)."""
-    sources: dict[str, str] = {}
-    for layer in plan.layers:
-        try:
-            sources[layer.kernel] = bundle.read_bytes(kernel_path(layer.kernel)).decode()
-        except UnicodeDecodeError:
-            raise InputError(
-                "kernel is not UTF-8 text",
-                path=label,
-                where=kernel_path(layer.kernel),
-                hint="re-export the bundle",
-            ) from None
-    return sources
+def regenerate(bundle: Bundle, label: str) -> tuple[MetalPlan, dict[str, str], dict[str, np.ndarray]]:
+    """(plan, WGSL by kernel name, weights) that mconv generates from the bundle's graph
+    (``webgpu_graph.onnx`` with the weights of ``weights.mcw``); the shipped plan and every
+    kernel the plan names must be byte-identical to them (load rule 1), else one InputError."""
+    model, weights = read_graph(bundle, GRAPH, label)
+    plan = build_plan(model, plan_options(bundle, label, "fp32"))
+    regenerated_mismatch(bundle, {PLAN: plan_json(plan), **kernel_files(plan)}, label, GRAPH)
+    if [o.name for o in bundle.outputs] != [o["name"] for o in plan.outputs]:
+        raise IntegrityError(
+            "manifest.json's outputs are not the plan's",
+            path=label,
+            hint="the bundle was edited after export; re-export it from the model",
+        )
+    return plan, {layer.kernel: plan.sources[layer.kernel] for layer in plan.layers}, weights
 
 
 def load(bundle: Bundle | str | os.PathLike) -> WebGPURunner:
-    """A runner that runs the bundle's kernels on this machine's WebGPU adapter."""
+    """A runner that runs the bundle's kernels, as mconv regenerates them, on this machine's
+    WebGPU adapter."""
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)
     label = str(bundle.root)
@@ -163,13 +182,11 @@ def load(bundle: Bundle | str | os.PathLike) -> WebGPURunner:
             path=label,
             hint=f"run it with --target {bundle.target}",
         )
-    plan = read_plan(bundle)
-    sources = kernel_sources(bundle, plan, label)
-    weights = bundle.arrays([b.name for b in plan.weight_buffers()])
+    plan, sources, weights = regenerate(bundle, label)
     return WebGPURunner(
         plan,
         sources,
-        weights,
+        {b.name: np.asarray(weights[b.name], dtype=np.float32) for b in plan.weight_buffers()},
         bundle.inputs,
         [o.name for o in bundle.outputs],
         label,

@@ -2,9 +2,14 @@
 
 Rules:
 
-1. The bundle folder is served read-only on 127.0.0.1 (an ephemeral port, this process only);
-   the optional feed (a ``weights.mcw``-format container of the model's inputs, written to a
-   private temporary file) is served as ``/_mconv_feed.mcw``. Nothing else is served.
+1. The page run is mconv's, never the bundle's: :func:`stage_site` writes into a private
+   temporary folder mconv's own ``index.html`` and ES modules, the plan and WGSL kernels as
+   mconv regenerates them from the bundle's graph (:func:`mconv.targets.webgpu.regenerate`: a
+   bundle whose shipped plan or kernels differ is refused), and the bundle's data files
+   (``manifest.json``, ``weights.mcw``, read through the bundle's integrity check). That folder
+   is served read-only on 127.0.0.1 (an ephemeral port, this process only); the optional feed
+   (a ``weights.mcw``-format container of the model's inputs, written to a private temporary
+   file) is served as ``/_mconv_feed.mcw``. Nothing else is served.
 2. Chromium runs headless with a new empty profile, no network besides that server (the
    background-networking flags), and WebGPU on a software adapter (SwiftShader's Vulkan); it is
    driven over ``--remote-debugging-pipe`` (Chrome DevTools Protocol on file descriptors 3 and
@@ -63,6 +68,37 @@ CHROMIUM_FLAGS = (
 def web_payload() -> dict[str, bytes]:
     """The page files a bundle carries (index.html and its two ES modules)."""
     return {name: (WEB / name).read_bytes() for name in WEB_FILES}
+
+
+def stage_site(bundle_dir: str | os.PathLike, site: str | os.PathLike) -> Path:
+    """Rule 1: the folder the page is served from, written at ``site`` (which must not exist)."""
+    from mconv.bundle import MANIFEST, WEIGHTS, load_bundle
+    from mconv.targets.webgpu import NAME, PLAN, kernel_files, plan_json, regenerate
+
+    bundle = load_bundle(bundle_dir)
+    label = str(bundle.root)
+    if bundle.target != NAME:
+        raise InputError(
+            f"bundle is for target '{bundle.target}', not '{NAME}'",
+            path=label,
+            hint=f"run it with --target {bundle.target}",
+        )
+    plan, _, _ = regenerate(bundle, label)
+    files = {
+        **web_payload(),
+        PLAN: plan_json(plan),
+        **kernel_files(plan),
+        MANIFEST: bundle.read_bytes(MANIFEST),
+    }
+    if WEIGHTS in bundle.files:
+        files[WEIGHTS] = bundle.read_bytes(WEIGHTS)
+    root = Path(site)
+    root.mkdir(mode=0o700)
+    for rel, data in files.items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+    return root
 
 
 def find_chromium() -> str | None:
@@ -164,7 +200,7 @@ def run_page(
     chromium: str | None = None,
     init_script: str | None = None,
 ) -> dict:
-    """Open the bundle's page in headless Chromium; the page's result (rule 3).
+    """Open mconv's page for the bundle in headless Chromium; the page's result (rule 3).
 
     ``init_script`` is JavaScript run in the page before its own scripts (instrumentation).
     The page itself retries a failed ``requestDevice``; when all its tries fail (the browser's
@@ -188,16 +224,13 @@ def _run_page_once(
     init_script: str | None,
 ) -> dict:
     bundle_dir = Path(bundle_dir)
-    if not (bundle_dir / "index.html").is_file():
-        raise InputError(
-            "the bundle has no index.html", path=str(bundle_dir), hint="re-export it with this mconv"
-        )
     chromium = chromium or find_chromium()
     if chromium is None:
         raise InputError("no Chromium on this machine", path=str(bundle_dir), hint="apt-get install chromium")
     scratch = Path(tempfile.mkdtemp(prefix="mconv-page."))
     proc = None
     try:
+        site = stage_site(bundle_dir, scratch / "site")
         feed = None
         if feeds:
             feed = str(scratch / "feed.mcw")
@@ -205,7 +238,7 @@ def _run_page_once(
                 feed,
                 [(k, np.ascontiguousarray(v, dtype=np.float32), {"codec": "raw"}) for k, v in feeds.items()],
             )
-        with serve(bundle_dir, feed) as base:
+        with serve(site, feed) as base:
             url = f"{base}/index.html?runs={int(runs)}" + (f"&feed=/{FEED}" if feed else "")
             cmd_r, cmd_w = os.pipe()
             res_r, res_w = os.pipe()

@@ -13,8 +13,10 @@ Rules:
    (naga's WGSL front end), validated (naga's validator: types, uniformity, bindings, the
    capabilities ``enable f16`` asks for) and written as MSL and SPIR-V. A kernel that fails any
    step carries the step (``parse``, ``validation``, ``write``) and naga's message.
-2. :func:`check_bundle` checks every kernel of a webgpu bundle as the bundle ships it (the f16
-   header where the plan stores half).
+2. :func:`check_bundle` checks every kernel of a webgpu bundle (the f16 header where the plan
+   stores half) as mconv regenerates it from the bundle's graph, the shipped modules checked
+   identical (:func:`mconv.targets.webgpu.regenerate`): no shipped text reaches naga or a
+   compiler.
 3. :func:`msl_runner` runs naga's MSL on the CPU: every translated kernel goes, each in its own
    C++ namespace, through the Metal target's C++ shim (``targets/metal/metal_shim.h`` plus
    :data:`SHIM_EXTRAS`, the few more Metal names naga's output uses) and the Metal harness's
@@ -37,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 from mconv.bundle import Bundle, load_bundle
 from mconv.errors import InputError
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
@@ -168,15 +171,16 @@ def check_sources(
 
 
 def check_bundle(bundle: Bundle | str | os.PathLike, naga: Path | None = None) -> dict[str, KernelCheck]:
-    """naga's verdict on every kernel of a webgpu bundle, as shipped (rule 2), in plan order."""
-    from mconv.targets.webgpu import NAME, kernel_sources, read_plan
+    """naga's verdict on every kernel of a webgpu bundle (rule 2), in plan order."""
+    from mconv.targets.webgpu import NAME, regenerate
 
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)
     label = str(bundle.root)
     if bundle.target != NAME:
         raise InputError(f"bundle is for target '{bundle.target}', not '{NAME}'", path=label, hint="")
-    return check_sources(kernel_sources(bundle, read_plan(bundle), label), naga, label)
+    _, sources, _ = regenerate(bundle, label)
+    return check_sources(sources, naga, label)
 
 
 # The Metal names naga's MSL uses that metal_shim.h (written for the Metal target's kernels) lacks.
@@ -292,20 +296,22 @@ def every_layer(plan: MetalPlan) -> MetalPlan:
     return replace(plan, outputs=outputs)
 
 
-def _runner(plan: MetalPlan, source: str, bundle: Bundle, probe: bool) -> HarnessRunner:
+def _runner(
+    plan: MetalPlan, source: str, bundle: Bundle, weights: Mapping[str, np.ndarray], probe: bool
+) -> HarnessRunner:
     label = str(bundle.root)
     if probe:
         plan = every_layer(plan)
     exe = compile_harness(plan, source, label)
-    weights = bundle.arrays([b.name for b in plan.weight_buffers()])
     outputs = [o["name"] for o in plan.outputs] if probe else [o.name for o in bundle.outputs]
     dtypes = {} if probe else {o.name: o.dtype for o in bundle.outputs}
     return HarnessRunner(plan, exe, weights, bundle.inputs, outputs, label, output_dtypes=dtypes)
 
 
 def metal_runner(bundle: Bundle | str | os.PathLike, probe: bool = False) -> HarnessRunner:
-    """The Metal target's own runner for a metal bundle; with ``probe``, every layer's result."""
-    from mconv.targets.metal import NAME, kernels_path, read_plan
+    """The Metal target's own runner for a metal bundle (its kernels as mconv regenerates them);
+    with ``probe``, every layer's result."""
+    from mconv.targets.metal import NAME, regenerate
 
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)
@@ -313,8 +319,8 @@ def metal_runner(bundle: Bundle | str | os.PathLike, probe: bool = False) -> Har
         raise InputError(
             f"bundle is for target '{bundle.target}', not '{NAME}'", path=str(bundle.root), hint=""
         )
-    plan = read_plan(bundle)
-    return _runner(plan, bundle.read_bytes(kernels_path(plan)).decode(), bundle, probe)
+    plan, kernels, weights = regenerate(bundle, str(bundle.root))
+    return _runner(plan, kernels, bundle, weights, probe)
 
 
 def msl_runner(
@@ -322,7 +328,7 @@ def msl_runner(
 ) -> HarnessRunner:
     """A runner for a webgpu bundle that runs naga's MSL translation on the CPU (rule 3); with
     ``probe``, every layer's result (:func:`every_layer`)."""
-    from mconv.targets.webgpu import kernel_path, kernel_sources, read_plan
+    from mconv.targets.webgpu import kernel_path, regenerate
 
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)
@@ -337,10 +343,9 @@ def msl_runner(
             where=kernel_path(bad[0]),
             hint="re-export the bundle",
         )
-    plan = read_plan(bundle)
-    wgsl = kernel_sources(bundle, plan, label)
+    plan, wgsl, weights = regenerate(bundle, label)
     try:
         source = shim_source(plan, wgsl, checks)
     except ValueError as exc:
         raise InputError(str(exc), path=label, hint="naga's MSL changed shape; update naga.py") from None
-    return _runner(plan, source, bundle, probe)
+    return _runner(plan, source, bundle, weights, probe)

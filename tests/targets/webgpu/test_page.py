@@ -433,9 +433,10 @@ def test_page_retries_a_lost_device(tmp_path, monkeypatch):
     assert failed["error"].startswith("requestDevice failed 3 times: OperationError: A valid external")
 
 
-def test_run_page_refuses_a_bundle_without_page(tmp_path):
+def test_run_page_refuses_a_folder_that_is_not_a_bundle(tmp_path):
     (tmp_path / "b").mkdir()
-    with pytest.raises(InputError, match="no index.html") as exc:
+    (tmp_path / "b" / "index.html").write_text("<p>a page that is not mconv's</p>\n")
+    with pytest.raises(InputError, match="not a bundle") as exc:
         browser.run_page(tmp_path / "b")
     assert str(tmp_path / "b") in exc.value.line()
 

@@ -308,23 +308,26 @@ def _more_threads(plan: bytes) -> bytes:
             lambda p: p.__setitem__(
                 "kernels/L0_gemm.wgsl", p["kernels/L0_gemm.wgsl"].replace(b"fn L0_gemm(", b"fn other(")
             ),
-            "entry point",
+            "L0_gemm.wgsl is not what mconv generates",
         ),
         (
             lambda p: p.__setitem__(
                 "kernels/L0_gemm.wgsl", p["kernels/L0_gemm.wgsl"].replace(b"@binding(3)", b"@binding(4)")
             ),
-            "bindings",
+            "L0_gemm.wgsl is not what mconv generates",
         ),
         (
             lambda p: p.__setitem__(
                 "kernels/L0_gemm.wgsl", p["kernels/L0_gemm.wgsl"].replace(b"read>", b"read_write>", 1)
             ),
-            "writable",
+            "L0_gemm.wgsl is not what mconv generates",
         ),
         (lambda p: p.pop("kernels/L1_gemm.wgsl"), "L1_gemm"),
-        (lambda p: p.__setitem__("webgpu_plan.json", _more_threads(p["webgpu_plan.json"])), "more threads"),
-        (lambda p: p.__setitem__("webgpu_plan.json", b"{}"), "not a valid plan"),
+        (
+            lambda p: p.__setitem__("webgpu_plan.json", _more_threads(p["webgpu_plan.json"])),
+            "webgpu_plan.json is not what mconv generates",
+        ),
+        (lambda p: p.__setitem__("webgpu_plan.json", b"{}"), "webgpu_plan.json is not what mconv generates"),
     ],
 )
 def test_hostile_bundles_are_refused_in_one_line(tmp_path, edit, needle):
