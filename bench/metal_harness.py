@@ -105,10 +105,10 @@ def bench(name: str, work: Path) -> dict:
     bundle = TARGET.export(model, work / name, {"precision": precision})
     export_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    from mconv.targets.metal import kernels_path, read_plan
+    from mconv.targets.metal import regenerate
 
-    plan = read_plan(bundle)
-    compile_harness(plan, bundle.read_bytes(kernels_path(plan)).decode())
+    plan, kernels, _ = regenerate(bundle, str(bundle.root))  # only text mconv generated compiles
+    compile_harness(plan, kernels)
     compile_s = time.perf_counter() - t0
     runner = TARGET.load(bundle)
     t0 = time.perf_counter()
