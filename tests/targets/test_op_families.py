@@ -24,7 +24,8 @@ def _family(fn) -> str:
 def reference_families() -> dict[str, str]:
     from mconv.targets.reference.ops import REGISTRY
 
-    return {op: _family(d.forward) for (op, domain), d in REGISTRY.items() if domain == ""}
+    # ops of other domains (ai.onnx.ml, com.microsoft) keyed "domain::op": a family may hold only those
+    return {(f"{domain}::{op}" if domain else op): _family(d.forward) for (op, domain), d in REGISTRY.items()}
 
 
 def xla_families() -> dict[str, str]:

@@ -135,6 +135,10 @@ class _Setup:
     layout: int
     input_forget: bool
     lbr: bool
+    # The products X W^T and H R^T of direction d ("W" or "R"), with a mask of the batch rows
+    # still running at the previous step (None for X W^T and the first step); None: float
+    # matmuls. Quantized cells (com.microsoft DynamicQuantizeLSTM) quantize activations here.
+    matmul: Callable[[np.ndarray, int, str, np.ndarray | None], np.ndarray] | None = None
 
     def lstm_state(self) -> tuple[np.ndarray, np.ndarray]:
         """``(c0, P)``, which :func:`_setup` fills for LSTM."""
@@ -264,7 +268,7 @@ def _run_direction(s: _Setup, d: int, reverse: bool, keep: bool):
     Wb, Rb = s.B[d, : G * H], s.B[d, G * H :]
     acts = s.acts[d]
     T, batch = x.shape[0], x.shape[1]
-    xw = x @ W.T + Wb  # [T, B, G*H]
+    xw = (x @ W.T if s.matmul is None else s.matmul(x, d, "W", None)) + Wb  # [T, B, G*H]
     h = s.h0[d]
     c = s.lstm_state()[0][d] if s.op == "LSTM" else None
     Y = np.zeros((T, batch, H), dtype=x.dtype)
@@ -299,7 +303,11 @@ def _run_direction(s: _Setup, d: int, reverse: bool, keep: bool):
         else:  # LSTM
             f, g, hact = acts
             P = s.lstm_state()[1][d]
-            pre = xw[t] + h @ R.T + Rb
+            pre = (
+                xw[t]
+                + (h @ R.T if s.matmul is None else s.matmul(h, d, "R", s.lens >= t if t else None))
+                + Rb
+            )
             pi, cmi = _clip(pre[:, :H] + P[:H] * c, s.clip)
             i = f.f(pi)
             if s.input_forget:
@@ -326,8 +334,9 @@ def _run_direction(s: _Setup, d: int, reverse: bool, keep: bool):
     return Y, h, c, (x, xw, tape)
 
 
-def _forward(op: str, inputs: list, attrs: dict, keep: bool = False):
+def _forward(op: str, inputs: list, attrs: dict, keep: bool = False, matmul=None):
     s = _setup(op, inputs, attrs)
+    s.matmul = matmul
     runs = [_run_direction(s, d, rev, keep) for d, rev in enumerate(s.directions)]
     Y = np.stack([r[0] for r in runs], axis=1)  # [T, nd, B, H]
     Yh = np.stack([r[1] for r in runs])
