@@ -361,7 +361,7 @@ def _refuse_non_script(path: Path, source: Source):
                 path=str(path),
                 hint=_HINT_SOURCE,
             ) from None
-        text = (str(exc).strip().splitlines() or [""])[0]
+        text = (_lines(exc) or [""])[0]
         raise InputError(
             f"{what} that torch cannot read ({type(exc).__name__}: {show(text, 120)})",
             path=str(path),
@@ -403,7 +403,7 @@ def _load_script(path: Path):
             warnings.simplefilter("ignore")  # torch 2.13 deprecates TorchScript; it still loads
             return torch.jit.load(str(path), map_location="cpu")
     except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0]
+        first = (_lines(exc) or [""])[0]
         raise InputError(
             f"not a readable TorchScript archive ({type(exc).__name__}: {show(first, 120)})",
             path=str(path),
@@ -1030,14 +1030,53 @@ def _count_outputs(result, torch) -> int:
     return 0
 
 
+# Terminal escapes (CSI colours, OSC titles, two-byte escapes) that torch and onnxscript put in
+# their messages: removed before a message is shown, not escaped into ``\x1b[96m`` text.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def _lines(exc: BaseException) -> list[str]:
+    """The non-blank lines of ``str(exc)``, terminal escapes removed."""
+    return [line.strip() for line in _ANSI.sub("", str(exc)).strip().splitlines() if line.strip()]
+
+
 def _describe(exc: BaseException, limit: int = 120) -> str:
     """``Type: message`` of ``exc`` in one line; a TorchScript error's last line is the Python
-    error the script raised (``builtins.ValueError: ...``), after the source excerpt."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    error the script raised (``builtins.ValueError: ...``), after the source excerpt. The ONNX
+    exporters wrap the error that stopped them (``ConversionError: ... This is step 2/3``):
+    the cause's first line follows."""
+    lines = _lines(exc)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(exc, torch.jit.Error) and lines:
         return show(lines[-1].removeprefix("builtins."), limit)
-    return f"{type(exc).__name__}: {show(lines[0] if lines else '', limit)}"
+    first = lines[0] if lines else ""
+    cause = exc.__cause__
+    if cause is None or not type(exc).__module__.startswith("torch.onnx"):
+        return f"{type(exc).__name__}: {show(first, limit)}"
+    cause_lines = _lines(cause)
+    return (
+        f"{type(exc).__name__}: {show(first.split('. ')[0].rstrip('.'), limit)}; caused by "
+        f"{type(cause).__name__}: {show(cause_lines[0] if cause_lines else '', limit)}"
+    )
+
+
+@contextlib.contextmanager
+def _quiet_torch():
+    """Around mconv's calls into torch: Python warnings ignored and logging disabled. torch,
+    torchvision and onnxscript log through ``logging`` with handlers of their own (the dynamo
+    exporter's "torchvision is not installed" lines, fake tensors' tracebacks of a failed meta
+    function) and warn on import and export; stderr is mconv's (one line for an error).
+    Restored after."""
+    import logging
+
+    previous = logging.root.manager.disable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.disable(logging.CRITICAL)
+        try:
+            yield
+        finally:
+            logging.disable(previous)
 
 
 def export_to_model(module, options: dict, label: str) -> ir.Model:
@@ -1378,13 +1417,14 @@ def _load_pt2_model(path: Path, options: dict) -> ir.Model:
 
 def _load(paths: list[Path], options: dict) -> ir.Model:
     source = str(paths[0])
-    if is_factory_spec(source):
-        module = _load_factory(source)
-    elif is_pt2_archive(paths[0]):
-        return _load_pt2_model(paths[0], options)
-    else:
-        module = _load_script(paths[0])
-    return export_to_model(module, options, source)
+    with _quiet_torch():
+        if is_factory_spec(source):
+            module = _load_factory(source)
+        elif is_pt2_archive(paths[0]):
+            return _load_pt2_model(paths[0], options)
+        else:
+            module = _load_script(paths[0])
+        return export_to_model(module, options, source)
 
 
 def _sniff(head: bytes, path: Path) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 import zipfile
@@ -197,3 +198,63 @@ def test_cli_pt2_and_factory_through_dynamo(tmp_path, monkeypatch):
     _rewrite(path, bad, lambda n, d: d.replace(b'"torch.ops.aten.relu.default"', b'"builtins.eval"'))
     r = CliRunner().invoke(app, ["import", str(bad), "-o", str(tmp_path / "b.onnx")])
     assert r.exit_code == 2 and "builtins.eval" in r.output and "t.pt2" in r.output
+
+
+# --- one line means one line: torch's logging, warnings and terminal escapes stay off stderr ------
+
+
+def _mconv(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A real process: torch's loggers keep handlers of their own, which CliRunner would not see."""
+    return subprocess.run(
+        [sys.executable, "-m", "mconv", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
+
+
+def test_pt2_claiming_a_huge_shape_is_one_line_without_escapes(tmp_path):
+    """A weight claimed 2**40 rows in the program: fake-tensor propagation fails. Before, torch
+    logged its 24-line traceback to stderr and the error carried \\x1b[96m colour codes."""
+    path, _, _ = _save(tmp_path, seed=8)
+
+    def change(name: str, data: bytes) -> bytes:
+        if name.endswith("models/model.json"):
+            program = json.loads(data)
+            program["graph_module"]["graph"]["tensor_values"]["p_fc_weight"]["sizes"][0] = {"as_int": 2**40}
+            return json.dumps(program).encode()
+        return data
+
+    bad = tmp_path / "huge.pt2"
+    _rewrite(path, bad, change)
+    r = _mconv("import", str(bad), "-o", str(tmp_path / "h.onnx"), "--quiet", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "huge.pt2" in lines[0] and "1099511627776" in lines[0]
+    assert "\x1b" not in lines[0] and "\\x1b" not in lines[0]
+    assert not (tmp_path / "h.onnx").exists()
+
+
+def test_quiet_dynamo_export_prints_nothing_on_stderr(tmp_path):
+    """torch.onnx's registration logs "torchvision is not installed" four times on the first
+    dynamo export; mconv's calls into torch run with logging and warnings off."""
+    path, _, _ = _save(tmp_path, seed=9)
+    r = _mconv("import", str(path), "-o", str(tmp_path / "q.onnx"), "--quiet", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert (tmp_path / "q.onnx").exists()
+
+
+def test_exporter_messages_lose_terminal_escapes_and_name_their_cause():
+    from mconv.formats.torch_format import _describe
+
+    class ConversionError(RuntimeError):
+        pass
+
+    ConversionError.__module__ = "torch.onnx._internal.exporter._errors"
+    try:
+        try:
+            raise ValueError("\x1b[31mshape mismatch\x1b[0m at dim 0\nmore")
+        except ValueError as cause:
+            raise ConversionError("Failed to decompose. \x1b[96mThis is step 2/3\x1b[0m of it") from cause
+    except ConversionError as exc:
+        text = _describe(exc)
+    assert text == "ConversionError: Failed to decompose; caused by ValueError: shape mismatch at dim 0"
