@@ -5,8 +5,8 @@ maps, and scikit-learn pipelines converted by skl2onnx end with one.
 Rules:
 1. :func:`install` (run when :mod:`mconv.irio` is imported) teaches ``onnx_ir.serde`` one more
    type: a ``map_type`` deserializes to :class:`MapType` (key dtype and value type, the value
-   type recursive like a sequence's element) and serializes back to the same ``TypeProto``. A map
-   has no shape. Every other type goes to onnx_ir's own functions unchanged.
+   type recursive like a sequence's element, a tensor value's shape kept) and serializes back to
+   the same ``TypeProto``. A map itself has no shape. Every other type goes to onnx_ir's own functions unchanged.
 2. A map's ``dtype`` is its value type's (as a sequence's is its element's), so code that asks a
    value for its dtype gets an answer; code that needs tensors checks ``isinstance(type,
    ir.TensorType)`` as before.
@@ -26,11 +26,19 @@ from onnx_ir import serde
 class MapType(Hashable):
     """``map(key_type, value_type)`` of the ONNX type system."""
 
-    __slots__ = ("denotation", "key_type", "value_type")
+    __slots__ = ("denotation", "key_type", "value_shape", "value_type")
 
-    def __init__(self, key_type: ir.DataType, value_type: Any, *, denotation: str | None = None) -> None:
+    def __init__(
+        self,
+        key_type: ir.DataType,
+        value_type: Any,
+        *,
+        value_shape: Any = None,
+        denotation: str | None = None,
+    ) -> None:
         self.key_type = key_type
         self.value_type = value_type
+        self.value_shape = value_shape  # the shape of a tensor value (ZipMap's: a scalar), if given
         self.denotation = denotation
 
     @property
@@ -53,6 +61,7 @@ class MapType(Hashable):
             isinstance(other, MapType)
             and self.key_type == other.key_type
             and self.value_type == other.value_type
+            and self.value_shape == other.value_shape
         )
 
     def __repr__(self) -> str:
@@ -80,7 +89,10 @@ def install() -> None:
             value = serde.deserialize_type_proto_for_type(m.value_type) if m.HasField("value_type") else None
             if value is None:
                 raise ValueError(f"map value type must be set: {proto}")
-            return MapType(ir.DataType(m.key_type), value, denotation=proto.denotation or None)
+            shape = serde.deserialize_type_proto_for_shape(m.value_type)
+            return MapType(
+                ir.DataType(m.key_type), value, value_shape=shape, denotation=proto.denotation or None
+            )
         return for_type(proto)
 
     def deserialize_type_proto_for_shape(proto: onnx.TypeProto):
@@ -94,6 +106,8 @@ def install() -> None:
                 type_proto.denotation = from_.denotation
             type_proto.map_type.key_type = from_.key_type.value
             serde.serialize_type_into(type_proto.map_type.value_type, from_.value_type)
+            if from_.value_shape is not None:
+                serde.serialize_shape_into(type_proto.map_type.value_type, from_.value_shape)
             return
         type_into(type_proto, from_)
 
