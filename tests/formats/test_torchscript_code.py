@@ -421,3 +421,43 @@ def test_path_like_string_arguments_are_all_refused() -> None:
         ):
             names.add(name)
     assert names and all(check.aten_problem(n) for n in names), names
+
+
+# --- what torch would run at load besides the code: C++ classes in pickles, legacy archives -------
+
+
+def _copy_with(
+    src: Path, dst: Path, member_change: Callable[[str, bytes], bytes], extra: dict[str, bytes]
+) -> Path:
+    with zipfile.ZipFile(src) as zi, zipfile.ZipFile(dst, "w") as zo:
+        for info in zi.infolist():
+            zo.writestr(info, member_change(info.filename, zi.read(info.filename)))
+        root = zi.namelist()[0].split("/")[0]
+        for name, data in extra.items():
+            zo.writestr(f"{root}/{name}", data)
+    return dst
+
+
+def test_cpp_custom_class_in_a_pickle_is_refused(tmp_path, monkeypatch) -> None:
+    """A pickled object of a C++ custom class gets its C++ __setstate__ run by torch.jit.load."""
+    src = _save(Plain(), tmp_path / "plain.pt")
+
+    def change(name: str, data: bytes) -> bytes:
+        if name.endswith("/data.pkl"):
+            found = re.search(rb"c__torch__(\.[\w.]+)?\nPlain\n", data)
+            assert found is not None, data
+            return data.replace(found.group(0), b"c__torch__.torch.classes.dist_c10d\nFileStore\n", 1)
+        return data
+
+    bad = _copy_with(src, tmp_path / "cls.pt", change, {})
+    _never_load(monkeypatch)
+    _one_line_exit_2(
+        _cli("inspect", str(bad)), "__torch__.torch.classes.dist_c10d.FileStore", "C++ custom class"
+    )
+
+
+def test_legacy_archive_with_model_json_is_refused(tmp_path, monkeypatch) -> None:
+    src = _save(Plain(), tmp_path / "plain.pt")
+    bad = _copy_with(src, tmp_path / "legacy.pt", lambda n, d: d, {"model.json": b"{}"})
+    _never_load(monkeypatch)
+    _one_line_exit_2(_cli("inspect", str(bad)), "legacy format", "model.json")
