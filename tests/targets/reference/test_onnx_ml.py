@@ -17,7 +17,12 @@ skl2onnx = pytest.importorskip("skl2onnx")
 datasets = pytest.importorskip("sklearn.datasets")
 
 from sklearn.compose import ColumnTransformer  # noqa: E402
-from sklearn.ensemble import GradientBoostingRegressor, RandomForestClassifier  # noqa: E402
+from sklearn.ensemble import (  # noqa: E402
+    GradientBoostingClassifier,
+    GradientBoostingRegressor,
+    RandomForestClassifier,
+    RandomForestRegressor,
+)
 from sklearn.impute import SimpleImputer  # noqa: E402
 from sklearn.linear_model import LinearRegression, LogisticRegression  # noqa: E402
 from sklearn.pipeline import make_pipeline  # noqa: E402
@@ -37,6 +42,11 @@ def _diabetes():
 
 def _digits():
     x, y = datasets.load_digits(return_X_y=True)
+    return x.astype(np.float32), y
+
+
+def _cancer():
+    x, y = datasets.load_breast_cancer(return_X_y=True)
     return x.astype(np.float32), y
 
 
@@ -62,6 +72,13 @@ PIPELINES = {
     "svc_digits": (_digits, lambda: SVC(kernel="rbf", gamma=0.001)),
     "svr": (_diabetes, lambda: SVR(C=10.0)),
     "onehot_logreg": (_onehot_data, _onehot_pipeline),
+    "logreg_binary": (_cancer, lambda: make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))),
+    "gbc_binary": (_cancer, lambda: GradientBoostingClassifier(n_estimators=20, max_depth=3, random_state=0)),
+    "svc_binary": (_cancer, lambda: make_pipeline(StandardScaler(), SVC(kernel="rbf"))),
+    "forest_regressor": (
+        _diabetes,
+        lambda: RandomForestRegressor(n_estimators=8, max_depth=5, random_state=0),
+    ),
     "impute_normalize_linreg": (
         _diabetes,
         lambda: make_pipeline(
@@ -146,3 +163,49 @@ def test_other_targets_refuse_ml_by_name(target, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error:"), r.output
     assert "Scaler" in lines[0] or "ai.onnx.ml" in lines[0], lines[0]
     assert not (tmp_path / "b").exists()
+
+
+def test_tree_ensemble_opset5_matches_onnxruntime():
+    """ai.onnx.ml 5's unified TreeEnsemble (skl2onnx still writes the older ops): two trees over
+    LEQ, LT and GT splits, summed, on the iris features."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node(
+        "TreeEnsemble",
+        ["x"],
+        ["y"],
+        domain="ai.onnx.ml",
+        nodes_featureids=[2, 3, 0],
+        nodes_splits=numpy_helper.from_array(np.array([2.5, 1.7, 5.8], np.float32)),
+        nodes_modes=numpy_helper.from_array(np.array([0, 1, 3], np.uint8)),
+        nodes_truenodeids=[0, 1, 3],
+        nodes_trueleafs=[1, 1, 1],
+        nodes_falsenodeids=[1, 2, 4],
+        nodes_falseleafs=[0, 1, 1],
+        tree_roots=[0, 2],
+        leaf_targetids=[0, 0, 0, 0, 0],
+        leaf_weights=numpy_helper.from_array(np.array([1.0, 2.0, 3.0, 10.0, 20.0], np.float32)),
+        aggregate_function=1,
+        post_transform=0,
+        n_targets=1,
+    )
+    graph = helper.make_graph(
+        [node],
+        "trees",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])],
+    )
+    proto = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("ai.onnx.ml", 5)],
+        ir_version=10,
+    )
+    x, _ = _iris()
+    (want,) = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x}
+    )
+    from mconv.irio import from_proto
+
+    got = Executor(from_proto(proto)).run({"x": x})["y"]
+    assert len(np.unique(want)) >= 3  # every path is taken
+    np.testing.assert_array_equal(got, want)
