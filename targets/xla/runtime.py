@@ -12,8 +12,12 @@ Rules:
 2. ``xla.json`` gives the calling convention: graph inputs first, then the weight arguments in
    order; the weights are decoded from ``weights.mcw`` once, permuted once where the weight
    argument records a ``layout`` (the exporter's rule 9), and kept on the device.
-3. ``model.jax_export`` is deserialized with ``jax.export.deserialize`` and its ``call`` is
-   jitted; feeds are checked (names, dtype, rank, fixed dimensions) before the call.
+3. ``model.jax_export`` is read and checked before anything of it is deserialized for a call
+   (:mod:`mconv.targets.xla.check`): its header against ``xla.json`` and the manifest, every
+   operation of its StableHLO module against an allowlist, custom calls only to the targets
+   mconv's exporter writes, in the form it writes them; anything else is an InputError (exit 2)
+   naming what was found. Then ``jax.export.deserialize`` reads it and its ``call`` is jitted;
+   feeds are checked (names, dtype, rank, fixed dimensions) before the call.
 4. Programs are jitted with :func:`jit`, which turns XLA's CPU YNNPACK fusions off
    (``xla_cpu_experimental_ynn_fusion_type`` empty): jaxlib 0.10's CPU compiler fuses a chain
    of dots and the reduction after it (a classifier's Gemms and its Softmax) into one YNN
@@ -37,6 +41,7 @@ import jax
 import numpy as np
 from mconv.container import container_from_bytes, read_container
 from mconv.errors import InputError, IntegrityError
+from mconv.targets.xla.check import load_exported
 
 PAYLOAD = "model.jax_export"
 CONVENTION = "xla.json"
@@ -222,16 +227,12 @@ def runner_from_parts(
         weight_args = conv["weight_args"]
     except (ValueError, KeyError, TypeError):
         raise InputError(f"{CONVENTION} is not valid", path=label, hint=_HINT) from None
-    x64 = bool(conv.get("x64", False))
+    x64 = conv.get("x64", False) if isinstance(conv, dict) else None
+    if not isinstance(x64, bool):
+        raise InputError(f"{CONVENTION} is not valid ('x64' is not a boolean)", path=label, hint=_HINT)
     with jax.enable_x64(x64):
-        try:
-            exported = jax.export.deserialize(bytearray(read(PAYLOAD)))
-        except Exception as exc:
-            raise InputError(
-                f"{PAYLOAD} cannot be deserialized ({type(exc).__name__}: {str(exc)[:120]})",
-                path=label,
-                hint="re-export the bundle with this jax version",
-            ) from None
+        # rule 3: nothing of the program is deserialized for a call before it is checked
+        exported = load_exported(read(PAYLOAD), conv, manifest, label)
         weights: list[Any] = []
         if weight_args:
             with open_container() as container:
