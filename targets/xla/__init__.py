@@ -5,6 +5,9 @@
 - :mod:`mconv.targets.xla.exporter`: ``export(model, out_dir, options) -> Bundle``.
 - :mod:`mconv.targets.xla.runtime`: the loader, which imports only jax, numpy and the weight
   container, so that a serving process needs no ONNX.
+- :mod:`mconv.targets.xla.check`: what the loader checks in a bundle's program before anything
+  of it is deserialized for a call (custom calls and operations mconv's exporter writes, the
+  header against ``xla.json`` and the manifest).
 
 This module imports nothing heavy itself: importing the loader must not pull in onnx.
 """
