@@ -9,8 +9,14 @@ Rules
    length, buffer offset and tensor size is checked against the file size before it is used; a
    truncated or corrupt file raises ``InputError`` naming the byte offset of the table being read.
    No tensor may hold more than ``MAX_ELEMENTS`` elements; a constant's bytes must match its shape.
+1a. What the importer makes from a shape alone (a sparse constant's dense form, the zeros a
+   variable tensor without data starts from) totals at most ``MADE_BASE`` plus ``MADE_FACTOR``
+   times the file's size: a few bytes claiming a [2**15, 2**15] state are refused before anything
+   is made.
 1b. Sparse constants (``sparsity``: traversal order, block map, DENSE / SPARSE_CSR levels) are made
-   dense when read, every segment and index checked against the shape first; DENSIFY folds.
+   dense when read, every segment and index checked against the shape first; DENSIFY folds. Each
+   entry a level lists is a stored value or a segment's start, so a level listing more entries
+   than the file has bytes is refused before it is listed.
 2. Graph. Subgraph 0 is the model. Operators must come in execution order (as TFLite requires):
    a tensor read before any op writes it, written twice, or an index outside the tensor table is
    bad input. Each TFLite tensor becomes one ONNX value named after the tensor (duplicates get
@@ -93,6 +99,9 @@ IDENTIFIER = b"TFL3"
 MAX_ELEMENTS = 1 << 31
 MAX_RANK = 8
 MAX_UNROLL_STEPS = 512
+# Rule 1a: bytes made from shapes alone, in all: a base plus this many times the file's size.
+MADE_BASE = 64 << 20
+MADE_FACTOR = 64
 # Low-level exceptions the generated flatbuffers readers raise on corrupt bytes.
 _PARSE_ERRORS = (
     struct.error,
@@ -223,6 +232,18 @@ class _Reader:
     def __init__(self, buf: bytes, path: str) -> None:
         self.buf, self.path, self.size = buf, path, len(buf)
         self.where = "byte offset 0"
+        self.made = 0  # rule 1a: bytes the import will make from shapes alone
+
+    def make(self, nbytes: int, what: str) -> None:
+        """Count ``nbytes`` that the import makes from a shape alone (rule 1a), or refuse."""
+        self.made += nbytes
+        limit = MADE_BASE + MADE_FACTOR * self.size
+        if self.made > limit:
+            raise self.fail(
+                f"{what} would make {nbytes} bytes from its shape alone, more than a "
+                f"{self.size}-byte file can describe (limit {limit} in all)",
+                hint="the file is damaged or its shapes are forged",
+            )
 
     def fail(self, msg: str, hint: str = "the file is truncated or damaged") -> InputError:
         return InputError(msg, path=self.path, where=self.where, hint=hint)
@@ -347,9 +368,16 @@ class _Reader:
             dm = metas[level]
             if dm.Format() == 0:  # DENSE
                 size = int(dm.DenseSize())
-                if size != extent[dim] or pos.size * max(size, 1) > MAX_ELEMENTS:
+                if size != extent[dim]:
                     raise self.fail(
                         f"sparse tensor '{shown}' level {level} has dense size {size}, expected {extent[dim]}"
+                    )
+                # Every entry a level lists is either a stored value or the start of a segment
+                # the file stores: a walk longer than the file is forged.
+                if pos.size * size > self.size:
+                    raise self.fail(
+                        f"sparse tensor '{shown}' level {level} lists {pos.size * size} entries, more "
+                        f"than the file's {self.size} bytes can address"
                     )
                 pos = (pos[:, None] * size + np.arange(size)[None]).reshape(-1)
                 coords = np.repeat(coords, size, axis=0)
@@ -483,6 +511,7 @@ class _Reader:
                         )
                     vals = np.frombuffer(raw_bytes.tobytes(), dtype=dt[0].newbyteorder("<")).astype(dt[0])
                     self.where = f"sparsity of tensor '{shown}'"
+                    self.make(count * itemsize, f"sparse tensor '{shown}' of shape {list(shape)}")
                     data = self._densify(sp, vals, shape, shown)
                     return TflTensor(i, name, ttype, shape, sig, data, scale, zp, qdim, bool(t.IsVariable()))
                 if raw_bytes.size != count * itemsize:
@@ -493,6 +522,10 @@ class _Reader:
                     )
                 data = np.frombuffer(raw_bytes.tobytes(), dtype=dt[0].newbyteorder("<")).astype(dt[0])
                 data = data.reshape(shape)
+        if data is None and t.IsVariable():  # starts at zero, made by the import (rule 1a)
+            dt = _DTYPES.get(ttype)
+            itemsize = max(dt[0].itemsize if dt else 4, 4)
+            self.make(count * itemsize, f"variable tensor '{shown}' of shape {list(shape)}")
         return TflTensor(
             i, name, ttype, shape, sig, data, scale, zp, qdim, bool(t.IsVariable()), t.Sparsity() is not None
         )
