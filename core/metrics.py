@@ -349,6 +349,38 @@ class FeedPlan:
         return {"mode": self.mode, "batch": self.batch, "runs": runs, "how": how}
 
 
+# Random feeds (run, verify without --data) are drawn in memory, every run at once: at most this
+# many bytes in all, counted as drawn (8 bytes a value). A declared input shape is no allocation, so a model may import with an input
+# of [2**40, 64]; drawing random values for it is refused by name instead.
+MAX_RANDOM_BYTES = 1 << 30
+
+
+def _check_random_size(inputs, given, free_batch, runs: int) -> None:
+    """Refuse random feeds that would not fit ``MAX_RANDOM_BYTES`` (or no array at all)."""
+    from mconv.fileio import check_shape
+
+    hint = "give real inputs (--data FILE.npz), fewer --samples or a smaller --input-shape NAME=1,..."
+    total = 0
+    largest: tuple[str, list[int], int] = ("", [], 0)
+    for spec in inputs:
+        dims = resolve_shape(spec.name, spec.shape, given)
+        if free_batch is not None and _batch_dim(spec, given)[0] == "free":
+            dims[0] = free_batch
+        itemsize = 8  # every value is drawn as a float64 or int64, then cast (_draw)
+        what = f"random input '{show(spec.name)}'"
+        need = check_shape(dims, itemsize, what=what, path=None, where=None, hint=hint) * runs
+        total += need
+        if need > largest[2]:
+            largest = (what, dims, need)
+    if total > MAX_RANDOM_BYTES:
+        what, dims, need = largest
+        raise InputError(
+            f"{what} of shape {show(repr(dims), 80)} needs {need} bytes over {runs} run(s), random "
+            f"inputs {total} bytes in all (limit {MAX_RANDOM_BYTES})",
+            hint=hint,
+        )
+
+
 def check_samples(samples: int | None) -> None:
     if samples is not None and samples < 1:
         raise InputError(f"--samples {samples} must be at least 1", hint="e.g. --samples 4")
@@ -392,6 +424,7 @@ def plan_random_feeds(
                     "dimension symbolic",
                 )
             n_runs = samples // batch
+    _check_random_size(inputs, given, batch if free else None, n_runs)
     rng = np.random.default_rng(seed)
     feeds = []
     for _ in range(n_runs):
