@@ -23,7 +23,7 @@ Rules:
    for ``nn.Linear`` / embeddings). Everything else (norms, biases, integer tensors) is copied
    byte for byte.
 3. Schemes: ``blockwise`` (:mod:`mconv.passes.blockwise`: int4/int8, block 32/64/128,
-   sym/asym, ``rtn`` or ``hqq``) stores ``NAME.qweight`` (U8: codes packed two per byte at 4
+   sym/asym, ``rtn`` or ``hqq``; as the graph pass, a block at most twice a row's length) stores ``NAME.qweight`` (U8: codes packed two per byte at 4
    bits, LSB first; signed codes offset by 2**(bits-1) as ONNX Runtime's ``MatMulNBits``
    stores them), ``NAME.scales`` (F16 ``[rows, blocks]``) and, asymmetric, ``NAME.zeros`` (U8
    ``[rows, blocks]``). ``cluster`` (k-means palettes, :mod:`mconv.passes.cluster`: ``bits``
@@ -388,6 +388,12 @@ def _plan_tensor(t: SourceTensor, scheme: Scheme) -> _Job:
         "bits": scheme.bits,
     }
     if scheme.kind == "blockwise":
+        if scheme.block > 2 * cols:  # a row is padded to a whole block: more would mostly be padding
+            raise InputError(
+                f"block={scheme.block} is longer than twice the rows of {show(t.name)} ({cols} values)",
+                where="pass blockwise",
+                hint=f"use a block of at most {2 * cols}",
+            )
         nb = -(-cols // scheme.block)
         outs = [
             _Plan(
