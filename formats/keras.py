@@ -41,7 +41,14 @@ import onnx
 import onnx_ir as ir
 from mconv.errors import InputError, UnsupportedError, show
 from mconv.formats import Format
-from mconv.formats.keras_layers import LAYERS, GraphBuilder, KTensor, LayerCall, WeightList
+from mconv.formats.keras_layers import (
+    LAYERS,
+    GraphBuilder,
+    KTensor,
+    LayerCall,
+    WeightList,
+    known_layer,
+)
 from mconv.irio import from_proto
 from onnx import TensorProto, helper
 
@@ -568,7 +575,7 @@ class _Importer:
                     where=f"layer '{show(name)}'",
                     hint="replace the Lambda with standard layers and save the model again",
                 )
-            elif cls != "InputLayer" and cls not in LAYERS:
+            elif cls != "InputLayer" and not known_layer(str(cls), lay):
                 self.unsupported.append((name, str(cls)))
 
     def _layers(self, model: dict) -> list[dict]:

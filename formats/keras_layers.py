@@ -1367,6 +1367,7 @@ def time_distributed(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
     if (
         handler is None
         or cls is None
+        or not known_layer(cls, inner)
         or cls in ("TimeDistributed", "Bidirectional", "LSTM", "GRU", "SimpleRNN")
     ):
         raise call.fail(f"TimeDistributed over '{cls}'")
@@ -1393,3 +1394,75 @@ def time_distributed(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
     )
     out = b.node1("Reshape", [y.name, shp], f"{call.name}/split_time")
     return [KTensor(out, (t.shape[0], t.shape[1], *y.shape[1:]))]
+
+
+# ------------------------------------------------------------------------- application layers
+
+# Layers that ``keras.applications`` defines in its own modules (not in ``keras.layers``). A file
+# names them by class name only, so a user's own class of the same name would be taken for them:
+# each is recognized only from its application module (or with no module: legacy HDF5 drops it)
+# and with the config keys it writes; any other is an unknown (custom) layer.
+APPLICATION_LAYERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "LayerScale": (("convnext",), ("projection_dim",)),
+    "StochasticDepth": (("convnext",), ("drop_path_rate",)),
+    "CustomScaleLayer": (("inception_resnet_v2",), ("scale",)),
+}
+
+
+def known_layer(class_name: str, layer: dict) -> bool:
+    """Whether ``layer`` (a config entry of class ``class_name``) has a handler that means it."""
+    if class_name not in LAYERS:
+        return False
+    spec = APPLICATION_LAYERS.get(class_name)
+    if spec is None:
+        return True
+    modules, keys = spec
+    module = layer.get("module")
+    if module is not None and module not in {
+        f"{root}.{m}" for root in ("keras.src.applications", "keras.applications") for m in modules
+    }:
+        return False
+    cfg = layer.get("config")
+    return isinstance(cfg, dict) and all(k in cfg for k in keys)
+
+
+def _channel_const(b: GraphBuilder, t: KTensor, name: str, vec: np.ndarray) -> str:
+    """A per-channel vector (the Keras tensor's last axis) shaped to broadcast in ``t``'s layout."""
+    shape = [1] * t.rank
+    shape[1 if t.cf else t.rank - 1] = vec.size
+    return b.const(name, vec.astype(np.float32).reshape(shape))
+
+
+@layer("LayerScale")
+def layer_scale(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
+    """ConvNeXt's LayerScale: ``x * gamma``, gamma one value per channel (the last axis)."""
+    b, t = call.b, inputs[0]
+    dim = int(call.config["projection_dim"])
+    if t.rank < 2 or t.shape[-1] != dim:
+        raise call.fail(f"input shape {t.shape} does not end in projection_dim {dim}")
+    (gamma,) = call.weights.take([(dim,)], ["gamma"])
+    g = _channel_const(b, t, f"{call.layer}/gamma", gamma) if t.cf else b.param(call.layer, "gamma", gamma)
+    return [KTensor(b.node1("Mul", [t.name, g], call.name), t.shape, t.cf, t.dtype)]
+
+
+@layer("StochasticDepth")
+def stochastic_depth(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
+    """ConvNeXt's StochasticDepth drops residual paths in training only: the identity at inference."""
+    rate = float(call.config["drop_path_rate"])
+    if not 0.0 <= rate < 1.0:
+        raise call.fail(f"drop_path_rate {rate} is outside [0, 1)")
+    return identity_layer(call, inputs)
+
+
+@layer("CustomScaleLayer")
+def custom_scale(call: LayerCall, inputs: list[KTensor]) -> list[KTensor]:
+    """InceptionResNetV2's residual sum: ``inputs[0] + inputs[1] * scale``."""
+    call.weights.take([], [])
+    b = call.b
+    if len(inputs) != 2:
+        raise call.fail(f"CustomScaleLayer got {len(inputs)} input(s), it takes 2")
+    scale = float(call.config["scale"])
+    x, r = _same_layout(b, inputs)
+    shape = _broadcast(call, [t.shape for t in inputs])
+    m = b.node1("Mul", [r.name, b.f32(f"{call.layer}/scale", scale)], f"{call.name}/scale")
+    return [KTensor(b.node1("Add", [x.name, m], call.name), shape, x.cf)]
