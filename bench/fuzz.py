@@ -320,6 +320,9 @@ class Runner:
         (d / "out").mkdir(exist_ok=True)
         for rel in e.get("fifos", []):
             os.mkfifo(d / rel)
+        for target, name in e.get("hardlinks", []):  # copytree copies a hard link as a new file
+            (d / name).unlink(missing_ok=True)
+            os.link(d / target, d / name)
         if case.target is not None:
             rel = e["files"][case.target]
             data = apply_mutations(self.blobs[(e["dir"], rel)], case.edits)

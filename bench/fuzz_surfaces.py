@@ -118,8 +118,9 @@ def build_torchscript_code(c) -> None:
 
         @torch.jit.export
         def __setstate__(self, state: tuple[torch.Tensor, bool]):
-            torch.from_file("PWNED_ts_setstate", shared=True, size=16, dtype=torch.uint8)
-            self.w = state[0]
+            # used, or TorchScript's compiler drops the call as dead code
+            t = torch.from_file("PWNED_ts_setstate", shared=True, size=16, dtype=torch.uint8)
+            self.w = state[0] + t[:4].to(torch.float32)
             self.training = state[1]
 
     class Inner(torch.nn.Module):
@@ -409,7 +410,7 @@ def build_data(c) -> None:
     digits = np.load(REPO / "fixtures" / "digits_train.npz")
     x = digits["images"][:64].reshape(64, 64).astype(np.float32)
     y = digits["labels"][:64].astype(np.int64)
-    finetune = ["--passes", "prune(0.5),finetune(epochs=1)"]
+    finetune = ["--passes", "prune(sparsity=0.5),finetune(epochs=1)"]
     gptq = ["--passes", "blockwise(bits=4,block=32,method='gptq')"]
 
     def entry(name: str, arrays: dict, passes: list[str], kind: str = "hostile") -> None:
