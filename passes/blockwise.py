@@ -1,6 +1,6 @@
 """blockwise: int4 / int8 weight-only quantization in blocks (RTN, HQQ-style refinement, GPTQ).
 
-Every selected 2-D weight (MatMul ``[K, N]``, Gemm) is split along its input axis ``K`` into
+Every selected 2-D weight (MatMul ``[K, N]``, Gemm; embedding tables, rule 6) is split along its input axis ``K`` into
 blocks of ``block`` values (32, 64, 128, ...); each block of each output channel gets its own
 scale (and, asymmetric, its own zero point)::
 
@@ -45,6 +45,22 @@ Rules:
    and attributes, or adds one of :data:`_NEUTRAL_ATTRS`, attributes whose defaults keep the
    old meaning (Cast's ``saturate`` concerns float8 types, which no earlier opset has).
    Otherwise the pass refuses in one line (the ops are named).
+6. Embedding tables are weights too (``op_types`` includes ``Gather`` by default; leave it out
+   to keep them float): a Gather whose ``data`` (input 0) is a float initializer of rank 2
+   gathered along axis 0, ``[vocab, dim]``, is quantized with blocks along ``dim`` (each
+   token's row has its own scales, the layout of ONNX Runtime's ``GatherBlockQuantized``)::
+
+       before: E = initializer float32[vocab, dim];  y = Gather(E, ids)
+       after:  E = DequantizeLinear(E_q int4[vocab, dim], E_scale[vocab, ceil(dim/block)],
+                                    axis=1, block_size=block);  y = Gather(E, ids)
+
+   Standard ONNX (opset 21), not the contrib op, because every target runs it: ONNX Runtime
+   and the reference directly, xla lowers the blocked DequantizeLinear, metal and webgpu
+   evaluate a DequantizeLinear of constants when they plan. A table that is also a MatMul or
+   Gemm weight is quantized once, as that weight (its users, the Gather included, read the one
+   DequantizeLinear), or not at all when that weight is not selected. A lookup's error does
+   not depend on the indices (the Hessian of ``X @ W`` is what GPTQ needs; a row lookup has
+   none), so ``method=gptq`` rounds a table to nearest (rule 1) and reports ``rtn``.
 """
 
 from __future__ import annotations
@@ -59,6 +75,7 @@ from mconv.errors import InputError, show
 from mconv.metrics import check_finite
 from mconv.passes._weights import WeightRef, snr_db, squared_error, weight_refs
 from mconv.passes.base import Pass, PassContext, PassReport, bounded, register_pass
+from mconv.passes.rewrite import is_overridable
 
 Method = Literal["rtn", "hqq", "gptq"]
 BLOCKWISE_KEY = "mconv.blockwise"
@@ -455,6 +472,30 @@ def _record_activations(model: ir.Model, refs: list[WeightRef], data: dict) -> d
     return hessians
 
 
+def _gather_tables(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
+    """Rule 6: the float ``[vocab, dim]`` initializers that Gather nodes index along axis 0 and
+    that are no MatMul or Gemm weight, each once, in node order (blocks along axis 1)."""
+    seen = {id(r.value) for r in taken}
+    refs = []
+    for node in model.graph:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        value = node.inputs[0]
+        if value is None or id(value) in seen or not value.is_initializer() or value.const_value is None:
+            continue
+        t = value.const_value
+        axis = node.attributes.get("axis")
+        if (axis is not None and int(axis.value) not in (0, -2)) or len(t.shape) != 2:
+            continue
+        if t.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+            continue
+        if is_overridable(model.graph, value, model.ir_version or 10):
+            continue
+        seen.add(id(value))
+        refs.append(WeightRef(node, value, 0, 1))
+    return refs
+
+
 def _int4_tensor(codes: np.ndarray, signed: bool, name: str) -> ir.Tensor:
     import ml_dtypes
 
@@ -486,10 +527,11 @@ class Blockwise(Pass):
         damp: float = bounded(0.01, 0, None)  # gptq
         min_elements: int = bounded(1024, 0, None)
         skip: bool = False
-        op_types: list[str] = field(default_factory=lambda: ["MatMul", "Gemm"])
+        op_types: list[str] = field(default_factory=lambda: ["MatMul", "Gemm", "Gather"])  # rule 6
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         refs = [r for r in weight_refs(model, ("MatMul", "Gemm")) if len(r.shape) == 2]
+        refs += _gather_tables(model, refs)
         chosen = []
         for ref in refs:
             cfg = ctx.config_for(ref.node) if ctx.spec is not None else config
@@ -520,19 +562,24 @@ class Blockwise(Pass):
                     where="pass blockwise",
                     hint="give --data FILE.npz",
                 )
-            hessians = _record_activations(model, [r for r, c in chosen if c.method == "gptq"], ctx.data)
+            gptq = [r for r, c in chosen if c.method == "gptq" and r.node.op_type != "Gather"]
+            hessians = _record_activations(model, gptq, ctx.data)
         _opset_check(model)
         tensors = []
         for i, (ref, cfg) in enumerate(chosen):
             ctx.tick(f"blockwise {ref.name}", i, len(chosen))
-            w = ref.array().astype(np.float32)
+            src = ref.array()
+            w = src.astype(np.float32)
             rows = np.moveaxis(w, ref.in_axis, -1)  # [out, in]
+            method = cfg.method
+            if method == "gptq" and ref.node.op_type == "Gather":
+                method = "rtn"  # rule 6: a lookup has no activations to weigh the error by
             options: dict = {}
-            if cfg.method == "hqq":
+            if method == "hqq":
                 options = {"iters": cfg.iters, "p": cfg.p}
-            elif cfg.method == "gptq":
+            elif method == "gptq":
                 options = {"damp": cfg.damp}
-            qz = quantize(rows, cfg.bits, cfg.block, cfg.sym, cfg.method, hessians.get(ref.name), **options)
+            qz = quantize(rows, cfg.bits, cfg.block, cfg.sym, method, hessians.get(ref.name), **options)
             approx = qz.dequantize()
             row = {
                 "name": ref.name,
@@ -542,7 +589,7 @@ class Blockwise(Pass):
                 "bits": cfg.bits,
                 "block": cfg.block,
                 "sym": cfg.sym,
-                "method": cfg.method,
+                "method": method,
                 "bits_per_weight": round(qz.bits_per_weight(), 4),
                 "mse": squared_error(rows, approx) / max(rows.size, 1),
                 "snr_db": snr_db(rows, approx),
@@ -554,7 +601,9 @@ class Blockwise(Pass):
                 signal = float(np.einsum("rk,kl,rl->", rows.astype(np.float64), h, rows.astype(np.float64)))
                 row["output_snr_db"] = 10 * np.log10(signal / noise) if noise > 0 else float("inf")
             tensors.append(row)
-            self._rewrite(model, ref, qz, w.dtype)
+            # DequantizeLinear's output has the scale's type: float16 for a float16 weight (scales
+            # are float16-exact), float32 otherwise (opset 21 has no double scale)
+            self._rewrite(model, ref, qz, np.dtype(np.float16 if src.dtype == np.float16 else np.float32))
         notes = [f"{len(tensors)} tensors quantized to int{chosen[0][1].bits} blocks (opset {BLOCK_OPSET})"]
         return self.report(True, notes=notes, tensors=tensors)
 
