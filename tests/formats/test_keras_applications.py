@@ -303,7 +303,8 @@ def test_application_layers_refused_from_other_modules(tmp_path):
 
 def _application_layers_model() -> keras.Model:
     """LayerScale on a conv's output (channels-first inside mconv) and on a Dense's (channels
-    last), StochasticDepth, and CustomScaleLayer over one tensor of each layout."""
+    last), StochasticDepth, CustomScaleLayer over one tensor of each layout, and a Rescaling
+    with one scale per channel."""
     from keras.src.applications.convnext import LayerScale, StochasticDepth
     from keras.src.applications.inception_resnet_v2 import CustomScaleLayer
 
@@ -316,6 +317,8 @@ def _application_layers_model() -> keras.Model:
     d = StochasticDepth(0.2, name="drop_path")(d)
     y = CustomScaleLayer(0.17, name="residual")([a, d])
     y = keras.layers.MaxPooling2D(name="pool")(y)
+    # EfficientNet with ImageNet weights ends its preprocessing with a per-channel Rescaling
+    y = keras.layers.Rescaling([0.5, 1.0, 2.0, -1.0], name="per_channel")(y)
     model = keras.Model(i, y)
     perturb(model, seed=3)
     return model
