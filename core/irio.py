@@ -375,8 +375,10 @@ def save_onnx(
        its ``<name>.data`` (``-o`` naming the input), the save is refused: the pair cannot be
        replaced in one step, and a run killed between the two renames would leave the input
        unreadable.
+    4. External initializers that the output keeps inside the ``.onnx`` (all of them for a
+       self-contained file; those of at most 1 KB beside a data file) are read in with plain
+       file reads first (:func:`_read_in_external`); no memory map is closed by the save.
     """
-    from mconv.codecs.palette import known_histogram, remember_histogram
     from mconv.fileio import (
         check_output,
         output_errors,
@@ -402,17 +404,15 @@ def save_onnx(
         try:
             with output_errors(*targets):
                 if data_name:
-                    ir.save(model, tmp_model, external_data=data_name, size_threshold_bytes=1024)
+                    _read_in_external(model, _SMALL_EXTERNAL_BYTES)
+                    ir.save(
+                        model,
+                        tmp_model,
+                        external_data=data_name,
+                        size_threshold_bytes=_SMALL_EXTERNAL_BYTES,
+                    )
                 else:
-                    # One self-contained file: tensors that still live elsewhere (a lazily loaded
-                    # source, spilled scratch) are read in first; onnx_ir would otherwise keep
-                    # the references.
-                    for value in model.graph.initializers.values():
-                        if isinstance(value.const_value, ir.ExternalTensor):
-                            known = known_histogram(value.const_value)
-                            value.const_value = ir.tensor(owned_array(value.const_value), name=value.name)
-                            if known is not None:  # palette rule 8: the same values
-                                remember_histogram(value.const_value, *known)
+                    _read_in_external(model, None)
                     ir.save(model, tmp_model)
                 written = []
                 if data_name:
@@ -428,6 +428,31 @@ def save_onnx(
             os.close(fd)
         if tmpdir is not None:
             remove_quietly(tmpdir)
+
+
+# Initializers of at most this many bytes stay inside a saved ``.onnx``, the rest go to its data file.
+_SMALL_EXTERNAL_BYTES = 1024
+
+
+def _read_in_external(model: ir.Model, max_bytes: int | None) -> None:
+    """Rule 4 of :func:`save_onnx`: every external initializer (of every graph) of at most
+    ``max_bytes`` bytes (any size with None) becomes an in-memory copy read with plain file
+    reads. The copies are what the saved file holds (a reference would point at a source or
+    scratch file), and onnx_ir is never left to do it: it would read through the tensor's
+    memory map and then close the map, which fails while any view of it is still alive."""
+    from mconv.codecs.palette import known_histogram, remember_histogram
+
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if not isinstance(tensor, ir.ExternalTensor):
+                continue
+            if max_bytes is not None and tensor.nbytes > max_bytes:
+                continue
+            known = known_histogram(tensor)
+            value.const_value = ir.tensor(owned_array(tensor), name=value.name)
+            if known is not None:  # palette rule 8: the same values
+                remember_histogram(value.const_value, *known)
 
 
 def _refuse_overwriting_sources(model: ir.Model, dest: Path, outputs: list[Path]) -> None:

@@ -9,6 +9,7 @@ rewrites the model itself, so the reference executor and every target run the sa
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import numpy as np
@@ -205,7 +206,9 @@ class DynamicBatch(Pass):
 
 
 def _copy(model: ir.Model) -> ir.Model:
-    return ir.serde.deserialize_model(ir.serde.serialize_model(model))
+    """A structural copy sharing the tensors (a serialised round trip would drop an external
+    tensor's folder, and its copy would then read from the working folder)."""
+    return model.clone()
 
 
 def _feed(spec, batch: int, rng: np.random.Generator) -> np.ndarray:
@@ -218,18 +221,31 @@ def _feed(spec, batch: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(0, 2, shape).astype(dtype)
 
 
-def _check_same(original: ir.Model, model: ir.Model, batch: int, ctx: PassContext) -> None:
-    """Two samples through the rewritten model == each sample alone through the original."""
+def _run_all(model: ir.Model, feeds: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """The model's outputs on each of ``feeds``, from one reference executor that is gone when
+    this returns: an executor is a reference cycle (its ops' contexts point back at it), and
+    what it prepared of the weights (a model's size again) would otherwise stay until the
+    cyclic garbage collector runs, beside the next executor's, and keep views of memory-mapped
+    weights alive."""
     from mconv.targets.reference import Executor
 
+    runner = Executor(model)
+    try:
+        return [runner.run(f) for f in feeds]
+    finally:
+        del runner
+        gc.collect()
+
+
+def _check_same(original: ir.Model, model: ir.Model, batch: int, ctx: PassContext) -> None:
+    """Two samples through the rewritten model == each sample alone through the original."""
     rng = ctx.rng(7)
     specs = [v for v in real_inputs(original.graph) if v.shape is not None and len(v.shape) > 0]
     n = 2 * batch
     feeds = {name_of(v): _feed(v, n, rng) for v in specs}
-    got = Executor(model).run(feeds)
-    ref = Executor(original)
-    for i in range(0, n, batch):
-        alone = ref.run({k: a[i : i + batch] for k, a in feeds.items()})
+    got = _run_all(model, [feeds])[0]
+    alones = _run_all(original, [{k: a[i : i + batch] for k, a in feeds.items()} for i in range(0, n, batch)])
+    for i, alone in zip(range(0, n, batch), alones):
         for name, want in alone.items():
             have = np.asarray(got[name])[i : i + batch]
             if have.shape != np.asarray(want).shape or not np.allclose(have, want, rtol=1e-4, atol=1e-5):
