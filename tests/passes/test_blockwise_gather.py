@@ -230,3 +230,29 @@ def test_a_streamed_checkpoint_quantizes_its_embedding_like_any_matrix(tmp_path)
     assert "model.embed_tokens.weight" not in got
     d = dequantized(tmp_path / "o.safetensors")["model.embed_tokens.weight"]
     np.testing.assert_array_equal(d, quantize_rtn(t["model.embed_tokens.weight"], 4, 32).dequantize())
+
+
+def test_a_float16_model_keeps_float16(tmp_path):
+    """DequantizeLinear's output has its scale's type: a float16 table and weight get float16
+    scales, so the Gather and the MatMul still read float16."""
+    rng = np.random.default_rng(0)
+    table = (rng.standard_normal((VOCAB, DIM)) * 0.05).astype(np.float16)
+    w = (rng.standard_normal((DIM, DIM)) * 0.1).astype(np.float16)
+    g = helper.make_graph(
+        [helper.make_node("Gather", ["E", "ids"], ["h"]), helper.make_node("MatMul", ["h", "W"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 8, DIM])],
+        [numpy_helper.from_array(table, "E"), numpy_helper.from_array(w, "W")],
+    )
+    src, out = tmp_path / "h.onnx", tmp_path / "q.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    _optimize(src, out, "blockwise(bits=4,block=32)")
+    inits = _initializers(out)
+    assert inits["E_scale"].dtype == np.float16 and inits["W_scale"].dtype == np.float16
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    got = ort.InferenceSession(str(out), so, providers=["CPUExecutionProvider"]).run(None, {"ids": IDS})[0]
+    ref = Executor(ir.load(out)).run({"ids": IDS})["y"]
+    assert got.dtype == ref.dtype == np.float16
+    np.testing.assert_allclose(got.astype(np.float32), ref.astype(np.float32), rtol=2e-3, atol=2e-3)
