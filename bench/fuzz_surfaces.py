@@ -318,6 +318,7 @@ def build_outputs(c) -> None:
         ["optimize", "{D}/models/model.onnx", "--passes", "fold", "-o", "{D}/hard.onnx"],
         link,
     )
+    c.entries[-1]["hardlinks"] = [["models/model.onnx", "hard.onnx"]]  # copying a case loses the link
     entry(
         "optimize_into_user_folder",
         ["optimize", "{D}/models/model.onnx", "--passes", "fold", "-o", "{D}/models"],
