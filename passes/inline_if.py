@@ -27,6 +27,16 @@ def _all_names(model: ir.Model) -> Counter:
 
 def _inline(model: ir.Model, graph: ir.Graph, node: ir.Node, taken: bool, names: Counter) -> None:
     """Replace the If ``node`` of ``graph`` by its ``then_branch`` (taken) or ``else_branch``."""
+    outs = move_branch(graph, node, taken, names)
+    for if_out, br_out in zip(node.outputs, outs):
+        replace_value(if_out, br_out)
+    graph.remove(node, safe=True)
+
+
+def move_branch(graph: ir.Graph, node: ir.Node, taken: bool, names: Counter) -> list[ir.Value]:
+    """Move the nodes and initializers of the If ``node``'s ``then_branch`` (taken) or
+    ``else_branch`` into ``graph`` before the If; returns a value for each If output (its own:
+    an outer value or a repeated one goes through an Identity), typed as the If output."""
     attr = node.attributes["then_branch" if taken else "else_branch"]
     branch = attr.as_graph()
     outs = list(branch.outputs)
@@ -54,6 +64,7 @@ def _inline(model: ir.Model, graph: ir.Graph, node: ir.Node, taken: bool, names:
     branch.remove(body, safe=False)
     if body:
         graph.insert_before(node, body)
+    results = []
     for if_out, br_out in zip(node.outputs, outs):
         if id(br_out) not in moved or br_out.is_graph_output() or outs.count(br_out) > 1:
             # an outer value, or one value for two outputs: an Identity keeps each output its own
@@ -61,13 +72,14 @@ def _inline(model: ir.Model, graph: ir.Graph, node: ir.Node, taken: bool, names:
             graph.insert_before(node, ident)
             br_out = ident.outputs[0]
             br_out.name = fresh_name(f"{if_out.name or 'if_out'}_inlined", all_names)
+            names[br_out.name] += 1  # a second branch moved beside this one sees it taken
             moved.add(id(br_out))
         if br_out.type is None:
             br_out.type = if_out.type
         if br_out.shape is None:
             br_out.shape = if_out.shape
-        replace_value(if_out, br_out)
-    graph.remove(node, safe=True)
+        results.append(br_out)
+    return results
 
 
 def inline_constant_ifs(model: ir.Model) -> list[str]:

@@ -7,9 +7,10 @@ Export rules:
    one specialized ``kernel void`` per layer, activations fused (:mod:`mconv.targets.metal.plan`).
    Unsupported nodes fail the export with one :class:`~mconv.errors.UnsupportedError` naming
    every one of them (exit 2). An If whose condition is constant once shapes are static becomes
-   its taken branch (the ``inline-if`` pass) and the model is prepared again; an If left decides
-   at run time, and its refusal names the graph inputs its condition depends on with the
-   ``export --input-value NAME=VALUE`` that bakes them.
+   its taken branch (the ``inline-if`` pass) and the model is prepared again; an If decided at
+   run time whose branches are both cheap runs both and selects with Where
+   (:mod:`mconv.targets.metal.ifs`); an If left is refused, naming the graph inputs its
+   condition depends on with the ``export --input-value NAME=VALUE`` that bakes them.
 2. ``options["precision"]``: ``fp16`` (default: half storage, float accumulation) or ``fp32``.
 3. The bundle holds ``metal_plan.json`` (the layers in encode order), the Swift package
    (:mod:`mconv.targets.metal.swift`), ``weights.mcw`` with every weight buffer the kernels
@@ -56,7 +57,7 @@ from mconv.irio import real_inputs
 from mconv.targets.metal.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
 from mconv.targets.metal.options import Options
-from mconv.targets.metal.plan import MetalPlan, build_plan, metal_source, prepare
+from mconv.targets.metal.plan import MetalPlan, build_plan, metal_source
 from mconv.targets.metal.swift import package_files, swift_name
 
 __all__ = [
@@ -96,16 +97,12 @@ def _weight_spec(array: np.ndarray, metadata: dict, name: str, storage: str, for
 
 
 def _prepare_inlining_ifs(model: ir.Model, batch: int) -> ir.Model:
-    """Rule 1, and an If whose condition folds to a constant (static shapes make many of them
-    so) becomes its taken branch (the ``inline-if`` pass); the branch is prepared again."""
-    from mconv.passes.inline_if import inline_constant_ifs
+    """Rule 1: an If whose condition folds to a constant (static shapes make many of them so)
+    becomes its taken branch, and a cheap If decided at run time runs both branches and
+    selects (:mod:`mconv.targets.metal.ifs`); the result is prepared again."""
+    from mconv.targets.metal.ifs import prepare_with_ifs
 
-    prepared = prepare(model, batch)
-    for _ in range(8):
-        if not inline_constant_ifs(prepared):
-            break
-        prepared = prepare(prepared, batch)
-    return prepared
+    return prepare_with_ifs(model, batch)
 
 
 def _if_inputs(graph: ir.Graph, node: ir.Node) -> list[str]:

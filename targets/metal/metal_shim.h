@@ -7,7 +7,9 @@
  *  - `kernel` vanishes; attributes such as [[buffer(0)]] and [[thread_position_in_grid]] are
  *    ignored (the pragma silences g++'s -Wattributes);
  *  - `half` is `_Float16` (g++ 12, clang 15): the same IEEE binary16 storage as Metal's half;
- *  - uint3 and the metal:: math functions the generator uses, with precise:: and fast:: variants.
+ *  - uint3 and the metal:: math functions the generator uses, with precise:: and fast:: variants;
+ *  - as_type<T>(x) (a bit cast), which IsNaN/IsInf use: they test bits, not float compares that
+ *    Metal's fast math may fold away.
  */
 #ifndef MCONV_METAL_SHIM_H
 #define MCONV_METAL_SHIM_H
@@ -17,6 +19,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #define kernel
 #define device
@@ -26,6 +29,15 @@
 
 typedef _Float16 half;
 typedef unsigned int uint;
+
+/* MSL's as_type<T>(x): the bits of x read as a T of the same size. */
+template <typename T, typename F>
+inline T as_type(F x) {
+    static_assert(sizeof(T) == sizeof(F), "as_type between types of different sizes");
+    T t;
+    std::memcpy(&t, &x, sizeof t);
+    return t;
+}
 
 struct uint3 {
     uint x, y, z;

@@ -38,6 +38,10 @@ Rules:
    dequantized activations ``(q - zp) * s`` and dequantized weights are not exact in half, and
    the next QuantizeLinear then lands codes away from the spec's (person_detect.tflite: 2 int8
    codes off its single output with half weights, up to 8 with half activations alone).
+   Likewise a graph with a Gather whose indices are computed at run time over an axis longer
+   than 2^11 (a token embedding with a vocabulary over 2048): half storage would hold the ids
+   inexactly (token 2049 read as 2048), so the graph is planned in float storage and the notes
+   say so.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from mconv.targets.metal.kernels import (
     exact_integer_limit,
 )
 from mconv.targets.metal.kernels.elementwise import activation_of
+from mconv.targets.metal.kernels.indexing import runtime_gather_axes
 from mconv.targets.metal.values import required
 
 PLAN_VERSION = 1
@@ -495,13 +500,24 @@ def storage_for(model: ir.Model, precision: str) -> tuple[str, list[str]]:
         and n.inputs[0] is not None
         and n.inputs[0].const_value is None
     ]
-    if not quantizers:
-        return "half", []
-    return "float", [
-        f"float32 storage, not float16: {len(quantizers)} QuantizeLinear node(s) quantize computed "
-        "values, and dequantized int8 values are not exact in float16 (codes would land off the "
-        "spec's); the kernels run as they would with --precision fp32"
-    ]
+    limit = exact_integer_limit("half")
+    gathers = [(name, n) for name, n in runtime_gather_axes(model.graph) if n == 0 or n > limit]
+    notes = []
+    if quantizers:
+        notes.append(
+            f"float32 storage, not float16: {len(quantizers)} QuantizeLinear node(s) quantize computed "
+            "values, and dequantized int8 values are not exact in float16 (codes would land off the "
+            "spec's); the kernels run as they would with --precision fp32"
+        )
+    if gathers:
+        longest = max(n for _, n in gathers)
+        notes.append(
+            f"float32 storage, not float16: {len(gathers)} Gather node(s) index an axis of up to "
+            f"{longest or 'an unknown number of'} entries with indices computed at run time (token ids), "
+            f"and float16 holds integers exactly only up to {limit}; the kernels run as they would "
+            "with --precision fp32"
+        )
+    return ("float", notes) if notes else ("half", [])
 
 
 def build_plan(model: ir.Model, options: Mapping | None = None) -> MetalPlan:

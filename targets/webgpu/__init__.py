@@ -5,7 +5,9 @@ Export rules:
 1. The model is prepared and planned as for the Metal target (:mod:`mconv.targets.webgpu.plan`:
    BatchNorm folded, static batch ``options["batch"]`` (default 1), activations fused), and
    each layer gets one specialized WGSL module (:mod:`mconv.targets.webgpu.wgsl`). Unsupported
-   nodes fail the export with one UnsupportedError naming every one of them (exit 2).
+   nodes fail the export with one UnsupportedError naming every one of them (exit 2). Ifs
+   follow the Metal target's rules (:mod:`mconv.targets.metal.ifs`): one decided at export
+   time is inlined, a cheap one decided at run time runs both branches and selects.
 2. ``options["precision"]``: ``fp32`` (default: f32 storage) or ``fp16`` (f16 storage where the
    device has ``shader-f16``, f32 where not; f32 accumulation either way). With fp16 a weight
    the codec chooser would store raw is stored fp16 (the kernels read half anyway).
@@ -55,10 +57,11 @@ from mconv.fileio import load_json
 from mconv.irio import real_inputs
 from mconv.targets.metal import _weight_spec, plan_json, plan_options
 from mconv.targets.metal.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
+from mconv.targets.metal.ifs import prepare_with_ifs
 from mconv.targets.metal.plan import MetalPlan
 from mconv.targets.webgpu.browser import web_payload
 from mconv.targets.webgpu.options import Options as Options  # the export options
-from mconv.targets.webgpu.plan import build_plan, prepare
+from mconv.targets.webgpu.plan import build_plan
 from mconv.targets.webgpu.runner import WebGPURunner
 
 __all__ = ["GRAPH", "NAME", "PLAN", "TARGET", "export", "load", "load_model", "read_plan", "regenerate"]
@@ -85,7 +88,7 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     options.setdefault("precision", "fp32")
     out_dir = Path(out_dir)
     original_inputs = [TensorSpec.from_value(v) for v in real_inputs(model.graph)]
-    prepared = prepare(model, int(options.get("batch") or 1))
+    prepared = prepare_with_ifs(model, int(options.get("batch") or 1))  # the Metal target's If rules
     name = options.get("model_name") or model.graph.name or out_dir.name
     metadata = dict(prepared.metadata_props)
     plan_options = {**options, "model_name": name}

@@ -208,13 +208,7 @@ inline float fmod(double x, double y) { return std::fmod(float(x), float(y)); }
 inline half operator""h(long double v) { return half(v); }
 inline half operator""h(unsigned long long v) { return half(v); }
 #pragma GCC diagnostic pop
-template <class To, class From> inline To as_type(From v) {
-    static_assert(sizeof(To) == sizeof(From), "as_type needs equal sizes");
-    To out;
-    std::memcpy(&out, &v, sizeof(To));
-    return out;
-}
-"""
+"""  # as_type<T>(x) comes from metal_shim.h
 
 _TYPEDEF_RE = re.compile(r"typedef (\w+) (type_\d+)\[1\];")
 _ENTRY_RE = re.compile(r"kernel void (\w+)\(\s*(.*?)\)\s*\{", re.S)

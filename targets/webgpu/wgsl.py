@@ -46,8 +46,13 @@ from mconv.targets.metal.kernels.elementwise import (
     activation_of,
     broadcast_strides,
     cast_rule,
+    check_unary,
+    is_inf_expr,
+    tensor_clip,
     wrap_expr,
 )
+from mconv.targets.metal.kernels.indexing import _check_gather as _check_gather_msl
+from mconv.targets.metal.kernels.indexing import gather_geometry
 from mconv.targets.metal.kernels.quantization import CODE_RANGES, _code_type, _params
 from mconv.targets.metal.kernels.reduction import merged_groups, reduce_axes
 from mconv.targets.metal.kernels.sampling import (
@@ -666,7 +671,13 @@ def _broadcast_kernel(
 ) -> KernelSource:
     """Y = expr(a, b, c) over the node's 1-3 inputs broadcast to the output (numpy's rule)."""
     ops = [inp(node, i) for i in range(len(node.inputs))]
-    y = outp(node)
+    return _operands_kernel(ctx, kernel, ops, outp(node), expr, act)
+
+
+def _operands_kernel(
+    ctx: LowerContext, kernel: str, ops: list[ir.Value], y: ir.Value, expr: str, act: Activation | None
+) -> KernelSource:
+    """Y = act(expr(a, b, c)) over 1-3 operands broadcast to ``y`` (numpy's rule)."""
     ys = ctx.shape(y)
     count = int(np.prod(ys)) if ys else 1
     names = "abc"[: len(ops)]
@@ -684,15 +695,27 @@ _UNARY = (
 ).split()
 
 
-def _check_unary(ctx: LowerContext, node: ir.Node) -> str | None:
-    return None if activation_of(ctx, node) is not None else "bounds that are not constant scalars"
+@register("IsNaN", "IsInf")
+def lower_is_nan_inf(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """0/1 from the float's bits, as the Metal kernels test them."""
+    bits = "(bitcast<u32>(a) & 0x7fffffffu)"
+    if node.op_type == "IsNaN":
+        test = f"({bits} > 0x7f800000u)"
+    else:
+        test = is_inf_expr(node, f"({bits} == 0x7f800000u)")
+    expr = test if test == "0.0f" else f"select(0.0f, 1.0f, {test})"
+    return _operands_kernel(ctx, kernel, [inp(node, 0)], outp(node), expr, None)
 
 
-@register(*_UNARY, check=_check_unary)
+@register(*_UNARY, check=check_unary)
 def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = inp(node, 0)
     count = int(np.prod(ctx.shape(x)))
     own = activation_of(ctx, node)
+    clip = tensor_clip(ctx, node) if own is None else None
+    if clip is not None:  # Clip with computed bounds: broadcast operands
+        nan = "((bitcast<u32>(a) & 0x7fffffffu) > 0x7f800000u)"  # NaN stays NaN, as numpy clips
+        return _operands_kernel(ctx, kernel, clip[0], outp(node), f"select({clip[1]}, a, {nan})", None)
     assert own is not None
     body = f"let v = f32(X[gx]);\nY[gx] = T({activation_expr(own)});\n"
     grid = (count, 1, 1)
@@ -964,29 +987,36 @@ def lower_expand(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
     return strided_copy(ctx, kernel, x, ctx.shape(y), broadcast_strides(ctx.shape(x), ctx.shape(y)))
 
 
-def _check_gather(ctx: LowerContext, node: ir.Node) -> str | None:
-    return "indices not constant" if LowerContext.const(inp(node, 1)) is None else None
-
-
-@register("Gather", check=_check_gather)
+@register("Gather", check=_check_gather_msl)
 def lower_gather(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """The Metal kernels' Gather (rules 2 and 3 of :mod:`mconv.targets.metal.kernels.indexing`):
+    constant indices baked as a table; indices computed at run time read from a buffer, an index
+    outside ``[-n, n)`` (or not a number) giving 0, never a read outside the data."""
     x = inp(node, 0)
-    xs = ctx.shape(x)
-    axis = node.attributes.get_int("axis", 0)
-    axis = axis + len(xs) if axis < 0 else axis
+    xs, axis, inner, n_idx, count = gather_geometry(ctx, node)
+    grid = (count, 1, 1)
+    sizes = dict(INNER=inner, NIDX=n_idx, AXIS=xs[axis])
     indices = LowerContext.const(inp(node, 1))
-    assert indices is not None
+    if indices is None:
+        body = """
+let ii = gx % INNER; let j = (gx / INNER) % NIDX; let o = gx / (INNER * NIDX);
+let f = f32(I[j]);
+if (!(f >= f32(-AXIS) && f < f32(AXIS))) { Y[gx] = T(0.0f); return; }
+var k = i32(f);
+if (k < 0) { k = k + AXIS; }
+if (k < 0 || k >= AXIS) { Y[gx] = T(0.0f); return; }
+Y[gx] = X[(o * AXIS + k) * INNER + ii];
+"""
+        src = module(ctx, kernel, ["X", "I"], grid, sizes, _indent(body))
+        return KernelSource(kernel, src, [x, inp(node, 1)], grid)
     idx = [int(i) + xs[axis] if int(i) < 0 else int(i) for i in indices.ravel()]
-    inner, n_idx = int(np.prod(xs[axis + 1 :])), len(idx)
-    count = int(np.prod(xs[:axis])) * n_idx * inner
     table = f"const IDX = array<i32, {n_idx}>({', '.join(map(str, idx))});\n"
     body = """
 let ii = gx % INNER; let j = (gx / INNER) % NIDX; let o = gx / (INNER * NIDX);
 var idx = IDX;
 Y[gx] = X[(o * AXIS + idx[j]) * INNER + ii];
 """
-    grid = (count, 1, 1)
-    src = module(ctx, kernel, ["X"], grid, dict(INNER=inner, NIDX=n_idx, AXIS=xs[axis]), _indent(body), table)
+    src = module(ctx, kernel, ["X"], grid, sizes, _indent(body), table)
     return KernelSource(kernel, src, [x], grid)
 
 

@@ -17,6 +17,10 @@ Rules:
    Xor and Not give 0/1; Where picks by ``c != 0`` (three broadcast operands); Cast is
    :func:`cast_expr`. Add/Sub/Mul/Min/Max and these are exact on integers within the storage's
    exact range; Div, Mean and Pow are refused on integers by the planner.
+6. IsNaN and IsInf give 0/1 from the float's bits (fast math may fold float compares on NaN).
+   A Clip whose min or max is computed at run time (or not one value) is one kernel over the
+   broadcast operands ``min(max(x, lo), hi)`` (x where x is NaN, as numpy clips); a Clip with constant scalar bounds is an
+   activation (rule 3).
 """
 
 from __future__ import annotations
@@ -252,8 +256,31 @@ def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
     return None
 
 
+def tensor_clip(ctx: LowerContext, node: ir.Node) -> tuple[list[ir.Value], str] | None:
+    """A Clip (opset 11+) whose min or max is computed or not one value: (operands, expression
+    of ``a`` = x, then ``b``, ``c`` = the bounds present), one broadcast kernel; else None."""
+    if node.op_type != "Clip" or ctx.opset < 11 or len(node.inputs) < 2 or activation_of(ctx, node):
+        return None
+    x = node.inputs[0]
+    if x is None:
+        return None
+    operands, expr = [x], "a"
+    for k, fn in ((1, "max"), (2, "min")):
+        v = node.inputs[k] if len(node.inputs) > k else None
+        if v is None:
+            continue
+        if v.shape is None or any(not isinstance(d, int) for d in v.shape):
+            return None
+        name = "abc"[len(operands)]
+        operands.append(v)
+        expr = f"{fn}({expr}, {name})"
+    return operands, expr
+
+
 def check_unary(ctx: LowerContext, node: ir.Node) -> str | None:
-    return None if activation_of(ctx, node) is not None else "bounds that are not constant scalars"
+    if activation_of(ctx, node) is not None or tensor_clip(ctx, node) is not None:
+        return None
+    return "bounds that are not constant scalars"
 
 
 @register(*(op for op in ACTIVATIONS if op not in UNARY_ACTIVATIONS), check=check_unary)
@@ -261,6 +288,10 @@ def lower_unary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
     x = required(node.inputs[0])
     count = int(np.prod(ctx.shape(x)))
     own = activation_of(ctx, node)
+    clip = tensor_clip(ctx, node) if own is None else None
+    if clip is not None:  # Clip with computed bounds: broadcast operands; NaN stays NaN
+        expr = f"({_NAN_TEST} ? a : {clip[1]})"
+        return lower_where_or_unary(ctx, kernel, clip[0], node.outputs[0], expr)
     assert own is not None  # the planner checks this before lowering
     P = kernel
     params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "Y", out=True)]
@@ -320,6 +351,32 @@ def _check_where(ctx: LowerContext, node: ir.Node) -> str | None:
 @register("Where", check=_check_where, integers=True)
 def lower_where(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     return lower_where_or_unary(ctx, kernel, _present(node.inputs), node.outputs[0], "(a != 0.0f ? b : c)")
+
+
+# IsNaN / IsInf test the float's bits (exponent all ones; mantissa nonzero for NaN, zero for
+# infinities), not compares that Metal's fast math may fold away; a half value widens exactly.
+_NAN_TEST = "((as_type<uint>(a) & 0x7fffffffu) > 0x7f800000u)"
+_INF_TEST = "((as_type<uint>(a) & 0x7fffffffu) == 0x7f800000u)"
+
+
+def is_inf_expr(node: ir.Node, inf_test: str) -> str:
+    """IsInf's 0/1 expression of ``a`` for the node's detect_negative / detect_positive."""
+    neg = node.attributes.get_int("detect_negative", 1)
+    pos = node.attributes.get_int("detect_positive", 1)
+    if neg and pos:
+        test = inf_test
+    elif neg or pos:
+        test = f"({inf_test} && a {'<' if neg else '>'} 0.0f)"
+    else:
+        return "0.0f"
+    return test
+
+
+@register("IsNaN", "IsInf", integers=True)
+def lower_is_nan_inf(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    test = _NAN_TEST if node.op_type == "IsNaN" else is_inf_expr(node, _INF_TEST)
+    expr = test if test == "0.0f" else f"({test} ? 1.0f : 0.0f)"
+    return lower_where_or_unary(ctx, kernel, _present(node.inputs[:1]), node.outputs[0], expr)
 
 
 @register("Not", integers=True)
