@@ -27,8 +27,10 @@ Rules:
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
@@ -85,10 +87,17 @@ def _no_adapter(label: str, why: str) -> InputError:
 
 
 def _quiet_wsi() -> None:
-    """Mesa's window-system code prints an error when XDG_RUNTIME_DIR is unset; compute needs
-    no window system, so point it at a private empty folder."""
-    if not os.environ.get("XDG_RUNTIME_DIR"):
-        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="mconv-xdg.")
+    """The window-system probe at adapter creation (libwayland-client, loaded by the drivers)
+    prints ``error: XDG_RUNTIME_DIR is invalid or not set in the environment.`` on stderr when
+    the variable is unset, empty or not an absolute path; compute needs no window system, so
+    unless it names an existing folder by an absolute path, this process points it at a private
+    empty folder (removed at exit) before wgpu opens an adapter."""
+    current = os.environ.get("XDG_RUNTIME_DIR") or ""
+    if os.path.isabs(current) and os.path.isdir(current):
+        return
+    folder = tempfile.mkdtemp(prefix="mconv-xdg.")
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ["XDG_RUNTIME_DIR"] = folder
 
 
 _DEVICE: list = []  # one (adapter, device, has_f16) per process: adapters take seconds to open
