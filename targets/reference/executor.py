@@ -23,6 +23,10 @@ Rules
 7. ``ai.onnx.preview.training::Gradient`` is answered by the same reverse sweep over its graph
    (such a graph keeps all its values alive).
 8. The schema's function body used is the newest one defined at or before the model's opset.
+9. Constants (initializers of every plan, ``Constant`` values) are registered with the executor's
+   :class:`~mconv.targets.reference.ops.WideConstants` while plans are built, so a kernel that
+   accumulates wide widens each of them once per executor, not once per run (op registry,
+   Exactness). ``set_initializer`` drops the old weight's wide copy.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import onnx
 import onnx.numpy_helper
 import onnx_ir as ir
 from mconv.errors import InputError, UnsupportedError, show
-from mconv.targets.reference.ops import OpContext, OpDef, fast_math, lookup
+from mconv.targets.reference.ops import OpContext, OpDef, WideConstants, fast_math, lookup, wide_constants
 
 _AT = ir.AttributeType
 DEFAULT_OPSET = 21
@@ -218,6 +222,7 @@ class _Builder:
             for name, value in graph.initializers.items():
                 if value.const_value is not None:
                     inits[name] = tensor_to_numpy(value.const_value)
+                    self.executor.constants.add(inits[name])
         # Subgraph plans first: their free variables are uses of the owning node.
         sub_free: list[tuple[str, ...]] = []
         for node in nodes:
@@ -289,6 +294,8 @@ class _Builder:
                 continue
             attrs[key] = attr_to_python(attr)
         domain = "" if node.domain == "ai.onnx" else node.domain
+        if node.op_type == "Constant" and domain == "":  # its forward returns this very array
+            self.executor.constants.add(attrs.get("value"))
         opset = opsets.get(domain, self.model_opsets.get(domain, DEFAULT_OPSET if domain == "" else 1))
         ctx = OpContext(
             opset=opset,
@@ -527,6 +534,7 @@ class Executor:
         self.model = model
         self.dtype_check = dtype_check
         self.rng = np.random.default_rng(0)
+        self.constants = WideConstants()  # wide copies of the constants, made on first use (rule 9)
         graph = model.graph
         opsets = {("" if k == "ai.onnx" else k): v for k, v in model.opset_imports.items()}
         self._builder = _Builder(self, opsets, model.functions)
@@ -551,14 +559,18 @@ class Executor:
     # -- weights -------------------------------------------------------------------------
 
     def set_initializer(self, name: str, array: np.ndarray) -> None:
-        """Replace a weight in place (fine-tuning); shape and dtype must stay the same."""
+        """Replace a weight (fine-tuning); shape and dtype must stay the same. A weight is never
+        written in place behind the executor's back: its wide copy (rule 9) would go stale; call
+        this again after changing an array in place."""
         old = self.initializers.get(name)
         if old is None:
             raise InputError(f"no initializer named '{name}'", hint="see Executor.initializers")
         array = np.asarray(array)
         if array.shape != old.shape:
             raise InputError(f"initializer '{name}' has shape {old.shape}, got {array.shape}")
+        self.constants.discard(old)
         self.initializers[name] = array.astype(old.dtype, copy=False)
+        self.constants.add(self.initializers[name])
 
     # -- forward -------------------------------------------------------------------------
 
@@ -618,6 +630,10 @@ class Executor:
             ) from None
 
     def _execute(self, plan: Plan, env: dict, wanted: tuple[str, ...], keep_all: bool) -> None:
+        with wide_constants(self.constants):
+            self._execute_steps(plan, env, wanted, keep_all)
+
+    def _execute_steps(self, plan: Plan, env: dict, wanted: tuple[str, ...], keep_all: bool) -> None:
         for step, dying in plan.schedule(wanted, keep_all):
             args = [env[n] if n is not None else None for n in step.inputs]
             if step.has_subgraph:

@@ -28,6 +28,12 @@ result is rounded once to the ONNX output type. A float32 BLAS GEMM over K terms
 for fine-tuning need no oracle precision, and float32 GEMMs are about twice as fast. Under it
 float16 and bfloat16 accumulate in float32 (as on a GPU), never in their own type; outputs are
 still rounded to their ONNX type.
+
+A runner's constants (initializers, Constant values) are widened once, not once per run: the
+executor hands kernels a :class:`WideConstants` (:func:`wide_constants`), and :func:`widen`
+returns its read-only wide copy of a constant, made on first use. Only constants that a
+wide-accumulating kernel reads get one (a float32 weight costs twice its size again in float64);
+a kernel widens a constant before it reshapes or transposes it, so that the lookup finds it.
 """
 
 from __future__ import annotations
@@ -76,9 +82,66 @@ def wide(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-def widen(x: np.ndarray) -> np.ndarray:
-    """``x`` in :func:`wide` of its dtype (no copy when it already is)."""
-    return x.astype(wide(x.dtype), copy=False)
+class WideConstants:
+    """Wide copies of one runner's constant arrays, made on first use and kept until the constant
+    is replaced (:meth:`discard`). Arrays are told apart by identity; a slot holds its array, so
+    its id cannot be reused while the slot lives. The copies are read-only, and a constant must
+    not be written in place (replace it instead): its copy would go stale."""
+
+    def __init__(self) -> None:
+        self._slots: dict[int, tuple[np.ndarray, dict[np.dtype, np.ndarray]]] = {}
+
+    def add(self, array: Any) -> None:
+        if isinstance(array, np.ndarray) and array.dtype.kind in "fV":
+            self._slots[id(array)] = (array, {})
+
+    def discard(self, array: Any) -> None:
+        self._slots.pop(id(array), None)
+
+    def get(self, x: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+        slot = self._slots.get(id(x))
+        if slot is None or slot[0] is not x:
+            return None
+        copy = slot[1].get(dtype)
+        if copy is None:
+            copy = x.astype(dtype)
+            copy.flags.writeable = False
+            slot[1][dtype] = copy
+        return copy
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the wide copies."""
+        return sum(c.nbytes for _, copies in self._slots.values() for c in copies.values())
+
+
+_CONSTANTS: contextvars.ContextVar[WideConstants | None] = contextvars.ContextVar(
+    "mconv_reference_constants", default=None
+)
+
+
+@contextlib.contextmanager
+def wide_constants(constants: WideConstants) -> Iterator[None]:
+    """Let :func:`widen` reuse the wide copies of ``constants`` (the executor's, while it runs)."""
+    token = _CONSTANTS.set(constants)
+    try:
+        yield
+    finally:
+        _CONSTANTS.reset(token)
+
+
+def widen(x: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """``x`` in ``dtype`` (default: :func:`wide` of its dtype); no copy when it already is, the
+    runner's kept copy when ``x`` is one of its constants."""
+    target = wide(x.dtype) if dtype is None else np.dtype(dtype)
+    if x.dtype == target:
+        return x
+    constants = _CONSTANTS.get()
+    if constants is not None:
+        copy = constants.get(x, target)
+        if copy is not None:
+            return copy
+    return x.astype(target)
 
 
 @dataclass

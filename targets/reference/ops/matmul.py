@@ -23,7 +23,7 @@ import string
 
 import numpy as np
 
-from . import OpContext, register, register_vjp, wide
+from . import OpContext, register, register_vjp, wide, widen
 
 
 def _unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -39,7 +39,8 @@ def matmul(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     a, b = inputs
     # Accumulated in float64 for narrow floats (ops/__init__: Exactness); ONNX keeps the input type.
     acc = wide(np.result_type(a.dtype, b.dtype)) if a.dtype.kind != "V" else wide(a.dtype)
-    return (np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False)).astype(a.dtype, copy=False),)
+    # widen: a constant operand's wide copy is made once per runner (ops/__init__: Exactness)
+    return (np.matmul(widen(a, acc), widen(b, acc)).astype(a.dtype, copy=False),)
 
 
 @register_vjp("MatMul")
@@ -63,14 +64,16 @@ def gemm(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     out_dtype = a.dtype
     acc = wide(a.dtype)
+    # Widened before transposing, so that a constant's wide copy (made once per runner) is found;
+    # a transposed view goes to BLAS without a copy.
+    a, b = widen(a, acc), widen(b, acc)
     a = a.T if attrs.get("transA", 0) else a
     b = b.T if attrs.get("transB", 0) else b
-    # a transposed view goes to BLAS without a copy; float64 accumulation for narrow floats
-    y = np.matmul(a.astype(acc, copy=False), b.astype(acc, copy=False))
+    y = np.matmul(a, b)
     if alpha != 1.0:
         y *= np.asarray(alpha, y.dtype)
     if c is not None:
-        c = c.astype(y.dtype, copy=False)
+        c = widen(c, y.dtype)
         y += c if beta == 1.0 else np.asarray(beta, y.dtype) * c
     return (y.astype(out_dtype, copy=False),)
 

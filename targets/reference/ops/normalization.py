@@ -77,6 +77,30 @@ def _bn_training(attrs: dict, ctx: OpContext) -> bool:
     return bool(attrs.get("training_mode", 0)) and ctx.opset >= 14
 
 
+_BLOCK = 1 << 15  # elements per block of :func:`_affine`'s wide temporary (256 KiB in float64)
+
+
+def _affine(x: np.ndarray, a: np.ndarray, b: np.ndarray, sd: np.dtype) -> np.ndarray:
+    """``x * a + b`` per channel, computed in ``sd`` and rounded once to ``x.dtype``, through a
+    cache-sized wide temporary rather than whole-tensor wide arrays (inference BatchNormalization)."""
+    if x.ndim < 2 or x.dtype == sd:
+        return (x * _channel(a, x.ndim) + _channel(b, x.ndim)).astype(x.dtype, copy=False)
+    n, c = x.shape[:2]
+    rows = np.ascontiguousarray(x).reshape(n * c, -1)
+    plane = rows.shape[1]
+    ra, rb = np.tile(a, n)[:, None], np.tile(b, n)[:, None]
+    out = np.empty_like(rows)
+    step = max(1, _BLOCK // max(plane, 1))
+    tmp = np.empty((min(step, n * c), plane), dtype=sd)
+    for lo in range(0, n * c, step):
+        hi = min(n * c, lo + step)
+        t = tmp[: hi - lo]
+        np.multiply(rows[lo:hi], ra[lo:hi], out=t)
+        t += rb[lo:hi]
+        out[lo:hi] = t
+    return out.reshape(x.shape)
+
+
 @register("BatchNormalization")
 def batch_normalization(inputs: list, attrs: dict, ctx: OpContext) -> tuple:
     x, scale, bias, mean, var = inputs[:5]
@@ -85,8 +109,7 @@ def batch_normalization(inputs: list, attrs: dict, ctx: OpContext) -> tuple:
     if not _bn_training(attrs, ctx):
         inv = 1.0 / np.sqrt(var.astype(sd) + eps)
         a = scale.astype(sd) * inv
-        y = x * _channel(a, x.ndim) + _channel(bias.astype(sd) - mean.astype(sd) * a, x.ndim)
-        return (y.astype(x.dtype, copy=False),)
+        return (_affine(x, a, bias.astype(sd) - mean.astype(sd) * a, sd),)
     axes = _nonchannel_axes(x)
     xf = x.astype(sd, copy=False)
     xhat, bmean, invstd = _standardize(xf, axes, eps)

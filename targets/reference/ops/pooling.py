@@ -45,7 +45,28 @@ def _tap_view(canvas: np.ndarray, sl: tuple[slice, ...]) -> np.ndarray:
 # ----------------------------------------------------------------------------- MaxPool
 
 
+def _tiles(x: np.ndarray, win: Window) -> np.ndarray | None:
+    """``x`` as ``(N, C, o1, k1, o2, k2, ...)`` when the windows tile it exactly (kernel = stride, no
+    padding or dilation, nothing left over), else None."""
+    if win.kernel != win.strides or any(d != 1 for d in win.dilations):
+        return None
+    if any(win.pads_begin) or any(win.pads_end) or win.canvas != tuple(x.shape[2:]):
+        return None
+    shape = x.shape[:2] + tuple(v for o, k in zip(win.out, win.kernel) for v in (o, k))
+    return x.reshape(shape)
+
+
 def _maxpool_values(x: np.ndarray, win: Window) -> np.ndarray:
+    tiles = _tiles(x, win) if x.ndim == 4 else None
+    if tiles is not None:  # rows of a tile first (contiguous), then its columns
+        kh, kw = win.kernel
+        rows = tiles[:, :, :, 0].copy()
+        for i in range(1, kh):
+            np.maximum(rows, tiles[:, :, :, i], out=rows)
+        best = rows[..., 0].copy()
+        for j in range(1, kw):
+            np.maximum(best, rows[..., j], out=best)
+        return best
     canvas = pad_to_canvas(x, win, _lowest(x.dtype))
     taps = win.taps()
     best = _tap_view(canvas, taps[0][1]).copy()
