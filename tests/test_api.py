@@ -99,7 +99,7 @@ def test_run_verify_inspect_analyze_equal_their_commands(tmp_path, data):
 def test_demo_equals_its_command(tmp_path):
     from mconv.api.demo import demo
 
-    cli = _cli_json("demo", "-o", str(tmp_path / "a"))
+    cli = _cli_json("demo", "--workdir", str(tmp_path / "a"))
     _same(cli, demo(tmp_path / "a").as_dict())
 
 

@@ -121,7 +121,7 @@ def test_the_api_and_the_demo_refuse_a_folder_mconv_did_not_write(tmp_path):
     save_file(_weights(), str(tmp_path / "w.safetensors"))
     with pytest.raises(InputError, match="not one mconv wrote"):
         mconv.optimize(tmp_path / "w.safetensors", passes=CLUSTER, output=models)
-    _one_error(_cli("demo", "-o", str(models)), "not one mconv wrote")
+    _one_error(_cli("demo", "--workdir", str(models)), "not one mconv wrote")
     assert _hashes(models) == before
 
 
