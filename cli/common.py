@@ -65,18 +65,15 @@ class Command(TyperCommand):
         super().format_epilog(ctx, formatter)
 
 
-def _first_line(text: str | None) -> str:
-    return (text or "").strip().splitlines()[0].replace("``", "'") if (text or "").strip() else ""
-
-
 def _optimize_listing() -> list[tuple[str, list[tuple[str, str]]]]:
     """optimize --help: the registered passes and the built-in recipes, read from the registries."""
     import tomllib
 
+    from mconv.passes import summary
     from mconv.passes.base import PASSES
     from mconv.passes.pipeline import RECIPE_DIR, recipe_names
 
-    passes = [(name, _first_line(cls.__doc__)) for name, cls in sorted(PASSES.items())]
+    passes = [(name, summary(cls.__doc__)) for name, cls in sorted(PASSES.items())]
     recipes = []
     for name in recipe_names():
         try:

@@ -56,6 +56,7 @@ list of the names of the original nodes.
 from __future__ import annotations
 
 import importlib
+import re
 
 from mconv.passes.base import (
     PASSES,
@@ -85,6 +86,9 @@ __all__ = [
     "register_pass",
     "resolve_config",
     "run_pipeline",
+    "summary",
+    "unknown_pass_hint",
+    "whole_names",
 ]
 
 # One line per pass module. A new pass is one new file plus one line here.
@@ -107,3 +111,62 @@ _PASS_MODULES = (
 
 for _module in _PASS_MODULES:
     importlib.import_module(f"{__name__}.{_module}")
+
+
+# --- help text --------------------------------------------------------------------------------
+
+# The longest hint an error line shows whole (mconv.errors.MconvError.line bounds it so).
+HINT_LIMIT = 200
+# A period that ends no sentence: after an abbreviation.
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bet al)(?<!\betc)(?<!\bvs)\.(?=\s|$)")
+_MODULE_DOC = re.compile(r"\s*\((?:rules |see )?(?:in )?(?:the )?module doc(?:string)?\)", re.I)
+
+
+def summary(doc: str | None) -> str:
+    """A pass's line in ``optimize --help``: the first sentence of its docstring's first
+    paragraph, on one line, whole (never cut; the help wraps it between words), without a
+    pointer to the module's docstring, which the command line cannot show."""
+    paragraph = re.split(r"\n\s*\n", (doc or "").strip(), maxsplit=1)[0]
+    text = " ".join(paragraph.split()).replace("``", "'")
+    m = _SENTENCE_END.search(text)
+    sentence = text[: m.end()] if m else text
+    return _MODULE_DOC.sub("", sentence)
+
+
+def whole_names(names: list[str], budget: int) -> str:
+    """``a, b, c and 4 more``: as many of ``names`` as fit in ``budget`` characters, each whole,
+    then a count of the rest (all of them when they fit; ``4 more`` when not even one does)."""
+    full = ", ".join(names)
+    if len(full) <= budget:
+        return full
+    shown: list[str] = []
+    for i, name in enumerate(names):
+        rest = len(names) - i - 1
+        candidate = ", ".join([*shown, name]) + f" and {rest} more"
+        if len(candidate) > budget:
+            break
+        shown.append(name)
+    rest = len(names) - len(shown)
+    return f"{', '.join(shown)} and {rest} more" if shown else f"{rest} more"
+
+
+def unknown_pass_hint(name: str) -> str:
+    """The hint of an unknown pass name: the closest names, then every recipe and as many passes
+    as fit in an error line whole (:data:`HINT_LIMIT`), the rest counted."""
+    import difflib
+
+    passes = sorted(PASSES)
+    recipes = recipe_names()
+    close = difflib.get_close_matches(name, [*passes, *recipes], n=2, cutoff=0.6)
+    if not close:  # a prefix of a name ('fuse' for 'fuse-bn') is close too
+        close = [n for n in [*passes, *recipes] if name and n.startswith(name)][:2]
+    head = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    tail = f"; recipes: {', '.join(recipes)}" if recipes else ""
+    more = " (mconv optimize --help lists all)"
+    budget = HINT_LIMIT - len(head) - len("passes: ") - len(tail)
+    listed = whole_names(passes, budget)
+    if " more" in listed and len(listed) + len(more) <= budget:
+        listed += more
+    elif " more" in listed:
+        listed = whole_names(passes, budget - len(more)) + more
+    return f"{head}passes: {listed}{tail}"

@@ -84,9 +84,9 @@ def register_pass(name: str) -> Callable[[type[Pass]], type[Pass]]:
 
 def get_pass(name: str) -> type[Pass]:
     if name not in PASSES:
-        raise InputError(
-            f"unknown pass '{name}'", where="pass spec", hint=f"valid passes: {', '.join(sorted(PASSES))}"
-        )
+        from mconv.passes import unknown_pass_hint
+
+        raise InputError(f"unknown pass '{name}'", where="pass spec", hint=unknown_pass_hint(name))
     return PASSES[name]
 
 

@@ -512,7 +512,8 @@ def _code_tensor(codes: np.ndarray, bits: int, signed: bool, name: str) -> ir.Te
 
 @register_pass("blockwise")
 class Blockwise(Pass):
-    """Blockwise int4/int8 weight quantization with DequantizeLinear(block_size) (module doc)."""
+    """Blockwise int4/int8 quantization of MatMul/Gemm weights and embedding tables, read through
+    DequantizeLinear(block_size) (rules in the module doc)."""
 
     lossless = False
 

@@ -191,8 +191,9 @@ def parse_spec(spec: str) -> list[PassSpec]:
             specs.extend(load_recipe(name))
             continue
         if name not in PASSES:
-            hint = f"valid passes: {', '.join(sorted(PASSES))}; recipes: {', '.join(recipe_names())}"
-            raise InputError(f"unknown pass '{name}'", where="pass spec", hint=hint)
+            from mconv.passes import unknown_pass_hint
+
+            raise InputError(f"unknown pass '{name}'", where="pass spec", hint=unknown_pass_hint(name))
         specs.append(make_spec(name, _parse_args(name, args) if args else {}))
     return specs
 
