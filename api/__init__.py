@@ -354,11 +354,22 @@ class OptimizeResult:
     account: dict | None = None
     model: ir.Model | None = field(default=None, repr=False, compare=False)
     budget: Any = field(default=None, repr=False)  # a passes.budget.BudgetResult
+    # False: lossy passes ran and nothing measured the result (a recipe without data); None: no
+    # such claim (lossless passes, or data was given)
+    accuracy_measured: bool | None = None
+    datafree: Any = field(default=None, repr=False)  # a passes.budget.DataFreePlan
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         doc = self._doc()
         if self.budget is not None:
             doc["budget"] = self.budget.as_dict()
+            doc["accuracy_measured"] = self.budget.accuracy_measured
+        elif self.accuracy_measured is not None:
+            doc["accuracy_measured"] = self.accuracy_measured
+        if self.datafree is not None:
+            doc["datafree"] = self.datafree.as_dict()
+        doc["warnings"] = list(self.warnings)
         return doc
 
     def _doc(self) -> dict[str, Any]:
@@ -457,6 +468,7 @@ def optimize(
     ray_address: str | None = None,
     val_data=None,
     epochs: int | None = None,
+    force: bool = False,
 ) -> OptimizeResult:
     """``mconv optimize``: run a pass spec (``passes``) or a recipe (name or TOML path) over the
     model (an ``ir.Model``, mutated, or a path); with ``output``, write it and check that ONNX's
@@ -479,7 +491,14 @@ def optimize(
 
     ``workers`` (a local Ray of N processes) or ``ray_address`` (a cluster) run the budget
     search's independent trials on Ray (each layer's candidate settings); the result is the
-    in-process run's. They need the budget search (``max_drop`` / ``target_size``)."""
+    in-process run's. They need the budget search (``max_drop`` / ``target_size``).
+
+    A recipe run without ``data`` (and no budget option) backs every ``prune`` and ``cluster``
+    off per layer until the data-free check holds (:func:`mconv.passes.budget.limit_datafree`;
+    ``datafree`` and ``accuracy_measured: false`` in the result, and a warning). Data too few to
+    measure (a held-out split under :data:`mconv.passes.budget.MIN_HELD_OUT`, or one whose one
+    sample is more than ``max_drop``) is refused before any work. ``force`` runs the recipe as
+    written without data, and goes on with too few samples."""
     from mconv import passes as P
     from mconv.passes.parallel import check_workers, uses_ray
 
@@ -528,6 +547,7 @@ def optimize(
             val_data,
             target_of,
             epochs=epochs,
+            force=force,
         )
     if uses_ray(workers, ray_address):
         raise InputError(
@@ -558,9 +578,25 @@ def optimize(
         m, _ = _as_model(model)
         before = model_stats(m)
         ctx = P.PassContext(data=load_data(data, m), seed=seed)
+        lossy = recipe is not None and any(s.name in ("prune", "cluster") for s in specs)
+        if lossy and ctx.data is not None and not force:
+            _refuse_too_few(m, ctx.data, specs, data)
+        plans: list = []
+
+        def limit(model_now: ir.Model, rest: list) -> list:
+            from mconv.passes.budget import limit_datafree
+
+            update("data-free check (weight SNR per layer)", 0, None)
+            rest, plan = limit_datafree(model_now, rest)
+            plans.append(plan)
+            return rest
+
+        # measured: a finetune pass holds samples out and reports the compressed model on them
+        measured = ctx.data is not None and any(s.name == "finetune" for s in specs)
+        datafree = lossy and not measured and not force
         with _progress(progress)(f"optimize {recipe or passes}", len(specs)) as update:
             ctx.progress = update
-            m, reports = P.run_pipeline(m, specs, ctx)
+            m, reports = P.run_pipeline(m, specs, ctx, limit=limit if datafree else None)
         if out_path is not None:
             written = save(m, out_path, format, source=source)
         after = model_stats(m)
@@ -582,7 +618,44 @@ def optimize(
         reports=list(reports),
         account=account or None,
         model=m,
+        **_unmeasured(lossy and not measured, plans[0] if plans else None, ctx.data is None),
     )
+
+
+def _unmeasured(unmeasured: bool, plan, no_data: bool) -> dict[str, Any]:
+    """The result's ``accuracy_measured``, ``datafree`` and warning for a lossy recipe that
+    nothing measured: no data, or no finetune pass to use it (``plan``: the data-free check's,
+    None under ``force``)."""
+    if not unmeasured:
+        return {}
+    why = "no --data" if no_data else "no finetune pass measured it"
+    if plan is not None:
+        note = plan.note(why)
+    else:
+        note = (
+            f"ACCURACY WAS NOT MEASURED: {why}, and --force ran the recipe as written, unchecked; "
+            "give --data D.npz (and a finetune pass) to measure it"
+        )
+    return {"accuracy_measured": False, "datafree": plan, "warnings": [note]}
+
+
+def _refuse_too_few(m: ir.Model, feeds: Mapping[str, np.ndarray], specs: list, data) -> None:
+    """A recipe's fine-tuning holds out too few samples to tell anything: exit 2 before work."""
+    from mconv.passes.budget import _check_data, too_few_samples
+
+    tunes = [s for s in specs if s.name == "finetune"]
+    holdout = float(tunes[0].resolve().holdout) if tunes else 0.0
+    if holdout <= 0:
+        return
+    n = _check_data(m, feeds)[2]
+    held = min(max(int(round(holdout * n)), 1), n - 1) if n >= 2 else 0
+    why = too_few_samples(held, None)
+    if why is not None:
+        raise InputError(
+            f"{n} samples: {why}",
+            path=str(data) if not isinstance(data, Mapping) else None,
+            hint="give more samples, or --force to go on without a measure that means anything",
+        )
 
 
 def _optimize_budget(
@@ -604,6 +677,7 @@ def _optimize_budget(
     target_of: str = "weights",
     *,
     epochs: int | None = None,
+    force: bool = False,
 ):
     """``--max-drop`` / ``--target-size`` / ``--save-recipe``: the budgeted Deep Compression."""
     from mconv.account import predicted_account
@@ -620,6 +694,20 @@ def _optimize_budget(
     before = model_stats(m)
     feeds = load_data(data, m)
     val_feeds = load_data(val_data, m)
+
+    def check_gate(held: int, gate: float | None) -> None:  # before the work: a gate too coarse
+        from mconv.passes.budget import too_few_samples
+
+        why = too_few_samples(held, gate)
+        if why is not None and not force:
+            where = val_data if val_feeds is not None else data
+            raise InputError(
+                why,
+                path=str(where) if not isinstance(where, Mapping) else None,
+                hint=f"give more samples ({'--val-data' if val_feeds is not None else '--data'}), "
+                "a larger --max-drop, or --force to go on with a gate that cannot tell",
+            )
+
     failed: GateFailed | None = None
     with naming_the_file(source) if source else contextlib.nullcontext():
         with _progress(progress)("optimize deep-compression (budget)", None) as update:
@@ -638,6 +726,7 @@ def _optimize_budget(
                     ray_address=ray_address,
                     val_data=val_feeds,
                     epochs=epochs,
+                    check_gate=check_gate,
                 )
             except BudgetNotMet as exc:  # the best result found is still written and reported
                 budget, failed = exc.result, exc

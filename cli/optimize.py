@@ -128,6 +128,15 @@ def optimize_cmd(
             help="deep-compression budget: run the trials on this Ray cluster (ray://HOST:PORT or auto).",
         ),
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Go on where the data cannot check the result: without --data, run a recipe's "
+            "prune and cluster as written (default: each layer only as far as a data-free weight "
+            "check keeps its outputs close); with too few samples to measure, run anyway.",
+        ),
+    ] = False,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -161,6 +170,7 @@ def optimize_cmd(
                     ray_address=ray_address,
                     val_data=val_data,
                     epochs=epochs,
+                    force=force,
                 )
             except GateFailed as exc:  # an unmet budget: the best result is reported, then exit 1
                 if getattr(exc, "result", None) is None:
@@ -171,6 +181,16 @@ def optimize_cmd(
 
             out.print(summary_text(result.budget), markup=False, soft_wrap=True)
         render.render_pass_reports(out, result.reports)
+        for warning in result.warnings:  # a lossy recipe without data: said loudly, JSON too
+            out.print(f"warning: {warning}", markup=False, soft_wrap=True)
+        if result.datafree is not None and result.datafree.backed_off:
+            plan = result.datafree
+            out.print(
+                f"data-free check: {plan.backed_off} of {len(plan.layers)} layers backed off from the "
+                f"recipe to keep a weight SNR of {plan.snr_db:.1f} dB",
+                markup=False,
+                soft_wrap=True,
+            )
         if result.account:  # what export will store, predicted before encoding (the paper's Table 4)
             render.render_byte_account(
                 out, {"account": result.account}, title="weight storage at export (predicted)"

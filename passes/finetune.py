@@ -404,6 +404,49 @@ def _batches(n: int, batch_size: int, rng: np.random.Generator):
         yield order[s : s + batch_size]
 
 
+# What one gradient step's recorded activations may take (the reference engine keeps every
+# intermediate value of the batch for the backward pass, and its VJPs about as much again): a
+# batch whose estimate is larger runs as micro-batches whose gradients are summed, weighted by
+# their share of the batch (every loss is a mean over the samples). A 585 KB text-orientation CNN
+# on 48x192 images took 890 MB at batch 32 as one step.
+GRAD_STEP_BYTES = 1 << 27
+TAPE_FACTOR = 3  # the tape and the VJPs' temporaries against the forward values alone
+# A model whose every node's output were this many times its input's bytes could not reach
+# GRAD_STEP_BYTES: its activations are not measured (one forward pass of one sample saved).
+WIDEST = 64
+
+
+def activation_bytes(executor, feeds: dict) -> int:
+    """Bytes of every intermediate value of one sample's forward pass (``feeds``: one sample)."""
+    values = executor.run(feeds, intermediates=True)
+    return int(sum(getattr(v, "nbytes", 0) for v in values.values()))
+
+
+def micro_batch(per_sample: int, batch_size: int) -> int:
+    """Samples per gradient micro-batch for :data:`GRAD_STEP_BYTES` (at least 1)."""
+    return int(max(1, min(batch_size, GRAD_STEP_BYTES // max(TAPE_FACTOR * per_sample, 1))))
+
+
+def value_and_grad_micro(executor, feeds: dict, loss_of: Callable, target, wrt: list[str], micro: int):
+    """``executor.value_and_grad`` of the batch ``feeds`` in micro-batches of ``micro`` samples:
+    the loss and gradients are the chunks' weighted by their share (the losses are means)."""
+    n = len(next(iter(feeds.values())))
+    if micro >= n:
+        return executor.value_and_grad(feeds, loss_of(target), wrt)
+    value, grads = 0.0, {}
+    for s in range(0, n, micro):
+        share = min(micro, n - s) / n
+        v, g = executor.value_and_grad(
+            {k: a[s : s + micro] for k, a in feeds.items()}, loss_of(target[s : s + micro]), wrt
+        )
+        value += share * float(v)
+        for k, a in g.items():
+            grads[k] = grads[k] + share * a if k in grads else share * a
+    return value, {
+        k: a.astype(np.float32, copy=False) if a.dtype == np.float64 else a for k, a in grads.items()
+    }
+
+
 def _run_batched(executor, feeds: dict, names: list[str], batch: int = 256) -> dict[str, np.ndarray]:
     n = len(next(iter(feeds.values())))
     parts: dict[str, list] = {k: [] for k in names}
@@ -643,6 +686,12 @@ def finetune_model(
     total = config.epochs * steps_per_epoch
     done = 0
     trainer = None if xla is None else _XlaTrainer(xla, params, loss_kind, config)
+    micro = config.batch_size
+    if trainer is None and len(train):  # memory: the batch's recorded activations (GRAD_STEP_BYTES)
+        one_in = sum(int(v[:1].nbytes) for v in feeds.values())
+        if one_in * max(len(model.graph), 1) * WIDEST * TAPE_FACTOR * config.batch_size > GRAD_STEP_BYTES:
+            one = activation_bytes(student, {k: v[train[:1]] for k, v in feeds.items()})
+            micro = micro_batch(one, config.batch_size)
     for epoch in range(1, config.epochs + 1):
         losses, sizes = [], []
         for b in _batches(len(train), config.batch_size, rng):
@@ -653,7 +702,7 @@ def finetune_model(
             if trainer is not None:
                 value = trainer.step(fb, target, opt.lr)
             else:
-                value, grads = student.value_and_grad(fb, loss_fn(target), wrt)
+                value, grads = value_and_grad_micro(student, fb, loss_fn, target, wrt, micro)
                 opt.step(
                     {p.name: p.trained for p in params}, {p.name: p.gradient(grads[p.name]) for p in params}
                 )

@@ -7,6 +7,7 @@ import json
 import re
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -285,21 +286,37 @@ def snapshot_model(model: ir.Model) -> ir.Model:
     return copy
 
 
+# The lossy passes a data-free limit backs off (``run_pipeline``'s ``limit``).
+LIMITED = ("prune", "cluster")
+
+
 def run_pipeline(
-    model: ir.Model, specs: list[PassSpec], ctx: PassContext | None = None
+    model: ir.Model,
+    specs: list[PassSpec],
+    ctx: PassContext | None = None,
+    *,
+    limit: Callable[[ir.Model, list[PassSpec]], list[PassSpec]] | None = None,
 ) -> tuple[ir.Model, list[PassReport]]:
     """Run ``specs`` in order on ``model`` (mutated in place where passes allow).
 
     Returns the final model and one report per pass; records the pipeline in the model's
-    metadata under ``mconv.passes``.
+    metadata under ``mconv.passes`` (the specs as they ran). ``limit``, when given, is called
+    once on the model as the first ``prune`` or ``cluster`` pass is reached and returns that
+    pass and the rest rewritten (a recipe run without data:
+    :func:`mconv.passes.budget.limit_datafree`).
     """
     ctx = ctx or PassContext()
+    specs = list(specs)
     if ctx.reference_model is None and ctx.data is not None:
         if any(getattr(s.pass_class, "uses_reference_model", False) for s in specs):
             ctx.reference_model = snapshot_model(model)  # the uncompressed model, for distillation
     reports = []
     before = stats_triplet(model)
-    for i, spec in enumerate(specs):
+    for i in range(len(specs)):
+        if limit is not None and specs[i].name in LIMITED:
+            specs[i:] = limit(model, specs[i:])
+            limit = None
+        spec = specs[i]
         ctx.tick(f"pass {spec.name}", i, len(specs))
         config = spec.resolve()
         ctx.spec = spec

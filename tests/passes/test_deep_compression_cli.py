@@ -50,7 +50,7 @@ def _cnn(path: Path) -> Path:
 def test_deep_compression_recipe_optimizes_exports_inspects_and_verifies(tmp_path):
     src = _cnn(tmp_path / "cnn.onnx")
     opt = tmp_path / "dc.onnx"
-    r = mconv("optimize", str(src), "--recipe", "deep-compression", "-o", str(opt), "--json")
+    r = mconv("optimize", str(src), "--recipe", "deep-compression", "-o", str(opt), "--json", "--force")
     assert r.returncode == 0, r.stderr
     reports = {p["name"]: p for p in json.loads(r.stdout)["passes"]}
     kept = {t["name"]: t["kept"] for t in reports["prune"]["tensors"]}
