@@ -356,11 +356,11 @@ def _check_custom_call(op: Any, target: str) -> None:
     else:
         if len(dims) < 2 or et not in _FLOAT_TYPES or len(out) != 3:
             raise _Refused(f"custom call '{target}' has operand or result types it does not take")
-        m, n = dims[-2], dims[-1]
-        k = None if m is None or n is None else min(m, n)
+        rows, cols = dims[-2], dims[-1]
+        k = None if rows is None or cols is None else min(rows, cols)
         want = [(dims, et), ([*dims[:-2], k], "i32"), ([*dims[:-2]], "i32")]
         if target == "LuDecomposition":
-            want[2] = ([*dims[:-2], m], "i32")
+            want[2] = ([*dims[:-2], rows], "i32")
         if target.startswith("lapack_") and et != _LAPACK_TYPES[target[len("lapack_")]]:
             raise _Refused(f"custom call '{target}' has operand or result types it does not take")
         if out != want:
