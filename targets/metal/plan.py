@@ -38,6 +38,9 @@ Rules:
    dequantized activations ``(q - zp) * s`` and dequantized weights are not exact in half, and
    the next QuantizeLinear then lands codes away from the spec's (person_detect.tflite: 2 int8
    codes off its single output with half weights, up to 8 with half activations alone).
+   So is a graph that quantizes at run time without QuantizeLinear (ORT's dynamic quantization,
+   rewritten by :mod:`mconv.targets.metal.contrib`: a Cast of computed floats to int32, int8 or
+   uint8, a DynamicQuantizeLSTM), whose int32 accumulators float16 would not hold.
    Likewise a graph with a Gather whose indices are computed at run time over an axis longer
    than 2^11 (a token embedding with a vocabulary over 2048): half storage would hold the ids
    inexactly (token 2049 read as 2048), so the graph is planned in float storage and the notes
@@ -54,6 +57,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError, UnsupportedError, show
 from mconv.irio import real_inputs
+from mconv.targets.metal.contrib import KEPT, contrib_shapes, decompose
 from mconv.targets.metal.kernels import (
     CHECKS,
     FUSIBLE,
@@ -296,6 +300,8 @@ def _infer(model: ir.Model) -> ir.Model:
     for out in model.graph.outputs:
         out.shape = None
     model, _ = run_pipeline(model, parse_spec("shape-inference"))
+    while contrib_shapes(model):  # contrib outputs kept for a kernel (contrib.py rule 6)
+        model, _ = run_pipeline(model, parse_spec("shape-inference"))
     return model
 
 
@@ -308,6 +314,11 @@ def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
     model = snapshot_model(model)
     _bake_inputs(model, batch)
     model = _infer(model)
+    # ORT's quantized and contrib ops become standard ops as their inputs' shapes become known
+    for _ in range(MAX_FOLD_ROUNDS):
+        if not decompose(model):
+            break
+        model = _infer(model)
     # Shape -> Gather -> Concat -> Reshape chains fold a step at a time (each round's shape
     # inference makes the next Reshape static): Swin-T's windows take 17 rounds
     for _ in range(MAX_FOLD_ROUNDS):
@@ -436,7 +447,10 @@ def unsupported_reason(
 ) -> str | None:
     """None when the node lowers (a kernel of ``lower`` or a view); else "" (unknown op) or why
     not (rules 2 and 3; ``checks`` holds the op types' own conditions)."""
-    if node.domain not in ("", "ai.onnx") or (node.op_type not in lower and node.op_type not in VIEWS):
+    standard = node.domain in ("", "ai.onnx")
+    if not standard and (node.domain, node.op_type) not in KEPT:
+        return ""
+    if node.op_type not in lower and (node.op_type not in VIEWS or not standard):
         return ""
     if node.op_type == "Dropout" and len(node.outputs) > 1 and node.outputs[1].uses():
         return "mask output"
@@ -485,6 +499,9 @@ def check_integer_constant(value: ir.Value, storage: str) -> None:
         )
 
 
+_CODE_CASTS = (int(ir.DataType.INT32), int(ir.DataType.INT8), int(ir.DataType.UINT8))
+
+
 def storage_for(model: ir.Model, precision: str) -> tuple[str, list[str]]:
     """(storage, notes) for ``precision`` (rule 6): ``half`` or ``float``; a graph that quantizes
     computed values is planned in float, and the note says why."""
@@ -500,6 +517,18 @@ def storage_for(model: ir.Model, precision: str) -> tuple[str, list[str]]:
         and n.inputs[0] is not None
         and n.inputs[0].const_value is None
     ]
+    # quantization done at run time without a QuantizeLinear (contrib.py rules 2, 4 and 6):
+    # codes and int32 accumulators cast from computed floats, quantized recurrences
+    exact = [
+        n
+        for n in model.graph
+        if n.op_type == "Cast"
+        and n.attributes.get_int("to", 0) in _CODE_CASTS
+        and n.inputs
+        and n.inputs[0] is not None
+        and n.inputs[0].const_value is None
+        or (n.domain, n.op_type) in KEPT
+    ]
     limit = exact_integer_limit("half")
     gathers = [(name, n) for name, n in runtime_gather_axes(model.graph) if n == 0 or n > limit]
     notes = []
@@ -508,6 +537,12 @@ def storage_for(model: ir.Model, precision: str) -> tuple[str, list[str]]:
             f"float32 storage, not float16: {len(quantizers)} QuantizeLinear node(s) quantize computed "
             "values, and dequantized int8 values are not exact in float16 (codes would land off the "
             "spec's); the kernels run as they would with --precision fp32"
+        )
+    if exact:
+        notes.append(
+            f"float32 storage, not float16: {len(exact)} node(s) quantize at run time or cast exact "
+            "integer products (ORT's dynamic quantization), which float16 does not hold exactly; the "
+            "kernels run as they would with --precision fp32"
         )
     if gathers:
         longest = max(n for _, n in gathers)

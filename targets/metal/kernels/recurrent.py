@@ -74,7 +74,7 @@ def _act_expr(name: str, alpha: float | None, beta: float | None, v: str) -> str
 
 def _activations(node: ir.Node, num_dir: int) -> list[list[tuple[str, float | None, float | None]]]:
     """Per direction, the (name, alpha, beta) of each activation (rule 3)."""
-    op = node.op_type
+    op = "LSTM" if node.op_type == "DynamicQuantizeLSTM" else node.op_type
     per = len(_DEFAULT_ACTS[op])
     attr = node.attributes.get("activations")
     names = list(attr.as_strings()) if attr is not None else _DEFAULT_ACTS[op] * num_dir
@@ -330,3 +330,223 @@ def _body(
     elif which == "Y_c":
         lines.append(f"    for (int j = 0; j < {H}; ++j) OUT[{st_index}] = {ctx.storage}(c[j]);")
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- DynamicQuantizeLSTM
+
+MAX_QUANTIZED_STATE = 4096  # batch x hidden of DynamicQuantizeLSTM's one thread per direction
+
+
+def _per_column(value: np.ndarray | None, D: int, G: int, default: float) -> np.ndarray:
+    """A DynamicQuantizeLSTM scale or zero point as ``[D, G]`` (per tensor, direction or column)."""
+    if value is None:
+        return np.full((D, G), default, np.float64)
+    v = np.asarray(value, np.float64)
+    if v.size == 1:
+        return np.full((D, G), float(v.reshape(())), np.float64)
+    if v.size == D:
+        return np.repeat(v.reshape(D, 1), G, axis=1)
+    return np.broadcast_to(v.reshape(-1, G), (D, G)).copy()
+
+
+def check_dynamic_quantize_lstm(ctx: LowerContext, node: ir.Node) -> str | None:
+    """Why the node does not lower, or None (rules of :func:`lower_dynamic_quantize_lstm`)."""
+    if node.domain != "com.microsoft":
+        return "not com.microsoft's op"
+    if node.attributes.get_int("layout", 0):
+        return "layout 1"
+    x, W, R = _input(node, 0), _input(node, 1), _input(node, 2)
+    if x is None or W is None or R is None or W.const_value is None or R.const_value is None:
+        return "W and R must be constants"
+    for i in range(8, 12):
+        v = _input(node, i)
+        if i in (8, 10) and v is None:
+            return "W_scale and R_scale are required"
+        if v is not None and v.const_value is None:
+            return "scales and zero points must be constants"
+    lens = _input(node, 4)
+    if lens is not None and lens.const_value is None:
+        return "sequence_lens given at run time (give it as a constant, or drop it for full-length sequences)"
+    D, H, G = ctx.shape(R)
+    B = ctx.shape(x)[1]
+    if G != 4 * H:
+        return f"R of shape {[D, H, G]}"
+    if B * H > MAX_QUANTIZED_STATE:
+        return f"batch x hidden {B * H} over {MAX_QUANTIZED_STATE}"
+    direction = node.attributes.get_string("direction", "forward")
+    if direction not in ("forward", "reverse", "bidirectional"):
+        return f"direction {direction!r}"
+    acts = _activations(node, D)
+    if any(len(a) != 3 for a in acts):
+        return "activations: wrong count"
+    for per in acts:
+        for name, _, _ in per:
+            try:
+                _act_expr(name, None, None, "v")
+            except ValueError:
+                return f"activation {name!r}"
+    return None
+
+
+def _bake(P: str, name: str, values: np.ndarray) -> str:
+    flat = np.asarray(values, np.float64).reshape(-1)
+    return f"constant float {P}_{name}[{flat.size}] = {{{', '.join(flit(v) for v in flat)}}};\n"
+
+
+@register("DynamicQuantizeLSTM", check=check_dynamic_quantize_lstm)
+def lower_dynamic_quantize_lstm(
+    ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None
+) -> list[KernelSource]:
+    """ONNX Runtime's ``com.microsoft::DynamicQuantizeLSTM``: an LSTM (gates ``i, o, f, c``)
+    whose ``W`` ``[D, I, 4H]`` and ``R`` ``[D, H, 4H]`` are int8/uint8 codes with per-direction
+    or per-column scales and zero points, and whose inputs to the two products are quantized
+    at run time, as ORT's kernel does on one thread:
+
+    1. X (every step at once) and, at each step, the hidden state of the whole batch (rows whose
+       sequence ended before the previous step left out of the range) are quantized to uint8 by
+       ORT's rule: range extended to 0, scale ``(max - min) / 255`` (1 when the range is empty),
+       zero point ``round(clip(-min / scale, 0, 255))``, codes ``clip(round(v / scale) + zp)``.
+    2. The products are exact int32 sums of centered codes, scaled by ``input scale x weight
+       scale`` in float; ``pre = (xW + Wb) + hR + Rb``, then the LSTM cell in float.
+    3. One thread per direction, grid ``(1, D, 1)``: it loops over time and, in each step, over
+       the batch (the state's range spans the batch), keeping ``batch x hidden`` floats of
+       state (at most :data:`MAX_QUANTIZED_STATE`). ``sequence_lens`` is baked as for LSTM.
+    """
+    x, W, R = node.inputs[0], node.inputs[1], node.inputs[2]
+    assert x is not None and W is not None and R is not None
+    T, B, I = ctx.shape(x)
+    D, H, G = ctx.shape(R)
+    direction = node.attributes.get_string("direction", "forward")
+    reverse = [False, True] if direction == "bidirectional" else [direction == "reverse"]
+    clip_attr = node.attributes.get("clip")
+    clip = None if clip_attr is None else float(clip_attr.as_float())
+    input_forget = bool(node.attributes.get_int("input_forget", 0))
+    acts = _activations(node, D)
+    lens_const = LowerContext.const(_input(node, 4))
+    lens = [T] * B if lens_const is None else [int(v) for v in np.asarray(lens_const, np.int64).reshape(-1)]
+    ws = _per_column(LowerContext.const(_input(node, 8)), D, G, 1.0)
+    wz = _per_column(LowerContext.const(_input(node, 9)), D, G, 0.0)
+    rs = _per_column(LowerContext.const(_input(node, 10)), D, G, 1.0)
+    rz = _per_column(LowerContext.const(_input(node, 11)), D, G, 0.0)
+
+    optional = {
+        "Bias": _input(node, 3),
+        "H0": _input(node, 5),
+        "C0": _input(node, 6),
+        "Peep": _input(node, 7),
+    }
+    present = [(n, v) for n, v in optional.items() if v is not None]
+    reads: list[ir.Value] = [x, W, R, *[v for _, v in present]]
+    names = ["X", "W", "R", *[n for n, _ in present]]
+    has = {n for n, _ in present}
+
+    def clipped(v: str) -> str:
+        return v if clip is None else f"min(max({v}, {flit(-clip)}), {flit(clip)})"
+
+    def act_by_dir(slot: int, v: str, clip_it: bool = True) -> str:
+        exprs = [_act_expr(*per[slot], clipped(v) if clip_it else v) for per in acts]
+        if len(exprs) == 1 or exprs[0] == exprs[1]:
+            return exprs[0]
+        return f"(d == 0 ? {exprs[0]} : {exprs[1]})"
+
+    def peep(offset: str, state: str) -> str:
+        return f" + float(Peep[d * 3 * {H} + {offset}j]) * {state}" if "Peep" in has else ""
+
+    def bias(offset: str) -> str:
+        return f"float(Bias[d * 2 * {G} + {offset}])" if "Bias" in has else "0.0f"
+
+    rev = "false" if not any(reverse) else ("true" if len(reverse) == 1 else "(d == 1)")
+    sources: list[KernelSource] = []
+    for oi, which in enumerate(["Y", "Y_h", "Y_c"]):
+        if oi >= len(node.outputs) or node.outputs[oi] is None:
+            continue
+        y = node.outputs[oi]
+        if not (y.uses() or y.is_graph_output()):
+            continue
+        P = name = f"{kernel}_{dict(Y='y', Y_h='yh', Y_c='yc')[which]}"
+        st = f"((d * {B} + b) * {H} + j)"
+        y_index = f"(((t * {D} + d) * {B} + b) * {H} + j)"
+        pi = f"(g[j]{peep('', 'c[b * ' + str(H) + ' + j]')})"
+        pf = f"(g[2 * {H} + j]{peep(f'2 * {H} + ', 'c[b * ' + str(H) + ' + j]')})"
+        po = f"(g[{H} + j]{peep(f'{H} + ', 'cn')})"
+        body = f"""    if (gid.x >= 1u || gid.y >= uint({D})) return;
+    const int d = int(gid.y);
+    const bool rev = {rev};
+    float h[{B * H}];
+    float c[{B * H}];
+    float g[{G}];
+    for (int b = 0; b < {B}; ++b) for (int j = 0; j < {H}; ++j) {{
+        h[b * {H} + j] = {f"float(H0[{st}])" if "H0" in has else "0.0f"};
+        c[b * {H} + j] = {f"float(C0[{st}])" if "C0" in has else "0.0f"};
+    }}
+    // X quantized once over every step (rule 1)
+    float xlo = 0.0f, xhi = 0.0f;
+    for (int e = 0; e < {T * B * I}; ++e) {{ xlo = min(xlo, float(X[e])); xhi = max(xhi, float(X[e])); }}
+    const float xs = xhi == xlo ? 1.0f : (xhi - xlo) / 255.0f;
+    const float xz = rint(min(max(0.0f - xlo / xs, 0.0f), 255.0f));
+    for (int s = 0; s < {T}; ++s) {{
+        // the state's range: rows whose sequence did not end before the previous step
+        float hlo = 0.0f, hhi = 0.0f;
+        for (int b = 0; b < {B}; ++b) {{
+            if (s > 0 && {P}_LENS[b] < s) continue;
+            for (int j = 0; j < {H}; ++j) {{ hlo = min(hlo, h[b * {H} + j]); hhi = max(hhi, h[b * {H} + j]); }}
+        }}
+        const float hs = hhi == hlo ? 1.0f : (hhi - hlo) / 255.0f;
+        const float hz = rint(min(max(0.0f - hlo / hs, 0.0f), 255.0f));
+        float hn[{B * H}];
+        float cnew[{B * H}];
+        for (int b = 0; b < {B}; ++b) {{
+            const int len = {P}_LENS[b];
+            if (s >= len) {{
+{f"                {{ const int t = s; for (int j = 0; j < {H}; ++j) OUT[{y_index}] = {ctx.storage}(0.0f); }}" if which == "Y" else ""}
+                for (int j = 0; j < {H}; ++j) {{ hn[b * {H} + j] = h[b * {H} + j]; cnew[b * {H} + j] = c[b * {H} + j]; }}
+                continue;
+            }}
+            const int t = rev ? len - 1 - s : s;
+            for (int j = 0; j < {G}; ++j) {{
+                int ax = 0;
+                for (int k = 0; k < {I}; ++k) {{
+                    const int qx = int(min(max(rint(float(X[(t * {B} + b) * {I} + k]) / xs) + xz, 0.0f), 255.0f) - xz);
+                    ax += qx * (int(float(W[(d * {I} + k) * {G} + j])) - int({P}_WZ[d * {G} + j]));
+                }}
+                int ah = 0;
+                for (int k = 0; k < {H}; ++k) {{
+                    const int qh = int(min(max(rint(h[b * {H} + k] / hs) + hz, 0.0f), 255.0f) - hz);
+                    ah += qh * (int(float(R[(d * {H} + k) * {G} + j])) - int({P}_RZ[d * {G} + j]));
+                }}
+                const float xw = float(ax) * (xs * {P}_WS[d * {G} + j]) + {bias("j")};
+                const float hr = float(ah) * (hs * {P}_RS[d * {G} + j]);
+                g[j] = (xw + hr) + {bias(f"{G} + j")};
+            }}
+            for (int j = 0; j < {H}; ++j) {{
+                const float i = {act_by_dir(0, pi)};
+                const float f = {"1.0f - i" if input_forget else act_by_dir(0, pf)};
+                const float ct = {act_by_dir(1, f"g[3 * {H} + j]")};
+                const float cn = f * c[b * {H} + j] + i * ct;
+                const float o = {act_by_dir(0, po)};
+                hn[b * {H} + j] = o * {act_by_dir(2, "cn", clip_it=False)};
+                cnew[b * {H} + j] = cn;
+{f"                OUT[{y_index}] = {ctx.storage}(hn[b * {H} + j]);" if which == "Y" else ""}
+            }}
+        }}
+        for (int e = 0; e < {B * H}; ++e) {{ h[e] = hn[e]; c[e] = cnew[e]; }}
+    }}
+"""
+        if which != "Y":
+            state = "h" if which == "Y_h" else "c"
+            body += f"    for (int b = 0; b < {B}; ++b) for (int j = 0; j < {H}; ++j) OUT[{st}] = {ctx.storage}({state}[b * {H} + j]);\n"
+        params = [ctx.buffer_param(i, n) for i, n in enumerate(names)]
+        params.append(ctx.buffer_param(len(names), "OUT", out=True))
+        src = (
+            f"constant int {P}_LENS[{B}] = {{{', '.join(map(str, lens))}}};\n"
+            + _bake(P, "WS", ws.astype(np.float32))
+            + _bake(P, "WZ", wz)
+            + _bake(P, "RS", rs.astype(np.float32))
+            + _bake(P, "RZ", rz)
+            + ctx.signature(name, params)
+            + " {\n"
+            + body
+            + "}\n"
+        )
+        sources.append(KernelSource(name, src, list(reads), (1, D, 1), output=y))
+    return sources
