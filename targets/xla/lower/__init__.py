@@ -25,6 +25,16 @@ Static values
    the shape arithmetic ops below evaluate such arrays with numpy's object dtype.
 4. A rule marked ``shape_only`` reads only its input's shape (Shape, Size): nothing upstream of
    it has to be static.
+5. A rule may *prefer* inputs static (``prefer_static=(i, ...)``: the scales and zero points of
+   quantized ops): an initializer there is embedded as a static value, so the rule can compute
+   with numpy what depends only on it (a requantization table); any other value stays traced
+   and the rule computes the same with jax.
+
+Domains
+-------
+Ops of the default domain are keyed by their name; ops of another domain (``com.microsoft``)
+by ``"domain::name"``, as the reference executor's registry names them. :func:`lookup` is the
+one way to find a node's rule.
 """
 
 from __future__ import annotations
@@ -46,6 +56,9 @@ class LowerContext:
     opset: int = 21
     node_name: str = ""
     num_outputs: int = 1
+    # The element type of each input as the graph declares it (``onnx_ir.DataType`` names, None
+    # where unknown): 4-bit codes reach rules widened to 8 bits, and some rules must know which.
+    input_types: list = field(default_factory=list)
     # The static batch the model declared (its inputs' leading dimension) and the dimension
     # that replaces it in the exported function (a symbolic dimension, or the static batch).
     declared_batch: int | None = None
@@ -60,26 +73,36 @@ class LowerRule:
     fn: Rule
     static: tuple[int, ...] = ()
     shape_only: bool = False
+    prefer_static: tuple[int, ...] = ()
 
 
 REGISTRY: dict[str, LowerRule] = {}
 
 
-def lower(*op_types: str, static: tuple[int, ...] = (), shape_only: bool = False) -> Callable[[Rule], Rule]:
-    """Register ``fn`` as the lowering of each ONNX op type (default domain) in ``op_types``."""
+def key(op_type: str, domain: str = "") -> str:
+    """The registry key of ``domain::op_type`` (the bare name for the default domain)."""
+    return op_type if domain in ("", "ai.onnx") else f"{domain}::{op_type}"
+
+
+def lower(
+    *op_types: str,
+    static: tuple[int, ...] = (),
+    shape_only: bool = False,
+    domain: str = "",
+    prefer_static: tuple[int, ...] = (),
+) -> Callable[[Rule], Rule]:
+    """Register ``fn`` as the lowering of each op type of ``domain`` in ``op_types``."""
 
     def deco(fn: Rule) -> Rule:
         for op in op_types:
-            REGISTRY[op] = LowerRule(op, fn, tuple(static), shape_only)
+            REGISTRY[key(op, domain)] = LowerRule(op, fn, tuple(static), shape_only, tuple(prefer_static))
         return fn
 
     return deco
 
 
 def lookup(op_type: str, domain: str = "") -> LowerRule | None:
-    if domain not in ("", "ai.onnx"):
-        return None
-    return REGISTRY.get(op_type)
+    return REGISTRY.get(key(op_type, domain))
 
 
 def is_static(x: Any) -> bool:
@@ -111,6 +134,7 @@ _FAMILIES = (
     "signal",
     "sampling",
     "misc",
+    "contrib",
 )
 
 for _family in _FAMILIES:
@@ -118,4 +142,4 @@ for _family in _FAMILIES:
 
 from mconv.targets.xla.lower.graph import LoweredGraph, lower_graph  # noqa: E402
 
-__all__ = ["REGISTRY", "LowerContext", "LowerRule", "LoweredGraph", "lookup", "lower", "lower_graph"]
+__all__ = ["REGISTRY", "LowerContext", "LowerRule", "LoweredGraph", "key", "lookup", "lower", "lower_graph"]

@@ -5,8 +5,9 @@ Rules:
 1. Graph inputs (those that are not initializers) become the function's first arguments, in
    graph order; then come the *weight arguments*: initializers of a floating type (and int8/uint8
    quantized weights) that no rule needs as a static value, in graph order.
-2. Every other initializer (shape tensors, indices, axes, and any weight a rule needs static)
-   is a static value embedded in the program (see the registry's static-value rules).
+2. Every other initializer (shape tensors, indices, axes, and any weight a rule needs or
+   prefers static) is a static value embedded in the program (see the registry's static-value
+   rules).
 3. ``baked`` weights (``bake_weights``) are embedded as constants too; a float32 weight that
    float16 represents exactly is embedded as float16 and widened inside the program with
    ``lax.convert_element_type``, which halves the artifact without changing a value.
@@ -31,7 +32,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.errors import UnsupportedError
 from mconv.irio import real_inputs
-from mconv.targets.xla.lower import REGISTRY, LowerContext, is_static
+from mconv.targets.xla.lower import LowerContext, is_static, lookup
 
 # Ops that must never be folded at export time: their value is not a constant.
 _NEVER_FOLD = {"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli"}
@@ -98,7 +99,7 @@ def _static_needs(graph: ir.Graph) -> set[str]:
     needed: set[str] = set()
     stack: list[ir.Value] = []
     for node in _all_nodes(graph):
-        rule = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        rule = lookup(node.op_type, node.domain)
         if rule is None:
             continue
         for i in rule.static:
@@ -112,11 +113,29 @@ def _static_needs(graph: ir.Graph) -> set[str]:
         producer = v.producer()
         if producer is None:
             continue
-        rule = REGISTRY.get(producer.op_type)
+        rule = lookup(producer.op_type, producer.domain)
         if rule is not None and rule.shape_only:
             continue
         stack.extend(x for x in producer.inputs if x is not None)
     return needed
+
+
+def _preferred_static(graph: ir.Graph) -> set[str]:
+    """Names of the inputs some rule prefers static (the registry's rule 5)."""
+    names: set[str] = set()
+    for node in _all_nodes(graph):
+        rule = lookup(node.op_type, node.domain)
+        if rule is None:
+            continue
+        for i in rule.prefer_static:
+            if i < len(node.inputs) and (v := node.inputs[i]) is not None and v.name:
+                names.add(v.name)
+    return names
+
+
+def _dtype_name(value: ir.Value | None) -> str | None:
+    dtype = value.dtype if value is not None else None
+    return dtype.name if dtype is not None else None
 
 
 def _check_supported(graph: ir.Graph, static_init: set[str], needed: set[str]) -> None:
@@ -128,7 +147,7 @@ def _check_supported(graph: ir.Graph, static_init: set[str], needed: set[str]) -
     def visit(g: ir.Graph) -> None:
         for node in g:
             ins = [v for v in node.inputs if v is not None]
-            rule = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            rule = lookup(node.op_type, node.domain)
             subs = _subgraphs(node)
             all_static = not subs and all(v.name in static for v in ins) and node.op_type not in _NEVER_FOLD
             if all_static or (rule is not None and rule.shape_only):
@@ -245,6 +264,7 @@ def run_graph(graph: ir.Graph, env: dict, opset: int, declared_batch: int | None
             batch_dim=batch_dim,
             lower_subgraph=lower_subgraph,
             scope=env,
+            input_types=[_dtype_name(v) for v in node.inputs],
         )
         outs = lower_node(node, [env[v.name] if v is not None else None for v in node.inputs], ctx)
         for o, val in zip(node.outputs, outs):
@@ -256,7 +276,7 @@ def lower_node(node: ir.Node, inputs: list, ctx: LowerContext) -> list:
     from mconv.errors import InputError
 
     attrs = _attrs(node)
-    rule = REGISTRY.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+    rule = lookup(node.op_type, node.domain)
     all_static = (
         all(is_static(x) for x in inputs) and node.op_type not in _NEVER_FOLD and not _subgraphs(node)
     )
@@ -292,6 +312,7 @@ def lower_graph(model: ir.Model, *, bake_weights: bool = False) -> LoweredGraph:
     """Plan the lowering of ``model``: argument order and static values; refuse unsupported nodes."""
     graph = model.graph
     needed = _static_needs(graph)
+    preferred = _preferred_static(graph)
     static_values: dict[str, np.ndarray] = {}
     weight_names: list[str] = []
     baked: dict[str, np.ndarray] = {}
@@ -299,7 +320,7 @@ def lower_graph(model: ir.Model, *, bake_weights: bool = False) -> LoweredGraph:
         if value.const_value is None:
             continue
         arr = value.const_value.numpy()
-        if name in needed or not _is_weight_dtype(arr):
+        if name in needed or name in preferred or not _is_weight_dtype(arr):
             static_values[name] = arr
         elif bake_weights:
             baked[name] = arr

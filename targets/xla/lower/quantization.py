@@ -14,6 +14,9 @@ Rules:
    QLinearConv adds its int32 bias and requantizes like QLinearMatMul.
 5. QLinearMatMul accumulates the codes minus their zero points in int32, then requantizes
    (float32 scale, round half to even, saturate to the output zero point's type).
+6. Quotients go through :func:`divide` and scalar constants through :func:`opaque`: XLA
+   would otherwise multiply by a divisor's reciprocal, or fold a scalar factor of the dividend
+   into the divisor (``(a * s) / y`` into ``a * (s / y)``), neither the quotient ONNX asks for.
 """
 
 from __future__ import annotations
@@ -23,6 +26,29 @@ import numpy as np
 from jax import lax
 from mconv.targets.xla.lower import is_static, lower
 from mconv.targets.xla.lower.conv import conv_pads
+
+
+def opaque(*values):
+    """``values`` behind ``lax.optimization_barrier``: XLA's simplifier reassociates products
+    and quotients with scalars (``(a * s1) * (b * s2)`` into ``a * (b * (s1 * s2))``, ``x / c``
+    into ``x * (1 / c)``, ``(a * s) / y`` into ``a * (s / y)``), which moves a float32 result by
+    an ulp and a requantized code by one."""
+    arrays = [None if v is None else jnp.asarray(v) for v in values]
+    present = tuple(a for a in arrays if a is not None)
+    hidden = iter(lax.optimization_barrier(present) if present else ())
+    out = tuple(None if a is None else next(hidden) for a in arrays)
+    return out if len(out) != 1 else out[0]
+
+
+def divide(a, b):
+    """``a / b`` rounded as IEEE division, element by element: XLA's CPU backend otherwise
+    multiplies by the reciprocal of a divisor broadcast from a scalar (22.5 for
+    ``0.90000004 / 0.04``, where the quotient is 22.500002), so both operands reach the
+    division at the quotient's full shape, behind :func:`opaque`."""
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    a, b = opaque(jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape))
+    return a / b
 
 
 def _per_axis(v, x, attrs):
@@ -61,7 +87,7 @@ def quantize_linear(inputs, attrs, ctx):
         else (zp.dtype if zp is not None else np.uint8)
     )
     info = np.iinfo(out_dtype)
-    q = jnp.round(x.astype(jnp.float32) / _per_axis(scale, x, attrs).astype(jnp.float32))
+    q = jnp.round(divide(x.astype(jnp.float32), _per_axis(scale, x, attrs).astype(jnp.float32)))
     if zp is not None:
         q = q + _per_axis(zp, x, attrs).astype(jnp.float32)
     return (jnp.clip(q, info.min, info.max).astype(out_dtype),)
@@ -72,9 +98,9 @@ def dynamic_quantize_linear(inputs, attrs, ctx):
     x = jnp.asarray(inputs[0]).astype(jnp.float32)
     lo = jnp.minimum(0.0, jnp.min(x))
     hi = jnp.maximum(0.0, jnp.max(x))
-    scale = jnp.where(hi != lo, (hi - lo) / 255.0, 1.0).astype(jnp.float32)
+    scale = jnp.where(hi != lo, (hi - lo) / opaque(jnp.float32(255)), 1.0).astype(jnp.float32)
     zp = jnp.clip(jnp.round(0.0 - lo / scale), 0, 255)
-    y = jnp.clip(jnp.round(x / scale) + zp, 0, 255).astype(jnp.uint8)
+    y = jnp.clip(jnp.round(divide(x, scale)) + zp, 0, 255).astype(jnp.uint8)
     return y, scale, zp.astype(jnp.uint8)
 
 
@@ -125,7 +151,7 @@ def conv_integer(inputs, attrs, ctx):
     return (_int_conv(_int_minus(x, x_zp), _int_minus(w, w_zp, per_oc), attrs),)
 
 
-@lower("QLinearConv")
+@lower("QLinearConv", prefer_static=(1, 2, 4, 5, 6, 7))
 def qlinear_conv(inputs, attrs, ctx):
     x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = inputs[:8]
     bias = inputs[8] if len(inputs) > 8 else None
@@ -143,7 +169,7 @@ def qlinear_conv(inputs, attrs, ctx):
     return (jnp.clip(y, info.min, info.max).astype(out_dtype),)
 
 
-@lower("QLinearMatMul")
+@lower("QLinearMatMul", prefer_static=(1, 2, 4, 5, 6, 7))
 def qlinear_matmul(inputs, attrs, ctx):
     """int32 accumulation of the zero-point-free codes, requantized (half to even, saturated)."""
     a, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = inputs
