@@ -111,12 +111,12 @@ class _Rewrite:
 
     def clip(self, x: ir.Value, lo: float | None, hi: float | None) -> ir.Value:
         if self.opset < 11:
-            kw = {}
+            kw: dict[str, float] = {}
             if lo is not None:
                 kw["min"] = float(lo)
             if hi is not None:
                 kw["max"] = float(hi)
-            return self.op("Clip", [x], **kw)
+            return self.op("Clip", [x], **kw)  # type: ignore[arg-type]
         return self.op(
             "Clip",
             [
@@ -161,7 +161,7 @@ def _const(v: ir.Value | None) -> np.ndarray | None:
 def _shape(v: ir.Value | None) -> list[int] | None:
     if v is None or v.shape is None or not all(isinstance(d, int) for d in v.shape):
         return None
-    return [int(d) for d in v.shape]
+    return [d for d in v.shape if isinstance(d, int)]
 
 
 def _used(v: ir.Value | None) -> bool:
@@ -236,8 +236,8 @@ def _conv_like(
     w: np.ndarray,
     w_zp: np.ndarray | None,
     bias: np.ndarray | None,
-) -> ir.Value | None:
-    """The exact float Conv of the centered codes (rule 2), or None (not static)."""
+) -> ir.Value:
+    """The exact float Conv of the centered codes (rule 2)."""
     node = r.node
     wf = _weights(w, w_zp, 0)
     span = _code_span(x, _const(x_zp))
@@ -286,9 +286,8 @@ def _matmul_integer(r: _Rewrite) -> dict | None:
     a_zp, b_zp = _in(n, 2), _in(n, 3)
     if a is None or b is None or (b_zp is not None and _const(b_zp) is None):
         return None
-    if a_zp is not None and (_const(a_zp) is None or _const(a_zp).size != 1):
-        if _shape(a_zp) not in ([], [1]):
-            return None  # a per-row zero point of A
+    if a_zp is not None and _shape(a_zp) not in ([], [1]):
+        return None  # a per-row zero point of A
     return {0: r.cast(_matmul_like(r, a, a_zp, b, _const(b_zp)), ir.DataType.INT32)}
 
 
@@ -304,7 +303,7 @@ def _consts(n: ir.Node, idx: list[int]) -> list[np.ndarray] | None:
 
 def _ratio(*scales: np.ndarray, over: np.ndarray | None = None) -> np.ndarray:
     """ORT's float32 requantization scale: the product of scales, divided by ``over``."""
-    v = np.float32(1)
+    v = np.ones(1, np.float32)
     for s in scales:
         v = (v * np.asarray(s, np.float32).reshape(-1)).astype(np.float32)
     if over is not None:
@@ -321,7 +320,6 @@ def _qlinear_conv(r: _Rewrite) -> dict | None:
     x_s, _, w, w_s, w_zp, y_s, _ = got
     bias = _const(_in(n, 8))
     acc = _conv_like(r, x, _in(n, 2), w, w_zp, bias)
-    assert acc is not None
     rank = len(w.shape)
     m = _ratio(x_s, w_s, over=y_s)
     if m.size > 1:
@@ -410,8 +408,8 @@ def _dq_const(r: _Rewrite, x: ir.Value | None, s: ir.Value | None, zp: ir.Value 
     return r.dequant(x, float(np.asarray(sc).reshape(())), zp)
 
 
-def _out_zp(r: _Rewrite, zp: ir.Value | None, like: ir.Value) -> tuple[ir.Value | None, ir.DataType]:
-    dt = zp.dtype if zp is not None and zp.dtype is not None else like.dtype
+def _out_zp(r: _Rewrite, zp: ir.Value | None, like: ir.Value | None) -> tuple[ir.Value | None, ir.DataType]:
+    dt = zp.dtype if zp is not None and zp.dtype is not None else like.dtype if like is not None else None
     return zp, dt if dt is not None else ir.DataType.UINT8
 
 
@@ -725,6 +723,7 @@ def _gather_block_quantized(r: _Rewrite) -> dict | None:
     data, idx, scales, zp = _const(_in(n, 0)), _in(n, 1), _const(_in(n, 2)), _in(n, 3)
     if data is None or idx is None or scales is None or (zp is not None and _const(zp) is None):
         return None
+    from mconv.targets.reference.ops import OpContext
     from mconv.targets.reference.ops.contrib import gather_block_quantized
 
     # the table: every row gathered once, by the reference's own rule
@@ -733,7 +732,7 @@ def _gather_block_quantized(r: _Rewrite) -> dict | None:
     attrs = {k: v for k, v in attrs.items() if v is not None}
     rows = data.shape[g_axis]
     ins = [data, np.arange(rows, dtype=np.int64), scales] + ([_const(zp)] if zp is not None else [])
-    (table,) = gather_block_quantized(ins, attrs, None)
+    (table,) = gather_block_quantized(ins, attrs, OpContext())
     if table.shape[g_axis] != rows:
         return None
     return {0: r.op("Gather", [r.const(table, "table", table.dtype), idx], axis=g_axis)}

@@ -9,7 +9,9 @@ Rules:
    shapes: a symbolic batch dimension becomes ``options["batch"]`` (default 1); any other
    symbolic dimension is refused (exit 2) with a hint naming the input and the
    ``export --input-shape NAME=DIMS`` that bakes it (the CLI fixes those before the target
-   sees the model, so the planner reads them from the value infos). Then, until nothing
+   sees the model, so the planner reads them from the value infos). ONNX Runtime's quantized
+   and ``com.microsoft`` contrib ops are rewritten into standard ops as their inputs' shapes
+   become known (:mod:`mconv.targets.metal.contrib`). Then, until nothing
    changes: Shape/Size of static values become constants, Cast/DequantizeLinear of constants
    are evaluated (fp16/int8 storage), float-to-float Casts become Identity, and
    ``fold,dce,eliminate-identity`` runs with shapes re-inferred; finally ``fuse-bn`` folds
