@@ -311,7 +311,7 @@ def conv(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
     acc = wide(x.dtype)  # accumulate in float64 (ops/__init__: Exactness)
     n, c, m = x.shape[0], x.shape[1], w.shape[0]
     wg = widen(w, acc).reshape(group, m // group, -1)  # widened before reshaping: a constant's copy
-    bias = None if b is None else widen(b, acc).reshape(m, 1, 1)
+    bias = None if b is None else widen(b, acc).reshape((m, 1) + (1,) * len(win.out))
     # The flat layout's junk columns cost GEMM work: above a quarter more, strided copies win.
     flat = _uses_flat_layout(win) and 4 * _flat_layout(win)[1] <= 5 * math.prod(win.out)
     columns = _flat_layout(win)[1] if flat else math.prod(win.out)
@@ -322,15 +322,17 @@ def conv(inputs: list, attrs: dict, ctx: OpContext) -> tuple[np.ndarray]:
         hi = min(n, lo + step)
         cols = _batched_cols(x[lo:hi], win, acc, flat).reshape(group, -1, (hi - lo) * columns)
         yc = np.matmul(wg[0], cols[0]) if group == 1 else np.matmul(wg, cols)
-        yc = yc.reshape(m, hi - lo, columns)
-        if bias is not None:
-            yc += bias
         if flat:  # drop the junk columns of each row
             rows = yc.reshape((m, hi - lo, win.out[0]) + win.canvas[1:])
             yc = rows[(slice(None),) * 3 + tuple(slice(0, o) for o in win.out[1:])]
         else:
             yc = yc.reshape((m, hi - lo) + win.out)
-        y[lo:hi] = yc.swapaxes(0, 1)  # rounded once to the output type here
+        # One pass adds the bias (in the wide type), transposes to (N, M) and rounds once.
+        target = y[lo:hi].swapaxes(0, 1)
+        if bias is None:
+            np.copyto(target, yc, casting="unsafe")
+        else:
+            np.add(yc, bias, out=target, casting="unsafe")
     return (y,)
 
 
