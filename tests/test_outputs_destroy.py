@@ -376,3 +376,43 @@ def test_links_out_of_a_named_folder_are_refused(tmp_path):
         "optimize", str(tmp_path / "inside"), "--passes", CLUSTER, "-o", str(tmp_path / "ok.safetensors")
     )
     assert r.exit_code == 0, r.output
+
+
+# --- an output on a read-only file system -----------------------------------------------------
+
+
+def _read_only_mount_available() -> bool:
+    import shutil
+
+    return os.geteuid() == 0 and shutil.which("unshare") is not None and shutil.which("mount") is not None
+
+
+@pytest.mark.skipif(
+    not _read_only_mount_available(), reason="needs root and unshare(1) to mount a read-only tmpfs"
+)
+@pytest.mark.parametrize("source", ["sharded", "model"])
+def test_an_output_on_a_read_only_file_system_is_one_line(tmp_path, source):
+    """The command runs in its own mount namespace (the mount is private to it) with the output's
+    folder a read-only tmpfs: every writer fails at its first write, and says so in one line."""
+    if source == "sharded":
+        src, out, passes = _sharded(tmp_path / "ckpt"), "ro/ck", "cluster(bits=4)"
+    else:
+        src, out, passes = Path(mconv.__file__).parent / "fixtures" / "digits_mlp.onnx", "ro/m.onnx", "fold"
+    (tmp_path / "ro").mkdir()
+    before = _hashes(tmp_path)
+    script = (
+        f"mount -t tmpfs -o ro,size=1m tmpfs {tmp_path / 'ro'} || exit 97; "
+        f'exec "{sys.executable}" -m mconv optimize "{src}" --passes "{passes}" -o "{tmp_path / out}" -q'
+    )
+    r = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if r.returncode == 97:
+        pytest.skip(f"this machine refuses a tmpfs mount: {r.stderr.strip()[:120]}")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("error: ") and "read-only" in lines[0].lower(), lines[0]
+    assert _hashes(tmp_path) == before
