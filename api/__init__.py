@@ -1120,12 +1120,14 @@ def verify(
     min_cosine: float | None = None,
     min_top1: float | None = None,
     min_snr_db: float | None = None,
+    max_rel_l2: float | None = None,
     localize: bool = False,
     progress=None,
 ) -> VerifyResult:
     """``mconv verify REF CANDIDATE``: run both (models or bundles) on ``data`` or random inputs
-    and gate the metrics; no gate given: the defaults (cosine >= 0.99, top-1 agreement >= 0.99;
-    weight files: SNR >= 10 dB per tensor). Returns the result; ``.check()`` raises on failure."""
+    and gate the metrics; no gate given: the defaults (cosine >= 0.99, relative L2 error
+    ``||cand - ref|| / ||ref||`` <= 0.03, top-1 agreement >= 0.99; weight files: SNR >= 10 dB per
+    tensor). Returns the result; ``.check()`` raises on failure."""
     from mconv.metrics import (
         Gates,
         check_samples,
@@ -1138,7 +1140,12 @@ def verify(
 
     check_samples(samples)
     user_gates = Gates(
-        atol=atol, rtol=rtol, min_cosine=min_cosine, min_top1=min_top1, min_snr_db=min_snr_db
+        atol=atol,
+        rtol=rtol,
+        min_cosine=min_cosine,
+        min_top1=min_top1,
+        min_snr_db=min_snr_db,
+        max_rel_l2=max_rel_l2,
     ).check()
     shapes = _shapes(input_shapes)
     reference, candidate = Path(reference), Path(candidate)

@@ -67,6 +67,14 @@ def verify_cmd(
         float | None,
         typer.Option("--min-snr-db", metavar="DB", help="Gate: SNR per output or tensor >= DB (dB)."),
     ] = None,
+    max_rel_l2: Annotated[
+        float | None,
+        typer.Option(
+            "--max-rel-l2",
+            metavar="X",
+            help="Gate: relative error ||cand - ref|| / ||ref|| per output <= X (>= 0).",
+        ),
+    ] = None,
     localize: Annotated[
         bool, typer.Option("--localize", help="Name the first node that drifts (reference executor).")
     ] = False,
@@ -76,7 +84,8 @@ def verify_cmd(
 ) -> None:
     """Compare a candidate (model or bundle) against a reference, with gates.
 
-    Without gate options the defaults apply: cosine >= 0.99 and top-1 agreement >= 0.99 (top-1 on
+    Without gate options the defaults apply: cosine >= 0.99, relative error ||cand - ref|| / ||ref||
+    <= 0.03 (cosine misses a uniform scale error) and top-1 agreement >= 0.99 (top-1 on
     class-score outputs only); weight files compared by name: SNR >= 10 dB per tensor. Any gate
     option replaces the defaults."""
     out = make_out(json_, quiet, debug)
@@ -97,6 +106,7 @@ def verify_cmd(
                 min_cosine=min_cosine,
                 min_top1=min_top1,
                 min_snr_db=min_snr_db,
+                max_rel_l2=max_rel_l2,
                 localize=localize,
                 progress=reuse_progress(update, restart=True),
             )

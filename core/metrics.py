@@ -1,9 +1,9 @@
 """Verification: compare a candidate's outputs with a reference's, metric by metric, and gate.
 
 Metrics per output (stable names, scripts read them): ``max_abs``, ``max_rel``, ``mean_abs``,
-``cosine``, ``snr_db``; ``top1_agreement`` and ``top5_agreement`` where the output looks like class
-scores (2-D, batch x classes, classes >= 2); with labels, ``accuracy_reference`` and
-``accuracy_candidate``.
+``cosine``, ``rel_l2`` (``||cand - ref|| / ||ref||``), ``snr_db``; ``top1_agreement`` and
+``top5_agreement`` where the output looks like class scores (2-D, batch x classes, classes >= 2);
+with labels, ``accuracy_reference`` and ``accuracy_candidate``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,14 @@ REL_FLOOR = 1e-3
 
 
 # Gates in force when the user gives none (as Polygraphy checks by default): the candidate's
-# outputs point the same way as the reference's, and class scores pick the same class.
+# outputs point the same way as the reference's, are as large (cosine is blind to a uniform scale
+# error: outputs 6% low keep it at 1.0), and class scores pick the same class.
 DEFAULT_MIN_COSINE = 0.99
 DEFAULT_MIN_TOP1 = 0.99
+# The relative L2 error ||cand - ref|| / ||ref|| per output. fp32 bundles differ from the
+# reference by ~1e-7, float16 storage (metal's default, the fp16 recipe) by ~1e-3, int8 weights
+# (quantize) by ~1e-2 on the digits models; a uniform 6% scale error is 0.06.
+DEFAULT_MAX_REL_L2 = 0.03
 # Weight-only verify (tensors compared by name, no inference): signal-to-noise per tensor.
 DEFAULT_MIN_SNR_DB = 10.0
 
@@ -35,6 +40,8 @@ class Gates:
     ``min_top1`` applies only to outputs that look like class scores (:func:`looks_like_scores`:
     2-D ``[N, C]`` floating outputs with ``C >= 2``, one row per sample); other outputs have no
     top-1 metric and are gated by the rest. ``min_snr_db`` gates the SNR (weight-only verify).
+    ``max_rel_l2`` bounds the error relative to the output's scale, ``||cand - ref|| / ||ref||``:
+    what cosine cannot see (a uniform scale error).
     """
 
     atol: float | None = None
@@ -42,6 +49,7 @@ class Gates:
     min_cosine: float | None = None
     min_top1: float | None = None
     min_snr_db: float | None = None
+    max_rel_l2: float | None = None
 
     def any(self) -> bool:
         return any(v is not None for v in asdict(self).values())
@@ -51,7 +59,7 @@ class Gates:
 
     @classmethod
     def defaults(cls) -> Gates:
-        return cls(min_cosine=DEFAULT_MIN_COSINE, min_top1=DEFAULT_MIN_TOP1)
+        return cls(min_cosine=DEFAULT_MIN_COSINE, min_top1=DEFAULT_MIN_TOP1, max_rel_l2=DEFAULT_MAX_REL_L2)
 
     @classmethod
     def weight_defaults(cls) -> Gates:
@@ -65,13 +73,14 @@ class Gates:
             "min_cosine": (-1.0, 1.0, "a cosine similarity in [-1, 1], e.g. --min-cosine 0.99"),
             "min_top1": (0.0, 1.0, "a fraction of samples in [0, 1], e.g. --min-top1 0.99"),
             "min_snr_db": (-math.inf, math.inf, "decibels, e.g. --min-snr-db 20"),
+            "max_rel_l2": (0.0, math.inf, "a relative error >= 0, e.g. --max-rel-l2 0.01"),
         }
         for key, (lo, hi, hint) in ranges.items():
             v = getattr(self, key)
             if v is None:
                 continue
             option = "--" + key.replace("_", "-")
-            if not math.isfinite(v) and not (key in ("atol", "rtol") and v == math.inf):
+            if not math.isfinite(v) and not (key in ("atol", "rtol", "max_rel_l2") and v == math.inf):
                 raise InputError(f"{option} {v} is not a number", hint=f"give {hint}")
             if not lo <= v <= hi:
                 raise InputError(f"{option} {v:g} is out of range", hint=f"give {hint}")
@@ -127,13 +136,21 @@ def compare(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None)
             "max_rel": 0.0 if equal else math.inf,
             "mean_abs": 0.0 if equal else math.inf,
             "cosine": 1.0 if equal else 0.0,
+            "rel_l2": 0.0 if equal else math.inf,
             "snr_db": math.inf if equal else -math.inf,
         }
     r = ref.astype(np.float64).ravel()
     c = cand.astype(np.float64).ravel()
     out: dict = {}
     if r.size == 0:
-        return {"max_abs": 0.0, "max_rel": 0.0, "mean_abs": 0.0, "cosine": 1.0, "snr_db": math.inf}
+        return {
+            "max_abs": 0.0,
+            "max_rel": 0.0,
+            "mean_abs": 0.0,
+            "cosine": 1.0,
+            "rel_l2": 0.0,
+            "snr_db": math.inf,
+        }
     # inf or NaN in an output (a weight past float16's range) makes the metrics inf or the worst
     # value, never NaN (which every gate would pass) and never a warning
     with np.errstate(all="ignore"):
@@ -154,6 +171,14 @@ def compare(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None)
             out["cosine"] = float(np.dot(r, c) / (nr * nc))
         noise = float(np.sum(diff**2))
         signal = float(np.sum(r**2))
+        # ||cand - ref|| / ||ref||: 0 where they are equal (zeros too), inf for any error on a zero
+        # reference or any inf/NaN difference (never NaN, which no gate would catch)
+        if noise == 0:
+            out["rel_l2"] = 0.0
+        elif math.isfinite(noise) and nr > 0 and math.isfinite(nr):
+            out["rel_l2"] = math.sqrt(noise) / nr
+        else:
+            out["rel_l2"] = math.inf
     if not math.isfinite(out["cosine"]):
         out["cosine"] = 1.0 if bool(same.all()) else 0.0
     if noise == 0:
@@ -208,6 +233,8 @@ def gate_failures(
         and not metrics["top1_agreement"] >= gates.min_top1
     ):
         fails.append(f"top1_agreement {metrics['top1_agreement']:.4f} < {gates.min_top1}")
+    if gates.max_rel_l2 is not None and not metrics.get("rel_l2", math.inf) <= gates.max_rel_l2:
+        fails.append(f"rel_l2 {metrics.get('rel_l2', math.inf):.3g} > {gates.max_rel_l2:g}")
     if gates.min_snr_db is not None and not metrics["snr_db"] >= gates.min_snr_db:
         fails.append(f"snr_db {metrics['snr_db']:.2f} < {gates.min_snr_db:g}")
     return fails

@@ -60,12 +60,14 @@ def test_no_gate_given_applies_the_defaults_and_a_drifting_model_fails(tmp_path)
     assert r.exit_code == 1, r.output
     doc = json.loads(r.stdout)
     assert doc["passed"] is False
-    assert doc["gates"] == {"min_cosine": 0.99, "min_top1": 0.99} and doc["gates_source"] == "default"
+    assert doc["gates"] == {"min_cosine": 0.99, "min_top1": 0.99, "max_rel_l2": 0.03}
+    assert doc["gates_source"] == "default"
     assert doc["outputs"]["y"]["cosine"] < 0.99 and "y" in doc["failures"]
+    assert doc["outputs"]["y"]["rel_l2"] > 0.03 and any("rel_l2" in f for f in doc["failures"]["y"])
 
     r = _cli("verify", str(ref), str(ref))  # the same model passes, the gates are on stderr
     assert r.exit_code == 0, r.output
-    assert "gates (default): min_cosine 0.99, min_top1 0.99" in r.output
+    assert "gates (default): min_cosine 0.99, min_top1 0.99, max_rel_l2 0.03" in r.output
 
 
 def test_a_user_gate_replaces_the_defaults(tmp_path):
@@ -87,6 +89,8 @@ def test_a_user_gate_replaces_the_defaults(tmp_path):
         (["--atol", "-1e-3"], "--atol"),
         (["--rtol", "-0.5"], "--rtol"),
         (["--min-cosine", "nan"], "--min-cosine"),
+        (["--max-rel-l2", "-0.1"], "--max-rel-l2"),
+        (["--max-rel-l2", "nan"], "--max-rel-l2"),
     ],
 )
 def test_meaningless_gates_and_sample_counts_are_refused(tmp_path, args, needle):
@@ -233,6 +237,7 @@ def test_nan_in_the_candidate_fails_every_gate():
         Gates(atol=1e-3),
         Gates(atol=1e-3, rtol=1e-3),
         Gates(min_snr_db=10),
+        Gates(max_rel_l2=0.5),
     ):
         assert gate_failures(m, gates, ref, cand), gates
     same = ref.copy()
