@@ -74,7 +74,7 @@ def test_alexnet_with_random_weights_agrees_with_reference(tmp_path):
     x = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
     _, expected, got = compare(model, {"data_0": x}, tmp_path)
     err, scale, cos = agreement(expected["prob_1"], got["prob_1"])
-    assert cos >= 0.999
+    assert cos >= 0.999 and err <= 2e-2 * max(scale, 1e-6), (cos, err, scale)  # fp16: 2% of the scale
 
 
 def test_pruned_clustered_lenet_decodes_its_compressed_weights_and_agrees(shared, tmp_path):

@@ -24,7 +24,9 @@ from mconv.targets.webgpu import browser
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "metal"))
 sys.path.insert(0, str(Path(__file__).parent))
-from metal_models import agreement, mobilenet_style  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[2]))
+from _gates import assert_close  # noqa: E402
+from metal_models import mobilenet_style  # noqa: E402
 
 NODE = shutil.which("node")
 MCW_JS = browser.WEB / "mcw.js"
@@ -309,13 +311,15 @@ def _page(bundle_dir: Path, feeds, tmp_path: Path, tag: str) -> dict:
 
 
 def _compare(model, result, feeds, min_cos):
+    """Cosine >= ``min_cos`` and the error relative to the scale: fp32's bounds at the fp32
+    cosine 0.9999, fp16's below it."""
     ref = get_target("reference").load_model(model).run(feeds)
+    precision = "fp32" if min_cos >= 0.9999 else "fp16"
     cosines = {}
     for name, want in ref.items():
         got = result["outputs"][name]
         assert got.shape == want.shape, name
-        cosines[name] = agreement(want, got)[2]
-        assert cosines[name] >= min_cos, (name, cosines[name])
+        cosines[name] = assert_close(want, got, precision, min_cos=min_cos, what=name).cosine
     return cosines
 
 

@@ -1,7 +1,7 @@
 """The webgpu target on a real WebGPU device (lavapipe in CI): export, the runner, verify.
 
 Every model is built here; outputs are compared with the reference executor (cosine >= 0.9999
-at fp32, >= 0.999 at fp16 storage).
+at fp32, >= 0.999 at fp16 storage, and the error relative to the output's scale: ``_gates``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from mconv.targets import get_target
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "metal"))
-from metal_models import agreement, mobilenet_style  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[2]))
+from _gates import assert_close  # noqa: E402
+from metal_models import mobilenet_style  # noqa: E402
 
 wgpu = pytest.importorskip("wgpu")
 from mconv.targets.webgpu import runner as webgpu_runner  # noqa: E402
@@ -146,9 +148,7 @@ def _check(model, tmp_path, feeds, precision="fp32", min_cos=0.9999, batch=None)
     figures = {}
     for name in ref:
         assert got[name].shape == ref[name].shape, name
-        err, scale, cos = agreement(ref[name], got[name])
-        assert cos >= min_cos, (name, cos)
-        figures[name] = cos
+        figures[name] = assert_close(ref[name], got[name], precision, min_cos=min_cos, what=name).cosine
     return runner, figures
 
 
@@ -209,16 +209,15 @@ def test_cli_export_run_verify_digits_mlp(tmp_path):
     feeds = tmp_path / "feeds.npz"
     images = data["images"][:32].reshape(32, 64).astype(np.float32)
     np.savez(feeds, input=images)
-    r = cli.invoke(
-        app, ["verify", str(MLP), str(out), "--data", str(feeds), "--min-cosine", "0.9999", "--json"]
-    )
+    gates = ["--min-cosine", "0.9999", "--max-rel-l2", "1e-3"]
+    r = cli.invoke(app, ["verify", str(MLP), str(out), "--data", str(feeds), *gates, "--json"])
     assert r.exit_code == 0, r.output
     r = cli.invoke(app, ["run", str(out), "--data", str(feeds), "-o", str(tmp_path / "o.npz"), "-q"])
     assert r.exit_code == 0, r.output
     got = np.load(tmp_path / "o.npz")
     ref = _reference(_load(MLP), {"input": images})
     name = next(iter(ref))
-    assert agreement(ref[name], got[name])[2] >= 0.9999
+    assert_close(ref[name], got[name], "fp32", what=name)
     top1 = (got[name].argmax(1) == data["labels"][:32]).mean()
     assert top1 >= 0.9
 
