@@ -447,3 +447,22 @@ def test_ort_quantized_model_exports_to_xla_and_verifies(kind, mode, ops, tmp_pa
     assert r.exit_code == 0, r.output
     r = cli.invoke(app, ["verify", str(qpath), str(bundle), "--data", str(data), "-q"])
     assert r.exit_code == 0, r.output
+
+
+def test_export_of_a_refused_variant_is_one_error_line_and_no_bundle(tmp_path):
+    """An Attention with a past state (outside the lowered subset) named in one line, exit 2;
+    the output is not created and the model is untouched."""
+    B, S_, D = 1, 4, 8
+    ins = [f32(B, S_, D), f32(D, 3 * D), f32(3 * D), None, f32(2, B, 2, 3, D // 2)]
+    proto, _ = _model("Attention", ins, {"num_heads": 2}, 1, MS, 21, {1, 2})
+    path = tmp_path / "attn_past.onnx"
+    onnx.save(proto, path)
+    before = path.read_bytes()
+    bundle = tmp_path / "bundle"
+    r = CliRunner().invoke(app, ["export", str(path), "--target", "xla", "-o", str(bundle), "-q"])
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert "past" in lines[0] and "Attention" in lines[0]
+    assert not bundle.exists()
+    assert path.read_bytes() == before
