@@ -25,7 +25,7 @@ Rules
    lengths, no past state; MultiHeadAttention takes 3-D query, key and value, optional bias
    and a key padding mask ``[B, L]``. Anything else is refused by name.
 4. MatMulNBits (2, 4 or 8 bits) and GatherBlockQuantized unpack codes low bits first, subtract
-   the zero point (default ``2^(bits-1)``, or 0 for int4 data) and multiply by the block's
+   the zero point (default ``2^(bits-1)``, or 0 for int4 and uint4 tables) and multiply by the block's
    scale; MatMulNBits' product is then a float MatMul (ORT's ``accuracy_level`` 0).
 5. No op of this family has a VJP: quantized graphs are verified, not fine-tuned through.
 """
@@ -564,7 +564,8 @@ def gather_block_quantized(inputs, attrs, ctx):
     block = int(attrs.get("block_size", 128))
     g_axis = int(attrs.get("gather_axis", 0)) % data.ndim
     q_axis = int(attrs.get("quantize_axis", 1)) % data.ndim
-    signed = data.dtype == np.dtype(ml_dtypes.int4)
+    # ORT's default zero point: 2^(bits-1) for codes packed in uint8, 0 for int4 and uint4 tables
+    signed = data.dtype in (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
     if data.dtype == np.uint8 and bits < 8:
         codes = _unpack(data, bits).astype(np.float64)
         z = _unpack(zp, bits).astype(np.float64) if zp is not None else None

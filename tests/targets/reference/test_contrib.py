@@ -312,15 +312,21 @@ def test_gather_block_quantized_matches_ort():
     )
 
 
-def test_gather_block_quantized_int4_matches_ort():
-    """int4 codes (no numpy feed for ORT: the table is an initializer, as exports store it)."""
+@pytest.mark.parametrize("kind", ["int4", "uint4"])
+def test_gather_block_quantized_int4_matches_ort(kind):
+    """int4 and uint4 codes (no numpy feed for ORT: the table is an initializer, as exports store
+    it); both default to a zero point of 0 where packed uint8 codes default to 2^(bits-1)."""
     V, D, block = 20, 64, 32
-    q4 = RNG.integers(-8, 8, size=(V, D)).astype(ml_dtypes.int4)
+    if kind == "int4":
+        q4 = RNG.integers(-8, 8, size=(V, D)).astype(ml_dtypes.int4)
+    else:
+        q4 = RNG.integers(0, 16, size=(V, D)).astype(ml_dtypes.uint4)
     scales = f32(V, D // block, lo=0.01, hi=0.05)
     idx = np.array([[0, 3, 19], [7, 7, 2]], np.int64)
     attrs = {"block_size": block, "quantize_axis": 1}
     node = helper.make_node("GatherBlockQuantized", ["data", "idx", "scales"], ["out"], domain=MS, **attrs)
-    table = helper.make_tensor("data", onnx.TensorProto.INT4, [V, D], q4.astype(np.int8).ravel().tolist())
+    proto = onnx.TensorProto.INT4 if kind == "int4" else onnx.TensorProto.UINT4
+    table = helper.make_tensor("data", proto, [V, D], q4.astype(np.int8).ravel().tolist())
     graph = helper.make_graph(
         [node],
         "g",
