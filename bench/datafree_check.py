@@ -116,6 +116,7 @@ def _magika() -> np.ndarray:
     return np.array([r[:2048] for r in rows], np.int32)
 
 
+DETECTORS = {"nudenet-320n"}  # boxes and scores: cosine only
 SYNTHETIC = {"keras2-3layer", "keras2-jettagger-conv2d", "keras2-conv1d"}  # inputs not real
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "cat", "coins", "camera", "moon")
 
@@ -180,11 +181,13 @@ def _run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return np.concatenate(outs).reshape(n, -1)
 
 
-def measure(ref: np.ndarray, got: np.ndarray) -> dict:
+def measure(ref: np.ndarray, got: np.ndarray, scores: bool = True) -> dict:
+    """Top-1 agreement (class scores only), cosine, and how many classes the result predicts."""
     cos = float(np.sum(ref * got) / (np.linalg.norm(ref) * np.linalg.norm(got) + 1e-30))
-    scores = ref.shape[1] > 1
+    scores = scores and ref.shape[1] > 1
     agree = float(np.mean(ref.argmax(1) == got.argmax(1))) if scores else None
-    return {"top1_agreement": agree, "cosine": cos, "classes_hit": int(len(np.unique(got.argmax(1))))}
+    hit = int(len(np.unique(got.argmax(1)))) if scores else None
+    return {"top1_agreement": agree, "cosine": cos, "classes_hit": hit}
 
 
 def run_model(name: str, bases: list[float], work: Path) -> list[dict]:
@@ -217,7 +220,7 @@ def run_model(name: str, bases: list[float], work: Path) -> list[dict]:
                 # them once fold made them initializers) against the predicted bundle weights
                 "ratio": round(res.weight_bytes_after / max(res.predicted_bundle_weight_bytes or 1, 1), 2),
                 "seconds": round(seconds, 1),
-                **measure(ref, got),
+                **measure(ref, got, scores=name not in DETECTORS),
             }
         )
         print(json.dumps(rows[-1]), flush=True)
@@ -231,7 +234,7 @@ def table(rows: list[dict]) -> str:
         agree = "-" if r["top1_agreement"] is None else f"{r['top1_agreement']:.4f}"
         lines.append(
             f"| {r['model']} | {r['base_db']:g} | {r['layer_db']:.1f} | {r['layers']} ({r['backed_off']}) | "
-            f"{r['samples']} | {agree} | {r['cosine']:.5f} | {r['classes_hit']} | {r['ratio']}x | {r['seconds']} |"
+            f"{r['samples']} | {agree} | {r['cosine']:.5f} | {r['classes_hit'] or '-'} | {r['ratio']}x | {r['seconds']} |"
         )
     return "\n".join(lines)
 

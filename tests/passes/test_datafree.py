@@ -162,3 +162,33 @@ def test_a_recipe_whose_data_no_pass_uses_is_limited_too(tmp_path):
     )  # 95% / 3 bits: far too much
     feeds = _held_out_digits(src)
     assert np.mean(_top1(out, feeds) == _top1(src, feeds)) >= 0.99
+
+
+def test_a_gradient_step_in_micro_batches_is_the_batch_step():
+    """Memory: a batch whose recorded activations exceed GRAD_STEP_BYTES runs as micro-batches;
+    their weighted sum is the batch's loss and gradient."""
+    import mconv.api as api
+    from mconv.passes.finetune import distillation_kl, micro_batch, value_and_grad_micro
+    from mconv.targets.reference.executor import Executor
+
+    model = api.load(fixture_path("digits_mlp.onnx"))
+    ex = Executor(model)
+    with np.load(fixture_path("digits_train.npz")) as z:
+        x = z["images"][:10].reshape(10, 64).astype(np.float32) / 16.0
+    out = ex.output_names[0]
+    target = ex.run({"input": x})[out] * 0.5
+
+    def loss_of(t):
+        def fn(outputs):
+            value, g = distillation_kl(outputs[out], t, 2.0)
+            return value, {out: g}
+
+        return fn
+
+    wrt = ["fc1.weight", "fc3.bias"]
+    whole = value_and_grad_micro(ex, {"input": x}, loss_of, target, wrt, 10)
+    parts = value_and_grad_micro(ex, {"input": x}, loss_of, target, wrt, 3)  # 3 + 3 + 3 + 1
+    assert parts[0] == pytest.approx(whole[0], rel=1e-5)
+    for name in wrt:
+        np.testing.assert_allclose(parts[1][name], whole[1][name], rtol=1e-4, atol=1e-7)
+    assert micro_batch(1 << 30, 32) == 1 and micro_batch(1, 32) == 32
