@@ -135,6 +135,7 @@ def test_dynamo_export_ops_and_ort(exported):
     sess = ort.InferenceSession(str(d / "src.onnx"), providers=["CPUExecutionProvider"])
     got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
     assert cosine(got, expected) > 0.99999
+    assert np.max(np.abs(got - expected)) < 1e-3 * max(1.0, float(np.max(np.abs(expected))))
 
 
 def test_import_reference_executor_matches_torch(exported):
@@ -172,12 +173,17 @@ def test_optimize_export_verify(exported, passes, target, min_cosine):
     # the exporter pins batch 1 in its Reshapes (view(b, t, h, d) traced at b=1): a static batch
     api.export(d / f"{tag}.onnx", target, d / f"{tag}_bundle", **({"batch": 1} if target == "xla" else {}))
     np.savez(d / "feed.npz", **{_input_name(d / "m.onnx"): x})
-    report = api.verify(d / "m.onnx", d / f"{tag}_bundle", data=d / "feed.npz", min_cosine=min_cosine)
+    # the relative error that noise at this cosine makes (||e|| / ||ref|| = sqrt(2 (1 - cos)) when
+    # the norms agree), no more: cosine alone would pass any scale error
+    max_rel = math.sqrt(2 * (1 - min_cosine))
+    gates = {"min_cosine": min_cosine, "max_rel_l2": max_rel}
+    report = api.verify(d / "m.onnx", d / f"{tag}_bundle", data=d / "feed.npz", **gates)
     assert report.passed, report.as_dict()
     # the bundle against torch itself
     runner = api.open(d / f"{tag}_bundle")
     got = next(iter(runner.run({_input_name(d / "m.onnx"): x}).values()))
     assert cosine(got, expected) > min_cosine
+    assert np.linalg.norm(got - expected) <= max_rel * np.linalg.norm(expected)
     assert math.isfinite(float(np.max(np.abs(got))))
 
 

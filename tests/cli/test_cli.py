@@ -117,11 +117,13 @@ def test_import_optimize_export_run_verify_chain(tmp_path):
         got = np.load(out)["y"]
         np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)  # fp16 weights in the bundle
 
-    r = mconv("verify", str(m), str(tmp_path / "b1"), "--samples", "3", "--json", "--min-cosine", "0.999")
+    gates = ["--min-cosine", "0.999", "--max-rel-l2", "1e-2"]  # fp16 weights
+    r = mconv("verify", str(m), str(tmp_path / "b1"), "--samples", "3", "--json", *gates)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["passed"] is True
-    for key in ("max_abs", "max_rel", "mean_abs", "cosine", "snr_db", "top1_agreement", "top5_agreement"):
+    metrics = ("max_abs", "max_rel", "mean_abs", "cosine", "rel_l2", "snr_db")
+    for key in (*metrics, "top1_agreement", "top5_agreement"):
         assert key in doc["outputs"]["y"]
 
 
