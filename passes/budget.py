@@ -2093,8 +2093,9 @@ def limit_datafree(
             if cfg.m or cfg.structured != "none":
                 plain = False
                 continue
-            if cfg.scope == "global" and globals_[i] is not None and (cfg.sparsity > 0 or cfg.threshold_std):
-                t, strict = globals_[i]
+            shared = globals_[i]
+            if cfg.scope == "global" and shared is not None and (cfg.sparsity > 0 or cfg.threshold_std):
+                t, strict = shared
                 frac = float(np.mean(np.abs(w) < t if strict else np.abs(w) <= t))
             elif cfg.threshold_std is not None:
                 frac = float(np.mean(np.abs(w) < cfg.threshold_std * np.std(w, dtype=np.float64)))
@@ -2107,7 +2108,7 @@ def limit_datafree(
                 continue
             b_ask = cfg.bits if b_ask is None else min(b_ask, cfg.bits)
         if not plain:
-            unchecked.append(ref.node.name)
+            unchecked.append(str(ref.node.name))
         if s_ask > 0 or b_ask is not None:
             asked.append((ref, w, s_ask, b_ask))
     plan = DataFreePlan(0.0, DATAFREE_SNR_DB if base_db is None else float(base_db), unchecked=unchecked)

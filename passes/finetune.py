@@ -433,7 +433,7 @@ def value_and_grad_micro(executor, feeds: dict, loss_of: Callable, target, wrt: 
     n = len(next(iter(feeds.values())))
     if micro >= n:
         return executor.value_and_grad(feeds, loss_of(target), wrt)
-    value, grads = 0.0, {}
+    value, grads = 0.0, dict[str, np.ndarray]()
     for s in range(0, n, micro):
         share = min(micro, n - s) / n
         v, g = executor.value_and_grad(
