@@ -124,7 +124,9 @@ def perturb(model: keras.Model, seed: int = 0) -> None:
 
     A freshly built model's batch norms are the identity (mean 0, variance 1, gamma 1, beta 0),
     its biases zero and ConvNeXt's LayerScale 1e-6: a mapping that swapped or dropped any of them
-    would still match. Values stay near the initial ones so deep models neither blow up nor vanish."""
+    would still match. Scales stay at or below 1: with gammas up to 1.3 EfficientNetV2M's residual
+    stream grew tenfold over its 57 blocks and float32 rounding (Keras's as much as ONNX
+    Runtime's) grew with it, block by block, to 1e-2 of the logits."""
     rng = np.random.default_rng(seed)
     for layer in _all_layers(model):
         cls = type(layer).__name__
@@ -136,11 +138,11 @@ def perturb(model: keras.Model, seed: int = 0) -> None:
             if cls == "LayerScale":
                 a = rng.uniform(0.2, 1.0, shape)
             elif name in ("gamma",):
-                a = rng.uniform(0.7, 1.3, shape)
+                a = rng.uniform(0.5, 1.0, shape)
             elif name in ("beta", "bias", "moving_mean", "mean"):
-                a = rng.normal(0.0, 0.1, shape)
+                a = rng.normal(0.0, 0.05, shape)
             elif name in ("moving_variance", "variance"):
-                a = rng.uniform(0.7, 1.3, shape)
+                a = rng.uniform(1.0, 1.5, shape)
             news.append(np.asarray(a, dtype=w.dtype))
         if news:
             layer.set_weights(news)
