@@ -115,7 +115,7 @@ class _DeferFinder(importlib.abc.MetaPathFinder):
 def _defer_sympy() -> None:
     """Load sympy on first use instead of at ``import onnx_ir``.
 
-    onnx_ir imports sympy at module level (about 0.8 s of every command on the 2-core machine)
+    onnx_ir imports sympy at module level (about 0.8 s of every command on a 2-core machine)
     for arithmetic on symbolic dimensions (``SymbolicDim('N') + 1``), which mconv never asks of
     it. A finder first on ``sys.meta_path`` gives the first import of ``sympy`` and of
     ``onnx_ir._symbolic_shapes`` (which reads sympy's names at import) a stand-in

@@ -14,8 +14,8 @@ Rules:
    ``index_bits``, ``codebook_bytes``, ``bytes`` (actual blob), ``original_bytes`` (dense),
    ``predicted_bytes`` (:func:`mconv.codecs.predict_bytes` of the same spec). That is the
    account of an export (its report and ``--json``); the manifest keeps only
-   :func:`account_summary` of it (issue 14 item 5: ``weights.mcw``'s index already lists every
-   tensor), and :func:`container_account` rebuilds the per-tensor rows from that index
+   :func:`account_summary` of it (``weights.mcw``'s index already lists every tensor, and a
+   small bundle must not carry its weights' list twice), and :func:`container_account` rebuilds the per-tensor rows from that index
    (``mconv inspect``).
 """
 
@@ -130,7 +130,7 @@ def predicted_account(model) -> dict | None:
        prediction. ``None`` when no tensor carries compression facts (nothing to account for
        beyond raw/fp16 sizes). A tensor whose histogram the cluster pass left is sized from it
        (:mod:`mconv.codecs.choose` rule 8), its kept fraction too: one without zeros is not
-       read at all (issue 14 item 4: the account cost a third of the pass it reports on).
+       read at all (the account must stay cheap beside the pass it reports on).
     """
     meta = dict(model.metadata_props)
     if COMPRESSION_KEY not in meta:

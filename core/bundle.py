@@ -165,7 +165,7 @@ class Bundle:
     @property
     def weights(self) -> list[dict]:
         """Per stored tensor ``name, codec, bytes, streams, shape, dtype``: the tensors in
-        ``weights.mcw`` from its index (the manifest does not repeat it, issue 14 item 5), then
+        ``weights.mcw`` from its index (the manifest does not repeat it: a small bundle stays small), then
         the manifest's ``weights`` not in it (dense tensors in the payload; older bundles list
         every tensor there)."""
         if self._weights is None:
@@ -372,8 +372,7 @@ def write_bundle(
             # the latest binary index (version 5) where the readers are mconv's own (Python,
             # mcw_decode); the Swift and JavaScript readers of metal and webgpu bundles parse
             # version 1's JSON. Sorted by name: the binary index front-codes each name against the
-            # one before (issue 14 item 5: a quantized model's t12/scale, t12/zero_point, ... then
-            # cost a few bytes)
+            # one before (a quantized model's t12/scale, t12/zero_point, ... cost a few bytes each)
             info = write_container(
                 tmp / WEIGHTS,
                 sorted(stored, key=lambda t: t[0]),

@@ -13,8 +13,8 @@ The index is ``{"version": 1, "tensors": [{"name", "offset", "nbytes", "sha256",
 with the tensors in the order they were given; ``record`` is the codec record of
 :mod:`mconv.codecs` (codec, params, shape, dtype, streams). ``sha256`` is over the blob bytes.
 
-Version 2 (``write_container(..., version=2)``, issue 14 item 5: small bundles stay small) keeps
-the header and replaces the JSON index with a binary one, and aligns blobs to 8 bytes::
+Version 2 (``write_container(..., version=2)``; a small bundle's index must not outweigh its
+weights) keeps the header and replaces the JSON index with a binary one, and aligns blobs to 8 bytes::
 
     varint count
     per tensor: varint name length, name (UTF-8), varint nbytes, sha256 (32 raw bytes), record
@@ -30,8 +30,8 @@ a few bytes of record instead of about 250 bytes of JSON. The C decoder ``mcw_de
 every version. The metal and webgpu targets still write version 1 (their Swift and JavaScript
 readers parse the JSON index).
 
-Version 3 (what cpu, xla and weights bundles write; small quantized models have a hundred
-tensors of a few bytes each, where version 2's names and hashes outweighed the weights)::
+Version 3 (a small quantized model has a hundred tensors of a few bytes each, where version 2's
+names and hashes outweigh the weights)::
 
     varint count
     per tensor: varint shared, varint suffix length, suffix (the name is the first ``shared``
@@ -42,8 +42,8 @@ tensors of a few bytes each, where version 2's names and hashes outweighed the w
 A record leaves out ``streams`` when it is ``{"data": nbytes}`` (raw, fp16); the reader puts it
 back.
 
-Version 4 (issue 14 item 5: a model of a few dozen
-small tensors spent more on its index than on its weights) is version 3 with two changes:
+Version 4 (a model of a few dozen small tensors spends more on version 3's per-tensor CRC-32s
+and records than on its weights) is version 3 with two changes:
 
 - a blob of fewer than ``SMALL_BLOB`` (16) bytes has no CRC-32 of its own; one CRC-32 over
   all such blobs, concatenated in order, ends the index (present when there is one);
@@ -57,8 +57,8 @@ small tensors spent more on its index than on its weights) is version 3 with two
 raw blobs (1, 2, 4, 8), 2 for fp16, 1 for coded blobs (read byte by byte). The CRC-32 catches a
 damaged blob; a bundle's manifest holds the sha256 of the whole file against tampering.
 
-Version 5 (what cpu, xla and weights bundles write; issue 14 item 5: a 20x depthwise CNN of 2.7 KB
-spent 362 bytes on its version 4 index, 30 a tensor) is version 4 with two changes:
+Version 5 (``LATEST``: what cpu, xla and weights bundles write; a compressed model of a few KB
+still spends about 30 bytes a tensor on a version 4 index) is version 4 with two changes:
 
 - blobs of fewer than ``SMALL_BLOB_V5`` (1,024) bytes share the index's last CRC-32 (a CRC of
   its own is under 0.4% of a larger blob);
@@ -77,7 +77,8 @@ Rules:
    against the real file size before anything is read; a bad file raises
    :class:`mconv.errors.InputError` naming the file and the byte offset.
 3. Tensors decode lazily, one at a time, from a memory map; the blob's sha256 is checked on
-   decode, or its CRC-32 in version 3 (:class:`mconv.errors.IntegrityError` when it does not match).
+   decode, or its CRC-32 from version 3 on (:class:`mconv.errors.IntegrityError` when it does not
+   match).
 """
 
 from __future__ import annotations
@@ -517,7 +518,7 @@ class Container:
         return self._view[e.offset : e.offset + e.nbytes]
 
     def array(self, name: str, *, verify: bool = True) -> np.ndarray:
-        """Decode one tensor (bit-identical to what was written); check its sha256 first.
+        """Decode one tensor (bit-identical to what was written); check its sha256 or CRC-32 first.
 
         Every error names the container (``label``: the bundle's ``weights.mcw``), the tensor
         and the blob's byte offset."""

@@ -340,8 +340,8 @@ def read_npy(path: str | Path) -> np.ndarray:
 
 def write_npz(fh: BinaryIO, arrays: Iterable[tuple[str, np.ndarray]]) -> None:
     """What ``numpy.savez(fh, **arrays)`` writes (stored ``NAME.npy`` members, zip64 headers), for
-    any names: savez takes the arrays as keyword arguments, so an array named ``file`` was a
-    TypeError and one named ``allow_pickle`` was swallowed as that flag. Nothing is pickled."""
+    any names: savez takes the arrays as keyword arguments, so an array named ``file`` is a
+    TypeError there and one named ``allow_pickle`` is swallowed as that flag. Nothing is pickled."""
     with zipfile.ZipFile(fh, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for name, value in arrays:
             with zf.open(name + ".npy", "w", force_zip64=True) as member:

@@ -42,20 +42,21 @@ Rules:
    tensor with far more distinct values than 257).
 5. Sparse candidates are sized from one histogram of the gaps (gaps below 256 counted, the
    few larger ones kept), so the 7 index widths x value codecs x Huffman candidates cost a
-   few thousand operations each, not a pass over every nonzero (a 37.7M-weight fc6 tensor:
-   0.25 s per candidate before, 60 candidates).
+   few thousand operations each, not a pass over every nonzero (a 37.7M-weight fc6 tensor has
+   60 candidates; a pass over its nonzeros costs about 0.25 s each).
 6. "Smallest" counts what the candidate's record adds to the container's index
    (:func:`record_extra`, a constant per codec and per optional field: ``rans``, a per-block
    palette's ``block``, a grouped palette's ``axis`` (7 bytes); within a few bytes of the real
-   record): a
-   sparse record of an all-zero scalar costs about 20 bytes more than a raw one, so a tensor of a few bytes stays raw (issue 14 item 5:
-   quantized models have dozens of one-element zero points). On tensors of more than a few
-   dozen bytes the choice is the smallest blob, as before.
+   record): a sparse record of an all-zero scalar costs about 20 bytes more than a raw one, so a
+   tensor of a few bytes stays raw (quantized models have dozens of one-element zero points). On tensors
+   of more than a few dozen bytes the records' few bytes rarely matter: the choice is in effect
+   the smallest blob.
 7. Stream sizes are memoised by coder and symbol counts (a bounded table): the budget search
    sizes the same gap histogram under every bit width of a sparsity and the same index
    histogram under several specs, and planning a rANS or Huffman stream is most of a
-   candidate's cost (P3's first estimate: 7.8 s -> 2.7 s on an idle core). Sizes are a pure
-   function of the counts, so the cache never changes a result.
+   candidate's cost (without the table the digits MLP's search sizes about 3x slower,
+   ``bench/deep_compression.py``). Sizes are a pure function of the counts, so the cache never
+   changes a result.
 8. A tensor whose histogram a pass left (:mod:`mconv.codecs.palette` rule 8, the cluster pass)
    is not counted again: its palettes are sized from that histogram, fp16 exactness is its
    distinct values', rule 4's checks are not needed, and when it holds no ``+0.0`` (every gap
