@@ -21,10 +21,11 @@ Rules
    a tensor read before any op writes it, written twice, or an index outside the tensor table is
    bad input. Each TFLite tensor becomes one ONNX value named after the tensor (duplicates get
    ``_<index>``), except a computed tensor inside the graph whose name is over 32 bytes: that
-   one is ``t<index>`` (converters' fused ``a;b;c`` names were most of a small model's graph;
-   graph inputs, outputs and weights keep their names); the nodes of operator k are named ``op<k>``, ``op<k>/1``, ... (its index in the
-   file; they were named after the output tensor, which repeated that name once more per node),
-   and the values between them, which no TFLite tensor names, ``op<k>/t``, ``op<k>/t/1``, ...
+   one is ``t<index>`` (converters' fused ``a;b;c`` names can be most of a small model's graph;
+   graph inputs, outputs and weights keep their names); the nodes of operator k are named
+   ``op<k>``, ``op<k>/1``, ... (its index in the file: a name taken from the output tensor would
+   repeat that name once more per node), and the values between them, which no TFLite tensor
+   names, ``op<k>/t``, ``op<k>/t/1``, ...
 2c. Helper constants (scales, zero points, axes, bounds the lowerings add; up to 1 KB) are one
    initializer per distinct value, shared by every node that reads it (also a small constant of
    the file read twice); constant tensors of the file keep their own names. Quantization

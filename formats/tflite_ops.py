@@ -510,7 +510,7 @@ def _unrolled_lstm(c, ins, x, steps, wx, wr, b, peep, proj_w, proj_b, act, cell_
     return outs[0] if len(outs) == 1 else c.one("Concat", outs, axis=0)
 
 
-# ------------------------------------------------------------------------------ helpers (issue 12)
+# ------------------------------------------------------------------------------ helpers
 
 _INT_MAX, _INT_MIN = (1 << 63) - 1, -(1 << 63)
 
