@@ -1,4 +1,4 @@
-"""Independent trials on Ray: sensitivity sweeps and the budget search's measurements (issue 15).
+"""Independent trials on Ray: sensitivity sweeps and the budget search's measurements.
 
 Rules:
 1. :func:`map_trials` runs ``fn(shared, item)`` for every item and returns the results in the

@@ -1,4 +1,4 @@
-"""mconv never writes a model less valid than its input (issue 12, item 1).
+"""mconv never writes a model less valid than its input.
 
 After ``import``, ``optimize`` and ``export --target cpu`` write a model with a graph,
 :func:`check_written` opens what was written the way a user would: ONNX's checker and an ONNX

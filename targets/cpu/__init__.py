@@ -4,14 +4,15 @@ Export rules:
 
 1. ``model.onnx`` is the graph serialized by onnx_ir with every top-level initializer and the
    graph's ``value_info`` removed from the protobuf (ONNX Runtime infers the intermediate types
-   itself, and the weights come back typed as initializers at load; issue 14 item 5: the value
-   infos were a third of a small model's graph); the graph is otherwise unchanged.
+   itself, and the weights come back typed as initializers at load; the value infos can be a
+   third of a small model's graph); the graph is otherwise unchanged.
    The weights live only in ``weights.mcw``, each with the codec :func:`mconv.container.choose_codec`
    picks (option ``codec`` forces one for all); int4/uint4 weights, which the container has no
    dtype for, stay in ``model.onnx`` (ONNX packs them two per byte), listed with codec ``"dense"``.
    The model's ``mconv.passes`` and ``mconv.compression`` metadata are left out of ``model.onnx``:
    the manifest's ``provenance`` holds the pass history and ``weights.mcw`` each tensor's codec
-   (issue 14 item 5: after a budget search they were 3.6 KB of LeNet-5's 43 KB bundle).
+   (after a budget search the two keys are about 3.6 KB, a tenth of a small bundle such as
+   LeNet-5's 43 KB; ``bench/container_overhead.py``).
 2. Option ``verification`` (a summary dict) goes to the manifest's ``verification``; the other
    options are recorded under ``options``.
 3. Option ``dense=True`` writes a self-contained ``model.onnx`` with the weights inside and no

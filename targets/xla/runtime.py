@@ -21,8 +21,8 @@ Rules:
 4. Programs are jitted with :func:`jit`, which turns XLA's CPU YNNPACK fusions off
    (``xla_cpu_experimental_ynn_fusion_type`` empty): jaxlib 0.10's CPU compiler fuses a chain
    of dots and the reduction after it (a classifier's Gemms and its Softmax) into one YNN
-   fusion that runs 10-25x slower than the dots alone (light AlexNet at batch 8 on 2 cores:
-   6.6 s, 1.0 s without; ORT 0.86 s). Left to the user when ``XLA_FLAGS`` names the option,
+   fusion that runs 10-25x slower than the dots alone (a light AlexNet call falls well behind
+   ONNX Runtime's; ``bench/xla_cpu.py``). Left to the user when ``XLA_FLAGS`` names the option,
    and skipped where this jaxlib has no such option.
 """
 

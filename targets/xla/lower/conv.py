@@ -14,8 +14,8 @@ Rules:
    padded canvas and crops the pads.
 6. A Conv with 2..SPLIT_GROUPS groups (AlexNet's two towers) is lowered as that many ordinary
    convolutions on channel slices, concatenated: XLA's CPU backend runs a grouped convolution
-   as a generic loop, 4-5x slower than the split (measured: AlexNet's conv2 at batch 8, 1.21 s
-   vs 0.26 s); depthwise and many-group convolutions stay one op.
+   as a generic loop, 4-5x slower than the split (AlexNet's conv2); depthwise and many-group
+   convolutions stay one op.
 7. DeformConv (2-D) samples each tap bilinearly at its (traced) offset, zero outside the
    input, scaled by the optional mask, then multiplies with the weights per group.
 """
