@@ -9,7 +9,7 @@ Rules:
    the same ``TypeProto``. A map itself has no shape. Every other type goes to onnx_ir's own functions unchanged.
 2. A map's ``dtype`` is its value type's (as a sequence's is its element's), so code that asks a
    value for its dtype gets an answer; code that needs tensors checks ``isinstance(type,
-   ir.TensorType)`` as before.
+   ir.TensorType)``, which a map is not.
 3. Installing twice is installing once.
 """
 
