@@ -1098,10 +1098,11 @@ def _sharded(src: Path) -> bool:
 
 
 def stream_scheme(src: Path, passes: str, output: Path, format: str | None) -> Scheme | None:
-    """The scheme when ``mconv optimize SRC --passes SPEC -o OUT`` streams (README, "Weight
-    files"): SRC a safetensors checkpoint, SPEC one ``cluster`` or ``blockwise`` pass with only
-    the options above, and OUT a ``.safetensors`` name (one file in) or a folder (a sharded
-    checkpoint in). None: the graph pipeline runs as for any other model."""
+    """The scheme when ``mconv optimize SRC --passes SPEC -o OUT`` streams (docs/passes.md,
+    "Weight files and safetensors checkpoints"): SRC a safetensors checkpoint, SPEC one
+    ``cluster`` or ``blockwise`` pass with only the options above, and OUT a ``.safetensors`` name
+    (one file in) or a folder (a sharded checkpoint in). None: the graph pipeline runs as for any
+    other model."""
     from mconv import passes as P
     from mconv.passes.blockwise import Blockwise
     from mconv.passes.cluster import Cluster

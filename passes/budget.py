@@ -802,7 +802,7 @@ class RoundFp16(Pass):
 
 @dataclass
 class BudgetResult:
-    """What :func:`compress_to_budget` did; ``as_dict()`` is the JSON report (keys in the README)."""
+    """What :func:`compress_to_budget` did; ``as_dict()`` is the JSON report (keys in docs/passes.md)."""
 
     model: ir.Model
     metric: str

@@ -311,7 +311,7 @@ def test_the_last_group_is_refitted_when_the_export_overshoots(monkeypatch):
     first = result.attempts[0]
     refits = [r for r in first["reallocated"] if r["stage"] == "cluster 3"]
     assert refits and all(r["overshoot"] > 0 for r in refits), first["reallocated"]
-    # every entry has the keys the README lists (the bench reads predicted_bytes of each)
+    # every entry has the keys docs/passes.md lists (the bench reads predicted_bytes of each)
     assert all({"stage", "budget_bytes", "predicted_bytes", "allocation"} <= set(r) for r in refits)
     fitted = first["reallocated"][-1 - len(refits)]
     assert fitted["stage"] == "cluster"
