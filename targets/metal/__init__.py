@@ -2,21 +2,21 @@
 
 Export rules:
 
-1. The model is prepared (:func:`mconv.targets.metal.plan.prepare`: BatchNorm folded, static
+1. The model is prepared (:func:`mconv.targets.gpu.plan.prepare`: BatchNorm folded, static
    batch ``options["batch"]`` (default 1), shapes inferred) and lowered to a plan: buffers and
    one specialized ``kernel void`` per layer, activations fused (:mod:`mconv.targets.metal.plan`).
    Unsupported nodes fail the export with one :class:`~mconv.errors.UnsupportedError` naming
    every one of them (exit 2). An If whose condition is constant once shapes are static becomes
    its taken branch (the ``inline-if`` pass) and the model is prepared again; an If decided at
    run time whose branches are both cheap runs both and selects with Where
-   (:mod:`mconv.targets.metal.ifs`); an If left is refused, naming the graph inputs its
+   (:mod:`mconv.targets.gpu.ifs`); an If left is refused, naming the graph inputs its
    condition depends on with the ``export --input-value NAME=VALUE`` that bakes them.
 2. ``options["precision"]``: ``fp16`` (default: half storage, float accumulation) or ``fp32``.
 3. The bundle holds ``metal_plan.json`` (the layers in encode order), the Swift package
    (:mod:`mconv.targets.metal.swift`), ``weights.mcw`` with every weight buffer the kernels
    read (with fp16 storage a weight the codec chooser would store raw is stored fp16: the
    kernels read half anyway) and ``metal_graph.onnx``, the prepared graph the plan was built
-   from without the weights' data (:mod:`mconv.targets.metal.graph`); the plan is built from
+   from without the weights' data (:mod:`mconv.targets.gpu.graph`); the plan is built from
    the weights as stored, so plan and kernels are what a loader regenerates.
 
 Load rules:
@@ -39,7 +39,6 @@ Load rules:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -50,14 +49,15 @@ from pathlib import Path
 import numpy as np
 import onnx_ir as ir
 from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
-from mconv.container import choose_codec
 from mconv.errors import InputError, IntegrityError, UnsupportedError
 from mconv.fileio import load_json
 from mconv.irio import real_inputs
-from mconv.targets.metal.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
+from mconv.targets.gpu.bundle import plan_json, plan_options, weight_spec
+from mconv.targets.gpu.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
+from mconv.targets.gpu.plan import GpuPlan
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
 from mconv.targets.metal.options import Options
-from mconv.targets.metal.plan import MetalPlan, build_plan, metal_source
+from mconv.targets.metal.plan import build_plan, metal_source
 from mconv.targets.metal.swift import package_files, swift_name
 
 __all__ = [
@@ -76,31 +76,13 @@ __all__ = [
 NAME = "metal"
 PLAN = "metal_plan.json"
 GRAPH = "metal_graph.onnx"
-MAX_BATCH = 1 << 20
-
-
-def plan_json(plan: MetalPlan) -> bytes:
-    """``metal_plan.json``'s bytes (sorted keys, two-space indent)."""
-    return (json.dumps(plan.as_dict(), sort_keys=True, indent=2) + "\n").encode()
-
-
-def _weight_spec(array: np.ndarray, metadata: dict, name: str, storage: str, forced: str | None):
-    """(array to store, codec spec): with half storage, raw float32 is rounded and stored fp16."""
-    if forced and forced != "auto":
-        return array, {"codec": forced}
-    spec = choose_codec(array, metadata, name)
-    if storage == "half" and spec.get("codec") == "raw" and array.dtype.name == "float32":
-        # the kernels read half, so rounding here loses nothing they would see
-        with np.errstate(over="ignore"):
-            return array.astype(np.float16).astype(np.float32), {"codec": "fp16"}
-    return array, spec
 
 
 def _prepare_inlining_ifs(model: ir.Model, batch: int) -> ir.Model:
     """Rule 1: an If whose condition folds to a constant (static shapes make many of them so)
     becomes its taken branch, and a cheap If decided at run time runs both branches and
-    selects (:mod:`mconv.targets.metal.ifs`); the result is prepared again."""
-    from mconv.targets.metal.ifs import prepare_with_ifs
+    selects (:mod:`mconv.targets.gpu.ifs`); the result is prepared again."""
+    from mconv.targets.gpu.ifs import prepare_with_ifs
 
     return prepare_with_ifs(model, batch)
 
@@ -173,7 +155,7 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         plan, weights = plan_with_stored_weights(
             prepared,
             lambda m: build_plan(m, plan_options),
-            lambda p, n, a: _weight_spec(a, metadata, n, p.dtype, options.get("codec")),
+            lambda p, n, a: weight_spec(a, metadata, n, p.dtype, options.get("codec")),
         )
     except UnsupportedError as exc:
         raise _name_if_inputs(prepared, exc) from None
@@ -222,13 +204,13 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     )
 
 
-def read_plan(bundle: Bundle) -> MetalPlan:
+def read_plan(bundle: Bundle) -> GpuPlan:
     """The bundle's plan as shipped, checked to parse (for reading it; :func:`load` runs the
     plan it regenerates, see :func:`regenerate`)."""
     label = str(bundle.root)
     data = load_json(bundle.read_bytes(PLAN), PLAN, label, "re-export the bundle")
     try:
-        return MetalPlan.from_dict(data)
+        return GpuPlan.from_dict(data)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(
             f"{PLAN} is not a valid plan ({type(exc).__name__}: {str(exc)[:80]})",
@@ -237,30 +219,7 @@ def read_plan(bundle: Bundle) -> MetalPlan:
         ) from None
 
 
-def plan_options(bundle: Bundle, label: str, default_precision: str) -> dict:
-    """The options a bundle's plan was built with, from its manifest (checked: the plan is
-    regenerated from them, and whatever they say, the result is compared with the shipped plan)."""
-    opts = bundle.options if isinstance(bundle.options, dict) else {}
-    precision = opts.get("precision") or default_precision
-    batch = opts.get("batch") or 1
-    if not isinstance(precision, str) or precision not in ("fp16", "fp32"):
-        raise InputError(
-            "options.precision is not fp16 or fp32",
-            path=label,
-            where="manifest.json",
-            hint="re-export the bundle",
-        )
-    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_BATCH:
-        raise InputError(
-            f"options.batch is not a count from 1 to {MAX_BATCH}",
-            path=label,
-            where="manifest.json",
-            hint="re-export the bundle",
-        )
-    return {"precision": precision, "batch": batch, "model_name": bundle.model_name}
-
-
-def regenerate(bundle: Bundle, label: str) -> tuple[MetalPlan, str, dict[str, np.ndarray]]:
+def regenerate(bundle: Bundle, label: str) -> tuple[GpuPlan, str, dict[str, np.ndarray]]:
     """(plan, kernels.metal text, weights) that mconv generates from the bundle's graph
     (``metal_graph.onnx`` with the weights of ``weights.mcw``); the shipped plan and kernels
     must be byte-identical to them (load rule 1), else one InputError."""
@@ -278,7 +237,7 @@ def regenerate(bundle: Bundle, label: str) -> tuple[MetalPlan, str, dict[str, np
     return plan, kernels, weights
 
 
-def kernels_path(plan: MetalPlan) -> str:
+def kernels_path(plan: GpuPlan) -> str:
     return f"Sources/{swift_name(plan.model_name)}/kernels.metal"
 
 

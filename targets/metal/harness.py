@@ -47,7 +47,8 @@ from pathlib import Path
 
 import numpy as np
 from mconv.errors import InputError, IntegrityError
-from mconv.targets.metal.plan import MetalPlan
+from mconv.targets.gpu.plan import GpuPlan
+from mconv.targets.gpu.values import typed_output
 
 SHIM = Path(__file__).with_name("metal_shim.h")
 FLAG_SETS = (["-O2", "-march=native"], ["-O2"])
@@ -104,7 +105,7 @@ def kernel_signatures(source: str) -> dict[str, list[tuple[int, bool]]]:
     return found
 
 
-def check_plan(plan: MetalPlan, source: str, label: str = "bundle") -> None:
+def check_plan(plan: GpuPlan, source: str, label: str = "bundle") -> None:
     """Check the plan against the kernels (see the module rules); IntegrityError names the layer."""
     sigs = kernel_signatures(source)
     for i, layer in enumerate(plan.layers):
@@ -133,7 +134,7 @@ def check_plan(plan: MetalPlan, source: str, label: str = "bundle") -> None:
             raise bad(f"grid {layer.grid} has more threads than output {out.name} has elements ({out.count})")
 
 
-def runner_source(plan: MetalPlan) -> str:
+def runner_source(plan: GpuPlan) -> str:
     """The C++ runner for ``plan`` (includes kernels.metal; reads/writes float32 files)."""
     t = plan.dtype
     lines = [
@@ -223,7 +224,7 @@ def _private_dir(parent: Path | None) -> Path:
     return Path(tempfile.mkdtemp(prefix="mconv-metal-build.", dir=parent))
 
 
-def compile_harness(plan: MetalPlan, kernels: str, label: str = "bundle") -> Path:
+def compile_harness(plan: GpuPlan, kernels: str, label: str = "bundle") -> Path:
     """Compile (or find cached) the harness binary for ``plan`` + ``kernels`` (text mconv
     generated: see the module doc); return its path."""
     cxx = find_compiler()
@@ -273,23 +274,6 @@ def compile_harness(plan: MetalPlan, kernels: str, label: str = "bundle") -> Pat
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _typed(values: np.ndarray, dtype: str | None) -> np.ndarray:
-    """A float32 output as the model's output type: bool as nonzero, integers rounded (they are
-    exact integers in the buffer), anything else float32."""
-    if not dtype or dtype in ("float32", "float16", "float64", "bfloat16"):
-        return values
-    if dtype == "bool":
-        return values != 0
-    try:
-        kind = np.dtype(dtype)
-    except TypeError:
-        return values
-    if kind.kind not in "iu":
-        return values
-    info = np.iinfo(kind)
-    return np.clip(np.rint(values), info.min, info.max).astype(kind)
-
-
 @dataclass
 class HarnessRunner:
     """Runs a plan's kernels on the CPU through the compiled harness (the Runner API).
@@ -298,7 +282,7 @@ class HarnessRunner:
     dimension) are run as consecutive samples and the outputs concatenated along axis 0.
     """
 
-    plan: MetalPlan
+    plan: GpuPlan
     exe: Path
     weights: Mapping[str, np.ndarray]
     inputs: list  # mconv.bundle.TensorSpec
@@ -376,7 +360,7 @@ class HarnessRunner:
                     for s in range(samples)
                 ]
                 results[spec["name"]] = parts[0] if samples == 1 else np.concatenate(parts, axis=0)
-        return {name: _typed(results[name], self.output_dtypes.get(name)) for name in self.outputs}
+        return {name: typed_output(results[name], self.output_dtypes.get(name)) for name in self.outputs}
 
     def close(self) -> None:
         if self._wdir is not None:

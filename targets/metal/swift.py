@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from mconv.targets.gpu.plan import GpuPlan
 from mconv.targets.metal.harness import comment_text
-from mconv.targets.metal.plan import MetalPlan
 
 CODECS = Path(__file__).resolve().parents[2] / "core" / "codecs"
 
@@ -73,7 +73,7 @@ let package = Package(
 """
 
 
-def _layer_rows(plan: MetalPlan) -> str:
+def _layer_rows(plan: GpuPlan) -> str:
     rows = []
     for layer in plan.layers:
         gx, gy, gz = layer.grid
@@ -86,7 +86,7 @@ def _layer_rows(plan: MetalPlan) -> str:
     return "\n".join(rows)
 
 
-def model_swift(plan: MetalPlan, product: str) -> str:
+def model_swift(plan: GpuPlan, product: str) -> str:
     half = plan.dtype == "half"
     elem = "UInt16" if half else "Float"
     buffers = "\n".join(
@@ -329,7 +329,7 @@ def _load_body(half: bool) -> str:
         return out"""
 
 
-def readme(plan: MetalPlan, product: str) -> str:
+def readme(plan: GpuPlan, product: str) -> str:
     shape = plan.inputs[0]["shape"] if plan.inputs else []
     n_in = 1
     for d in shape:
@@ -373,7 +373,7 @@ call `predict` from one thread at a time (its buffers are reused).
 """
 
 
-def package_files(plan: MetalPlan, kernels: str) -> dict[str, bytes]:
+def package_files(plan: GpuPlan, kernels: str) -> dict[str, bytes]:
     """The Swift package's files, keyed by bundle-relative path."""
     product = swift_name(plan.model_name)
     return {

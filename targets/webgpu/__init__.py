@@ -6,7 +6,7 @@ Export rules:
    BatchNorm folded, static batch ``options["batch"]`` (default 1), activations fused), and
    each layer gets one specialized WGSL module (:mod:`mconv.targets.webgpu.wgsl`). Unsupported
    nodes fail the export with one UnsupportedError naming every one of them (exit 2). Ifs
-   follow the Metal target's rules (:mod:`mconv.targets.metal.ifs`): one decided at export
+   follow the Metal target's rules (:mod:`mconv.targets.gpu.ifs`): one decided at export
    time is inlined, a cheap one decided at run time runs both branches and selects.
 2. ``options["precision"]``: ``fp32`` (default: f32 storage) or ``fp16`` (f16 storage where the
    device has ``shader-f16``, f32 where not; f32 accumulation either way). With fp16 a weight
@@ -14,7 +14,7 @@ Export rules:
 3. The bundle holds ``webgpu_plan.json`` (the Metal plan's schema: buffers, layers in dispatch
    order, bindings, grids), ``kernels/<kernel>.wgsl`` (one module per layer), ``weights.mcw``
    with every weight buffer the kernels read, ``webgpu_graph.onnx`` (the prepared graph the
-   plan was built from, without the weights' data: :mod:`mconv.targets.metal.graph`; the plan
+   plan was built from, without the weights' data: :mod:`mconv.targets.gpu.graph`; the plan
    is built from the weights as stored), and the web page: ``index.html`` with the ES modules
    ``mconv_webgpu.js`` (loads the manifest, plan, kernels and weights, runs the model with the
    browser's WebGPU, one command buffer per inference in plan order, shows outputs and timing)
@@ -55,10 +55,10 @@ from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model,
 from mconv.errors import InputError, IntegrityError
 from mconv.fileio import load_json
 from mconv.irio import real_inputs
-from mconv.targets.metal import _weight_spec, plan_json, plan_options
-from mconv.targets.metal.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
-from mconv.targets.metal.ifs import prepare_with_ifs
-from mconv.targets.metal.plan import MetalPlan
+from mconv.targets.gpu.bundle import plan_json, plan_options, weight_spec
+from mconv.targets.gpu.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
+from mconv.targets.gpu.ifs import prepare_with_ifs
+from mconv.targets.gpu.plan import GpuPlan
 from mconv.targets.webgpu.browser import web_payload
 from mconv.targets.webgpu.options import Options as Options  # the export options
 from mconv.targets.webgpu.plan import build_plan
@@ -95,7 +95,7 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     plan, weights = plan_with_stored_weights(
         prepared,
         lambda m: build_plan(m, plan_options),
-        lambda p, n, a: _weight_spec(a, metadata, n, p.dtype, options.get("codec")),
+        lambda p, n, a: weight_spec(a, metadata, n, p.dtype, options.get("codec")),
     )
     plan_bytes = plan_json(plan)
     symbolic = {s.name: bool(s.shape) and not isinstance((s.shape or (0,))[0], int) for s in original_inputs}
@@ -134,18 +134,18 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     )
 
 
-def kernel_files(plan: MetalPlan) -> dict[str, bytes]:
+def kernel_files(plan: GpuPlan) -> dict[str, bytes]:
     """The WGSL modules of ``plan`` by bundle-relative path."""
     return {kernel_path(layer.kernel): plan.sources[layer.kernel].encode() for layer in plan.layers}
 
 
-def read_plan(bundle: Bundle) -> MetalPlan:
+def read_plan(bundle: Bundle) -> GpuPlan:
     """The bundle's plan as shipped, checked to parse (for reading it; :func:`load` runs the
     plan it regenerates, see :func:`regenerate`)."""
     label = str(bundle.root)
     data = load_json(bundle.read_bytes(PLAN), PLAN, label, "re-export the bundle")
     try:
-        plan = MetalPlan.from_dict(data)
+        plan = GpuPlan.from_dict(data)
         if plan.dtype not in ("half", "float"):
             raise ValueError(f"dtype {plan.dtype!r}")
         return plan
@@ -157,7 +157,7 @@ def read_plan(bundle: Bundle) -> MetalPlan:
         ) from None
 
 
-def regenerate(bundle: Bundle, label: str) -> tuple[MetalPlan, dict[str, str], dict[str, np.ndarray]]:
+def regenerate(bundle: Bundle, label: str) -> tuple[GpuPlan, dict[str, str], dict[str, np.ndarray]]:
     """(plan, WGSL by kernel name, weights) that mconv generates from the bundle's graph
     (``webgpu_graph.onnx`` with the weights of ``weights.mcw``); the shipped plan and every
     kernel the plan names must be byte-identical to them (load rule 1), else one InputError."""

@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 from mconv.bundle import Bundle, load_bundle
 from mconv.errors import InputError
+from mconv.targets.gpu.plan import GpuPlan
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
-from mconv.targets.metal.plan import MetalPlan
 from mconv.targets.webgpu.wgsl import WORKGROUP, dispatch_size
 
 __all__ = [
@@ -264,7 +264,7 @@ def _shim_kernel(index: int, kernel: str, wgsl: str, msl: str, storage: str, gri
     )
 
 
-def shim_source(plan: MetalPlan, wgsl: Mapping[str, str], checks: Mapping[str, KernelCheck]) -> str:
+def shim_source(plan: GpuPlan, wgsl: Mapping[str, str], checks: Mapping[str, KernelCheck]) -> str:
     """One C++ translation unit with naga's MSL of every kernel, as the Metal harness compiles it."""
     storage = plan.dtype
     parts = ["#include <metal_stdlib>", SHIM_EXTRAS]
@@ -275,14 +275,14 @@ def shim_source(plan: MetalPlan, wgsl: Mapping[str, str], checks: Mapping[str, K
     return "\n".join(parts) + "\n"
 
 
-def read_webgpu_plan(bundle: Bundle) -> MetalPlan:
+def read_webgpu_plan(bundle: Bundle) -> GpuPlan:
     """The webgpu bundle's plan (:func:`mconv.targets.webgpu.read_plan`)."""
     from mconv.targets.webgpu import read_plan
 
     return read_plan(bundle)
 
 
-def every_layer(plan: MetalPlan) -> MetalPlan:
+def every_layer(plan: GpuPlan) -> GpuPlan:
     """``plan`` with every buffer a layer writes as an output (named by the buffer), so a run
     returns each layer's result (the last writer's, where several layers write one buffer)."""
     written = dict.fromkeys(layer.bindings[-1] for layer in plan.layers)
@@ -291,7 +291,7 @@ def every_layer(plan: MetalPlan) -> MetalPlan:
 
 
 def _runner(
-    plan: MetalPlan, source: str, bundle: Bundle, weights: Mapping[str, np.ndarray], probe: bool
+    plan: GpuPlan, source: str, bundle: Bundle, weights: Mapping[str, np.ndarray], probe: bool
 ) -> HarnessRunner:
     label = str(bundle.root)
     if probe:

@@ -21,8 +21,8 @@ Rules:
 5. Integer and bool values are held as floats (the plan's rule 2): an integer or bool input is
    written as its values (exact within the storage's exact range, which int8/uint8 codes are
    in), and an output whose model type is an integer or bool comes back as that type
-   (``output_dtypes``): integers rounded and saturated to the type, bool as nonzero (the Metal
-   harness's :func:`~mconv.targets.metal.harness._typed`).
+   (``output_dtypes``): integers rounded and saturated to the type, bool as nonzero
+   (:func:`~mconv.targets.gpu.values.typed_output`).
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ from typing import Any
 
 import numpy as np
 from mconv.errors import InputError, IntegrityError
-from mconv.targets.metal.harness import _typed
-from mconv.targets.metal.plan import MetalPlan
+from mconv.targets.gpu.plan import GpuPlan
+from mconv.targets.gpu.values import typed_output
 from mconv.targets.webgpu.wgsl import dispatch_size, storage_header
 
 _BINDING_RE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read|read_write)>")
 
 
-def check_plan(plan: MetalPlan, sources: Mapping[str, str], label: str = "bundle") -> None:
+def check_plan(plan: GpuPlan, sources: Mapping[str, str], label: str = "bundle") -> None:
     """Rule 2: the plan and the kernels agree; IntegrityError names the layer."""
     for i, layer in enumerate(plan.layers):
         where = f"webgpu_plan.json layer {i} ({layer.kernel})"
@@ -142,7 +142,7 @@ def request_device(label: str, want_f16: bool, max_buffer_bytes: int) -> tuple[A
 class WebGPURunner:
     """The Runner API over a webgpu bundle (see the module rules)."""
 
-    plan: MetalPlan
+    plan: GpuPlan
     sources: Mapping[str, str]
     weights: Mapping[str, np.ndarray]
     inputs: list  # mconv.bundle.TensorSpec
@@ -289,7 +289,7 @@ class WebGPURunner:
                 parts[o["name"]].append(got[o["buffer"]].reshape(o["shape"]))
         self.last_latency_s = (time.perf_counter() - start) / samples
         results = {k: v[0] if samples == 1 else np.concatenate(v, axis=0) for k, v in parts.items()}
-        return {name: _typed(results[name], self.output_dtypes.get(name)) for name in self.outputs}
+        return {name: typed_output(results[name], self.output_dtypes.get(name)) for name in self.outputs}
 
     def close(self) -> None:
         self._gpu = {}

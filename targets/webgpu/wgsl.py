@@ -38,29 +38,32 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError
-from mconv.targets.metal.kernels import Activation, LowerContext, flit
-from mconv.targets.metal.kernels.conv import _bias_strides, conv_transpose_constants, spatial_params
-from mconv.targets.metal.kernels.elementwise import _BINARY as _MSL_BINARY
-from mconv.targets.metal.kernels.elementwise import (
-    _cast_target,
-    activation_of,
-    broadcast_strides,
-    cast_rule,
-    check_unary,
-    is_inf_expr,
-    tensor_clip,
-    wrap_expr,
-)
-from mconv.targets.metal.kernels.indexing import _check_gather as _check_gather_msl
-from mconv.targets.metal.kernels.indexing import gather_geometry
-from mconv.targets.metal.kernels.quantization import CODE_RANGES, _code_type, _params
-from mconv.targets.metal.kernels.reduction import merged_groups, reduce_axes
-from mconv.targets.metal.kernels.sampling import (
+from mconv.onnx_rules import softmax_axes
+from mconv.targets.gpu import expr
+from mconv.targets.gpu.expr import BINARY, is_inf_expr, wrap_expr
+from mconv.targets.gpu.ops import Activation, LowerContext, activation_of, check_unary, flit, tensor_clip
+from mconv.targets.gpu.params.conv import bias_strides, conv_transpose_constants, spatial_params
+from mconv.targets.gpu.params.elementwise import broadcast_strides, cast_rule, cast_target
+from mconv.targets.gpu.params.indexing import check_gather, gather_geometry
+from mconv.targets.gpu.params.normalization import check_layernorm, softmax_axis
+from mconv.targets.gpu.params.quantization import CODE_RANGES, code_type, quant_params
+from mconv.targets.gpu.params.reduction import merged_groups, reduce_axes
+from mconv.targets.gpu.params.sampling import (
     OUTSIDE,
     GridAxis,
     GridSamplePlan,
     check_grid_sample,
     grid_sample_plan,
+)
+from mconv.targets.gpu.params.shape import (
+    check_pad,
+    check_resize,
+    depth_space_view,
+    pad_params,
+    resize_axes,
+    resize_taps,
+    slice_params,
+    strides,
 )
 
 WORKGROUP = 64
@@ -109,76 +112,7 @@ def dispatch_size(grid: list[int] | tuple[int, ...]) -> tuple[int, int, int]:
 
 def activation_expr(act: Activation | None, v: str = "v") -> str:
     """The WGSL expression of ``act`` applied to the f32 ``v``."""
-    if act is None:
-        return v
-    if act.then is not None:
-        base = Activation(act.kind.split("+")[0], act.params, act.nodes)
-        return activation_expr(act.then, f"({activation_expr(base, v)})")
-    k, p = act.kind, act.params
-    if k == "relu":
-        return f"max({v}, 0.0f)"
-    if k == "clip":
-        lo, hi = p
-        out = v
-        if np.isfinite(lo):
-            out = f"max({out}, {flit(lo)})"
-        if np.isfinite(hi):
-            out = f"min({out}, {flit(hi)})"
-        return out
-    if k == "leaky":
-        return f"select({flit(p[0])} * {v}, {v}, {v} >= 0.0f)"
-    if k == "sigmoid":
-        return f"(1.0f / (1.0f + exp(-{v})))"
-    if k == "tanh":
-        return f"tanh({v})"
-    if k == "gelu":
-        return f"(0.5f * {v} * (1.0f + mconv_erf({v} * 0.70710678118654752f)))"
-    if k == "gelu_tanh":
-        return f"(0.5f * {v} * (1.0f + tanh(0.79788456080286536f * ({v} + 0.044715f * {v} * {v} * {v}))))"
-    if k == "swish":
-        return f"({v} / (1.0f + exp(-{v})))"
-    if k == "hardsigmoid":
-        return f"min(max({flit(p[0])} * {v} + {flit(p[1])}, 0.0f), 1.0f)"
-    if k == "hardswish":
-        return f"({v} * min(max({v} * {flit(1 / 6)} + 0.5f, 0.0f), 1.0f))"
-    if k == "elu":
-        return f"select({flit(p[0])} * (exp({v}) - 1.0f), {v}, {v} >= 0.0f)"
-    if k == "celu":
-        return f"(max({v}, 0.0f) + min(0.0f, {flit(p[0])} * (exp({v} / {flit(p[0])}) - 1.0f)))"
-    if k == "selu":
-        a, g = p
-        return f"select({flit(g * a)} * (exp({v}) - 1.0f), {flit(g)} * {v}, {v} > 0.0f)"
-    if k == "softplus":
-        return f"(max({v}, 0.0f) + log(1.0f + exp(-abs({v}))))"
-    if k == "softsign":
-        return f"({v} / (1.0f + abs({v})))"
-    if k == "quantize":  # per-tensor QuantizeLinear (metal's activation_of); round is half to even
-        sc, zp, lo, hi = p
-        return f"min(max(round({v} / {flit(sc)}) + {flit(zp)}, {flit(lo)}), {flit(hi)})"
-    if k == "dequantize":
-        return f"(({v} - {flit(p[1])}) * {flit(p[0])})"
-    if k in ("mul", "add", "div"):  # by a constant scalar (metal's activation_of)
-        return f"({v} {dict(mul='*', add='+', div='/')[k]} {flit(p[0])})"
-    if k == "mish":
-        return f"({v} * tanh(max({v}, 0.0f) + log(1.0f + exp(-abs({v})))))"
-    simple = {
-        "neg": "(-{v})",
-        "exp": "exp({v})",
-        "log": "log({v})",
-        "sqrt": "sqrt({v})",
-        "abs": "abs({v})",
-        "reciprocal": "(1.0f / {v})",
-        "erf": "mconv_erf({v})",
-        "floor": "floor({v})",
-        "ceil": "ceil({v})",
-        "round": "round({v})",  # WGSL rounds half to even, as ONNX Round does
-        "sin": "sin({v})",
-        "cos": "cos({v})",
-        "identity": "{v}",
-    }
-    if k in simple:
-        return simple[k].format(v=v)
-    raise ValueError(f"unknown activation {k}")
+    return expr.activation_expr(act, v, expr.WGSL)
 
 
 @dataclass
@@ -364,7 +298,7 @@ def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
     reads, names = [a, b], ["A", "B"]
     sr = sc = None
     if c is not None and beta != 0.0:
-        sr, sc = _bias_strides(ctx.shape(c), m, n)
+        sr, sc = bias_strides(ctx.shape(c), m, n)
         reads.append(c)
         names.append("C")
 
@@ -508,7 +442,7 @@ Y[gx] = T({activation_expr(act)});
 
 # -- elementwise --------------------------------------------------------------------------
 
-_BINARY = {**_MSL_BINARY, "PRelu": "select(a * b, a, a >= 0.0f)"}
+_BINARY = {**BINARY, "PRelu": "select(a * b, a, a >= 0.0f)"}
 
 
 def _check_binary(ctx: LowerContext, node: ir.Node) -> str | None:
@@ -548,7 +482,7 @@ Y[gx] = T({activation_expr(act)});
 
 
 # comparisons and logic: a bool value is held as T 0 or 1 (nonzero is true), as the Metal target
-# holds it; integer and bool values follow the Metal plan's rule 3 (:func:`mconv.targets.metal.plan.value_reason`)
+# holds it; integer and bool values follow the planner's rule 3 (:func:`mconv.targets.gpu.plan.value_reason`)
 _PREDICATES = {
     "Equal": "select(0.0f, 1.0f, a == b)",
     "Less": "select(0.0f, 1.0f, a < b)",
@@ -562,7 +496,7 @@ _PREDICATES = {
 
 
 def _cast_types(node: ir.Node) -> tuple[ir.DataType | None, ir.DataType | None]:
-    return inp(node, 0).dtype, _cast_target(node)
+    return inp(node, 0).dtype, cast_target(node)
 
 
 def _check_cast(ctx: LowerContext, node: ir.Node) -> str | None:
@@ -604,7 +538,7 @@ def lower_cast(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
 
 
 def _check_quantize(ctx: LowerContext, node: ir.Node) -> str | None:
-    got = _params(ctx, node)
+    got = quant_params(ctx, node)
     return got if isinstance(got, str) else None
 
 
@@ -616,7 +550,7 @@ def lower_quantize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activatio
     ``(q - zero_point) * scale``; per tensor (literals) or per axis (tables)."""
     x = inp(node, 0)
     xs = ctx.shape(x)
-    got = _params(ctx, node)
+    got = quant_params(ctx, node)
     assert not isinstance(got, str)  # _check_quantize admitted it
     scale, zp, axis = got
     count = int(np.prod(xs)) if xs else 1
@@ -632,7 +566,7 @@ def lower_quantize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activatio
         pick = f"let c = (gx / {inner}) % {n};\n"
         s, z = "S[c]", "Z[c]"
     if node.op_type == "QuantizeLinear":
-        code = _code_type(node)
+        code = code_type(node)
         assert code is not None
         lo, hi = CODE_RANGES[code]
         expr = f"min(max(round(f32(X[gx]) / {s}) + {z}, {flit(lo)}), {flit(hi)})"
@@ -747,13 +681,10 @@ Y[gx] = T({activation_expr(act)});
 def lower_softmax(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = inp(node, 0)
     xs = ctx.shape(x)
-    axis = node.attributes.get_int("axis", -1 if ctx.opset >= 13 else 1)
-    axis = axis + len(xs) if axis < 0 else axis
+    axes = softmax_axes(len(xs), softmax_axis(node), ctx.opset)
+    axis = axes[0]
     outer = int(np.prod(xs[:axis]))
-    if ctx.opset >= 13:
-        size, inner = xs[axis], int(np.prod(xs[axis + 1 :]))
-    else:
-        size, inner = int(np.prod(xs[axis:])), 1
+    size, inner = int(np.prod([xs[a] for a in axes])), int(np.prod(xs[axes[-1] + 1 :]))
     store = "t - mx - log(sum)" if node.op_type == "LogSoftmax" else "exp(t - mx) / sum"
     body = f"""
 let o = gx / INNER; let ii = gx % INNER;
@@ -896,12 +827,6 @@ Y[(o * AXIS + a + {lo}) * INNER + ii] = v;
     return out
 
 
-def _strides(shape: list[int]) -> list[int]:
-    from mconv.targets.metal.kernels.shape import _strides as strides
-
-    return strides(shape)
-
-
 def strided_copy(
     ctx: LowerContext,
     kernel: str,
@@ -923,26 +848,22 @@ def lower_transpose(ctx: LowerContext, node: ir.Node, kernel: str, act: Activati
     x, y = inp(node, 0), outp(node)
     xs = ctx.shape(x)
     perm = list(node.attributes.get_ints("perm", list(reversed(range(len(xs))))))
-    st = _strides(xs)
+    st = strides(xs)
     return strided_copy(ctx, kernel, x, ctx.shape(y), [st[p] for p in perm])
 
 
 def _check_slice(ctx: LowerContext, node: ir.Node) -> str | None:
-    from mconv.targets.metal.kernels.shape import _slice_params
-
-    got = _slice_params(ctx, node)
+    got = slice_params(ctx, node)
     return got if isinstance(got, str) else None
 
 
 @register("Slice", check=_check_slice)
 def lower_slice(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    from mconv.targets.metal.kernels.shape import _slice_params
-
     x, y = inp(node, 0), outp(node)
-    got = _slice_params(ctx, node)
+    got = slice_params(ctx, node)
     assert not isinstance(got, str)
     begin, step = got
-    st = _strides(ctx.shape(x))
+    st = strides(ctx.shape(x))
     base = sum(b * s for b, s in zip(begin, st))
     return strided_copy(ctx, kernel, x, ctx.shape(y), [sp * s for sp, s in zip(step, st)], base)
 
@@ -953,7 +874,7 @@ def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
     xs = ctx.shape(x)
     axis = node.attributes.get_int("axis", 0)
     axis = axis + len(xs) if axis < 0 else axis
-    st = _strides(xs)
+    st = strides(xs)
     out, start = [], 0
     for i in range(len(node.outputs)):
         y = outp(node, i)
@@ -967,8 +888,6 @@ def lower_split(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
 @register("DepthToSpace", "SpaceToDepth")
 def lower_depth_space(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     """The 6-D transpose of the ONNX definition (DCR or CRD) as one strided copy (the Metal rule)."""
-    from mconv.targets.metal.kernels.shape import depth_space_view
-
     x = inp(node, 0)
     return strided_copy(ctx, kernel, x, *depth_space_view(node, ctx.shape(x)))
 
@@ -987,7 +906,7 @@ def lower_expand(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
     return strided_copy(ctx, kernel, x, ctx.shape(y), broadcast_strides(ctx.shape(x), ctx.shape(y)))
 
 
-@register("Gather", check=_check_gather_msl)
+@register("Gather", check=check_gather)
 def lower_gather(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     """The Metal kernels' Gather (rules 2 and 3 of :mod:`mconv.targets.metal.kernels.indexing`):
     constant indices baked as a table; indices computed at run time read from a buffer, an index
@@ -1023,12 +942,6 @@ Y[gx] = X[(o * AXIS + idx[j]) * INNER + ii];
 # -- issue 17 item 5: Pad, Resize, LayerNormalization, ConvTranspose --------------------------
 
 
-def _check_pad(ctx: LowerContext, node: ir.Node) -> str | None:
-    from mconv.targets.metal.kernels.shape import _check_pad as check
-
-    return check(ctx, node)
-
-
 def remap(
     ctx: LowerContext,
     kernel: str,
@@ -1040,7 +953,7 @@ def remap(
 ) -> KernelSource:
     """Per output axis (begin, mode): i = c - begin mapped into [0, D) by the mode (the Metal
     target's Pad rule: constant, edge, reflect, wrap; negative begins crop)."""
-    st = _strides(xs)
+    st = strides(xs)
     count = int(np.prod(ys)) if ys else 1
     lines = ["var r: i32 = gx;", "var off: i32 = 0;", "var outside = false;"]
     for a in reversed(range(len(ys))):
@@ -1066,33 +979,23 @@ def remap(
     return KernelSource(kernel, module(ctx, kernel, ["X"], grid, {}, _indent(body)), [x], grid)
 
 
-@register("Pad", check=_check_pad)
+@register("Pad", check=check_pad)
 def lower_pad(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    from mconv.targets.metal.kernels.shape import _pad_params
-
     x, y = inp(node, 0), outp(node)
-    got = _pad_params(ctx, node)
+    got = pad_params(ctx, node)
     assert not isinstance(got, str)
     begins, mode, value = got
     return remap(ctx, kernel, x, ctx.shape(x), ctx.shape(y), [(b, mode) for b in begins], value)
 
 
-def _check_resize(ctx: LowerContext, node: ir.Node) -> str | None:
-    from mconv.targets.metal.kernels.shape import _check_resize as check
-
-    return check(ctx, node)
-
-
-@register("Resize", "Upsample", check=_check_resize)
+@register("Resize", "Upsample", check=check_resize)
 def lower_resize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     """The reference executor's per-axis plan (output x input weights per resized axis) as
     tables of taps: every mode and coordinate transformation the reference has."""
-    from mconv.targets.metal.kernels.shape import _resize_axes, resize_taps
-
     x, y = inp(node, 0), outp(node)
     xs, ys = ctx.shape(x), ctx.shape(y)
-    plan, attrs = _resize_axes(ctx, node)
-    st = _strides(xs)
+    plan, attrs = resize_axes(ctx, node)
+    st = strides(xs)
     resized = {axis: (w, ext) for axis, w, ext in plan}
     any_ext = any(ext.any() for _, _, ext in plan)
     tables, opens, closes, weights, offs = [], [], [], [], []
@@ -1142,13 +1045,7 @@ Y[gx] = T({store});
     )
 
 
-def _check_layernorm(ctx: LowerContext, node: ir.Node) -> str | None:
-    from mconv.targets.metal.kernels.normalization import _check_layernorm as check
-
-    return check(ctx, node)
-
-
-@register("LayerNormalization", check=_check_layernorm)
+@register("LayerNormalization", check=check_layernorm)
 def lower_layernorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     """One invocation per row (the axes from ``axis`` on): mean, then variance, in f32."""
     x = inp(node, 0)

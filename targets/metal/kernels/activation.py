@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+from mconv.onnx_rules import softmax_axes
+from mconv.targets.gpu.params.normalization import softmax_axis
+from mconv.targets.gpu.values import required
 from mconv.targets.metal.kernels import UNARY_ACTIVATIONS, Activation, KernelSource, LowerContext, register
 from mconv.targets.metal.kernels.conv import constants
 from mconv.targets.metal.kernels.elementwise import check_binary, check_unary, lower_binary, lower_unary
-from mconv.targets.metal.values import required
 
 
 @register(*UNARY_ACTIVATIONS, check=check_unary)
@@ -39,14 +41,10 @@ def lower_prelu(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation |
 def lower_softmax(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = required(node.inputs[0])
     xs = ctx.shape(x)
-    rank = len(xs)
-    axis = node.attributes.get_int("axis", -1 if ctx.opset >= 13 else 1)
-    axis = axis + rank if axis < 0 else axis
+    axes = softmax_axes(len(xs), softmax_axis(node), ctx.opset)
+    axis = axes[0]
     outer = int(np.prod(xs[:axis]))
-    if ctx.opset >= 13:
-        size, inner = xs[axis], int(np.prod(xs[axis + 1 :]))
-    else:
-        size, inner = int(np.prod(xs[axis:])), 1
+    size, inner = int(np.prod([xs[a] for a in axes])), int(np.prod(xs[axes[-1] + 1 :]))
     P = kernel
     store = (
         "float(X[base + j * {P}_INNER]) - mx - log(sum)"

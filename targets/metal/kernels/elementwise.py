@@ -29,6 +29,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
+from mconv.targets.gpu.expr import BINARY, is_inf_expr, wrap_expr
+from mconv.targets.gpu.ops import activation_of, check_unary, tensor_clip
+from mconv.targets.gpu.params.elementwise import broadcast_strides, cast_rule, cast_target
+from mconv.targets.gpu.values import required
 from mconv.targets.metal.kernels import (
     ACTIVATIONS,
     UNARY_ACTIVATIONS,
@@ -40,20 +44,6 @@ from mconv.targets.metal.kernels import (
     register,
 )
 from mconv.targets.metal.kernels.conv import constants
-from mconv.targets.metal.values import required
-
-_BINARY = {
-    "Add": "a + b",
-    "Sum": "a + b",
-    "Sub": "a - b",
-    "Mul": "a * b",
-    "Div": "a / b",
-    "Max": "max(a, b)",
-    "Min": "min(a, b)",
-    "Mean": "(a + b) * 0.5f",
-    "Pow": "mconv_pow(a, b)",
-    "PRelu": "(a >= 0.0f ? a : a * b)",
-}
 
 
 def _pow_expr(node: ir.Node, ctx: LowerContext) -> str | None:
@@ -71,16 +61,6 @@ def check_binary(ctx: LowerContext, node: ir.Node) -> str | None:
     if len(node.inputs) != 2 or any(v is None for v in node.inputs):
         return f"{len(node.inputs)} inputs (the metal target lowers 2)"
     return None
-
-
-def broadcast_strides(in_shape: list[int], out_shape: list[int]) -> list[int]:
-    """Element strides of ``in_shape`` over ``out_shape``'s coordinates (0 where broadcast)."""
-    padded = [1] * (len(out_shape) - len(in_shape)) + list(in_shape)
-    strides, step = [], 1
-    for d in reversed(padded):
-        strides.append(step if d != 1 else 0)
-        step *= d
-    return list(reversed(strides))
 
 
 def _offsets(out_shape: list[int], operands: list[tuple[str, list[int]]]) -> str:
@@ -111,7 +91,7 @@ _PREDICATES = {
     "Or": "((a != 0.0f || b != 0.0f) ? 1.0f : 0.0f)",
     "Xor": "(((a != 0.0f) != (b != 0.0f)) ? 1.0f : 0.0f)",
 }
-_BINARY.update(_PREDICATES)
+BINARY.update(_PREDICATES)
 
 
 @register(*_PREDICATES, check=check_binary, integers=True)
@@ -121,7 +101,7 @@ def lower_binary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
     ys = ctx.shape(y)
     count = int(np.prod(ys)) if ys else 1
-    expr = (_pow_expr(node, ctx) if node.op_type == "Pow" else None) or _BINARY[node.op_type]
+    expr = (_pow_expr(node, ctx) if node.op_type == "Pow" else None) or BINARY[node.op_type]
     P = kernel
     # a constant scalar operand is a float literal (rule 4): it keeps float32 precision in half
     # storage (log(x * x + 1e-10) stays finite) and needs no buffer
@@ -153,134 +133,6 @@ def lower_binary(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
 """
     )
     return KernelSource(kernel, src, reads, (count, 1, 1))
-
-
-_SIMPLE = {
-    "HardSwish": "hardswish",
-    "Softplus": "softplus",
-    "Softsign": "softsign",
-    "Mish": "mish",
-    "Neg": "neg",
-    "Exp": "exp",
-    "Log": "log",
-    "Sqrt": "sqrt",
-    "Abs": "abs",
-    "Reciprocal": "reciprocal",
-    "Erf": "erf",
-    "Floor": "floor",
-    "Ceil": "ceil",
-    "Round": "round",
-    "Sin": "sin",
-    "Cos": "cos",
-}
-
-
-def activation_of(ctx: LowerContext, node: ir.Node) -> Activation | None:
-    """The Activation an activation node computes, or None when it cannot be expressed."""
-    op = node.op_type
-    names = (node.name or "",)  # a graph names its nodes
-    if op == "Relu":
-        return Activation("relu", (), names)
-    if op == "LeakyRelu":
-        return Activation("leaky", (node.attributes.get_float("alpha", 0.01),), names)
-    if op == "Sigmoid":
-        return Activation("sigmoid", (), names)
-    if op == "Tanh":
-        return Activation("tanh", (), names)
-    if op == "Gelu":
-        kind = "gelu_tanh" if node.attributes.get_string("approximate", "none") == "tanh" else "gelu"
-        return Activation(kind, (), names)
-    if op == "HardSigmoid":
-        a = node.attributes.get_float("alpha", 0.2)
-        b = node.attributes.get_float("beta", 0.5)
-        return Activation("hardsigmoid", (a, b), names)
-    if op == "Elu":
-        return Activation("elu", (node.attributes.get_float("alpha", 1.0),), names)
-    if op == "Celu":
-        return Activation("celu", (node.attributes.get_float("alpha", 1.0),), names)
-    if op == "Selu":
-        a = node.attributes.get_float("alpha", 1.67326319217681884765625)
-        g = node.attributes.get_float("gamma", 1.05070102214813232421875)
-        return Activation("selu", (a, g), names)
-    if op in _SIMPLE:
-        return Activation(_SIMPLE[op], (), names)
-    if op in ("QuantizeLinear", "DequantizeLinear"):  # per tensor: fused after the producer
-        from mconv.targets.metal.kernels.quantization import CODE_RANGES, _code_type, _params
-
-        got = _params(ctx, node)
-        if isinstance(got, str) or got[0].size != 1:
-            return None
-        scale, zp = float(got[0][0]), float(got[1][0])
-        if op == "DequantizeLinear":
-            return Activation("dequantize", (scale, zp), (node.name or "",))
-        code = _code_type(node)
-        assert code is not None
-        lo, hi = CODE_RANGES[code]
-        return Activation("quantize", (scale, zp, float(lo), float(hi)), (node.name or "",))
-    if op in ("Mul", "Add", "Sub", "Div") and len(node.inputs) == 2:  # x op c, c a constant scalar
-        c = LowerContext.const(node.inputs[1])
-        x = node.inputs[0]
-        if (
-            c is None
-            or c.size != 1
-            or x is None
-            or x.const_value is not None
-            or x.dtype not in (*_FLOAT_TYPES, ir.DataType.FLOAT16)
-        ):
-            return None
-        value = float(c.reshape(()))
-        kind = {"Mul": "mul", "Add": "add", "Sub": "add", "Div": "div"}[op]
-        return Activation(kind, (-value if op == "Sub" else value,), (node.name or "",))
-    if op in ("Min", "Max") and len(node.inputs) == 2:  # Min(x, 6) after a Relu: Keras' relu6
-        c = LowerContext.const(node.inputs[1])
-        if c is None or c.size != 1 or LowerContext.const(node.inputs[0]) is not None:
-            return None
-        bound = float(c.reshape(()))
-        return Activation("clip", (-np.inf, bound) if op == "Min" else (bound, np.inf), names)
-    if op == "Clip":
-        if ctx.opset < 11 or len(node.inputs) == 1:
-            clip_lo = node.attributes.get_float("min", -np.inf) if ctx.opset < 11 else -np.inf
-            clip_hi = node.attributes.get_float("max", np.inf) if ctx.opset < 11 else np.inf
-            return Activation("clip", (clip_lo, clip_hi), names)
-        bounds = []
-        for k, default in ((1, -np.inf), (2, np.inf)):
-            v = node.inputs[k] if len(node.inputs) > k else None
-            if v is None:
-                bounds.append(default)
-                continue
-            arr = LowerContext.const(v)
-            if arr is None or arr.size != 1:
-                return None
-            bounds.append(float(arr.reshape(())))
-        return Activation("clip", tuple(bounds), names)
-    return None
-
-
-def tensor_clip(ctx: LowerContext, node: ir.Node) -> tuple[list[ir.Value], str] | None:
-    """A Clip (opset 11+) whose min or max is computed or not one value: (operands, expression
-    of ``a`` = x, then ``b``, ``c`` = the bounds present), one broadcast kernel; else None."""
-    if node.op_type != "Clip" or ctx.opset < 11 or len(node.inputs) < 2 or activation_of(ctx, node):
-        return None
-    x = node.inputs[0]
-    if x is None:
-        return None
-    operands, expr = [x], "a"
-    for k, fn in ((1, "max"), (2, "min")):
-        v = node.inputs[k] if len(node.inputs) > k else None
-        if v is None:
-            continue
-        if v.shape is None or any(not isinstance(d, int) for d in v.shape):
-            return None
-        name = "abc"[len(operands)]
-        operands.append(v)
-        expr = f"{fn}({expr}, {name})"
-    return operands, expr
-
-
-def check_unary(ctx: LowerContext, node: ir.Node) -> str | None:
-    if activation_of(ctx, node) is not None or tensor_clip(ctx, node) is not None:
-        return None
-    return "bounds that are not constant scalars"
 
 
 @register(*(op for op in ACTIVATIONS if op not in UNARY_ACTIVATIONS), check=check_unary)
@@ -359,19 +211,6 @@ _NAN_TEST = "((as_type<uint>(a) & 0x7fffffffu) > 0x7f800000u)"
 _INF_TEST = "((as_type<uint>(a) & 0x7fffffffu) == 0x7f800000u)"
 
 
-def is_inf_expr(node: ir.Node, inf_test: str) -> str:
-    """IsInf's 0/1 expression of ``a`` for the node's detect_negative / detect_positive."""
-    neg = node.attributes.get_int("detect_negative", 1)
-    pos = node.attributes.get_int("detect_positive", 1)
-    if neg and pos:
-        test = inf_test
-    elif neg or pos:
-        test = f"({inf_test} && a {'<' if neg else '>'} 0.0f)"
-    else:
-        return "0.0f"
-    return test
-
-
 @register("IsNaN", "IsInf", integers=True)
 def lower_is_nan_inf(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     test = _NAN_TEST if node.op_type == "IsNaN" else is_inf_expr(node, _INF_TEST)
@@ -383,62 +222,6 @@ def lower_is_nan_inf(ctx: LowerContext, node: ir.Node, kernel: str, act: Activat
 def lower_not(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = _present(node.inputs[:1])
     return lower_where_or_unary(ctx, kernel, x, node.outputs[0], "(a != 0.0f ? 0.0f : 1.0f)")
-
-
-_FLOAT_TYPES = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
-# integer types: (bits, signed); int64's range is wider than any float holds exactly anyway
-_INT_TYPES = {
-    ir.DataType.INT8: (8, True),
-    ir.DataType.UINT8: (8, False),
-    ir.DataType.INT16: (16, True),
-    ir.DataType.UINT16: (16, False),
-    ir.DataType.INT32: (32, True),
-    ir.DataType.UINT32: (32, False),
-    ir.DataType.INT64: (64, True),
-    ir.DataType.UINT64: (64, False),
-}
-
-
-def _cast_target(node: ir.Node) -> ir.DataType | None:
-    if node.op_type == "CastLike":
-        return node.inputs[1].dtype if len(node.inputs) > 1 and node.inputs[1] is not None else None
-    to = node.attributes.get_int("to", 0)
-    try:
-        return ir.DataType(to)
-    except ValueError:
-        return None
-
-
-def cast_rule(src: ir.DataType | None, dst: ir.DataType | None) -> tuple | None:
-    """Cast from ``src`` to ``dst`` on integer-valued floats as a rule (the webgpu target writes
-    the same rules in WGSL), or None (refused): ``("bool",)``, ``("half",)``, ``("keep",)``,
-    ``("truncate", lo, hi)`` or ``("wrap", bits, signed)``.
-
-    ONNX's rules, on integer-valued floats: to bool, nonzero is 1; float to an integer type
-    rounds toward zero (out of range is undefined in ONNX: saturated here); an integer to a
-    narrower integer type keeps the low bits (two's complement wrap); to float16 rounds to half;
-    every other cast (integers or bool to float, widening) keeps the value."""
-    if src is None or dst is None:
-        return None
-    known = (*_FLOAT_TYPES, ir.DataType.FLOAT16, ir.DataType.BOOL, *_INT_TYPES)
-    if src not in known or dst not in known:
-        return None
-    if dst == ir.DataType.BOOL:
-        return ("bool",)
-    if dst == ir.DataType.FLOAT16:
-        return ("keep",) if src in (ir.DataType.FLOAT16, ir.DataType.BOOL) else ("half",)
-    if dst in _FLOAT_TYPES:
-        return ("keep",)
-    bits, signed = _INT_TYPES[dst]
-    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2**bits - 1)
-    if src in (*_FLOAT_TYPES, ir.DataType.FLOAT16):
-        return ("truncate", lo, hi)
-    if src == ir.DataType.BOOL or bits >= 32:
-        return ("keep",)  # 0/1, or a type wider than the integers a float holds exactly
-    sbits, ssigned = _INT_TYPES[src]
-    if (sbits == bits and ssigned == signed) or (sbits < bits and (signed or not ssigned)):
-        return ("keep",)  # every value of the source type is one of the target type
-    return ("wrap", bits, signed)
 
 
 def cast_expr(src: ir.DataType | None, dst: ir.DataType | None) -> str | None:
@@ -459,17 +242,8 @@ def cast_expr(src: ir.DataType | None, dst: ir.DataType | None) -> str | None:
     return wrap_expr(rule[1], rule[2])
 
 
-def wrap_expr(bits: int, signed: bool) -> str:
-    """``a`` (an integer held as a float) wrapped to a ``bits``-bit integer type, two's
-    complement when ``signed``; MSL and WGSL spell it alike, so both targets take it here."""
-    span = flit(2**bits)
-    if signed:
-        return f"(a - {span} * floor((a + {flit(2 ** (bits - 1))}) / {span}))"
-    return f"(a - {span} * floor(a / {span}))"
-
-
 def _check_cast(ctx: LowerContext, node: ir.Node) -> str | None:
-    src, dst = _present(node.inputs[:1])[0].dtype, _cast_target(node)
+    src, dst = _present(node.inputs[:1])[0].dtype, cast_target(node)
     if cast_expr(src, dst) is None:
         name = lambda t: t.name.lower() if t is not None else "unknown"  # noqa: E731
         return f"cast from {name(src)} to {name(dst)}"
@@ -479,6 +253,6 @@ def _check_cast(ctx: LowerContext, node: ir.Node) -> str | None:
 @register("Cast", "CastLike", check=_check_cast, integers=True)
 def lower_cast(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = _present(node.inputs[:1])
-    expr = cast_expr(x[0].dtype, _cast_target(node))
+    expr = cast_expr(x[0].dtype, cast_target(node))
     assert expr is not None  # the planner checks this before lowering
     return lower_where_or_unary(ctx, kernel, x, node.outputs[0], expr)

@@ -15,56 +15,14 @@ Rules:
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_ir as ir
+from mconv.targets.gpu.params.indexing import check_gather, gather_geometry
+from mconv.targets.gpu.values import required
 from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, register
 from mconv.targets.metal.kernels.conv import constants
-from mconv.targets.metal.values import required
 
 
-def runtime_gather_axes(graph: ir.Graph) -> list[tuple[str, int]]:
-    """(node name, length of the gathered axis) for every Gather whose indices are computed at
-    run time (rule 3)."""
-    found = []
-    for node in graph:
-        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
-            continue
-        x, idx = node.inputs[0], node.inputs[1]
-        if x is None or idx is None or idx.const_value is not None or x.shape is None:
-            continue
-        axis = node.attributes.get_int("axis", 0)
-        rank = len(x.shape)
-        if not -rank <= axis < rank:
-            continue
-        n = x.shape[axis]
-        found.append((node.name or "", n if isinstance(n, int) else 0))
-    return found
-
-
-def _check_gather(ctx: LowerContext, node: ir.Node) -> str | None:
-    if len(node.inputs) < 2 or node.inputs[1] is None:
-        return "Gather takes 2 inputs"
-    idx = node.inputs[1]
-    if idx.const_value is None and (idx.shape is None or any(not isinstance(d, int) for d in idx.shape)):
-        return "indices shape not static"
-    return None
-
-
-def gather_geometry(ctx: LowerContext, node: ir.Node) -> tuple[list[int], int, int, int, int]:
-    """(data shape, axis, inner size, index count, output count) of a Gather."""
-    x = required(node.inputs[0])
-    xs = ctx.shape(x)
-    axis = node.attributes.get_int("axis", 0)
-    axis = axis + len(xs) if axis < 0 else axis
-    idx_value = required(node.inputs[1])
-    const = LowerContext.const(idx_value)
-    n_idx = int(const.size) if const is not None else int(np.prod(ctx.shape(idx_value)))
-    inner = int(np.prod(xs[axis + 1 :]))
-    count = int(np.prod(xs[:axis])) * n_idx * inner
-    return xs, axis, inner, n_idx, count
-
-
-@register("Gather", check=_check_gather, integers=True)
+@register("Gather", check=check_gather, integers=True)
 def lower_gather(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     x = required(node.inputs[0])
     xs, axis, inner, n_idx, count = gather_geometry(ctx, node)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+from mconv.targets.gpu.params.conv import bias_strides
+from mconv.targets.gpu.values import required
 from mconv.targets.metal.kernels import (
     Activation,
     KernelSource,
@@ -22,8 +24,7 @@ from mconv.targets.metal.kernels import (
     flit,
     register,
 )
-from mconv.targets.metal.kernels.conv import _bias_strides, constants
-from mconv.targets.metal.values import required
+from mconv.targets.metal.kernels.conv import constants
 
 
 @register("Gemm", "MatMul", fusible=True)
@@ -52,7 +53,7 @@ def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
     reads = [a, b]
     bias = ""
     if c is not None and beta != 0.0:
-        sr, sc = _bias_strides(ctx.shape(c), m, n)
+        sr, sc = bias_strides(ctx.shape(c), m, n)
         params.append(ctx.buffer_param(2, "C"))
         reads.append(c)
         bias = f" + {flit(beta)} * float(C[row * {sr} + col * {sc}])"
@@ -81,7 +82,8 @@ def _lower_batched_matmul(
     ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None
 ) -> KernelSource:
     """numpy matmul: 1-D operands promoted, batch dimensions broadcast (rule 2)."""
-    from mconv.targets.metal.kernels.elementwise import _offsets, broadcast_strides
+    from mconv.targets.gpu.params.elementwise import broadcast_strides
+    from mconv.targets.metal.kernels.elementwise import _offsets
 
     a, b = required(node.inputs[0]), required(node.inputs[1])
     as_, bs = ctx.shape(a), ctx.shape(b)

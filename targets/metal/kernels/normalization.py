@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+from mconv.targets.gpu.params.normalization import check_layernorm
+from mconv.targets.gpu.values import all_required, required
 from mconv.targets.metal.kernels import (
     Activation,
     KernelSource,
@@ -24,7 +26,6 @@ from mconv.targets.metal.kernels import (
     register,
 )
 from mconv.targets.metal.kernels.conv import constants
-from mconv.targets.metal.values import all_required, required, static_dims
 
 
 @register("LRN")
@@ -62,22 +63,7 @@ def lower_lrn(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | N
     return KernelSource(kernel, src, [x], (count, 1, 1))
 
 
-def _check_layernorm(ctx: LowerContext, node: ir.Node) -> str | None:
-    xs = required(node.inputs[0], node).shape
-    if xs is None:
-        return None
-    axis = node.attributes.get_int("axis", -1)
-    axis = axis + len(xs) if axis < 0 else axis
-    size = int(np.prod(static_dims(xs)[axis:]))
-    for v in node.inputs[1:3]:
-        if v is not None and v.shape is not None and int(np.prod(static_dims(v.shape))) not in (1, size):
-            return "scale or bias not of the normalized shape"
-    if any(o is not None and o.uses() for o in node.outputs[1:]):
-        return "mean or inv_std_dev output used"
-    return None
-
-
-@register("LayerNormalization", check=_check_layernorm)
+@register("LayerNormalization", check=check_layernorm)
 def lower_layernorm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
     """rule 3: one thread per row (the axes from ``axis`` on), two float passes (mean, variance)."""
     x = required(node.inputs[0])

@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import numpy as np
+from mconv.onnx_rules import attr, softmax_axes
 
 from . import register, register_vjp, wide
 from ._special import special
@@ -29,37 +30,37 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 _POINTWISE = {
     "Relu": (lambda x, a: np.maximum(x, 0), lambda x, y, a: (x > 0).astype(x.dtype)),
     "LeakyRelu": (
-        lambda x, a: np.where(x >= 0, x, a.get("alpha", 0.01) * x),
-        lambda x, y, a: np.where(x >= 0, 1.0, a.get("alpha", 0.01)),
+        lambda x, a: np.where(x >= 0, x, attr(a, "LeakyRelu", "alpha") * x),
+        lambda x, y, a: np.where(x >= 0, 1.0, attr(a, "LeakyRelu", "alpha")),
     ),
     "Elu": (
-        lambda x, a: np.where(x > 0, x, a.get("alpha", 1.0) * np.expm1(np.minimum(x, 0))),
-        lambda x, y, a: np.where(x > 0, 1.0, a.get("alpha", 1.0) * np.exp(np.minimum(x, 0))),
+        lambda x, a: np.where(x > 0, x, attr(a, "Elu", "alpha") * np.expm1(np.minimum(x, 0))),
+        lambda x, y, a: np.where(x > 0, 1.0, attr(a, "Elu", "alpha") * np.exp(np.minimum(x, 0))),
     ),
     "Selu": (
         lambda x, a: (
-            a.get("gamma", 1.05070102214813232421875)
-            * np.where(x > 0, x, a.get("alpha", 1.67326319217681884765625) * np.expm1(np.minimum(x, 0)))
+            attr(a, "Selu", "gamma")
+            * np.where(x > 0, x, attr(a, "Selu", "alpha") * np.expm1(np.minimum(x, 0)))
         ),
         lambda x, y, a: (
-            a.get("gamma", 1.05070102214813232421875)
-            * np.where(x > 0, 1.0, a.get("alpha", 1.67326319217681884765625) * np.exp(np.minimum(x, 0)))
+            attr(a, "Selu", "gamma")
+            * np.where(x > 0, 1.0, attr(a, "Selu", "alpha") * np.exp(np.minimum(x, 0)))
         ),
     ),
     "Celu": (
         lambda x, a: (
             np.maximum(x, 0)
-            + np.minimum(0, a.get("alpha", 1.0) * np.expm1(np.minimum(x, 0) / a.get("alpha", 1.0)))
+            + np.minimum(0, attr(a, "Celu", "alpha") * np.expm1(np.minimum(x, 0) / attr(a, "Celu", "alpha")))
         ),
-        lambda x, y, a: np.where(x > 0, 1.0, np.exp(np.minimum(x, 0) / a.get("alpha", 1.0))),
+        lambda x, y, a: np.where(x > 0, 1.0, np.exp(np.minimum(x, 0) / attr(a, "Celu", "alpha"))),
     ),
     "Sigmoid": (lambda x, a: _sigmoid(x), lambda x, y, a: y * (1 - y)),
     "HardSigmoid": (
-        lambda x, a: np.clip(a.get("alpha", 0.2) * x + a.get("beta", 0.5), 0, 1),
+        lambda x, a: np.clip(attr(a, "HardSigmoid", "alpha") * x + attr(a, "HardSigmoid", "beta"), 0, 1),
         lambda x, y, a: np.where(
-            (a.get("alpha", 0.2) * x + a.get("beta", 0.5) > 0)
-            & (a.get("alpha", 0.2) * x + a.get("beta", 0.5) < 1),
-            a.get("alpha", 0.2),
+            (attr(a, "HardSigmoid", "alpha") * x + attr(a, "HardSigmoid", "beta") > 0)
+            & (attr(a, "HardSigmoid", "alpha") * x + attr(a, "HardSigmoid", "beta") < 1),
+            attr(a, "HardSigmoid", "alpha"),
             0.0,
         ),
     ),
@@ -160,12 +161,7 @@ def prelu_vjp(inputs, attrs, outputs, grads, ctx):
 
 def _softmax_axes(x: np.ndarray, attrs: dict, ctx) -> tuple[np.ndarray, tuple[int, ...]]:
     """The array to normalize and the axes to normalize over (old opsets: the coerced 2-D block)."""
-    if ctx.opset < 13:
-        axis = attrs.get("axis", 1)
-        axis = axis + x.ndim if axis < 0 else axis
-        return x, tuple(range(axis, x.ndim))
-    axis = attrs.get("axis", -1)
-    return x, (axis + x.ndim if axis < 0 else axis,)
+    return x, softmax_axes(x.ndim, attrs.get("axis"), ctx.opset)
 
 
 @register("Softmax")

@@ -2,11 +2,10 @@
 
 Rules:
 
-1. Defaults are ONNX's (LeakyRelu alpha 0.01, Elu/Celu alpha 1, Selu's constants, HardSigmoid
-   alpha 0.2 beta 0.5, ThresholdedRelu alpha 1, Shrink lambd 0.5 bias 0).
+1. Defaults are ONNX's (:mod:`mconv.onnx_rules`; ThresholdedRelu alpha 1, Shrink lambd 0.5 bias
+   0 here).
 2. Gelu ``approximate="tanh"`` uses the tanh formula, otherwise the exact erf form.
-3. Softmax-like ops before opset 13 coerce the input to 2-D at ``axis`` (default 1) and
-   normalize the flattened trailing block; from opset 13 they act along ``axis`` (default -1).
+3. Softmax-like ops normalize over :func:`mconv.onnx_rules.softmax_axes` (the opset-13 rule).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from mconv.onnx_rules import attr, softmax_axes
 from mconv.targets.xla.lower import lower
 
 
@@ -25,17 +25,18 @@ def _act(fn):
 
 _ACTS = {
     "Relu": lambda x, a: jnp.maximum(x, jnp.zeros((), x.dtype)),
-    "LeakyRelu": lambda x, a: jnp.where(x >= 0, x, x * a.get("alpha", 0.01)),
-    "Elu": lambda x, a: jnp.where(x > 0, x, a.get("alpha", 1.0) * jnp.expm1(x)),
+    "LeakyRelu": lambda x, a: jnp.where(x >= 0, x, x * attr(a, "LeakyRelu", "alpha")),
+    "Elu": lambda x, a: jnp.where(x > 0, x, attr(a, "Elu", "alpha") * jnp.expm1(x)),
     "Celu": lambda x, a: (
-        jnp.maximum(x, 0) + jnp.minimum(0, a.get("alpha", 1.0) * jnp.expm1(x / a.get("alpha", 1.0)))
+        jnp.maximum(x, 0) + jnp.minimum(0, attr(a, "Celu", "alpha") * jnp.expm1(x / attr(a, "Celu", "alpha")))
     ),
     "Selu": lambda x, a: (
-        a.get("gamma", 1.05070102214813232421875)
-        * jnp.where(x > 0, x, a.get("alpha", 1.67326319217681884765625) * jnp.expm1(x))
+        attr(a, "Selu", "gamma") * jnp.where(x > 0, x, attr(a, "Selu", "alpha") * jnp.expm1(x))
     ),
     "Sigmoid": lambda x, a: jax.nn.sigmoid(x),
-    "HardSigmoid": lambda x, a: jnp.clip(a.get("alpha", 0.2) * x + a.get("beta", 0.5), 0, 1).astype(x.dtype),
+    "HardSigmoid": lambda x, a: jnp.clip(
+        attr(a, "HardSigmoid", "alpha") * x + attr(a, "HardSigmoid", "beta"), 0, 1
+    ).astype(x.dtype),
     "HardSwish": lambda x, a: x * jnp.clip(x / 6 + 0.5, 0, 1).astype(x.dtype),
     "Tanh": lambda x, a: jnp.tanh(x),
     "Softplus": lambda x, a: jax.nn.softplus(x),
@@ -65,12 +66,7 @@ def prelu(inputs, attrs, ctx):
 
 
 def _softmax_axes(x, attrs, ctx):
-    if ctx.opset < 13:
-        axis = attrs.get("axis", 1)
-        axis = axis + x.ndim if axis < 0 else axis
-        return tuple(range(axis, x.ndim))
-    axis = attrs.get("axis", -1)
-    return (axis + x.ndim if axis < 0 else axis,)
+    return softmax_axes(x.ndim, attrs.get("axis"), ctx.opset)
 
 
 @lower("Softmax")

@@ -108,9 +108,9 @@ def select_data_ifs(model: ir.Model) -> list[str]:
 
 
 def prepare_with_ifs(model: ir.Model, batch: int) -> ir.Model:
-    """The metal planner's ``prepare`` with rules 1 and 2 applied until no If changes."""
+    """The GPU planner's ``prepare`` with rules 1 and 2 applied until no If changes."""
     from mconv.passes.inline_if import inline_constant_ifs
-    from mconv.targets.metal.plan import prepare
+    from mconv.targets.gpu.plan import prepare
 
     prepared = prepare(model, batch)
     for _ in range(MAX_ROUNDS):

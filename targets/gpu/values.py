@@ -1,9 +1,11 @@
-"""The values a kernel rule reads, typed: inputs a rule needs, shapes the planner baked."""
+"""The values a kernel rule reads, typed: inputs a rule needs, shapes the planner baked; and
+the outputs a runner gives back typed (integers and bool are held as floats in the buffers)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError, show
 
@@ -34,3 +36,20 @@ def static_dims(dims_in: ir.Shape) -> list[int]:
             hint="the metal target bakes shapes: give them with export --input-shape NAME=DIMS",
         )
     return dims
+
+
+def typed_output(values: np.ndarray, dtype: str | None) -> np.ndarray:
+    """A float32 output as the model's output type: bool as nonzero, integers rounded (they are
+    exact integers in the buffer), anything else float32."""
+    if not dtype or dtype in ("float32", "float16", "float64", "bfloat16"):
+        return values
+    if dtype == "bool":
+        return values != 0
+    try:
+        kind = np.dtype(dtype)
+    except TypeError:
+        return values
+    if kind.kind not in "iu":
+        return values
+    info = np.iinfo(kind)
+    return np.clip(np.rint(values), info.min, info.max).astype(kind)

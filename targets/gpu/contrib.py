@@ -3,19 +3,19 @@ before planning, for the metal and webgpu targets (both plan from the same prepa
 
 Rules:
 
-1. :func:`decompose` runs in :func:`mconv.targets.metal.plan.prepare` after the inputs' shapes
+1. :func:`decompose` runs in :func:`mconv.targets.gpu.plan.prepare` after the inputs' shapes
    are baked, in rounds with shape inference between them: a node is rewritten once the static
    shapes its rewrite needs are known, into standard ONNX ops that the targets lower. A node
    whose parameters are not constants (scales, zero points, quantized weights), or that uses a
    feature the rewrite does not express (an attention past state, ``g_idx``, a norm's mean
    output) is left as it is, and the planner names it as unsupported.
-2. Integer codes are floats on the targets (the metal plan's rule 3). The integer products
+2. Integer codes are floats on the targets (the GPU plan's rule 3). The integer products
    (ConvInteger, MatMulInteger, QLinearConv, QLinearMatMul, QGemm) become the float Conv /
    MatMul / Gemm of the zero-point-subtracted codes: exact while every partial sum is an
    integer below 2^24. The bound is computed from the constant weights (per output channel:
    sum of ``|w - zw|`` times the largest ``|x - zx|`` the input type allows, plus ``|bias|``);
    a node over it is refused (exit 2), naming it and its bound, never computed inexactly.
-   The graph is then planned in float storage (the metal plan's rule 6).
+   The graph is then planned in float storage (the GPU plan's rule 6).
 3. Requantization is ONNX Runtime's: the exact accumulator times the float32 ratio of scales
    (``x_scale * w_scale / y_scale``), rounded half to even, plus the zero point, saturated:
    a ``Mul`` by the ratio, then ``QuantizeLinear`` with scale 1 and the output zero point. The

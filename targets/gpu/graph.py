@@ -30,11 +30,11 @@ import onnx
 import onnx_ir as ir
 from mconv.bundle import DENSE, Bundle
 from mconv.errors import InputError, IntegrityError, show
-from mconv.targets.metal.plan import MetalPlan
+from mconv.targets.gpu.plan import GpuPlan
 
 __all__ = ["graph_bytes", "plan_with_stored_weights", "read_graph", "regenerated_mismatch"]
 
-WeightSpec = Callable[[MetalPlan, str, np.ndarray], tuple[np.ndarray, dict]]
+WeightSpec = Callable[[GpuPlan, str, np.ndarray], tuple[np.ndarray, dict]]
 MAX_ROUNDS = 4  # rule 1: rounding is idempotent, so the second round changes nothing
 
 
@@ -45,8 +45,8 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def plan_with_stored_weights(
-    prepared: ir.Model, build: Callable[[ir.Model], MetalPlan], weight_spec: WeightSpec
-) -> tuple[MetalPlan, list[tuple[str, np.ndarray, dict]]]:
+    prepared: ir.Model, build: Callable[[ir.Model], GpuPlan], weight_spec: WeightSpec
+) -> tuple[GpuPlan, list[tuple[str, np.ndarray, dict]]]:
     """Rule 1: (plan, weights as (name, stored array, codec spec)) with the plan built from the
     stored values. ``build`` plans the prepared model; ``weight_spec(plan, name, array)`` gives
     a weight's stored array and codec."""
