@@ -9,6 +9,7 @@ targets, fixtures, api or cli; ``tests/test_layering.py`` walks every import). I
 - :mod:`mconv.wire`       the protobuf wire format read and written by hand;
 - :mod:`mconv.onnx_check` the load-time ONNX check (structure, sizes, external data);
 - :mod:`mconv.irio`       loading/saving ``.onnx`` as ``onnx_ir.Model`` plus model statistics;
+- :mod:`mconv.onnx_rules` ONNX attribute defaults and opset rules, stated once for every engine;
 - :mod:`mconv.ir_maptypes` map types (ONNX-ML's ``map(K, V)``) for ``onnx_ir``, which has none;
 - :mod:`mconv.metrics`    comparison metrics, gates and feeds;
 - :mod:`mconv.sorting`    a float16 sort that is exact on every CPU (numpy's misorders on some);
