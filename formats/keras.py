@@ -894,7 +894,12 @@ def _node_inputs(node, imp: _Importer, lay: dict) -> list[tuple[str, int, int]]:
     where = f"layer '{lay.get('name')}'"
     refs: list[tuple[str, int, int]] = []
     if isinstance(node, dict):  # Keras 3: {"args": [...], "kwargs": {...}}
-        op_layer = str(lay.get("module", "")).startswith("keras.src.ops.")
+        # A Python number is an argument of a Keras op (``x + 3.0``): the op's module says so in a
+        # .keras file; legacy HDF5 drops modules, and there an op is told by the number being a
+        # positional argument of its own (a merge layer takes one list of tensors).
+        module = lay.get("module")
+        op_layer = str(module).startswith("keras.src.ops.")
+        loose_number_ok = op_layer or "module" not in lay
         kwargs = node.get("kwargs") or {}
         bad = [k for k, v in kwargs.items() if k not in _IGNORED_CALL_KWARGS and v is not None]
         if bad:
@@ -917,7 +922,11 @@ def _node_inputs(node, imp: _Importer, lay: dict) -> list[tuple[str, int, int]]:
                     walk(x, depth + 1)
             elif isinstance(a, dict):
                 raise imp.fail("call argument is not a tensor", where=where)
-            elif op_layer and isinstance(a, int | float) and not isinstance(a, bool):
+            elif (
+                (op_layer or (loose_number_ok and depth == 1))
+                and isinstance(a, int | float)
+                and not isinstance(a, bool)
+            ):
                 # a Keras op with a Python number (MobileNetV3's hard sigmoid: x + 3.0, x * (1/6))
                 refs.append((f"{_CONST_REF}{float(a)!r}", 0, 0))
 

@@ -340,6 +340,27 @@ def test_application_layers_match_keras(tmp_path, ext):
     np.testing.assert_allclose(got, np.asarray(model(x, training=False)), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("ext", [".keras", ".h5"])
+def test_ops_with_python_numbers_match_keras(tmp_path, ext):
+    """MobileNetV3's hard sigmoid is ``(x + 3.0) * (1 / 6)``: Keras ops with a Python number, whose
+    module legacy HDF5 does not keep."""
+    from mconv.formats import import_model
+    from mconv.irio import to_proto
+
+    keras.utils.set_random_seed(2)
+    i = keras.Input((5,))
+    d = keras.layers.Dense(4, name="dense")(i)
+    y = keras.layers.Add(name="merge")([(d + 3.0) * (1.0 / 6.0), 2.0 - d])
+    model = keras.Model(i, y)
+    model.save(tmp_path / f"m{ext}")
+    x = np.random.default_rng(0).normal(size=(3, 5)).astype(np.float32)
+    sess = ort.InferenceSession(
+        to_proto(import_model([tmp_path / f"m{ext}"])).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    (got,) = sess.run(None, {sess.get_inputs()[0].name: x})
+    np.testing.assert_allclose(got, np.asarray(model(x, training=False)), rtol=1e-5, atol=1e-6)
+
+
 def _rewrite_config(src: Path, dst: Path, edit) -> None:
     import json
     import zipfile
