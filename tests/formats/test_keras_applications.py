@@ -67,7 +67,6 @@ APPS: dict[str, App] = {
 
 # Settings of the public constructors that bring layers the defaults do not use.
 VARIANTS: dict[str, tuple[str, App]] = {
-    "ConvNeXtTiny-drop_path": ("ConvNeXtTiny", App(kwargs={"drop_path_rate": 0.1})),  # StochasticDepth
     "MobileNetV3Small-minimalistic": ("MobileNetV3Small", App(kwargs={"minimalistic": True})),
 }
 
