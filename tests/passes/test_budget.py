@@ -127,7 +127,7 @@ def test_a_harmful_fine_tuning_stage_is_rolled_back(monkeypatch):
     def wild(epochs, lr, seed, holdout, batch, **kw):  # a learning rate that wrecks the model
         return real(epochs, 5.0, seed, holdout, batch, **kw)
 
-    monkeypatch.setattr(B, "_finetune_spec", wild)
+    monkeypatch.setattr(B.schedule, "_finetune_spec", wild)
     data = _subset(200, seed=4)
     model = load_onnx(fixture_path("digits_mlp.onnx"))
     try:
@@ -213,7 +213,7 @@ def test_the_schedule_prunes_geometrically_and_clusters_the_biases():
 
 
 def test_cluster_groups_put_the_largest_layers_first(monkeypatch):
-    monkeypatch.setattr(B, "CLUSTER_GROUPS", 3)
+    monkeypatch.setattr(B.schedule, "CLUSTER_GROUPS", 3)
     sizes = {"a": 10, "b": 8000, "c": 300, "d": 2000, "e": 300, "f": 1200}
     assert B.cluster_groups(list(sizes), sizes) == [["b", "d"], ["f", "c"], ["e", "a"]]  # ties by name
     assert B.cluster_groups(["x", "y"], {"x": 1, "y": 2}) == [["y"], ["x"]]  # one group a layer at most
@@ -225,7 +225,7 @@ def test_the_schedule_clusters_progressively_largest_group_first(monkeypatch):
     """Rule 6: each group is clustered in its own stage and fine-tuned before the next, the
     layers not yet clustered training as floats; every clustered layer in exactly one group,
     at its own bits; one group (CLUSTER_GROUPS 1) is the paper's all-at-once stage."""
-    monkeypatch.setattr(B, "CLUSTER_GROUPS", 3)
+    monkeypatch.setattr(B.schedule, "CLUSTER_GROUPS", 3)
     alloc = {"a": (0.5, 4), "b": (0.9, 3), "c": (0.0, 5), "d": (0.7, 3), "e": (0.8, None)}
     sizes = {"a": 500, "b": 9000, "c": 300, "d": 2000, "e": 100}
     plan = B._schedule(alloc, 2, 0, 0.25, 32, sizes=sizes)
@@ -237,11 +237,11 @@ def test_the_schedule_clusters_progressively_largest_group_first(monkeypatch):
     assert [sorted(g) for g in groups] == [["b", "d"], ["a"], ["c"]]  # by weights, near-equal counts
     assert {n: g[n]["bits"] for g in groups for n in g} == {"a": 4, "b": 3, "c": 5, "d": 3}
     assert all(dict(plan)[n][0].config.get("skip") is True for n in ("cluster", "cluster 2", "cluster 3"))
-    monkeypatch.setattr(B, "CLUSTER_GROUPS", 1)
+    monkeypatch.setattr(B.schedule, "CLUSTER_GROUPS", 1)
     plan = dict(B._schedule(alloc, 2, 0, 0.25, 32, sizes=sizes))
     assert "cluster 2" not in plan and set(plan["cluster"][0].op_name) == {"a", "b", "c", "d"}
     assert "centroid fine-tuning 2" in plan
-    monkeypatch.setattr(B, "CLUSTER_GROUPS", 6)  # the default: one layer a group on these four
+    monkeypatch.setattr(B.schedule, "CLUSTER_GROUPS", 6)  # the default: one layer a group on these four
     plan = B._schedule(alloc, 2, 0, 0.25, 32, sizes=sizes)
     groups = [spec.op_name for n, (spec, *_) in plan if n.startswith("cluster")]
     assert [list(g) for g in groups] == [["b"], ["d"], ["a"], ["c"]]
@@ -293,7 +293,7 @@ def test_the_last_group_is_refitted_when_the_export_overshoots(monkeypatch):
             got["weights_file"] += 400
         return got
 
-    monkeypatch.setattr(B, "_rounded_sizes", sizes)
+    monkeypatch.setattr(B.evaluation, "_rounded_sizes", sizes)
 
     def progress(what, done, total):
         if "] " in what:
@@ -322,7 +322,7 @@ def test_the_last_group_is_refitted_when_the_export_overshoots(monkeypatch):
 
 
 def test_incremental_quantization_stages_sit_between_the_centroid_stages(monkeypatch):
-    monkeypatch.setattr(B, "RELEASE_STEPS", (0.5, 0.25))
+    monkeypatch.setattr(B.schedule, "RELEASE_STEPS", (0.5, 0.25))
     plan = dict(B._schedule({"fc1": (0.9, 4)}, 2, 0, 0.25, 32))
     names = list(plan)
     first, second = names.index("centroid fine-tuning 1"), names.index("centroid fine-tuning 2")
@@ -330,7 +330,7 @@ def test_incremental_quantization_stages_sit_between_the_centroid_stages(monkeyp
     configs = [plan[n][0].config for n in names[first : second + 1]]
     assert [c.get("release", 0.0) for c in configs] == [0.0, 0.5, 0.25, 0.0]
     assert [c["lr"] for c in configs[1:3]] == [B.RELEASE_LR] * 2
-    monkeypatch.setattr(B, "RELEASE_STEPS", ())
+    monkeypatch.setattr(B.schedule, "RELEASE_STEPS", ())
     assert not any(n.startswith("incremental") for n, _ in B._schedule({"fc1": (0.9, 4)}, 2, 0, 0.25, 32))
 
 
@@ -668,7 +668,7 @@ def _with_export_errors(monkeypatch, errors: list[int]) -> list[int]:
         seen.append(sizes["weights_file"])
         return sizes
 
-    monkeypatch.setattr(B, "_attempt_sizes", export)
+    monkeypatch.setattr(B.evaluation, "_attempt_sizes", export)
     return seen
 
 

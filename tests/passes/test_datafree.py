@@ -103,7 +103,7 @@ def test_too_few_samples_are_refused_before_any_work(budget, n, tmp_path, monkey
     def no_work(*a, **k):
         raise AssertionError("the work started")
 
-    monkeypatch.setattr(B, "_run_specs", no_work)  # the budget search's first step
+    monkeypatch.setattr(B.evaluation, "_run_specs", no_work)  # the budget search's first step
     monkeypatch.setattr("mconv.passes.pipeline.run_pipeline", no_work)
     out, data = tmp_path / "c.onnx", _tiny(tmp_path, n)
     args = ["optimize", str(fixture_path("digits_mlp.onnx")), "--recipe", "deep-compression"]
