@@ -113,7 +113,9 @@ def dequantize_linear_vjp(inputs, attrs, outputs, grads, ctx):
 def dynamic_quantize_linear(inputs, attrs, ctx):
     x = inputs[0].astype(np.float32)
     lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
-    scale = np.float32((hi - lo) / 255.0) if hi != lo else np.float32(1.0)
+    # float32 arithmetic, as ORT computes it (a float64 quotient rounds to another scale by an ulp,
+    # and a code flips downstream)
+    scale = (np.float32(hi) - np.float32(lo)) / np.float32(255.0) if hi != lo else np.float32(1.0)
     zp = np.clip(np.rint(0.0 - lo / scale), 0, 255).astype(np.uint8)
     y = np.clip(np.rint(x / scale) + zp, 0, 255).astype(np.uint8)
     return y, np.array(scale, dtype=np.float32), np.array(zp, dtype=np.uint8)
