@@ -101,7 +101,8 @@ def demo(workdir: Path | None = None, recipe: str | None = None, progress=None) 
 def _demo(work: Path, final: Path, recipe: str, progress, keep: bool) -> DemoResult:
     """The demo's steps, writing into ``work`` (``final`` once swapped in, when ``keep``)."""
     from mconv import passes as P
-    from mconv.api import _progress, open
+    from mconv.api.common import _progress
+    from mconv.api.run import open
     from mconv.formats import import_model
     from mconv.irio import model_stats, save_onnx
     from mconv.metrics import Gates, verify_outputs

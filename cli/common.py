@@ -66,22 +66,10 @@ class Command(TyperCommand):
 
 
 def _optimize_listing() -> list[tuple[str, list[tuple[str, str]]]]:
-    """optimize --help: the registered passes and the built-in recipes, read from the registries."""
-    import tomllib
+    """optimize --help: the registered passes and the built-in recipes (:func:`mconv.api.optimize.pass_listing`)."""
+    from mconv.api.optimize import pass_listing
 
-    from mconv.passes import summary
-    from mconv.passes.base import PASSES
-    from mconv.passes.pipeline import RECIPE_DIR, recipe_names
-
-    passes = [(name, summary(cls.__doc__)) for name, cls in sorted(PASSES.items())]
-    recipes = []
-    for name in recipe_names():
-        try:
-            desc = tomllib.loads((RECIPE_DIR / f"{name}.toml").read_text()).get("description", "")
-        except (OSError, ValueError):
-            desc = ""
-        recipes.append((name, str(desc)))
-    return [("Passes (--passes)", passes), ("Recipes (--recipe)", recipes)]
+    return pass_listing()
 
 
 EPILOGS = {"optimize": _optimize_listing}

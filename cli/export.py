@@ -28,7 +28,9 @@ from mconv.cli.output import human_bytes, run_command
 
 
 def _target_parameters() -> list[inspect.Parameter]:
-    """One keyword parameter per target option flag (a switch for a bool, else a value)."""
+    """One keyword parameter per target option flag (a switch for a bool, else a value). The
+    flags come from the targets' light registry (``options.py`` files), not through
+    :mod:`mconv.api`, whose import loads onnx_ir: building the commands stays free of it."""
     from mconv.targets import names, options_class
     from mconv.targets.base import flag_help, flags
 

@@ -16,127 +16,163 @@ from mconv.cli.common import (
     make_out,
     reuse_progress,
 )
-from mconv.cli.output import run_command
+from mconv.cli.output import Out, run_command
+
+# The command's options: the budget search's group (--max-drop .. --force) feeds one
+# BudgetConfig (mconv.api.optimize.budget_config), checked once.
+ModelPathOpt = Annotated[
+    Path, typer.Argument(metavar="IN", help="Input model (.onnx or any importable file).")
+]
+
+OutputOpt = Annotated[Path, typer.Option("-o", "--output", metavar="FILE", help="Output path (.onnx).")]
+
+PassesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--passes", metavar="SPEC", help="Pass spec, e.g. 'fold,dce,prune(sparsity=0.9)' (passes below)."
+    ),
+]
+
+RecipeOpt = Annotated[
+    str | None,
+    typer.Option("--recipe", metavar="NAME|FILE", help="Built-in recipe (below) or a TOML file."),
+]
+
+DataOpt = Annotated[
+    Path | None,
+    typer.Option("--data", metavar="FILE", help="Calibration / fine-tuning data (.npz)."),
+]
+
+ValDataOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--val-data",
+        metavar="FILE",
+        help="deep-compression budget: validation data (.npz) for the gate; fine-tuning then "
+        "uses all of --data (give it when --data is the set the model was trained on).",
+    ),
+]
+
+SeedOpt = Annotated[
+    int, typer.Option("--seed", metavar="INT", help="Seed of every random choice the passes make.")
+]
+
+FormatOpt = Annotated[
+    str | None,
+    typer.Option("--format", metavar="NAME", help="Output format (default: from the extension)."),
+]
+
+MaxDropOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--max-drop",
+        metavar="F",
+        help="deep-compression: the largest held-out metric drop, a fraction (0.005 = half a "
+        "point); each layer's sparsity and bits are searched under it.",
+    ),
+]
+
+TargetSizeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target-size",
+        metavar="SIZE",
+        help="deep-compression: the largest bundle weights (44KB, 6.9MB, bytes); with --max-drop, "
+        "exit 1 with the best result when both cannot be met.",
+    ),
+]
+
+TargetOfOpt = Annotated[
+    str,
+    typer.Option(
+        "--target-of",
+        metavar="WHAT",
+        help="deep-compression: what --target-size is the size of: weights (the cpu bundle's "
+        "weights.mcw) or bundle (the whole cpu bundle directory: graph and manifest too).",
+    ),
+]
+
+EpochsOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--epochs",
+        metavar="N",
+        help="deep-compression budget: epochs of each fine-tuning stage (default: from the "
+        "model's multiply-adds and the samples, 3 to 80).",
+    ),
+]
+
+SaveRecipeOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--save-recipe",
+        metavar="FILE.toml",
+        help="deep-compression: write the chosen per-layer recipe (rerun it with the same data "
+        "and seed: the same bytes).",
+    ),
+]
+
+EngineOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--engine",
+        metavar="NAME",
+        help="Where fine-tuning runs: reference (numpy) or xla (jax, compiled); for every "
+        "finetune pass that names none, and the budget search's stages.",
+    ),
+]
+
+DeviceOpt = Annotated[str | None, typer.Option("--device", metavar="NAME", help="cpu or cuda (xla engine).")]
+
+WorkersOpt = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        metavar="N",
+        help="deep-compression budget: run the search's per-layer trials on a local Ray with N workers.",
+    ),
+]
+
+RayAddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ray",
+        metavar="ADDRESS",
+        help="deep-compression budget: run the trials on this Ray cluster (ray://HOST:PORT or auto).",
+    ),
+]
+
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Go on where the data cannot check the result: without --data, run a recipe's "
+        "prune and cluster as written (default: each layer only as far as a data-free weight "
+        "check keeps its outputs close); with too few samples to measure, run anyway.",
+    ),
+]
 
 
 @app.command("optimize", cls=Command)
 def optimize_cmd(
-    model_path: Annotated[
-        Path, typer.Argument(metavar="IN", help="Input model (.onnx or any importable file).")
-    ],
-    output: Annotated[Path, typer.Option("-o", "--output", metavar="FILE", help="Output path (.onnx).")],
-    passes: Annotated[
-        str | None,
-        typer.Option(
-            "--passes", metavar="SPEC", help="Pass spec, e.g. 'fold,dce,prune(sparsity=0.9)' (passes below)."
-        ),
-    ] = None,
-    recipe: Annotated[
-        str | None,
-        typer.Option("--recipe", metavar="NAME|FILE", help="Built-in recipe (below) or a TOML file."),
-    ] = None,
-    data: Annotated[
-        Path | None,
-        typer.Option("--data", metavar="FILE", help="Calibration / fine-tuning data (.npz)."),
-    ] = None,
-    val_data: Annotated[
-        Path | None,
-        typer.Option(
-            "--val-data",
-            metavar="FILE",
-            help="deep-compression budget: validation data (.npz) for the gate; fine-tuning then "
-            "uses all of --data (give it when --data is the set the model was trained on).",
-        ),
-    ] = None,
-    seed: Annotated[
-        int, typer.Option("--seed", metavar="INT", help="Seed of every random choice the passes make.")
-    ] = 0,
-    format: Annotated[
-        str | None,
-        typer.Option("--format", metavar="NAME", help="Output format (default: from the extension)."),
-    ] = None,
-    max_drop: Annotated[
-        float | None,
-        typer.Option(
-            "--max-drop",
-            metavar="F",
-            help="deep-compression: the largest held-out metric drop, a fraction (0.005 = half a "
-            "point); each layer's sparsity and bits are searched under it.",
-        ),
-    ] = None,
-    target_size: Annotated[
-        str | None,
-        typer.Option(
-            "--target-size",
-            metavar="SIZE",
-            help="deep-compression: the largest bundle weights (44KB, 6.9MB, bytes); with --max-drop, "
-            "exit 1 with the best result when both cannot be met.",
-        ),
-    ] = None,
-    target_of: Annotated[
-        str,
-        typer.Option(
-            "--target-of",
-            metavar="WHAT",
-            help="deep-compression: what --target-size is the size of: weights (the cpu bundle's "
-            "weights.mcw) or bundle (the whole cpu bundle directory: graph and manifest too).",
-        ),
-    ] = "weights",
-    epochs: Annotated[
-        int | None,
-        typer.Option(
-            "--epochs",
-            metavar="N",
-            help="deep-compression budget: epochs of each fine-tuning stage (default: from the "
-            "model's multiply-adds and the samples, 3 to 80).",
-        ),
-    ] = None,
-    save_recipe: Annotated[
-        Path | None,
-        typer.Option(
-            "--save-recipe",
-            metavar="FILE.toml",
-            help="deep-compression: write the chosen per-layer recipe (rerun it with the same data "
-            "and seed: the same bytes).",
-        ),
-    ] = None,
-    engine: Annotated[
-        str | None,
-        typer.Option(
-            "--engine",
-            metavar="NAME",
-            help="Where fine-tuning runs: reference (numpy) or xla (jax, compiled); for every "
-            "finetune pass that names none, and the budget search's stages.",
-        ),
-    ] = None,
-    device: Annotated[
-        str | None, typer.Option("--device", metavar="NAME", help="cpu or cuda (xla engine).")
-    ] = None,
-    workers: Annotated[
-        int,
-        typer.Option(
-            "--workers",
-            metavar="N",
-            help="deep-compression budget: run the search's per-layer trials on a local Ray with N workers.",
-        ),
-    ] = 0,
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            "--ray",
-            metavar="ADDRESS",
-            help="deep-compression budget: run the trials on this Ray cluster (ray://HOST:PORT or auto).",
-        ),
-    ] = None,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force",
-            help="Go on where the data cannot check the result: without --data, run a recipe's "
-            "prune and cluster as written (default: each layer only as far as a data-free weight "
-            "check keeps its outputs close); with too few samples to measure, run anyway.",
-        ),
-    ] = False,
+    model_path: ModelPathOpt,
+    output: OutputOpt,
+    passes: PassesOpt = None,
+    recipe: RecipeOpt = None,
+    data: DataOpt = None,
+    val_data: ValDataOpt = None,
+    seed: SeedOpt = 0,
+    format: FormatOpt = None,
+    max_drop: MaxDropOpt = None,
+    target_size: TargetSizeOpt = None,
+    target_of: TargetOfOpt = "weights",
+    epochs: EpochsOpt = None,
+    save_recipe: SaveRecipeOpt = None,
+    engine: EngineOpt = None,
+    device: DeviceOpt = None,
+    workers: WorkersOpt = 0,
+    ray_address: RayAddressOpt = None,
+    force: ForceOpt = False,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -146,69 +182,68 @@ def optimize_cmd(
 
     def body() -> int:
         import mconv.api as api
+        from mconv.api.optimize import budget_config
         from mconv.errors import GateFailed
 
+        budget = None
+        if max_drop is not None or target_size is not None or save_recipe is not None:
+            budget = budget_config(
+                model_path, max_drop=max_drop, target_size=target_size, target_of=target_of,
+                seed=seed, engine=engine, device=device, workers=workers, ray_address=ray_address,
+                epochs=epochs,
+            )  # fmt: skip
         failed = None
         with out.progress(f"optimize {recipe or passes}") as update:
             try:
                 result = api.optimize(
-                    model_path,
-                    passes=passes,
-                    recipe=recipe,
-                    data=data,
-                    seed=seed,
-                    output=output,
-                    format=format,
-                    max_drop=max_drop,
-                    target_size=target_size,
-                    target_of=target_of,
-                    save_recipe=save_recipe,
-                    progress=reuse_progress(update, restart=True),
-                    engine=engine,
-                    device=device,
-                    workers=workers,
-                    ray_address=ray_address,
-                    val_data=val_data,
-                    epochs=epochs,
-                    force=force,
-                )
+                    model_path, passes=passes, recipe=recipe, data=data, seed=seed, output=output,
+                    format=format, save_recipe=save_recipe, progress=reuse_progress(update, restart=True),
+                    engine=engine, device=device, workers=workers, ray_address=ray_address,
+                    val_data=val_data, epochs=epochs, force=force, budget=budget,
+                )  # fmt: skip
             except GateFailed as exc:  # an unmet budget: the best result is reported, then exit 1
                 if getattr(exc, "result", None) is None:
                     raise
                 result, failed = exc.result, exc  # type: ignore[attr-defined]
-        if result.budget is not None:
-            from mconv.passes.budget import summary_text
-
-            out.print(summary_text(result.budget), markup=False, soft_wrap=True)
-        render.render_pass_reports(out, result.reports)
-        for warning in result.warnings:  # a lossy recipe without data: said loudly, JSON too
-            out.print(f"warning: {warning}", markup=False, soft_wrap=True)
-        if result.datafree is not None and result.datafree.backed_off:
-            plan = result.datafree
-            out.print(
-                f"data-free check: {plan.backed_off} of {len(plan.layers)} layers backed off from the "
-                f"recipe to keep a weight SNR of {plan.snr_db:.1f} dB",
-                markup=False,
-                soft_wrap=True,
-            )
-        if result.account:  # what export will store, predicted before encoding (the paper's Table 4)
-            render.render_byte_account(
-                out, {"account": result.account}, title="weight storage at export (predicted)"
-            )
-        out.print(
-            render.optimize_summary(
-                output,
-                result.weight_bytes_before,
-                result.weight_bytes_after,
-                result.file_bytes_after or 0,
-                result.predicted_bundle_weight_bytes,
-            ),
-            markup=False,
-            soft_wrap=True,
-        )
+        _render(out, result, output)
         out.emit(result.as_dict())
         if failed is not None:
             raise failed
         return 0
 
     run_command(out, body)
+
+
+def _render(out: Out, result, output: Path) -> None:
+    """The human report on stderr: the budget's summary, the passes, warnings, the predicted
+    byte account and the one-line size summary."""
+    if result.budget is not None:
+        from mconv.api.optimize import budget_summary
+
+        out.print(budget_summary(result.budget), markup=False, soft_wrap=True)
+    render.render_pass_reports(out, result.reports)
+    for warning in result.warnings:  # a lossy recipe without data: said loudly, JSON too
+        out.print(f"warning: {warning}", markup=False, soft_wrap=True)
+    if result.datafree is not None and result.datafree.backed_off:
+        plan = result.datafree
+        out.print(
+            f"data-free check: {plan.backed_off} of {len(plan.layers)} layers backed off from the "
+            f"recipe to keep a weight SNR of {plan.snr_db:.1f} dB",
+            markup=False,
+            soft_wrap=True,
+        )
+    if result.account:  # what export will store, predicted before encoding (the paper's Table 4)
+        render.render_byte_account(
+            out, {"account": result.account}, title="weight storage at export (predicted)"
+        )
+    out.print(
+        render.optimize_summary(
+            output,
+            result.weight_bytes_before,
+            result.weight_bytes_after,
+            result.file_bytes_after or 0,
+            result.predicted_bundle_weight_bytes,
+        ),
+        markup=False,
+        soft_wrap=True,
+    )

@@ -269,7 +269,7 @@ def render_inspect(out: Out, doc: dict) -> None:
 
 def render_sensitivity(out: Out, report) -> None:
     """One row per layer: metric at each sparsity (unclustered), a sparkline, bits, the choice."""
-    from mconv.passes.analyze import sparkline
+    from mconv.api.analyze import sparkline
 
     if not out.show:
         return

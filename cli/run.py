@@ -67,7 +67,7 @@ def run_cmd(
 
         chosen = target
         if engine is not None:
-            from mconv.targets.xla.engine import check_engine
+            from mconv.api.run import check_engine
 
             check_engine(engine)
             if target is not None and target != engine:
