@@ -471,9 +471,45 @@ def finetune_model(
     """Retrain ``model``'s weights in place on ``data``; see :class:`Finetune` for the rules.
     ``memo`` (a run's :attr:`~mconv.passes.base.PassContext.memo`) keeps the teacher's outputs
     for the run's next fine-tuning passes with the same reference model and data."""
-    from mconv.targets.reference.executor import Executor
-
     result = FinetuneResult()
+    feeds, labels, out_name, loss_value = _training_data(model, data)
+    params = _parameters(model, config, frozen, seed)
+    if not params:
+        result.notes.append("no trainable weights (Conv/Gemm/MatMul initializers) found")
+        return result
+    engine = getattr(config, "engine", "reference")
+    device = getattr(config, "device", "cpu")
+    from mconv.targets.xla.engine import check_engine
+
+    check_engine(engine, device)
+    xla, student = _student(model, params, loss_value, engine, device)
+    t = _Teacher.make(
+        model, config, feeds, labels, out_name, loss_value, reference_model, memo, progress, result
+    )
+    batch_of = _batcher(config, seed, feeds, t, result)
+    rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5EED])
+    n = len(next(iter(feeds.values())))
+    order = rng.permutation(n)
+    n_hold = int(round(config.holdout * n)) if n >= 2 else 0
+    n_hold = min(max(n_hold, 1 if config.holdout > 0 else 0), n - 1) if n >= 2 else 0
+    hold, train = order[:n_hold], order[n_hold:]
+    if n_hold == 0:
+        hold = train
+    result.train_samples, result.holdout_samples = len(train), n_hold
+    metric = _metric(student, feeds, hold, labels, t, loss_value)
+    loop = _Loop(
+        config, student, xla, t.loss_kind, params, _loss_fn(t.loss_kind, loss_value, config), progress
+    )
+    loop.train(model, feeds, train, n_hold, rng, batch_of, metric, result)
+    _write_back(params, result)
+    return result
+
+
+def _training_data(
+    model: ir.Model, data: Mapping[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], np.ndarray | None, str, str]:
+    """The feeds (checked finite), the labels (checked against the classes), the scored output
+    and the value the loss reads."""
     input_names = [name_of(v) for v in real_inputs(model.graph)]
     missing = [n for n in input_names if n not in data]
     if missing:
@@ -494,23 +530,29 @@ def finetune_model(
         labels = check_labels(labels, _classes(model, out_name), where="pass finetune")
     if labels is not None and len(labels) != n:
         raise InputError(f"'labels' has {len(labels)} entries for {n} samples", where="pass finetune")
+    return feeds, labels, out_name, loss_value
 
+
+def _parameters(
+    model: ir.Model, config: FinetuneConfig, frozen: Callable[[ir.Node], bool] | None, seed: int
+) -> list[Parameter]:
+    """The trained weights (rule 9: with ``release``, part of each clustered tensor as floats)."""
     facts = compression_info(model)
     params = [make_parameter(v, facts) for v in trainable_values(model, frozen)]
     release = float(getattr(config, "release", 0.0))
     if release > 0:  # rule 9: part of each clustered tensor trains as floats, then snaps
         release_seed = seed if config.seed is None else config.seed
         params = [release_parameter(p, release, release_seed) for p in params]
-    if not params:
-        result.notes.append("no trainable weights (Conv/Gemm/MatMul initializers) found")
-        return result
+    return params
 
-    engine = getattr(config, "engine", "reference")
-    device = getattr(config, "device", "cpu")
-    from mconv.targets.xla.engine import check_engine
 
-    check_engine(engine, device)
-    xla = None
+def _student(
+    model: ir.Model, params: list[Parameter], loss_value: str, engine: str, device: str
+) -> tuple[Any, Any]:
+    """The model that trains: the xla engine (with it) or the reference executor, holding the
+    parameters' weights."""
+    from mconv.targets.reference.executor import Executor
+
     if engine == "xla":  # the lowered model, jitted training step (targets/xla/engine.py)
         from mconv.targets.xla.engine import XlaEngine
 
@@ -518,73 +560,106 @@ def finetune_model(
         xla.check_trainable([p.name for p in params])
         for p in params:
             xla.set_weight(p.name, p.weights)
-        student: Any = xla
-    else:
-        student = Executor(model)
-        student.output_names = [loss_value]  # train on the value the loss reads (pre-softmax logits)
-        for p in params:
-            student.set_initializer(p.name, p.weights)
+        return xla, xla
+    student = Executor(model)
+    student.output_names = [loss_value]  # train on the value the loss reads (pre-softmax logits)
+    for p in params:
+        student.set_initializer(p.name, p.weights)
+    return None, student
 
-    # Teacher targets: the uncompressed model's values, computed once.
-    teacher = None
-    loss_kind = config.loss
-    if loss_kind == "auto":
-        loss_kind = "xent" if labels is not None else "kl"
-    if loss_kind == "xent" and labels is None:
-        raise InputError("loss 'xent' needs labels", where="pass finetune", hint="add 'labels' to the .npz")
-    if loss_kind != "xent" or labels is None:
-        if progress is not None:
-            progress("teacher outputs", 0, None)
-        ref = reference_model
-        if ref is None:
-            result.notes.append("no reference model: distilling from the model as it is before fine-tuning")
-            ref = model
-        ref_exec: Any = Executor(ref)
-        if engine == "xla":
-            from mconv.targets.xla.engine import XlaEngine
 
-            ref_out = (
-                loss_value if loss_value in {o.name for nd in ref.graph for o in nd.outputs} else out_name
-            )
-            ref_exec = XlaEngine(ref, [ref_out], device=device)
-        ref_names = {v.name for v in ref.graph.outputs} | {o.name for nd in ref.graph for o in nd.outputs}
+@dataclass
+class _Teacher:
+    """The loss and its targets: the teacher's outputs on the feeds (the uncompressed model's,
+    computed once, kept in the run's memo), ``on`` for other feeds, rule 8's moved outputs."""
 
-        def teacher_on(fd: dict) -> np.ndarray:
-            if loss_value in ref_names:
-                return _run_batched(ref_exec, fd, [loss_value])[loss_value].astype(np.float64)
-            # the logits were renamed: log-probabilities differ from logits by a constant per row
-            probs = _run_batched(ref_exec, fd, [out_name])[out_name].astype(np.float64)
-            return np.log(np.maximum(probs, 1e-30))
+    loss_kind: str
+    teacher: np.ndarray | None
+    on: Callable[[dict], np.ndarray] | None
+    moves: dict
+    per_position: bool
+    targets: np.ndarray
 
-        # The teacher's outputs (and rule 8's moved ones) are the same for every pass of a run that
-        # distils from the same snapshot on the same arrays: kept in the run's memo, with the
-        # objects they were computed from (so their ids stay theirs while the memo lives).
+    @classmethod
+    def make(
+        cls, model, config, feeds, labels, out_name, loss_value, reference_model, memo, progress, result
+    ) -> _Teacher:
+        from mconv.targets.reference.executor import Executor
+
+        engine = getattr(config, "engine", "reference")
+        device = getattr(config, "device", "cpu")
+        teacher = None
+        teacher_on = None
         moves: dict = {}
-        if memo is not None and reference_model is not None:
-            key = (
-                "teacher",
-                id(ref),
-                engine,
-                device,
-                loss_value,
-                tuple((k, id(v)) for k, v in feeds.items()),
+        loss_kind = config.loss
+        if loss_kind == "auto":
+            loss_kind = "xent" if labels is not None else "kl"
+        if loss_kind == "xent" and labels is None:
+            raise InputError(
+                "loss 'xent' needs labels", where="pass finetune", hint="add 'labels' to the .npz"
             )
-            moves = memo.setdefault(key, {"from": (ref, list(feeds.values())), "moves": {}})["moves"]
-        if (0, 0) not in moves:
-            moves[(0, 0)] = teacher_on(feeds)
-        teacher = moves[(0, 0)]
-    scores_2d = teacher.ndim == 2 if teacher is not None else True
-    per_position = (
-        config.loss == "kl" and teacher is not None and teacher.ndim > 2 and teacher.shape[-1] >= 2
-    )  # rule 4: [N, ..., classes] distilled position by position
-    if loss_kind == "kl" and not scores_2d and not per_position:
-        loss_kind = "mse"  # not class scores: match the values themselves
-    result.loss = loss_kind
-    targets = labels if loss_kind == "xent" else teacher
-    assert targets is not None  # xent is refused without labels; any other loss has the teacher
+        if loss_kind != "xent" or labels is None:
+            if progress is not None:
+                progress("teacher outputs", 0, None)
+            ref = reference_model
+            if ref is None:
+                result.notes.append(
+                    "no reference model: distilling from the model as it is before fine-tuning"
+                )
+                ref = model
+            ref_exec: Any = Executor(ref)
+            if engine == "xla":
+                from mconv.targets.xla.engine import XlaEngine
 
+                ref_out = (
+                    loss_value if loss_value in {o.name for nd in ref.graph for o in nd.outputs} else out_name
+                )
+                ref_exec = XlaEngine(ref, [ref_out], device=device)
+            ref_names = {v.name for v in ref.graph.outputs} | {o.name for nd in ref.graph for o in nd.outputs}
+
+            def teacher_on(fd: dict) -> np.ndarray:
+                if loss_value in ref_names:
+                    return _run_batched(ref_exec, fd, [loss_value])[loss_value].astype(np.float64)
+                # the logits were renamed: log-probabilities differ from logits by a constant per row
+                probs = _run_batched(ref_exec, fd, [out_name])[out_name].astype(np.float64)
+                return np.log(np.maximum(probs, 1e-30))
+
+            # The teacher's outputs (and rule 8's moved ones) are the same for every pass of a run
+            # that distils from the same snapshot on the same arrays: kept in the run's memo, with
+            # the objects they were computed from (so their ids stay theirs while the memo lives).
+            if memo is not None and reference_model is not None:
+                key = (
+                    "teacher",
+                    id(ref),
+                    engine,
+                    device,
+                    loss_value,
+                    tuple((k, id(v)) for k, v in feeds.items()),
+                )
+                moves = memo.setdefault(key, {"from": (ref, list(feeds.values())), "moves": {}})["moves"]
+            if (0, 0) not in moves:
+                moves[(0, 0)] = teacher_on(feeds)
+            teacher = moves[(0, 0)]
+        scores_2d = teacher.ndim == 2 if teacher is not None else True
+        per_position = (
+            config.loss == "kl" and teacher is not None and teacher.ndim > 2 and teacher.shape[-1] >= 2
+        )  # rule 4: [N, ..., classes] distilled position by position
+        if loss_kind == "kl" and not scores_2d and not per_position:
+            loss_kind = "mse"  # not class scores: match the values themselves
+        result.loss = loss_kind
+        targets = labels if loss_kind == "xent" else teacher
+        assert targets is not None  # xent is refused without labels; any other loss has the teacher
+        return cls(loss_kind, teacher, teacher_on, moves, per_position, targets)
+
+
+def _batcher(
+    config: FinetuneConfig, seed: int, feeds: dict[str, np.ndarray], t: _Teacher, result: FinetuneResult
+) -> Callable[[np.ndarray], tuple[dict, np.ndarray]]:
+    """``batch_of(idx)``: the batch's feeds and targets, shifted (rule 8) and/or mixed (rule 6)
+    and labelled by the teacher, or as given; each left off (with a note) where it cannot be."""
+    teacher, teacher_on, targets = t.teacher, t.on, t.targets
     mix_alpha = float(getattr(config, "mixup", 0.0))
-    if mix_alpha > 0 and (loss_kind == "xent" or teacher is None):
+    if mix_alpha > 0 and (t.loss_kind == "xent" or teacher is None):
         result.notes.append("mixup left off: it needs distillation (labels cannot be mixed)")
         mix_alpha = 0.0
     if mix_alpha > 0 and any(np.asarray(v).dtype.kind != "f" for v in feeds.values()):
@@ -592,7 +667,7 @@ def finetune_model(
         mix_alpha = 0.0
     mix_rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x313C])
     shift = int(getattr(config, "shift", 0))
-    if shift > 0 and (loss_kind == "xent" or teacher is None):
+    if shift > 0 and (t.loss_kind == "xent" or teacher is None):
         result.notes.append("shift left off: it needs distillation (the teacher labels the shifted samples)")
         shift = 0
     images = [k for k, v in feeds.items() if np.asarray(v).dtype.kind == "f" and np.asarray(v).ndim == 4]
@@ -603,16 +678,14 @@ def finetune_model(
         shift = 0
     shift_rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5A1F])
     moved = None
-    if shift > 0 and mix_alpha <= 0 and teacher is not None:
+    if shift > 0 and mix_alpha <= 0 and teacher is not None and teacher_on is not None:
         moves_n = (2 * shift + 1) ** 2
         how = getattr(config, "shift_targets", "auto")
         wanted = how == "table" or (how == "auto" and moves_n <= config.epochs)  # then it costs no more
         if wanted and moves_n * teacher.nbytes <= TEACHER_TABLE_BYTES:
-            moved = _MovedTeacher(teacher_on, feeds, images, shift, moves)
+            moved = _MovedTeacher(teacher_on, feeds, images, shift, t.moves)
 
     def batch_of(idx: np.ndarray) -> tuple[dict, np.ndarray]:
-        """The batch's feeds and targets: shifted (rule 8) and/or mixed (rule 6) and labelled by
-        the teacher, or as given."""
         fb = {k: v[idx] for k, v in feeds.items()}
         if shift > 0:
             dy, dx = shift_offsets(len(idx), shift, shift_rng)
@@ -620,6 +693,7 @@ def finetune_model(
         if mix_alpha <= 0 or len(idx) < 2:
             if shift <= 0:
                 return fb, targets[idx]
+            assert teacher_on is not None  # shift is left off without the teacher
             return fb, (teacher_on(fb) if moved is None else moved.targets(idx, dy, dx))
         lam = mix_rng.beta(mix_alpha, mix_alpha, len(idx))
         perm = mix_rng.permutation(len(idx))
@@ -627,16 +701,18 @@ def finetune_model(
         for k, v in fb.items():
             w = lam.reshape((-1,) + (1,) * (v.ndim - 1)).astype(v.dtype)
             mixed[k] = (w * v + (1 - w) * v[perm]).astype(v.dtype)
+        assert teacher_on is not None  # mixup is left off without the teacher
         return mixed, teacher_on(mixed)
 
-    rng = np.random.default_rng([seed if config.seed is None else config.seed, 0x5EED])
-    order = rng.permutation(n)
-    n_hold = int(round(config.holdout * n)) if n >= 2 else 0
-    n_hold = min(max(n_hold, 1 if config.holdout > 0 else 0), n - 1) if n >= 2 else 0
-    hold, train = order[:n_hold], order[n_hold:]
-    if n_hold == 0:
-        hold = train
-    result.train_samples, result.holdout_samples = len(train), n_hold
+    return batch_of
+
+
+def _metric(
+    student: Any, feeds: dict, hold: np.ndarray, labels: np.ndarray | None, t: _Teacher, loss_value: str
+) -> Callable[[], tuple[float, str]]:
+    """Rule 5's held-out metric: accuracy with labels, else top-1 agreement with the teacher,
+    else the mean squared error."""
+    teacher = t.teacher
 
     def metric() -> tuple[float, str]:
         got = _run_batched(student, {k: v[hold] for k, v in feeds.items()}, [loss_value])[loss_value]
@@ -644,7 +720,7 @@ def finetune_model(
             return float(np.mean(got.argmax(1) == labels[hold])), "accuracy"
         if teacher is not None and got.ndim == 2:
             return float(np.mean(got.argmax(1) == teacher[hold].argmax(1))), "top1_agreement"
-        if teacher is not None and per_position:
+        if teacher is not None and t.per_position:
             return float(np.mean(got.argmax(-1) == teacher[hold].argmax(-1))), "top1_agreement"
         if teacher is None:  # loss xent with labels: nothing to compare other than class scores
             raise InputError(
@@ -653,6 +729,12 @@ def finetune_model(
                 hint="use loss='mse' (matches the model's own outputs) for outputs that are not class scores",
             )
         return float(np.mean((got - teacher[hold]) ** 2)), "mse"
+
+    return metric
+
+
+def _loss_fn(loss_kind: str, loss_value: str, config: FinetuneConfig) -> Callable[[np.ndarray], Callable]:
+    """``loss_fn(target)``: the loss of the outputs and its gradient (rules 3 and 4)."""
 
     def loss_fn(target: np.ndarray) -> Callable:
         def fn(outputs: dict) -> tuple[float, dict]:
@@ -675,64 +757,95 @@ def finetune_model(
 
         return fn
 
-    if progress is not None:
-        progress("held-out metric before training", 0, None)
-    m0, metric_name = metric()
-    result.epochs.append(EpochStats(0, None, m0, metric_name))
-    last_metric = f", {metric_name} {m0:.4f} before training"
-    opt = Optimizer(config.optimizer, config.lr, config.momentum, config.weight_decay)
-    wrt = [p.name for p in params]
-    steps_per_epoch = -(-len(train) // config.batch_size)
-    total = config.epochs * steps_per_epoch
-    done = 0
-    trainer = None if xla is None else _XlaTrainer(xla, params, loss_kind, config)
-    micro = config.batch_size
-    if trainer is None and len(train):  # memory: the batch's recorded activations (GRAD_STEP_BYTES)
-        one_in = sum(int(v[:1].nbytes) for v in feeds.values())
-        if one_in * max(len(model.graph), 1) * WIDEST * TAPE_FACTOR * config.batch_size > GRAD_STEP_BYTES:
-            one = activation_bytes(student, {k: v[train[:1]] for k, v in feeds.items()})
-            micro = micro_batch(one, config.batch_size)
-    for epoch in range(1, config.epochs + 1):
-        losses, sizes = [], []
-        for b in _batches(len(train), config.batch_size, rng):
-            idx = train[b]
-            if config.schedule == "cosine":  # decays from lr to 0 over the pass's steps
-                opt.lr = 0.5 * config.lr * (1.0 + np.cos(np.pi * done / total))
-            fb, target = batch_of(idx)
-            if trainer is not None:
-                value = trainer.step(fb, target, opt.lr)
-            else:
-                value, grads = value_and_grad_micro(student, fb, loss_fn, target, wrt, micro)
-                opt.step(
-                    {p.name: p.trained for p in params}, {p.name: p.gradient(grads[p.name]) for p in params}
-                )
-                for p in params:
-                    p.commit()
-                    student.set_initializer(p.name, p.weights)
-            losses.append(value)
-            sizes.append(len(idx))
-            done += 1
-            if progress is not None:  # every step: the display decides how often to show it
-                progress(
-                    f"epoch {epoch}/{config.epochs}, loss {np.average(losses, weights=sizes):.4f}"
-                    f"{last_metric}",
-                    done,
-                    total,
-                )
-        if trainer is not None:
-            trainer.commit()  # the trained arrays back into the Parameters and the engine
-        loss = float(np.average(losses, weights=sizes))
-        if n_hold == 0 and epoch < config.epochs:  # rule 5: the training samples, once at the end
-            result.epochs.append(EpochStats(epoch, loss, None, metric_name))
-            continue
-        if progress is not None:
-            progress(f"epoch {epoch}/{config.epochs}: {metric_name} on held-out samples", done, total)
-        m, _ = metric()
-        result.epochs.append(EpochStats(epoch, loss, m, metric_name))
-        last_metric = f", {metric_name} {m:.4f} after epoch {epoch}"
-        if progress is not None:
-            progress(f"epoch {epoch}/{config.epochs}, loss {loss:.4f}{last_metric}", done, total)
+    return loss_fn
 
+
+@dataclass
+class _Loop:
+    """The epochs: batches in the seeded order, the cosine schedule, a step on the engine or on
+    the executor's gradients (micro-batched within :data:`GRAD_STEP_BYTES`), the held-out metric
+    after each epoch (rule 5)."""
+
+    config: FinetuneConfig
+    student: Any
+    xla: Any
+    loss_kind: str
+    params: list[Parameter]
+    loss_fn: Callable
+    progress: Callable[[str, int, int | None], None] | None
+    trainer: Any = None
+
+    def train(self, model, feeds, train, n_hold, rng, batch_of, metric, result) -> None:
+        config, progress = self.config, self.progress
+        if progress is not None:
+            progress("held-out metric before training", 0, None)
+        m0, metric_name = metric()
+        result.epochs.append(EpochStats(0, None, m0, metric_name))
+        last_metric = f", {metric_name} {m0:.4f} before training"
+        opt = Optimizer(config.optimizer, config.lr, config.momentum, config.weight_decay)
+        wrt = [p.name for p in self.params]
+        steps_per_epoch = -(-len(train) // config.batch_size)
+        total = config.epochs * steps_per_epoch
+        done = 0
+        self.trainer = (
+            None if self.xla is None else _XlaTrainer(self.xla, self.params, self.loss_kind, config)
+        )
+        micro = self._micro(model, feeds, train)
+        for epoch in range(1, config.epochs + 1):
+            losses, sizes = [], []
+            for b in _batches(len(train), config.batch_size, rng):
+                idx = train[b]
+                if config.schedule == "cosine":  # decays from lr to 0 over the pass's steps
+                    opt.lr = 0.5 * config.lr * (1.0 + np.cos(np.pi * done / total))
+                fb, target = batch_of(idx)
+                losses.append(self._step(opt, fb, target, wrt, micro))
+                sizes.append(len(idx))
+                done += 1
+                if progress is not None:  # every step: the display decides how often to show it
+                    progress(
+                        f"epoch {epoch}/{config.epochs}, loss {np.average(losses, weights=sizes):.4f}{last_metric}",
+                        done,
+                        total,
+                    )
+            if self.trainer is not None:
+                self.trainer.commit()  # the trained arrays back into the Parameters and the engine
+            loss = float(np.average(losses, weights=sizes))
+            if n_hold == 0 and epoch < config.epochs:  # rule 5: the training samples, once at the end
+                result.epochs.append(EpochStats(epoch, loss, None, metric_name))
+                continue
+            if progress is not None:
+                progress(f"epoch {epoch}/{config.epochs}: {metric_name} on held-out samples", done, total)
+            m, _ = metric()
+            result.epochs.append(EpochStats(epoch, loss, m, metric_name))
+            last_metric = f", {metric_name} {m:.4f} after epoch {epoch}"
+            if progress is not None:
+                progress(f"epoch {epoch}/{config.epochs}, loss {loss:.4f}{last_metric}", done, total)
+
+    def _micro(self, model: ir.Model, feeds: dict, train: np.ndarray) -> int:
+        """Memory: the micro-batch within which a batch's recorded activations fit."""
+        micro = self.config.batch_size
+        if self.trainer is None and len(train):  # the batch's recorded activations (GRAD_STEP_BYTES)
+            one_in = sum(int(v[:1].nbytes) for v in feeds.values())
+            if one_in * max(len(model.graph), 1) * WIDEST * TAPE_FACTOR * micro > GRAD_STEP_BYTES:
+                one = activation_bytes(self.student, {k: v[train[:1]] for k, v in feeds.items()})
+                micro = micro_batch(one, self.config.batch_size)
+        return micro
+
+    def _step(self, opt: Optimizer, fb: dict, target: np.ndarray, wrt: list[str], micro: int) -> float:
+        if self.trainer is not None:
+            return self.trainer.step(fb, target, opt.lr)
+        params = self.params
+        value, grads = value_and_grad_micro(self.student, fb, self.loss_fn, target, wrt, micro)
+        opt.step({p.name: p.trained for p in params}, {p.name: p.gradient(grads[p.name]) for p in params})
+        for p in params:
+            p.commit()
+            self.student.set_initializer(p.name, p.weights)
+        return value
+
+
+def _write_back(params: list[Parameter], result: FinetuneResult) -> None:
+    """The trained weights into the model's initializers (rule 9: released elements snapped
+    back on the codebook), one report row per tensor."""
     for p in params:
         p.snap()  # rule 9: the released elements back on the codebook
         old = tensor_of(p.value)
@@ -750,7 +863,6 @@ def finetune_model(
         if p.mode == "release":
             entry["released"] = int(np.count_nonzero(p.kept()))
         result.tensors.append(entry)
-    return result
 
 
 class _XlaTrainer:
