@@ -199,8 +199,6 @@ def optimize(
 
     if engine is not None or device is not None:
         check_engine(engine or "reference", device or "cpu")
-    from mconv.account import predicted_account
-    from mconv.irio import model_stats, spilling
 
     if bool(passes) == bool(recipe):
         raise InputError(
@@ -232,6 +230,31 @@ def optimize(
         if scheme is not None:  # a safetensors checkpoint streamed tensor by tensor (README)
             return _optimize_streamed(Path(model), passes, scheme, Path(output), progress)
     specs = P.parse_spec(passes) if passes else P.load_recipe(str(recipe))
+    return _optimize_pipeline(
+        model, specs, recipe, passes, data, seed, output, format, progress, engine, device, force
+    )
+
+
+def _optimize_pipeline(
+    model: ModelLike,
+    specs: list,
+    recipe: str | None,
+    passes: str | None,
+    data: Any,
+    seed: int,
+    output: PathLike | None,
+    format: str | None,
+    progress: Any,
+    engine: str | None,
+    device: str | None,
+    force: bool,
+) -> OptimizeResult:
+    """A pass spec or recipe run over the model (a lossy recipe without data backed off by the
+    data-free check), written and checked when ``output`` is given."""
+    from mconv import passes as P
+    from mconv.account import predicted_account
+    from mconv.irio import model_stats, spilling
+
     if engine is not None or device is not None:
         for spec in specs:  # the finetune passes that do not name their own engine
             if spec.name == "finetune":
