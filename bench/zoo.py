@@ -744,8 +744,10 @@ for _m in CORPUS:  # a quantized row takes its base row's inputs
 
 # The webgpu stage's set (issue 17 item 5, "the corpus's CNNs"): every row whose input is an
 # image (photos, faces, hands, digits, text lines, a detector's frame, jet images), the vision
-# transformers and the DETR-style detector among them; the audio, speech, text, sequence and
-# tabular rows are not in it (their cell is skipped). lavapipe runs on the CPU: see WEBGPU_TIMEOUT.
+# transformers and the DETR-style detector among them, and the Hugging Face transformer rows (token
+# ids, Whisper's features: transformers are held to webgpu as to metal); the other audio,
+# speech, text, sequence and tabular rows are not in it (their cell is skipped). lavapipe runs on
+# the CPU: see WEBGPU_TIMEOUT.
 WEBGPU_FEEDS = frozenset(
     {
         "nchw320_01",
@@ -764,6 +766,9 @@ WEBGPU_FEEDS = frozenset(
         "text_page_224",
         "captcha64",
         "det416_255",
+        "tokens_bert",
+        "tokens_llama",
+        "whisper_mel",
     }
 )
 
