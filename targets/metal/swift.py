@@ -87,8 +87,20 @@ def _layer_rows(plan: GpuPlan) -> str:
 
 
 def model_swift(plan: GpuPlan, product: str) -> str:
+    """Model.swift: the class header and plan tables, ``init``, ``predict``, the storage
+    conversion and the weights.mcw reader, in that order."""
     half = plan.dtype == "half"
-    elem = "UInt16" if half else "Float"
+    return (
+        _swift_tables(plan, product)
+        + _swift_init(product, "UInt16" if half else "Float")
+        + _swift_predict(product)
+        + _swift_storage(half)
+        + _swift_weights_reader(product)
+    )
+
+
+def _swift_tables(plan: GpuPlan, product: str) -> str:
+    """Imports, the error enum, and the class opening with its buffer, layer and I/O tables."""
     buffers = "\n".join(
         f"        BufferSpec(name: {swift_string(b.name)}, kind: .{b.kind}, count: {b.count}),"
         for b in plan.buffers
@@ -139,7 +151,12 @@ public final class {product} {{
     var pipelines: [String: MTLComputePipelineState] = [:]
     var buffers: [MTLBuffer] = []
 
-    /// Loads weights.mcw (default: from the app's main bundle) and builds every pipeline once.
+"""
+
+
+def _swift_init(product: str, elem: str) -> str:
+    """``init``: the pipelines, then one MTLBuffer per plan buffer, weights decoded into theirs."""
+    return f"""    /// Loads weights.mcw (default: from the app's main bundle) and builds every pipeline once.
     public init(
         weightsURL: URL? = Bundle.main.url(forResource: "weights", withExtension: "mcw"),
         device: MTLDevice? = MTLCreateSystemDefaultDevice()
@@ -173,7 +190,12 @@ public final class {product} {{
         }}
     }}
 
-    /// Runs the model on one input (row-major floats, shape `inputs[0].2`); returns every output.
+"""
+
+
+def _swift_predict(product: str) -> str:
+    """``predict``: every layer in one command buffer and one compute encoder."""
+    return f"""    /// Runs the model on one input (row-major floats, shape `inputs[0].2`); returns every output.
     public func predict(_ input: [Float]) throws -> [String: [Float]] {{
         guard Self.inputs.count == 1 else {{ throw {product}Error.input("the model has several inputs; use predict(inputs:)") }}
         return try predict(inputs: [Self.inputs[0].0: input])
@@ -208,7 +230,12 @@ public final class {product} {{
         return result
     }}
 
-    // MARK: storage conversion ({"IEEE half through vImage" if half else "float, copied as is"})
+"""
+
+
+def _swift_storage(half: bool) -> str:
+    """``store`` and ``load``: float values to and from the storage type."""
+    return f"""    // MARK: storage conversion ({"IEEE half through vImage" if half else "float, copied as is"})
 
     static func store(_ values: [Float], into buffer: MTLBuffer) {{
 {_store_body(half)}
@@ -218,7 +245,12 @@ public final class {product} {{
 {_load_body(half)}
     }}
 
-    // MARK: weights.mcw: "MCW1", u32 version, u64 index length, JSON index, 64-byte aligned blobs
+"""
+
+
+def _swift_weights_reader(product: str) -> str:
+    """``readWeights`` (weights.mcw through ``mcw_decode_tensor``) and its record helpers; closes the class."""
+    return f"""    // MARK: weights.mcw: "MCW1", u32 version, u64 index length, JSON index, 64-byte aligned blobs
 
     static func readWeights(_ url: URL) throws -> [String: [Float]] {{
         let data = try Data(contentsOf: url, options: .alwaysMapped)

@@ -21,6 +21,8 @@ Rules (ONNX notation, as ``targets/reference/ops/recurrent.py``):
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import onnx_ir as ir
 from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, flit, register
@@ -393,52 +395,27 @@ def _bake(P: str, name: str, values: np.ndarray) -> str:
     return f"constant float {P}_{name}[{flat.size}] = {{{', '.join(flit(v) for v in flat)}}};\n"
 
 
-@register("DynamicQuantizeLSTM", check=check_dynamic_quantize_lstm)
-def lower_dynamic_quantize_lstm(
-    ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None
-) -> list[KernelSource]:
-    """ONNX Runtime's ``com.microsoft::DynamicQuantizeLSTM``: an LSTM (gates ``i, o, f, c``)
-    whose ``W`` ``[D, I, 4H]`` and ``R`` ``[D, H, 4H]`` are int8/uint8 codes with per-direction
-    or per-column scales and zero points, and whose inputs to the two products are quantized
-    at run time, as ORT's kernel does on one thread:
+class _DqLstmCell(NamedTuple):
+    """The Metal expressions of DynamicQuantizeLSTM's cell, per direction where they differ:
+    the gates ``i, f, o``, the candidate ``ct``, the new hidden state's activation ``h``, and
+    the two bias terms (``Wb`` added to ``xW``, ``Rb`` to the sum)."""
 
-    1. X (every step at once) and, at each step, the hidden state of the whole batch (rows whose
-       sequence ended before the previous step left out of the range) are quantized to uint8 by
-       ORT's rule: range extended to 0, scale ``(max - min) / 255`` (1 when the range is empty),
-       zero point ``round(clip(-min / scale, 0, 255))``, codes ``clip(round(v / scale) + zp)``.
-    2. The products are exact int32 sums of centered codes, scaled by ``input scale x weight
-       scale`` in float; ``pre = (xW + Wb) + hR + Rb``, then the LSTM cell in float.
-    3. One thread per direction, grid ``(1, D, 1)``: it loops over time and, in each step, over
-       the batch (the state's range spans the batch), keeping ``batch x hidden`` floats of
-       state (at most :data:`MAX_QUANTIZED_STATE`). ``sequence_lens`` is baked as for LSTM.
-    """
-    x, W, R = node.inputs[0], node.inputs[1], node.inputs[2]
-    assert x is not None and W is not None and R is not None
-    T, B, I = ctx.shape(x)
-    D, H, G = ctx.shape(R)
-    direction = node.attributes.get_string("direction", "forward")
-    reverse = [False, True] if direction == "bidirectional" else [direction == "reverse"]
+    i: str
+    f: str
+    ct: str
+    o: str
+    h: str
+    x_bias: str
+    h_bias: str
+
+
+def _dq_lstm_cell(node: ir.Node, D: int, H: int, G: int, has: set[str]) -> _DqLstmCell:
+    """The cell's expressions: activations by direction, ``clip``, ``input_forget``, peepholes
+    and biases (``Bias``/``Peep`` read only where ``has`` names them)."""
     clip_attr = node.attributes.get("clip")
     clip = None if clip_attr is None else float(clip_attr.as_float())
     input_forget = bool(node.attributes.get_int("input_forget", 0))
     acts = _activations(node, D)
-    lens_const = LowerContext.const(_input(node, 4))
-    lens = [T] * B if lens_const is None else [int(v) for v in np.asarray(lens_const, np.int64).reshape(-1)]
-    ws = _per_column(LowerContext.const(_input(node, 8)), D, G, 1.0)
-    wz = _per_column(LowerContext.const(_input(node, 9)), D, G, 0.0)
-    rs = _per_column(LowerContext.const(_input(node, 10)), D, G, 1.0)
-    rz = _per_column(LowerContext.const(_input(node, 11)), D, G, 0.0)
-
-    optional = {
-        "Bias": _input(node, 3),
-        "H0": _input(node, 5),
-        "C0": _input(node, 6),
-        "Peep": _input(node, 7),
-    }
-    present = [(n, v) for n, v in optional.items() if v is not None]
-    reads: list[ir.Value] = [x, W, R, *[v for _, v in present]]
-    names = ["X", "W", "R", *[n for n, _ in present]]
-    has = {n for n, _ in present}
 
     def clipped(v: str) -> str:
         return v if clip is None else f"min(max({v}, {flit(-clip)}), {flit(clip)})"
@@ -455,21 +432,36 @@ def lower_dynamic_quantize_lstm(
     def bias(offset: str) -> str:
         return f"float(Bias[d * 2 * {G} + {offset}])" if "Bias" in has else "0.0f"
 
-    rev = "false" if not any(reverse) else ("true" if len(reverse) == 1 else "(d == 1)")
-    sources: list[KernelSource] = []
-    for oi, which in enumerate(["Y", "Y_h", "Y_c"]):
-        if oi >= len(node.outputs) or node.outputs[oi] is None:
-            continue
-        y = node.outputs[oi]
-        if not (y.uses() or y.is_graph_output()):
-            continue
-        P = name = f"{kernel}_{dict(Y='y', Y_h='yh', Y_c='yc')[which]}"
-        st = f"((d * {B} + b) * {H} + j)"
-        y_index = f"(((t * {D} + d) * {B} + b) * {H} + j)"
-        pi = f"(g[j]{peep('', 'c[b * ' + str(H) + ' + j]')})"
-        pf = f"(g[2 * {H} + j]{peep(f'2 * {H} + ', 'c[b * ' + str(H) + ' + j]')})"
-        po = f"(g[{H} + j]{peep(f'{H} + ', 'cn')})"
-        body = f"""    if (gid.x >= 1u || gid.y >= uint({D})) return;
+    pi = f"(g[j]{peep('', 'c[b * ' + str(H) + ' + j]')})"
+    pf = f"(g[2 * {H} + j]{peep(f'2 * {H} + ', 'c[b * ' + str(H) + ' + j]')})"
+    po = f"(g[{H} + j]{peep(f'{H} + ', 'cn')})"
+    return _DqLstmCell(
+        i=act_by_dir(0, pi),
+        f="1.0f - i" if input_forget else act_by_dir(0, pf),
+        ct=act_by_dir(1, f"g[3 * {H} + j]"),
+        o=act_by_dir(0, po),
+        h=act_by_dir(2, "cn", clip_it=False),
+        x_bias=bias("j"),
+        h_bias=bias(f"{G} + j"),
+    )
+
+
+def _dq_lstm_body(
+    ctx: LowerContext,
+    P: str,
+    which: str,
+    dims: tuple[int, int, int, int, int, int],
+    rev: str,
+    has: set[str],
+    cell: _DqLstmCell,
+) -> str:
+    """The kernel body for output ``which`` (``Y``, ``Y_h`` or ``Y_c``) of one direction's
+    thread: ``dims`` is ``(T, B, I, D, H, G)``; ``P`` prefixes the baked lengths, scales and
+    zero points; ``rev`` is the Metal expression of "this direction runs backwards"."""
+    T, B, I, D, H, G = dims
+    st = f"((d * {B} + b) * {H} + j)"
+    y_index = f"(((t * {D} + d) * {B} + b) * {H} + j)"
+    body = f"""    if (gid.x >= 1u || gid.y >= uint({D})) return;
     const int d = int(gid.y);
     const bool rev = {rev};
     float h[{B * H}];
@@ -514,17 +506,17 @@ def lower_dynamic_quantize_lstm(
                     const int qh = int(min(max(rint(h[b * {H} + k] / hs) + hz, 0.0f), 255.0f) - hz);
                     ah += qh * (int(float(R[(d * {H} + k) * {G} + j])) - int({P}_RZ[d * {G} + j]));
                 }}
-                const float xw = float(ax) * (xs * {P}_WS[d * {G} + j]) + {bias("j")};
+                const float xw = float(ax) * (xs * {P}_WS[d * {G} + j]) + {cell.x_bias};
                 const float hr = float(ah) * (hs * {P}_RS[d * {G} + j]);
-                g[j] = (xw + hr) + {bias(f"{G} + j")};
+                g[j] = (xw + hr) + {cell.h_bias};
             }}
             for (int j = 0; j < {H}; ++j) {{
-                const float i = {act_by_dir(0, pi)};
-                const float f = {"1.0f - i" if input_forget else act_by_dir(0, pf)};
-                const float ct = {act_by_dir(1, f"g[3 * {H} + j]")};
+                const float i = {cell.i};
+                const float f = {cell.f};
+                const float ct = {cell.ct};
                 const float cn = f * c[b * {H} + j] + i * ct;
-                const float o = {act_by_dir(0, po)};
-                hn[b * {H} + j] = o * {act_by_dir(2, "cn", clip_it=False)};
+                const float o = {cell.o};
+                hn[b * {H} + j] = o * {cell.h};
                 cnew[b * {H} + j] = cn;
 {f"                OUT[{y_index}] = {ctx.storage}(hn[b * {H} + j]);" if which == "Y" else ""}
             }}
@@ -532,9 +524,66 @@ def lower_dynamic_quantize_lstm(
         for (int e = 0; e < {B * H}; ++e) {{ h[e] = hn[e]; c[e] = cnew[e]; }}
     }}
 """
-        if which != "Y":
-            state = "h" if which == "Y_h" else "c"
-            body += f"    for (int b = 0; b < {B}; ++b) for (int j = 0; j < {H}; ++j) OUT[{st}] = {ctx.storage}({state}[b * {H} + j]);\n"
+    if which != "Y":
+        state = "h" if which == "Y_h" else "c"
+        body += f"    for (int b = 0; b < {B}; ++b) for (int j = 0; j < {H}; ++j) OUT[{st}] = {ctx.storage}({state}[b * {H} + j]);\n"
+    return body
+
+
+@register("DynamicQuantizeLSTM", check=check_dynamic_quantize_lstm)
+def lower_dynamic_quantize_lstm(
+    ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None
+) -> list[KernelSource]:
+    """ONNX Runtime's ``com.microsoft::DynamicQuantizeLSTM``: an LSTM (gates ``i, o, f, c``)
+    whose ``W`` ``[D, I, 4H]`` and ``R`` ``[D, H, 4H]`` are int8/uint8 codes with per-direction
+    or per-column scales and zero points, and whose inputs to the two products are quantized
+    at run time, as ORT's kernel does on one thread:
+
+    1. X (every step at once) and, at each step, the hidden state of the whole batch (rows whose
+       sequence ended before the previous step left out of the range) are quantized to uint8 by
+       ORT's rule: range extended to 0, scale ``(max - min) / 255`` (1 when the range is empty),
+       zero point ``round(clip(-min / scale, 0, 255))``, codes ``clip(round(v / scale) + zp)``.
+    2. The products are exact int32 sums of centered codes, scaled by ``input scale x weight
+       scale`` in float; ``pre = (xW + Wb) + hR + Rb``, then the LSTM cell in float.
+    3. One thread per direction, grid ``(1, D, 1)``: it loops over time and, in each step, over
+       the batch (the state's range spans the batch), keeping ``batch x hidden`` floats of
+       state (at most :data:`MAX_QUANTIZED_STATE`). ``sequence_lens`` is baked as for LSTM.
+    """
+    x, W, R = node.inputs[0], node.inputs[1], node.inputs[2]
+    assert x is not None and W is not None and R is not None
+    T, B, I = ctx.shape(x)
+    D, H, G = ctx.shape(R)
+    direction = node.attributes.get_string("direction", "forward")
+    reverse = [False, True] if direction == "bidirectional" else [direction == "reverse"]
+    lens_const = LowerContext.const(_input(node, 4))
+    lens = [T] * B if lens_const is None else [int(v) for v in np.asarray(lens_const, np.int64).reshape(-1)]
+    ws = _per_column(LowerContext.const(_input(node, 8)), D, G, 1.0)
+    wz = _per_column(LowerContext.const(_input(node, 9)), D, G, 0.0)
+    rs = _per_column(LowerContext.const(_input(node, 10)), D, G, 1.0)
+    rz = _per_column(LowerContext.const(_input(node, 11)), D, G, 0.0)
+
+    optional = {
+        "Bias": _input(node, 3),
+        "H0": _input(node, 5),
+        "C0": _input(node, 6),
+        "Peep": _input(node, 7),
+    }
+    present = [(n, v) for n, v in optional.items() if v is not None]
+    reads: list[ir.Value] = [x, W, R, *[v for _, v in present]]
+    names = ["X", "W", "R", *[n for n, _ in present]]
+    has = {n for n, _ in present}
+    cell = _dq_lstm_cell(node, D, H, G, has)
+
+    rev = "false" if not any(reverse) else ("true" if len(reverse) == 1 else "(d == 1)")
+    sources: list[KernelSource] = []
+    for oi, which in enumerate(["Y", "Y_h", "Y_c"]):
+        if oi >= len(node.outputs) or node.outputs[oi] is None:
+            continue
+        y = node.outputs[oi]
+        if not (y.uses() or y.is_graph_output()):
+            continue
+        P = name = f"{kernel}_{dict(Y='y', Y_h='yh', Y_c='yc')[which]}"
+        body = _dq_lstm_body(ctx, P, which, (T, B, I, D, H, G), rev, has, cell)
         params = [ctx.buffer_param(i, n) for i, n in enumerate(names)]
         params.append(ctx.buffer_param(len(names), "OUT", out=True))
         src = (
