@@ -85,7 +85,7 @@ def run(
     on ``data`` (.npz), or on random inputs drawn as verify draws them (``samples``, ``seed``);
     with ``output`` the outputs go to an .npz (atomically)."""
     from mconv.fileio import atomic_path, require_file
-    from mconv.metrics import check_samples, load_npz_feeds, plan_random_feeds, run_feeds
+    from mconv.metrics import check_samples, load_npz_feeds, plan_random_feeds, run_feeds, savable
     from mconv.npzio import read_npy, write_npz
 
     check_samples(samples)
@@ -120,7 +120,8 @@ def run(
     seconds = time.perf_counter() - t0
     if output is not None:
         with atomic_path(Path(output)) as tmp, builtins.open(tmp, "wb") as fh:
-            write_npz(fh, results.items())  # any output name (savez takes them as keywords)
+            # any output name (savez takes them as keywords); maps and strings as arrays
+            write_npz(fh, [item for name, value in results.items() for item in savable(name, value)])
     return RunResult(
         outputs=dict(results), output=str(output) if output else None, seconds=seconds, plan=plan
     )

@@ -120,6 +120,37 @@ def _map_rows(a) -> np.ndarray:
     return np.array([[float(r[k]) for k in keys] for r in rows], dtype=np.float64)
 
 
+def map_keys(a) -> np.ndarray | None:
+    """The sorted keys of a sequence of maps that :func:`_map_rows` turns into columns (as an
+    array of their own type), else None."""
+    rows = list(a.ravel()) if isinstance(a, np.ndarray) and a.dtype == object else a
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        return None
+    keys = sorted(rows[0], key=repr)
+    if any(sorted(r, key=repr) != keys for r in rows):
+        return None
+    return np.asarray(keys) if all(isinstance(k, str) for k in keys) else np.asarray(keys, np.int64)
+
+
+def savable(name: str, value) -> list[tuple[str, np.ndarray]]:
+    """An output as arrays an ``.npz`` holds without pickling: numbers as they are; strings as a
+    unicode array; a sequence of maps with one key set (ai.onnx.ml ZipMap's) as ``[N, K]`` float
+    scores under ``name`` and its sorted keys under ``name.keys``. Anything else is refused by
+    name."""
+    keys = map_keys(value)
+    if keys is not None:
+        return [(name, _map_rows(value)), (f"{name}.keys", keys)]
+    a = np.asarray(value) if not isinstance(value, list) else np.asarray(value, dtype=object)
+    if a.dtype != object:
+        return [(name, a)]
+    if all(isinstance(v, str) for v in a.ravel()):
+        return [(name, a.astype(str))]
+    raise InputError(
+        f"output '{show(name)}' holds values an .npz cannot store without pickling",
+        hint="read it through the Python API (mconv.run) instead of -o",
+    )
+
+
 def compare(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray | None = None) -> dict:
     """All metrics for one output pair."""
     ref = _map_rows(ref)

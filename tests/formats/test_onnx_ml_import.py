@@ -129,3 +129,28 @@ def test_valid_file_the_ir_cannot_hold_is_not_called_corrupt(tmp_path, monkeypat
     assert "not supported" in line and "Frobnicate" in line
     assert "corrupt" not in line and "truncated" not in line
     assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize("string_labels", [False, True])
+@pytest.mark.parametrize("target", ["model", "cpu"])
+def test_run_writes_a_sequence_of_maps_as_scores_and_keys(string_labels, target, tmp_path):
+    """ZipMap's output (one {label: score} map per sample) goes to the .npz as [N, K] scores and
+    its sorted keys, read back without pickling and equal to ONNX Runtime's maps."""
+    src = _zipmap_model(tmp_path / "pipe.onnx", labels=(3, 5, 7), string_labels=string_labels)
+    x = np.random.default_rng(2).standard_normal((5, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    model = str(src)
+    if target == "cpu":
+        model = str(tmp_path / "bundle")
+        assert _cli("export", str(src), "--target", "cpu", "-o", model).exit_code == 0
+    out = tmp_path / "y.npz"
+    r = _cli("run", model, "-i", f"x={tmp_path / 'x.npy'}", "-o", str(out))
+    assert r.exit_code == 0, r.output
+    labels, maps = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    names = [o.name for o in onnx.load(src).graph.output]
+    with np.load(out, allow_pickle=False) as z:
+        np.testing.assert_array_equal(z[names[0]], labels)
+        keys = list(z[f"{names[1]}.keys"])
+        assert keys == sorted(maps[0], key=repr)
+        want = np.array([[m[k] for k in keys] for m in maps], np.float64)
+        np.testing.assert_allclose(z[names[1]], want, rtol=1e-6)
