@@ -307,13 +307,24 @@ def check_unary(ctx: LowerContext, node: ir.Node) -> str | None:
 
 def runtime_gather_axes(graph: ir.Graph) -> list[tuple[str, int]]:
     """(node name, length of the gathered axis) for every Gather whose indices are computed at
-    run time (rule 3)."""
+    run time (rule 3); for a GatherND, the longest axis its index tuples address."""
     found = []
     for node in graph:
-        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+        if (
+            node.op_type not in ("Gather", "GatherND")
+            or node.domain not in ("", "ai.onnx")
+            or len(node.inputs) < 2
+        ):
             continue
         x, idx = node.inputs[0], node.inputs[1]
         if x is None or idx is None or idx.const_value is not None or x.shape is None:
+            continue
+        if node.op_type == "GatherND":  # each component of an index tuple is held as a float
+            b = node.attributes.get_int("batch_dims", 0)
+            k = idx.shape[-1] if idx.shape is not None and len(idx.shape) else None
+            dims = list(x.shape)[b : b + k] if isinstance(k, int) else [0]
+            n = max(dims, default=1) if all(isinstance(d, int) for d in dims) else 0
+            found.append((node.name or "", n))
             continue
         axis = node.attributes.get_int("axis", 0)
         rank = len(x.shape)
@@ -342,7 +353,7 @@ INTEGER_OPS: frozenset[str] = frozenset(
         *("Add", "Sum", "Sub", "Mul", "Max", "Min"),
         *("Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Xor", "Not"),
         *("Where", "IsInf", "IsNaN", "Cast", "CastLike", "QuantizeLinear", "DequantizeLinear"),
-        *("Concat", "DepthToSpace", "SpaceToDepth", "Expand", "Gather", "Pad", "Slice", "Split"),
+        *("Concat", "DepthToSpace", "SpaceToDepth", "Expand", "Gather", "GatherND", "Pad", "Slice", "Split"),
         *("Tile", "Transpose"),
     }
 )

@@ -46,8 +46,9 @@ Rules:
    So is a graph that quantizes at run time without QuantizeLinear (ORT's dynamic quantization,
    rewritten by :mod:`mconv.targets.gpu.contrib`: a Cast of computed floats to int32, int8 or
    uint8, a DynamicQuantizeLSTM), whose int32 accumulators float16 would not hold.
-   Likewise a graph with a Gather whose indices are computed at run time over an axis longer
-   than 2^11 (a token embedding with a vocabulary over 2048): half storage would hold the ids
+   Likewise a graph with a Gather (or a GatherND, by the longest axis its index tuples address)
+   whose indices are computed at run time over an axis longer than 2^11 (a token embedding
+   with a vocabulary over 2048): half storage would hold the ids
    inexactly (token 2049 read as 2048), so the graph is planned in float storage and the notes
    say so.
 """
@@ -551,7 +552,7 @@ def storage_for(model: ir.Model, precision: str) -> tuple[str, list[str]]:
     if gathers:
         longest = max(n for _, n in gathers)
         notes.append(
-            f"float32 storage, not float16: {len(gathers)} Gather node(s) index an axis of up to "
+            f"float32 storage, not float16: {len(gathers)} Gather/GatherND node(s) index an axis of up to "
             f"{longest or 'an unknown number of'} entries with indices computed at run time (token ids), "
             f"and float16 holds integers exactly only up to {limit}; the kernels run as they would "
             "with --precision fp32"

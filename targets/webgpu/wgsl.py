@@ -44,7 +44,7 @@ from mconv.targets.gpu.expr import BINARY, is_inf_expr, wrap_expr
 from mconv.targets.gpu.ops import Activation, LowerContext, activation_of, check_unary, flit, tensor_clip
 from mconv.targets.gpu.params.conv import bias_strides, conv_transpose_constants, spatial_params
 from mconv.targets.gpu.params.elementwise import broadcast_strides, cast_rule, cast_target
-from mconv.targets.gpu.params.indexing import check_gather, gather_geometry
+from mconv.targets.gpu.params.indexing import check_gather, check_gathernd, gather_geometry, gathernd_geometry
 from mconv.targets.gpu.params.normalization import check_layernorm, softmax_axis
 from mconv.targets.gpu.params.quantization import CODE_RANGES, code_type, quant_params
 from mconv.targets.gpu.params.reduction import merged_groups, reduce_axes
@@ -935,6 +935,39 @@ let ii = gx % INNER; let j = (gx / INNER) % NIDX; let o = gx / (INNER * NIDX);
 var idx = IDX;
 Y[gx] = X[(o * AXIS + idx[j]) * INNER + ii];
 """
+    src = module(ctx, kernel, ["X"], grid, sizes, _indent(body), table)
+    return KernelSource(kernel, src, [x], grid)
+
+
+@register("GatherND", check=check_gathernd)
+def lower_gathernd(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """The Metal kernels' GatherND (rule 4 of :mod:`mconv.targets.metal.kernels.indexing`):
+    constant indices baked as a table of data offsets (-1 giving 0); indices computed at run time
+    read from a buffer, a component outside ``[-n, n)`` (or not a number) giving 0."""
+    x, idx_value = inp(node, 0), inp(node, 1)
+    g = gathernd_geometry(ctx, node)
+    grid = (g.count, 1, 1)
+    sizes = dict(INNER=g.inner, PER=g.per, SLAB=g.slab, K=max(g.k, 1))
+    head = "let ii = gx % INNER; let t = gx / INNER;\n"
+    if LowerContext.const(idx_value) is None:
+        lines = [head + "var off = (t / PER) * SLAB;"]
+        for j, (d, st) in enumerate(zip(g.dims, g.strides)):
+            lines.append(
+                f"{{ let f = f32(I[t * K + {j}]);\n"
+                f"  if (!(f >= f32(-{d}) && f < f32({d}))) {{ Y[gx] = T(0.0f); return; }}\n"
+                f"  var k = i32(f); if (k < 0) {{ k = k + {d}; }}\n"
+                f"  if (k < 0 || k >= {d}) {{ Y[gx] = T(0.0f); return; }}\n"
+                f"  off = off + k * {st}; }}"
+            )
+        body = "\n".join(lines) + "\nY[gx] = X[off + ii];\n"
+        src = module(ctx, kernel, ["X", "I"], grid, sizes, _indent(body))
+        return KernelSource(kernel, src, [x, idx_value], grid)
+    offs = g.offsets(LowerContext.const(idx_value))
+    table = f"const OFF = array<i32, {len(offs)}>({', '.join(map(str, offs))});\n"
+    body = (
+        head
+        + "var offs = OFF;\nlet off = offs[t];\nif (off < 0) { Y[gx] = T(0.0f); return; }\nY[gx] = X[off + ii];\n"
+    )
     src = module(ctx, kernel, ["X"], grid, sizes, _indent(body), table)
     return KernelSource(kernel, src, [x], grid)
 

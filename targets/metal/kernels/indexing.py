@@ -1,4 +1,4 @@
-"""Indexing kernels: Gather.
+"""Indexing kernels: Gather, GatherND.
 
 Rules:
 
@@ -11,12 +11,17 @@ Rules:
    element, never a read outside the data. Integer indices are exact up to 2^11 in half storage,
    so the planner stores a graph in float whenever such a Gather indexes an axis longer than
    that (:func:`runtime_gather_axes`, the plan's rule 6).
+4. GatherND (opset 11-13, ``batch_dims``): one thread per output element; the element's index
+   tuple picks a slab of the data within its batch's block. Constant indices are baked as a
+   table of data offsets (-1, giving 0, for a tuple with a component out of range); indices
+   computed at run time are a buffer read as floats with rule 3's conditions on every component
+   (the planner's float storage rule takes the longest axis a tuple addresses).
 """
 
 from __future__ import annotations
 
 import onnx_ir as ir
-from mconv.targets.gpu.params.indexing import check_gather, gather_geometry
+from mconv.targets.gpu.params.indexing import check_gather, check_gathernd, gather_geometry, gathernd_geometry
 from mconv.targets.gpu.values import required
 from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, register
 from mconv.targets.metal.kernels.conv import constants
@@ -71,3 +76,53 @@ def lower_gather(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
 """
     )
     return KernelSource(kernel, src, [x], (count, 1, 1))
+
+
+@register("GatherND", check=check_gathernd, integers=True)
+def lower_gathernd(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    """Rule 4."""
+    x, idx_value = required(node.inputs[0]), required(node.inputs[1])
+    g = gathernd_geometry(ctx, node)
+    P = kernel
+    sizes = dict(COUNT=g.count, INNER=g.inner, PER=g.per, SLAB=g.slab, K=max(g.k, 1))
+    head = f"""    if (gid.x >= uint({P}_COUNT)) return;
+    const int i = int(gid.x);
+    const int ii = i % {P}_INNER, t = i / {P}_INNER;
+"""
+    indices = LowerContext.const(idx_value)
+    if indices is None:
+        lines = [f"    int off = (t / {P}_PER) * {P}_SLAB;"]
+        for j, (d, st) in enumerate(zip(g.dims, g.strides)):
+            lines.append(
+                f"    {{ const float f = float(I[t * {P}_K + {j}]);\n"
+                f"      if (!(f >= float(-{d}) && f < float({d}))) {{ Y[gid.x] = 0; return; }}\n"
+                f"      int k = int(f); if (k < 0) k += {d};\n"
+                f"      if (k < 0 || k >= {d}) {{ Y[gid.x] = 0; return; }}\n"
+                f"      off += k * {st}; }}"
+            )
+        params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "I"), ctx.buffer_param(2, "Y", out=True)]
+        src = (
+            constants(P, sizes)
+            + ctx.signature(kernel, params)
+            + " {\n"
+            + head
+            + "\n".join(lines)
+            + "\n    Y[gid.x] = X[off + ii];\n}\n"
+        )
+        return KernelSource(kernel, src, [x, idx_value], (g.count, 1, 1))
+    offs = g.offsets(indices)
+    table = f"constant int {P}_OFF[{len(offs)}] = {{{', '.join(map(str, offs))}}};\n"
+    params = [ctx.buffer_param(0, "X"), ctx.buffer_param(1, "Y", out=True)]
+    src = (
+        table
+        + constants(P, sizes)
+        + ctx.signature(kernel, params)
+        + " {\n"
+        + head
+        + f"""    const int off = {P}_OFF[t];
+    if (off < 0) {{ Y[gid.x] = 0; return; }}
+    Y[gid.x] = X[off + ii];
+}}
+"""
+    )
+    return KernelSource(kernel, src, [x], (g.count, 1, 1))
