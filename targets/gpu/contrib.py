@@ -19,8 +19,9 @@ Rules:
 3. Requantization is ONNX Runtime's: the exact accumulator times the float32 ratio of scales
    (``x_scale * w_scale / y_scale``), rounded half to even, plus the zero point, saturated:
    a ``Mul`` by the ratio, then ``QuantizeLinear`` with scale 1 and the output zero point. The
-   QOperator element ops (QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu, the
-   QLinear pools, QLinearConcat) dequantize, compute in float and quantize again.
+   QOperator element ops (QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
+   QLinearSoftmax, the QLinear pools, QLinearConcat) dequantize, compute in float and quantize
+   again (QLinearSoftmax: one code off ORT's float32 exponential table at most, on ties).
 4. DynamicQuantizeLinear is ``ReduceMin``/``ReduceMax`` (the range extended to 0), the scale
    ``(max - min) / 255`` (1 for an all-zero tensor), the zero point ``round(clip(-min /
    scale, 0, 255))`` and the codes ``clip(round(x / scale) + zp, 0, 255)``, as ORT.
@@ -464,6 +465,27 @@ def _pool_attrs(n: ir.Node) -> dict:
     return {k: _attr(n, k, None) for k in keep if n.attributes.get(k) is not None}
 
 
+def _qlinear_softmax(r: _Rewrite, x: ir.Value) -> ir.Value | None:
+    """Softmax with the semantics the node's ``opset`` attribute names (< 13: over the 2-D
+    coercion at ``axis``, 13 on: over ``axis``), written for the model's own opset."""
+    shape = _shape(r.node.inputs[0])
+    if shape is None:
+        return None
+    rank = len(shape)
+    axis = int(_attr(r.node, "axis", -1))
+    axis = axis + rank if axis < 0 else axis
+    coerce = int(_attr(r.node, "opset", 13)) < 13
+    if axis == rank - 1 or coerce == (r.opset < 13):  # both semantics agree, or the model's is it
+        return r.op("Softmax", [x], axis=axis)
+    if coerce:  # the 2-D coercion in a model of opset 13 on
+        rows = r.op("Reshape", [x, r.const([math.prod(shape[:axis]), -1], "rows", np.int64)])
+        return r.op("Reshape", [r.op("Softmax", [rows], axis=1), r.const(shape, "shape", np.int64)])
+    perm = [*(i for i in range(rank) if i != axis), axis]  # one axis in a model before 13
+    back = [perm.index(i) for i in range(rank)]
+    moved = r.op("Softmax", [r.op("Transpose", [x], perm=perm)], axis=rank - 1)
+    return r.op("Transpose", [moved], perm=back)
+
+
 def _qlinear_concat(r: _Rewrite) -> dict | None:
     n = r.node
     y_s, y_zp = _const(_in(n, 0)), _in(n, 1)
@@ -758,6 +780,7 @@ _RULES: dict[tuple[str, str], Callable[[_Rewrite], dict | None]] = {
     (MS, "QLinearLeakyRelu"): _qunary(
         lambda r, v: r.op("LeakyRelu", [v], alpha=float(_attr(r.node, "alpha", 0.01)))
     ),
+    (MS, "QLinearSoftmax"): _qunary(_qlinear_softmax),
     (MS, "QLinearAveragePool"): _qunary(_qlinear_pool),
     (MS, "QLinearGlobalAveragePool"): _qunary(_qlinear_pool),
     (MS, "QLinearConcat"): _qlinear_concat,

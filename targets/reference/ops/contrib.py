@@ -14,10 +14,12 @@ Rules
    several threads quantizes the state in chunks of batch rows, one chunk per thread, which
    moves its result by up to a quantization step of the state.
 2. The QOperator element ops (QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
-   QLinearAveragePool, QLinearGlobalAveragePool, QLinearConcat, QGemm) dequantize, compute in
-   float32 (the ratios of scales as ORT forms them) and requantize: round half to even, add the
-   zero point, saturate. ORT's vectorised sigmoid and pooling differ from this by at most one
-   code on ties.
+   QLinearSoftmax, QLinearAveragePool, QLinearGlobalAveragePool, QLinearConcat, QGemm)
+   dequantize, compute in float32 (the ratios of scales as ORT forms them) and requantize:
+   round half to even, add the zero point, saturate. QLinearSoftmax's exponentials and sum are
+   float64 (``opset`` < 13: softmax over the 2-D coercion at ``axis``; 13 on: over ``axis``).
+   ORT's vectorised sigmoid and pooling, and its float32 softmax table, differ from this by at
+   most one code on ties.
 3. Float ops (FusedConv, Gelu, FastGelu, BiasGelu, QuickGelu, BiasAdd, SkipLayerNormalization,
    SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization, Attention,
    MultiHeadAttention) accumulate in :func:`wide` and round once to the input's dtype.
@@ -221,6 +223,29 @@ register("QLinearLeakyRelu", domain=MS)(
     _table_op(lambda v, a: np.where(v >= 0, v, v * np.float32(a.get("alpha", 0.01))))
 )
 register("QLinearSoftsign", domain=MS)(_table_op(lambda v, a: v / (1 + np.abs(v))))
+
+
+def _softmax_rows(x: np.ndarray, attrs) -> tuple[tuple[int, ...], int, np.ndarray]:
+    """QLinearSoftmax's layout: ``opset`` < 13 coerces to 2-D at ``axis`` (softmax over the
+    trailing block), 13 and later reduce the one axis. Returns (shape back, axis, view)."""
+    axis = int(attrs.get("axis", -1))
+    axis = axis + x.ndim if axis < 0 else axis
+    if int(attrs.get("opset", 13)) < 13:
+        return x.shape, 1, x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
+    return x.shape, axis, x
+
+
+@register("QLinearSoftmax", domain=MS)
+def qlinear_softmax(inputs, attrs, ctx):
+    """ORT's kernel: exp of each code's distance below its row's largest, times ``x_scale``
+    (its table, the zero point cancels), normalised, requantized half to even and saturated."""
+    x, x_s, _x_zp, y_s = inputs[:4]
+    y_zp = _opt(inputs, 4)
+    shape, axis, v = _softmax_rows(x, attrs)
+    d = v.astype(np.int64) - v.max(axis=axis, keepdims=True).astype(np.int64)  # exact, <= 0
+    e = np.exp(d.astype(np.float64) * np.float64(np.asarray(x_s).reshape(())))
+    p = (e / e.sum(axis=axis, keepdims=True)).astype(np.float32).reshape(shape)
+    return (_requant(p, y_s, y_zp if y_zp is not None else np.zeros((), x.dtype)),)
 
 
 @register("QLinearAveragePool", domain=MS)

@@ -19,7 +19,8 @@ Rules:
    output scale, round half to even, add the zero point, saturate to its type. QLinearSigmoid,
    QLinearLeakyRelu and QLinearSoftsign are 256-entry tables: computed by the reference kernel
    at trace time when the scales and zero points are initializers (the registry's rule 5, so the
-   codes equal the reference's), otherwise in jax.
+   codes equal the reference's), otherwise in jax. QLinearSoftmax computes in float32 what the reference
+   computes in float64 (one code apart at most, on ties).
 4. Float ops compute in the input's type (float32) with ``precision=HIGHEST`` products. Attention
    takes a 2-D key mask or 1-D valid lengths and no past state; MultiHeadAttention 3-D query,
    key and value, an optional bias and a ``[B, L]`` key padding mask; FusedConv the activations
@@ -284,6 +285,23 @@ def _table_rule(op: str):
 
 for _op in _TABLE_FNS:
     lower(_op, domain=MS, prefer_static=(1, 2, 3, 4))(_table_rule(_op))
+
+
+@lower("QLinearSoftmax", domain=MS, prefer_static=(1, 2, 3, 4))
+def qlinear_softmax(inputs, attrs, ctx):
+    """The reference's kernel in float32: exp of each code's distance below its row's largest
+    times ``x_scale`` (``opset`` < 13: rows of the 2-D coercion at ``axis``), normalised,
+    requantized."""
+    x, x_s = jnp.asarray(inputs[0]), inputs[1]
+    y_s, y_zp = inputs[3], _out_zp(inputs, 4, inputs[0])
+    shape, axis = x.shape, int(attrs.get("axis", -1)) % max(x.ndim, 1)
+    v = x.astype(jnp.int32)
+    if int(attrs.get("opset", 13)) < 13:
+        v, axis = v.reshape(math.prod(shape[:axis]), math.prod(shape[axis:])), 1
+    d = (v - jnp.max(v, axis=axis, keepdims=True)).astype(_F)  # exact, <= 0
+    e = jnp.exp(d * opaque(jnp.asarray(x_s).astype(_F).reshape(())))
+    p = divide(e, jnp.sum(e, axis=axis, keepdims=True)).reshape(shape)
+    return (_requant(p, y_s, y_zp),)
 
 
 @lower("QLinearAveragePool", domain=MS, prefer_static=(1, 2, 3, 4))

@@ -170,6 +170,12 @@ def _lstm(direction):
     return ins, {"hidden_size": H, "direction": direction}
 
 
+def _qsoftmax(dtype):
+    if dtype == np.uint8:
+        return [u8(2, 3, 4, 8), S(0.06), np.uint8(128), S(1 / 256), np.uint8(0)]
+    return [i8(2, 3, 4, 8), S(0.06), np.int8(0), S(1 / 256), np.int8(-128)]
+
+
 def _cases():
     """(id, op, domain, inputs, fed input indices, attrs, outputs, opset, rtol, codes)."""
     x = np.arange(256, dtype=np.uint8).reshape(16, 16)
@@ -368,6 +374,15 @@ def _cases():
     for K, block, zero in [(64, 32, False), (80, 32, True)]:
         ins, attrs = _nbits(K, block, zero)
         c.append((f"matmul-nbits-{K}-{zero}", "MatMulNBits", MS, ins, {0}, attrs, 1, 21, 1e-5, 0))
+    # QLinearSoftmax as ORT's quantizer writes it (output scale 1/256, zero point at the type's
+    # minimum); a model of opset 12 has Softmax coerce to 2-D, so the single-axis case transposes
+    softmax_layouts = [(-1, 12, 21), (-1, 13, 21), (1, 12, 21), (1, 13, 21), (1, 13, 12)]
+    for dtype in (np.uint8, np.int8):
+        for axis, sm_opset, model_opset in softmax_layouts:
+            ins = _qsoftmax(dtype)
+            attrs = {"axis": axis, "opset": sm_opset}
+            cid = f"qlinear-softmax-{np.dtype(dtype).name}-axis{axis}-opset{sm_opset}-model{model_opset}"
+            c.append((cid, "QLinearSoftmax", MS, ins, {0}, attrs, 1, model_opset, 0, 1))
     for zero in (False, True):
         ins, attrs = _gbq(zero)
         c.append(

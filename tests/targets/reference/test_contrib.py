@@ -173,6 +173,22 @@ def test_qlinear_unary_match_ort():
     check("QLinearLeakyRelu", [np.asarray(v) for v in ins], {"alpha": 0.1})
 
 
+def _qsoftmax(dtype):
+    """QLinearSoftmax as ORT's quantizer writes it: output scale 1/256, zero point at the
+    type's minimum; a wide input scale so rows hold both ties and underflowing codes."""
+    if dtype == np.uint8:
+        return [u8(2, 3, 4, 8), S(0.06), np.uint8(128), S(1 / 256), np.uint8(0)]
+    return [i8(2, 3, 4, 8), S(0.06), np.int8(0), S(1 / 256), np.int8(-128)]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("axis", [-1, 1])
+@pytest.mark.parametrize("opset", [12, 13])
+def test_qlinear_softmax_matches_ort(dtype, axis, opset):
+    ins = [np.asarray(v) for v in _qsoftmax(dtype)]
+    check("QLinearSoftmax", ins, {"axis": axis, "opset": opset}, codes=1)
+
+
 def test_qlinear_pools_match_ort():
     x = u8(1, 3, 8, 8)
     ins = [x, S(0.02), np.uint8(128), S(0.01), np.uint8(120)]

@@ -238,6 +238,20 @@ def test_qlinear_pools():
     check("QLinearGlobalAveragePool", last, {"channels_last": 1}, inits=(1, 2, 3, 4), codes=1, ref_codes=1)
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+@pytest.mark.parametrize("axis", [-1, 1])
+@pytest.mark.parametrize("opset", [12, 13])
+def test_qlinear_softmax(dtype, axis, opset):
+    """ORT's quantizer's parameters (output scale 1/256, zero point at the type's minimum);
+    float32 exponentials here, float64 in the reference: one code apart at most, on ties."""
+    if dtype == np.uint8:
+        ins = [u8(2, 3, 4, 8), S(0.06), np.uint8(128), S(1 / 256), np.uint8(0)]
+    else:
+        ins = [i8(2, 3, 4, 8), S(0.06), np.int8(0), S(1 / 256), np.int8(-128)]
+    attrs = {"axis": axis, "opset": opset}
+    check("QLinearSoftmax", ins, attrs, inits=(1, 2, 3, 4), codes=1, ref_codes=1)
+
+
 def test_qlinear_concat():
     ins = [S(0.05), np.uint8(128), u8(2, 3), S(0.02), np.uint8(120), u8(2, 5), S(0.07), np.uint8(128)]
     check("QLinearConcat", ins, {"axis": 1}, inits=(0, 1, 3, 4, 6, 7))
