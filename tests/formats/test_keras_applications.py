@@ -181,7 +181,7 @@ def numpy_initializers(seed: int = 0):
     a small CPU: most of the time it takes to build an application. Where Keras's internal
     module has moved, the build simply runs with JAX's own draws."""
     try:
-        from keras.src.backend.jax import random as jr
+        import keras.src.backend.jax.random as jr  # Keras's module, not Python's random
     except ImportError:
         yield
         return

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import random
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax._src.export import _export
 from jax._src.interpreters import mlir
@@ -121,14 +121,14 @@ def test_the_exporters_own_bundle_passes_the_check(bundle):
 
 def test_bit_flips_in_the_program_are_exit_0_or_one_line_exit_2(bundle, tmp_path):
     orig = (bundle / "model.jax_export").read_bytes()
-    rng = random.Random(41)
+    rng = np.random.default_rng(41)
     for case in range(8):
         b = _copy(bundle, tmp_path / f"b{case}")
         data = bytearray(orig)
         # spread over the file: header, avals and the module's bytecode
         lo, hi = case * len(data) // 8, (case + 1) * len(data) // 8
         for _ in range(2):
-            data[rng.randrange(lo, hi)] ^= 1 << rng.randrange(8)
+            data[int(rng.integers(lo, hi))] ^= 1 << int(rng.integers(8))
         (b / "model.jax_export").write_bytes(bytes(data))
         _rehash(b)
         res = _mconv("run", str(b), "-q")
