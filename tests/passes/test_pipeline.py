@@ -14,7 +14,6 @@ from mconv.passes.base import PASSES, Pass, PassReport, register_pass
 from onnx import TensorProto, helper
 
 
-@register_pass("test-threshold")
 class _Threshold(Pass):
     """Test-only pass: records the per-node config it resolves (does not change the model)."""
 
@@ -28,6 +27,16 @@ class _Threshold(Pass):
     def run(self, model, config, ctx) -> PassReport:
         seen = [{"node": n.name, "sparsity": ctx.config_for(n).sparsity} for n in model.graph]
         return self.report(False, tensors=seen)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _threshold_registered():
+    """The test-only pass is in the registry while this module's tests run, and only then: every
+    test module is imported by every worker, so a pass registered at import would show in other
+    modules' listings of the registered passes."""
+    register_pass("test-threshold")(_Threshold)
+    yield
+    PASSES.pop("test-threshold", None)
 
 
 def _two_layer_model(build):
