@@ -323,15 +323,16 @@ def runtime_gather_axes(graph: ir.Graph) -> list[tuple[str, int]]:
             b = node.attributes.get_int("batch_dims", 0)
             k = idx.shape[-1] if idx.shape is not None and len(idx.shape) else None
             dims = list(x.shape)[b : b + k] if isinstance(k, int) else [0]
-            n = max(dims, default=1) if all(isinstance(d, int) for d in dims) else 0
+            ints = [d for d in dims if isinstance(d, int)]
+            n = max(ints, default=1) if len(ints) == len(dims) else 0
             found.append((node.name or "", n))
             continue
         axis = node.attributes.get_int("axis", 0)
         rank = len(x.shape)
         if not -rank <= axis < rank:
             continue
-        n = x.shape[axis]
-        found.append((node.name or "", n if isinstance(n, int) else 0))
+        dim = x.shape[axis]
+        found.append((node.name or "", dim if isinstance(dim, int) else 0))
     return found
 
 

@@ -962,7 +962,9 @@ def lower_gathernd(ctx: LowerContext, node: ir.Node, kernel: str, act: Activatio
         body = "\n".join(lines) + "\nY[gx] = X[off + ii];\n"
         src = module(ctx, kernel, ["X", "I"], grid, sizes, _indent(body))
         return KernelSource(kernel, src, [x, idx_value], grid)
-    offs = g.offsets(LowerContext.const(idx_value))
+    const = LowerContext.const(idx_value)
+    assert const is not None  # the runtime-index branch above returned
+    offs = g.offsets(const)
     table = f"const OFF = array<i32, {len(offs)}>({', '.join(map(str, offs))});\n"
     body = (
         head
