@@ -293,10 +293,9 @@ def test_json_error_document_for_plain_bad_input(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["hello_world_int8.tflite", "person_detect.tflite"])
-def test_real_tflite_bundle_figures_are_reported_like_for_like(tmp_path, name):
-    src = Path(__file__).resolve().parents[1].parent / "shared" / "models" / "tflite" / name
-    if not src.is_file():
-        pytest.skip(f"{src} is absent (the shared real-model folder)")
+def test_real_tflite_bundle_figures_are_reported_like_for_like(tmp_path, name, shared):
+    src = shared / "models" / "tflite" / name
+    assert src.is_file(), f"{src} is missing from the shared real-model folder"
     assert _cli("import", src, "-o", tmp_path / "m.onnx", "-q").exit_code == 0
     r = _cli("export", tmp_path / "m.onnx", "-o", tmp_path / "b", "--json")
     assert r.exit_code == 0, r.output
