@@ -197,3 +197,29 @@ def snr_db(reference: np.ndarray, approx: np.ndarray) -> float:
     if noise == 0.0:
         return float("inf")
     return 10.0 * float(np.log10(max(signal, 1e-300) / noise))
+
+
+def gather_tables(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
+    """The embedding tables of ``model``: the float ``[vocab, dim]`` initializers that Gather
+    nodes index along axis 0, that are not in ``taken`` (another node's weight) and that no graph
+    input overrides, each once, in node order, as refs whose blocks run along axis 1. ``cluster``
+    (its rule 9) and ``blockwise`` (its rule 6) compress these beside the weights of their ops."""
+    seen = {id(r.value) for r in taken}
+    refs = []
+    for node in model.graph:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        value = node.inputs[0]
+        if value is None or id(value) in seen or not value.is_initializer() or value.const_value is None:
+            continue
+        t = value.const_value
+        axis = node.attributes.get("axis")
+        if (axis is not None and int(axis.value) not in (0, -2)) or len(t.shape) != 2:
+            continue
+        if t.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+            continue
+        if is_overridable(model.graph, value, model.ir_version or 10):
+            continue
+        seen.add(id(value))
+        refs.append(WeightRef(node, value, 0, 1))
+    return refs

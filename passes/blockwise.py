@@ -73,9 +73,8 @@ import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError, show
 from mconv.metrics import check_finite
-from mconv.passes._weights import WeightRef, snr_db, squared_error, weight_refs
+from mconv.passes._weights import WeightRef, gather_tables, snr_db, squared_error, weight_refs
 from mconv.passes.base import Pass, PassContext, PassReport, bounded, register_pass
-from mconv.passes.rewrite import is_overridable
 
 Method = Literal["rtn", "hqq", "gptq"]
 BLOCKWISE_KEY = "mconv.blockwise"
@@ -472,30 +471,6 @@ def _record_activations(model: ir.Model, refs: list[WeightRef], data: dict) -> d
     return hessians
 
 
-def _gather_tables(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
-    """Rule 6: the float ``[vocab, dim]`` initializers that Gather nodes index along axis 0 and
-    that are no MatMul or Gemm weight, each once, in node order (blocks along axis 1)."""
-    seen = {id(r.value) for r in taken}
-    refs = []
-    for node in model.graph:
-        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or not node.inputs:
-            continue
-        value = node.inputs[0]
-        if value is None or id(value) in seen or not value.is_initializer() or value.const_value is None:
-            continue
-        t = value.const_value
-        axis = node.attributes.get("axis")
-        if (axis is not None and int(axis.value) not in (0, -2)) or len(t.shape) != 2:
-            continue
-        if t.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
-            continue
-        if is_overridable(model.graph, value, model.ir_version or 10):
-            continue
-        seen.add(id(value))
-        refs.append(WeightRef(node, value, 0, 1))
-    return refs
-
-
 def _int4_tensor(codes: np.ndarray, signed: bool, name: str) -> ir.Tensor:
     import ml_dtypes
 
@@ -532,7 +507,7 @@ class Blockwise(Pass):
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         refs = [r for r in weight_refs(model, ("MatMul", "Gemm")) if len(r.shape) == 2]
-        refs += _gather_tables(model, refs)
+        refs += gather_tables(model, refs)  # rule 6
         chosen = []
         for ref in refs:
             cfg = ctx.config_for(ref.node) if ctx.spec is not None else config

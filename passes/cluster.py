@@ -83,13 +83,13 @@ from mconv.errors import InputError
 from mconv.passes._weights import (
     WEIGHT_OPS,
     WeightRef,
+    gather_tables,
     record_compression,
     snr_db,
     squared_error,
     weight_refs,
 )
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
-from mconv.passes.rewrite import is_overridable
 
 Init = Literal["linear", "density", "kmeans++", "optimal"]
 MAX_DP_VALUES = 1 << 16
@@ -741,30 +741,6 @@ def _tensor_owner(name: str) -> ir.Node:
     return ir.Node("", _FREE_TENSOR, [], name=name, num_outputs=0)
 
 
-def _gather_tables(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
-    """Rule 9: the float ``[vocab, dim]`` initializers that Gather nodes index along axis 0 and
-    that are no other node's weight, each once, in node order."""
-    seen = {id(r.value) for r in taken}
-    refs = []
-    for node in model.graph:
-        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or not node.inputs:
-            continue
-        value = node.inputs[0]
-        if value is None or id(value) in seen or not value.is_initializer() or value.const_value is None:
-            continue
-        t = value.const_value
-        axis = node.attributes.get("axis")
-        if (axis is not None and int(axis.value) not in (0, -2)) or len(t.shape) != 2:
-            continue
-        if t.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
-            continue
-        if is_overridable(model.graph, value, model.ir_version or 10):
-            continue
-        seen.add(id(value))
-        refs.append(WeightRef(node, value, 0, 1))
-    return refs
-
-
 def _free_tensor_refs(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
     """Float initializers of ndim >= 1 that are not already some node's weight (axis 0)."""
     seen = {id(r.value) for r in taken}
@@ -803,7 +779,7 @@ class Cluster(Pass):
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         refs = weight_refs(model)
-        refs = refs + _gather_tables(model, refs)
+        refs = refs + gather_tables(model, refs)  # rule 9
         if config.tensors == "all" or len(model.graph) == 0:
             refs = refs + _free_tensor_refs(model, refs)
         tensors, notes = [], []

@@ -210,13 +210,13 @@ def limit_datafree(
     selected weights without a name are given one (``op_name`` needs it). Prunes by threshold or
     global scope are read as the sparsity they give each tensor; N:M and structured prunes stay
     as asked (``unchecked``)."""
-    from mconv.passes.cluster import _gather_tables
+    from mconv.passes._weights import gather_tables
     from mconv.passes.prune import _global_threshold
 
     prunes = [i for i, s in enumerate(specs) if s.name == "prune"]
     clusters = [i for i, s in enumerate(specs) if s.name == "cluster"]
     refs = weight_refs(model)
-    refs = refs + _gather_tables(model, refs)
+    refs = refs + gather_tables(model, refs)
     taken = {n.name for n in model.graph if n.name}
     for k, ref in enumerate(refs):
         if not ref.node.name:
