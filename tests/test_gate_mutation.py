@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _gates import TOLERANCES, assert_close, figures  # noqa: E402
+from _system import needs_webgpu_adapter  # noqa: E402
 
 SCALE = 0.94
 
@@ -122,19 +123,7 @@ def test_the_corpus_gates_fail_a_uniform_scale_error():
         assert cos > 0.999999 and "output 0: relative L2 error 0.06" in why, (bound, why)
 
 
-def _has_adapter() -> bool:
-    from mconv.errors import InputError
-
-    try:
-        from mconv.targets.webgpu import runner
-
-        runner.request_device("probe", False, 4)
-        return True
-    except (ImportError, InputError):
-        return False
-
-
-@pytest.mark.skipif(not _has_adapter(), reason="no WebGPU adapter (apt-get install mesa-vulkan-drivers)")
+@needs_webgpu_adapter
 def test_a_webgpu_reduce_mean_made_6_percent_low_fails_verify_and_the_webgpu_tests(tmp_path, monkeypatch):
     from mconv.irio import load_onnx
     from mconv.targets.webgpu import wgsl

@@ -21,10 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
-
-pytest.importorskip("onnxruntime")
 import onnxruntime as ort  # noqa: E402
+import pytest
 from mconv.passes import PASSES  # noqa: E402
 
 MIN_WEIGHT_BYTES = 64 << 20  # the model must be larger than this (the lazy-load threshold)

@@ -12,26 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mconv.errors import InputError
 from mconv.irio import from_proto
 from mconv.targets import get_target
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+import onnxruntime as ort
 from _gates import assert_close  # noqa: E402
-
-ort = pytest.importorskip("onnxruntime")
-
-
-def _webgpu_ok() -> bool:
-    try:
-        from mconv.targets.webgpu import runner
-
-        runner.request_device("probe", False, 4)
-        return True
-    except (ImportError, InputError):
-        return False
-
+from _system import needs_webgpu_adapter  # noqa: E402
 
 TARGETS = [
     pytest.param(
@@ -40,7 +28,7 @@ TARGETS = [
             shutil.which("g++") is None and shutil.which("clang++") is None, reason="no C++ compiler"
         ),
     ),
-    pytest.param("webgpu", marks=pytest.mark.skipif(not _webgpu_ok(), reason="no WebGPU adapter")),
+    pytest.param("webgpu", marks=needs_webgpu_adapter),
 ]
 PRECISIONS = ["fp32", "fp16"]
 

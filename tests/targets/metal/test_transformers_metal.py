@@ -32,7 +32,6 @@ from transformer_models import (
 )
 
 pytestmark = needs_cxx
-pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")

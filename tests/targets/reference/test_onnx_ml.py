@@ -8,14 +8,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import skl2onnx
 from mconv.cli.app import app
 from mconv.irio import load_onnx
 from mconv.targets.reference.executor import Executor
-from typer.testing import CliRunner
-
-skl2onnx = pytest.importorskip("skl2onnx")
-datasets = pytest.importorskip("sklearn.datasets")
-
+from sklearn import datasets
 from sklearn.compose import ColumnTransformer  # noqa: E402
 from sklearn.ensemble import (  # noqa: E402
     GradientBoostingClassifier,
@@ -28,6 +25,7 @@ from sklearn.linear_model import LinearRegression, LogisticRegression  # noqa: E
 from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import Binarizer, Normalizer, OneHotEncoder, StandardScaler  # noqa: E402
 from sklearn.svm import SVC, SVR  # noqa: E402
+from typer.testing import CliRunner
 
 
 def _iris():

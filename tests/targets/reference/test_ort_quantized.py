@@ -14,9 +14,8 @@ from mconv.cli.app import app
 from mconv.irio import load_onnx
 from mconv.targets.reference.executor import Executor
 from onnx import helper, numpy_helper
+from onnxruntime import quantization
 from typer.testing import CliRunner
-
-quantization = pytest.importorskip("onnxruntime.quantization")
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 

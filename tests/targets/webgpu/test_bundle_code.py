@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,23 +19,14 @@ from mconv.targets.webgpu import naga as nagamod
 from mconv.targets.webgpu.browser import WEB, stage_site
 from typer.testing import CliRunner
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/
+from _system import needs_webgpu_adapter  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[3]
 DIGITS = ROOT / "fixtures" / "digits_mlp.onnx"
 
 
-def _has_adapter() -> bool:
-    try:
-        from mconv.targets.webgpu import runner
-
-        runner.request_device("probe", False, 4)
-        return True
-    except InputError:
-        return False
-
-
-needs_adapter = pytest.mark.skipif(
-    not _has_adapter(), reason="no WebGPU adapter (apt-get install mesa-vulkan-drivers)"
-)
+needs_adapter = needs_webgpu_adapter
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mconv.errors import InputError, UnsupportedError
+from mconv.errors import UnsupportedError
 from mconv.irio import load_onnx
 from mconv.targets import get_target
 from mconv.targets.reference import ReferenceRunner
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "metal"))
+sys.path.insert(0, str(Path(__file__).parents[2]))  # tests/
+from _system import needs_webgpu_adapter  # noqa: E402
 from transformer_models import (  # noqa: E402
     VOCAB,
     close,
@@ -31,29 +33,15 @@ from transformer_models import (  # noqa: E402
     transformer_feeds,
 )
 
-pytest.importorskip("wgpu")
-from mconv.targets.webgpu import runner as webgpu_runner  # noqa: E402
-
 ROOT = Path(__file__).parents[3]
 TARGET = get_target("webgpu")
 
 
-def _has_adapter() -> bool:
-    try:
-        webgpu_runner.request_device("probe", False, 4)
-        return True
-    except InputError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(
-    not _has_adapter(), reason="no WebGPU adapter (apt-get install mesa-vulkan-drivers)"
-)
+pytestmark = needs_webgpu_adapter
 
 
 @pytest.fixture(scope="module")
 def transformers(tmp_path_factory):
-    pytest.importorskip("torch")
     return export_transformers(tmp_path_factory.mktemp("transformers"))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import jax  # noqa: F401  (the test extra installs it)
 import ml_dtypes
 import numpy as np
 import onnx
@@ -24,8 +25,6 @@ from mconv.targets.reference.ops import lookup as ref_lookup
 from mconv.targets.xla import load_model
 from onnx import helper, numpy_helper
 from typer.testing import CliRunner
-
-pytest.importorskip("jax")
 
 MS = "com.microsoft"
 HERE = Path(__file__).resolve().parent
