@@ -1,5 +1,5 @@
 """Deep Compression under a budget: per-layer sparsity and bits chosen from sensitivity, the
-paper's schedule, a held-out gate and back-off (issue 14).
+paper's schedule, a held-out gate and back-off.
 
 :func:`compress_to_budget` is the library call behind ``mconv optimize MODEL --recipe
 deep-compression --data D.npz --max-drop F [--target-size SIZE] [--save-recipe FILE.toml]``.
@@ -31,11 +31,8 @@ Rules
    share of an option's cost that comes from the weights it prunes counts
    :data:`PRUNE_RECOVERY` (0.1) times, its clustering cost in full: masked retraining has every
    kept weight free and wins back nearly all of a pruning loss, centroid fine-tuning only the
-   codebook. On the depthwise CNN at 20x, seed 0, masked retraining won back about 250 times
-   what a prune step lost, centroid fine-tuning about 15 times what clustering lost
-   (bench/RESULTS.md, stop 28); counted alike, the extra bytes of a 17% larger target went to
-   sparsity and bought nothing, weighted those of an 8% larger one went to bits and halved the
-   KL to the original (at 20x itself the two came out alike).
+   codebook, so counting the two alike would spend bytes on sparsity that retraining makes
+   cheap anyway (the measurements: bench/deep_compression.py, bench/RESULTS.md).
 4. **Bytes.** Each candidate's bytes are what export would store for it: the tensor pruned and
    clustered as the passes do, then :func:`mconv.codecs.choose.best_spec` (sparse relative
    indices, palettes, Huffman), with its values rounded to float16 as the schedule's last
@@ -47,8 +44,8 @@ Rules
    frontier holds only the convex hull's points; for a byte budget (``target_size``, and each
    reallocation of rule 6) the least costly allocation within it is also found exactly, by a
    knapsack over the layers' options (:func:`_within`: bytes in 4,096 quanta of the budget,
-   rounded up), which reaches the allocations between the hull's points (P2 at 34.5 KB: the
-   hull's best fit used 25 KB of it).
+   rounded up), which reaches the allocations between the hull's points: a hull point can
+   leave much of a byte budget unspent.
 6. **Schedule** (the paper's). Once, before the sensitivities: L2 pre-training (a fine-tuning
    stage with weight decay :data:`DECAY`, so weights the task does not use shrink and magnitude
    pruning takes them first; rolled back if it costs held-out metric). Then per attempt from
@@ -60,9 +57,8 @@ Rules
    (6) groups of near-equal count (one layer each on a model of six layers or fewer), the
    layers with the most weights first (:func:`cluster_groups`), each group clustered and then
    a centroid fine-tuning stage in which the layers not yet clustered train as floats and make
-   up for it (on the depthwise CNN at 20x the KL to the original on unseen digits was lower
-   than with three groups on most seeds, and the drop within half a point on more of them:
-   bench/RESULTS.md, stop 28); with one group, the paper's one clustering and
+   up for it (a smaller step for each group leaves the rest more room to adapt:
+   bench/deep_compression.py); with one group, the paper's one clustering and
    two centroid fine-tuning stages (:data:`RELEASE_STEPS`, empty by default, puts incremental
    quantization stages between them: finetune rule 9). Every stage distils from the original (T^2 KL plus the top-1
    margin hinge, so the compressed model keeps agreeing with the original rather than being

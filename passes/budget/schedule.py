@@ -20,17 +20,16 @@ PRUNE_STEPS = (0.25, 0.5, 0.75, 1.0)
 FINAL_RETRAIN = 2  # the masked retraining after the last prune step runs this many times the epochs
 
 
-# Biases (and other float tensors no layer owns) are clustered to this many bits. 4, not 5, since
-# the room for the layers is measured (stop 22): what the biases save goes to the layers' bits.
-# The depthwise CNN at 20x: 12 of 16 seeds within half a point, 8 of the 12 that finished at 5
-# bits; paired, 0.26 pt less drop, within the noise of 225 samples (bench/RESULTS.md, stop 23).
+# Biases (and other float tensors no layer owns) are clustered to this many bits: the size fit
+# measures the room left for the layers, so what the biases save goes to the layers' bits
+# (bench/deep_compression.py).
 BIAS_BITS = 4
 
 
 # Incremental quantization (finetune rule 9) between the two centroid fine-tuning stages: stage
 # k lets this fraction of every clustered tensor's weights train as floats, then snaps them to
-# the codebook. Off: with (0.5, 0.25) the depthwise CNN at 20x did worse, 3 of seeds 0-4 within
-# half a point against the paper's schedule's 4 (bench/RESULTS.md, stop 26).
+# the codebook. Off by default: on the depthwise CNN it did not beat the paper's schedule
+# (bench/results/history.md).
 RELEASE_STEPS: tuple[float, ...] = ()
 
 

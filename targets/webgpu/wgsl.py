@@ -974,7 +974,7 @@ def lower_gathernd(ctx: LowerContext, node: ir.Node, kernel: str, act: Activatio
     return KernelSource(kernel, src, [x], grid)
 
 
-# -- issue 17 item 5: Pad, Resize, LayerNormalization, ConvTranspose --------------------------
+# -- Pad, Resize, LayerNormalization, ConvTranspose --------------------------
 
 
 def remap(
