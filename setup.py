@@ -20,6 +20,8 @@ from setuptools import find_packages, setup
 ROOTS = {
     "mconv": "core",
     "mconv.cli": "cli",
+    "mconv.engines": "engines",
+    "mconv.drivers": "drivers",
     "mconv.passes": "passes",
     "mconv.formats": "formats",
     "mconv.targets": "targets",

@@ -43,7 +43,7 @@ def analyze(
     write that choice as a recipe (TOML). ``engine="xla"`` runs the sweep on the model lowered
     to jax (``device`` cpu or cuda). ``workers=N`` runs the layers' sweeps on a local Ray of N
     workers, ``ray_address`` on a Ray cluster; the report is the same."""
-    from mconv.passes.analyze import analyze_sensitivity, write_recipe
+    from mconv.drivers.analyze import analyze_sensitivity, write_recipe
 
     if output is not None and max_drop is None:
         raise InputError("-o needs --max-drop", hint="e.g. --max-drop 0.01 -o recipe.toml")
@@ -72,7 +72,7 @@ def analyze(
 
 
 def sparkline(values: Sequence[float], lo: float | None = None, hi: float | None = None) -> str:
-    """:func:`mconv.passes.analyze.sparkline`: a layer's metric at each sparsity, in blocks."""
-    from mconv.passes.analyze import sparkline as line
+    """:func:`mconv.drivers.analyze.sparkline`: a layer's metric at each sparsity, in blocks."""
+    from mconv.drivers.analyze import sparkline as line
 
     return line(values, lo, hi)

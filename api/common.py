@@ -136,8 +136,8 @@ def load(
 
 
 def _load(paths, format, input_shapes, input_values, example_inputs, options):
+    from mconv.edit.input_shapes import fix_input_shapes
     from mconv.formats import import_model
-    from mconv.passes.input_shapes import fix_input_shapes
 
     if not paths:
         raise InputError("no model file given", hint="mconv.load('model.onnx')")

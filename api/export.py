@@ -138,7 +138,7 @@ def export(
     before = model_stats(m).bytes
     notes: list[str] = []
     if shapes:
-        from mconv.passes.input_shapes import fix_input_shapes
+        from mconv.edit.input_shapes import fix_input_shapes
 
         notes = fix_input_shapes(m, shapes, path=str(source) if source else None)
     if input_values:

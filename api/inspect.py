@@ -30,7 +30,7 @@ def inspect(path: PathLike, *, top: int = 10, input_shapes=None) -> InspectResul
     p = Path(path)
     shapes = _shapes(input_shapes)
     if shapes and not is_bundle(p) and not p.is_dir():
-        from mconv.passes.input_shapes import open_model_with_shapes
+        from mconv.formats import open_model_with_shapes
 
         model = open_model_with_shapes(p, shapes)  # shapes fixed, downstream dims inferred
         kind = model.metadata_props.get("mconv.source_format", "onnx")
@@ -38,7 +38,7 @@ def inspect(path: PathLike, *, top: int = 10, input_shapes=None) -> InspectResul
     doc = inspect_path(p, top=top)
     if shapes:  # a bundle's inputs are what they are: the shapes are checked only
         from mconv.bundle import TensorSpec
-        from mconv.passes.input_shapes import check_input_shapes
+        from mconv.edit.input_shapes import check_input_shapes
 
         specs = [TensorSpec.from_dict(d) for d in doc.get("inputs") or []]
         check_input_shapes(specs, shapes, path=str(p))

@@ -31,7 +31,7 @@ def _model_for(path: Path, shapes: dict | None = None):
         if not hasattr(target, "to_model"):
             return None, None, f"the {bundle.target} bundle {path} keeps no ONNX graph to run node by node"
         return target.to_model(bundle), bundle.target, None
-    from mconv.passes.input_shapes import open_model_with_shapes
+    from mconv.formats import open_model_with_shapes
 
     return open_model_with_shapes(path, shapes), "reference", None
 
@@ -74,7 +74,7 @@ def ort_values(model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _values(model, runtime: str, feeds: dict[str, np.ndarray]) -> dict:
     if runtime == "cpu":
         return ort_values(model, feeds)
-    from mconv.targets.reference.executor import Executor
+    from mconv.engines.reference.executor import Executor
 
     return Executor(model).run(feeds, intermediates=True)
 

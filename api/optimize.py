@@ -24,7 +24,7 @@ from mconv.api.common import (
 from mconv.errors import GateFailed, InputError
 
 if TYPE_CHECKING:
-    from mconv.passes.budget import BudgetConfig
+    from mconv.drivers.budget import BudgetConfig
 
 
 @dataclass
@@ -91,8 +91,8 @@ def _stream_config(passes: str, scheme) -> dict:
 
 def _optimize_streamed(src: Path, passes: str, scheme, output: Path, progress) -> OptimizeResult:
     """``optimize`` of a safetensors checkpoint by one streamable pass
-    (:func:`mconv.formats.weights_stream.compress_checkpoint`)."""
-    from mconv.formats.weights_stream import compress_checkpoint, compress_to_bundle, open_checkpoint
+    (:func:`mconv.drivers.weights_stream.compress_checkpoint`)."""
+    from mconv.drivers.weights_stream import compress_checkpoint, compress_to_bundle, open_checkpoint
     from mconv.passes.base import PassReport
 
     with naming_the_file(src):
@@ -166,12 +166,12 @@ def optimize(
     and ``save_recipe`` (a TOML path) go with ``recipe="deep-compression"``; ``target_of``
     (``weights``, the default, or ``bundle``) says what ``target_size`` is the size of: the cpu
     bundle's ``weights.mcw``, or its whole directory (graph and manifest too): the budget search of
-    :func:`mconv.passes.budget.compress_to_budget` picks each layer's sparsity and bits on a
+    :func:`mconv.drivers.budget.compress_to_budget` picks each layer's sparsity and bits on a
     held-out split (its report is ``budget`` in the result); an unmet budget raises
     ``GateFailed`` (exit 1) after the best result was written. ``val_data`` (.npz or dict) is a
     validation set of its own for that gate: then fine-tuning uses all of ``data``. ``epochs``:
     the budget search's epochs per fine-tuning stage (default: from the model's multiply-adds
-    and the samples, :func:`mconv.passes.budget.default_epochs`).
+    and the samples, :func:`mconv.drivers.budget.default_epochs`).
 
     ``engine`` (``reference`` or ``xla``) and ``device`` (``cpu`` or ``cuda``, xla only) say where
     fine-tuning runs: every ``finetune`` pass of the spec or recipe that does not name its own,
@@ -182,20 +182,20 @@ def optimize(
     in-process run's. They need the budget search (``max_drop`` / ``target_size``).
 
     ``budget``: the budget search's options as one checked
-    :class:`~mconv.passes.budget.BudgetConfig` (:func:`budget_config` makes it; the CLI's option
+    :class:`~mconv.drivers.budget.BudgetConfig` (:func:`budget_config` makes it; the CLI's option
     group does), in place of ``max_drop``, ``target_size``, ``target_of`` and ``epochs``.
 
     A recipe run without ``data`` (and no budget option) backs every ``prune`` and ``cluster``
-    off per layer until the data-free check holds (:func:`mconv.passes.budget.limit_datafree`;
+    off per layer until the data-free check holds (:func:`mconv.drivers.budget.limit_datafree`;
     ``datafree`` and ``accuracy_measured: false`` in the result, and a warning). Data too few to
-    measure (a held-out split under :data:`mconv.passes.budget.MIN_HELD_OUT`, or one whose one
+    measure (a held-out split under :data:`mconv.drivers.budget.MIN_HELD_OUT`, or one whose one
     sample is more than ``max_drop``) is refused before any work. ``force`` runs the recipe as
     written without data, and goes on with too few samples."""
     from mconv import passes as P
-    from mconv.passes.parallel import check_workers, uses_ray
+    from mconv.drivers.parallel import check_workers, uses_ray
 
     check_workers(workers, ray_address)
-    from mconv.targets.xla.engine import check_engine
+    from mconv.engines.xla.engine import check_engine
 
     if engine is not None or device is not None:
         check_engine(engine or "reference", device or "cpu")
@@ -224,7 +224,7 @@ def optimize(
             hint="add --max-drop F or --target-size SIZE with --recipe deep-compression, or drop --workers/--ray",
         )
     if passes and data is None and output is not None and not isinstance(model, ir.Model):
-        from mconv.formats.weights_stream import stream_scheme
+        from mconv.drivers.weights_stream import stream_scheme
 
         scheme = stream_scheme(Path(model), passes, Path(output), format)
         if scheme is not None:  # a safetensors checkpoint streamed tensor by tensor (README)
@@ -277,7 +277,7 @@ def _optimize_pipeline(
         plans: list = []
 
         def limit(model_now: ir.Model, rest: list) -> list:
-            from mconv.passes.budget import limit_datafree
+            from mconv.drivers.budget import limit_datafree
 
             update("data-free check (weight SNR per layer)", 0, None)
             rest, plan = limit_datafree(model_now, rest)
@@ -334,7 +334,7 @@ def _unmeasured(unmeasured: bool, plan, no_data: bool) -> dict[str, Any]:
 
 def _refuse_too_few(m: ir.Model, feeds: Mapping[str, np.ndarray], specs: list, data) -> None:
     """A recipe's fine-tuning holds out too few samples to tell anything: exit 2 before work."""
-    from mconv.passes.budget import _check_data, too_few_samples
+    from mconv.drivers.budget import _check_data, too_few_samples
 
     tunes = [s for s in specs if s.name == "finetune"]
     holdout = float(tunes[0].resolve().holdout) if tunes else 0.0
@@ -382,11 +382,11 @@ def budget_config(
     epochs: int | None = None,
 ) -> BudgetConfig:
     """The budget search's options (the CLI's option group, or :func:`optimize`'s keywords) as
-    one :class:`~mconv.passes.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and
+    one :class:`~mconv.drivers.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and
     ``--engine``/``--device`` first, then the search's own, refused naming ``model``'s file."""
-    from mconv.passes.budget import BudgetConfig
-    from mconv.passes.parallel import check_workers
-    from mconv.targets.xla.engine import check_engine
+    from mconv.drivers.budget import BudgetConfig
+    from mconv.drivers.parallel import check_workers
+    from mconv.engines.xla.engine import check_engine
 
     check_workers(workers, ray_address)
     check_engine(engine or "reference", device or "cpu")
@@ -413,8 +413,8 @@ def _optimize_budget(
 ) -> OptimizeResult:
     """``--max-drop`` / ``--target-size`` / ``--save-recipe``: the budgeted Deep Compression."""
     from mconv.account import predicted_account
+    from mconv.drivers.budget import BudgetNotMet, compress_to_budget
     from mconv.irio import model_stats
-    from mconv.passes.budget import BudgetNotMet, compress_to_budget
 
     if recipe != "deep-compression":
         raise InputError(
@@ -428,7 +428,7 @@ def _optimize_budget(
     val_feeds = load_data(val_data, m)
 
     def check_gate(held: int, gate: float | None) -> None:  # before the work: a gate too coarse
-        from mconv.passes.budget import too_few_samples
+        from mconv.drivers.budget import too_few_samples
 
         why = too_few_samples(held, gate)
         if why is not None and not force:
@@ -483,7 +483,7 @@ def _optimize_budget(
 
 def budget_summary(budget: Any) -> str:
     """The budget search's report (``OptimizeResult.budget``) as the CLI prints it."""
-    from mconv.passes.budget import summary_text
+    from mconv.drivers.budget import summary_text
 
     return summary_text(budget)
 

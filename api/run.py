@@ -28,11 +28,11 @@ def open(path: PathLike, target: str | None = None, input_shapes=None):  # noqa:
         if not shapes or is_bundle(p) or p.is_dir():
             runner = open_runner(p, target)
             if shapes:
-                from mconv.passes.input_shapes import check_input_shapes
+                from mconv.edit.input_shapes import check_input_shapes
 
                 check_input_shapes(runner.inputs, shapes, path=str(p))
             return runner
-        from mconv.passes.input_shapes import open_model_with_shapes
+        from mconv.formats import open_model_with_shapes
         from mconv.targets import get_target
 
         return get_target(target or "reference").load_model(open_model_with_shapes(p, shapes))
@@ -129,6 +129,6 @@ def run(
 
 def check_engine(engine: str) -> None:
     """Refuse an unknown ``--engine`` name (one line, exit 2)."""
-    from mconv.targets.xla.engine import check_engine as check
+    from mconv.engines.xla.engine import check_engine as check
 
     check(engine)

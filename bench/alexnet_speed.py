@@ -90,8 +90,8 @@ def main() -> None:
 
     import onnx_ir as ir
     import onnxruntime as ort
-    from mconv.targets.reference.executor import Executor
-    from mconv.targets.reference.ops import lookup
+    from mconv.engines.reference.executor import Executor
+    from mconv.engines.reference.ops import lookup
     from onnx.reference import ReferenceEvaluator
 
     proto = alexnet_with_random_weights(drop_dropout=lookup("Dropout") is None)

@@ -1,7 +1,7 @@
 """ONNX backend conformance of three backends, in one process: mconv reference, onnx.reference, ORT.
 
 Runs the CPU cases of ``onnx.backend.test.BackendTest`` (the same selection and the same expected
-failures as ``tests/targets/reference/test_backend_suite.py`` for mconv) and prints a markdown
+failures as ``tests/engines/reference/test_backend_suite.py`` for mconv) and prints a markdown
 table of pass / fail / expected-fail counts per backend to stdout, plus how many mconv cases ran
 an op through ``misc.FALLBACK_OPS``.
 
@@ -95,7 +95,7 @@ def run_backend(name: str, backend: Any, apply_expected: bool) -> dict[str, Any]
 
 def fallback_cases() -> int:
     """How many node cases run at least one op (subgraphs included) through FALLBACK_OPS."""
-    from mconv.targets.reference.ops.misc import FALLBACK_OPS
+    from mconv.engines.reference.ops.misc import FALLBACK_OPS
 
     fallback = {(d, op) for d, op in FALLBACK_OPS}
 
@@ -130,7 +130,7 @@ def main() -> None:
     rows = []
     for name in chosen:
         if name == "mconv":
-            from mconv.targets.reference import backend
+            from mconv.engines.reference import backend
         elif name == "onnx.reference":
             backend = OnnxReferenceBackend
         else:

@@ -2,8 +2,8 @@
 
 ``mconv optimize MODEL --recipe deep-compression`` without ``--data`` backs every prune and
 cluster off per layer until the layer's weight SNR is at least ``base + 10 log10(layers)`` dB
-(:func:`mconv.passes.budget.limit_datafree`). This bench picks ``base``
-(:data:`mconv.passes.budget.DATAFREE_SNR_DB`): for each base in ``--bases`` it runs the recipe
+(:func:`mconv.drivers.budget.limit_datafree`). This bench picks ``base``
+(:data:`mconv.drivers.budget.DATAFREE_SNR_DB`): for each base in ``--bases`` it runs the recipe
 through the API (no data: the product sees none) on trained models of the corpus and measures,
 with ONNX Runtime on real inputs the product never sees, the top-1 agreement of the compressed
 model with the original (cosine for outputs that are not class scores) and the predicted bundle
@@ -192,7 +192,7 @@ def measure(ref: np.ndarray, got: np.ndarray, scores: bool = True) -> dict:
 
 def run_model(name: str, bases: list[float], work: Path) -> list[dict]:
     import mconv.api as api
-    import mconv.passes.budget as B
+    import mconv.drivers.budget as B
     import onnx
 
     src = onnx_of(name, work)

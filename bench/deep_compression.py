@@ -1,6 +1,6 @@
 """Issue 14's P2, P3 and the depthwise CNN through the product's budget search, no per-layer settings.
 
-Each model goes through :func:`mconv.passes.budget.compress_to_budget` (the call behind ``mconv
+Each model goes through :func:`mconv.drivers.budget.compress_to_budget` (the call behind ``mconv
 optimize MODEL --recipe deep-compression --data D --max-drop F``) with only the data, the drop
 and a seed; then the result is exported as a cpu bundle and measured on samples the search never
 saw (its own held-out split is part of the calibration data):
@@ -91,8 +91,8 @@ def measure(model, feeds: dict) -> tuple:
     """Scores on ``feeds`` and the cpu bundle's weights.mcw and directory bytes. The bundle's
     codecs are lossless, so the scores come from the model the bundle encodes, run on ONNX
     Runtime through the bundle when it loads here, else on the reference executor."""
+    from mconv.engines.reference.executor import Executor
     from mconv.targets import get_target
-    from mconv.targets.reference.executor import Executor
 
     inputs = {k: v for k, v in feeds.items() if k != "labels"}
     with tempfile.TemporaryDirectory(prefix="mconv-dc-") as tmp:
@@ -118,10 +118,10 @@ TARGETS = {
 
 
 def run_one(name: str, seed: int, args) -> dict:
+    from mconv.drivers.budget import compress_to_budget
+    from mconv.engines.reference.executor import Executor
     from mconv.errors import GateFailed
     from mconv.irio import model_stats
-    from mconv.passes.budget import compress_to_budget
-    from mconv.targets.reference.executor import Executor
 
     loader, calib, test = load_case(name, args)
     val = None
@@ -246,7 +246,7 @@ def main() -> int:
     rows, estimators = [], {}
     for name in args.models.split(","):
         if args.estimators:
-            from mconv.passes.budget import compare_estimators
+            from mconv.drivers.budget import compare_estimators
 
             loader, calib, _ = load_case(name, args)
             est = compare_estimators(loader(), calib)

@@ -77,8 +77,8 @@ def _ort(path: Path, feeds: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _ref(path: Path, feeds: list[np.ndarray]) -> list[np.ndarray]:
+    from mconv.engines.reference.executor import Executor
     from mconv.irio import load_onnx
-    from mconv.targets.reference.executor import Executor
 
     model = load_onnx(path)
     ex = Executor(model)

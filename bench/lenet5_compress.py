@@ -211,9 +211,9 @@ def apply_overrides(table: dict, text: str, kind: type) -> None:
 def main() -> int:
     from mconv import passes as P
     from mconv.datasets import digits_as_mnist
+    from mconv.engines.reference.executor import Executor
     from mconv.formats import import_model
     from mconv.irio import model_stats
-    from mconv.targets.reference.executor import Executor
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--epochs", type=int, default=4)

@@ -85,8 +85,8 @@ def sparsegpt(w: np.ndarray, h: np.ndarray, sparsity: float, d: int, block: int 
 
 def reconstruct(model: ir.Model, teacher: ir.Model, frames: np.ndarray, method: str, damp: float) -> None:
     """Layer-wise least squares (module docstring, ``--method``), in graph order, in place."""
-    from mconv.passes._weights import weight_refs
-    from mconv.targets.reference.executor import Executor
+    from mconv.edit.weights import weight_refs
+    from mconv.engines.reference.executor import Executor
 
     ex_t = Executor(teacher)
     teacher_refs = {r.name: r for r in weight_refs(teacher)}
@@ -130,7 +130,7 @@ def reconstruct(model: ir.Model, teacher: ir.Model, frames: np.ndarray, method: 
 def boundary_samples(teacher: ir.Model, frames: np.ndarray, towards: int, target: float) -> np.ndarray:
     """``frames`` moved to where the teacher's logit margin between its top-1 and its
     top-(1+towards) class is ``target`` (4 Newton steps along the margin's input gradient)."""
-    from mconv.targets.reference.executor import Executor
+    from mconv.engines.reference.executor import Executor
 
     ex = Executor(teacher)
     z = ex.run({"data": frames}, outputs=["ip2"])["ip2"]
@@ -161,9 +161,9 @@ def boundary_samples(teacher: ir.Model, frames: np.ndarray, towards: int, target
 def fragility(teacher_files: list[Path], test: dict, eps: float, draws: int = 30) -> None:
     """How often each measuring digit flips when every weight of the teacher is multiplied by
     (1 + eps * N(0, 1)), over ``draws`` seeded draws: a student's noise floor."""
+    from mconv.edit.weights import weight_refs
+    from mconv.engines.reference.executor import Executor
     from mconv.formats import import_model
-    from mconv.passes._weights import weight_refs
-    from mconv.targets.reference.executor import Executor
 
     teacher = import_model(teacher_files)
     z = Executor(teacher).run(test, outputs=["ip2"])["ip2"]
@@ -182,10 +182,10 @@ def fragility(teacher_files: list[Path], test: dict, eps: float, draws: int = 30
 
 def main() -> int:
     from mconv import passes as P
+    from mconv.engines.reference.executor import Executor
     from mconv.formats import import_model
     from mconv.passes.pipeline import snapshot_model
     from mconv.targets import get_target
-    from mconv.targets.reference.executor import Executor
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)

@@ -123,7 +123,7 @@ def generate(
 
 def _baseline(src: Path, dest: Path) -> dict:
     """Read every tensor and write it back as fp16 (numpy, chunked, one output file per shard)."""
-    from mconv.formats.weights_stream import open_checkpoint
+    from mconv.drivers.weights_stream import open_checkpoint
 
     shards, _, _ = open_checkpoint(src)
     dest.mkdir(parents=True, exist_ok=True)
@@ -180,7 +180,7 @@ def throughput(src: Path, scratch: Path, only: list[str] | None = None) -> None:
     """Each job a whole command in a fresh process, timed from start to exit: the baseline
     script, then ``mconv optimize SRC --passes SPEC -o OUT --json`` per scheme."""
     from _startup import compile_mconv
-    from mconv.formats.weights_stream import open_checkpoint
+    from mconv.drivers.weights_stream import open_checkpoint
 
     compile_mconv()  # as pip install does: the timed commands start from bytecode
     shards, index, _ = open_checkpoint(src)

@@ -49,7 +49,7 @@ def biases_to_half(model) -> list[str]:
     records over to their new names, so those would still export with their codecs.)
     """
     import onnx_ir as ir
-    from mconv.passes._weights import compression_info
+    from mconv.edit.weights import compression_info
 
     recorded = compression_info(model)
     done = []

@@ -105,8 +105,8 @@ def blas_description() -> str:
 def build_runners(case: Case) -> None:
     import onnx_ir as ir
     import onnxruntime as ort
-    from mconv.targets.reference.executor import Executor
-    from mconv.targets.reference.ops import fast_math
+    from mconv.engines.reference.executor import Executor
+    from mconv.engines.reference.ops import fast_math
 
     executor = Executor(ir.from_proto(case.proto))
     data = case.proto.SerializeToString()
@@ -178,7 +178,7 @@ def profile(case: Case) -> None:
     import dataclasses
     import pstats
 
-    from mconv.targets.reference.ops import fast_math
+    from mconv.engines.reference.ops import fast_math
 
     executor = case.executor  # type: ignore[attr-defined]
     for label, mode in (("exact", None), ("fast_math", fast_math)):

@@ -56,7 +56,7 @@ def mconv_model(batch: int):
 
 
 def mconv_params(model):
-    from mconv.passes._weights import compression_info
+    from mconv.edit.weights import compression_info
     from mconv.passes.finetune import make_parameter, trainable_values
 
     facts = compression_info(model)
@@ -74,8 +74,8 @@ CONFIG = types.SimpleNamespace(optimizer="sgd", momentum=0.9, weight_decay=0.0, 
 
 
 def bench_xla(batch: int, device: str, warmup: int, runs: int) -> dict:
+    from mconv.engines.xla.engine import XlaEngine
     from mconv.passes.finetune import _score_output, _XlaTrainer
-    from mconv.targets.xla.engine import XlaEngine
 
     model = mconv_model(batch)
     params = mconv_params(model)
@@ -103,8 +103,8 @@ def bench_xla(batch: int, device: str, warmup: int, runs: int) -> dict:
 
 
 def bench_reference(batch: int, steps: int) -> dict:
+    from mconv.engines.reference.executor import Executor
     from mconv.passes.finetune import Optimizer, _score_output, softmax_cross_entropy
-    from mconv.targets.reference.executor import Executor
 
     model = mconv_model(batch)
     params = mconv_params(model)

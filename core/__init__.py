@@ -1,7 +1,8 @@
 """mconv: import, optimize, verify and export neural network models.
 
-The package root (``core/``) is the base layer: it imports nothing above it (no formats, passes,
-targets, fixtures, api or cli; ``tests/test_layering.py`` walks every import). Its modules:
+The package root (``core/``) is the base layer: it imports nothing above it (no engines, passes,
+formats, targets, drivers, fixtures, api or cli; ``tests/test_layering.py`` walks every import).
+Its modules:
 
 - :mod:`mconv.errors`     the error types and their exit codes;
 - :mod:`mconv.fileio`     atomic writes and bounded reads;
@@ -17,14 +18,19 @@ targets, fixtures, api or cli; ``tests/test_layering.py`` walks every import). I
 - :mod:`mconv.container`  the ``weights.mcw`` weight container;
 - :mod:`mconv.bundle`     the deployable bundle (manifest + weights container + payload);
 - :mod:`mconv.account`    the per-layer byte account of a bundle (and of an export, predicted);
-- :mod:`mconv.datasets`   small real data sets in the shapes models expect.
+- :mod:`mconv.datasets`   small real data sets in the shapes models expect;
+- :mod:`mconv.edit`       IR editing helpers (names and initializers, weight references, output
+  channels, input shapes, shape inference on models of any size).
 
 ``core/__main__.py`` (``python -m mconv``) is a link to ``cli/__main__.py``: the command line's
 entry point belongs to the command line's layer.
 
-The layers above: :mod:`mconv.formats` (files -> IR), :mod:`mconv.passes` (IR -> IR) and
-:mod:`mconv.targets` (IR -> bundles and runners) on the core; :mod:`mconv.api` (the Python API)
-on them; :mod:`mconv.cli` (the command line) on the API.
+The layers above, each importing only those before it: :mod:`mconv.engines` (the reference and
+XLA engines that run and differentiate a model), :mod:`mconv.passes` (IR -> IR),
+:mod:`mconv.formats` (files -> IR), :mod:`mconv.targets` (IR -> bundles and runners),
+:mod:`mconv.drivers` (the budget search, sensitivity analysis, parallel trials, weight
+streaming), :mod:`mconv.fixtures`, :mod:`mconv.api` (the Python API) and :mod:`mconv.cli` (the
+command line).
 
 One declared exception to the layering: the lazy forward below of the API names
 (``mconv.load`` is ``mconv.api.load``, imported on first use, so importing a core module loads

@@ -5,7 +5,7 @@ AVX512_SPR on (no AVX512-FP16): 19,200 values drawn from 16 distinct float16 val
 of order there, and a plain ``np.unique``, which sorts that way, returns 20 "distinct" values.
 Its stable sort, argsort and partition are not affected, nor ``np.unique(return_index=True)``,
 which sorts stably (so the reference executor's ONNX ``Unique`` is exact;
-tests/targets/reference/test_indexing.py holds it to that).
+tests/engines/reference/test_indexing.py holds it to that).
 
 Rules:
 

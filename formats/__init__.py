@@ -163,3 +163,18 @@ def import_model(
     model.metadata_props["mconv.source_name"] = ",".join(p.name for p in files)
     model.metadata_props["mconv.source_sha256"] = "" if spec else ",".join(sha256_file(p) for p in files)
     return model
+
+
+def open_model_with_shapes(path: str | Path, shapes: dict[str, list[int]] | None) -> ir.Model:
+    """Open a model file (ONNX or any importable format) with ``--input-shape`` applied."""
+    p = Path(path)
+    if p.suffix.lower() == ".onnx":
+        from mconv.irio import load_onnx
+
+        model = load_onnx(p)
+    else:
+        model = import_model([p], options={"input_shapes": dict(shapes or {})})
+    from mconv.edit.input_shapes import fix_input_shapes
+
+    fix_input_shapes(model, dict(shapes or {}), path=str(p))
+    return model

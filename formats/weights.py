@@ -317,7 +317,7 @@ def safetensors_layout(
 ) -> tuple[list[tuple[int, int, str, np.dtype, tuple[int, ...]]], int, dict[str, str]]:
     """Rules 1-3 without touching the data: the tensors as ``(begin, end, name, dtype, shape)``
     sorted by offset (relative to the data area), the data area's absolute start, and
-    ``__metadata__``. The streaming path (:mod:`mconv.formats.weights_stream`) reads from it."""
+    ``__metadata__``. The streaming path (:mod:`mconv.drivers.weights_stream`) reads from it."""
     path = Path(path)
     header, data_start, data_len = _st_header(path)
     metadata = _st_metadata(header, path)

@@ -104,7 +104,7 @@ _PASS_MODULES = (
     "cluster",
     "quantize",
     "dynamic_batch",
-    "budget",
+    "round_fp16",
     "blockwise",
     "inline_if",
 )

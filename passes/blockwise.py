@@ -71,9 +71,9 @@ from typing import Literal
 
 import numpy as np
 import onnx_ir as ir
+from mconv.edit.weights import WeightRef, gather_tables, snr_db, squared_error, weight_refs
 from mconv.errors import InputError, show
 from mconv.metrics import check_finite
-from mconv.passes._weights import WeightRef, gather_tables, snr_db, squared_error, weight_refs
 from mconv.passes.base import Pass, PassContext, PassReport, bounded, register_pass
 
 Method = Literal["rtn", "hqq", "gptq"]
@@ -448,7 +448,7 @@ def _opset_check(model: ir.Model) -> None:
 
 def _record_activations(model: ir.Model, refs: list[WeightRef], data: dict) -> dict[str, np.ndarray]:
     """Rule 3: H = 2 X^T X / n of each weight's activation input, from the reference executor."""
-    from mconv.targets.reference.executor import Executor
+    from mconv.engines.reference.executor import Executor
 
     names = {}
     for ref in refs:

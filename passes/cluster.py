@@ -1,6 +1,6 @@
 """cluster: weight sharing by 1-D k-means (Deep Compression, Han et al. 2016, section 3).
 
-Every selected weight tensor (see :mod:`mconv.passes._weights`) is replaced by the nearest of a
+Every selected weight tensor (see :mod:`mconv.edit.weights`) is replaced by the nearest of a
 few shared values (centroids)::
 
     before: W = initializer float32[4096, 9216]   (37.7M distinct values)
@@ -79,8 +79,7 @@ from mconv.codecs.palette import (
     remember_histogram,
     value_histogram,
 )
-from mconv.errors import InputError
-from mconv.passes._weights import (
+from mconv.edit.weights import (
     WEIGHT_OPS,
     WeightRef,
     gather_tables,
@@ -89,6 +88,7 @@ from mconv.passes._weights import (
     squared_error,
     weight_refs,
 )
+from mconv.errors import InputError
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
 
 Init = Literal["linear", "density", "kmeans++", "optimal"]

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
+from mconv.edit.rewrite import constant_array, name_of
 from mconv.errors import InputError, show
 from mconv.irio import real_inputs
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
-from mconv.passes.rewrite import constant_array, name_of
 
 
 def _dims(value_info) -> list | None:
@@ -227,7 +227,7 @@ def _run_all(model: ir.Model, feeds: list[dict[str, np.ndarray]]) -> list[dict[s
     what it prepared of the weights (a model's size again) would otherwise stay until the
     cyclic garbage collector runs, beside the next executor's, and keep views of memory-mapped
     weights alive."""
-    from mconv.targets.reference import Executor
+    from mconv.engines.reference import Executor
 
     runner = Executor(model)
     try:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
+from mconv.edit.rewrite import constant_array
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
-from mconv.passes.rewrite import constant_array
 
 
 def _is_inference_dropout(node: ir.Node, graph: ir.Graph, ir_version: int) -> bool:

@@ -12,13 +12,13 @@ from typing import Any, Literal
 
 import numpy as np
 import onnx_ir as ir
+from mconv.edit.rewrite import name_of, tensor_of
+from mconv.edit.weights import CLUSTER_KEY, PRUNED_KEY, compression_info
 from mconv.errors import InputError, show
 from mconv.irio import real_inputs
 from mconv.metrics import check_finite, check_labels
-from mconv.passes._weights import CLUSTER_KEY, PRUNED_KEY, compression_info
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
 from mconv.passes.cluster import assign_nearest
-from mconv.passes.rewrite import name_of, tensor_of
 
 # Ops whose initializer inputs are the learnable parameters (weights and biases).
 WEIGHT_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -128,7 +128,7 @@ def cluster_gradient(grad_nonzero: np.ndarray, index: np.ndarray, clusters: int)
 
 def make_parameter(value: ir.Value, facts: Mapping[str, dict] | None = None) -> Parameter:
     """A :class:`Parameter` for an initializer. Its mode comes from the metadata the prune and
-    cluster passes record (``mconv.passes._weights``): on the value, or in the model-level
+    cluster passes record (``mconv.edit.weights``): on the value, or in the model-level
     ``facts`` (``compression_info(model)``) keyed by tensor name."""
     w = np.array(tensor_of(value).numpy(), dtype=np.float32)
     name = name_of(value)
@@ -479,7 +479,7 @@ def finetune_model(
         return result
     engine = getattr(config, "engine", "reference")
     device = getattr(config, "device", "cpu")
-    from mconv.targets.xla.engine import check_engine
+    from mconv.engines.xla.engine import check_engine
 
     check_engine(engine, device)
     xla, student = _student(model, params, loss_value, engine, device)
@@ -551,10 +551,10 @@ def _student(
 ) -> tuple[Any, Any]:
     """The model that trains: the xla engine (with it) or the reference executor, holding the
     parameters' weights."""
-    from mconv.targets.reference.executor import Executor
+    from mconv.engines.reference.executor import Executor
 
-    if engine == "xla":  # the lowered model, jitted training step (targets/xla/engine.py)
-        from mconv.targets.xla.engine import XlaEngine
+    if engine == "xla":  # the lowered model, jitted training step (engines/xla/engine.py)
+        from mconv.engines.xla.engine import XlaEngine
 
         xla = XlaEngine(model, [loss_value], device=device)
         xla.check_trainable([p.name for p in params])
@@ -584,7 +584,7 @@ class _Teacher:
     def make(
         cls, model, config, feeds, labels, out_name, loss_value, reference_model, memo, progress, result
     ) -> _Teacher:
-        from mconv.targets.reference.executor import Executor
+        from mconv.engines.reference.executor import Executor
 
         engine = getattr(config, "engine", "reference")
         device = getattr(config, "device", "cpu")
@@ -609,7 +609,7 @@ class _Teacher:
                 ref = model
             ref_exec: Any = Executor(ref)
             if engine == "xla":
-                from mconv.targets.xla.engine import XlaEngine
+                from mconv.engines.xla.engine import XlaEngine
 
                 ref_out = (
                     loss_value if loss_value in {o.name for nd in ref.graph for o in nd.outputs} else out_name
@@ -871,7 +871,7 @@ class _XlaTrainer:
     def __init__(self, engine, params: list[Parameter], loss_kind: str, config) -> None:
         import jax
         import jax.numpy as jnp
-        from mconv.targets.xla.engine import TrainedParam
+        from mconv.engines.xla.engine import TrainedParam
 
         self.engine, self.params, self.t = engine, params, 0
         specs = [TrainedParam(p.name, p.mode, tuple(p.weights.shape), p.mask, p.index) for p in params]
@@ -979,7 +979,7 @@ class Finetune(Pass):
        teacher; labels cannot be mixed, so with ``loss = "xent"`` (or integer inputs) it is
        left off with a note. The held-out metric stays on the unmixed samples.
     7. ``engine = "xla"`` runs the same training on the model lowered to jax
-       (:mod:`mconv.targets.xla.engine`): the whole step (weights rebuilt from masks or
+       (:mod:`mconv.engines.xla.engine`): the whole step (weights rebuilt from masks or
        centroids, loss, gradient, optimizer update, re-zeroing) is one jitted program, on
        ``device = "cpu"`` or ``"cuda"``. Same batches, same rules; float32 arithmetic
        throughout (the reference optimizer keeps float64 state), so results agree to rounding.

@@ -6,8 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
-from mconv.passes.base import Pass, PassContext, PassReport, bounded, register_pass
-from mconv.passes.rewrite import (
+from mconv.edit.rewrite import (
     add_initializer,
     constant_array,
     fresh_name,
@@ -15,6 +14,7 @@ from mconv.passes.rewrite import (
     taken_names,
     upgrade_ir3,
 )
+from mconv.passes.base import Pass, PassContext, PassReport, bounded, register_pass
 
 # Ops whose outputs are random draws: folding would freeze one draw.
 RANDOM_OPS = frozenset(
@@ -30,7 +30,7 @@ def evaluate_node(node: ir.Node, inputs: list[np.ndarray | None], opset: int) ->
     Folding uses the same kernels verification trusts; a node they cannot evaluate raises, and
     the pass keeps it (rule 5), rather than asking another implementation with other semantics.
     """
-    from mconv.targets.reference.executor import attr_to_python, run_node
+    from mconv.engines.reference.executor import attr_to_python, run_node
 
     attrs = {k: attr_to_python(a) for k, a in node.attributes.items()}
     outs = run_node(node.op_type, inputs, attrs, domain=node.domain, opset=opset)

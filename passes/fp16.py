@@ -12,10 +12,10 @@ import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
+from mconv.edit.rewrite import fresh_name, is_overridable, taken_names, upgrade_ir3
+from mconv.edit.weights import move_compression
 from mconv.errors import show
-from mconv.passes._weights import move_compression
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
-from mconv.passes.rewrite import fresh_name, is_overridable, taken_names, upgrade_ir3
 from mconv.passes.shape_inference import infer_on_stripped_copy, merge_inferred
 
 FP16_MAX = 65504.0
@@ -416,8 +416,8 @@ class Float16(Pass):
                 node.name = (
                     fresh_name(node.name or node.op_type, taken) if names.count(node.name) > 1 else node.name
                 )
-        from mconv.targets.reference.executor import Executor
-        from mconv.targets.reference.ops import fast_math
+        from mconv.engines.reference.executor import Executor
+        from mconv.engines.reference.ops import fast_math
 
         reference = Executor(model)
         with fast_math():  # float32 accumulation: off by ~1e-6 relative, the tolerance is ~1e-2
@@ -532,7 +532,7 @@ class Float16(Pass):
         """The model converted with ``keep`` in float32, run on the reference executor over
         ``batches``, its values (only the values named ``only`` when given) against ``refs``
         (rule 10 b)."""
-        from mconv.targets.reference.executor import Executor
+        from mconv.engines.reference.executor import Executor
 
         graph = model.graph
         trial = ir.serde.deserialize_model(ir.serde.serialize_model(model))
@@ -543,7 +543,7 @@ class Float16(Pass):
         self._all(trial, config, half=half, keep_nodes=frozenset(keep), blocked_ops=set())
         runner = Executor(trial, dtype_check=False)
         acc = _Accumulator()
-        from mconv.targets.reference.ops import fast_math
+        from mconv.engines.reference.ops import fast_math
 
         # float32 accumulation, every output still rounded to its type; a half value overflowing
         # is what the trial measures, not something to warn the user about

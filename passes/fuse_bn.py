@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
+from mconv.edit.rewrite import add_fused_from, add_initializer, constant_array, fresh_name, taken_names
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
-from mconv.passes.rewrite import add_fused_from, add_initializer, constant_array, fresh_name, taken_names
 
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm")
 

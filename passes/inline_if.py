@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
+from mconv.edit.rewrite import constant_array, fresh_name, replace_value
 from mconv.errors import InputError, show
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
-from mconv.passes.rewrite import constant_array, fresh_name, replace_value
 
 
 def _all_names(model: ir.Model) -> Counter:

@@ -303,7 +303,7 @@ def run_pipeline(
     metadata under ``mconv.passes`` (the specs as they ran). ``limit``, when given, is called
     once on the model as the first ``prune`` or ``cluster`` pass is reached and returns that
     pass and the rest rewritten (a recipe run without data:
-    :func:`mconv.passes.budget.limit_datafree`).
+    :func:`mconv.drivers.budget.limit_datafree`).
     """
     ctx = ctx or PassContext()
     specs = list(specs)

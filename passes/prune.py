@@ -21,7 +21,7 @@ Rules:
    must be a multiple of ``m``.
 4. ``structured = "l1"`` or ``"l2"`` removes the fraction ``sparsity`` of output channels with
    the smallest norms from Conv/Gemm and rewires every consumer (see
-   :mod:`mconv.passes._channels` for what is followed and what is refused). With
+   :mod:`mconv.edit.channels` for what is followed and what is refused). With
    ``on_unsafe = "error"`` (default) a layer that cannot be rewired safely raises
    :class:`~mconv.errors.InputError` naming node and reason and nothing is changed; with
    ``"skip"`` the layer is left whole and the report says why.
@@ -39,8 +39,8 @@ from typing import Literal
 
 import numpy as np
 import onnx_ir as ir
+from mconv.edit.weights import WEIGHT_OPS, WeightRef, record_compression, weight_refs
 from mconv.errors import InputError
-from mconv.passes._weights import WEIGHT_OPS, WeightRef, record_compression, weight_refs
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
 
 
@@ -150,7 +150,7 @@ class Prune(Pass):
         tensors, notes = [], []
         structured = [(r, c) for r, c in selected if c.structured != "none"]
         if structured:
-            from mconv.passes._channels import prune_channels
+            from mconv.edit.channels import prune_channels
 
             s_tensors, s_notes = prune_channels(model, structured)
             tensors += s_tensors

@@ -29,9 +29,9 @@ from typing import Literal
 
 import numpy as np
 import onnx_ir as ir
-from mconv.passes._weights import WEIGHT_OPS, record_compression, snr_db, weight_refs
+from mconv.edit.rewrite import fresh_name, taken_names, upgrade_ir3
+from mconv.edit.weights import WEIGHT_OPS, record_compression, snr_db, weight_refs
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
-from mconv.passes.rewrite import fresh_name, taken_names, upgrade_ir3
 
 F32 = ir.DataType.FLOAT
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
-from mconv.passes._weights import compression_info
+from mconv.edit.weights import compression_info
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
 
 

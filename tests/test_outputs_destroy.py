@@ -251,7 +251,7 @@ def test_the_api_refuses_an_output_that_is_an_input(tmp_path):
 _KILLER = r"""
 import os, signal, sys
 from mconv import fileio
-from mconv.formats import weights_stream as ws
+from mconv.drivers import weights_stream as ws
 
 src, dest, point = sys.argv[1], sys.argv[2], sys.argv[3]
 real_shard, real_exchange = ws._stream_shard, fileio.exchange
@@ -283,7 +283,7 @@ ws.compress_checkpoint(src, dest, ws.Scheme("cluster", 4))
 def test_killed_sharded_writes_leave_the_old_or_the_new_folder(tmp_path):
     if not fileio.exchange(tmp_path, tmp_path):
         pytest.skip("renameat2(RENAME_EXCHANGE) is not available here")
-    from mconv.formats.weights_stream import Scheme, compress_checkpoint
+    from mconv.drivers.weights_stream import Scheme, compress_checkpoint
 
     srcs = {tag: _sharded(tmp_path / f"src{tag}", seed=seed, shards=3) for tag, seed in (("A", 1), ("B", 2))}
     expected = {}

@@ -200,8 +200,8 @@ def test_distillation_fine_tunes_a_gpt2_shaped_model(tmp_path):
     (``loss='kl'`` on the [N, T, vocab] logits): on token sequences it never trained on, the
     per-token top-1 agreement with the original rises well above the clustered model's."""
     from mconv import api
+    from mconv.engines.reference.executor import Executor
     from mconv.irio import load_onnx
-    from mconv.targets.reference.executor import Executor
 
     torch.manual_seed(3)
     model = GPT2(vocab=256, ctx=32, d=64, heads=4, layers=2).eval()

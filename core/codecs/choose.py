@@ -28,7 +28,7 @@ Rules:
    condition is checked explicitly, and sizing never fails. Tensors other than bool, integer
    and float (up to 8 bytes), and empty ones, are ``raw``.
 3. Hints are the facts the prune and cluster passes recorded per tensor in the model's
-   ``metadata_props[COMPRESSION_KEY]`` (:mod:`mconv.passes._weights`): ``bits``,
+   ``metadata_props[COMPRESSION_KEY]`` (:mod:`mconv.edit.weights`): ``bits``,
    ``index_bits``, ``groups``, ``axis``, ``block``. They only narrow widths and add the grouped
    and per-block palettes; a hint of the wrong type or out of range (a damaged or hostile file;
    an ``axis`` that is not an axis of the tensor) is ignored, which still gives a lossless

@@ -148,7 +148,7 @@ def rewrite(
     dropped: set[str] = set()
     count = 0
 
-    from mconv.passes.rewrite import fresh_name
+    from mconv.edit.rewrite import fresh_name
 
     def fresh(base: str) -> str:
         return fresh_name(base, taken)

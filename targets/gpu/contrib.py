@@ -75,12 +75,12 @@ class _Rewrite:
         self.created: list[ir.Node] = []
 
     def name(self, what: str) -> str:
-        from mconv.passes.rewrite import fresh_name
+        from mconv.edit.rewrite import fresh_name
 
         return fresh_name(f"{self.base}__{what}", self.taken)
 
     def const(self, array, what: str = "c", dtype=np.float32) -> ir.Value:
-        from mconv.passes.rewrite import add_initializer
+        from mconv.edit.rewrite import add_initializer
 
         arr = np.array(array, dtype=dtype, order="C")  # a scalar stays 0-d
         return add_initializer(self.graph, self.name(what), arr)
@@ -101,7 +101,7 @@ class _Rewrite:
         return node.outputs[0]
 
     def finish(self, results: dict[int, ir.Value]) -> None:
-        from mconv.passes.rewrite import replace_value
+        from mconv.edit.rewrite import replace_value
 
         for i, new in results.items():
             old = self.node.outputs[i]
@@ -745,8 +745,8 @@ def _gather_block_quantized(r: _Rewrite) -> dict | None:
     data, idx, scales, zp = _const(_in(n, 0)), _in(n, 1), _const(_in(n, 2)), _in(n, 3)
     if data is None or idx is None or scales is None or (zp is not None and _const(zp) is None):
         return None
-    from mconv.targets.reference.ops import OpContext
-    from mconv.targets.reference.ops.contrib import gather_block_quantized
+    from mconv.engines.reference.ops import OpContext
+    from mconv.engines.reference.ops.contrib import gather_block_quantized
 
     # the table: every row gathered once, by the reference's own rule
     g_axis = int(_attr(n, "gather_axis", 0)) % data.ndim
@@ -807,7 +807,7 @@ def _domain(node: ir.Node) -> str:
 def decompose(model: ir.Model) -> int:
     """Rewrite every node of :data:`_RULES` whose rewrite applies now (rule 1); returns how
     many were rewritten. Call again after shape inference until it returns 0."""
-    from mconv.passes.rewrite import taken_names
+    from mconv.edit.rewrite import taken_names
 
     taken = taken_names(model.graph)
     done = 0

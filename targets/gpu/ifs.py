@@ -66,8 +66,8 @@ def _selectable(node: ir.Node) -> bool:
 
 def select_data_ifs(model: ir.Model) -> list[str]:
     """Rule 2 on the main graph's Ifs; returns one note per If rewritten."""
+    from mconv.edit.rewrite import add_initializer, fresh_name, replace_value
     from mconv.passes.inline_if import _all_names, move_branch
-    from mconv.passes.rewrite import add_initializer, fresh_name, replace_value
 
     graph = model.graph
     notes: list[str] = []

@@ -154,9 +154,9 @@ def _dims_text(shape, batch: int) -> str:
 
 def _bake_inputs(model: ir.Model, batch: int) -> None:
     """Rule 1: a symbolic batch becomes ``batch``; any other symbolic dimension is refused."""
+    from mconv.edit.input_shapes import fix_input_shapes
+    from mconv.edit.rewrite import name_of
     from mconv.errors import show
-    from mconv.passes.input_shapes import fix_input_shapes
-    from mconv.passes.rewrite import name_of
 
     shapes: dict[str, list[int]] = {}
     # an UnsupportedError (exit 2), so that the CLI names the model file the input belongs to
@@ -191,8 +191,8 @@ def _materialize(model: ir.Model) -> int:
     evaluated (fold keeps them to keep stored weights narrow; the metal target converts every
     weight to its storage type anyway); Cast between float types is an Identity. Returns the
     number of nodes rewritten."""
+    from mconv.edit.rewrite import add_initializer, fresh_name, replace_value, taken_names
     from mconv.passes.fold import evaluate_node
-    from mconv.passes.rewrite import add_initializer, fresh_name, replace_value, taken_names
 
     graph = model.graph
     taken = taken_names(graph)
@@ -286,7 +286,7 @@ def _square_sums(model: ir.Model) -> int:
         new.outputs[0].shape = out.shape
         if out.dtype is not None:
             new.outputs[0].dtype = out.dtype
-        from mconv.passes.rewrite import replace_value
+        from mconv.edit.rewrite import replace_value
 
         replace_value(out, new.outputs[0])
         model.graph.remove(node, safe=True)
@@ -579,7 +579,7 @@ class Dialect:
 def build_plan(model: ir.Model, dialect: Dialect, options: Mapping | None = None) -> GpuPlan:
     """Lower a prepared model (see :func:`prepare`) to a :class:`GpuPlan` whose ``sources`` are
     ``dialect``'s kernels."""
-    from mconv.passes.rewrite import name_of
+    from mconv.edit.rewrite import name_of
 
     options = dict(options or {})
     storage, notes = storage_for(model, options.get("precision") or dialect.default_precision)

@@ -1,6 +1,6 @@
 """The reference target: the numpy interpreter that verification trusts.
 
-It runs an ``onnx_ir.Model`` in memory (:class:`~mconv.targets.reference.executor.Executor`) and
+It runs an ``onnx_ir.Model`` in memory (:class:`~mconv.engines.reference.executor.Executor`) and
 differentiates it (reverse mode), which calibration, sensitivity analysis and fine-tuning use.
 It has no bundle: deploy with the ``cpu`` target.
 """
@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 from mconv.bundle import TensorSpec
+from mconv.engines.reference.executor import Executor, run_node
 from mconv.errors import InputError
 from mconv.irio import real_inputs
-from mconv.targets.reference.executor import Executor, run_node
 from mconv.targets.reference.options import Options
 
 __all__ = ["TARGET", "Executor", "Options", "ReferenceRunner", "export", "load", "load_model", "run_node"]

@@ -1,6 +1,6 @@
 """The xla target: the graph lowered to ``jax.lax`` and exported with ``jax.export`` as StableHLO.
 
-- :mod:`mconv.targets.xla.lower`: the lowering registry (one rule per ONNX op, families in files)
+- :mod:`mconv.engines.xla.lower`: the lowering registry (one rule per ONNX op, families in files)
   and the graph lowering.
 - :mod:`mconv.targets.xla.exporter`: ``export(model, out_dir, options) -> Bundle``.
 - :mod:`mconv.targets.xla.runtime`: the loader, which imports only jax, numpy and the weight

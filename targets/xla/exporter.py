@@ -12,7 +12,7 @@ Rules:
    manifest and ``weights.mcw``.
 4. Weights are arguments in their stored dtype (float16 initializers stay float16; a float32
    weight that the container stores as fp16 decodes back to float32). ``options["bake_weights"]``
-   embeds them as constants (see :mod:`mconv.targets.xla.lower.graph`, rule 3).
+   embeds them as constants (see :mod:`mconv.engines.xla.lower.graph`, rule 3).
 5. Determinism: MLIR locations keep only the innermost frame's file *base name* and line
    (``jax_include_full_tracebacks_in_locations`` off, directories removed with
    ``jax_hlo_source_file_canonicalization_regex``), so the same model, options, mconv and jax
@@ -53,9 +53,9 @@ import numpy as np
 import onnx_ir as ir
 from mconv.bundle import DENSE, Bundle, TensorSpec, provenance_from_model, write_bundle
 from mconv.container import choose_codec
+from mconv.engines.xla.lower import lower_graph
 from mconv.errors import InputError, MconvError, shorten, show
 from mconv.irio import real_inputs
-from mconv.targets.xla.lower import lower_graph
 from mconv.targets.xla.runtime import CONVENTION, PAYLOAD
 
 NAME = "xla"
@@ -205,8 +205,8 @@ def weight_layouts(model: ir.Model, weight_names: list[str]) -> dict[str, list[i
 def pinned_batch(model: ir.Model, batch: int) -> tuple[str, list[int]] | None:
     """Rule 8: the first Reshape whose constant shape pins the declared ``batch`` once dimension
     0 of the inputs is symbolic, as (``Reshape 'name'``, its shape), or None."""
+    from mconv.edit.rewrite import constant_array, name_of
     from mconv.passes.dynamic_batch import _inferred_dims
-    from mconv.passes.rewrite import constant_array, name_of
 
     graph = model.graph
     reshapes = [

@@ -18,7 +18,7 @@ Rules:
    mconv's exporter writes, in the form it writes them; anything else is an InputError (exit 2)
    naming what was found. Then ``jax.export.deserialize`` reads it and its ``call`` is jitted;
    feeds are checked (names, dtype, rank, fixed dimensions) before the call.
-4. Programs are jitted with :func:`jit`, which turns XLA's CPU YNNPACK fusions off
+4. Programs are jitted with :func:`mconv.engines.xla.jit.jit`, which turns XLA's CPU YNNPACK fusions off
    (``xla_cpu_experimental_ynn_fusion_type`` empty): jaxlib 0.10's CPU compiler fuses a chain
    of dots and the reduction after it (a classifier's Gemms and its Softmax) into one YNN
    fusion that runs 10-25x slower than the dots alone (a light AlexNet call falls well behind
@@ -40,36 +40,13 @@ from typing import Any
 import jax
 import numpy as np
 from mconv.container import container_from_bytes, read_container
+from mconv.engines.xla.jit import compiler_options, jit  # noqa: F401  (rule 4)
 from mconv.errors import InputError, IntegrityError
 from mconv.targets.xla.check import load_exported
 
 PAYLOAD = "model.jax_export"
 CONVENTION = "xla.json"
 _HINT = "the bundle was modified or truncated; re-export it"
-
-
-_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
-_OPTIONS: list[dict[str, str] | None] = []  # decided once per process
-
-
-def compiler_options() -> dict[str, str] | None:
-    """The XLA compile options of rule 4 (None: none to pass)."""
-    if not _OPTIONS:
-        chosen: dict[str, str] | None = dict(_CPU_OPTIONS)
-        if any(k in os.environ.get("XLA_FLAGS", "") for k in _CPU_OPTIONS):
-            chosen = None  # the user's flag wins
-        else:
-            try:  # a jaxlib without the option refuses it at compile time
-                jax.jit(lambda x: x + 1, compiler_options=chosen).lower(np.float32(0)).compile()
-            except Exception:
-                chosen = None
-        _OPTIONS.append(chosen)
-    return _OPTIONS[0]
-
-
-def jit(fn: Callable, **kwargs: Any) -> Callable:
-    """``jax.jit`` with the compile options of rule 4."""
-    return jax.jit(fn, compiler_options=compiler_options(), **kwargs)
 
 
 @dataclass(frozen=True)

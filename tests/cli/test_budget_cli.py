@@ -87,7 +87,7 @@ def test_a_bundle_target_fits_the_exported_cpu_bundle_directory(small, tmp_path)
     assert size["bundle"] <= 5500  # fits
     # one attempt spends the target within 4% (the bits are fitted on the export at clustering);
     # one that leaves more unspent is followed by a grown one, and the result is the one whose
-    # gate drop is the smaller (that path with forced export errors: tests/passes/test_budget.py)
+    # gate drop is the smaller (that path with forced export errors: tests/drivers/test_budget.py)
     attempts = budget["attempts"]
     if len(attempts) == 1:
         assert size["bundle"] >= 0.96 * 5500, size

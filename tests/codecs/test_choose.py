@@ -271,9 +271,9 @@ def test_compression_key_is_defined_once():
 
     import mconv.account
     import mconv.codecs.choose
-    import mconv.passes._weights
+    import mconv.edit.weights
 
-    assert mconv.passes._weights.COMPRESSION_KEY is mconv.codecs.choose.COMPRESSION_KEY
+    assert mconv.edit.weights.COMPRESSION_KEY is mconv.codecs.choose.COMPRESSION_KEY
     assert mconv.account.COMPRESSION_KEY is mconv.codecs.choose.COMPRESSION_KEY
     root = Path(__file__).resolve().parents[2]
     defined = [

@@ -386,7 +386,7 @@ def test_lenet_classifies_real_digits(shared):
     print(f"LeNet (Caffe) on {len(labels)} UCI digits, onnxruntime: accuracy {accuracy:.4f}")
     assert accuracy >= 0.85
     try:
-        from mconv.targets.reference.executor import Executor
+        from mconv.engines.reference.executor import Executor
     except ImportError:
         return  # the reference executor is not written yet; onnxruntime checked the import
     ref = Executor(model).run({"data": x[:64]})

@@ -20,7 +20,7 @@ from mconv.formats import import_model  # noqa: E402
 from mconv.irio import to_proto  # noqa: E402
 
 RTOL = ATOL = 1e-5
-HAVE_EXECUTOR = importlib.util.find_spec("mconv.targets.reference.executor") is not None
+HAVE_EXECUTOR = importlib.util.find_spec("mconv.engines.reference.executor") is not None
 
 
 def _randomize(model: keras.Model, seed: int) -> None:
@@ -69,7 +69,7 @@ def _check_built(build, tmp_path: Path, seed: int, saves=(".keras",)) -> dict:
     the reference executor too (when it exists), so each Keras model is built only once."""
     results = _check(build(), tmp_path, seed, saves)
     if HAVE_EXECUTOR:
-        from mconv.targets.reference.executor import Executor
+        from mconv.engines.reference.executor import Executor
 
         imported, feeds, want = results[".keras"]
         names = [v.name for v in imported.graph.inputs]

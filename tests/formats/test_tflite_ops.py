@@ -17,10 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ai_edge_litert.interpreter as litert  # noqa: E402
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
+from mconv.engines.reference.executor import Executor  # noqa: E402
 from mconv.errors import InputError, UnsupportedError  # noqa: E402
 from mconv.formats.tflite import load_tflite_bytes  # noqa: E402
 from mconv.irio import to_proto  # noqa: E402
-from mconv.targets.reference.executor import Executor  # noqa: E402
 from tflite_builder import TflBuilder  # noqa: E402
 
 F32 = np.float32

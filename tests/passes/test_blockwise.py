@@ -8,10 +8,10 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+from mconv.edit.weights import snr_db
+from mconv.engines.reference.executor import Executor
 from mconv.errors import InputError
-from mconv.passes._weights import snr_db
 from mconv.passes.blockwise import dequantize, quantize_gptq, quantize_hqq, quantize_rtn
-from mconv.targets.reference.executor import Executor
 from onnx import TensorProto, helper
 
 

@@ -12,8 +12,8 @@ import onnx
 import onnx_ir as ir
 import onnxruntime as ort
 from mconv.cli.app import app
+from mconv.engines.reference.executor import Executor
 from mconv.passes.blockwise import quantize_rtn
-from mconv.targets.reference.executor import Executor
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
@@ -213,7 +213,7 @@ def test_gptq_rounds_a_table_to_nearest(tmp_path):
 
 
 def test_a_streamed_checkpoint_quantizes_its_embedding_like_any_matrix(tmp_path):
-    from mconv.formats.weights_stream import dequantized
+    from mconv.drivers.weights_stream import dequantized
     from safetensors.numpy import load_file, save_file
 
     rng = np.random.default_rng(0)

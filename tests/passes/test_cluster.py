@@ -7,8 +7,8 @@ import itertools
 import mconv.passes as P
 import numpy as np
 import pytest
+from mconv.edit.weights import CLUSTER_KEY, compression_info
 from mconv.errors import InputError
-from mconv.passes._weights import CLUSTER_KEY, compression_info
 from mconv.passes.cluster import (
     assign_nearest,
     cluster_array,

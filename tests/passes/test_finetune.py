@@ -592,8 +592,8 @@ def _rolled(x: np.ndarray, dy: int, dx: int) -> np.ndarray:
 def test_the_moved_teachers_table_holds_the_teachers_outputs_on_the_moved_samples(build, run_ort):
     """Rule 8's table, one move at a time for every sample: each target it gives is ONNX
     Runtime's output of the teacher on that sample moved by np.roll with zeros in."""
+    from mconv.engines.reference.executor import Executor
     from mconv.passes.finetune import _MovedTeacher, _run_batched
-    from mconv.targets.reference.executor import Executor
 
     rng = np.random.default_rng(41)
     side = 9
@@ -625,7 +625,7 @@ def test_fine_tuning_passes_sharing_a_memo_run_the_teacher_once_and_train_as_alo
     """Rule 8 with ``memo``: a second pass of the run reuses the first's table of moved
     targets (no teacher run at all) and trains to the same bytes as the same pass with a memo
     of its own, so a saved recipe run again (with other passes before it) gives the same model."""
-    from mconv.targets.reference import executor as E
+    from mconv.engines.reference import executor as E
 
     rng = np.random.default_rng(42)
     side = 9

@@ -106,7 +106,7 @@ def test_fp16_all_without_keep_io_types_takes_and_gives_float16(build, run_ort):
 
 
 def test_fp16_models_run_in_the_mconv_reference_executor(build, run_ort):
-    from mconv.targets.reference import executor
+    from mconv.engines.reference import executor
 
     x = _x()
     expected = run_ort(_cnn(build), {"x": x})["prob"]
@@ -121,7 +121,7 @@ def test_fp16_after_prune_and_cluster_keeps_compression_record_for_export(build,
     """cluster then fp16: the record moves to NAME_fp16, so the cpu bundle still stores the float16
     tensors with the sparse / palette codecs, and the bundle computes what onnxruntime does."""
     from mconv.api.runtime import open_runner
-    from mconv.passes._weights import CLUSTER_KEY, PRUNED_KEY, compression_info
+    from mconv.edit.weights import CLUSTER_KEY, PRUNED_KEY, compression_info
     from mconv.targets import get_target
 
     spec = "prune(sparsity=0.8),cluster(bits=4),fp16"

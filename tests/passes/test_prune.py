@@ -5,8 +5,8 @@ from __future__ import annotations
 import mconv.passes as P
 import numpy as np
 import pytest
+from mconv.edit.weights import PRUNED_KEY, compression_info
 from mconv.errors import InputError
-from mconv.passes._weights import PRUNED_KEY, compression_info
 from onnx import TensorProto, helper
 
 F = TensorProto.FLOAT

@@ -6,8 +6,8 @@ import mconv.passes as P
 import numpy as np
 import onnx
 import pytest
+from mconv.engines.reference.executor import Executor
 from mconv.irio import to_proto
-from mconv.targets.reference.executor import Executor
 from onnx import TensorProto, helper
 
 

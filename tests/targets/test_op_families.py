@@ -1,5 +1,5 @@
-"""One op, one family name (issue 13 item 6): the reference executor (targets/reference/ops/),
-the XLA lowering (targets/xla/lower/) and the Metal kernels (targets/metal/kernels/) group ops in
+"""One op, one family name (issue 13 item 6): the reference executor (engines/reference/ops/),
+the XLA lowering (engines/xla/lower/) and the Metal kernels (targets/metal/kernels/) group ops in
 family files of the same names, and an op that several of them implement sits in the same family
 in each. An op's family is the module that defines the function its registry entry holds."""
 
@@ -22,7 +22,7 @@ def _family(fn) -> str:
 
 
 def reference_families() -> dict[str, str]:
-    from mconv.targets.reference.ops import REGISTRY
+    from mconv.engines.reference.ops import REGISTRY
 
     # ops of other domains (ai.onnx.ml, com.microsoft) keyed "domain::op": a family may hold only those
     return {(f"{domain}::{op}" if domain else op): _family(d.forward) for (op, domain), d in REGISTRY.items()}
@@ -30,7 +30,7 @@ def reference_families() -> dict[str, str]:
 
 def xla_families() -> dict[str, str]:
     pytest.importorskip("jax")
-    from mconv.targets.xla.lower import REGISTRY
+    from mconv.engines.xla.lower import REGISTRY
 
     return {op: _family(rule.fn) for op, rule in REGISTRY.items()}
 

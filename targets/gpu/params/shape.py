@@ -107,8 +107,8 @@ def check_pad(ctx: LowerContext, node: ir.Node) -> str | None:
 
 def resize_axes(ctx: LowerContext, node: ir.Node):
     """The reference executor's per-axis plan [(axis, weights n_out x n_in, extrapolated)]."""
-    from mconv.targets.reference.executor import attr_to_python
-    from mconv.targets.reference.ops import shape as ref
+    from mconv.engines.reference.executor import attr_to_python
+    from mconv.engines.reference.ops import shape as ref
 
     xs = ctx.shape(required(node.inputs[0]))
     attrs = {k: attr_to_python(a) for k, a in node.attributes.items()}

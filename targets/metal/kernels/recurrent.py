@@ -1,6 +1,6 @@
 """Recurrent kernels: LSTM, GRU and RNN (the reference executor's ``recurrent`` family).
 
-Rules (ONNX notation, as ``targets/reference/ops/recurrent.py``):
+Rules (ONNX notation, as ``engines/reference/ops/recurrent.py``):
 
 1. One thread per (batch entry, direction), grid ``(B, D, 1)``: the thread loops over time and
    keeps its hidden (and cell) state in thread memory, in float, so a step reads the previous

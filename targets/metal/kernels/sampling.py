@@ -5,7 +5,7 @@ Rules:
 1. One thread per output element, grid ``(count, 1, 1)``; the input X is (N, C, D1, ..., Dr) with
    1 to 3 spatial axes (3-D to 5-D), the grid (N, O1, ..., Or, r), computed or constant, its last
    axis listing coordinates innermost-first (x, y, z). Larger ranks are refused by name.
-2. The reference executor's rules (``targets/reference/ops/sampling.py``), axis by axis in f32:
+2. The reference executor's rules (``engines/reference/ops/sampling.py``), axis by axis in f32:
    the normalized coordinate g maps to ``(g + 1) / 2 * (D - 1)`` (``align_corners=1``) or
    ``((g + 1) * D - 1) / 2``; nearest rounds it half to even (``rint``); border clamps a
    coordinate outside ``[lo, hi]`` (the corner pixels' centres, or their outer edges) to

@@ -53,7 +53,7 @@ def test_symbolic_spatial_dims_are_refused_with_a_hint_naming_input_shape_and_th
 
 
 def test_fixed_shapes_reach_the_planner_and_the_shape_arithmetic_folds():
-    from mconv.passes.input_shapes import fix_input_shapes
+    from mconv.edit.input_shapes import fix_input_shapes
 
     model = torch_style_net()
     fix_input_shapes(model, {"x": [2, 2, 5, 4]})
@@ -67,7 +67,7 @@ def test_fixed_shapes_reach_the_planner_and_the_shape_arithmetic_folds():
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_export_cli_input_shape_bakes_symbolic_dims_and_the_bundle_agrees(tmp_path, precision):
     from mconv.cli.app import app
-    from mconv.passes.input_shapes import fix_input_shapes
+    from mconv.edit.input_shapes import fix_input_shapes
     from typer.testing import CliRunner
 
     src = tmp_path / "torchish.onnx"
@@ -119,7 +119,7 @@ def test_fp16_pass_casts_are_read_as_weights(tmp_path):
     half, _ = run_pipeline(model, parse_spec("fp16"))
     assert any(node.op_type == "Cast" for node in half.graph)
     x = np.random.default_rng(5).standard_normal((1, 2, 4, 4)).astype(np.float32)
-    from mconv.passes.input_shapes import fix_input_shapes
+    from mconv.edit.input_shapes import fix_input_shapes
 
     fix_input_shapes(half, {"x": [1, 2, 4, 4]})
     want = ReferenceRunner(half).run({"x": x})

@@ -272,7 +272,7 @@ def test_a_size_test_on_a_symbolic_axis_is_refused_naming_the_node_and_input_sha
 
 
 def test_static_fallback_for_the_shapes_given(tmp_path, capsys):
-    from mconv.passes.input_shapes import fix_input_shapes
+    from mconv.edit.input_shapes import fix_input_shapes
 
     proto = _size_test_model(0)
     sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])

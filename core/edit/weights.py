@@ -1,0 +1,225 @@
+"""Which initializer is a node's weight, which axes are its channels, and compression metadata.
+
+Shared by ``prune``, ``cluster`` and ``quantize`` (and read by ``finetune`` and export).
+
+Weight rules (input 1 of the node, a constant initializer that no caller may override):
+
+======================  =================  ============  ===========
+op                      weight layout      output axis   input axis
+======================  =================  ============  ===========
+Conv                    [O, I/g, k...]     0             1
+ConvTranspose           [I, O/g, k...]     1             0
+Gemm (transB=1)         [N, K]             0             1
+Gemm (transB=0)         [K, N]             1             0
+MatMul (2-D weight)     [K, N]             1             0
+======================  =================  ============  ===========
+
+Metadata rules (how compression state persists in the saved ``.onnx``):
+
+1. Per value, in ``value.metadata_props`` (serialized by onnx_ir as the value_info's metadata):
+   ``mconv.pruned = "1"`` when the tensor's exact zeros are a pruning mask that later passes
+   must keep at exactly zero; ``mconv.cluster`` = JSON ``{"bits", "init", "groups", "axis"}``;
+   ``mconv.index_bits`` = the relative-index width export should use.
+2. Per model, ``metadata_props["mconv.compression"]`` = JSON ``{tensor name: {"pruned", "kept",
+   "bits", "init", "groups", "axis", "index_bits"}}``, the same facts keyed by initializer name,
+   for code that only sees the model's metadata (``mconv.container.choose_codec``).
+3. A pass that moves a tensor's data to a new initializer (``fp16`` stores ``W`` as ``W_fp16``
+   behind a Cast) carries both records over with :func:`move_compression`: casting a pruned or
+   clustered tensor keeps its zeros zero and its distinct values at most ``2**bits``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+from mconv.codecs.choose import COMPRESSION_KEY  # defined once, beside the codec choice
+from mconv.edit.rewrite import is_overridable
+from mconv.irio import owned_array, weight_tensor
+
+PRUNED_KEY = "mconv.pruned"
+CLUSTER_KEY = "mconv.cluster"
+INDEX_BITS_KEY = "mconv.index_bits"
+WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+@dataclass
+class WeightRef:
+    """A node's weight initializer and the axes that hold its output and input channels."""
+
+    node: ir.Node
+    value: ir.Value
+    out_axis: int
+    in_axis: int
+
+    @property
+    def name(self) -> str:
+        return self.value.name or ""
+
+    @property
+    def tensor(self) -> ir.TensorProtocol:
+        """The weight's tensor (a WeightRef is made only for a value that holds one)."""
+        tensor = self.value.const_value
+        assert tensor is not None, f"weight {self.name} has no tensor"
+        return tensor
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.shape.numpy())
+
+    def array(self) -> np.ndarray:
+        """The weight's values (read-only view for in-memory tensors; for an external tensor,
+        a copy read from its file, so no memory map outlives the call)."""
+        tensor = self.tensor
+        if isinstance(tensor, ir.ExternalTensor):
+            return owned_array(tensor)
+        return tensor.numpy()
+
+    def set_array(self, array: np.ndarray) -> None:
+        """Replace the weight's data, keeping its name and value metadata (spilled to scratch
+        when :func:`mconv.irio.spilling` is active and the array is large)."""
+        self.value.const_value = weight_tensor(array, self.value.name)
+        self.value.shape = ir.Shape(array.shape)
+
+
+def _int_attr(node: ir.Node, key: str, default: int) -> int:
+    attr = node.attributes.get(key)
+    return int(attr.value) if attr is not None else default
+
+
+def weight_of(node: ir.Node, model: ir.Model) -> WeightRef | None:
+    """The weight of a Conv/ConvTranspose/Gemm/MatMul node, or None (not a constant weight)."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in WEIGHT_OPS or len(node.inputs) < 2:
+        return None
+    value = node.inputs[1]
+    if value is None or not value.is_initializer() or value.const_value is None:
+        return None
+    if is_overridable(model.graph, value, model.ir_version or 10):
+        return None
+    if value.const_value.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+        return None
+    rank = len(value.const_value.shape)
+    op = node.op_type
+    if op == "Conv" and rank >= 3:
+        return WeightRef(node, value, 0, 1)
+    if op == "ConvTranspose" and rank >= 3:
+        return WeightRef(node, value, 1, 0)
+    if op == "Gemm" and rank == 2:
+        return WeightRef(node, value, 0, 1) if _int_attr(node, "transB", 0) else WeightRef(node, value, 1, 0)
+    if op == "MatMul" and rank == 2:
+        return WeightRef(node, value, 1, 0)
+    return None
+
+
+def weight_refs(model: ir.Model, op_types: tuple[str, ...] | list[str] = WEIGHT_OPS) -> list[WeightRef]:
+    """Every weight of the main graph in node order; a weight shared by nodes appears once."""
+    seen: set[int] = set()
+    refs = []
+    for node in model.graph:
+        if node.op_type not in op_types:
+            continue
+        ref = weight_of(node, model)
+        if ref is None or id(ref.value) in seen:
+            continue
+        seen.add(id(ref.value))
+        refs.append(ref)
+    return refs
+
+
+def compression_info(model: ir.Model) -> dict[str, dict]:
+    """The model-level record (rule 2): tensor name -> facts."""
+    try:
+        info = json.loads(model.metadata_props.get(COMPRESSION_KEY, "{}"))
+    except json.JSONDecodeError:
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def record_compression(model: ir.Model, value: ir.Value, **facts) -> None:
+    """Record ``facts`` about ``value`` per value (rule 1) and per model (rule 2)."""
+    if facts.get("pruned"):
+        value.metadata_props[PRUNED_KEY] = "1"
+    cluster = {k: facts[k] for k in ("bits", "init", "groups", "axis", "block") if k in facts}
+    if cluster:
+        value.metadata_props[CLUSTER_KEY] = json.dumps(cluster, sort_keys=True)
+    if facts.get("index_bits") is not None:
+        value.metadata_props[INDEX_BITS_KEY] = str(int(facts["index_bits"]))
+    info = compression_info(model)
+    entry = info.setdefault(value.name or "", {})
+    entry.update({k: v for k, v in facts.items() if v is not None})
+    model.metadata_props[COMPRESSION_KEY] = json.dumps(info, sort_keys=True, separators=(",", ":"))
+
+
+def move_compression(model: ir.Model, old: ir.Value, new: ir.Value, old_name: str | None = None) -> bool:
+    """Carry ``old``'s compression facts over to ``new``, a value that now stores its data under
+    another name (the fp16 pass's ``W`` -> ``W_fp16``): the value metadata (rule 1) is copied
+    and the model-level entry (rule 2) moves from ``old_name`` (default ``old.name``) to
+    ``new.name``. Answers whether there was anything to carry."""
+    moved = False
+    for key in (PRUNED_KEY, CLUSTER_KEY, INDEX_BITS_KEY):
+        if key in old.metadata_props:
+            new.metadata_props[key] = old.metadata_props[key]
+            moved = True
+    info = compression_info(model)
+    entry = info.pop(old_name if old_name is not None else old.name or "", None)
+    if entry is not None and new.name:
+        info[new.name] = entry
+        model.metadata_props[COMPRESSION_KEY] = json.dumps(info, sort_keys=True, separators=(",", ":"))
+        moved = True
+    return moved
+
+
+def is_pruned(value: ir.Value) -> bool:
+    """Whether the value's exact zeros are a pruning mask (rule 1)."""
+    return value.metadata_props.get(PRUNED_KEY) == "1"
+
+
+def squared_error(reference: np.ndarray, approx: np.ndarray | None, chunk: int = 1 << 20) -> float:
+    """Sum of squared differences (of squares when ``approx`` is None) in float64, a chunk at a
+    time: no full-size float64 copies of a large tensor."""
+    a = reference.ravel()
+    b = approx.ravel() if approx is not None else None
+    total = 0.0
+    for i in range(0, a.size, chunk):
+        d = a[i : i + chunk].astype(np.float64)
+        if b is not None:
+            d -= b[i : i + chunk]
+        total += float(np.dot(d, d))
+    return total
+
+
+def snr_db(reference: np.ndarray, approx: np.ndarray) -> float:
+    """Signal-to-noise ratio of ``approx`` against ``reference`` in dB (inf when exact)."""
+    noise = squared_error(reference, approx)
+    signal = squared_error(reference, None)
+    if noise == 0.0:
+        return float("inf")
+    return 10.0 * float(np.log10(max(signal, 1e-300) / noise))
+
+
+def gather_tables(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
+    """The embedding tables of ``model``: the float ``[vocab, dim]`` initializers that Gather
+    nodes index along axis 0, that are not in ``taken`` (another node's weight) and that no graph
+    input overrides, each once, in node order, as refs whose blocks run along axis 1. ``cluster``
+    (its rule 9) and ``blockwise`` (its rule 6) compress these beside the weights of their ops."""
+    seen = {id(r.value) for r in taken}
+    refs = []
+    for node in model.graph:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        value = node.inputs[0]
+        if value is None or id(value) in seen or not value.is_initializer() or value.const_value is None:
+            continue
+        t = value.const_value
+        axis = node.attributes.get("axis")
+        if (axis is not None and int(axis.value) not in (0, -2)) or len(t.shape) != 2:
+            continue
+        if t.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE):
+            continue
+        if is_overridable(model.graph, value, model.ir_version or 10):
+            continue
+        seen.add(id(value))
+        refs.append(WeightRef(node, value, 0, 1))
+    return refs
