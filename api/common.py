@@ -144,8 +144,8 @@ def _load(paths, format, input_shapes, input_values, example_inputs, options):
     paths = [Path(p) for p in paths]
     shapes = _shapes(input_shapes)
     opts: dict[str, Any] = {**dict(options or {}), "input_shapes": shapes}
-    if input_values or example_inputs:  # PyTorch only (formats/torch_format.py rule 3)
-        from mconv.formats.torch_format import parse_input_values
+    if input_values or example_inputs:  # PyTorch only (formats/pytorch/__init__.py rule 3)
+        from mconv.formats.pytorch import parse_input_values
 
         values = input_values
         if values is not None and not isinstance(values, Mapping):

@@ -147,7 +147,7 @@ def export(
         if isinstance(input_values, Mapping):
             values = {str(k): str(v) for k, v in input_values.items()}
         else:
-            from mconv.formats.torch_format import parse_input_values
+            from mconv.formats.pytorch import parse_input_values
 
             values = parse_input_values(list(input_values))
         m, baked = bake_input_values(m, values, path=str(source) if source else None)

@@ -41,7 +41,7 @@ _MODULES = (
     "keras",
     "caffe",
     "tflite",
-    "torch_format",
+    "pytorch",
     "dlk_json",
     "weights",
     "npz_format",
@@ -122,7 +122,7 @@ def import_model(
     files = [Path(p) for p in paths]
     if not files:
         raise InputError("no input file given", hint="mconv import FILE [FILE2] -o OUT.onnx")
-    # A PyTorch ``package.module:factory`` spec names code to run, not a file (formats/torch_format.py).
+    # A PyTorch ``package.module:factory`` spec names code to run, not a file (formats/pytorch/__init__.py).
     spec = len(files) == 1 and format in (None, "torch") and _is_torch_spec(str(paths[0]))
     for p in files:
         if not spec:

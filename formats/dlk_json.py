@@ -39,8 +39,7 @@ from google.protobuf import json_format
 from mconv.errors import InputError, MconvError, UnsupportedError, show
 from mconv.fileio import atomic_write_bytes
 from mconv.formats import Format
-from mconv.formats import caffe_pb as pb
-from mconv.formats.caffe import caffe_pooled_size, net_to_model
+from mconv.formats.caffe import caffe_pooled_size, net_to_model, pb
 from mconv.irio import real_inputs, to_proto
 
 CAFFE_TYPES = {

@@ -8,6 +8,6 @@
 - :mod:`.contrib`, :mod:`.ifs`: graph rewrites before planning; :mod:`.graph`,
   :mod:`.bundle`: what a bundle ships and how a loader regenerates and checks it.
 
-The dialects (:mod:`mconv.targets.metal.kernels` MSL, :mod:`mconv.targets.webgpu.wgsl` WGSL)
+The dialects (:mod:`mconv.targets.metal.msl` MSL, :mod:`mconv.targets.webgpu.wgsl` WGSL)
 write kernel text only; neither imports the other (``tests/targets/test_gpu_backend.py``).
 """

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from mconv.bundle import Bundle
+from mconv.bundle import Bundle, TensorSpec
 from mconv.container import choose_codec
 from mconv.errors import InputError
 from mconv.targets.gpu.plan import GpuPlan
@@ -65,3 +65,35 @@ def plan_options(bundle: Bundle, label: str, default_precision: str) -> dict:
             hint="re-export the bundle",
         )
     return {"precision": precision, "batch": batch, "model_name": bundle.model_name}
+
+
+def held_type(dtype: str | None) -> str:
+    """An output's bundle dtype: the model's integer or bool type (given back typed by the
+    runner), float32 for every float (the kernels' float16 storage is read back as float32)."""
+    return "float32" if dtype in (None, "float16") else dtype
+
+
+def bundle_io(
+    plan: GpuPlan, original_inputs: list[TensorSpec], graph_outputs: list[TensorSpec]
+) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The manifest's inputs and outputs of a planned model: the plan's shapes, with the batch
+    dimension written ``batch`` where the model's input had a symbolic one, and the model's own
+    dtypes (outputs as :func:`held_type`)."""
+    symbolic = {s.name: bool(s.shape) and not isinstance((s.shape or (0,))[0], int) for s in original_inputs}
+    inputs = []
+    for spec in plan.inputs:
+        shape = list(spec["shape"])
+        if symbolic.get(spec["name"]):
+            shape[0] = "batch"
+        src = next((s for s in original_inputs if s.name == spec["name"]), None)
+        inputs.append(TensorSpec(spec["name"], src.dtype if src else "float32", tuple(shape)))
+    out_dtypes = {s.name: s.dtype for s in graph_outputs}
+    outputs = [
+        TensorSpec(
+            o["name"],
+            held_type(out_dtypes.get(o["name"])),
+            tuple(["batch", *o["shape"][1:]] if any(symbolic.values()) and o["shape"] else o["shape"]),
+        )
+        for o in plan.outputs
+    ]
+    return inputs, outputs

@@ -34,7 +34,7 @@ Rules:
    type), computed here once.
 6. DynamicQuantizeLSTM is not rewritten: its hidden state is quantized at every step, which no
    standard op expresses; the metal target runs it as its own kernel
-   (:mod:`mconv.targets.metal.kernels.recurrent`), the planner keeps its outputs' shapes
+   (:mod:`mconv.targets.metal.msl.recurrent`), the planner keeps its outputs' shapes
    (:func:`contrib_shapes`).
 """
 

@@ -1,7 +1,7 @@
 """The GPU plan: the graph lowered to buffers and kernels in encode order, for every dialect.
 
 One planner serves the metal and webgpu targets: a :class:`Dialect` gives it the kernel rules
-of one language (MSL: :mod:`mconv.targets.metal.kernels`; WGSL: :mod:`mconv.targets.webgpu.wgsl`)
+of one language (MSL: :mod:`mconv.targets.metal.msl`; WGSL: :mod:`mconv.targets.webgpu.wgsl`)
 and the limits of its API. The plan (``metal_plan.json``, ``webgpu_plan.json``: one schema) is
 the single description that the hosts (Swift, the Linux harness, the WebGPU runner and page) are
 generated from or read.

@@ -52,7 +52,7 @@ from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model,
 from mconv.errors import InputError, IntegrityError, UnsupportedError
 from mconv.fileio import load_json
 from mconv.irio import real_inputs
-from mconv.targets.gpu.bundle import plan_json, plan_options, weight_spec
+from mconv.targets.gpu.bundle import bundle_io, plan_json, plan_options, weight_spec
 from mconv.targets.gpu.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
 from mconv.targets.gpu.plan import GpuPlan
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
@@ -161,29 +161,8 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         raise _name_if_inputs(prepared, exc) from None
     kernels = metal_source(plan)
     plan_bytes = plan_json(plan)
-    batch_dim_symbolic = {
-        s.name: s.shape is not None and len(s.shape) > 0 and not isinstance(s.shape[0], int)
-        for s in original_inputs
-    }
-    inputs = []
-    for spec in plan.inputs:
-        shape = list(spec["shape"])
-        if batch_dim_symbolic.get(spec["name"]):
-            shape[0] = "batch"
-        src = next((s for s in original_inputs if s.name == spec["name"]), None)
-        inputs.append(TensorSpec(spec["name"], src.dtype if src else "float32", tuple(shape)))
-    # integer and bool outputs are held as floats by the kernels; the runner gives them back typed
-    out_dtypes = {s.name: s.dtype for s in (TensorSpec.from_value(v) for v in model.graph.outputs)}
-    outputs = [
-        TensorSpec(
-            o["name"],
-            out_dtypes.get(o["name"], "float32") if out_dtypes.get(o["name"]) != "float16" else "float32",
-            tuple(
-                ["batch", *o["shape"][1:]] if any(batch_dim_symbolic.values()) and o["shape"] else o["shape"]
-            ),
-        )
-        for o in plan.outputs
-    ]
+    graph_outputs = [TensorSpec.from_value(v) for v in model.graph.outputs]
+    inputs, outputs = bundle_io(plan, original_inputs, graph_outputs)
     payload = {
         PLAN: plan_bytes,
         GRAPH: graph_bytes(prepared, [b.name for b in plan.weight_buffers()]),

@@ -1,5 +1,5 @@
 """The metal target's plan: the GPU planner (:mod:`mconv.targets.gpu.plan`) with MSL kernels
-(:mod:`mconv.targets.metal.kernels`), and the ``kernels.metal`` text.
+(:mod:`mconv.targets.metal.msl`), and the ``kernels.metal`` text.
 
 Rules:
 
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import onnx_ir as ir
 from mconv.targets.gpu.plan import Dialect, GpuPlan, prepare
 from mconv.targets.gpu.plan import build_plan as build_plan_for
-from mconv.targets.metal.kernels import CHECKS, LOWER, LowerContext
+from mconv.targets.metal.msl import CHECKS, LOWER, LowerContext
 
 __all__ = ["MSL", "MetalPlan", "build_plan", "metal_source", "prepare"]
 

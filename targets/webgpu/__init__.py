@@ -55,7 +55,7 @@ from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model,
 from mconv.errors import InputError, IntegrityError
 from mconv.fileio import load_json
 from mconv.irio import real_inputs
-from mconv.targets.gpu.bundle import plan_json, plan_options, weight_spec
+from mconv.targets.gpu.bundle import bundle_io, plan_json, plan_options, weight_spec
 from mconv.targets.gpu.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
 from mconv.targets.gpu.ifs import prepare_with_ifs
 from mconv.targets.gpu.plan import GpuPlan
@@ -70,12 +70,6 @@ NAME = "webgpu"
 PLAN = "webgpu_plan.json"
 GRAPH = "webgpu_graph.onnx"
 KERNELS = "kernels"
-
-
-def _held_type(dtype: str | None) -> str:
-    """An output's bundle dtype: the model's integer or bool type (given back typed by the
-    runner), float32 for every float (the kernels' float16 storage is read back as float32)."""
-    return "float32" if dtype in (None, "float16") else dtype
 
 
 def kernel_path(kernel: str) -> str:
@@ -98,24 +92,8 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
         lambda p, n, a: weight_spec(a, metadata, n, p.dtype, options.get("codec")),
     )
     plan_bytes = plan_json(plan)
-    symbolic = {s.name: bool(s.shape) and not isinstance((s.shape or (0,))[0], int) for s in original_inputs}
-    inputs = []
-    for spec in plan.inputs:
-        shape = list(spec["shape"])
-        if symbolic.get(spec["name"]):
-            shape[0] = "batch"
-        src = next((s for s in original_inputs if s.name == spec["name"]), None)
-        inputs.append(TensorSpec(spec["name"], src.dtype if src else "float32", tuple(shape)))
-    # integer and bool outputs are held as floats by the kernels; the runner gives them back typed
-    out_dtypes = {s.name: s.dtype for s in (TensorSpec.from_value(v) for v in model.graph.outputs)}
-    outputs = [
-        TensorSpec(
-            o["name"],
-            _held_type(out_dtypes.get(o["name"])),
-            tuple(["batch", *o["shape"][1:]] if any(symbolic.values()) and o["shape"] else o["shape"]),
-        )
-        for o in plan.outputs
-    ]
+    graph_outputs = [TensorSpec.from_value(v) for v in model.graph.outputs]
+    inputs, outputs = bundle_io(plan, original_inputs, graph_outputs)
     payload = {PLAN: plan_bytes, GRAPH: graph_bytes(prepared, [b.name for b in plan.weight_buffers()])}
     payload.update(kernel_files(plan))
     payload.update(web_payload())

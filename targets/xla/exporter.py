@@ -159,7 +159,7 @@ def _needs_x64(model: ir.Model) -> bool:
     if any(_dtype_name(v) in wide for v in vals):
         return True
     # an int64 constant beyond int32 fed to arithmetic (a fixed-point multiplier, a 2**62 offset:
-    # the int8 LSTM of formats/_tflite_lstm_int.py) means int64 arithmetic; Slice ends of INT64_MAX
+    # the int8 LSTM of formats/tflite/lstm_int.py) means int64 arithmetic; Slice ends of INT64_MAX
     # and the like do not
     arith = {"Add", "Sub", "Mul", "Div", "MatMul"}
     for init in model.graph.initializers.values():

@@ -16,7 +16,7 @@ import onnxruntime as ort
 from mconv.engines.reference.executor import Executor  # noqa: E402
 from mconv.errors import UnsupportedError  # noqa: E402
 from mconv.formats import detect, import_model  # noqa: E402
-from mconv.formats.tflite import load_tflite_bytes, tf_same_pads  # noqa: E402
+from mconv.formats.tflite.reader import load_tflite_bytes, tf_same_pads  # noqa: E402
 from mconv.irio import to_proto  # noqa: E402
 from tflite_builder import TflBuilder  # noqa: E402
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mconv.errors import InputError, UnsupportedError  # noqa: E402
 from mconv.formats import import_model  # noqa: E402
-from mconv.formats.tflite import load_tflite_bytes  # noqa: E402
+from mconv.formats.tflite.reader import load_tflite_bytes  # noqa: E402
 from tflite_builder import TflBuilder  # noqa: E402
 
 

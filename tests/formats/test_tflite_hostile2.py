@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from mconv.cli.app import app
 from mconv.errors import InputError, UnsupportedError
-from mconv.formats.tflite import load_tflite_bytes, read_tflite
+from mconv.formats.tflite.reader import load_tflite_bytes, read_tflite
 from typer.testing import CliRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -105,7 +105,7 @@ def test_cli_import_of_hostile_name_is_one_line_exit_2(tmp_path):
 
 
 def test_fresh_names_resume_their_suffix_search():
-    from mconv.formats.tflite import TflModel, _Converter
+    from mconv.formats.tflite.reader import TflModel, _Converter
 
     c = _Converter(TflModel(3, [], [], [], []), "m.tflite", {})
     c.used_names.update({"a/2", "a/3"})
@@ -113,7 +113,7 @@ def test_fresh_names_resume_their_suffix_search():
     # 200,000 names from one base (an unrolled LSTM's step values, a shared constant's name):
     # linear is well under a second, quadratic would not finish.
     script = (
-        "from mconv.formats.tflite import TflModel, _Converter\n"
+        "from mconv.formats.tflite.reader import TflModel, _Converter\n"
         "c = _Converter(TflModel(3, [], [], [], []), 'm', {})\n"
         "names = [c.fresh('clip_lo') for _ in range(200_000)]\n"
         "assert names[-1] == 'clip_lo/199999' and len(set(names)) == 200_000\n"

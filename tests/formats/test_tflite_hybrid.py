@@ -22,7 +22,7 @@ import ai_edge_litert.interpreter as litert  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 from mconv.engines.reference.executor import Executor  # noqa: E402
 from mconv.errors import InputError  # noqa: E402
-from mconv.formats.tflite import load_tflite_bytes  # noqa: E402
+from mconv.formats.tflite.reader import load_tflite_bytes  # noqa: E402
 from mconv.irio import to_proto  # noqa: E402
 from tflite_builder import TflBuilder  # noqa: E402
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from mconv.formats import _tflite_lstm_int as L
+from mconv.formats.tflite import lstm_int as L
 
 from .tflite_builder import TflBuilder
 

@@ -1,4 +1,4 @@
-"""PyTorch import (formats/torch_format.py): TorchScript archives and factory specs against torch
+"""PyTorch import (formats/pytorch/__init__.py): TorchScript archives and factory specs against torch
 itself, run by ONNX Runtime and the reference executor; refusal of state dicts and pickles."""
 
 from __future__ import annotations

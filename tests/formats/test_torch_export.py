@@ -244,7 +244,7 @@ def test_quiet_dynamo_export_prints_nothing_on_stderr(tmp_path):
 
 
 def test_exporter_messages_lose_terminal_escapes_and_name_their_cause():
-    from mconv.formats.torch_format import _describe
+    from mconv.formats.pytorch import _describe
 
     class ConversionError(RuntimeError):
         pass

@@ -1,4 +1,4 @@
-"""Hostile PyTorch files (formats/torch_format.py, formats/_zipsafe.py, formats/_torch_pickle.py).
+"""Hostile PyTorch files (formats/pytorch/__init__.py, formats/_zipsafe.py, formats/pytorch/pickle_scan.py).
 
 Every file is built here from a real ``torch.jit.save`` / ``torch.save`` output and then damaged:
 storages cut short, tensor views past their storage, pickles naming foreign globals or

@@ -1,5 +1,5 @@
 """TorchScript code in a .pt archive is checked before torch compiles or runs any of it
-(formats/_torchscript_check.py): hostile archives built here call ``torch.from_file`` (which
+(formats/pytorch/script_check.py): hostile archives built here call ``torch.from_file`` (which
 creates or overwrites a file with ``shared=True`` and reads one into a tensor with
 ``shared=False``) from ``forward``, ``__setstate__``, a submodule and a helper method, or reach
 other operators, namespaces and syntax; ``mconv import`` and ``mconv inspect`` refuse each with
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from mconv.cli.app import app
-from mconv.formats import _torchscript_check as check
-from mconv.formats.torch_format import examine
+from mconv.formats.pytorch import examine
+from mconv.formats.pytorch import script_check as check
 from typer.testing import CliRunner
 
 SECRET = b"TOP-SECRET-4f1c2b9e-" * 4  # 80 bytes: a file of the user's that a model must not read

@@ -41,11 +41,11 @@ def _offences(folder: str, other: str, dialect: str, other_dialect: str) -> list
 
 
 def test_webgpu_imports_no_private_metal_name_and_wgsl_no_metal():
-    assert _offences("webgpu", "metal", "webgpu/wgsl", "metal.kernels") == []
+    assert _offences("webgpu", "metal", "webgpu/wgsl", "metal.msl") == []
 
 
 def test_metal_imports_no_private_webgpu_name_and_msl_no_webgpu():
-    assert _offences("metal", "webgpu", "metal/kernels", "webgpu.wgsl") == []
+    assert _offences("metal", "webgpu", "metal/msl", "webgpu.wgsl") == []
 
 
 def test_the_gpu_backend_imports_neither_target():
@@ -57,7 +57,7 @@ def test_the_gpu_backend_imports_neither_target():
 def test_the_check_sees_an_offence(tmp_path, monkeypatch):
     """The walk finds a private import and a dialect-to-dialect import where there is one."""
     (tmp_path / "webgpu" / "wgsl").mkdir(parents=True)
-    (tmp_path / "webgpu" / "wgsl" / "x.py").write_text("from mconv.targets.metal.kernels.conv import _bias\n")
+    (tmp_path / "webgpu" / "wgsl" / "x.py").write_text("from mconv.targets.metal.msl.conv import _bias\n")
     monkeypatch.setitem(globals(), "TARGETS", tmp_path)
-    found = _offences("webgpu", "metal", "webgpu/wgsl", "metal.kernels")
+    found = _offences("webgpu", "metal", "webgpu/wgsl", "metal.msl")
     assert len(found) == 2

@@ -1,5 +1,5 @@
 """One op, one family name (issue 13 item 6): the reference executor (engines/reference/ops/),
-the XLA lowering (engines/xla/lower/) and the Metal kernels (targets/metal/kernels/) group ops in
+the XLA lowering (engines/xla/lower/) and the Metal kernels (targets/metal/msl/) group ops in
 family files of the same names, and an op that several of them implement sits in the same family
 in each. An op's family is the module that defines the function its registry entry holds."""
 
@@ -36,7 +36,7 @@ def xla_families() -> dict[str, str]:
 
 
 def metal_families() -> dict[str, str]:
-    from mconv.targets.metal.kernels import LOWER
+    from mconv.targets.metal.msl import LOWER
 
     return {op: _family(fn) for op, fn in LOWER.items()}
 

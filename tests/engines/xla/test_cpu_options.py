@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import onnx
 import pytest
-from mconv.irio import from_proto
 from mconv.engines.xla import jit as runtime
+from mconv.irio import from_proto
 from onnx import TensorProto, helper, numpy_helper
 
 

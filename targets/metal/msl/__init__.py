@@ -96,7 +96,7 @@ def register(
 
 
 # One line per family module.
-from mconv.targets.metal.kernels import (  # noqa: E402,F401
+from mconv.targets.metal.msl import (  # noqa: E402,F401
     activation,
     conv,
     elementwise,

@@ -32,8 +32,8 @@ from mconv.targets.gpu.params.sampling import (
     grid_sample_plan,
 )
 from mconv.targets.gpu.values import required
-from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, flit, register
-from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.msl import Activation, KernelSource, LowerContext, flit, register
+from mconv.targets.metal.msl.conv import constants
 
 
 def _axis_msl(plan: GridSamplePlan, j: int, ax: GridAxis) -> list[str]:

@@ -10,7 +10,7 @@ Rules:
    overwrites a file; ``torch.save`` writes one; ``print`` writes to stdout), and
    ``torch.jit.load`` runs ``__setstate__`` methods: so before torch sees the archive, every
    ``.py`` member (all methods, ``__setstate__``, submodules, classes, functions) is checked
-   against an allowlist of pure tensor operations (``formats/_torchscript_check.py``: ATen
+   against an allowlist of pure tensor operations (``formats/pytorch/script_check.py``: ATen
    operators that touch no file, stream or global state, a few prim operators, TorchScript
    builtins and classes whose source is in ``code/``; ``print``, other operator namespaces and
    C++ custom classes are refused). One error lists what was found.
@@ -61,7 +61,7 @@ Rules:
 5. Nothing from the file reaches torch before it is checked (:func:`examine`): the zip's
    central directory against the real file (``formats/_zipsafe.py``: disks, counts, sizes,
    compression ratios, names, overlaps); every pickle walked opcode by opcode without
-   unpickling (``formats/_torch_pickle.py``: lengths, memo indices, opcodes); every storage
+   unpickling (``formats/pytorch/pickle_scan.py``: lengths, memo indices, opcodes); every storage
    that ``data.pkl`` / ``constants.pkl`` declare against its ``data/<key>`` member's size, and
    every tensor view's last element against its storage; in TorchScript pickles, every global
    against what the TorchScript unpickler resolves itself (rebuild functions, storage types,
@@ -112,9 +112,9 @@ import onnx_ir as ir
 from mconv.errors import InputError, show
 from mconv.fileio import require_file
 from mconv.formats import Format
-from mconv.formats._torch_pickle import STORAGE_ITEMSIZE, scan
-from mconv.formats._torchscript_check import check_archive
 from mconv.formats._zipsafe import looks_like_zip, read_directory, read_member
+from mconv.formats.pytorch.pickle_scan import STORAGE_ITEMSIZE, scan
+from mconv.formats.pytorch.script_check import check_archive
 from mconv.irio import from_proto
 from mconv.npzio import read_npz
 

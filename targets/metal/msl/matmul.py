@@ -16,7 +16,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.targets.gpu.params.conv import bias_strides
 from mconv.targets.gpu.values import required
-from mconv.targets.metal.kernels import (
+from mconv.targets.metal.msl import (
     Activation,
     KernelSource,
     LowerContext,
@@ -24,7 +24,7 @@ from mconv.targets.metal.kernels import (
     flit,
     register,
 )
-from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.msl.conv import constants
 
 
 @register("Gemm", "MatMul", fusible=True)
@@ -83,7 +83,7 @@ def _lower_batched_matmul(
 ) -> KernelSource:
     """numpy matmul: 1-D operands promoted, batch dimensions broadcast (rule 2)."""
     from mconv.targets.gpu.params.elementwise import broadcast_strides
-    from mconv.targets.metal.kernels.elementwise import _offsets
+    from mconv.targets.metal.msl.elementwise import _offsets
 
     a, b = required(node.inputs[0]), required(node.inputs[1])
     as_, bs = ctx.shape(a), ctx.shape(b)

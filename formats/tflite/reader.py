@@ -1089,8 +1089,6 @@ def _drop_dead(nodes: list[onnx.NodeProto], keep: set[str]) -> list[onnx.NodePro
 
 def load_tflite_bytes(data: bytes, path: str = "<bytes>", options: dict | None = None) -> ir.Model:
     """Import TFLite flatbuffer bytes (see the module rules; ``options``: io, activations)."""
-    from mconv.formats import tflite_ops  # noqa: F401  (registers the op lowerings)
-
     model = read_tflite(data, path)
     proto = _Converter(model, path, dict(options or {})).convert()
     return from_proto(proto)

@@ -23,8 +23,8 @@ from __future__ import annotations
 import onnx_ir as ir
 from mconv.targets.gpu.params.indexing import check_gather, check_gathernd, gather_geometry, gathernd_geometry
 from mconv.targets.gpu.values import required
-from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, register
-from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.msl import Activation, KernelSource, LowerContext, register
+from mconv.targets.metal.msl.conv import constants
 
 
 @register("Gather", check=check_gather, integers=True)

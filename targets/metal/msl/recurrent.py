@@ -25,8 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 import onnx_ir as ir
-from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, flit, register
-from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.msl import Activation, KernelSource, LowerContext, flit, register
+from mconv.targets.metal.msl.conv import constants
 
 _GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
 _DEFAULT_ACTS = {"RNN": ["Tanh"], "GRU": ["Sigmoid", "Tanh"], "LSTM": ["Sigmoid", "Tanh", "Tanh"]}

@@ -1,6 +1,6 @@
 """Caffe: ``.prototxt`` (net text) + ``.caffemodel`` (binary NetParameter with weights), no Caffe.
 
-Messages come from :mod:`mconv.formats.caffe_pb` (caffe.proto's field numbers, built in Python).
+Messages come from :mod:`mconv.formats.caffe.pb` (caffe.proto's field numbers, built in Python).
 Each Caffe layer becomes standard ONNX ops; the layer name becomes the node name (a layer that
 needs several ops names them ``layer``, ``layer/1``, ...).
 
@@ -46,7 +46,7 @@ from google.protobuf.message import Message
 from mconv.errors import InputError, UnsupportedError, show
 from mconv.fileio import atomic_write_bytes
 from mconv.formats import Format
-from mconv.formats import caffe_pb as pb
+from mconv.formats.caffe import pb
 from mconv.irio import from_proto
 from onnx import TensorProto, helper
 

@@ -4,7 +4,7 @@ Celu, Selu, Softplus, Softsign, Mish, Softmax and LogSoftmax.
 Rules:
 
 1. A standalone activation node is the elementwise unary kernel
-   (:func:`mconv.targets.metal.kernels.elementwise.lower_unary`) with the activation's
+   (:func:`mconv.targets.metal.msl.elementwise.lower_unary`) with the activation's
    expression; after a fusible op (Conv, Gemm, Add, ...) it is fused into that op's kernel.
 2. PRelu is the elementwise binary kernel with ``a >= 0 ? a : a * b`` (the slope broadcast).
 3. Softmax/LogSoftmax: one thread per row (a softmax needs the whole row), grid
@@ -20,9 +20,9 @@ import onnx_ir as ir
 from mconv.onnx_rules import softmax_axes
 from mconv.targets.gpu.params.normalization import softmax_axis
 from mconv.targets.gpu.values import required
-from mconv.targets.metal.kernels import UNARY_ACTIVATIONS, Activation, KernelSource, LowerContext, register
-from mconv.targets.metal.kernels.conv import constants
-from mconv.targets.metal.kernels.elementwise import check_binary, check_unary, lower_binary, lower_unary
+from mconv.targets.metal.msl import UNARY_ACTIVATIONS, Activation, KernelSource, LowerContext, register
+from mconv.targets.metal.msl.conv import constants
+from mconv.targets.metal.msl.elementwise import check_binary, check_unary, lower_binary, lower_unary
 
 
 @register(*UNARY_ACTIVATIONS, check=check_unary)

@@ -17,7 +17,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.targets.gpu.params.normalization import check_layernorm
 from mconv.targets.gpu.values import all_required, required
-from mconv.targets.metal.kernels import (
+from mconv.targets.metal.msl import (
     Activation,
     KernelSource,
     LowerContext,
@@ -25,7 +25,7 @@ from mconv.targets.metal.kernels import (
     flit,
     register,
 )
-from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.msl.conv import constants
 
 
 @register("LRN")

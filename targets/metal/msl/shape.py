@@ -39,9 +39,9 @@ from mconv.targets.gpu.params.shape import (
     strides,
 )
 from mconv.targets.gpu.values import all_required, required
-from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, flit, register
-from mconv.targets.metal.kernels.conv import constants
-from mconv.targets.metal.kernels.elementwise import _offsets
+from mconv.targets.metal.msl import Activation, KernelSource, LowerContext, flit, register
+from mconv.targets.metal.msl.conv import constants
+from mconv.targets.metal.msl.elementwise import _offsets
 
 
 @register("Concat", integers=True)

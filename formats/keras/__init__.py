@@ -41,7 +41,7 @@ import onnx
 import onnx_ir as ir
 from mconv.errors import InputError, UnsupportedError, show
 from mconv.formats import Format
-from mconv.formats.keras_layers import (
+from mconv.formats.keras.layers import (
     LAYERS,
     GraphBuilder,
     KTensor,

@@ -33,7 +33,7 @@ from mconv.targets.gpu.expr import BINARY, is_inf_expr, wrap_expr
 from mconv.targets.gpu.ops import activation_of, check_unary, tensor_clip
 from mconv.targets.gpu.params.elementwise import broadcast_strides, cast_rule, cast_target
 from mconv.targets.gpu.values import required
-from mconv.targets.metal.kernels import (
+from mconv.targets.metal.msl import (
     ACTIVATIONS,
     UNARY_ACTIVATIONS,
     Activation,
@@ -43,7 +43,7 @@ from mconv.targets.metal.kernels import (
     flit,
     register,
 )
-from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.msl.conv import constants
 
 
 def _pow_expr(node: ir.Node, ctx: LowerContext) -> str | None:

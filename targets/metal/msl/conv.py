@@ -18,7 +18,7 @@ from __future__ import annotations
 import onnx_ir as ir
 from mconv.targets.gpu.params.conv import conv_transpose_constants, spatial_params
 from mconv.targets.gpu.values import required
-from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, activation_expr, register
+from mconv.targets.metal.msl import Activation, KernelSource, LowerContext, activation_expr, register
 
 
 def constants(prefix: str, values: dict[str, int]) -> str:

@@ -1,4 +1,4 @@
-"""TFLite op lowerings: one function per op family, registered in :data:`mconv.formats.tflite.OPS`.
+"""TFLite op lowerings: one function per op family, registered in :data:`mconv.formats.tflite.reader.OPS`.
 
 Each lowering reads its op's tensors through the converter (``c.value``, ``c.need_const``), emits
 ONNX nodes (``c.one``/``c.emit``) and binds the op's outputs (``c.bind``), which applies the fused
@@ -9,8 +9,8 @@ activation and the fake-quant rounding. Rules of layout, padding and quantizatio
 from __future__ import annotations
 
 import numpy as np
-from mconv.formats import _tflite_lstm_int as _lstm_int
-from mconv.formats.tflite import (
+from mconv.formats.tflite import lstm_int as _lstm_int
+from mconv.formats.tflite.reader import (
     _QUANT_TYPES,
     ACT_RELU,
     ACT_RELU6,

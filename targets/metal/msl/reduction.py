@@ -19,8 +19,8 @@ import numpy as np
 import onnx_ir as ir
 from mconv.targets.gpu.params.reduction import merged_groups, reduce_axes
 from mconv.targets.gpu.values import required
-from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, activation_expr, register
-from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.msl import Activation, KernelSource, LowerContext, activation_expr, register
+from mconv.targets.metal.msl.conv import constants
 
 OPS = (
     "ReduceMean",

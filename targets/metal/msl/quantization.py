@@ -20,14 +20,14 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 from mconv.targets.gpu.params.quantization import CODE_RANGES, code_type, quant_params
-from mconv.targets.metal.kernels import (
+from mconv.targets.metal.msl import (
     Activation,
     KernelSource,
     LowerContext,
     flit,
     register,
 )
-from mconv.targets.metal.kernels.conv import constants
+from mconv.targets.metal.msl.conv import constants
 
 
 def _check(ctx: LowerContext, node: ir.Node) -> str | None:

@@ -27,7 +27,7 @@ import numpy as np
 from mconv.errors import show
 
 if TYPE_CHECKING:
-    from mconv.formats.tflite import TflTensor, _Converter
+    from mconv.formats.tflite.reader import TflTensor, _Converter
 
 _I64 = np.int64
 

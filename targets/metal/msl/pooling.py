@@ -15,8 +15,8 @@ from __future__ import annotations
 import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.targets.gpu.values import required
-from mconv.targets.metal.kernels import Activation, KernelSource, LowerContext, activation_expr, register
-from mconv.targets.metal.kernels.conv import constants, spatial_params
+from mconv.targets.metal.msl import Activation, KernelSource, LowerContext, activation_expr, register
+from mconv.targets.metal.msl.conv import constants, spatial_params
 
 
 @register("MaxPool", "AveragePool", fusible=True)
