@@ -1105,10 +1105,18 @@ def load(paths: list[Path], options: dict) -> ir.Model:
     return load_tflite_bytes(data, str(path), options)
 
 
+def _save(model: ir.Model, dest: Path, options: dict) -> list[Path]:
+    """The writer is the tflite target's (:mod:`mconv.targets.tflite.writer`)."""
+    from mconv.targets.tflite import save
+
+    return save(model, dest, options)
+
+
 FORMAT = Format(
     name="tflite",
     description="TensorFlow Lite flatbuffer (float, int8/uint8/int16 quantized)",
     extensions=(".tflite",),
     load=load,
     sniff=sniff,
+    save=_save,
 )
