@@ -42,7 +42,6 @@ _FUSES_INTO = {
     "MUL",
     "MAX_POOL_2D",
     "AVERAGE_POOL_2D",
-    "CONCATENATION",
 }
 _BINARY = {
     "Add": ("ADD", "AddOptions"),
@@ -324,6 +323,8 @@ class Lowering:
         elif group == xs[1] and w.shape[1] == 1:
             code, opt, wt = "DEPTHWISE_CONV_2D", "DepthwiseConv2DOptions", np.transpose(w, (1, 2, 3, 0))
             extra = {"DepthMultiplier": o // group}
+        elif xs[1] % group == 0 and o % group == 0:
+            return self._grouped(node, xs, w, b, group, mode, pads, s, d)
         else:
             return self.refuse(node, f"group={group}")
         x = self.get(xv, "nhwc")
@@ -345,6 +346,75 @@ class Lowering:
             **extra,
         )
 
+    def _grouped(
+        self,
+        node: Any,
+        xs: list[int],
+        w: np.ndarray,
+        b: np.ndarray,
+        group: int,
+        mode: str,
+        pads: list[int],
+        s: list[int],
+        d: list[int],
+    ) -> None:
+        """A grouped conv: SPLIT along channels, one CONV_2D per group, CONCATENATION."""
+        x = self.get(node.inputs[0], "nhwc")
+        name = node.outputs[0].name
+        if mode == "EXPLICIT":
+            x = self._padded(x, pads, name + "/pad")
+            mode = "VALID"
+        n, h, ww, c = self.g.tensors[x].shape
+        parts = [self.new(f"{name}/in{i}", [n, h, ww, c // group]) for i in range(group)]
+        self.op(
+            "SPLIT", [self.const("axis_c", np.array(3, np.int32)), x], parts, "SplitOptions", NumSplits=group
+        )
+        y = self.out(node.outputs[0], "nhwc")
+        oshape = self.g.tensors[y].shape
+        og = w.shape[0] // group
+        outs = []
+        for i in range(group):
+            t = self.new(f"{name}/out{i}", [*oshape[:3], og])
+            wi = np.transpose(w[i * og : (i + 1) * og], (0, 2, 3, 1))
+            self.op(
+                "CONV_2D",
+                [
+                    parts[i],
+                    self.const(f"{name}/w{i}", wi),
+                    self.const(f"{name}/b{i}", b[i * og : (i + 1) * og]),
+                ],
+                [t],
+                "Conv2DOptions",
+                Padding=0 if mode == "SAME" else 1,
+                StrideH=s[0],
+                StrideW=s[1],
+                DilationHFactor=d[0],
+                DilationWFactor=d[1],
+            )
+            outs.append(t)
+        self.op("CONCATENATION", outs, [y], "ConcatenationOptions", label=node.name, Axis=3)
+
+    def _Sum(self, node: Any) -> None:
+        """Sum of n inputs: a chain of ADDs (ADD has an int8 kernel, ADD_N has none)."""
+        ins = [v for v in node.inputs if v is not None]
+        yv = node.outputs[0]
+        rank = len(_static(yv))
+        acts = [v for v in ins if not self.is_const(v)]
+        nhwc = (
+            rank == 4
+            and all(len(_static(v)) == 4 for v in acts)
+            and any(self.layout_of(v.name) == "nhwc" for v in acts)
+        )
+        layout = "nhwc" if nhwc else "orig"
+        if len(ins) == 1:
+            return self.alias(yv, ins[0])
+        acc = self.get(ins[0], layout)
+        y = self.out(yv, layout)
+        for k, v in enumerate(ins[1:], 1):
+            dest = y if k == len(ins) - 1 else self.new(f"{yv.name}/{k}", self.g.tensors[y].shape)
+            self.op("ADD", [acc, self.get(v, layout)], [dest], "AddOptions", label=node.name)
+            acc = dest
+
     def _pool(self, node: Any, code: str) -> None:
         xv = node.inputs[0]
         xs, ys = _static(xv), _static(node.outputs[0])
@@ -357,18 +427,53 @@ class Lowering:
             return self.refuse(node, "dilations")
         mode, pads = self._pads(node, xs, k, s, d, ys[2:])
         x = self.get(xv, "nhwc")
+        counts = None
         if mode == "EXPLICIT":
             if code == "MAX_POOL_2D":
                 x = self._padded(x, pads, node.outputs[0].name + "/pad", float(np.finfo(np.float32).min))
-            elif self.attr(node, "count_include_pad", 0):
-                x = self._padded(x, pads, node.outputs[0].name + "/pad")
             else:
-                return self.refuse(node, "pads other than SAME without count_include_pad")
+                x = self._padded(x, pads, node.outputs[0].name + "/pad")
+                if not self.attr(node, "count_include_pad", 0):
+                    # the window's real elements: zero pads summed, then k*k / count per position
+                    ones = np.pad(np.ones(xs[2:]), [(pads[0], pads[2]), (pads[1], pads[3])])
+                    counts = np.array(
+                        [
+                            [
+                                ones[i * s[0] : i * s[0] + k[0], j * s[1] : j * s[1] + k[1]].sum()
+                                for j in range(ys[3])
+                            ]
+                            for i in range(ys[2])
+                        ]
+                    )
             mode = "VALID"
         elif mode == "SAME" and code == "AVERAGE_POOL_2D" and self.attr(node, "count_include_pad", 0):
             x = self._padded(x, pads, node.outputs[0].name + "/pad")
             mode = "VALID"
         y = self.out(node.outputs[0], "nhwc")
+        if counts is not None:
+            if (counts == 0).any():
+                return self.refuse(node, "a window of pads only")
+            pooled = self.new(node.outputs[0].name + "/sum", self.g.tensors[y].shape)
+            factor = (k[0] * k[1] / counts).astype(np.float32).reshape(1, ys[2], ys[3], 1)
+            self.op(
+                code,
+                [x],
+                [pooled],
+                "Pool2DOptions",
+                Padding=1,
+                StrideH=s[0],
+                StrideW=s[1],
+                FilterHeight=k[0],
+                FilterWidth=k[1],
+            )
+            self.op(
+                "MUL",
+                [pooled, self.const(node.outputs[0].name + "/count", factor)],
+                [y],
+                "MulOptions",
+                label=node.name,
+            )
+            return
         self.op(
             code,
             [x],
@@ -598,8 +703,29 @@ class Lowering:
 
     def _softmax(self, node: Any, code: str, opt: str | None) -> None:
         xv = node.inputs[0]
-        rank = len(_static(xv))
-        axis = int(self.attr(node, "axis", -1)) % rank
+        dims = _static(xv)
+        rank = len(dims)
+        old = self.model.opset_imports.get("", 21) < 13  # axis 1 by default, over dims axis.. jointly
+        axis = int(self.attr(node, "axis", 1 if old else -1)) % rank
+        kw = {"Beta": 1.0} if opt else {}
+        if old and any(d != 1 for d in dims[axis + 1 :]):
+            if any(d != 1 for d in dims[axis:-1]):  # a real flatten: softmax over [before, after]
+                before = int(np.prod(dims[:axis]))
+                x = self.reshape(
+                    self.get(xv, "orig"), [before, int(np.prod(dims[axis:]))], node.outputs[0].name + "/2d"
+                )
+                t = self.new(node.outputs[0].name + "/2d/out", self.g.tensors[x].shape)
+                self.op(code, [x], [t], opt, **kw)
+                y = self.out(node.outputs[0], "orig")
+                self.op(
+                    "RESHAPE",
+                    [t, self.const("shape", np.array(dims, np.int32))],
+                    [y],
+                    "ReshapeOptions",
+                    label=node.name,
+                )
+                return
+            axis = rank - 1
         if self.layout_of(xv.name) == "nhwc" and axis == 1:
             layout = "nhwc"
         elif axis == rank - 1:
@@ -608,7 +734,6 @@ class Lowering:
             return self.refuse(node, f"axis {axis} not last")
         x = self.get(xv, layout)
         y = self.out(node.outputs[0], layout)
-        kw = {"Beta": 1.0} if opt else {}
         self.op(code, [x], [y], opt, label=node.name, **kw)
 
     def _Softmax(self, node: Any) -> None:

@@ -41,12 +41,12 @@ INT8_OPS = frozenset(
         "CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "SUB", "MUL", "MAX_POOL_2D",
         "AVERAGE_POOL_2D", "RESHAPE", "TRANSPOSE", "CONCATENATION", "SOFTMAX", "LOGISTIC", "TANH",
         "RELU", "RELU6", "RELU_N1_TO_1", "LEAKY_RELU", "HARD_SWISH", "MEAN", "REDUCE_MAX", "PAD",
-        "PADV2", "MAXIMUM", "MINIMUM", "LOG_SOFTMAX", "STRIDED_SLICE", "SQUEEZE",
+        "PADV2", "MAXIMUM", "MINIMUM", "LOG_SOFTMAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT",
     }
 )  # fmt: skip
 SAME_PARAMS = frozenset(
     {"RESHAPE", "TRANSPOSE", "MAX_POOL_2D", "AVERAGE_POOL_2D", "PAD", "PADV2", "CONCATENATION",
-     "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "SQUEEZE"}
+     "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT"}
 )  # fmt: skip
 FIXED = {
     "SOFTMAX": (1 / 256, -128),
@@ -249,7 +249,10 @@ def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "f
     for op in g.ops:
         if op.code not in INT8_OPS:
             continue
-        if op.code in SAME_PARAMS:
+        if op.code == "SPLIT":  # inputs: axis, value
+            for o in op.outputs:
+                union.join(op.inputs[1], o)
+        elif op.code in SAME_PARAMS:
             for t in [op.inputs[0], *(op.inputs[1:] if op.code == "CONCATENATION" else [])]:
                 if t in acts:
                     union.join(t, op.outputs[0])
