@@ -230,7 +230,10 @@ class Lowering:
                 idx = self.get(v)
             else:
                 idx = self.get(v, "orig")
-            if self.g.tensors[idx].name != v.name or idx in self.g.outputs:  # an alias or a transposed value
+            t = self.g.tensors[idx]
+            if t.name != v.name and idx not in self.g.outputs and idx not in self.g.inputs and t.data is None:
+                t.name = str(v.name)  # an alias (Identity, a vanished Transpose): the output's name
+            if self.g.tensors[idx].name != v.name or idx in self.g.outputs:  # shared, or a constant
                 t = self.g.tensors[idx]
                 out = self.new(str(v.name), t.shape, t.dtype)
                 self.reshape_to(idx, out)

@@ -15,14 +15,8 @@ IO_DTYPES = ("float", "int8", "uint8")
 @dataclass(frozen=True)
 class Options(Common):
     precision: str | None = option(None, help="Compute precision.", metavar="fp32|fp16|int8-weights|int8")
-    data: str | None = option(
-        None, help="Calibration inputs (.npz keyed by input name) for --precision int8.", metavar="NPZ"
-    )
-    calibration: str | None = option(
-        None, help="How int8 activation ranges come from --data.", metavar="minmax|percentile|entropy"
-    )
-    io_dtype: str | None = option(
-        None, help="dtype of an int8 model's inputs and outputs.", metavar="float|int8|uint8"
-    )
+    data: str | None = option(None, help="Calibration samples (.npz) for int8.", metavar="NPZ")
+    calibration: str | None = option(None, help="int8 range method.", metavar="minmax|percentile|entropy")
+    io_dtype: str | None = option(None, help="int8 model I/O dtype.", metavar="float|int8|uint8")
     calibration_samples: int | None = None  # at most this many samples of --data (default 500)
     percentile: float | None = None  # the percentile calibration's bound (default 99.99)
