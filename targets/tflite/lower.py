@@ -710,7 +710,7 @@ class Lowering:
         rank = len(dims)
         old = self.model.opset_imports.get("", 21) < 13  # axis 1 by default, over dims axis.. jointly
         axis = int(self.attr(node, "axis", 1 if old else -1)) % rank
-        kw = {"Beta": 1.0} if opt else {}
+        kw: dict[str, Any] = {"Beta": 1.0} if opt else {}
         if old and any(d != 1 for d in dims[axis + 1 :]):
             if any(d != 1 for d in dims[axis:-1]):  # a real flatten: softmax over [before, after]
                 before = int(np.prod(dims[:axis]))
@@ -718,7 +718,7 @@ class Lowering:
                     self.get(xv, "orig"), [before, int(np.prod(dims[axis:]))], node.outputs[0].name + "/2d"
                 )
                 t = self.new(node.outputs[0].name + "/2d/out", self.g.tensors[x].shape)
-                self.op(code, [x], [t], opt, **kw)
+                self.op(code, [x], [t], opt, None, **kw)
                 y = self.out(node.outputs[0], "orig")
                 self.op(
                     "RESHAPE",
