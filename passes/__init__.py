@@ -103,6 +103,7 @@ _PASS_MODULES = (
     "prune",
     "cluster",
     "quantize",
+    "quantize_static",
     "dynamic_batch",
     "budget",
     "blockwise",
