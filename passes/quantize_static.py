@@ -191,7 +191,7 @@ class QuantizeStatic(Pass):
             )
             out = dq.outputs[0]
             out.name = fresh_name(f"{v.name}_qdq", taken)
-            out.dtype, out.shape = v.dtype, v.shape
+            out.dtype, out.shape = v.dtype or ir.DataType.FLOAT, v.shape
             done[v.name] = out
             qscale[str(out.name)] = s
             new.append((q, [q, dq]))

@@ -51,7 +51,16 @@ _BINARY = {
     "Max": ("MAXIMUM", None),
     "Min": ("MINIMUM", None),
     "Pow": ("POW", None),
+    "Equal": ("EQUAL", None),
+    "Greater": ("GREATER", None),
+    "Less": ("LESS", None),
+    "GreaterOrEqual": ("GREATER_EQUAL", None),
+    "LessOrEqual": ("LESS_EQUAL", None),
+    "PRelu": ("PRELU", None),
+    "And": ("LOGICAL_AND", None),
+    "Or": ("LOGICAL_OR", None),
 }
+
 _UNARY = {
     "Relu": "RELU",
     "Sigmoid": "LOGISTIC",
@@ -68,6 +77,8 @@ _UNARY = {
     "Sin": "SIN",
     "Cos": "COS",
     "Rsqrt": "RSQRT",
+    "Round": "ROUND",
+    "Not": "LOGICAL_NOT",
 }
 
 
@@ -185,7 +196,10 @@ class Lowering:
         )
         return out
 
-    def out(self, v: Any, layout: str, dtype: str = "float32") -> int:
+    def out(self, v: Any, layout: str, dtype: str | None = None) -> int:
+        """The tensor of ONNX value ``v`` (its dtype unless given) in ``layout``."""
+        if dtype is None:
+            dtype = v.dtype.numpy().name if v.dtype is not None else "float32"
         shape = _static(v)
         if layout == "nhwc":
             shape = [shape[p] for p in TO_NHWC]
@@ -654,6 +668,54 @@ class Lowering:
         self.op(code, ins, [y], opt, label=node.name)
 
     _Add = _Sub = _Mul = _Div = _Max = _Min = _Pow = _binary
+    _Equal = _Greater = _Less = _GreaterOrEqual = _LessOrEqual = _PRelu = _And = _Or = _binary
+
+    def _Where(self, node: Any) -> None:
+        yv = node.outputs[0]
+        rank = len(_static(yv))
+        acts = [v for v in node.inputs if not self.is_const(v)]
+        nhwc = (
+            rank == 4
+            and all(len(_static(v)) == 4 for v in acts)
+            and any(self.layout_of(v.name) == "nhwc" for v in acts)
+        )
+        layout = "nhwc" if nhwc else "orig"
+        ins = [self.get(v, layout) for v in node.inputs]
+        y = self.out(yv, layout)
+        self.op("SELECT_V2", ins, [y], label=node.name)
+
+    def _Slice(self, node: Any) -> None:
+        xv = node.inputs[0]
+        dims = _static(xv)
+        rank = len(dims)
+        consts: list[Any] = []
+        for i in range(1, 5):
+            v = node.inputs[i] if len(node.inputs) > i else None
+            if v is not None and not self.is_const(v):
+                return self.refuse(node, "starts/ends not constant")
+            consts.append(None if v is None else list(self.consts[v.name].astype(np.int64).tolist()))
+        starts, ends, axes, steps = consts
+        if starts is None or ends is None:
+            return self.refuse(node, "no starts/ends")
+        axes = [a % rank for a in (axes if axes is not None else range(len(starts)))]
+        steps = steps if steps is not None else [1] * len(axes)
+        begin, end, stride = [0] * rank, list(dims), [1] * rank
+        for a, st, en, sp in zip(axes, starts, ends, steps):
+            if sp < 0:
+                return self.refuse(node, "negative step")
+            st = max(0, min(st + dims[a] if st < 0 else st, dims[a]))
+            en = max(0, min(en + dims[a] if en < 0 else en, dims[a]))
+            begin[a], end[a], stride[a] = st, en, sp
+        layout = self._keep_layout(xv) if rank == 4 else "orig"
+        if layout == "nhwc":
+            begin, end, stride = ([lst[p] for p in TO_NHWC] for lst in (begin, end, stride))
+        x = self.get(xv, layout)
+        y = self.out(node.outputs[0], layout)
+        c = [
+            self.const(f"{node.outputs[0].name}/{k}", np.array(v, np.int32))
+            for k, v in (("begin", begin), ("end", end), ("strides", stride))
+        ]
+        self.op("STRIDED_SLICE", [x, *c], [y], "StridedSliceOptions", label=node.name)
 
     def _keep_layout(self, xv: Any) -> str:
         lay = self.layout_of(xv.name)

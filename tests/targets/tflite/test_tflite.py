@@ -447,3 +447,72 @@ def test_cli_export_format_and_verify(lenet, tmp_path):
         app, ["export", str(src), "--target", "tflite", "--precision", "int8", "-o", str(tmp_path / "b9")]
     )
     assert r.exit_code == 2 and "--data" in r.output
+
+
+def test_prelu_channel_slice_round_and_where_keep_the_layout(tmp_path):
+    """PRELU with a per-channel slope, a Slice over channels (a STRIDED_SLICE in NHWC), ROUND,
+    EQUAL and SELECT_V2: the MediaPipe and FER rows' ops, on real digits."""
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(7)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((4, 1, 3, 3)) * 2).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([0.1, 0.2, 0.3, 0.4], np.float32).reshape(4, 1, 1), "slope"),
+        numpy_helper.from_array(np.array([1], np.int64), "s0"),
+        numpy_helper.from_array(np.array([3], np.int64), "s1"),
+        numpy_helper.from_array(np.array([1], np.int64), "ax"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(-1.0, np.float32), "minus"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("PRelu", ["c", "slope"], ["p"]),
+        helper.make_node("Slice", ["p", "s0", "s1", "ax"], ["s"]),
+        helper.make_node("Round", ["s"], ["r"]),
+        helper.make_node("Equal", ["r", "zero"], ["e"]),
+        helper.make_node("Where", ["e", "minus", "r"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "ops",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])],
+        inits,
+    )
+    model = from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    bundle, runner = _bundle(model, tmp_path, "ops")
+    x = _digits(3)
+    ref = get_target("reference").load_model(model)
+    for k in range(3):
+        np.testing.assert_array_equal(ref.run({"x": x[k : k + 1]})["y"], runner.run({"x": x[k : k + 1]})["y"])
+    ops = [op for op, _ in _file_ops((bundle.root / "model.tflite").read_bytes())]
+    assert "PRELU" in ops and "STRIDED_SLICE" in ops and "SELECT_V2" in ops
+    assert ops.count("TRANSPOSE") == 2  # the input's and the output's: the slice stays NHWC
+
+
+def test_quantize_static_pass_gives_a_qdq_model_onnx_runtime_runs(lenet, tmp_path):
+    """The cpu target's int8 path: QDQ activations from calibration, checked in ONNX Runtime on
+    held-out digits; the input's parameters are the min-max ones computed here."""
+    import onnxruntime as ort
+    from mconv.irio import to_proto
+    from mconv.passes import parse_spec, run_pipeline
+    from mconv.passes.base import PassContext
+    from mconv.passes.pipeline import snapshot_model
+
+    model, x, labels = lenet
+    calib = x[:200]
+    q, _ = run_pipeline(
+        snapshot_model(model), parse_spec("quantize-static"), PassContext(data={"data": calib})
+    )
+    proto = to_proto(q)
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    lo, hi = min(float(calib.min()), 0.0), max(float(calib.max()), 0.0)
+    assert np.isclose(inits["data_scale"], (hi - lo) / 255, rtol=1e-6)
+    assert int(inits["data_zp"]) == int(np.round(-128 - lo / ((hi - lo) / 255)))
+    assert {n.op_type for n in proto.graph.node} >= {"QuantizeLinear", "DequantizeLinear"}
+    s_q = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    s_f = ort.InferenceSession(to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    held = range(1000, 1300)
+    got = np.concatenate([s_q.run(None, {"data": x[i : i + 1]})[0] for i in held])
+    want = np.concatenate([s_f.run(None, {"data": x[i : i + 1]})[0] for i in held])
+    assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.99
