@@ -98,7 +98,19 @@ def _weights_int8(model: ir.Model, refs: list, taken: set[str], input_scale: dic
         value.name = None
         q_value = _initializer(graph, fresh_name(f"{name}_int8", taken), q)
         s_value = _initializer(graph, fresh_name(f"{name}_scale", taken), scale)
-        nodes = _dequantize(q_value, s_value, ref.out_axis, w.ndim, opset, name, taken)
+        if opset >= 13:  # an explicit int8 zero point: ONNX Runtime's QDQ fusion looks for one
+            z_value = _initializer(graph, fresh_name(f"{name}_zp", taken), np.zeros(scale.shape, np.int8))
+            attrs = {"axis": ref.out_axis} if scale.size > 1 or w.ndim > 1 else {}
+            nodes = [
+                ir.node(
+                    "DequantizeLinear",
+                    [q_value, s_value, z_value],
+                    attributes=attrs,
+                    name=fresh_name(f"{name}_dq", taken),
+                )
+            ]
+        else:
+            nodes = _dequantize(q_value, s_value, ref.out_axis, w.ndim, opset, name, taken)
         out = nodes[-1].outputs[0]
         out.name, out.dtype, out.shape = name, ir.DataType.FLOAT, ir.Shape(w.shape)
         ir.convenience.replace_all_uses_with(value, out)
@@ -122,6 +134,8 @@ def _weights_int8(model: ir.Model, refs: list, taken: set[str], input_scale: dic
         dq.outputs[0].name = fresh_name(f"{b.name}_deq", taken)
         dq.outputs[0].dtype, dq.outputs[0].shape = ir.DataType.FLOAT, ir.Shape(codes.shape)
         node.replace_input_with(2, dq.outputs[0])
+        if not b.uses() and b.name in graph.initializers:
+            graph.initializers.pop(b.name)
         new_nodes.append(dq)
     if new_nodes:
         graph.insert_before(next(iter(graph)), new_nodes)
