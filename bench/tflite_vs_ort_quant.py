@@ -116,7 +116,7 @@ def main() -> None:
     # mconv's own static pass (QDQ for the cpu target), same digits, run by ONNX Runtime
     mq = work / "lenet.mconv-qdq.onnx"
     t0 = time.perf_counter()
-    api.optimize(src, passes="quantize-static", data=str(work / "calib.npz"), output=mq)
+    api.optimize(src, passes="quantize(mode=static)", data=str(work / "calib.npz"), output=mq)
     t_mq_export = time.perf_counter() - t0
     m_ort = ort.InferenceSession(str(mq), so, providers=["CPUExecutionProvider"])
     om, t_om = _time(lambda b: m_ort.run(None, {"data": b})[0], test, a.reps)
@@ -148,7 +148,7 @@ def main() -> None:
             t_ortq_export,
         ),
         (
-            "mconv quantize-static QDQ int8, ORT",
+            "mconv quantize(mode=static) QDQ int8, ORT",
             acc(om),
             agree(om),
             size["mq"],

@@ -103,7 +103,6 @@ _PASS_MODULES = (
     "prune",
     "cluster",
     "quantize",
-    "quantize_static",
     "dynamic_batch",
     "budget",
     "blockwise",

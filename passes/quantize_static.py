@@ -1,4 +1,4 @@
-"""quantize-static: int8 activations from calibration data, as QuantizeLinear/DequantizeLinear (QDQ).
+"""quantize(mode='static'): int8 activations from calibration data, as QuantizeLinear/DequantizeLinear (QDQ).
 
 ::
 
@@ -19,7 +19,7 @@ Rules:
    ``zero_point = round(-128 - min / scale)``, int8.
 3. Weights: int8 per output channel, symmetric, through the ``quantize`` pass (its rules).
    Biases stay float (ONNX Runtime folds them into its integer kernels itself).
-4. Per-layer fallback: a node whose config says ``skip`` (``quantize-static(op_name={"conv2":
+4. Per-layer fallback: a node whose config says ``skip`` (``quantize(mode=static, op_name={"conv2":
    {"skip": true}})``) keeps float weights and activations; so does one whose activation has no
    finite range.
 5. An output of the graph keeps its name and float value: its Q/DQ pair goes on the other
@@ -28,14 +28,13 @@ Rules:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
 from mconv.errors import InputError
 from mconv.passes._weights import weight_refs
-from mconv.passes.base import Pass, PassContext, PassReport, register_pass
+from mconv.passes.base import Pass, PassContext, PassReport
 from mconv.passes.rewrite import fresh_name, taken_names
 
 STATIC_OPS = ("Conv", "Gemm", "MatMul")
@@ -141,109 +140,95 @@ def _weights_int8(model: ir.Model, refs: list, taken: set[str], input_scale: dic
         graph.insert_before(next(iter(graph)), new_nodes)
 
 
-@register_pass("quantize-static")
-class QuantizeStatic(Pass):
-    """int8 activations (QDQ) from calibration data and int8 weights (rules in the module doc)."""
+def quantize_static(owner: Pass, model: ir.Model, config: Any, ctx: PassContext) -> PassReport:
+    """The pass in mode ``static`` (``config``: the quantize pass's Config; rules in the module doc)."""
+    from mconv.targets.tflite.quant import affine
 
-    lossless = False
+    if not ctx.data:
+        raise InputError(
+            "quantize(mode=static) needs calibration inputs",
+            where="pass quantize",
+            hint="give --data FILE.npz",
+        )
+    op_types = tuple(t for t in config.op_types if t in STATIC_OPS)
+    graph = model.graph
+    chosen = []
+    refs = weight_refs(model, op_types)
+    total = len(refs)
+    for ref in refs:
+        cfg = ctx.config_for(ref.node) if ctx.spec is not None else config
+        x = ref.node.inputs[0]
+        if cfg.skip or x is None or x.const_value is not None or ref.array().dtype != np.float32:
+            continue
+        chosen.append(ref)
+    if not chosen:
+        return owner.report(False, notes=["no layer to quantize"])
+    values = {}
+    for ref in chosen:
+        for v in (ref.node.inputs[0], ref.node.outputs[0]):
+            if v is not None and v.name:
+                values[v.name] = v
+    ranges = _calibrate(model, list(values), ctx.data, config.method, config.samples, config.percentile)
+    taken = taken_names(graph)
+    new: list[tuple[ir.Node, list[ir.Node]]] = []
+    done: dict[str, ir.Value] = {}
+    qscale: dict[str, float] = {}
+    layers = []
 
-    @dataclass
-    class Config:
-        method: Literal["minmax", "percentile", "entropy"] = "minmax"
-        percentile: float = 99.99
-        samples: int = 500
-        skip: bool = False
-        op_types: list[str] = field(default_factory=lambda: list(STATIC_OPS))
+    def qdq(v: ir.Value) -> ir.Value | None:
+        if v.name in done:
+            return done[v.name]
+        if v.name not in ranges:
+            return None
+        s, z = affine(*ranges[v.name])
+        scale = ir.Value(
+            name=fresh_name(f"{v.name}_scale", taken), const_value=ir.tensor(np.array(s, np.float32))
+        )
+        zp = ir.Value(name=fresh_name(f"{v.name}_zp", taken), const_value=ir.tensor(np.array(z, np.int8)))
+        graph.register_initializer(scale)
+        graph.register_initializer(zp)
+        q = ir.node("QuantizeLinear", [v, scale, zp], name=fresh_name(f"{v.name}_q", taken))
+        q.outputs[0].name = fresh_name(f"{v.name}_int8", taken)
+        dq = ir.node("DequantizeLinear", [q.outputs[0], scale, zp], name=fresh_name(f"{v.name}_dq", taken))
+        out = dq.outputs[0]
+        out.name = fresh_name(f"{v.name}_qdq", taken)
+        out.dtype, out.shape = v.dtype or ir.DataType.FLOAT, v.shape
+        done[v.name] = out
+        qscale[str(out.name)] = s
+        new.append((q, [q, dq]))
+        return out
 
-    def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
-        from mconv.targets.tflite.quant import affine
-
-        if not ctx.data:
-            raise InputError(
-                "quantize-static needs calibration inputs",
-                where="pass quantize-static",
-                hint="give --data FILE.npz",
-            )
-        graph = model.graph
-        chosen = []
-        for ref in weight_refs(model, tuple(config.op_types)):
-            cfg = ctx.config_for(ref.node) if ctx.spec is not None else config
-            x = ref.node.inputs[0]
-            if cfg.skip or x is None or x.const_value is not None or ref.array().dtype != np.float32:
-                continue
-            chosen.append(ref)
-        if not chosen:
-            return self.report(False, notes=["no layer to quantize"])
-        values = {}
-        for ref in chosen:
-            for v in (ref.node.inputs[0], ref.node.outputs[0]):
-                if v is not None and v.name:
-                    values[v.name] = v
-        ranges = _calibrate(model, list(values), ctx.data, config.method, config.samples, config.percentile)
-        taken = taken_names(graph)
-        new: list[tuple[ir.Node, list[ir.Node]]] = []
-        done: dict[str, ir.Value] = {}
-        qscale: dict[str, float] = {}
-        layers = []
-
-        def qdq(v: ir.Value) -> ir.Value | None:
-            if v.name in done:
-                return done[v.name]
-            if v.name not in ranges:
-                return None
-            s, z = affine(*ranges[v.name])
-            scale = ir.Value(
-                name=fresh_name(f"{v.name}_scale", taken), const_value=ir.tensor(np.array(s, np.float32))
-            )
-            zp = ir.Value(name=fresh_name(f"{v.name}_zp", taken), const_value=ir.tensor(np.array(z, np.int8)))
-            graph.register_initializer(scale)
-            graph.register_initializer(zp)
-            q = ir.node("QuantizeLinear", [v, scale, zp], name=fresh_name(f"{v.name}_q", taken))
-            q.outputs[0].name = fresh_name(f"{v.name}_int8", taken)
-            dq = ir.node(
-                "DequantizeLinear", [q.outputs[0], scale, zp], name=fresh_name(f"{v.name}_dq", taken)
-            )
-            out = dq.outputs[0]
-            out.name = fresh_name(f"{v.name}_qdq", taken)
-            out.dtype, out.shape = v.dtype or ir.DataType.FLOAT, v.shape
-            done[v.name] = out
-            qscale[str(out.name)] = s
-            new.append((q, [q, dq]))
-            return out
-
-        for ref in chosen:
-            x = ref.node.inputs[0]
-            assert x is not None
-            xq = qdq(x)
-            if xq is None:
-                continue
-            ref.node.replace_input_with(0, xq)
-            y = ref.node.outputs[0]
-            users = [(n, i) for n, i in y.uses() if n.op_type != "QuantizeLinear"]
-            yq = qdq(y)
-            if yq is not None:
-                for n, i in users:  # rule 5: a graph output keeps its float value
-                    n.replace_input_with(i, yq)
-            layers.append(ref.node.name)
-        # the QDQ nodes go right after each value's producer (or first, for a graph input)
-        for q, nodes in new:
-            src = q.inputs[0]
-            assert src is not None
-            producer = src.producer()
-            if producer is None:
-                first = next(iter(graph))
-                graph.insert_before(first, nodes)
-            else:
-                graph.insert_after(producer, nodes)
-        _weights_int8(model, [r for r in chosen if r.node.name in set(layers)], taken, qscale)
-        notes = [
-            f"{len(layers)} layer(s) with int8 activations ({config.method} calibration) and int8 weights"
-        ]
-        skipped = len(weight_refs(model, tuple(config.op_types))) - len(layers)
-        if skipped > 0:
-            notes.append(f"{skipped} layer(s) kept float")
-        tensors = [
-            {"name": ranges_name, "min": ranges[ranges_name][0], "max": ranges[ranges_name][1]}
-            for ranges_name in ranges
-        ]
-        return self.report(True, notes=notes, tensors=tensors)
+    for ref in chosen:
+        x = ref.node.inputs[0]
+        assert x is not None
+        xq = qdq(x)
+        if xq is None:
+            continue
+        ref.node.replace_input_with(0, xq)
+        y = ref.node.outputs[0]
+        users = [(n, i) for n, i in y.uses() if n.op_type != "QuantizeLinear"]
+        yq = qdq(y)
+        if yq is not None:
+            for n, i in users:  # rule 5: a graph output keeps its float value
+                n.replace_input_with(i, yq)
+        layers.append(ref.node.name)
+    # the QDQ nodes go right after each value's producer (or first, for a graph input)
+    for q, nodes in new:
+        src = q.inputs[0]
+        assert src is not None
+        producer = src.producer()
+        if producer is None:
+            first = next(iter(graph))
+            graph.insert_before(first, nodes)
+        else:
+            graph.insert_after(producer, nodes)
+    _weights_int8(model, [r for r in chosen if r.node.name in set(layers)], taken, qscale)
+    notes = [f"{len(layers)} layer(s) with int8 activations ({config.method} calibration) and int8 weights"]
+    skipped = total - len(layers)
+    if skipped > 0:
+        notes.append(f"{skipped} layer(s) kept float")
+    tensors = [
+        {"name": ranges_name, "min": ranges[ranges_name][0], "max": ranges[ranges_name][1]}
+        for ranges_name in ranges
+    ]
+    return owner.report(True, notes=notes, tensors=tensors)

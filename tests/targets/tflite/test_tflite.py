@@ -490,7 +490,7 @@ def test_prelu_channel_slice_round_and_where_keep_the_layout(tmp_path):
     assert ops.count("TRANSPOSE") == 2  # the input's and the output's: the slice stays NHWC
 
 
-def test_quantize_static_pass_gives_a_qdq_model_onnx_runtime_runs(lenet, tmp_path):
+def test_quantize_static_mode_gives_a_qdq_model_onnx_runtime_runs(lenet, tmp_path):
     """The cpu target's int8 path: QDQ activations from calibration, checked in ONNX Runtime on
     held-out digits; the input's parameters are the min-max ones computed here."""
     import onnxruntime as ort
@@ -502,7 +502,7 @@ def test_quantize_static_pass_gives_a_qdq_model_onnx_runtime_runs(lenet, tmp_pat
     model, x, labels = lenet
     calib = x[:200]
     q, _ = run_pipeline(
-        snapshot_model(model), parse_spec("quantize-static"), PassContext(data={"data": calib})
+        snapshot_model(model), parse_spec("quantize(mode=static)"), PassContext(data={"data": calib})
     )
     proto = to_proto(q)
     inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
