@@ -180,7 +180,12 @@ def _as_model(model: ModelLike) -> tuple[ir.Model, Path | None]:
 
 @_guards("model", output="path")
 def save(
-    model: ir.Model, path: PathLike, format: str | None = None, *, source: PathLike | None = None
+    model: ir.Model,
+    path: PathLike,
+    format: str | None = None,
+    *,
+    source: PathLike | None = None,
+    options: dict | None = None,
 ) -> list[Path]:
     """Write ``model``: the format from ``format`` or the file name (``.onnx`` by default; a
     tensors-only model to a name with no known extension becomes a weights bundle). Returns the
@@ -201,11 +206,16 @@ def save(
                 bundle = export_weights(model, output, {})
                 return [output / rel for rel in ("manifest.json", *bundle.files)]
         name = matches[0].name if len(matches) == 1 else "onnx"
+    if name == "tflite":  # the tflite file is the tflite target's payload: written by that target
+        from mconv.targets.tflite import save as save_tflite
+
+        return save_tflite(model, output, {**(options or {}), **({"source": str(source)} if source else {})})
     fmt = get_format(name)
     if fmt.save is None:
         raise InputError(f"format '{name}' has no writer", hint="write .onnx")
-    # ``source``: the model file given, which a writer's refusal names (dlk-json).
-    return fmt.save(model, output, {"source": str(source)} if source else {})
+    # ``source``: the model file given, which a writer's refusal names (dlk-json); ``options``:
+    # a writer's own (tflite: its target's export options)
+    return fmt.save(model, output, {**(options or {}), **({"source": str(source)} if source else {})})
 
 
 def load_data(data, model: ir.Model) -> dict[str, np.ndarray] | None:

@@ -163,7 +163,13 @@ def export(
             )
     file_before = input_file_bytes(source, m)
     if format:
-        written = save(m, output, format, source=source)
+        # the tflite format is the tflite target's file: it takes that target's options
+        opts = (
+            check_export_options("tflite", options, path=str(source) if source else None)
+            if format == "tflite"
+            else {}
+        )
+        written = save(m, output, format, source=source, options=opts)
         size = sum(p.stat().st_size for p in written)
         return ExportResult(
             output=str(output),

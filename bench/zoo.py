@@ -104,6 +104,8 @@ STAGES = (
     "webgpu",
     "webgpu16",
     "verify",
+    "tflite",
+    "tflite-int8",
 )
 REF_COSINE = 0.99999
 TARGET_COSINE = 0.999
@@ -115,7 +117,12 @@ WEBGPU16_COSINE = 0.999  # issue 17 item 5: f16 storage (the adapter's shader-f1
 # allows noise of about 4.5e-3); cpu runs ORT on the same graph; xla computes float32 but rounds
 # Q/DQ on its own (a code off here and there); metal stores float16 by default, webgpu16 too.
 REF_REL = 5e-3
-TARGET_REL = {"cpu": 1e-3, "xla": 1e-2, "metal": 3e-2, "webgpu": 1e-2, "webgpu16": 3e-2}
+TARGET_REL = {"cpu": 1e-3, "xla": 1e-2, "metal": 3e-2, "webgpu": 1e-2, "webgpu16": 3e-2, "tflite": 1e-3}
+TFLITE_COSINE = 0.9999  # issue 46 item 4: float LiteRT against ORT on the imported model
+# full int8 (tflite-int8, calibrated on the row's own feeds): top-1 agreement is the gate where the
+# output is a score vector; cosine and relative error are recorded, held only to these loose bounds
+TFLITE_INT8_COSINE = 0.9
+TFLITE_INT8_REL = 1.0
 # lavapipe runs WGSL on the CPU (ResNet-50: about 4 minutes warm on 2 idle cores): the webgpu
 # stage's export and run get this timeout, not --timeout (``--webgpu-timeout``)
 WEBGPU_TIMEOUT = 2400.0
@@ -2286,7 +2293,7 @@ def _run_model(
         cells[recipe] = c
 
     shape_args = _shape_args(imp, feeds)
-    for target in ("cpu", "xla", "metal", "webgpu", "webgpu16"):
+    for target in ("cpu", "xla", "metal", "webgpu", "webgpu16", "tflite"):
         if target not in stages and not (target == "cpu" and "verify" in stages):
             continue
         gpu = target.startswith("webgpu")
@@ -2307,7 +2314,9 @@ def _run_model(
             continue
         c = _run_and_compare(
             bundle,
-            {"webgpu": WEBGPU_COSINE, "webgpu16": WEBGPU16_COSINE}.get(target, TARGET_COSINE),
+            {"webgpu": WEBGPU_COSINE, "webgpu16": WEBGPU16_COSINE, "tflite": TFLITE_COSINE}.get(
+                target, TARGET_COSINE
+            ),
             target,
             dt,
             against=exact_outs if target != "cpu" else None,
@@ -2331,6 +2340,36 @@ def _run_model(
                 if err:
                     c = _cell("fail", f"--dense model invalid: {err}", 0, dt + dt2)
         cells[target] = c
+
+    if "tflite-int8" in stages:  # full integer, calibrated on the row's feeds (issue 46 item 4)
+        bundle = work / "bundle-tflite-int8"
+        rc, doc, line, dt = mconv(
+            "export", str(imp), "--target", "tflite", "--precision", "int8", "--data", str(fpath),
+            "-o", str(bundle), *shape_args, "--json", timeout=timeout,
+        )  # fmt: skip
+        if rc != 0:
+            cells["tflite-int8"] = _classify(rc, line, dt)
+        else:
+            c = _run_and_compare(bundle, TFLITE_INT8_COSINE, "tflite-int8", dt, rel=TFLITE_INT8_REL)
+            out = work / "tflite-int8.out.npz"
+            if out.is_file():
+                with np.load(out) as z:
+                    got = [z[k] for k in z.files]
+                ref = imported_outs[0] if imported_outs else None
+                if (
+                    got
+                    and ref is not None
+                    and got[0].shape == ref.shape
+                    and ref.ndim == 2
+                    and ref.shape[1] > 1
+                ):
+                    top1 = float((got[0].argmax(1) == ref.argmax(1)).mean())
+                    c["top1"] = top1
+                    if top1 < 0.99 and c["status"] == "pass":
+                        c.update(status="fail", line=f"top-1 agreement {top1:.3f} < 0.99")
+            if doc and c["status"] == "pass":
+                c["bytes"] = doc.get("bytes_after")
+            cells["tflite-int8"] = c
 
     if "verify" in stages:
         bundle = work / "bundle-cpu"

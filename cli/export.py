@@ -74,14 +74,14 @@ def export_cmd(
         typer.Option("-o", "--output", metavar="PATH", help="Bundle directory (or file for --format)."),
     ],
     target: Annotated[
-        str, typer.Option("--target", metavar="NAME", help="cpu, xla, metal, webgpu or weights.")
+        str, typer.Option("--target", metavar="NAME", help="cpu, xla, metal, webgpu, tflite or weights.")
     ] = "cpu",
     format: Annotated[
         str | None,
         typer.Option(
             "--format",
             metavar="NAME",
-            help="Write a model file instead of a bundle (dlk-json, safetensors, onnx).",
+            help="Write a model file instead of a bundle (dlk-json, safetensors, onnx, tflite).",
         ),
     ] = None,
     input_shape: InputShapeOpt = None,

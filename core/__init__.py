@@ -13,6 +13,7 @@ Its modules:
 - :mod:`mconv.onnx_rules` ONNX attribute defaults and opset rules, stated once for every engine;
 - :mod:`mconv.ir_maptypes` map types (ONNX-ML's ``map(K, V)``) for ``onnx_ir``, which has none;
 - :mod:`mconv.metrics`    comparison metrics, gates and feeds;
+- :mod:`mconv.quantmath`  integer quantization arithmetic (symmetric, affine, KL calibration);
 - :mod:`mconv.sorting`    a float16 sort that is exact on every CPU (numpy's misorders on some);
 - :mod:`mconv.codecs`     the weight codecs (raw, fp16, palette, sparse, huffman, the choice);
 - :mod:`mconv.container`  the ``weights.mcw`` weight container;

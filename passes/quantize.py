@@ -18,7 +18,9 @@ Mode ``int8`` (default)::
    ``min_elements`` elements) are quantized; biases and activations stay float32.
 4. A pruned weight (``mconv.pruned``) keeps its flag on the int8 initializer.
 
-Mode ``fp16`` runs the ``fp16`` pass in mode ``weights`` (its rules apply).
+Mode ``fp16`` runs the ``fp16`` pass in mode ``weights`` (its rules apply). Mode ``static`` (with
+``--data``) also quantizes activations, as QDQ, from calibration (``method`` minmax, percentile or
+entropy; :mod:`mconv.passes.quantize_static` has its rules).
 Report per tensor: scale range, max abs error, SNR (dB).
 """
 
@@ -61,12 +63,20 @@ class Quantize(Pass):
 
     @dataclass
     class Config:
-        mode: Literal["int8", "fp16"] = "int8"
+        mode: Literal["int8", "fp16", "static"] = "int8"
         min_elements: int = 16
         skip: bool = False
         op_types: list[str] = field(default_factory=lambda: list(WEIGHT_OPS))
+        # mode static: calibration method, its percentile, and how many samples of --data
+        method: Literal["minmax", "percentile", "entropy"] = "minmax"
+        percentile: float = 99.99
+        samples: int = 500
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
+        if config.mode == "static":
+            from mconv.passes.quantize_static import quantize_static
+
+            return quantize_static(self, model, config, ctx)
         if config.mode == "fp16":
             from mconv.passes.fp16 import Float16
 

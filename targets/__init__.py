@@ -24,6 +24,7 @@ _TARGETS = {
     "xla": "mconv.targets.xla",
     "metal": "mconv.targets.metal",
     "webgpu": "mconv.targets.webgpu",
+    "tflite": "mconv.targets.tflite",  # LiteRT flatbuffers
     "weights": "mconv.targets.weights",  # weight-only bundles (export only)
 }
 

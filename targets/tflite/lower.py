@@ -1,0 +1,984 @@
+"""ONNX (IR, static shapes, constants folded) to a float TFLite graph of builtin ops, NHWC inside.
+
+Rules:
+
+1. Layout. The graph's inputs and outputs keep the model's declared layout (a NCHW model takes
+   and gives NCHW arrays, so ``mconv run``/``verify`` feed a bundle what they feed the model).
+   Inside, each value lives in one of three layouts: ``orig`` (as ONNX has it), ``nhwc`` (a
+   rank-4 value stored ``transpose(x, (0, 2, 3, 1))``) or ``flat`` (a ``Flatten`` of an ``nhwc``
+   value, read only by fully connected layers, whose weight columns are permuted to match).
+   Convolutions, pools, LRN and global pools read ``nhwc``; elementwise ops, Concat (axis
+   remapped), Softmax over channels, reductions with ``keepdims``, Pad and BatchNorm keep their
+   input's layout, their constants transposed to it; a Transpose is composed with the layout
+   (and vanishes when the composition is the identity, as for an NHWC model's own
+   NHWC-to-NCHW Transpose); Reshape and ops not listed read ``orig``. A value is converted at
+   most once per layout (one TRANSPOSE, cached), so a conv chain carries no transposes.
+2. Each op maps to builtins only; explicit pads that are not TF's SAME become a PAD (PADV2 with
+   the float minimum before a max pool); Gemm's alpha/beta and transB fold into the weights.
+3. Every node no rule maps is collected; one :class:`~mconv.errors.UnsupportedError` names all.
+4. Fused activations: a RELU/RELU6/RELU_N1_TO_1 whose input only it reads, made by a conv, fully
+   connected, pool, add, sub, mul or concatenation, becomes that op's fused activation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from mconv.errors import UnsupportedError, show
+from mconv.targets.tflite.schema import Graph, Op, Tensor
+
+TO_NHWC = (0, 2, 3, 1)
+TO_NCHW = (0, 3, 1, 2)
+_ACT = {"RELU": "RELU", "RELU6": "RELU6", "RELU_N1_TO_1": "RELU_N1_TO_1"}
+_FUSES_INTO = {
+    "CONV_2D",
+    "DEPTHWISE_CONV_2D",
+    "FULLY_CONNECTED",
+    "ADD",
+    "SUB",
+    "MUL",
+    "MAX_POOL_2D",
+    "AVERAGE_POOL_2D",
+}
+_BINARY = {
+    "Add": ("ADD", "AddOptions"),
+    "Sub": ("SUB", "SubOptions"),
+    "Mul": ("MUL", "MulOptions"),
+    "Div": ("DIV", "DivOptions"),
+    "Max": ("MAXIMUM", None),
+    "Min": ("MINIMUM", None),
+    "Pow": ("POW", None),
+    "Equal": ("EQUAL", None),
+    "Greater": ("GREATER", None),
+    "Less": ("LESS", None),
+    "GreaterOrEqual": ("GREATER_EQUAL", None),
+    "LessOrEqual": ("LESS_EQUAL", None),
+    "PRelu": ("PRELU", None),
+    "And": ("LOGICAL_AND", None),
+    "Or": ("LOGICAL_OR", None),
+}
+
+_UNARY = {
+    "Relu": "RELU",
+    "Sigmoid": "LOGISTIC",
+    "Tanh": "TANH",
+    "Exp": "EXP",
+    "Sqrt": "SQRT",
+    "Neg": "NEG",
+    "Abs": "ABS",
+    "Log": "LOG",
+    "HardSwish": "HARD_SWISH",
+    "Elu": "ELU",
+    "Floor": "FLOOR",
+    "Ceil": "CEIL",
+    "Sin": "SIN",
+    "Cos": "COS",
+    "Rsqrt": "RSQRT",
+    "Round": "ROUND",
+    "Not": "LOGICAL_NOT",
+}
+
+
+def _perm_inverse(p: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(p)
+    for i, v in enumerate(p):
+        inv[v] = i
+    return tuple(inv)
+
+
+def _static(value: Any) -> list[int]:
+    if value.shape is None or not all(isinstance(d, int) for d in value.shape):
+        raise UnsupportedError(
+            [(show(value.name), "symbolic shape")], what="value", hint="give --input-shape"
+        )
+    return [int(d) for d in value.shape]
+
+
+class Lowering:
+    def __init__(self, model: ir.Model) -> None:
+        self.model = model
+        self.g = Graph()
+        self.consts: dict[str, np.ndarray] = {}
+        for name, v in model.graph.initializers.items():
+            if v.const_value is not None:
+                self.consts[name] = v.const_value.numpy()
+        # value name -> layout -> tensor index
+        self.at: dict[str, dict[str, int]] = {}
+        self.flat: dict[str, tuple[int, int, int]] = {}  # a 'flat' value's (C, H, W)
+        self.const_cache: dict[tuple, int] = {}
+        self.unsupported: list[tuple[str, str]] = []
+        self.consumers: dict[str, list[ir.Node]] = {}
+        for node in model.graph:
+            for i in node.inputs:
+                if i is not None:
+                    self.consumers.setdefault(str(i.name), []).append(node)
+
+    # ---- values
+    def layout_of(self, name: str) -> str:
+        have = self.at[name]
+        return "nhwc" if "nhwc" in have else "flat" if "flat" in have else "orig"
+
+    def is_const(self, v: Any | None) -> bool:
+        return v is not None and v.name in self.consts
+
+    def const(self, name: str, array: np.ndarray, dtype: Any = None) -> int:
+        a = np.ascontiguousarray(np.asarray(array, dtype=dtype or array.dtype))
+        key = (name, a.dtype.str, a.shape, a.tobytes())
+        if key not in self.const_cache:
+            label = (
+                name if not any(t.name == name for t in self.g.tensors) else f"{name}_{len(self.g.tensors)}"
+            )
+            self.const_cache[key] = self.g.const(label, a)
+        return self.const_cache[key]
+
+    def new(self, name: str, shape: list[int], dtype: str = "float32") -> int:
+        return self.g.add(Tensor(name, list(shape), dtype))
+
+    def op(
+        self,
+        code: str,
+        ins: list[int],
+        outs: list[int],
+        opt_type: str | None = None,
+        label: str | None = "",
+        **opts: Any,
+    ) -> Op:
+        o = Op(code, ins, outs, opt_type, opts, label=label or "")
+        self.g.ops.append(o)
+        return o
+
+    def transposed(self, idx: int, perm: tuple[int, ...], name: str) -> int:
+        t = self.g.tensors[idx]
+        out = self.new(name, [t.shape[p] for p in perm], t.dtype)
+        self.op(
+            "TRANSPOSE",
+            [idx, self.const(f"{name}/perm", np.array(perm, np.int32))],
+            [out],
+            "TransposeOptions",
+        )
+        return out
+
+    def get(self, v: Any, layout: str = "orig") -> int:
+        """The tensor of ``v`` in ``layout`` (a constant transformed, an activation transposed once)."""
+        name = v.name
+        if name in self.consts:
+            a = self.consts[name]
+            if a.dtype == np.float64:
+                a = a.astype(np.float32)
+            if layout == "nhwc":
+                a = np.transpose(a.reshape((1,) * (4 - a.ndim) + a.shape), TO_NHWC)
+            return self.const(name, a)
+        have = self.at[name]
+        if layout in have:
+            return have[layout]
+        if layout == "orig" and "nhwc" in have:
+            have["orig"] = self.transposed(have["nhwc"], TO_NCHW, name + "/nchw")
+        elif layout == "nhwc" and "orig" in have:
+            have["nhwc"] = self.transposed(have["orig"], TO_NHWC, name + "/nhwc")
+        elif layout == "orig" and "flat" in have:
+            c, h, w = self.flat[name]
+            src = have["flat"]
+            n = self.g.tensors[src].shape[0]
+            r = self.reshape(src, [n, h, w, c], name + "/hwc")
+            nchw = self.transposed(r, TO_NCHW, name + "/nchw")
+            have["orig"] = self.reshape(nchw, [n, c * h * w], name + "/chw")
+        else:
+            raise AssertionError(f"no way from {list(have)} to {layout}")
+        return have[layout]
+
+    def reshape(self, src: int, shape: list[int], name: str) -> int:
+        out = self.new(name, shape, self.g.tensors[src].dtype)
+        self.op(
+            "RESHAPE", [src, self.const(f"{name}/shape", np.array(shape, np.int32))], [out], "ReshapeOptions"
+        )
+        return out
+
+    def out(self, v: Any, layout: str, dtype: str | None = None) -> int:
+        """The tensor of ONNX value ``v`` (its dtype unless given) in ``layout``."""
+        if dtype is None:
+            dtype = v.dtype.numpy().name if v.dtype is not None else "float32"
+        shape = _static(v)
+        if layout == "nhwc":
+            shape = [shape[p] for p in TO_NHWC]
+        idx = self.new(v.name, shape, dtype)
+        self.at[v.name] = {layout: idx}
+        return idx
+
+    def alias(self, v: Any, src: Any) -> None:
+        self.at[v.name] = self.at[src.name]
+        if src.name in self.flat:
+            self.flat[v.name] = self.flat[src.name]
+
+    # ---- lowering
+    def run(self) -> Graph:
+        g = self.model.graph
+        for v in g.inputs:
+            if v.name in self.consts:
+                continue
+            dtype = v.dtype.numpy().name if v.dtype is not None else "float32"
+            idx = self.new(str(v.name), _static(v), dtype)
+            self.g.inputs.append(idx)
+            self.at[str(v.name)] = {"orig": idx}
+        for node in g:
+            handler: Callable[[ir.Node], None] | None = getattr(self, f"_{node.op_type}", None)
+            if node.domain not in ("", "ai.onnx") or handler is None:
+                self.unsupported.append((show(node.name or node.outputs[0].name), node.op_type))
+                continue
+            if self.unsupported:  # keep collecting (rule 3): no tensors for values after a gap
+                try:
+                    handler(node)
+                except Exception:  # a value an unsupported node would have made
+                    pass
+                continue
+            handler(node)
+        if self.unsupported:
+            raise UnsupportedError(
+                self.unsupported,
+                hint="LiteRT has no builtin op for these; export --target cpu or rewrite them",
+            )
+        for v in g.outputs:
+            if v.name in self.consts:
+                idx = self.get(v)
+            else:
+                idx = self.get(v, "orig")
+            t = self.g.tensors[idx]
+            if t.name != v.name and idx not in self.g.outputs and idx not in self.g.inputs and t.data is None:
+                t.name = str(v.name)  # an alias (Identity, a vanished Transpose): the output's name
+            if self.g.tensors[idx].name != v.name or idx in self.g.outputs:  # shared, or a constant
+                t = self.g.tensors[idx]
+                out = self.new(str(v.name), t.shape, t.dtype)
+                self.reshape_to(idx, out)
+                idx = out
+            self.g.outputs.append(idx)
+        fuse_activations(self.g)
+        return compact(self.g)
+
+    def reshape_to(self, src: int, out: int) -> None:
+        shape = self.g.tensors[out].shape
+        self.op("RESHAPE", [src, self.const("shape", np.array(shape, np.int32))], [out], "ReshapeOptions")
+
+    # ---- helpers
+    def attr(self, node: Any, name: str, default: Any = None) -> Any:
+        a = node.attributes.get(name)
+        return default if a is None else a.value
+
+    def refuse(self, node: Any, why: str) -> None:
+        self.unsupported.append((show(node.name or node.outputs[0].name), f"{node.op_type}({why})"))
+
+    def _pads(
+        self, node: Any, x_shape: list[int], k: list[int], s: list[int], d: list[int], out: list[int]
+    ) -> tuple[str, list[int]]:
+        """'SAME', 'VALID', or 'EXPLICIT' with [top, left, bottom, right] pads (rule 2)."""
+        auto = self.attr(node, "auto_pad", "NOTSET")
+        if isinstance(auto, bytes):
+            auto = auto.decode()
+        h, w = x_shape[2], x_shape[3]
+        same = []
+        for size, kk, ss, dd in ((h, k[0], s[0], d[0]), (w, k[1], s[1], d[1])):
+            total = max((-(-size // ss) - 1) * ss + (kk - 1) * dd + 1 - size, 0)
+            same.append((total // 2, total - total // 2))
+        if auto == "VALID":
+            return "VALID", [0, 0, 0, 0]
+        if auto == "SAME_UPPER":
+            return "SAME", []
+        if auto == "SAME_LOWER":
+            pads = [same[0][1], same[1][1], same[0][0], same[1][0]]
+        else:
+            pads = list(self.attr(node, "pads", [0, 0, 0, 0]))
+        # ceil_mode: more bottom/right pad until a VALID window count reaches ONNX's
+        for i, (size, kk, ss, dd) in enumerate(((h, k[0], s[0], d[0]), (w, k[1], s[1], d[1]))):
+            while (size + pads[i] + pads[i + 2] - (kk - 1) * dd - 1) // ss + 1 < out[i]:
+                pads[i + 2] += 1
+        if not any(pads):
+            return "VALID", pads
+        if (
+            (pads[0], pads[2]) == same[0]
+            and (pads[1], pads[3]) == same[1]
+            and out == [-(-h // s[0]), -(-w // s[1])]
+        ):
+            return "SAME", pads
+        return "EXPLICIT", pads
+
+    def _padded(self, x: int, pads: list[int], name: str, value: float | None = None) -> int:
+        t = self.g.tensors[x]
+        n, h, w, c = t.shape
+        shape = [n, h + pads[0] + pads[2], w + pads[1] + pads[3], c]
+        out = self.new(name, shape)
+        p = self.const(
+            f"{name}/paddings", np.array([[0, 0], [pads[0], pads[2]], [pads[1], pads[3]], [0, 0]], np.int32)
+        )
+        if value is None:
+            self.op("PAD", [x, p], [out], "PadOptions")
+        else:
+            v = self.const(f"{name}/value", np.array(value, np.float32))
+            self.op("PADV2", [x, p, v], [out], "PadV2Options")
+        return out
+
+    # ---- ops
+    def _Conv(self, node: Any) -> None:
+        xv, wv = node.inputs[0], node.inputs[1]
+        bv = node.inputs[2] if len(node.inputs) > 2 else None
+        if not self.is_const(wv) or (bv is not None and not self.is_const(bv)):
+            return self.refuse(node, "weights not constant")
+        w = self.consts[wv.name].astype(np.float32)
+        if w.ndim != 4:
+            return self.refuse(node, f"{w.ndim - 2}-D")
+        xs, ys = _static(xv), _static(node.outputs[0])
+        group = int(self.attr(node, "group", 1))
+        o = w.shape[0]
+        b = self.consts[bv.name].astype(np.float32) if bv is not None else np.zeros(o, np.float32)
+        k = list(w.shape[2:])
+        s = list(self.attr(node, "strides", [1, 1]))
+        d = list(self.attr(node, "dilations", [1, 1]))
+        mode, pads = self._pads(node, xs, k, s, d, ys[2:])
+        if group == 1:
+            code, opt, wt = "CONV_2D", "Conv2DOptions", np.transpose(w, (0, 2, 3, 1))
+            extra: dict[str, Any] = {}
+        elif group == xs[1] and w.shape[1] == 1:
+            code, opt, wt = "DEPTHWISE_CONV_2D", "DepthwiseConv2DOptions", np.transpose(w, (1, 2, 3, 0))
+            extra = {"DepthMultiplier": o // group}
+        elif xs[1] % group == 0 and o % group == 0:
+            return self._grouped(node, xs, w, b, group, mode, pads, s, d)
+        else:
+            return self.refuse(node, f"group={group}")
+        x = self.get(xv, "nhwc")
+        if mode == "EXPLICIT":
+            x = self._padded(x, pads, node.outputs[0].name + "/pad")
+            mode = "VALID"
+        y = self.out(node.outputs[0], "nhwc")
+        self.op(
+            code,
+            [x, self.const(wv.name, wt), self.const(bv.name if bv else f"{wv.name}/bias", b)],
+            [y],
+            opt,
+            label=node.name,
+            Padding=0 if mode == "SAME" else 1,
+            StrideH=s[0],
+            StrideW=s[1],
+            DilationHFactor=d[0],
+            DilationWFactor=d[1],
+            **extra,
+        )
+
+    def _grouped(
+        self,
+        node: Any,
+        xs: list[int],
+        w: np.ndarray,
+        b: np.ndarray,
+        group: int,
+        mode: str,
+        pads: list[int],
+        s: list[int],
+        d: list[int],
+    ) -> None:
+        """A grouped conv: SPLIT along channels, one CONV_2D per group, CONCATENATION."""
+        x = self.get(node.inputs[0], "nhwc")
+        name = node.outputs[0].name
+        if mode == "EXPLICIT":
+            x = self._padded(x, pads, name + "/pad")
+            mode = "VALID"
+        n, h, ww, c = self.g.tensors[x].shape
+        parts = [self.new(f"{name}/in{i}", [n, h, ww, c // group]) for i in range(group)]
+        self.op(
+            "SPLIT", [self.const("axis_c", np.array(3, np.int32)), x], parts, "SplitOptions", NumSplits=group
+        )
+        y = self.out(node.outputs[0], "nhwc")
+        oshape = self.g.tensors[y].shape
+        og = w.shape[0] // group
+        outs = []
+        for i in range(group):
+            t = self.new(f"{name}/out{i}", [*oshape[:3], og])
+            wi = np.transpose(w[i * og : (i + 1) * og], (0, 2, 3, 1))
+            self.op(
+                "CONV_2D",
+                [
+                    parts[i],
+                    self.const(f"{name}/w{i}", wi),
+                    self.const(f"{name}/b{i}", b[i * og : (i + 1) * og]),
+                ],
+                [t],
+                "Conv2DOptions",
+                Padding=0 if mode == "SAME" else 1,
+                StrideH=s[0],
+                StrideW=s[1],
+                DilationHFactor=d[0],
+                DilationWFactor=d[1],
+            )
+            outs.append(t)
+        self.op("CONCATENATION", outs, [y], "ConcatenationOptions", label=node.name, Axis=3)
+
+    def _Sum(self, node: Any) -> None:
+        """Sum of n inputs: a chain of ADDs (ADD has an int8 kernel, ADD_N has none)."""
+        ins = [v for v in node.inputs if v is not None]
+        yv = node.outputs[0]
+        rank = len(_static(yv))
+        acts = [v for v in ins if not self.is_const(v)]
+        nhwc = (
+            rank == 4
+            and all(len(_static(v)) == 4 for v in acts)
+            and any(self.layout_of(v.name) == "nhwc" for v in acts)
+        )
+        layout = "nhwc" if nhwc else "orig"
+        if len(ins) == 1:
+            return self.alias(yv, ins[0])
+        acc = self.get(ins[0], layout)
+        y = self.out(yv, layout)
+        for k, v in enumerate(ins[1:], 1):
+            dest = y if k == len(ins) - 1 else self.new(f"{yv.name}/{k}", self.g.tensors[y].shape)
+            self.op("ADD", [acc, self.get(v, layout)], [dest], "AddOptions", label=node.name)
+            acc = dest
+
+    def _pool(self, node: Any, code: str) -> None:
+        xv = node.inputs[0]
+        xs, ys = _static(xv), _static(node.outputs[0])
+        if len(xs) != 4:
+            return self.refuse(node, f"{len(xs) - 2}-D")
+        k = list(self.attr(node, "kernel_shape"))
+        s = list(self.attr(node, "strides", [1, 1]))
+        d = list(self.attr(node, "dilations", [1, 1]))
+        if d != [1, 1]:
+            return self.refuse(node, "dilations")
+        mode, pads = self._pads(node, xs, k, s, d, ys[2:])
+        x = self.get(xv, "nhwc")
+        counts = None
+        if mode == "EXPLICIT":
+            if code == "MAX_POOL_2D":
+                x = self._padded(x, pads, node.outputs[0].name + "/pad", float(np.finfo(np.float32).min))
+            else:
+                x = self._padded(x, pads, node.outputs[0].name + "/pad")
+                if not self.attr(node, "count_include_pad", 0):
+                    # the window's real elements: zero pads summed, then k*k / count per position
+                    ones = np.pad(np.ones(xs[2:]), [(pads[0], pads[2]), (pads[1], pads[3])])
+                    counts = np.array(
+                        [
+                            [
+                                ones[i * s[0] : i * s[0] + k[0], j * s[1] : j * s[1] + k[1]].sum()
+                                for j in range(ys[3])
+                            ]
+                            for i in range(ys[2])
+                        ]
+                    )
+            mode = "VALID"
+        elif mode == "SAME" and code == "AVERAGE_POOL_2D" and self.attr(node, "count_include_pad", 0):
+            x = self._padded(x, pads, node.outputs[0].name + "/pad")
+            mode = "VALID"
+        y = self.out(node.outputs[0], "nhwc")
+        if counts is not None:
+            if (counts == 0).any():
+                return self.refuse(node, "a window of pads only")
+            pooled = self.new(node.outputs[0].name + "/sum", self.g.tensors[y].shape)
+            factor = (k[0] * k[1] / counts).astype(np.float32).reshape(1, ys[2], ys[3], 1)
+            self.op(
+                code,
+                [x],
+                [pooled],
+                "Pool2DOptions",
+                Padding=1,
+                StrideH=s[0],
+                StrideW=s[1],
+                FilterHeight=k[0],
+                FilterWidth=k[1],
+            )
+            self.op(
+                "MUL",
+                [pooled, self.const(node.outputs[0].name + "/count", factor)],
+                [y],
+                "MulOptions",
+                label=node.name,
+            )
+            return
+        self.op(
+            code,
+            [x],
+            [y],
+            "Pool2DOptions",
+            label=node.name,
+            Padding=0 if mode == "SAME" else 1,
+            StrideH=s[0],
+            StrideW=s[1],
+            FilterHeight=k[0],
+            FilterWidth=k[1],
+        )
+
+    def _MaxPool(self, node: Any) -> None:
+        if len(node.outputs) > 1 and node.outputs[1] is not None and node.outputs[1].name:
+            return self.refuse(node, "indices")
+        self._pool(node, "MAX_POOL_2D")
+
+    def _AveragePool(self, node: Any) -> None:
+        self._pool(node, "AVERAGE_POOL_2D")
+
+    def _global(self, node: Any, code: str) -> None:
+        xv = node.inputs[0]
+        if len(_static(xv)) != 4:
+            return self.refuse(node, "rank")
+        x = self.get(xv, "nhwc")
+        y = self.out(node.outputs[0], "nhwc")
+        self.op(
+            code,
+            [x, self.const("axes_hw", np.array([1, 2], np.int32))],
+            [y],
+            "ReducerOptions",
+            label=node.name,
+            KeepDims=True,
+        )
+
+    def _GlobalAveragePool(self, node: Any) -> None:
+        self._global(node, "MEAN")
+
+    def _GlobalMaxPool(self, node: Any) -> None:
+        self._global(node, "REDUCE_MAX")
+
+    def _fc(self, node: Any, av: Any, w: np.ndarray, b: np.ndarray | None) -> None:
+        """A fully connected layer with ``w`` [out, in]; a 'flat' input permutes its columns."""
+        rank = len(_static(av))
+        if self.layout_of(av.name) == "flat" and rank == 2:
+            c, h, ww = self.flat[av.name]
+            a = self.at[av.name]["flat"]
+            w = w.reshape(w.shape[0], c, h, ww).transpose(0, 2, 3, 1).reshape(w.shape[0], -1)
+        else:
+            a = self.get(av, "orig")
+        y = self.out(node.outputs[0], "orig")
+        name = node.inputs[1].name
+        bias = self.const(f"{name}/bias", b.astype(np.float32)) if b is not None else -1
+        self.op(
+            "FULLY_CONNECTED",
+            [a, self.const(name, np.ascontiguousarray(w, np.float32)), bias],
+            [y],
+            "FullyConnectedOptions",
+            label=node.name,
+            KeepNumDims=rank > 2,
+        )
+
+    def _Gemm(self, node: Any) -> None:
+        av, bv = node.inputs[0], node.inputs[1]
+        cv = node.inputs[2] if len(node.inputs) > 2 else None
+        if (
+            self.attr(node, "transA", 0)
+            or not self.is_const(bv)
+            or (cv is not None and not self.is_const(cv))
+        ):
+            return self.refuse(node, "transA or non-constant B/C")
+        w = self.consts[bv.name].astype(np.float32)
+        w = (w if self.attr(node, "transB", 0) else w.T) * float(self.attr(node, "alpha", 1.0))
+        b = None
+        if cv is not None:
+            c = self.consts[cv.name].astype(np.float32) * float(self.attr(node, "beta", 1.0))
+            if c.size not in (1, w.shape[0]):
+                return self.refuse(node, "C not a bias vector")
+            b = np.broadcast_to(c.reshape(-1), (w.shape[0],)).copy()
+        self._fc(node, av, w, b)
+
+    def _MatMul(self, node: Any) -> None:
+        av, bv = node.inputs
+        if self.is_const(bv) and self.consts[bv.name].ndim == 2:
+            return self._fc(node, av, self.consts[bv.name].astype(np.float32).T, None)
+        y = self.out(node.outputs[0], "orig")
+        self.op("BATCH_MATMUL", [self.get(av), self.get(bv)], [y], "BatchMatMulOptions", label=node.name)
+
+    def _reshape(self, node: Any) -> None:
+        xv, yv = node.inputs[0], node.outputs[0]
+        xs, ys = _static(xv), _static(yv)
+        readers = self.consumers.get(yv.name, [])
+        if (
+            self.layout_of(xv.name) == "nhwc"
+            and len(ys) == 2
+            and ys == [xs[0], xs[1] * xs[2] * xs[3]]
+            and readers
+            and all(
+                n.op_type in ("Gemm", "MatMul")
+                and n.inputs[0] is yv
+                and self.is_const(n.inputs[1])
+                and not self.attr(n, "transA", 0)
+                for n in readers
+            )
+            and yv not in self.model.graph.outputs
+        ):  # rule 1: flat, the FC weights permuted instead of a transpose
+            out = self.reshape(self.at[xv.name]["nhwc"], ys, yv.name)
+            self.at[yv.name] = {"flat": out}
+            self.flat[yv.name] = (xs[1], xs[2], xs[3])
+            return
+        x = self.get(xv, "orig")
+        out = self.reshape(x, ys, yv.name)
+        self.at[yv.name] = {"orig": out}
+
+    _Flatten = _Reshape = _Squeeze = _Unsqueeze = _reshape
+
+    def _Identity(self, node: Any) -> None:
+        self.alias(node.outputs[0], node.inputs[0])
+
+    _Dropout = _Identity
+
+    def _Transpose(self, node: Any) -> None:
+        xv, yv = node.inputs[0], node.outputs[0]
+        rank = len(_static(xv))
+        perm = tuple(self.attr(node, "perm", list(range(rank))[::-1]))
+        layout = self.layout_of(xv.name) if self.layout_of(xv.name) != "flat" else "orig"
+        if layout == "flat":
+            layout = "orig"
+        x = self.get(xv, layout)
+        q = TO_NHWC if layout == "nhwc" else tuple(range(rank))
+        inv = _perm_inverse(q)
+        e = tuple(inv[perm[k]] for k in range(rank))  # orig_out = transpose(stored_in, e)
+        options = [("orig", e)]
+        if rank == 4:
+            options.append(("nhwc", tuple(e[TO_NHWC[k]] for k in range(4))))
+        for lay, p in options:
+            if p == tuple(range(rank)):
+                self.at[yv.name] = {lay: x}
+                return
+        y = self.out(yv, "orig")
+        self.op(
+            "TRANSPOSE",
+            [x, self.const(f"{yv.name}/perm", np.array(e, np.int32))],
+            [y],
+            "TransposeOptions",
+            label=node.name,
+        )
+
+    def _Concat(self, node: Any) -> None:
+        yv = node.outputs[0]
+        rank = len(_static(yv))
+        axis = int(self.attr(node, "axis")) % rank
+        acts = [v for v in node.inputs if v is not None and not self.is_const(v)]
+        layout = "nhwc" if rank == 4 and any(self.layout_of(v.name) == "nhwc" for v in acts) else "orig"
+        ins = [self.get(v, layout) for v in node.inputs if v is not None]
+        if layout == "nhwc":
+            axis = TO_NHWC.index(axis)
+        y = self.out(yv, layout)
+        self.op("CONCATENATION", ins, [y], "ConcatenationOptions", label=node.name, Axis=axis)
+
+    def _binary(self, node: Any) -> None:
+        code, opt = _BINARY[node.op_type]
+        yv = node.outputs[0]
+        rank = len(_static(yv))
+        acts = [v for v in node.inputs if not self.is_const(v)]
+        nhwc = (
+            rank == 4
+            and all(len(_static(v)) == 4 for v in acts)
+            and any(self.layout_of(v.name) == "nhwc" for v in acts)
+        )
+        layout = "nhwc" if nhwc else "orig"
+        ins = [self.get(v, layout) for v in node.inputs]
+        y = self.out(yv, layout)
+        self.op(code, ins, [y], opt, label=node.name)
+
+    _Add = _Sub = _Mul = _Div = _Max = _Min = _Pow = _binary
+    _Equal = _Greater = _Less = _GreaterOrEqual = _LessOrEqual = _PRelu = _And = _Or = _binary
+
+    def _Where(self, node: Any) -> None:
+        yv = node.outputs[0]
+        rank = len(_static(yv))
+        acts = [v for v in node.inputs if not self.is_const(v)]
+        nhwc = (
+            rank == 4
+            and all(len(_static(v)) == 4 for v in acts)
+            and any(self.layout_of(v.name) == "nhwc" for v in acts)
+        )
+        layout = "nhwc" if nhwc else "orig"
+        ins = [self.get(v, layout) for v in node.inputs]
+        y = self.out(yv, layout)
+        self.op("SELECT_V2", ins, [y], label=node.name)
+
+    def _Slice(self, node: Any) -> None:
+        xv = node.inputs[0]
+        dims = _static(xv)
+        rank = len(dims)
+        consts: list[Any] = []
+        for i in range(1, 5):
+            v = node.inputs[i] if len(node.inputs) > i else None
+            if v is not None and not self.is_const(v):
+                return self.refuse(node, "starts/ends not constant")
+            consts.append(None if v is None else list(self.consts[v.name].astype(np.int64).tolist()))
+        starts, ends, axes, steps = consts
+        if starts is None or ends is None:
+            return self.refuse(node, "no starts/ends")
+        axes = [a % rank for a in (axes if axes is not None else range(len(starts)))]
+        steps = steps if steps is not None else [1] * len(axes)
+        begin, end, stride = [0] * rank, list(dims), [1] * rank
+        for a, st, en, sp in zip(axes, starts, ends, steps):
+            if sp < 0:
+                return self.refuse(node, "negative step")
+            st = max(0, min(st + dims[a] if st < 0 else st, dims[a]))
+            en = max(0, min(en + dims[a] if en < 0 else en, dims[a]))
+            begin[a], end[a], stride[a] = st, en, sp
+        layout = self._keep_layout(xv) if rank == 4 else "orig"
+        if layout == "nhwc":
+            begin, end, stride = ([lst[p] for p in TO_NHWC] for lst in (begin, end, stride))
+        x = self.get(xv, layout)
+        y = self.out(node.outputs[0], layout)
+        c = [
+            self.const(f"{node.outputs[0].name}/{k}", np.array(v, np.int32))
+            for k, v in (("begin", begin), ("end", end), ("strides", stride))
+        ]
+        self.op("STRIDED_SLICE", [x, *c], [y], "StridedSliceOptions", label=node.name)
+
+    def _keep_layout(self, xv: Any) -> str:
+        lay = self.layout_of(xv.name)
+        return "orig" if lay == "flat" else lay
+
+    def _unary(self, node: Any, code: str, opt: str | None = None, **opts: Any) -> None:
+        xv = node.inputs[0]
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        y = self.out(node.outputs[0], layout)
+        self.op(code, [x], [y], opt, label=node.name, **opts)
+
+    def __getattr__(self, name: str) -> Any:
+        op = name[1:] if name.startswith("_") else None
+        if op in _UNARY:
+            return lambda node: self._unary(node, _UNARY[op])
+        raise AttributeError(name)
+
+    def _LeakyRelu(self, node: Any) -> None:
+        self._unary(node, "LEAKY_RELU", "LeakyReluOptions", Alpha=float(self.attr(node, "alpha", 0.01)))
+
+    def _Gelu(self, node: Any) -> None:
+        approx = self.attr(node, "approximate", "none")
+        self._unary(node, "GELU", "GeluOptions", Approximate=approx in ("tanh", b"tanh"))
+
+    def _Clip(self, node: Any) -> None:
+        lo, hi = self.attr(node, "min", None), self.attr(node, "max", None)
+        for i, name in ((1, "lo"), (2, "hi")):
+            if len(node.inputs) > i and node.inputs[i] is not None:
+                if not self.is_const(node.inputs[i]):
+                    return self.refuse(node, "bounds not constant")
+                val = float(self.consts[node.inputs[i].name])
+                lo, hi = (val, hi) if name == "lo" else (lo, val)
+        named = {(0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1", (0.0, None): "RELU"}
+        if (lo, hi) in named:
+            return self._unary(node, named[(lo, hi)])
+        xv = node.inputs[0]
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        if lo is not None:
+            t = self.new(node.outputs[0].name + "/lo", self.g.tensors[x].shape)
+            self.op("MAXIMUM", [x, self.const("clip_lo", np.array(lo, np.float32))], [t])
+            x = t
+        y = self.out(node.outputs[0], layout)
+        if hi is not None:
+            self.op("MINIMUM", [x, self.const("clip_hi", np.array(hi, np.float32))], [y], label=node.name)
+        else:
+            self.g.ops[-1].outputs = [y]
+            self.g.tensors.pop()
+
+    def _softmax(self, node: Any, code: str, opt: str | None) -> None:
+        xv = node.inputs[0]
+        dims = _static(xv)
+        rank = len(dims)
+        old = self.model.opset_imports.get("", 21) < 13  # axis 1 by default, over dims axis.. jointly
+        axis = int(self.attr(node, "axis", 1 if old else -1)) % rank
+        kw: dict[str, Any] = {"Beta": 1.0} if opt else {}
+        if old and any(d != 1 for d in dims[axis + 1 :]):
+            if any(d != 1 for d in dims[axis:-1]):  # a real flatten: softmax over [before, after]
+                before = int(np.prod(dims[:axis]))
+                x = self.reshape(
+                    self.get(xv, "orig"), [before, int(np.prod(dims[axis:]))], node.outputs[0].name + "/2d"
+                )
+                t = self.new(node.outputs[0].name + "/2d/out", self.g.tensors[x].shape)
+                self.op(code, [x], [t], opt, None, **kw)
+                y = self.out(node.outputs[0], "orig")
+                self.op(
+                    "RESHAPE",
+                    [t, self.const("shape", np.array(dims, np.int32))],
+                    [y],
+                    "ReshapeOptions",
+                    label=node.name,
+                )
+                return
+            axis = rank - 1
+        if self.layout_of(xv.name) == "nhwc" and axis == 1:
+            layout = "nhwc"
+        elif axis == rank - 1:
+            layout = "orig"
+        else:
+            return self.refuse(node, f"axis {axis} not last")
+        x = self.get(xv, layout)
+        y = self.out(node.outputs[0], layout)
+        self.op(code, [x], [y], opt, label=node.name, **kw)
+
+    def _Softmax(self, node: Any) -> None:
+        self._softmax(node, "SOFTMAX", "SoftmaxOptions")
+
+    def _LogSoftmax(self, node: Any) -> None:
+        self._softmax(node, "LOG_SOFTMAX", None)
+
+    def _BatchNormalization(self, node: Any) -> None:
+        xv = node.inputs[0]
+        if not all(self.is_const(v) for v in node.inputs[1:5]):
+            return self.refuse(node, "statistics not constant")
+        g, b, m, var = (self.consts[v.name].astype(np.float64) for v in node.inputs[1:5])
+        scale = g / np.sqrt(var + float(self.attr(node, "epsilon", 1e-5)))
+        shift = b - m * scale
+        rank = len(_static(xv))
+        layout = self._keep_layout(xv)
+        shape = (-1,) if layout == "nhwc" or rank == 2 else (-1,) + (1,) * (rank - 2)
+        x = self.get(xv, layout)
+        t = self.new(node.outputs[0].name + "/scaled", self.g.tensors[x].shape)
+        self.op(
+            "MUL",
+            [x, self.const(f"{node.outputs[0].name}/scale", scale.astype(np.float32).reshape(shape))],
+            [t],
+            "MulOptions",
+        )
+        y = self.out(node.outputs[0], layout)
+        self.op(
+            "ADD",
+            [t, self.const(f"{node.outputs[0].name}/shift", shift.astype(np.float32).reshape(shape))],
+            [y],
+            "AddOptions",
+            label=node.name,
+        )
+
+    def _reduce(self, node: Any, code: str) -> None:
+        xv = node.inputs[0]
+        rank = len(_static(xv))
+        axes = self.attr(node, "axes", None)
+        if axes is None and len(node.inputs) > 1 and node.inputs[1] is not None:
+            if not self.is_const(node.inputs[1]):
+                return self.refuse(node, "axes not constant")
+            axes = self.consts[node.inputs[1].name].tolist()
+        axes = [int(a) % rank for a in (axes if axes is not None else range(rank))]
+        keep = bool(self.attr(node, "keepdims", 1))
+        layout = self._keep_layout(xv) if keep else "orig"
+        if layout == "nhwc":
+            axes = [TO_NHWC.index(a) for a in axes]
+        x = self.get(xv, layout)
+        y = self.out(node.outputs[0], layout)
+        self.op(
+            code,
+            [x, self.const("axes", np.array(sorted(axes), np.int32))],
+            [y],
+            "ReducerOptions",
+            label=node.name,
+            KeepDims=keep,
+        )
+
+    def _ReduceMean(self, node: Any) -> None:
+        self._reduce(node, "MEAN")
+
+    def _ReduceMax(self, node: Any) -> None:
+        self._reduce(node, "REDUCE_MAX")
+
+    def _ReduceMin(self, node: Any) -> None:
+        self._reduce(node, "REDUCE_MIN")
+
+    def _ReduceSum(self, node: Any) -> None:
+        self._reduce(node, "SUM")
+
+    def _Pad(self, node: Any) -> None:
+        xv = node.inputs[0]
+        mode = self.attr(node, "mode", "constant")
+        if mode not in ("constant", b"constant"):
+            return self.refuse(node, f"mode {mode}")
+        if len(node.inputs) < 2 or not self.is_const(node.inputs[1]):
+            return self.refuse(node, "pads not constant")
+        pads = self.consts[node.inputs[1].name].astype(np.int64).reshape(2, -1).T  # [rank, 2]
+        if len(node.inputs) > 3 and node.inputs[3] is not None:
+            return self.refuse(node, "axes")
+        value = 0.0
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            value = float(self.consts[node.inputs[2].name]) if self.is_const(node.inputs[2]) else np.nan
+        if (pads < 0).any() or np.isnan(value):
+            return self.refuse(node, "negative pads or non-constant value")
+        layout = self._keep_layout(xv)
+        if layout == "nhwc":
+            pads = pads[list(TO_NHWC)]
+        x = self.get(xv, layout)
+        y = self.out(node.outputs[0], layout)
+        p = self.const(f"{node.outputs[0].name}/paddings", pads.astype(np.int32))
+        if value == 0.0:
+            self.op("PAD", [x, p], [y], "PadOptions", label=node.name)
+        else:
+            self.op(
+                "PADV2",
+                [x, p, self.const("pad_value", np.array(value, np.float32))],
+                [y],
+                "PadV2Options",
+                label=node.name,
+            )
+
+    def _LRN(self, node: Any) -> None:
+        size = int(self.attr(node, "size"))
+        if size % 2 == 0:
+            return self.refuse(node, "even size")
+        x = self.get(node.inputs[0], "nhwc")
+        y = self.out(node.outputs[0], "nhwc")
+        self.op(
+            "LOCAL_RESPONSE_NORMALIZATION",
+            [x],
+            [y],
+            "LocalResponseNormalizationOptions",
+            label=node.name,
+            Radius=(size - 1) // 2,
+            Bias=float(self.attr(node, "bias", 1.0)),
+            Alpha=float(self.attr(node, "alpha", 1e-4)) / size,
+            Beta=float(self.attr(node, "beta", 0.75)),
+        )
+
+
+def fuse_activations(g: Graph) -> None:
+    """Rule 4."""
+    producer = g.producer()
+    consumers = g.consumers()
+    keep: list[Op] = []
+    dropped: set[int] = set()
+    for k, op in enumerate(g.ops):
+        if op.code in _ACT and op.inputs[0] in producer:
+            p = g.ops[producer[op.inputs[0]]]
+            t = op.inputs[0]
+            if (
+                p.code in _FUSES_INTO
+                and len(consumers.get(t, [])) == 1
+                and t not in g.outputs
+                and p.options_type is not None
+                and p.options.get("FusedActivationFunction", 0) == 0
+            ):
+                import tflite
+
+                p.options["FusedActivationFunction"] = getattr(tflite.ActivationFunctionType, _ACT[op.code])
+                p.outputs = [op.outputs[0]]
+                dropped.add(k)
+                continue
+        keep.append(op)
+    g.ops = keep
+
+
+def compact(g: Graph) -> Graph:
+    """The graph with only the tensors its ops, inputs and outputs use, renumbered in use order."""
+    used: list[int] = []
+    seen: set[int] = set()
+    for idx in [*g.inputs, *(t for op in g.ops for t in [*op.inputs, *op.outputs]), *g.outputs]:
+        if idx >= 0 and idx not in seen:
+            seen.add(idx)
+            used.append(idx)
+    new = {old: i for i, old in enumerate(used)}
+    new[-1] = -1
+    out = Graph([g.tensors[i] for i in used])
+    out.inputs = [new[i] for i in g.inputs]
+    out.outputs = [new[i] for i in g.outputs]
+    for op in g.ops:
+        op.inputs = [new[i] for i in op.inputs]
+        op.outputs = [new[i] for i in op.outputs]
+        out.ops.append(op)
+    # unique names (the runner and LiteRT's signature key on them); inputs and outputs keep theirs
+    io = [*out.inputs, *out.outputs]
+    taken = {out.tensors[i].name for i in io}
+    for i, t in enumerate(out.tensors):
+        if i in io:
+            continue
+        if t.name in taken:
+            k = 1
+            while f"{t.name}_{k}" in taken:
+                k += 1
+            t.name = f"{t.name}_{k}"
+        taken.add(t.name)
+    return out
+
+
+def lower(model: ir.Model) -> Graph:
+    return Lowering(model).run()

@@ -1,0 +1,22 @@
+"""The tflite target's export options (:mod:`mconv.targets.base`: fields with help are CLI flags)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mconv.targets.base import Options as Common
+from mconv.targets.base import option
+
+PRECISIONS = ("fp32", "fp16", "int8-weights", "int8")
+CALIBRATIONS = ("minmax", "percentile", "entropy")
+IO_DTYPES = ("float", "int8", "uint8")
+
+
+@dataclass(frozen=True)
+class Options(Common):
+    precision: str | None = option(None, help="Compute precision.", metavar="fp32|fp16|int8-weights|int8")
+    data: str | None = option(None, help="Calibration samples (.npz) for int8.", metavar="NPZ")
+    calibration: str | None = option(None, help="int8 range method.", metavar="minmax|percentile|entropy")
+    io_dtype: str | None = option(None, help="int8 model I/O dtype.", metavar="float|int8|uint8")
+    calibration_samples: int | None = None  # at most this many samples of --data (default 500)
+    percentile: float | None = None  # the percentile calibration's bound (default 99.99)

@@ -1,0 +1,350 @@
+"""Precision of a lowered TFLite graph: float16 weights, dynamic-range int8 weights, full int8.
+
+Rules:
+
+1. ``fp16``: every float constant of more than one element is stored float16 and read through a
+   DEQUANTIZE at the head of the graph (LiteRT's own float16 form); compute stays float32.
+2. ``int8-weights`` (dynamic range): conv filters int8 per output channel, fully connected
+   weights int8 per tensor, symmetric (zero point 0, codes in [-127, 127]); LiteRT's hybrid kernels
+   quantize activations on the fly. Everything else stays float.
+3. ``int8`` (full integer): activation ranges come from running the float graph in LiteRT on the
+   calibration samples with every tensor kept (:func:`calibrate`): ``minmax`` (the extremes),
+   ``percentile`` (the ``percentile``-th and ``100 - percentile``-th of a seeded sample of each
+   tensor's values) or ``entropy`` (the clip of |x| that minimizes the KL divergence between the
+   128-level quantized histogram and the float one, TensorRT's method). Each range is widened to
+   hold 0 and quantized asymmetric: ``scale = (max - min) / 255``, ``zero_point = round(-128 -
+   min / scale)``.
+4. Weights: conv filters int8 per output channel (axis 0; depthwise axis 3), fully connected per
+   tensor, symmetric; biases int32 with ``scale = input_scale * weight_scale`` and zero point 0
+   (LiteRT's requirements). Other constants read by an int8 op: int8 per tensor from their own
+   range, or the range of the op's input where the op needs equal parameters.
+5. LiteRT's int8 kernels fix some parameters: SOFTMAX and LOGISTIC output ``1/256, -128``, TANH
+   ``1/128, 0``, LOG_SOFTMAX ``16/256, 127``; RESHAPE, TRANSPOSE, pools, PAD(V2), CONCATENATION,
+   MAXIMUM/MINIMUM, REDUCE_MAX and STRIDED_SLICE take and give one set of parameters, so their
+   inputs and outputs share one range (the union), or the fixed parameters where one is fixed.
+6. An op with no int8 kernel (:data:`INT8_OPS` lists those with one) runs in float between a
+   DEQUANTIZE and a QUANTIZE: a per-layer float fallback, named in the export's notes.
+7. Inputs and outputs stay float (QUANTIZE after each input, DEQUANTIZE before each output) unless
+   ``io_dtype`` is ``int8`` or ``uint8``: then they are the codes themselves (uint8 with zero point
+   + 128, through a QUANTIZE to int8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from mconv.quantmath import SAMPLE_VALUES, affine, symmetric
+from mconv.quantmath import entropy_range as _entropy_range
+from mconv.targets.tflite.schema import Graph, Op, Quant, Tensor
+
+INT8_OPS = frozenset(
+    {
+        "CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "SUB", "MUL", "MAX_POOL_2D",
+        "AVERAGE_POOL_2D", "RESHAPE", "TRANSPOSE", "CONCATENATION", "SOFTMAX", "LOGISTIC", "TANH",
+        "RELU", "RELU6", "RELU_N1_TO_1", "LEAKY_RELU", "HARD_SWISH", "MEAN", "REDUCE_MAX", "PAD",
+        "PADV2", "MAXIMUM", "MINIMUM", "LOG_SOFTMAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT",
+    }
+)  # fmt: skip
+SAME_PARAMS = frozenset(
+    {"RESHAPE", "TRANSPOSE", "MAX_POOL_2D", "AVERAGE_POOL_2D", "PAD", "PADV2", "CONCATENATION",
+     "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT"}
+)  # fmt: skip
+FIXED = {
+    "SOFTMAX": (1 / 256, -128),
+    "LOGISTIC": (1 / 256, -128),
+    "TANH": (1 / 128, 0),
+    "LOG_SOFTMAX": (16 / 256, 127),
+}
+_WEIGHT_AXIS = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": None}
+
+
+def to_fp16(g: Graph) -> int:
+    """Rule 1; returns how many constants became float16."""
+    heads: list[Op] = []
+    count = 0
+    for i, t in enumerate(list(g.tensors)):
+        if t.data is None or t.data.dtype != np.float32 or t.data.size <= 1:
+            continue
+        half = g.add(Tensor(t.name + "/fp16", t.shape, "float16", t.data.astype(np.float16)))
+        t.data = None  # the float32 tensor is now the DEQUANTIZE's output
+        heads.append(Op("DEQUANTIZE", [half], [i], "DequantizeOptions"))
+        count += 1
+    g.ops = heads + g.ops
+    return count
+
+
+def to_dynamic_range(g: Graph) -> int:
+    """Rule 2; returns how many weights became int8."""
+    count = 0
+    for op in g.ops:
+        if op.code not in _WEIGHT_AXIS or len(op.inputs) < 2:
+            continue
+        t = g.tensors[op.inputs[1]]
+        if t.data is None or t.data.dtype != np.float32:
+            continue
+        axis = _WEIGHT_AXIS[op.code]
+        q, scale = symmetric(t.data, axis)
+        new = Tensor(
+            t.name + "/int8", t.shape, "int8", q, Quant(scale, np.zeros(scale.size, np.int64), axis or 0)
+        )
+        op.inputs[1] = g.add(new)
+        count += 1
+    return count
+
+
+# ---- calibration ------------------------------------------------------------------------------
+
+
+def _batches(
+    feeds: dict[str, np.ndarray], shapes: dict[str, list[int]], limit: int
+) -> list[dict[str, np.ndarray]]:
+    """Samples cut to the graph's static batch (one LiteRT invocation each), at most ``limit``."""
+    name = next(iter(feeds))
+    total = int(np.asarray(feeds[name]).shape[0])
+    batch = max(int(shapes[name][0]), 1) if shapes[name] else 1
+    out = []
+    for start in range(0, min(total, limit) - batch + 1, batch):
+        out.append({k: np.asarray(v)[start : start + batch] for k, v in feeds.items()})
+    return out
+
+
+def calibrate(
+    model: bytes,
+    g: Graph,
+    feeds: dict[str, np.ndarray],
+    method: str = "minmax",
+    limit: int = 500,
+    percentile: float = 99.99,
+) -> dict[int, tuple[float, float]]:
+    """Rule 3: per float activation tensor of ``g`` (whose serialization is ``model``), its range."""
+    import warnings
+
+    from ai_edge_litert.interpreter import Interpreter
+
+    with warnings.catch_warnings():  # LiteRT calls keeping every tensor a debugging aid: it is ours
+        warnings.simplefilter("ignore")
+        interp = Interpreter(model_content=model, experimental_preserve_all_tensors=True)
+    interp.allocate_tensors()
+    by_name = {d["name"]: d["index"] for d in interp.get_input_details()}
+    watch = [i for i, t in enumerate(g.tensors) if t.data is None and t.dtype == "float32"]
+    lo = {i: np.inf for i in watch}
+    hi = {i: -np.inf for i in watch}
+    kept: dict[int, list[np.ndarray]] = {i: [] for i in watch}
+    rng = np.random.default_rng(0)
+    shapes = {g.tensors[i].name: g.tensors[i].shape for i in g.inputs}
+    runs = _batches(feeds, shapes, limit)
+    if not runs:
+        raise ValueError("no calibration sample")
+    for feed in runs:
+        for name, arr in feed.items():
+            interp.set_tensor(by_name[name], np.ascontiguousarray(arr, np.float32))
+        interp.invoke()
+        for i in watch:
+            a = interp.get_tensor(i).ravel()
+            if a.size == 0:
+                continue
+            lo[i] = min(lo[i], float(a.min()))
+            hi[i] = max(hi[i], float(a.max()))
+            if method != "minmax":
+                kept[i].append(a if a.size <= SAMPLE_VALUES else rng.choice(a, SAMPLE_VALUES, replace=False))
+    ranges: dict[int, tuple[float, float]] = {}
+    for i in watch:
+        if not np.isfinite(lo[i]):
+            continue
+        if method == "minmax":
+            ranges[i] = (lo[i], hi[i])
+        else:
+            values = np.concatenate(kept[i]).astype(np.float64)
+            if method == "percentile":
+                ranges[i] = (
+                    float(np.percentile(values, 100 - percentile)),
+                    float(np.percentile(values, percentile)),
+                )
+            else:
+                ranges[i] = _entropy_range(values, lo[i], hi[i])
+    return ranges
+
+
+class _Union:
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, x: int) -> int:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def join(self, a: int, b: int) -> None:
+        self.parent[self.find(a)] = self.find(b)
+
+
+def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "float") -> list[str]:
+    """Rules 4-7 on ``g`` in place; returns the ops that fell back to float (rule 6)."""
+    params: dict[int, tuple[float, int]] = {}
+    union = _Union()
+    fixed: dict[int, tuple[float, int]] = {}
+    acts = {i for i, t in enumerate(g.tensors) if t.data is None and t.dtype == "float32"}
+    for op in g.ops:
+        if op.code not in INT8_OPS:
+            continue
+        if op.code == "SPLIT":  # inputs: axis, value
+            for o in op.outputs:
+                union.join(op.inputs[1], o)
+        elif op.code in SAME_PARAMS:
+            for t in [op.inputs[0], *(op.inputs[1:] if op.code == "CONCATENATION" else [])]:
+                if t in acts:
+                    union.join(t, op.outputs[0])
+        if op.code in FIXED:
+            fixed[op.outputs[0]] = FIXED[op.code]
+    groups: dict[int, list[int]] = {}
+    for i in acts:
+        groups.setdefault(union.find(i), []).append(i)
+    for members in groups.values():
+        fix = next((fixed[m] for m in members if m in fixed), None)
+        if fix is None:
+            known = [ranges[m] for m in members if m in ranges]
+            lo = min((r[0] for r in known), default=0.0)
+            hi = max((r[1] for r in known), default=0.0)
+            fix = affine(lo, hi)
+        for m in members:
+            params[m] = fix
+    for i in acts:
+        s, z = params[i]
+        g.tensors[i].dtype = "int8"
+        g.tensors[i].quant = Quant(np.array([s], np.float32), np.array([z], np.int64))
+    fallback: list[str] = []
+    new_ops: list[Op] = []
+    qcache: dict[tuple, int] = {}
+
+    def qconst(t_idx: int, role: tuple) -> int:
+        key = (t_idx, role)
+        if key in qcache:
+            return qcache[key]
+        t = g.tensors[t_idx]
+        a = t.data
+        assert a is not None
+        if role[0] == "weight":
+            q, scale = symmetric(a, role[1])
+            quant = Quant(scale, np.zeros(scale.size, np.int64), role[1] or 0)
+            new = Tensor(t.name + "/int8", t.shape, "int8", q, quant)
+        elif role[0] == "bias":
+            scale = np.asarray(role[1], np.float64)
+            b = np.clip(np.round(a.astype(np.float64) / scale), -(2**31), 2**31 - 1).astype(np.int32)
+            new = Tensor(
+                t.name + "/int32",
+                t.shape,
+                "int32",
+                b,
+                Quant(scale.astype(np.float32), np.zeros(scale.size, np.int64)),
+            )
+        else:  # per tensor, given or own parameters
+            s, z = role[1] if role[0] == "params" else affine(float(a.min()), float(a.max()))
+            q = np.clip(np.round(a.astype(np.float64) / s) + z, -128, 127).astype(np.int8)
+            new = Tensor(
+                t.name + "/int8",
+                t.shape,
+                "int8",
+                q,
+                Quant(np.array([s], np.float32), np.array([z], np.int64)),
+            )
+        qcache[key] = g.add(new)
+        return qcache[key]
+
+    def float_copy(i: int, suffix: str) -> int:
+        t = g.tensors[i]
+        return g.add(Tensor(t.name + suffix, list(t.shape), "float32"))
+
+    for op in g.ops:
+        if op.code not in INT8_OPS:  # rule 6
+            fallback.append(f"{op.label or op.code} ({op.code})")
+            ins = []
+            for i in op.inputs:
+                if i in acts:
+                    f = float_copy(i, "/float")
+                    new_ops.append(Op("DEQUANTIZE", [i], [f], "DequantizeOptions"))
+                    ins.append(f)
+                else:
+                    ins.append(i)
+            outs, tail = [], []
+            for o in op.outputs:
+                if o in acts:
+                    f = float_copy(o, "/float")
+                    tail.append(Op("QUANTIZE", [f], [o], "QuantizeOptions"))
+                    outs.append(f)
+                else:
+                    outs.append(o)
+            op.inputs, op.outputs = ins, outs
+            new_ops += [op, *tail]
+            continue
+        ins = list(op.inputs)
+        if op.code in _WEIGHT_AXIS and len(ins) > 1 and g.tensors[ins[1]].data is not None:
+            axis = _WEIGHT_AXIS[op.code]
+            ins[1] = qconst(ins[1], ("weight", axis))
+            if len(ins) > 2 and ins[2] >= 0 and g.tensors[ins[2]].data is not None:
+                s_in = params[ins[0]][0]
+                wq = g.tensors[ins[1]].quant
+                assert wq is not None
+                ins[2] = qconst(ins[2], ("bias", tuple((s_in * wq.scale.astype(np.float64)).tolist())))
+        else:
+            for k, i in enumerate(ins):
+                c = g.tensors[i] if i >= 0 else None
+                if c is None or c.data is None or c.data.dtype != np.float32:
+                    continue
+                if op.code in SAME_PARAMS:
+                    ins[k] = qconst(i, ("params", params[op.outputs[0]]))
+                else:
+                    ins[k] = qconst(i, ("own",))
+        op.inputs = ins
+        new_ops.append(op)
+    g.ops = new_ops
+    _io(g, io_dtype)
+    return fallback
+
+
+def _io(g: Graph, io_dtype: str) -> None:
+    """Rule 7."""
+    heads, tails = [], []
+    rewire: dict[int, int] = {}
+    for i in g.inputs:
+        t = g.tensors[i]
+        if t.dtype != "int8" or io_dtype == "int8":
+            continue
+        q = g.add(Tensor(t.name + "/int8", list(t.shape), "int8", None, t.quant))
+        rewire[i] = q
+        assert t.quant is not None
+        if io_dtype == "uint8":
+            t.dtype = "uint8"
+            t.quant = Quant(t.quant.scale, t.quant.zero_point + 128)
+        else:
+            t.dtype, t.quant = "float32", None
+        heads.append(Op("QUANTIZE", [i], [q], "QuantizeOptions"))
+    for op in g.ops:
+        op.inputs = [rewire.get(i, i) for i in op.inputs]
+    for o in g.outputs:
+        t = g.tensors[o]
+        if t.dtype != "int8" or io_dtype == "int8":
+            continue
+        q = g.add(Tensor(t.name + "/int8", list(t.shape), "int8", None, t.quant))
+        for op in g.ops:
+            op.outputs = [q if x == o else x for x in op.outputs]
+            op.inputs = [q if x == o else x for x in op.inputs]
+        assert t.quant is not None
+        if io_dtype == "uint8":
+            t.dtype = "uint8"
+            t.quant = Quant(t.quant.scale, t.quant.zero_point + 128)
+            tails.append(Op("QUANTIZE", [q], [o], "QuantizeOptions"))
+        else:
+            t.dtype, t.quant = "float32", None
+            tails.append(Op("DEQUANTIZE", [q], [o], "DequantizeOptions"))
+    g.ops = heads + g.ops + tails
+
+
+def quant_params(t: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    return None if t.quant is None else (t.quant.scale, t.quant.zero_point)
+
+
+def names(g: Graph, indices: Sequence[int]) -> list[str]:
+    return [g.tensors[i].name for i in indices]

@@ -1,0 +1,166 @@
+"""An IR model to ``model.tflite`` bytes: prepare, lower, set precision, version each op.
+
+Rules:
+
+1. The model is prepared as the GPU targets prepare theirs (:func:`mconv.targets.gpu.plan.prepare`:
+   a symbolic batch becomes 1, shape arithmetic and constants folded, BatchNorm folded into the
+   conv before it, shapes inferred), then lowered (:mod:`.lower`) and given its precision
+   (:mod:`.quant`).
+2. Each op's version is the one LiteRT's ``op_version.cc`` gives it for its tensor types
+   (:func:`op_version`); an op not listed there is version 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from mconv.errors import InputError
+from mconv.targets.tflite import lower, quant
+from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PRECISIONS
+from mconv.targets.tflite.schema import Graph, serialize
+
+CALIBRATION_SAMPLES = 500
+
+
+@dataclass
+class Written:
+    data: bytes
+    graph: Graph
+    precision: str
+    notes: list[str] = field(default_factory=list)
+
+
+def op_version(op: Any, g: Graph) -> int:
+    """Rule 2 (tensorflow/lite/tools/versioning/op_version.cc, for the types mconv writes)."""
+    ins = [g.tensors[i] for i in op.inputs if i >= 0]
+    first = ins[0].dtype if ins else "float32"
+    weight = ins[1].dtype if len(ins) > 1 else None
+    int8 = first == "int8"
+    per_channel = len(ins) > 1 and ins[1].quant is not None and ins[1].quant.scale.size > 1
+    code = op.code
+    if code == "CONV_2D":
+        if int8:
+            return 3
+        if weight == "int8":  # hybrid
+            return 5 if per_channel else 2
+        return (
+            2 if op.options.get("DilationHFactor", 1) != 1 or op.options.get("DilationWFactor", 1) != 1 else 1
+        )
+    if code == "DEPTHWISE_CONV_2D":
+        if int8:
+            return 3
+        if weight == "int8":
+            return 6 if per_channel else 4
+        return (
+            2 if op.options.get("DilationHFactor", 1) != 1 or op.options.get("DilationWFactor", 1) != 1 else 1
+        )
+    if code == "FULLY_CONNECTED":
+        if int8:
+            return 4
+        if weight == "int8":
+            return 3
+        return 1
+    if code == "DEQUANTIZE":
+        return 3 if first == "float16" else 2 if int8 else 1
+    if code == "QUANTIZE":
+        return 2 if first == "uint8" else 1
+    if code in {
+        "ADD", "SUB", "MUL", "MAX_POOL_2D", "AVERAGE_POOL_2D", "SOFTMAX", "LOGISTIC", "TANH",
+        "CONCATENATION", "TRANSPOSE", "PAD", "PADV2", "MEAN", "RELU", "RELU6", "LEAKY_RELU",
+        "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "LOG_SOFTMAX", "HARD_SWISH",
+    }:  # fmt: skip
+        return 2 if int8 else 1
+    return 1
+
+
+def _choice(options: Mapping[str, Any], key: str, allowed: tuple[str, ...], default: str) -> str:
+    value = options.get(key) or default
+    if value not in allowed:
+        flag = "--" + key.replace("_", "-")
+        raise InputError(
+            f"{flag} {value!r} is not one of {', '.join(allowed)}",
+            where=flag,
+            hint=f"give {flag} {allowed[0]}",
+        )
+    return str(value)
+
+
+def _calibration_feeds(model: ir.Model, data: Any) -> dict[str, np.ndarray]:
+    if isinstance(data, Mapping):
+        return {str(k): np.asarray(v) for k, v in data.items() if k != "labels"}
+    from mconv.bundle import TensorSpec
+    from mconv.irio import real_inputs
+    from mconv.metrics import load_npz_feeds
+
+    specs = []
+    for v in real_inputs(model.graph):  # any number of samples: the batch is left open
+        spec = TensorSpec.from_value(v)
+        shape = None if spec.shape is None else (None, *spec.shape[1:])
+        specs.append(TensorSpec(spec.name, spec.dtype, shape))
+    feeds, _ = load_npz_feeds(str(data), specs)
+    return feeds
+
+
+def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
+    """The ``model.tflite`` bytes of ``model`` with ``options`` (the target's Options fields)."""
+    from mconv.targets.gpu.plan import prepare
+
+    options = dict(options or {})
+    precision = _choice(options, "precision", PRECISIONS, "fp32")
+    method = _choice(options, "calibration", CALIBRATIONS, "minmax")
+    io_dtype = _choice(options, "io_dtype", IO_DTYPES, "float")
+    data = options.get("data")
+    if precision == "int8" and data is None:
+        raise InputError(
+            "--precision int8 needs calibration inputs",
+            where="--data",
+            hint="give --data samples.npz (real inputs keyed by input name), or --precision int8-weights",
+        )
+    if precision != "int8" and (data is not None or options.get("io_dtype") or options.get("calibration")):
+        raise InputError(
+            "--data, --calibration and --io-dtype apply to --precision int8 only",
+            where="--precision",
+            hint="add --precision int8 or drop them",
+        )
+    prepared = prepare(model)
+    g = lower.lower(prepared)
+    notes: list[str] = []
+    if precision == "fp16":
+        n = quant.to_fp16(g)
+        notes.append(f"{n} float constant(s) stored float16, dequantized at load")
+    elif precision == "int8-weights":
+        n = quant.to_dynamic_range(g)
+        notes.append(f"{n} weight(s) stored int8 (dynamic range: activations quantized at run time)")
+    elif precision == "int8":
+        for op in g.ops:
+            op.version = op_version(op, g)
+        float_bytes = serialize(g)
+        feeds = _calibration_feeds(prepared, data)
+        missing = [g.tensors[i].name for i in g.inputs if g.tensors[i].name not in feeds]
+        if missing:
+            raise InputError(
+                f"calibration data has no input {', '.join(missing)}",
+                path=str(data) if not isinstance(data, Mapping) else None,
+                hint="key the .npz by the model's input names",
+            )
+        limit = int(options.get("calibration_samples") or CALIBRATION_SAMPLES)
+        try:
+            ranges = quant.calibrate(
+                float_bytes, g, feeds, method, limit, float(options.get("percentile") or 99.99)
+            )
+        except ValueError as exc:
+            raise InputError(
+                f"calibration failed ({exc})", where="--data", hint="give at least one sample"
+            ) from None
+        fallback = quant.to_int8(g, ranges, io_dtype)
+        notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
+        if fallback:
+            notes.append(f"{len(fallback)} op(s) without an int8 kernel run in float: {', '.join(fallback)}")
+    g = lower.compact(g)  # the float constants a precision replaced are gone
+    for op in g.ops:
+        op.version = op_version(op, g)
+    return Written(serialize(g), g, precision, notes)

@@ -1,0 +1,518 @@
+"""The tflite target (issue 46): LiteRT files written from the IR, run by LiteRT itself.
+
+Round trips at every precision on the Caffe LeNet-5 and real MNIST digits (int8: top-1 agreement
+with the float model on 600 held-out digits), layout propagation on a conv net with Concat over
+channels, Transpose and Reshape, onnx's light models, the refusal message, and the full-integer
+arithmetic of a quantized conv checked against TFLite's integer requantization written here.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+from mconv.irio import from_proto
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from _gates import assert_close  # noqa: E402
+
+litert = pytest.importorskip("ai_edge_litert.interpreter")
+
+
+def _shared() -> Path:
+    """../shared (MCONV_SHARED): the real models and data (tests/conftest.py's rule)."""
+    import os
+
+    env = os.environ.get("MCONV_SHARED")
+    root = Path(env) if env else Path(__file__).resolve().parents[3].parent / "shared"
+    if not (root / "models").is_dir():
+        pytest.skip("../shared (models and data) is absent; set MCONV_SHARED to its path")
+    return root
+
+
+def _file_ops(data: bytes) -> list[tuple[str, list[str]]]:
+    """(op name, input tensor dtypes) of every op, read with the tflite package (not our writer)."""
+    import tflite
+
+    m = tflite.Model.GetRootAsModel(data, 0)
+    sg = m.Subgraphs(0)
+    code_names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if isinstance(v, int)}
+    type_names = {v: k for k, v in vars(tflite.TensorType).items() if isinstance(v, int)}
+    out = []
+    for i in range(sg.OperatorsLength()):
+        op = sg.Operators(i)
+        oc = m.OperatorCodes(op.OpcodeIndex())
+        code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
+        types = [type_names[sg.Tensors(j).Type()] for j in op.InputsAsNumpy() if j >= 0]
+        out.append((code_names[code], types))
+    return out
+
+
+@pytest.fixture(scope="module")
+def lenet():
+    from mconv.formats import import_model
+
+    root = _shared()
+    caffe = root / "models" / "caffe"
+    model = import_model([caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"])
+    d = np.load(root / "data" / "mnist5k.npz")
+    x = d["images"][:, None].astype(np.float32) / 256  # the net was trained on pixels / 256
+    return model, x, d["labels"]
+
+
+@pytest.fixture(scope="module")
+def lenet_float(lenet):
+    from mconv.targets import get_target
+
+    model, x, _ = lenet
+    ref = get_target("reference").load_model(model)
+    return np.concatenate([ref.run({"data": x[i : i + 1]})["prob"] for i in range(1000, 1064)])
+
+
+def _bundle(model, tmp_path, name, **options):
+    from mconv.targets import get_target
+
+    t = get_target("tflite")
+    bundle = t.export(model, tmp_path / name, options)
+    return bundle, t.load(bundle)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_lenet_float_bundles_agree_with_the_reference_executor(lenet, lenet_float, tmp_path, precision):
+    model, x, _ = lenet
+    bundle, runner = _bundle(model, tmp_path, precision, precision=precision)
+    got = runner.run({"data": x[1000:1064]})["prob"]
+    assert_close(lenet_float, got, precision, what=f"LeNet-5 {precision}")
+    ops = _file_ops((bundle.root / "model.tflite").read_bytes())
+    # NHWC inside: one TRANSPOSE at the NCHW input, none between the convs and the classifier
+    assert sum(op == "TRANSPOSE" for op, _ in ops) == 1
+    if precision == "fp16":
+        assert all(t == ["FLOAT16"] for op, t in ops if op == "DEQUANTIZE")
+        assert (bundle.root / "model.tflite").stat().st_size < 0.55 * 1_725_000
+
+
+def test_lenet_dynamic_range_int8_weights(lenet, lenet_float, tmp_path):
+    model, x, _ = lenet
+    bundle, runner = _bundle(model, tmp_path, "dr", precision="int8-weights")
+    got = runner.run({"data": x[1000:1064]})["prob"]
+    assert_close(lenet_float, got, min_cos=0.999, rel_max=0.05, rel_l2=0.02, what="LeNet-5 int8 weights")
+    assert (got.argmax(1) == lenet_float.argmax(1)).all()
+    ops = dict(_file_ops((bundle.root / "model.tflite").read_bytes()))
+    assert ops["CONV_2D"][1] == "INT8" and ops["FULLY_CONNECTED"][1] == "INT8"
+    assert (bundle.root / "model.tflite").stat().st_size < 0.3 * 1_725_000
+
+
+@pytest.mark.parametrize("io_dtype", ["float", "int8"])
+def test_lenet_full_int8_keeps_top1_on_held_out_digits(lenet, tmp_path, io_dtype):
+    from mconv.targets import get_target
+
+    model, x, labels = lenet
+    calib = {"data": x[:300]}  # calibration digits; the test digits are others
+    held = slice(1000, 1600)
+    float_runner = get_target("tflite").load(get_target("tflite").export(model, tmp_path / "f32", {}))
+    want = float_runner.run({"data": x[held]})["prob"]
+    bundle, runner = _bundle(model, tmp_path, "int8", precision="int8", data=calib, io_dtype=io_dtype)
+    got = runner.run({"data": x[held]})["prob"]
+    agree = float((got.argmax(1) == want.argmax(1)).mean())
+    assert agree >= 0.99, agree
+    assert (
+        abs(float((got.argmax(1) == labels[held]).mean()) - float((want.argmax(1) == labels[held]).mean()))
+        <= 0.01
+    )
+    ops = _file_ops((bundle.root / "model.tflite").read_bytes())
+    for op, types in ops:  # every op computes on int8 codes (bias int32; shapes int32)
+        if op not in ("QUANTIZE", "DEQUANTIZE"):
+            assert types[0] == "INT8", (op, types)
+    if io_dtype == "int8":
+        assert bundle.inputs[0].dtype == "int8" and not any(op in ("QUANTIZE", "DEQUANTIZE") for op, _ in ops)
+        codes = runner.run_codes({"data": x[1000:1001]})["prob"]
+        assert codes.dtype == np.int8
+        assert 0 <= int(codes.argmax()) < 10 and int(codes.max()) > 0  # softmax codes: scale 1/256, zp -128
+    assert (bundle.root / "model.tflite").stat().st_size < 0.27 * 1_725_000
+
+
+# -- exact integer arithmetic ---------------------------------------------------------------------
+
+
+def _quantize_multiplier(m: float) -> tuple[int, int]:
+    """TFLite's QuantizeMultiplier: m = q * 2**(shift - 31), q in [2**30, 2**31)."""
+    if m == 0:
+        return 0, 0
+    import math
+
+    frac, shift = math.frexp(m)
+    q = round(frac * (1 << 31))
+    if q == 1 << 31:
+        q //= 2
+        shift += 1
+    return q, shift
+
+
+def _multiply_by_quantized_multiplier(acc: np.ndarray, q: int, shift: int) -> np.ndarray:
+    """gemmlowp's SaturatingRoundingDoublingHighMul then RoundingDivideByPOT, as TFLite does."""
+    left = max(shift, 0)
+    right = max(-shift, 0)
+    a = acc.astype(np.int64) * (1 << left)
+    prod = a * q
+    nudge = np.where(prod >= 0, 1 << 30, 1 - (1 << 30))
+    high = (prod + nudge) // (1 << 31)
+    high = np.where((prod + nudge) < 0, -((-(prod + nudge)) // (1 << 31)), high)  # C++ truncation
+    if right == 0:
+        return high
+    mask = (1 << right) - 1
+    remainder = high & mask
+    threshold = (mask >> 1) + (high < 0)
+    return (high >> right) + (remainder > threshold)
+
+
+def _conv_model() -> ir.Model:
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((6, 1, 3, 3)) * 0.4).astype(np.float32)
+    b = (rng.standard_normal(6) * 0.1).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    return from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_int8_conv_equals_tflite_integer_arithmetic_computed_here(tmp_path):
+    """The file's own codes and parameters, run by LiteRT's builtin kernels, against the integer
+    convolution and fixed-point requantization written in this test."""
+    import tflite
+    from mconv.targets.tflite import TfliteRunner
+    from mconv.targets.tflite.writer import build
+
+    x = _digits(40)  # real 8x8 handwritten digits
+    data = build(_conv_model(), {"precision": "int8", "data": {"x": x[:32]}, "io_dtype": "int8"}).data
+    m = tflite.Model.GetRootAsModel(data, 0)
+    sg = m.Subgraphs(0)
+
+    def params(i):
+        q = sg.Tensors(i).Quantization()
+        return q.ScaleAsNumpy().astype(np.float64), q.ZeroPointAsNumpy()
+
+    def array(i, dtype):
+        t = sg.Tensors(i)
+        return np.frombuffer(m.Buffers(t.Buffer()).DataAsNumpy().tobytes(), dtype).reshape(t.ShapeAsNumpy())
+
+    convs = [sg.Operators(i) for i in range(sg.OperatorsLength())]
+    conv = next(
+        op
+        for op in convs
+        if m.OperatorCodes(op.OpcodeIndex()).BuiltinCode() == tflite.BuiltinOperator.CONV_2D
+    )
+    xi, wi, bi = conv.InputsAsNumpy()
+    yi = conv.OutputsAsNumpy()[0]
+    s_in, z_in = params(xi)
+    s_w, z_w = params(wi)
+    s_out, z_out = params(yi)
+    assert (z_w == 0).all() and s_w.size == 6  # symmetric, per channel
+    w = array(wi, np.int8).astype(np.int64)  # [O, kh, kw, I]
+    bias = array(bi, np.int32).astype(np.int64)
+    interp = litert.Interpreter(
+        model_content=data,
+        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+    )
+    interp.allocate_tensors()
+    ins = {d["name"]: d for d in interp.get_input_details()}
+    outs = {d["name"]: d for d in interp.get_output_details()}
+    runner = TfliteRunner(interp, [], list(outs), "conv", ins, outs)
+    for k in range(32, 40):  # digits the calibration did not see
+        xq = runner._feed("x", x[k : k + 1])  # float -> int8 with the input's parameters
+        got = runner.run_codes({"x": xq})["y"]  # [1, 6, 8, 8] NCHW (the model's layout)
+        a = np.pad(xq[0, 0].astype(np.int64) - int(z_in[0]), 1)  # zero pad is the zero point
+        want = np.zeros((6, 8, 8), np.int64)
+        for o in range(6):
+            acc = bias[o] + sum(w[o, i, j, 0] * a[i : i + 8, j : j + 8] for i in range(3) for j in range(3))
+            q, shift = _quantize_multiplier(float(s_in[0] * s_w[o] / s_out[0]))
+            r = _multiply_by_quantized_multiplier(acc, q, shift) + int(z_out[0])
+            want[o] = np.clip(r, max(int(z_out[0]), -128), 127)  # fused RELU: from the zero point up
+        np.testing.assert_array_equal(got[0].astype(np.int64), want)
+
+
+# -- layout --------------------------------------------------------------------------------------
+
+
+def _layout_net() -> ir.Model:
+    """Two conv branches concatenated over channels, a third conv, a Transpose to NHWC and a
+    Reshape to [N, H*W, C] into a MatMul; a second head pools the concatenation."""
+    rng = np.random.default_rng(5)
+
+    def w(*shape):
+        return numpy_helper.from_array(
+            (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+        )
+
+    inits = []
+    for name, shape in (
+        ("wa", (4, 1, 3, 3)),
+        ("wb", (5, 1, 1, 1)),
+        ("wc", (8, 9, 3, 3)),
+        ("m", (8, 3)),
+        ("g", (10, 9)),
+    ):
+        t = w(*shape)
+        t.name = name
+        inits.append(t)
+    inits.append(numpy_helper.from_array(np.array([1, 16, 8], np.int64), "shape"))
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["ar"]),
+        helper.make_node("Conv", ["x", "wb"], ["b"]),
+        helper.make_node("Concat", ["ar", "b"], ["cat"], axis=1),
+        helper.make_node("Conv", ["cat", "wc"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Transpose", ["c"], ["t"], perm=[0, 2, 3, 1]),
+        helper.make_node("Reshape", ["t", "shape"], ["r"]),
+        helper.make_node("MatMul", ["r", "m"], ["y"]),
+        helper.make_node("GlobalAveragePool", ["cat"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["pf"]),
+        helper.make_node("Gemm", ["pf", "g"], ["z"], transB=1),
+        helper.make_node("Softmax", ["z"], ["prob"], axis=1),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "layout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 3]),
+            helper.make_tensor_value_info("prob", TensorProto.FLOAT, [1, 10]),
+        ],
+        inits,
+    )
+    return from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def _digits(n: int = 16) -> np.ndarray:
+    d = np.load(_shared() / "data" / "digits.npz")
+    return d["images"][:n, None].astype(np.float32) / 16
+
+
+def test_layout_is_carried_through_concat_transpose_and_reshape(tmp_path):
+    from mconv.targets import get_target
+
+    model = _layout_net()
+    bundle, runner = _bundle(model, tmp_path, "layout")
+    ref = get_target("reference").load_model(model)
+    x = _digits()
+    for k in range(4):
+        want = ref.run({"x": x[k : k + 1]})
+        got = runner.run({"x": x[k : k + 1]})
+        for name in ("y", "prob"):
+            assert_close(want[name], got[name], what=name)
+    ops = [op for op, _ in _file_ops((bundle.root / "model.tflite").read_bytes())]
+    # the model's own NCHW->NHWC Transpose vanishes into the layout; only the input is transposed
+    assert ops.count("TRANSPOSE") == 1, ops
+    assert ops.count("CONCATENATION") == 1 and "RELU" not in ops  # Relu fused into the conv
+
+
+def test_an_nhwc_models_own_transposes_vanish(tmp_path):
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array((rng.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32), "w")
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xc"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["xc", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c", "lo", "hi"], ["r"]),
+        helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 3, 1]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "nhwc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 4])],
+        [
+            w,
+            numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+            numpy_helper.from_array(np.array(6.0, np.float32), "hi"),
+        ],
+    )
+    model = from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    from mconv.targets import get_target
+
+    bundle, runner = _bundle(model, tmp_path, "nhwc")
+    x = _digits(2).transpose(0, 2, 3, 1)
+    assert_close(
+        get_target("reference").load_model(model).run({"x": x[:1]})["y"], runner.run({"x": x[:1]})["y"]
+    )
+    ops = _file_ops((bundle.root / "model.tflite").read_bytes())
+    assert [op for op, _ in ops] == ["CONV_2D"]  # RELU6 fused, no transpose at all
+
+
+@pytest.mark.parametrize("name", ["squeezenet", "inception_v1"])
+def test_light_models_agree_with_onnx_runtime(name, tmp_path):
+    """Concat over channels (fire modules, inception blocks), LRN, ceil-mode pools, pads."""
+    import onnxruntime as ort
+    from mconv.fixtures.light import he_normal, light_model
+    from mconv.irio import to_proto
+    from mconv.targets.tflite.writer import build
+
+    model = light_model(name, he_normal)
+    inp = model.graph.inputs[0]
+    x = np.random.default_rng(0).standard_normal([int(d) for d in inp.shape]).astype(np.float32)
+    sess = ort.InferenceSession(to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    want = sess.run(None, {inp.name: x})[0]
+    from mconv.targets.tflite import runner_for
+
+    got = next(iter(runner_for(build(model).data, name).run({inp.name: x}).values()))
+    assert_close(want, got, what=name)
+
+
+# -- refusal and the command line ----------------------------------------------------------------
+
+
+def test_ops_without_a_builtin_are_refused_by_name_all_in_one_line(tmp_path):
+    from mconv.cli.app import app
+    from typer.testing import CliRunner
+
+    nodes = [
+        helper.make_node("Hardmax", ["x"], ["h"], name="hard"),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Einsum", ["r", "r"], ["y"], equation="ij,ij->ij", name="ein"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "refuse",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    )
+    import onnx
+
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    result = CliRunner().invoke(app, ["export", str(path), "--target", "tflite", "-o", str(tmp_path / "b")])
+    assert result.exit_code == 2, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "hard (Hardmax)" in lines[0] and "ein (Einsum)" in lines[0], result.output
+    assert not (tmp_path / "b").exists()
+
+
+def test_cli_export_format_and_verify(lenet, tmp_path):
+    import onnx
+    from mconv.cli.app import app
+    from mconv.irio import to_proto
+    from typer.testing import CliRunner
+
+    model, x, labels = lenet
+    src = tmp_path / "lenet.onnx"
+    onnx.save(to_proto(model), src)
+    np.savez(tmp_path / "calib.npz", data=x[:200])
+    cli = CliRunner()
+    r = cli.invoke(
+        app,
+        [
+            "export",
+            str(src),
+            "--format",
+            "tflite",
+            "--precision",
+            "int8-weights",
+            "-o",
+            str(tmp_path / "m.tflite"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "m.tflite").stat().st_size < 0.3 * src.stat().st_size
+    r = cli.invoke(
+        app,
+        [
+            "export",
+            str(src),
+            "--target",
+            "tflite",
+            "--precision",
+            "int8",
+            "--data",
+            str(tmp_path / "calib.npz"),
+            "-o",
+            str(tmp_path / "b8"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    # a batch-1 file runs a whole data set (one invocation per sample), verified against the model
+    np.savez(tmp_path / "test.npz", data=x[1000:1001], labels=labels[1000:1001])
+    r = cli.invoke(app, ["verify", str(src), str(tmp_path / "b8"), "--data", str(tmp_path / "test.npz")])
+    assert r.exit_code == 0, r.output
+    r = cli.invoke(
+        app, ["export", str(src), "--target", "tflite", "--precision", "int8", "-o", str(tmp_path / "b9")]
+    )
+    assert r.exit_code == 2 and "--data" in r.output
+
+
+def test_prelu_channel_slice_round_and_where_keep_the_layout(tmp_path):
+    """PRELU with a per-channel slope, a Slice over channels (a STRIDED_SLICE in NHWC), ROUND,
+    EQUAL and SELECT_V2: the MediaPipe and FER rows' ops, on real digits."""
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(7)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((4, 1, 3, 3)) * 2).astype(np.float32), "w"),
+        numpy_helper.from_array(np.array([0.1, 0.2, 0.3, 0.4], np.float32).reshape(4, 1, 1), "slope"),
+        numpy_helper.from_array(np.array([1], np.int64), "s0"),
+        numpy_helper.from_array(np.array([3], np.int64), "s1"),
+        numpy_helper.from_array(np.array([1], np.int64), "ax"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(-1.0, np.float32), "minus"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("PRelu", ["c", "slope"], ["p"]),
+        helper.make_node("Slice", ["p", "s0", "s1", "ax"], ["s"]),
+        helper.make_node("Round", ["s"], ["r"]),
+        helper.make_node("Equal", ["r", "zero"], ["e"]),
+        helper.make_node("Where", ["e", "minus", "r"], ["y"]),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "ops",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])],
+        inits,
+    )
+    model = from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    bundle, runner = _bundle(model, tmp_path, "ops")
+    x = _digits(3)
+    ref = get_target("reference").load_model(model)
+    for k in range(3):
+        np.testing.assert_array_equal(ref.run({"x": x[k : k + 1]})["y"], runner.run({"x": x[k : k + 1]})["y"])
+    ops = [op for op, _ in _file_ops((bundle.root / "model.tflite").read_bytes())]
+    assert "PRELU" in ops and "STRIDED_SLICE" in ops and "SELECT_V2" in ops
+    assert ops.count("TRANSPOSE") == 2  # the input's and the output's: the slice stays NHWC
+
+
+def test_quantize_static_mode_gives_a_qdq_model_onnx_runtime_runs(lenet, tmp_path):
+    """The cpu target's int8 path: QDQ activations from calibration, checked in ONNX Runtime on
+    held-out digits; the input's parameters are the min-max ones computed here."""
+    import onnxruntime as ort
+    from mconv.irio import to_proto
+    from mconv.passes import parse_spec, run_pipeline
+    from mconv.passes.base import PassContext
+    from mconv.passes.pipeline import snapshot_model
+
+    model, x, labels = lenet
+    calib = x[:200]
+    q, _ = run_pipeline(
+        snapshot_model(model), parse_spec("quantize(mode=static)"), PassContext(data={"data": calib})
+    )
+    proto = to_proto(q)
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    lo, hi = min(float(calib.min()), 0.0), max(float(calib.max()), 0.0)
+    assert np.isclose(inits["data_scale"], (hi - lo) / 255, rtol=1e-6)
+    assert int(inits["data_zp"]) == int(np.round(-128 - lo / ((hi - lo) / 255)))
+    assert {n.op_type for n in proto.graph.node} >= {"QuantizeLinear", "DequantizeLinear"}
+    s_q = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    s_f = ort.InferenceSession(to_proto(model).SerializeToString(), providers=["CPUExecutionProvider"])
+    held = range(1000, 1300)
+    got = np.concatenate([s_q.run(None, {"data": x[i : i + 1]})[0] for i in held])
+    want = np.concatenate([s_f.run(None, {"data": x[i : i + 1]})[0] for i in held])
+    assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.99
