@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("svg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RC = {
+RC: dict[str, Any] = {
     "svg.fonttype": "none",
     "svg.hashsalt": "mconv-report",
     "text.parse_math": False,
@@ -63,7 +63,7 @@ def to_svg(fig: Any, label: str) -> str:
     import html
 
     buf = io.StringIO()
-    with plt.rc_context(RC):
+    with plt.rc_context(RC):  # type: ignore[arg-type]
         fig.tight_layout()
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     plt.close(fig)
@@ -77,7 +77,7 @@ def to_svg(fig: Any, label: str) -> str:
 
 def _rc(fn):
     def wrapped(*args, **kwargs):
-        with plt.rc_context(RC):
+        with plt.rc_context(RC):  # type: ignore[arg-type]
             return fn(*args, **kwargs)
 
     wrapped.__doc__ = fn.__doc__
@@ -159,7 +159,7 @@ def histogram(
     arrays = [a for a in (before, after) if a is not None and a.size]
     lo = min(float(a.min()) for a in arrays) if arrays else -1.0
     hi = max(float(a.max()) for a in arrays) if arrays else 1.0
-    edges = np.linspace(lo, hi if hi > lo else lo + 1, 81)
+    edges = [float(e) for e in np.linspace(lo, hi if hi > lo else lo + 1, 81)]
     if before is not None and before.size:
         ax.hist(before, bins=edges, color=BEFORE, label="before", alpha=0.9)
     if after is not None and after.size:

@@ -449,14 +449,14 @@ def optimize_sections(doc: dict[str, Any], before: Any, after: Any, layers: int)
         out += budget_sections(b)
     passes = doc.get("passes") or []
     if passes:
-        rows = [(p.get("name"), p.get("bytes_before"), p.get("bytes_after"), p.get("seconds"),
+        prows = [(p.get("name"), p.get("bytes_before"), p.get("bytes_after"), p.get("seconds"),
                  json.dumps(p.get("config"), sort_keys=True)[:300]) for p in passes]  # fmt: skip
         out += section(
-            "passes", "Passes", table(["pass", "bytes before", "bytes after", "seconds", "config"], rows)
+            "passes", "Passes", table(["pass", "bytes before", "bytes after", "seconds", "config"], prows)
         )
     if b and b.get("recipe"):
-        rows = [(s.get("name"), json.dumps(s.get("config"), sort_keys=True)[:400]) for s in b["recipe"]]
-        out += section("recipe", "Recipe chosen", table(["pass", "config"], rows))
+        rrows = [(s.get("name"), json.dumps(s.get("config"), sort_keys=True)[:400]) for s in b["recipe"]]
+        out += section("recipe", "Recipe chosen", table(["pass", "config"], rrows))
     return out
 
 
