@@ -194,21 +194,25 @@ def sparsity_section(rows: list[tuple[str, float, float]], title: str) -> str:
 # --------------------------------------------------------------------------- weight histograms
 
 
-def _weights(model: Any) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
+def _tensors(model: Any) -> dict[str, Any]:
+    """The model's float weight tensors of rank 2 or more, not read yet (name -> IR tensor)."""
+    out: dict[str, Any] = {}
     if model is None:
         return out
     for name, value in model.graph.initializers.items():
         t = value.const_value
-        if t is None or len(t.shape) < 2:
-            continue
-        try:
-            a = np.asarray(t.numpy())
-        except Exception:  # noqa: BLE001 - a tensor that cannot be read is not drawn
-            continue
-        if a.dtype.kind == "f":
-            out[name] = a
+        if t is not None and len(t.shape) >= 2 and t.dtype.is_floating_point():
+            out[name] = t
     return out
+
+
+def _read(tensor: Any) -> np.ndarray | None:
+    if tensor is None:
+        return None
+    try:
+        return np.asarray(tensor.numpy())
+    except Exception:  # noqa: BLE001 - a tensor that cannot be read is not drawn
+        return None
 
 
 def _sample(a: np.ndarray, n: int = 200_000) -> np.ndarray:
@@ -220,14 +224,15 @@ def _sample(a: np.ndarray, n: int = 200_000) -> np.ndarray:
 def histogram_section(before: Any, after: Any, layers: int) -> str:
     from mconv.report import charts
 
-    wa, wb = _weights(after), _weights(before)
-    pool = wa or wb
+    ta, tb = _tensors(after), _tensors(before)
+    pool = ta or tb
     if not pool:
         return ""
-    names = sorted(pool, key=lambda k: (-pool[k].size, k))[:layers]
+    # only the largest are read (a large model's other weights stay on disk)
+    names = sorted(pool, key=lambda k: (-int(np.prod(pool[k].shape.numpy())), k))[:layers]
     body = ""
     for name in names:
-        a0, a1 = wb.get(name), wa.get(name)
+        a0, a1 = _read(tb.get(name)), _read(ta.get(name))
         if a1 is not None and a0 is not None and a0.shape != a1.shape:
             a0 = None
         nz = a1[a1 != 0] if a1 is not None else None

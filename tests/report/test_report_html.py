@@ -176,3 +176,30 @@ def test_commands_do_not_import_matplotlib():
     code = "import sys, mconv.api, mconv.cli.app, mconv.report; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_a_large_model_draws_its_largest_layers_only(tmp_path):
+    """30 weight layers, histograms of the 3 largest: the page stays bounded and says so."""
+    import mconv.api as api
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(30):
+        w = rng.standard_normal((16, 16)).astype(np.float32) * (1 + i)
+        w[0, : i % 16] = 0  # sizes equal: the order is by name after size
+        inits.append(onnx.numpy_helper.from_array(w, f"w{i:02d}"))
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i:02d}"], [f"h{i}"], name=f"mm{i}"))
+        prev = f"h{i}"
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 16])], inits,
+    )  # fmt: skip
+    path = tmp_path / "deep.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    html = api.inspect(path).write_report(tmp_path / "deep.html", layers=3).read_text()
+    assert re.findall(r"<h3>(w\d\d)</h3>", html) == ["w00", "w01", "w02"]
+    assert "27 smaller weight tensors not drawn" in html
+    assert 'data-chart="ops"' in html and "<td>MatMul</td><td>30</td>" in html
