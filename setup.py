@@ -27,6 +27,7 @@ ROOTS = {
     "mconv.targets": "targets",
     "mconv.fixtures": "fixtures",
     "mconv.api": "api",
+    "mconv.report": "report",
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 

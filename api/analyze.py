@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mconv.api.common import ModelLike, PathLike, _as_model, _guards, _progress, load_data
@@ -16,6 +17,20 @@ class AnalyzeResult:
 
     report: Any
     recipe: str | None = None
+    source: str | None = None  # the model file (None: an ir.Model was given)
+
+    def write_report(self, path: PathLike) -> Path:
+        """The self-contained HTML report of this analysis (:mod:`mconv.report`)."""
+        from mconv.report import write_report
+
+        summary = None
+        if self.source is not None:
+            from mconv.api.inspection import inspect_path
+
+            summary = inspect_path(self.source)
+        return write_report(
+            path, "analyze", self.as_dict(), inputs=[self.source, self.recipe], summary=summary
+        )
 
     def as_dict(self) -> dict[str, Any]:
         doc = self.report.as_dict()
@@ -47,7 +62,7 @@ def analyze(
 
     if output is not None and max_drop is None:
         raise InputError("-o needs --max-drop", hint="e.g. --max-drop 0.01 -o recipe.toml")
-    m, _ = _as_model(model)
+    m, source = _as_model(model)
     feeds = load_data(data, m)
     if feeds is None:
         raise InputError("analyze needs data", hint="--data calib.npz (inputs by name, optional labels)")
@@ -68,7 +83,7 @@ def analyze(
     if output is not None:
         write_recipe(report, output)
         recipe = str(output)
-    return AnalyzeResult(report, recipe)
+    return AnalyzeResult(report, recipe, str(source) if source is not None else None)
 
 
 def sparkline(values: Sequence[float], lo: float | None = None, hi: float | None = None) -> str:

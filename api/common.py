@@ -232,3 +232,11 @@ def load_data(data, model: ir.Model) -> dict[str, np.ndarray] | None:
     if labels is not None:
         feeds["labels"] = labels
     return feeds
+
+
+def check_report_path(report: PathLike, *others: PathLike | None) -> None:
+    """Refuse a ``--report`` path before any work: an input, the command's output, a folder or
+    a FIFO (:func:`mconv.report.check_path`)."""
+    from mconv.report import check_path
+
+    check_path(report, *others)

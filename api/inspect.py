@@ -19,6 +19,19 @@ class InspectResult:
     def as_dict(self) -> dict[str, Any]:
         return self.doc
 
+    def write_report(self, path: PathLike, *, layers: int = 6) -> Path:
+        """The self-contained HTML report of what ``path`` holds (:mod:`mconv.report`)."""
+        from mconv.bundle import is_bundle
+        from mconv.report import write_report
+
+        source = self.doc.get("path")
+        model = None
+        if source is not None and not is_bundle(Path(source)) and not Path(source).is_dir():
+            from mconv.api.common import open_model
+
+            model = open_model(source)  # the weights the histograms draw
+        return write_report(path, "inspect", self.as_dict(), inputs=[source], after=model, layers=layers)
+
 
 @_guards("path")
 def inspect(path: PathLike, *, top: int = 10, input_shapes=None) -> InspectResult:

@@ -96,6 +96,13 @@ def _finite_pair(r: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rf[keep], cf[keep]
 
 
+TRACE_LIMIT = 4096  # values kept in the trace (a graph's first ones, in topological order)
+
+
+def _first_index(trace: list[dict]) -> int | None:
+    return next((i for i, t in enumerate(trace) if t["drift"]), None)
+
+
 def localize(
     reference: Path,
     candidate: Path,
@@ -118,7 +125,8 @@ def localize(
     ref_vals = _values(ref_model, ref_rt, feeds)
     cand_vals = _values(cand_model, cand_rt, feeds)
     tol = _tolerance(gates)
-    compared, worst = 0, None
+    compared, worst, first = 0, None, None
+    trace: list[dict] = []  # every compared value in order: the report's error along the graph
     runtimes = {"reference": ref_rt, "candidate": cand_rt}
     for node in cand_model.graph:
         for out in node.outputs:
@@ -142,16 +150,22 @@ def localize(
                 "fused_from": node.metadata_props.get("mconv.fused_from"),
                 **m,
             }
-            if fails:
-                return {
-                    **entry,
-                    "compared": compared,
-                    "runtimes": runtimes,
-                    "tolerance": tol.as_dict(),
-                    "failures": fails,
-                }
+            if len(trace) < TRACE_LIMIT:
+                trace.append(
+                    {"node": entry["node"], "op_type": node.op_type, "drift": bool(fails)}
+                    | {k: m[k] for k in ("cosine", "rel_l2", "max_abs") if k in m}
+                )
+            if fails and first is None:
+                first = {
+                    **entry, "compared": compared, "runtimes": runtimes,
+                    "tolerance": tol.as_dict(), "failures": fails,
+                }  # fmt: skip
+            if first is not None:
+                continue
             if worst is None or m["cosine"] < worst["cosine"]:
                 worst = entry
+    if first is not None:  # the values after it were compared for the trace only
+        return {**first, "trace": trace, "first_drift": _first_index(trace)}
     if compared == 0:
         return {
             "node": None,
@@ -166,6 +180,7 @@ def localize(
         "runtimes": runtimes,
         "tolerance": tol.as_dict(),
         "worst": worst,
+        "trace": trace,
         "note": f"none of the {compared} values both models share drifts beyond "
         + ", ".join(f"{k}={v:g}" for k, v in tol.as_dict().items())
         + (

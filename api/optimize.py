@@ -19,6 +19,7 @@ from mconv.api.common import (
     _progress,
     load_data,
     naming_the_file,
+    open_model,
     save,
 )
 from mconv.errors import GateFailed, InputError
@@ -46,6 +47,23 @@ class OptimizeResult:
     accuracy_measured: bool | None = None
     datafree: Any = field(default=None, repr=False)  # a passes.budget.DataFreePlan
     warnings: list[str] = field(default_factory=list)
+    source: str | None = None  # the input file (None: an ir.Model was given)
+
+    def write_report(self, path: PathLike) -> Path:
+        """The self-contained HTML report of this optimize (:mod:`mconv.report`): the source
+        file's weights are read again for the histograms' "before"."""
+        from mconv.api.inspection import inspect_model
+        from mconv.report import check_path, write_report
+
+        check_path(path, self.source, self.output)
+        before = open_model(self.source) if self.source is not None and self.model is not None else None
+        summary = None
+        if self.model is not None:
+            summary = {"path": self.output, "kind": "optimized", **inspect_model(self.model)}
+        return write_report(
+            path, "optimize", self.as_dict(), inputs=[self.source, self.output], summary=summary,
+            before=before, after=self.model,
+        )  # fmt: skip
 
     def as_dict(self) -> dict[str, Any]:
         doc = self._doc()
@@ -57,6 +75,7 @@ class OptimizeResult:
         if self.datafree is not None:
             doc["datafree"] = self.datafree.as_dict()
         doc["warnings"] = list(self.warnings)
+        doc["source"] = self.source
         return doc
 
     def _doc(self) -> dict[str, Any]:
@@ -131,6 +150,7 @@ def _optimize_streamed(src: Path, passes: str, scheme, output: Path, progress) -
         file_bytes_after=sum(p.stat().st_size for p in files),
         predicted_bundle_weight_bytes=None,
         reports=[report],
+        source=str(src),
     )
 
 
@@ -311,6 +331,7 @@ def _optimize_pipeline(
         reports=list(reports),
         account=account or None,
         model=m,
+        source=str(source) if source is not None else None,
         **_unmeasured(lossy and not measured, plans[0] if plans else None, ctx.data is None),
     )
 
@@ -474,6 +495,7 @@ def _optimize_budget(
         account=account or None,
         model=m,
         budget=budget,
+        source=str(source) if source is not None else None,
     )
     if failed is not None:
         failed.result = result  # type: ignore[attr-defined]

@@ -37,6 +37,10 @@ class VerifyResult:
     ``--json`` document, ``check()`` raises ``GateFailed`` (exit 1) when a gate failed."""
 
     report: Any
+    # per output: the distribution of |cand - ref| (``error_distribution`` in the JSON)
+    errors: dict[str, Any] | None = None
+    reference: str | None = None
+    candidate: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -47,7 +51,23 @@ class VerifyResult:
         return self.report.failures
 
     def as_dict(self) -> dict[str, Any]:
-        return self.report.as_dict()
+        doc = self.report.as_dict()
+        if self.errors is not None:
+            doc["error_distribution"] = self.errors
+        return doc
+
+    def write_report(self, path: PathLike) -> Path:
+        """The self-contained HTML report of this verify (:mod:`mconv.report`)."""
+        from mconv.report import write_report
+
+        summary = None
+        if self.candidate is not None:
+            from mconv.api.inspection import inspect_path
+
+            summary = inspect_path(self.candidate)
+        return write_report(
+            path, "verify", self.as_dict(), inputs=[self.reference, self.candidate], summary=summary
+        )
 
     def check(self) -> VerifyResult:
         if not self.passed:
@@ -132,9 +152,38 @@ def verify(
     report = verify_outputs(ref_out, cand_out, gates, labels, samples=n_samples)
     report.batching = batching
     report.gates_source = "user" if user_gates.any() else "default"
+    errors = {n: error_distribution(ref_out[n], cand_out[n]) for n in report.outputs if n in cand_out}
     if localize:
         from mconv.api.localize import localize as do_localize
 
         # The first run's feeds: a drift shows in one batch as well as in all.
         report.localized = do_localize(reference, candidate, feed_list[0], user_gates, shapes)
-    return VerifyResult(report)
+    return VerifyResult(report, errors, str(reference), str(candidate))
+
+
+def error_distribution(ref: Any, cand: Any, bins: int = 24) -> dict[str, Any]:
+    """|cand - ref| of one output over every sample: quantiles and a histogram on log10 bins
+    (exact zeros counted apart, non-finite places too); the report draws it."""
+    r, c = np.asarray(ref), np.asarray(cand)
+    if r.shape != c.shape or not (np.issubdtype(r.dtype, np.number) and np.issubdtype(c.dtype, np.number)):
+        return {"values": int(r.size), "note": "not numeric or shapes differ"}
+    with np.errstate(all="ignore"):
+        d = np.abs(c.astype(np.float64) - r.astype(np.float64)).ravel()
+    finite = d[np.isfinite(d)]
+    positive = finite[finite > 0]
+    doc: dict[str, Any] = {
+        "values": int(d.size),
+        "zeros": int(finite.size - positive.size),
+        "nonfinite": int(d.size - finite.size),
+        "quantiles": {
+            q: float(np.quantile(finite, p)) if finite.size else None
+            for q, p in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+        },
+    }
+    if positive.size:
+        lo, hi = np.floor(np.log10(positive.min())), np.ceil(np.log10(positive.max()))
+        edges = np.logspace(lo, max(hi, lo + 1), bins + 1)
+        counts, _ = np.histogram(positive, edges)
+        doc["log10_edges"] = [round(float(e), 4) for e in np.log10(edges)]
+        doc["counts"] = [int(n) for n in counts]
+    return doc

@@ -12,6 +12,7 @@ from mconv.cli.common import (
     DebugOpt,
     JsonOpt,
     QuietOpt,
+    ReportOpt,
     app,
     float_list,
     make_out,
@@ -64,6 +65,7 @@ def analyze_cmd(
             "--ray", metavar="ADDRESS", help="Run the sweeps on this Ray cluster (ray://HOST:PORT or auto)."
         ),
     ] = None,
+    report: ReportOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -74,6 +76,10 @@ def analyze_cmd(
     def body() -> int:
         import mconv.api as api
 
+        if report is not None:  # refused before the work
+            from mconv.api.common import check_report_path as check_path
+
+            check_path(report, model_path, data, output)
         sparsities = float_list(sweep, "--sweep")
         bit_list = [int(b) for b in float_list(bits, "--bits")] if bits else []
         with out.progress("analyze") as update:
@@ -93,6 +99,8 @@ def analyze_cmd(
         render.render_sensitivity(out, result.report)
         if result.recipe is not None:
             out.print(f"wrote recipe {output} (use: mconv optimize MODEL --recipe {output} --data D)")
+        if report is not None:
+            result.write_report(report)
         out.emit(result.as_dict())
         return 0
 

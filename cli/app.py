@@ -6,7 +6,7 @@ importing this module assembles them. ``main`` is the entry point.
 
 from __future__ import annotations
 
-from mconv.cli import analyze, demo, export, import_, inspect, optimize, run, verify  # noqa: F401
+from mconv.cli import analyze, demo, export, import_, inspect, optimize, report, run, verify  # noqa: F401
 from mconv.cli.common import app
 from mconv.cli.render import format_shape, localize_line, render_verify
 

@@ -6,6 +6,7 @@ entry point."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -93,6 +94,14 @@ InputShapeOpt = Annotated[
         metavar="NAME=DIMS",
         help="Fix a symbolic input shape: NAME=1,3,224,224 (repeatable). An unknown name or a dim "
         "that contradicts a fixed one is refused; downstream shapes are inferred.",
+    ),
+]
+ReportOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--report",
+        metavar="FILE.html",
+        help="Also write one self-contained HTML report with charts (needs matplotlib: mconv[report]).",
     ),
 ]
 SamplesOpt = Annotated[

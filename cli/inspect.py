@@ -13,6 +13,7 @@ from mconv.cli.common import (
     InputShapeOpt,
     JsonOpt,
     QuietOpt,
+    ReportOpt,
     app,
     make_out,
 )
@@ -26,6 +27,7 @@ def inspect_cmd(
         int, typer.Option("--top", metavar="N", help="How many of the largest tensors to list.")
     ] = 10,
     input_shape: InputShapeOpt = None,
+    report: ReportOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -36,7 +38,14 @@ def inspect_cmd(
     def body() -> int:
         import mconv.api as api
 
-        doc = api.inspect(path, top=top, input_shapes=input_shape).as_dict()
+        if report is not None:
+            from mconv.api.common import check_report_path as check_path
+
+            check_path(report, path)
+        result = api.inspect(path, top=top, input_shapes=input_shape)
+        doc = result.as_dict()
+        if report is not None:
+            result.write_report(report)
         render.render_inspect(out, doc)
         out.emit(doc)
         return 0

@@ -12,6 +12,7 @@ from mconv.cli.common import (
     DebugOpt,
     JsonOpt,
     QuietOpt,
+    ReportOpt,
     app,
     make_out,
     reuse_progress,
@@ -173,6 +174,7 @@ def optimize_cmd(
     workers: WorkersOpt = 0,
     ray_address: RayAddressOpt = None,
     force: ForceOpt = False,
+    report: ReportOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -185,6 +187,16 @@ def optimize_cmd(
         from mconv.api.optimize import budget_config
         from mconv.errors import GateFailed
 
+        if report is not None:  # refused before the work (mconv.report.check_path)
+            from mconv.api.common import check_report_path as check_path
+
+            if report.resolve() == output.resolve():
+                from mconv.errors import InputError
+
+                raise InputError(
+                    "--report is the -o path", path=str(report), hint="give the report its own path"
+                )
+            check_path(report, model_path, data, val_data)
         budget = None
         if max_drop is not None or target_size is not None or save_recipe is not None:
             budget = budget_config(
@@ -206,6 +218,8 @@ def optimize_cmd(
                     raise
                 result, failed = exc.result, exc  # type: ignore[attr-defined]
         _render(out, result, output)
+        if report is not None:  # an unmet budget's report too: that is when it is read
+            result.write_report(report)
         out.emit(result.as_dict())
         if failed is not None:
             raise failed

@@ -13,6 +13,7 @@ from mconv.cli.common import (
     InputShapeOpt,
     JsonOpt,
     QuietOpt,
+    ReportOpt,
     SamplesOpt,
     SeedOpt,
     app,
@@ -78,6 +79,7 @@ def verify_cmd(
     localize: Annotated[
         bool, typer.Option("--localize", help="Name the first node that drifts (reference executor).")
     ] = False,
+    report: ReportOpt = None,
     json_: JsonOpt = False,
     quiet: QuietOpt = False,
     debug: DebugOpt = False,
@@ -93,6 +95,10 @@ def verify_cmd(
     def body() -> int:
         import mconv.api as api
 
+        if report is not None:  # refused before the work (mconv.report.check_path)
+            from mconv.api.common import check_report_path as check_path
+
+            check_path(report, reference, candidate, data)
         with out.progress("verify") as update:
             result = api.verify(
                 reference,
@@ -111,6 +117,8 @@ def verify_cmd(
                 progress=reuse_progress(update, restart=True),
             )
         render.render_verify(out, result.report)
+        if report is not None:
+            result.write_report(report)
         out.emit(result.as_dict())
         result.check()
         return 0

@@ -192,6 +192,7 @@ def container_account(entries: Sequence) -> dict:
                 "weight_bits": _weight_bits(r, itemsize),
                 "index_bits": r.get("index_bits"),
                 "codebook_bytes": int(r.get("streams", {}).get("codebook", 0)),
+                "streams": {str(k): int(v) for k, v in (r.get("streams") or {}).items()},
                 "bytes": int(e.nbytes),
                 "original_bytes": elements * itemsize,
             }

@@ -1,6 +1,7 @@
 """The layering: every folder imports only the folders below it.
 
-    core (+ core/edit) <- engines <- passes <- formats <- targets <- drivers <- fixtures <- api <- cli
+    core (+ core/edit) <- engines <- passes <- formats <- targets <- drivers <- fixtures <- report
+    <- api <- cli
 
 core/ (the package root ``mconv``) holds the symbolic links of the src layout (``core/cli ->
 ../cli`` ...), so the walk skips links: they are the other layers, not core modules
@@ -18,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "core"
 
-ORDER = ("core", "engines", "passes", "formats", "targets", "drivers", "fixtures", "api", "cli")
+ORDER = ("core", "engines", "passes", "formats", "targets", "drivers", "fixtures", "report", "api", "cli")
 ABOVE_CORE = ORDER[1:]
 # (file relative to its layer's folder, imported module) -> why it is allowed
 EXCEPTIONS = {
@@ -192,3 +193,10 @@ def test_the_declared_exceptions_are_still_used():
         for file, module in declared:
             mods = {m for _, m in imported_modules(ROOT / folder / file, ROOT / folder, f"mconv.{folder}")}
             assert module in mods, f"{folder}/{file} no longer imports {module}: drop the exception"
+
+
+def test_the_command_line_imports_only_the_api_and_core():
+    # the CLI is a face on the API: every command is one api call (export's flags excepted)
+    beside = tuple(f for f in ORDER if f not in ("core", "api", "cli"))
+    found = violations(ROOT / "cli", beside, "mconv.cli", exceptions=FOLDER_EXCEPTIONS["cli"])
+    assert found == [], found

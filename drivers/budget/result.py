@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-from mconv.drivers.budget.allocation import _alloc_table
+from mconv.drivers.budget.allocation import _alloc_cost, _alloc_table
 from mconv.drivers.budget.evaluation import _check_data, _Evaluator, _score_value, split_indices
 from mconv.drivers.budget.sensitivity import _candidates, _compressed
 from mconv.errors import GateFailed
@@ -149,6 +149,9 @@ def _result(
             "allocation": _alloc_table(r["alloc"]),
             "budget_bytes": r.get("budget"),
             "reallocated": r.get("reallocated", []),
+            # the allocation's summed estimated cost (the frontier's y) and whether it was chosen
+            "estimated_cost": _cost_or_none(layers, r["alloc"]),
+            "chosen": r is best,
         }
         for r in tried.values()
     ]
@@ -180,6 +183,14 @@ def _result(
         specs=best["specs"],
         seed=seed,
     )
+
+
+def _cost_or_none(layers, alloc) -> float | None:
+    """An allocation's summed estimated cost; None when a layer's setting has no estimate."""
+    try:
+        return float(_alloc_cost(layers, alloc))
+    except KeyError:
+        return None
 
 
 def compare_estimators(

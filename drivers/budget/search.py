@@ -194,6 +194,11 @@ def _allocations(s: Search, model: ir.Model) -> None:
     frontier = _frontier(s.layers)
     s.est["layers"] = len(s.layers)
     s.est["frontier"] = len(frontier)
+    # the frontier's points for the report's chart (a convex hull: a few dozen at most)
+    s.est["frontier_points"] = [
+        {"predicted_bytes": _alloc_bytes(s.layers, a), "estimated_cost": _alloc_cost(s.layers, a)}
+        for a in frontier
+    ]
     target = c.target_size
     if target is None:
         s.fitting = frontier
