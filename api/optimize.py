@@ -197,6 +197,10 @@ def optimize(
     check_workers(workers, ray_address)
     from mconv.targets.xla.engine import check_engine
 
+    if engine == "auto":  # the fastest engine present (passes/fast_engine.py rule 1)
+        from mconv.passes.fast_engine import resolve_engine
+
+        engine, device = resolve_engine(engine, device)
     if engine is not None or device is not None:
         check_engine(engine or "reference", device or "cpu")
 
@@ -385,16 +389,18 @@ def budget_config(
     one :class:`~mconv.passes.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and
     ``--engine``/``--device`` first, then the search's own, refused naming ``model``'s file."""
     from mconv.passes.budget import BudgetConfig
+    from mconv.passes.fast_engine import resolve_engine
     from mconv.passes.parallel import check_workers
     from mconv.targets.xla.engine import check_engine
 
     check_workers(workers, ray_address)
-    check_engine(engine or "reference", device or "cpu")
+    engine, device = resolve_engine(engine, device)  # auto (the default): xla when jax imports
+    check_engine(engine, device)
     source = None if isinstance(model, ir.Model) else Path(model)
     with naming_the_file(source) if source else contextlib.nullcontext():
         return BudgetConfig(
             max_drop=max_drop, target_size=target_size, target_of=target_of, seed=seed,  # type: ignore[arg-type]
-            engine=engine or "reference", device=device or "cpu", workers=workers,
+            engine=engine, device=device, workers=workers,
             ray_address=ray_address, epochs=epochs,
         )  # fmt: skip
 

@@ -60,7 +60,7 @@ class BudgetConfig:
     target_size: int | None = None
     target_of: str = "weights"
     seed: int = 0
-    engine: str = "reference"
+    engine: str = "auto"  # rule 11: auto is xla when jax imports, else reference (fast_engine rule 1)
     device: str = "cpu"
     estimator: str = "fisher"
     holdout: float = 0.25
@@ -77,9 +77,14 @@ class BudgetConfig:
     shift: int | None = None
 
     def __post_init__(self) -> None:
+        from mconv.passes.fast_engine import resolve_engine
         from mconv.passes.parallel import check_workers
         from mconv.targets.xla.engine import check_engine
 
+        if self.engine in ("auto", None):
+            engine, device = resolve_engine(self.engine, self.device)
+            object.__setattr__(self, "engine", engine)
+            object.__setattr__(self, "device", device)
         check_engine(self.engine, self.device)
         check_workers(self.workers, self.ray_address)
         if self.estimator not in ("fisher", "sweep"):
