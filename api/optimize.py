@@ -197,12 +197,8 @@ def optimize(
     check_workers(workers, ray_address)
     from mconv.targets.xla.engine import check_engine
 
-    if engine == "auto":  # the fastest engine present (passes/fast_engine.py rule 1)
-        from mconv.passes.fast_engine import resolve_engine
-
-        engine, device = resolve_engine(engine, device)
-    if engine is not None or device is not None:
-        check_engine(engine or "reference", device or "cpu")
+    if engine is not None or device is not None:  # auto: the fastest present (fast_engine rule 1)
+        check_engine("xla" if engine == "auto" else engine or "reference", device or "cpu")
 
     if bool(passes) == bool(recipe):
         raise InputError(
@@ -259,6 +255,10 @@ def _optimize_pipeline(
     from mconv.account import predicted_account
     from mconv.irio import model_stats, spilling
 
+    if engine == "auto":
+        from mconv.passes.fast_engine import resolve_engine
+
+        engine, device = resolve_engine(engine, device)
     if engine is not None or device is not None:
         for spec in specs:  # the finetune passes that do not name their own engine
             if spec.name == "finetune":
@@ -389,13 +389,12 @@ def budget_config(
     one :class:`~mconv.passes.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and
     ``--engine``/``--device`` first, then the search's own, refused naming ``model``'s file."""
     from mconv.passes.budget import BudgetConfig
-    from mconv.passes.fast_engine import resolve_engine
     from mconv.passes.parallel import check_workers
     from mconv.targets.xla.engine import check_engine
 
     check_workers(workers, ray_address)
-    engine, device = resolve_engine(engine, device)  # auto (the default): xla when jax imports
-    check_engine(engine, device)
+    engine, device = engine or "auto", device or "cpu"  # auto: decided on the model and data
+    check_engine("xla" if engine == "auto" else engine, device)
     source = None if isinstance(model, ir.Model) else Path(model)
     with naming_the_file(source) if source else contextlib.nullcontext():
         return BudgetConfig(

@@ -19,7 +19,10 @@ Models and data (nothing downloaded):
 
 Run: python bench/budget_scaling.py [--models lenet,dwcnn] [--samples 1000,2500,5000]
      [--engine auto] [--device cpu] [--machine "2-core CPU"] [--out bench/results/budget_scaling.md]
-     [--append]
+     [--append] [--jobs N]
+
+On a loaded machine the wall seconds say little; each row's CPU seconds (the command's own, all
+its threads) do: on an idle machine of C cores the wall time is at least CPU / C.
 """
 
 from __future__ import annotations
@@ -28,11 +31,11 @@ import argparse
 import datetime
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,16 +48,21 @@ def shared() -> Path:
 
 
 def mconv(*args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, float, float]:
-    """The CLI as a child process: (result, wall seconds, CPU seconds of the child)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    r = subprocess.run(
-        [sys.executable, "-m", "mconv", *args], capture_output=True, text=True, env=env or os.environ.copy()
-    )
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return r, wall, cpu
+    """The CLI as a child process: (result, wall seconds, CPU seconds of that child: user +
+    system, from its own rusage, so rows run side by side are told apart)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(
+            [sys.executable, "-m", "mconv", *args], stdout=out, stderr=err, env=env or os.environ.copy()
+        )
+        _, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        code = os.waitstatus_to_exitcode(status)
+        r = subprocess.CompletedProcess(p.args, code, out.read(), err.read())
+    p.returncode = code  # reaped by wait4
+    return r, wall, usage.ru_utime + usage.ru_stime
 
 
 def prepare(model: str, n: int, work: Path) -> tuple[Path, Path, str, str]:
@@ -98,8 +106,9 @@ def main() -> None:
     ap.add_argument("--machine", default=f"{os.cpu_count()}-core CPU")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "budget_scaling.md"))
     ap.add_argument("--append", action="store_true", help="add rows to the file's table")
+    ap.add_argument("--jobs", type=int, default=1, help="rows run side by side (CPU seconds stay per row)")
     args = ap.parse_args()
-    rows = []
+    jobs = []
     with tempfile.TemporaryDirectory(prefix="budget-scaling-") as tmp:
         work = Path(tmp)
         for model in args.models.split(","):
@@ -108,40 +117,46 @@ def main() -> None:
                     continue  # the fixture's digits are 1,347
                 path, data, target, _ = prepare(model, n, work)
                 cmd = [
-                    "optimize", str(path), "-o", str(work / "out.onnx"), "--recipe", "deep-compression",
-                    "--data", str(data), "--target-size", target, "--target-of", "bundle",
-                    "--engine", args.engine, "--json",
+                    "optimize", str(path), "-o", str(work / f"out-{model}-{n}.onnx"), "--recipe",
+                    "deep-compression", "--data", str(data), "--target-size", target, "--target-of",
+                    "bundle", "--engine", args.engine, "--json",
                 ]  # fmt: skip
                 if args.device:
                     cmd += ["--device", args.device]
-                r, wall, cpu = mconv(*cmd)
-                try:
-                    b = json.loads(r.stdout)["budget"]
-                except (json.JSONDecodeError, KeyError):
-                    print(r.stderr[-3000:], file=sys.stderr)
-                    b = {}
-                row = {
-                    "model": model,
-                    "samples": n,
-                    "target": target,
-                    "exit": r.returncode,
-                    "engine": b.get("engine", "?"),
-                    "wall_s": round(wall, 1),
-                    "cpu_s": round(cpu, 1),
-                    "search_s": round(b.get("seconds", float("nan")), 1),
-                    "attempts": len(b.get("attempts", [])),
-                    "baseline": b.get("baseline"),
-                    "final": b.get("final"),
-                    "drop": b.get("held_out_drop"),
-                    "bundle": (b.get("size") or {}).get("bundle"),
-                    "met": b.get("met"),
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    write(Path(args.out), rows, args, " ".join(["mconv", *cmd[:1], "MODEL", *cmd[3:4], "..."]))
+                jobs.append((model, n, target, cmd))
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            rows = list(pool.map(lambda job: one(*job), jobs))
+    write(Path(args.out), rows, args)
 
 
-def write(out: Path, rows: list[dict], args, _cmd: str) -> None:
+def one(model: str, n: int, target: str, cmd: list[str]) -> dict:
+    r, wall, cpu = mconv(*cmd)
+    try:
+        b = json.loads(r.stdout)["budget"]
+    except (json.JSONDecodeError, KeyError):
+        print(r.stderr[-3000:], file=sys.stderr)
+        b = {}
+    row = {
+        "model": model,
+        "samples": n,
+        "target": target,
+        "exit": r.returncode,
+        "engine": b.get("engine", "?"),
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "search_s": round(b.get("seconds", float("nan")), 1),
+        "attempts": len(b.get("attempts", [])),
+        "baseline": b.get("baseline"),
+        "final": b.get("final"),
+        "drop": b.get("held_out_drop"),
+        "bundle": (b.get("size") or {}).get("bundle"),
+        "met": b.get("met"),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def write(out: Path, rows: list[dict], args) -> None:
     date = datetime.date.today().isoformat()
     head = (
         "| command | machine | figure | date | commit |\n|---|---|---|---|---|\n"

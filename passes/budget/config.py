@@ -60,7 +60,7 @@ class BudgetConfig:
     target_size: int | None = None
     target_of: str = "weights"
     seed: int = 0
-    engine: str = "auto"  # rule 11: auto is xla when jax imports, else reference (fast_engine rule 1)
+    engine: str = "auto"  # rule 11: auto, xla or reference (auto: passes/fast_engine.py rule 1)
     device: str = "cpu"
     estimator: str = "fisher"
     holdout: float = 0.25
@@ -77,15 +77,13 @@ class BudgetConfig:
     shift: int | None = None
 
     def __post_init__(self) -> None:
-        from mconv.passes.fast_engine import resolve_engine
         from mconv.passes.parallel import check_workers
         from mconv.targets.xla.engine import check_engine
 
-        if self.engine in ("auto", None):
-            engine, device = resolve_engine(self.engine, self.device)
-            object.__setattr__(self, "engine", engine)
-            object.__setattr__(self, "device", device)
-        check_engine(self.engine, self.device)
+        if self.engine is None:
+            object.__setattr__(self, "engine", "auto")
+        # auto (rule 11) is decided on the model and data (search._prepare); a device asks for xla
+        check_engine("xla" if self.engine == "auto" else self.engine, self.device)
         check_workers(self.workers, self.ray_address)
         if self.estimator not in ("fisher", "sweep"):
             raise InputError(f"estimator {self.estimator!r}", hint="use 'fisher' or 'sweep'")

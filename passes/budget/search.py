@@ -114,8 +114,13 @@ def _prepare(
         feeds, labels, held = _with_validation(model, feeds, labels, val_data)
         train = split_indices(n, 0.0, seed)[0]  # the finetune pass's sample order
         holdout, total = 0.0, n + len(held)
-    from mconv.passes.fast_engine import engine_label
+    from mconv.passes.budget.schedule import macs_per_sample
+    from mconv.passes.fast_engine import auto_engine, engine_label
 
+    epochs = config.epochs if config.epochs is not None else default_epochs(model, feeds, len(train))
+    if config.engine == "auto":  # rule 11: the fastest engine for this much work
+        engine, device = auto_engine(macs_per_sample(model, feeds) * len(train) * epochs, config.device)
+        config = BudgetConfig.of(config, engine=engine, device=device)
     say(f"original outputs (engine {engine_label(config.engine, config.device)})", 0, None)
     output = _score_value(model)
     on = {"engine": config.engine, "device": config.device, "memo": ctx.memo}  # rule 11
@@ -123,7 +128,6 @@ def _prepare(
     reference = ctx.reference_model
     ev = _Evaluator(feeds, output, ev0.outputs(reference, np.arange(total)), labels, **on)  # type: ignore[arg-type]
     baseline = ev.metric(ev.reference[held], held)
-    epochs = config.epochs if config.epochs is not None else default_epochs(model, feeds, len(train))
     shift = config.shift if config.shift is not None else auto_shift(feeds)
     # Rule 6: the teacher's outputs on the moved samples once per move for the whole search (the
     # finetune pass's rule 8), when an attempt's stages train at least as many epochs as there
