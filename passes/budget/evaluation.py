@@ -30,6 +30,10 @@ class _Evaluator:
     device: str = "cpu"
     memo: dict | None = None
 
+    def __getstate__(self) -> dict:
+        """Pickled (a Ray trial's copy) without the run's memo: compiled engines stay here."""
+        return {**self.__dict__, "memo": None}
+
     @property
     def is_scores(self) -> bool:
         return self.reference.ndim == 2 and self.reference.shape[1] >= 2
