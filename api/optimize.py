@@ -217,8 +217,8 @@ def optimize(
     check_workers(workers, ray_address)
     from mconv.engines.xla.engine import check_engine
 
-    if engine is not None or device is not None:
-        check_engine(engine or "reference", device or "cpu")
+    if engine is not None or device is not None:  # auto: the fastest present (mconv.engines.fast rule 1)
+        check_engine("xla" if engine == "auto" else engine or "reference", device or "cpu")
 
     if bool(passes) == bool(recipe):
         raise InputError(
@@ -275,6 +275,10 @@ def _optimize_pipeline(
     from mconv.account import predicted_account
     from mconv.irio import model_stats, spilling
 
+    if engine == "auto":
+        from mconv.engines.fast import resolve_engine
+
+        engine, device = resolve_engine(engine, device)
     if engine is not None or device is not None:
         for spec in specs:  # the finetune passes that do not name their own engine
             if spec.name == "finetune":
@@ -410,12 +414,13 @@ def budget_config(
     from mconv.engines.xla.engine import check_engine
 
     check_workers(workers, ray_address)
-    check_engine(engine or "reference", device or "cpu")
+    engine, device = engine or "auto", device or "cpu"  # auto: decided on the model and data
+    check_engine("xla" if engine == "auto" else engine, device)
     source = None if isinstance(model, ir.Model) else Path(model)
     with naming_the_file(source) if source else contextlib.nullcontext():
         return BudgetConfig(
             max_drop=max_drop, target_size=target_size, target_of=target_of, seed=seed,  # type: ignore[arg-type]
-            engine=engine or "reference", device=device or "cpu", workers=workers,
+            engine=engine, device=device, workers=workers,
             ray_address=ray_address, epochs=epochs,
         )  # fmt: skip
 

@@ -119,7 +119,8 @@ EngineOpt = Annotated[
         "--engine",
         metavar="NAME",
         help="Where fine-tuning runs: reference (numpy) or xla (jax, compiled); for every "
-        "finetune pass that names none, and the budget search's stages.",
+        "finetune pass that names none, and the budget search's stages, teacher and gate "
+        "(there auto, the default: xla when jax is installed).",
     ),
 ]
 

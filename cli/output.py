@@ -11,8 +11,9 @@ Rules:
   (``mconv inspect m.onnx | less`` works); ``--quiet`` prints nothing there.
 - Progress (:meth:`Out.progress`): on a terminal a bar with the stage, ``done/total`` and an
   ETA; off a terminal (CI, logs, pipes) one line every ``MCONV_PROGRESS_INTERVAL`` seconds
-  (default 5) on stderr: ``progress: TITLE: STAGE | step 37/120 (31%) | elapsed 1m02s, ETA 2m10s``.
-  Work that ends within the interval prints no progress line.
+  (default 5) on stderr: ``progress: TITLE: STAGE | step 37/120 (31%) | elapsed 1m02s, ETA 2m10s``,
+  also while the work makes no update (a heartbeat, :class:`ProgressLines`). Work that ends
+  within the interval prints no progress line.
 
 ``run_command`` turns exceptions into the stable exit codes: 1 gate failed, 2 bad input or usage
 (one line), 3 internal error (a traceback only with ``--debug``).
@@ -25,6 +26,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 import traceback
 import warnings
@@ -255,28 +257,83 @@ class Out:
             yield ProgressUpdate(update, advance)
 
     def _progress_lines(self, description: str, total: float | None) -> Iterator[ProgressUpdate]:
-        """Off a terminal: a line on stderr when ``interval`` seconds passed since the last one."""
+        """Off a terminal: a line on stderr when ``interval`` seconds passed since the last one,
+        on an update or, when the work makes none (a long forward pass, a compile), from the
+        heartbeat (:class:`ProgressLines`)."""
         interval = progress_interval() if self.interval is None else self.interval
-        state = ProgressState(description, total, self.clock)
-        last = [state.start]
+        lines = ProgressLines(description, total, self.clock, interval, _print_line)
+        with lines.heartbeat(self.clock is time.monotonic):
+            yield ProgressUpdate(lines.update, lines.advance)
 
-        def maybe_print() -> None:
+
+def _print_line(text: str) -> None:
+    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+class ProgressLines:
+    """The one progress object off a terminal: a :class:`ProgressState` on an injectable
+    ``clock``, written by ``write`` (stderr) whenever ``interval`` seconds of that clock have
+    passed since the last line (or the start). :meth:`poll` is the check; every update polls,
+    and :meth:`heartbeat` polls from a thread too, so a stage that makes no update for minutes
+    still prints a line every ``interval`` seconds (at most about one second late)."""
+
+    def __init__(
+        self,
+        title: str,
+        total: float | None,
+        clock: Callable[[], float],
+        interval: float,
+        write: Callable[[str], None],
+    ) -> None:
+        self.state = ProgressState(title, total, clock)
+        self.clock, self.interval, self.write = clock, interval, write
+        self.last = self.state.start
+        self._lock = threading.Lock()
+
+    def poll(self) -> bool:
+        """Write a line when ``interval`` has passed since the last; whether one was written."""
+        with self._lock:
             now = self.clock()
-            if now - last[0] >= interval:
-                last[0] = now
-                err_console.print(state.line(), markup=False, highlight=False, soft_wrap=True)
+            if now - self.last < self.interval:
+                return False
+            self.last = now
+            self.write(self.state.line())
+            return True
 
-        def update(
-            description: str | None, completed: float | None, total: float | None, info: str | None
-        ) -> None:
-            state.update(description, completed, total, info)
-            maybe_print()
+    def update(
+        self,
+        description: str | None = None,
+        completed: float | None = None,
+        total: float | None = None,
+        info: str | None = None,
+    ) -> None:
+        self.state.update(description, completed, total, info)
+        self.poll()
 
-        def advance(n: float) -> None:
-            state.update(completed=state.completed + n)
-            maybe_print()
+    def advance(self, n: float = 1) -> None:
+        self.state.update(completed=self.state.completed + n)
+        self.poll()
 
-        yield ProgressUpdate(update, advance)
+    @contextmanager
+    def heartbeat(self, enabled: bool = True) -> Iterator[None]:
+        """A daemon thread that polls about once a second while the block runs (``enabled``:
+        off for a fake clock, which only the test moves)."""
+        if not enabled:
+            yield
+            return
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(min(1.0, max(self.interval, 0.05))):
+                self.poll()
+
+        thread = threading.Thread(target=beat, name="mconv-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=2.0)
 
 
 def jsonable(obj):

@@ -448,6 +448,12 @@ def value_and_grad_micro(executor, feeds: dict, loss_of: Callable, target, wrt: 
 
 
 def _run_batched(executor, feeds: dict, names: list[str], batch: int = 256) -> dict[str, np.ndarray]:
+    from mconv.engines.reference.executor import Executor
+
+    if not isinstance(executor, Executor):  # a compiled engine: one batch shape, one program
+        from mconv.engines.fast import run_batched
+
+        return run_batched(executor, feeds, names, batch)
     n = len(next(iter(feeds.values())))
     parts: dict[str, list] = {k: [] for k in names}
     for s in range(0, n, batch):
@@ -482,7 +488,7 @@ def finetune_model(
     from mconv.engines.xla.engine import check_engine
 
     check_engine(engine, device)
-    xla, student = _student(model, params, loss_value, engine, device)
+    xla, student = _student(model, params, loss_value, engine, device, memo)
     t = _Teacher.make(
         model, config, feeds, labels, out_name, loss_value, reference_model, memo, progress, result
     )
@@ -547,16 +553,22 @@ def _parameters(
 
 
 def _student(
-    model: ir.Model, params: list[Parameter], loss_value: str, engine: str, device: str
+    model: ir.Model,
+    params: list[Parameter],
+    loss_value: str,
+    engine: str,
+    device: str,
+    memo: dict | None = None,
 ) -> tuple[Any, Any]:
-    """The model that trains: the xla engine (with it) or the reference executor, holding the
-    parameters' weights."""
+    """The model that trains: the xla engine (with it; compiled once per graph structure for
+    the run that owns ``memo``, :mod:`mconv.engines.fast`) or the reference executor,
+    holding the parameters' weights."""
     from mconv.engines.reference.executor import Executor
 
     if engine == "xla":  # the lowered model, jitted training step (engines/xla/engine.py)
-        from mconv.engines.xla.engine import XlaEngine
+        from mconv.engines.fast import xla_engine
 
-        xla = XlaEngine(model, [loss_value], device=device)
+        xla = xla_engine(model, [loss_value], device, memo, role="student")
         xla.check_trainable([p.name for p in params])
         for p in params:
             xla.set_weight(p.name, p.weights)
@@ -609,12 +621,12 @@ class _Teacher:
                 ref = model
             ref_exec: Any = Executor(ref)
             if engine == "xla":
-                from mconv.engines.xla.engine import XlaEngine
+                from mconv.engines.fast import xla_engine
 
                 ref_out = (
                     loss_value if loss_value in {o.name for nd in ref.graph for o in nd.outputs} else out_name
                 )
-                ref_exec = XlaEngine(ref, [ref_out], device=device)
+                ref_exec = xla_engine(ref, [ref_out], device, memo, role="teacher")
             ref_names = {v.name for v in ref.graph.outputs} | {o.name for nd in ref.graph for o in nd.outputs}
 
             def teacher_on(fd: dict) -> np.ndarray:
@@ -791,6 +803,7 @@ class _Loop:
             None if self.xla is None else _XlaTrainer(self.xla, self.params, self.loss_kind, config)
         )
         micro = self._micro(model, feeds, train)
+        last_loss = ""
         for epoch in range(1, config.epochs + 1):
             losses, sizes = [], []
             for b in _batches(len(train), config.batch_size, rng):
@@ -802,14 +815,18 @@ class _Loop:
                 sizes.append(len(idx))
                 done += 1
                 if progress is not None:  # every step: the display decides how often to show it
-                    progress(
-                        f"epoch {epoch}/{config.epochs}, loss {np.average(losses, weights=sizes):.4f}{last_metric}",
-                        done,
-                        total,
+                    # a compiled engine's losses stay on the device until the epoch ends (reading
+                    # one waits for its step: no step could then overlap the next batch's making)
+                    running = (
+                        f", loss {np.average(losses, weights=sizes):.4f}"
+                        if self.trainer is None
+                        else last_loss
                     )
+                    progress(f"epoch {epoch}/{config.epochs}{running}{last_metric}", done, total)
             if self.trainer is not None:
                 self.trainer.commit()  # the trained arrays back into the Parameters and the engine
-            loss = float(np.average(losses, weights=sizes))
+            loss = float(np.average([float(v) for v in losses], weights=sizes))
+            last_loss = f", loss {loss:.4f} in epoch {epoch}"
             if n_hold == 0 and epoch < config.epochs:  # rule 5: the training samples, once at the end
                 result.epochs.append(EpochStats(epoch, loss, None, metric_name))
                 continue
@@ -831,7 +848,7 @@ class _Loop:
                 micro = micro_batch(one, self.config.batch_size)
         return micro
 
-    def _step(self, opt: Optimizer, fb: dict, target: np.ndarray, wrt: list[str], micro: int) -> float:
+    def _step(self, opt: Optimizer, fb: dict, target: np.ndarray, wrt: list[str], micro: int) -> Any:
         if self.trainer is not None:
             return self.trainer.step(fb, target, opt.lr)
         params = self.params
@@ -906,7 +923,8 @@ class _XlaTrainer:
         names = set(self.trained)
         self.frozen = {n: w for n, w in engine.weights.items() if n not in names}
 
-    def step(self, feeds: Mapping[str, np.ndarray], target: np.ndarray, lr: float) -> float:
+    def step(self, feeds: Mapping[str, np.ndarray], target: np.ndarray, lr: float) -> Any:
+        """One step; its loss as a device scalar (``float()`` of it waits for the step)."""
         self.t += 1
         target = target.astype(np.int32) if target.dtype.kind in "iu" else target.astype(np.float32)
         value, self.trained, self.state = self.fn(
@@ -919,7 +937,7 @@ class _XlaTrainer:
             np.float32(lr),
             np.float32(self.t),
         )
-        return float(value)
+        return value
 
     def commit(self) -> None:
         for p in self.params:

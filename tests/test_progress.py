@@ -175,3 +175,51 @@ def test_cli_without_the_setting_prints_no_line_for_quick_work(tmp_path):
     r = CliRunner(env={"MCONV_PROGRESS_INTERVAL": "3600"}).invoke(app, ["verify", str(m), str(m)])
     assert r.exit_code == 0, r.output
     assert _progress_lines(r.stderr) == []
+
+
+# ----------------------------------------------------------------------------- issue 44 item 3
+
+
+def test_a_line_comes_every_interval_even_when_the_work_makes_no_update():
+    from mconv.cli.output import ProgressLines
+
+    clock, written = FakeClock(), []
+    lines = ProgressLines("optimize deep-compression", None, clock, 10.0, written.append)
+    lines.update("attempt 1/8 [2/18] masked retraining 1: pass finetune: epoch 3/20", 56, 480)
+    assert written == []  # nothing before 10 s of (fake) time
+    clock.now += 9.9
+    assert not lines.poll() and written == []
+    clock.now += 0.1  # 10 s since the start, no update since: the heartbeat's poll writes
+    assert lines.poll()
+    assert written == [
+        "progress: optimize deep-compression: attempt 1/8 [2/18] masked retraining 1: pass finetune: "
+        "epoch 3/20 | 56/480 (12%) | elapsed 10s, ETA ?"
+    ]
+    clock.now += 5
+    assert not lines.poll()  # the next one 10 s after the last, not sooner
+    clock.now += 5
+    lines.update(completed=104)  # 48 more steps in the 10 s since the count of 480 started... at 56
+    assert len(written) == 2 and "104/480 (22%)" in written[1] and "elapsed 20s" in written[1]
+
+
+def test_the_eta_is_what_is_left_at_the_rate_of_the_current_count():
+    clock = FakeClock()
+    st = ProgressState("optimize", None, clock)
+    st.update("epoch 1/20", 0, 480)
+    clock.now += 12.0
+    st.update("epoch 2/20", 48, 480)  # 48 steps in 12 s: 4 steps a second, 432 left
+    assert st.eta() == 108.0
+    clock.now += 8.0  # no step for 8 s: the rate falls, the ETA grows
+    assert st.eta() == 432 * 20.0 / 48
+    assert st.line().endswith("| 48/480 (10%) | elapsed 20s, ETA 3m00s")
+
+
+def test_the_heartbeat_is_off_with_a_fake_clock(capsys):
+    clock = FakeClock()
+    out = Out(tty=False, clock=clock, interval=10.0)
+    with out.progress("analyze", total=4) as bar:
+        bar("layer conv1", 1, 4)
+        clock.now += 10.0
+        bar("layer conv2", 2, 4)
+    lines = _progress_lines(capsys.readouterr().err)
+    assert lines == ["progress: analyze: layer conv2 | 2/4 (50%) | elapsed 10s, ETA 10s"]

@@ -137,7 +137,11 @@ Rules
     :data:`~mconv.passes.finetune.TEACHER_TABLE_BYTES`).
 11. **Engine.** ``engine="xla"`` (``device`` cpu or cuda) runs every fine-tuning stage on the
     model lowered to jax (the finetune pass's ``engine``/``device`` options, written into the
-    saved recipe); the sensitivities and the held-out gate stay on the reference executor.
+    saved recipe), and the original's outputs, the held-out gate, the start's bisection and
+    the Fisher on it too, each program compiled once per graph structure and batch shape for
+    the whole search (:mod:`mconv.engines.fast`); ``engine="auto"`` (the default) is xla
+    when jax imports, else the reference executor. The report names it
+    (:attr:`BudgetResult.engine`: ``xla-cpu``, ``xla-cuda`` or ``reference``).
 12. **Trials on Ray.** Each layer's candidate settings (bytes, estimated cost, SNR) are one
     independent trial: ``workers=N`` (a local Ray of N processes) or ``ray_address`` (a
     cluster) runs them through :func:`mconv.drivers.parallel.map_trials`, the layers' weights,

@@ -95,7 +95,14 @@ class Search:
     def run(self, k: int) -> dict:
         """Attempt ``k`` of ``fitting``, once (the search asks again for one it tried)."""
         if k not in self.tried:
-            self.tried[k] = _Attempt(self, k, f"attempt {len(self.tried) + 1}/{self.config.attempts}").run()
+            label = f"attempt {len(self.tried) + 1}/{self.config.attempts}"
+            r = self.tried[k] = _Attempt(self, k, label).run()
+            self.say(  # the metric so far, between attempts
+                f"{label} done: held-out {self.ev.metric_name} {r['final']:.4f} (drop {r['drop']:+.4f}), "
+                f"{self.config.target_of} {r['sizes'][self.config.measured]:,} B",
+                0,
+                None,
+            )
         return self.tried[k]
 
 

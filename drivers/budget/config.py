@@ -60,7 +60,7 @@ class BudgetConfig:
     target_size: int | None = None
     target_of: str = "weights"
     seed: int = 0
-    engine: str = "reference"
+    engine: str = "auto"  # rule 11: auto, xla or reference (auto: engines/fast.py rule 1)
     device: str = "cpu"
     estimator: str = "fisher"
     holdout: float = 0.25
@@ -80,7 +80,10 @@ class BudgetConfig:
         from mconv.drivers.parallel import check_workers
         from mconv.engines.xla.engine import check_engine
 
-        check_engine(self.engine, self.device)
+        if self.engine is None:
+            object.__setattr__(self, "engine", "auto")
+        # auto (rule 11) is decided on the model and data (search._prepare); a device asks for xla
+        check_engine("xla" if self.engine == "auto" else self.engine, self.device)
         check_workers(self.workers, self.ray_address)
         if self.estimator not in ("fisher", "sweep"):
             raise InputError(f"estimator {self.estimator!r}", hint="use 'fisher' or 'sweep'")

@@ -25,6 +25,14 @@ class _Evaluator:
     reference: np.ndarray  # the original's outputs on every sample
     labels: np.ndarray | None
     batch: int = 256
+    # rule 11: the engine models are run on (``xla``: compiled once per structure, kept in ``memo``)
+    engine: str = "reference"
+    device: str = "cpu"
+    memo: dict | None = None
+
+    def __getstate__(self) -> dict:
+        """Pickled (a Ray trial's copy) without the run's memo: compiled engines stay here."""
+        return {**self.__dict__, "memo": None}
 
     @property
     def is_scores(self) -> bool:
@@ -37,9 +45,23 @@ class _Evaluator:
         return "accuracy" if self.labels is not None else "top1_agreement"
 
     def outputs(self, model_or_executor, idx: np.ndarray) -> np.ndarray:
-        from mconv.engines.reference.executor import Executor
+        """The outputs on samples ``idx`` of a model (on this evaluator's engine) or of a runner
+        (anything with ``run(feeds, outputs=...)``: an Executor, an XlaEngine)."""
+        if isinstance(model_or_executor, ir.Model):
+            if self.engine == "xla":
+                from mconv.engines.fast import run_batched, xla_engine
 
-        ex = model_or_executor if isinstance(model_or_executor, Executor) else Executor(model_or_executor)
+                ex = xla_engine(model_or_executor, [self.output], self.device, self.memo, role="eval")
+                if not len(idx):
+                    return self.reference[:0]
+                return run_batched(ex, {k: v[idx] for k, v in self.feeds.items()}, [self.output], self.batch)[
+                    self.output
+                ]
+            from mconv.engines.reference.executor import Executor
+
+            ex = Executor(model_or_executor)
+        else:
+            ex = model_or_executor
         parts = []
         for s in range(0, len(idx), self.batch):
             sel = idx[s : s + self.batch]

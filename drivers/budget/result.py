@@ -42,6 +42,7 @@ class BudgetResult:
     seed: int = 0
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    engine: str = "reference"  # rule 11: where it ran (fast_engine.engine_label: "xla-cpu", ...)
 
     def as_dict(self) -> dict:
         return {
@@ -66,6 +67,7 @@ class BudgetResult:
             "seed": self.seed,
             "notes": self.notes,
             "seconds": round(self.seconds, 3),
+            "engine": self.engine,
         }
 
     def recipe_toml(self) -> str:
@@ -292,5 +294,7 @@ def summary_text(result: BudgetResult) -> str:
                 f"  {st['stage']:<24} {st['metric_before']:.4f} -> {st['metric_after']:.4f}"
                 + ("  ROLLED BACK (made the held-out metric worse)" if st["rolled_back"] else "")
             )
-    lines.append(f"{'BUDGET MET' if result.met else 'BUDGET NOT MET'} in {result.seconds:.1f}s")
+    lines.append(
+        f"{'BUDGET MET' if result.met else 'BUDGET NOT MET'} in {result.seconds:.1f}s (engine {result.engine})"
+    )
     return "\n".join(lines)

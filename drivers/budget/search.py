@@ -114,13 +114,20 @@ def _prepare(
         feeds, labels, held = _with_validation(model, feeds, labels, val_data)
         train = split_indices(n, 0.0, seed)[0]  # the finetune pass's sample order
         holdout, total = 0.0, n + len(held)
-    say("original outputs", 0, None)
-    output = _score_value(model)
-    ev0 = _Evaluator(feeds, output, np.zeros((0,)), labels)
-    reference = ctx.reference_model
-    ev = _Evaluator(feeds, output, ev0.outputs(reference, np.arange(total)), labels)
-    baseline = ev.metric(ev.reference[held], held)
+    from mconv.drivers.budget.schedule import macs_per_sample
+    from mconv.engines.fast import auto_engine, engine_label
+
     epochs = config.epochs if config.epochs is not None else default_epochs(model, feeds, len(train))
+    if config.engine == "auto":  # rule 11: the fastest engine for this much work
+        engine, device = auto_engine(macs_per_sample(model, feeds) * len(train) * epochs, config.device)
+        config = BudgetConfig.of(config, engine=engine, device=device)
+    say(f"original outputs (engine {engine_label(config.engine, config.device)})", 0, None)
+    output = _score_value(model)
+    on = {"engine": config.engine, "device": config.device, "memo": ctx.memo}  # rule 11
+    ev0 = _Evaluator(feeds, output, np.zeros((0,)), labels, **on)  # type: ignore[arg-type]
+    reference = ctx.reference_model
+    ev = _Evaluator(feeds, output, ev0.outputs(reference, np.arange(total)), labels, **on)  # type: ignore[arg-type]
+    baseline = ev.metric(ev.reference[held], held)
     shift = config.shift if config.shift is not None else auto_shift(feeds)
     # Rule 6: the teacher's outputs on the moved samples once per move for the whole search (the
     # finetune pass's rule 8), when an attempt's stages train at least as many epochs as there
@@ -327,6 +334,9 @@ def _report(s: Search, best: dict, t_start: float) -> BudgetResult:
             "more validation samples (--val-data) for a gate that can"
         )
     result.seconds = time.perf_counter() - t_start
+    from mconv.engines.fast import engine_label
+
+    result.engine = engine_label(c.engine, c.device)
     if not result.met:
         raise BudgetNotMet(
             f"budget not met: held-out {s.ev.metric_name} drop {best['drop']:.4f} (max {max_drop}), "
@@ -343,7 +353,13 @@ def _start_index(fitting, layers, base, ev: _Evaluator, train, max_drop: float) 
     from mconv.engines.reference.executor import Executor
 
     sample = train[:512]
-    ex = Executor(base)
+    ex: Any = Executor(base)
+    set_weight = ex.set_initializer
+    if ev.engine == "xla":  # rule 11
+        from mconv.engines.fast import xla_engine
+
+        ex = xla_engine(base, [ev.output], ev.device, ev.memo, role="start")
+        set_weight = ex.set_weight
     originals = {layer.tensor: layer.weights for layer in layers}
     base_metric = ev.metric(ev.reference[sample], sample)
     limit = max(10 * max_drop, 0.05)
@@ -357,7 +373,7 @@ def _start_index(fitting, layers, base, ev: _Evaluator, train, max_drop: float) 
                 cache[key] = (
                     _compressed(originals[layer.tensor], s, b) if (s or b) else originals[layer.tensor]
                 )
-            ex.set_initializer(layer.tensor, cache[key])
+            set_weight(layer.tensor, cache[key])
         return base_metric - ev.metric(ev.outputs(ex, sample), sample)
 
     lo, hi = 0, len(fitting) - 1

@@ -60,9 +60,23 @@ def _fisher(model: ir.Model, ev: _Evaluator, idx: np.ndarray, tensors: list[str]
     from mconv.passes.finetune import _score_output, softmax_cross_entropy
 
     _, loss_value = _score_output(model)
+    target = ev.labels if ev.labels is not None else (ev.reference.argmax(1) if ev.is_scores else None)
+    if ev.engine == "xla":  # rule 11: one compiled gradient program for the search
+        from mconv.engines.fast import squared_gradients
+
+        batches = [
+            (
+                {k: v[idx[s : s + batch]] for k, v in ev.feeds.items()},
+                (target if target is not None else ev.reference)[idx[s : s + batch]],
+            )
+            for s in range(0, len(idx), batch)
+        ]
+        kind = "xent" if target is not None else "mse"
+        got = squared_gradients(model, loss_value, batches, tensors, kind, ev.device, ev.memo)
+        if got is not None:
+            return {t: a / max(len(batches), 1) for t, a in got.items()}
     ex = Executor(model)
     ex.output_names = [loss_value]
-    target = ev.labels if ev.labels is not None else (ev.reference.argmax(1) if ev.is_scores else None)
     acc = {t: np.zeros(ex.initializers[t].shape) for t in tensors}
     steps = 0
     for s in range(0, len(idx), batch):
