@@ -8,6 +8,10 @@ Rules:
    (:mod:`.quant`).
 2. Each op's version is the one LiteRT's ``op_version.cc`` gives it for its tensor types
    (:func:`op_version`); an op not listed there is version 1.
+3. Weights of fp32 and fp16 files that lie on an int8 grid per channel, and in a clustered model
+   (``mconv.compression`` metadata) weights of at most 256 distinct values, are stored the
+   smallest way LiteRT runs them (:func:`mconv.targets.tflite.quant.compress_palettes`, option
+   ``palette``); the notes and the manifest's weight entries say what each palette became.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
+from mconv.codecs.choose import COMPRESSION_KEY
 from mconv.errors import InputError
 from mconv.targets.tflite import lower, quant
-from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PRECISIONS
+from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PALETTES, PRECISIONS
 from mconv.targets.tflite.schema import Graph, serialize
 
 CALIBRATION_SAMPLES = 500
@@ -32,6 +37,7 @@ class Written:
     graph: Graph
     precision: str
     notes: list[str] = field(default_factory=list)
+    palettes: list[dict] = field(default_factory=list)  # quant.compress_palettes' records
 
 
 def op_version(op: Any, g: Graph) -> int:
@@ -65,7 +71,8 @@ def op_version(op: Any, g: Graph) -> int:
             return 3
         return 1
     if code == "DEQUANTIZE":
-        return 3 if first == "float16" else 2 if int8 else 1
+        per_axis = ins[0].quant is not None and ins[0].quant.scale.size > 1
+        return 3 if first == "float16" else (5 if per_axis else 2) if int8 else 1
     if code == "QUANTIZE":
         return 2 if first == "uint8" else 1
     if code in {
@@ -113,6 +120,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     precision = _choice(options, "precision", PRECISIONS, "fp32")
     method = _choice(options, "calibration", CALIBRATIONS, "minmax")
     io_dtype = _choice(options, "io_dtype", IO_DTYPES, "float")
+    palette = _choice(options, "palette", PALETTES, "int8")
     data = options.get("data")
     if precision == "int8" and data is None:
         raise InputError(
@@ -129,6 +137,10 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     prepared = prepare(model)
     g = lower.lower(prepared)
     notes: list[str] = []
+    palettes: list[dict] = []
+    if precision in ("fp32", "fp16"):  # rule 3
+        palettes = quant.compress_palettes(g, COMPRESSION_KEY in model.metadata_props, palette)
+        notes += palette_notes(palettes)
     if precision == "fp16":
         n = quant.to_fp16(g)
         notes.append(f"{n} float constant(s) stored float16, dequantized at load")
@@ -163,4 +175,26 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     g = lower.compact(g)  # the float constants a precision replaced are gone
     for op in g.ops:
         op.version = op_version(op, g)
-    return Written(serialize(g), g, precision, notes)
+    return Written(serialize(g), g, precision, notes, palettes)
+
+
+def palette_notes(records: list[dict]) -> list[str]:
+    """One note per stored form: which weights, how many values, exact or the worst error."""
+    notes = []
+    for stored, exact in (("int8", True), ("int8", False), ("float16", True), ("float16", False)):
+        group = [r for r in records if r["stored"] == stored and r["exact"] == exact]
+        if not group:
+            continue
+        names = ", ".join(f"{r['name']} ({r['values']} values)" for r in group)
+        how = (
+            "int8 codes with per-channel scales, dequantized at load"
+            if stored == "int8"
+            else "float16, dequantized at load"
+        )
+        err = (
+            "exactly (the values lie on the grid)"
+            if exact
+            else f"max error {max(r['max_error'] for r in group):.2%} of the weight's largest magnitude"
+        )
+        notes.append(f"{len(group)} weight(s) stored as {how}, {err}: {names}")
+    return notes

@@ -516,3 +516,91 @@ def test_quantize_static_mode_gives_a_qdq_model_onnx_runtime_runs(lenet, tmp_pat
     got = np.concatenate([s_q.run(None, {"data": x[i : i + 1]})[0] for i in held])
     want = np.concatenate([s_f.run(None, {"data": x[i : i + 1]})[0] for i in held])
     assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.99
+
+
+# -- compressed models (item 6) -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lenet_compressed(lenet):
+    """LeNet-5 pruned to 50% and clustered to 4 bits by the passes a user runs."""
+    from mconv.passes import parse_spec, run_pipeline
+    from mconv.passes.base import PassContext
+    from mconv.passes.pipeline import snapshot_model
+
+    model, _, _ = lenet
+    out, _ = run_pipeline(
+        snapshot_model(model), parse_spec("prune(sparsity=0.5),cluster(bits=4)"), PassContext()
+    )
+    return out
+
+
+def test_a_pruned_and_clustered_lenet_exports_int8_codes_and_agrees_with_its_onnx(
+    lenet, lenet_compressed, tmp_path
+):
+    import json
+
+    import onnxruntime as ort
+    from mconv.irio import to_proto
+
+    _, x, labels = lenet
+    sess = ort.InferenceSession(
+        to_proto(lenet_compressed).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    held = range(2000, 2600)
+    want = np.concatenate([sess.run(None, {"data": x[i : i + 1]})[0] for i in held])
+    sizes = {}
+    for palette in ("int8", "fp16"):
+        bundle, runner = _bundle(lenet_compressed, tmp_path, palette, palette=palette)
+        got = runner.run({"data": x[2000:2600]})["prob"]
+        assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.99, palette
+        manifest = json.loads((bundle.root / "manifest.json").read_text())
+        entries = {w["name"]: w for w in manifest["weights"] if "palette" in w}
+        stored = "int8 per-channel" if palette == "int8" else "float16"
+        names = {"conv1.weight", "conv2.weight", "ip1.weight", "ip2.weight"}
+        assert {n.rsplit("/", 1)[0] for n in entries} == names
+        for w in entries.values():  # 4 bits: zero and at most 15 centroids
+            assert w["palette"]["stored"] == stored and 2 <= w["palette"]["values"] <= 16
+            assert w["dtype"] == ("int8" if palette == "int8" else "float16")
+            assert 0 < w["palette"]["max_error"] < (0.5 / 127 if palette == "int8" else 2**-10)
+        assert any("4 weight(s) stored as" in n for n in manifest["notes"])
+        ops = _file_ops((bundle.root / "model.tflite").read_bytes())
+        deq = [t for op, t in ops if op == "DEQUANTIZE"]
+        assert deq == [["INT8" if palette == "int8" else "FLOAT16"]] * 4
+        sizes[palette] = (bundle.root / "model.tflite").stat().st_size
+    assert sizes["int8"] < 0.27 * 1_725_000 < sizes["fp16"] < 0.55 * 1_725_000
+    # the compressed model's accuracy on real digits is kept, not only its agreement
+    assert float((want.argmax(1) == labels[2000:2600]).mean()) >= 0.97
+
+
+def test_weights_on_an_int8_grid_are_stored_as_int8_exactly(lenet, tmp_path):
+    """Any model's weights that lie on a per-channel int8 grid (e.g. quantized then dequantized):
+    int8 codes whose DEQUANTIZE gives back the float32 values bit for bit, in any model."""
+    from mconv.passes.pipeline import snapshot_model
+
+    model, x, _ = lenet
+    m = snapshot_model(model)
+    rng = np.random.default_rng(0)
+    for name in ("conv2.weight", "ip1.weight"):
+        v = m.graph.initializers[name]
+        w = v.const_value.numpy()
+        step = (np.abs(w).reshape(w.shape[0], -1).max(1) / rng.integers(60, 128, w.shape[0])).astype(
+            np.float32
+        )
+        view = step.reshape((-1,) + (1,) * (w.ndim - 1))
+        g = (np.clip(np.round(w / view), -127, 127).astype(np.float32) * view).astype(np.float32)
+        v.const_value = ir.Tensor(g, name=name)
+    bundle, runner = _bundle(m, tmp_path, "grid")
+    plain, plain_runner = _bundle(m, tmp_path, "plain", palette="float")
+    manifest = bundle.manifest
+    entries = [w for w in manifest["weights"] if "palette" in w]
+    assert sorted(w["name"] for w in entries) == ["conv2.weight/int8", "ip1.weight/int8"]
+    assert all(w["palette"]["exact"] and w["palette"]["max_error"] == 0.0 for w in entries)
+    # conv1 and ip2 (not on a grid, the model not clustered) stay float32
+    assert [t for op, t in _file_ops((bundle.root / "model.tflite").read_bytes()) if op == "DEQUANTIZE"] == [
+        ["INT8"]
+    ] * 2
+    a = runner.run({"data": x[:64]})["prob"]
+    b = plain_runner.run({"data": x[:64]})["prob"]
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert (bundle.root / "model.tflite").stat().st_size < 0.4 * (plain.root / "model.tflite").stat().st_size
