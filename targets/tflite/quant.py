@@ -442,3 +442,29 @@ def compress_palettes(g: Graph, clustered: bool, mode: str = "int8") -> list[dic
         records.append(rec)
     g.ops = heads + g.ops
     return records
+
+
+def qdq_ranges(
+    g: Graph, qparams: dict[int, tuple[float, int]], complete: bool = True
+) -> dict[int, tuple[float, float]]:
+    """Writer rule 4: the range whose :func:`affine` parameters are a QDQ pair's (scale, zero point),
+    per tensor. ``complete``: every float activation must have one (an InputError names those
+    that have none: they need calibration samples)."""
+    from mconv.errors import InputError
+
+    ranges = {i: ((-128 - z) * s, (127 - z) * s) for i, (s, z) in qparams.items()}
+    if complete:
+        missing = [
+            t.name
+            for i, t in enumerate(g.tensors)
+            if t.data is None and t.dtype == "float32" and i not in ranges
+        ]
+        if missing:
+            raise InputError(
+                f"{len(missing)} tensor(s) have no QuantizeLinear/DequantizeLinear parameters: "
+                + ", ".join(missing[:8])
+                + (", ..." if len(missing) > 8 else ""),
+                where="--precision int8",
+                hint="give --data samples.npz to calibrate them",
+            )
+    return ranges

@@ -12,6 +12,13 @@ Rules:
    (``mconv.compression`` metadata) weights of at most 256 distinct values, are stored the
    smallest way LiteRT runs them (:func:`mconv.targets.tflite.quant.compress_palettes`, option
    ``palette``); the notes and the manifest's weight entries say what each palette became.
+4. A QDQ model (QuantizeLinear/DequantizeLinear, e.g. ONNX Runtime's ``quantize_static``): the
+   constant weights' DequantizeLinear are folded to float by the preparation (so their int8 grid
+   is stored back as int8 codes by rule 3 at fp32/fp16, or requantized to the same codes at
+   int8). At ``int8`` each activation Q->DQ pair's parameters become its tensor's quantization
+   parameters (the pairs vanish) and ``--data`` is needed only for tensors no pair covers
+   (calibration ranges; the pairs' parameters win); at the float precisions the pairs are
+   QUANTIZE/DEQUANTIZE ops, the model's own arithmetic. The notes say which.
 """
 
 from __future__ import annotations
@@ -122,7 +129,12 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     io_dtype = _choice(options, "io_dtype", IO_DTYPES, "float")
     palette = _choice(options, "palette", PALETTES, "int8")
     data = options.get("data")
-    if precision == "int8" and data is None:
+    prepared = prepare(model)
+    qdq = sum(n.op_type == "QuantizeLinear" for n in prepared.graph)
+    folded = sum(n.op_type == "DequantizeLinear" for n in model.graph) - sum(
+        n.op_type == "DequantizeLinear" for n in prepared.graph
+    )
+    if precision == "int8" and data is None and not qdq:
         raise InputError(
             "--precision int8 needs calibration inputs",
             where="--data",
@@ -134,9 +146,21 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             where="--precision",
             hint="add --precision int8 or drop them",
         )
-    prepared = prepare(model)
-    g = lower.lower(prepared)
+    qparams: dict[int, tuple[float, int]] = {}
+    if precision == "int8" and qdq:  # rule 4: the model's own parameters
+        g, qparams = lower.lower_with_params(prepared)
+    else:
+        g = lower.lower(prepared)
     notes: list[str] = []
+    if qdq or folded > 0:
+        notes.append(
+            f"QDQ model: {max(folded, 0)} constant DequantizeLinear folded to float weights, "
+            + (
+                f"{len(qparams)} tensor(s) quantized with the model's QuantizeLinear parameters"
+                if qparams
+                else f"{qdq} QuantizeLinear/DequantizeLinear on activations kept as QUANTIZE/DEQUANTIZE"
+            )
+        )
     palettes: list[dict] = []
     if precision in ("fp32", "fp16"):  # rule 3
         palettes = quant.compress_palettes(g, COMPRESSION_KEY in model.metadata_props, palette)
@@ -150,6 +174,15 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     elif precision == "int8":
         for op in g.ops:
             op.version = op_version(op, g)
+        if data is None:  # a QDQ model without samples: its parameters only
+            ranges = quant.qdq_ranges(g, qparams)
+            fallback = quant.to_int8(g, ranges, io_dtype)
+            notes.append(f"full int8: the QDQ model's parameters, inputs/outputs {io_dtype}")
+            if fallback:
+                notes.append(
+                    f"{len(fallback)} op(s) without an int8 kernel run in float: {', '.join(fallback)}"
+                )
+            return _finish(g, precision, notes, [])
         float_bytes = serialize(g)
         feeds = _calibration_feeds(prepared, data)
         missing = [g.tensors[i].name for i in g.inputs if g.tensors[i].name not in feeds]
@@ -168,10 +201,15 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             raise InputError(
                 f"calibration failed ({exc})", where="--data", hint="give at least one sample"
             ) from None
+        ranges.update(quant.qdq_ranges(g, qparams, complete=False))
         fallback = quant.to_int8(g, ranges, io_dtype)
         notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
         if fallback:
             notes.append(f"{len(fallback)} op(s) without an int8 kernel run in float: {', '.join(fallback)}")
+    return _finish(g, precision, notes, palettes)
+
+
+def _finish(g: Graph, precision: str, notes: list[str], palettes: list[dict]) -> Written:
     g = lower.compact(g)  # the float constants a precision replaced are gone
     for op in g.ops:
         op.version = op_version(op, g)

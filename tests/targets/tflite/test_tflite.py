@@ -604,3 +604,79 @@ def test_weights_on_an_int8_grid_are_stored_as_int8_exactly(lenet, tmp_path):
     b = plain_runner.run({"data": x[:64]})["prob"]
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     assert (bundle.root / "model.tflite").stat().st_size < 0.4 * (plain.root / "model.tflite").stat().st_size
+
+
+# -- QDQ models -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lenet_qdq(lenet, tmp_path_factory):
+    """LeNet-5 quantized by ONNX Runtime's quantize_static (QDQ, per-channel int8 weights),
+    calibrated on 100 real digits."""
+    from mconv.formats import import_model
+    from mconv.irio import to_proto
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model, x, _ = lenet
+    d = tmp_path_factory.mktemp("qdq")
+    (d / "f.onnx").write_bytes(to_proto(model).SerializeToString())
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{"data": x[i : i + 1]} for i in range(100)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(
+        str(d / "f.onnx"),
+        str(d / "q.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
+    return import_model([d / "q.onnx"]), d / "q.onnx"
+
+
+def test_a_qdq_model_from_onnx_runtime_exports_float_and_full_int8_with_its_own_parameters(
+    lenet, lenet_qdq, tmp_path
+):
+    import onnx
+    import onnxruntime as ort
+
+    _, x, labels = lenet
+    qmodel, path = lenet_qdq
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    held = range(1000, 1600)
+    want = np.concatenate([sess.run(None, {"data": x[i : i + 1]})[0] for i in held]).argmax(1)
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+    for precision in ("fp32", "int8"):  # int8 without --data: the QDQ parameters are enough
+        bundle, runner = _bundle(qmodel, tmp_path, precision, precision=precision)
+        got = runner.run({"data": x[1000:1600]})["prob"].argmax(1)
+        assert float((got == want).mean()) >= 0.99, precision
+        assert float((got == labels[1000:1600]).mean()) >= 0.98
+        notes = " ".join(bundle.manifest["notes"])
+        assert "8 constant DequantizeLinear folded to float weights" in notes
+        data = (bundle.root / "model.tflite").read_bytes()
+        ops = _file_ops(data)
+        interp = litert.Interpreter(model_content=data)
+        details = {d["name"]: d for d in interp.get_tensor_details()}
+        if precision == "fp32":  # the pairs as ops; the weights back on their int8 grid, exactly
+            assert (
+                sum(op == "QUANTIZE" for op, _ in ops)
+                == sum(op == "DEQUANTIZE" and t == ["INT8"] for op, t in ops) - 4
+            )
+            assert "stored as int8 codes with per-channel scales, dequantized at load, exactly" in notes
+        else:  # every compute op on int8 codes, the input's parameters ORT's
+            assert "tensor(s) quantized with the model's QuantizeLinear parameters" in notes
+            for op, types in ops:
+                if op not in ("QUANTIZE", "DEQUANTIZE"):
+                    assert types[0] == "INT8", (op, types)
+            q_in = next(d for n, d in details.items() if n.startswith("data") and d["dtype"] == np.int8)
+            scale, zp = q_in["quantization"]
+            assert np.isclose(scale, float(inits["data_scale"]), rtol=1e-6) and zp == int(
+                inits["data_zero_point"]
+            )
+            assert (bundle.root / "model.tflite").stat().st_size < 0.27 * 1_725_000
