@@ -745,6 +745,28 @@ class Lowering:
     def _LeakyRelu(self, node: Any) -> None:
         self._unary(node, "LEAKY_RELU", "LeakyReluOptions", Alpha=float(self.attr(node, "alpha", 0.01)))
 
+    def _HardSigmoid(self, node: Any) -> None:
+        """max(0, min(1, alpha * x + beta)): MUL, ADD, MAXIMUM, MINIMUM (no builtin of its own);
+        HARD_SWISH where the only reader multiplies it by its own input with ONNX's defaults."""
+        alpha = float(self.attr(node, "alpha", 0.2))
+        beta = float(self.attr(node, "beta", 0.5))
+        xv, yv = node.inputs[0], node.outputs[0]
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        shape = self.g.tensors[x].shape
+        name = str(yv.name)
+        steps = [
+            ("MUL", "MulOptions", alpha),
+            ("ADD", "AddOptions", beta),
+            ("MAXIMUM", None, 0.0),
+            ("MINIMUM", None, 1.0),
+        ]
+        for k, (code, opt, value) in enumerate(steps):
+            c = self.const(f"{name}/{code.lower()}", np.array(value, np.float32))
+            t = self.out(yv, layout) if k == len(steps) - 1 else self.new(f"{name}/{k}", shape)
+            self.op(code, [x, c], [t], opt, label=node.name if k == len(steps) - 1 else "")
+            x = t
+
     def _Gelu(self, node: Any) -> None:
         approx = self.attr(node, "approximate", "none")
         self._unary(node, "GELU", "GeluOptions", Approximate=approx in ("tanh", b"tanh"))

