@@ -711,3 +711,34 @@ def test_hard_sigmoid_lowers_to_builtins_and_matches_onnx_runtime(tmp_path):
     got = runner.run({"x": x})["z"]
     np.testing.assert_allclose(got, want, atol=1e-6)
     assert 0.5 < float(want.mean()) < 1.0 and (want > 0.6).any()
+
+
+def test_int8_hard_swish_loads_in_litert_and_keeps_top1(tmp_path):
+    """HARD_SWISH has one version for every type (LiteRT refuses an int8 HARD_SWISH of version 2);
+    a conv + HardSwish classifier on real digits, full int8 against the float file."""
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.5, (8, 1, 3, 3)).astype(np.float32)
+    fc = rng.normal(0, 0.3, (8 * 64, 10)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("HardSwish", ["c"], ["h"]),
+            helper.make_node("Flatten", ["h"], ["f"]),
+            helper.make_node("MatMul", ["f", "fc"], ["y"]),
+        ],
+        "hswish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc")],
+    )
+    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = _digits(400)
+    t = get_target("tflite")
+    want = t.load(t.export(model, tmp_path / "f", {})).run({"x": x[200:]})["y"]
+    bundle = t.export(model, tmp_path / "q", {"precision": "int8", "data": {"x": x[:200]}})
+    ops = _file_ops((bundle.root / "model.tflite").read_bytes())
+    assert ("HARD_SWISH", ["INT8"]) in ops
+    got = t.load(bundle).run({"x": x[200:]})["y"]
+    assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.95
