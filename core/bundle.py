@@ -392,6 +392,8 @@ def write_bundle(
                         "streams": {"data": int(a.nbytes)},
                         "shape": [int(d) for d in a.shape],
                         "dtype": a.dtype.name,
+                        # what the target recorded beyond the codec (tflite: what a palette became)
+                        **{k: v for k, v in (_spec or {}).items() if k != "codec"},
                     }
                 )
         for rel, data in sorted(payload.items()):

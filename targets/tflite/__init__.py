@@ -10,6 +10,9 @@ Export rules:
    writer's decisions as notes.
 2. The bundle's inputs and outputs are the model's (names, dtypes, shapes with the batch fixed to
    the file's).
+3. A weight that was stored anew for its palette (writer rule 3) has a ``palette`` entry in the
+   manifest's ``weights``: how many distinct values, stored as what, exact or the worst error
+   relative to the weight's largest magnitude.
 
 Load rules:
 
@@ -56,6 +59,20 @@ def _specs(values: list[ir.Value], tensors: list[Any]) -> list[TensorSpec]:
     return out
 
 
+def _palette_entry(record: dict | None) -> dict:
+    """Export rule 3: what a compressed weight became, for its manifest entry."""
+    if record is None:
+        return {}
+    return {
+        "palette": {
+            "values": record["values"],
+            "stored": record["stored"] + (" per-channel" if record["stored"] == "int8" else ""),
+            "exact": record["exact"],
+            "max_error": record["max_error"],
+        }
+    }
+
+
 def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None = None) -> Bundle:
     """Write a tflite bundle (model.tflite + manifest.json) for ``model`` at ``out_dir``."""
     from mconv.targets.tflite.writer import build
@@ -63,8 +80,11 @@ def export(model: ir.Model, out_dir: str | os.PathLike, options: Mapping | None 
     options = dict(options or {})
     written = build(model, options)
     g = written.graph
+    palettes = {r["name"] + ("/int8" if r["stored"] == "int8" else "/fp16"): r for r in written.palettes}
     weights = [
-        (t.name, t.data, {"codec": DENSE}) for t in g.tensors if t.data is not None and t.data.size > 1
+        (t.name, t.data, {"codec": DENSE, **_palette_entry(palettes.get(t.name))})
+        for t in g.tensors
+        if t.data is not None and t.data.size > 1
     ]
     recorded = {k: str(v) if k == "data" else v for k, v in options.items() if k != "verification"}
     return write_bundle(

@@ -18,6 +18,11 @@ Rules:
 3. Every node no rule maps is collected; one :class:`~mconv.errors.UnsupportedError` names all.
 4. Fused activations: a RELU/RELU6/RELU_N1_TO_1 whose input only it reads, made by a conv, fully
    connected, pool, add, sub, mul or concatenation, becomes that op's fused activation.
+5. QuantizeLinear/DequantizeLinear (QDQ models, per-tensor int8/uint8 on activations; the
+   constant weights' DequantizeLinear are folded to float by the preparation) become QUANTIZE and
+   DEQUANTIZE (``qdq="ops"``: the model's own fake-quantized float arithmetic), or with
+   ``qdq="params"`` each Q->DQ pair vanishes and its (scale, zero point) is kept for the tensor
+   (:func:`lower_with_params`), so the full-int8 quantizer uses the model's parameters.
 """
 
 from __future__ import annotations
@@ -98,8 +103,10 @@ def _static(value: Any) -> list[int]:
 
 
 class Lowering:
-    def __init__(self, model: ir.Model) -> None:
+    def __init__(self, model: ir.Model, qdq: str = "ops") -> None:
         self.model = model
+        self.qdq = qdq  # rule 5: "ops" (QUANTIZE/DEQUANTIZE) or "params" (pairs dropped)
+        self.qparams: dict[str, tuple[float, int]] = {}  # value name -> int8 (scale, zero point)
         self.g = Graph()
         self.consts: dict[str, np.ndarray] = {}
         for name, v in model.graph.initializers.items():
@@ -213,7 +220,8 @@ class Lowering:
             self.flat[v.name] = self.flat[src.name]
 
     # ---- lowering
-    def run(self) -> Graph:
+    def run(self, compacted: bool = True) -> Graph:
+        """The lowered graph; ``compacted=False`` keeps the indices ``self.at`` holds."""
         g = self.model.graph
         for v in g.inputs:
             if v.name in self.consts:
@@ -254,7 +262,7 @@ class Lowering:
                 idx = out
             self.g.outputs.append(idx)
         fuse_activations(self.g)
-        return compact(self.g)
+        return compact(self.g) if compacted else self.g
 
     def reshape_to(self, src: int, out: int) -> None:
         shape = self.g.tensors[out].shape
@@ -737,6 +745,28 @@ class Lowering:
     def _LeakyRelu(self, node: Any) -> None:
         self._unary(node, "LEAKY_RELU", "LeakyReluOptions", Alpha=float(self.attr(node, "alpha", 0.01)))
 
+    def _HardSigmoid(self, node: Any) -> None:
+        """max(0, min(1, alpha * x + beta)): MUL, ADD, MAXIMUM, MINIMUM (no builtin of its own);
+        HARD_SWISH where the only reader multiplies it by its own input with ONNX's defaults."""
+        alpha = float(self.attr(node, "alpha", 0.2))
+        beta = float(self.attr(node, "beta", 0.5))
+        xv, yv = node.inputs[0], node.outputs[0]
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        shape = self.g.tensors[x].shape
+        name = str(yv.name)
+        steps = [
+            ("MUL", "MulOptions", alpha),
+            ("ADD", "AddOptions", beta),
+            ("MAXIMUM", None, 0.0),
+            ("MINIMUM", None, 1.0),
+        ]
+        for k, (code, opt, value) in enumerate(steps):
+            c = self.const(f"{name}/{code.lower()}", np.array(value, np.float32))
+            t = self.out(yv, layout) if k == len(steps) - 1 else self.new(f"{name}/{k}", shape)
+            self.op(code, [x, c], [t], opt, label=node.name if k == len(steps) - 1 else "")
+            x = t
+
     def _Gelu(self, node: Any) -> None:
         approx = self.attr(node, "approximate", "none")
         self._unary(node, "GELU", "GeluOptions", Approximate=approx in ("tanh", b"tanh"))
@@ -902,6 +932,71 @@ class Lowering:
                 label=node.name,
             )
 
+    def _qparams(self, node: Any) -> tuple[float, int, str] | None:
+        """A Q/DQ node's per-tensor (scale, zero point, int8|uint8), or None (refused)."""
+        sv = node.inputs[1]
+        zv = node.inputs[2] if len(node.inputs) > 2 else None
+        if not self.is_const(sv) or (zv is not None and not self.is_const(zv)):
+            self.refuse(node, "scale/zero point not constant")
+            return None
+        scale = np.asarray(self.consts[sv.name], np.float64)
+        zp = np.asarray(self.consts[zv.name]) if zv is not None else np.zeros((), np.uint8)
+        if scale.size != 1 or zp.size != 1 or zp.dtype not in (np.int8, np.uint8):
+            self.refuse(node, f"per-axis or {zp.dtype.name} activation quantization")
+            return None
+        return float(scale.reshape(())), int(zp.reshape(())), zp.dtype.name
+
+    def _pair(self, node: Any) -> bool:
+        """Whether a QuantizeLinear's every reader is a DequantizeLinear with its parameters."""
+        readers = self.consumers.get(node.outputs[0].name, [])
+        mine = [self.consts.get(str(v.name)) if v is not None else None for v in node.inputs[1:3]]
+        if not readers or node.outputs[0] in self.model.graph.outputs:
+            return False
+        for r in readers:
+            theirs = [self.consts.get(str(v.name)) if v is not None else None for v in r.inputs[1:3]]
+            if r.op_type != "DequantizeLinear" or len(theirs) != len(mine):
+                return False
+            if any(a is None or b is None or not np.array_equal(a, b) for a, b in zip(mine, theirs)):
+                return False
+        return True
+
+    def _QuantizeLinear(self, node: Any) -> None:
+        q = self._qparams(node)
+        if q is None:
+            return
+        scale, zp, dtype = q
+        xv, yv = node.inputs[0], node.outputs[0]
+        if self.qdq == "params" and self._pair(node):  # the pair vanishes; its parameters stay
+            self.qparams[xv.name] = (scale, zp - 128 if dtype == "uint8" else zp)
+            self.alias(yv, xv)
+            return
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        y = self.out(yv, layout, dtype)
+        from mconv.targets.tflite.schema import Quant
+
+        self.g.tensors[y].quant = Quant(np.array([scale], np.float32), np.array([zp], np.int64))
+        self.op("QUANTIZE", [x], [y], "QuantizeOptions", label=node.name)
+
+    def _DequantizeLinear(self, node: Any) -> None:
+        xv, yv = node.inputs[0], node.outputs[0]
+        if self.is_const(xv):  # a constant weight: folded to float (prepare folds these first)
+            return self.refuse(node, "constant input not folded")
+        if self.qdq == "params" and xv.name in self.at and xv.name not in self.g_inputs():
+            producer = xv.producer()
+            if producer is not None and producer.op_type == "QuantizeLinear" and self._pair(producer):
+                self.alias(yv, xv)
+                return
+        if self._qparams(node) is None:
+            return
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        y = self.out(yv, layout, "float32")
+        self.op("DEQUANTIZE", [x], [y], "DequantizeOptions", label=node.name)
+
+    def g_inputs(self) -> set[str]:
+        return {str(v.name) for v in self.model.graph.inputs}
+
     def _LRN(self, node: Any) -> None:
         size = int(self.attr(node, "size"))
         if size % 2 == 0:
@@ -980,5 +1075,26 @@ def compact(g: Graph) -> Graph:
     return out
 
 
-def lower(model: ir.Model) -> Graph:
-    return Lowering(model).run()
+def lower(model: ir.Model, qdq: str = "ops") -> Graph:
+    return Lowering(model, qdq).run()
+
+
+def lower_with_params(model: ir.Model) -> tuple[Graph, dict[int, tuple[float, int]]]:
+    """Rule 5 with ``qdq="params"``: the float graph and, per activation tensor that a
+    QuantizeLinear/DequantizeLinear pair quantized, its int8 (scale, zero point)."""
+    low = Lowering(model, "params")
+    g = low.run(compacted=False)
+    params: dict[int, tuple[float, int]] = {}
+    for value, p in low.qparams.items():
+        for idx in low.at.get(value, {}).values():
+            params[idx] = p
+    return compact_with(g, params)
+
+
+def compact_with(
+    g: Graph, params: dict[int, tuple[float, int]]
+) -> tuple[Graph, dict[int, tuple[float, int]]]:
+    """:func:`compact` carrying a per-tensor mapping along."""
+    keep = {id(g.tensors[i]): p for i, p in params.items()}
+    out = compact(g)
+    return out, {i: keep[id(t)] for i, t in enumerate(out.tensors) if id(t) in keep}

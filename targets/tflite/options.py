@@ -10,6 +10,7 @@ from mconv.targets.base import option
 PRECISIONS = ("fp32", "fp16", "int8-weights", "int8")
 CALIBRATIONS = ("minmax", "percentile", "entropy")
 IO_DTYPES = ("float", "int8", "uint8")
+PALETTES = ("int8", "fp16", "float")
 
 
 @dataclass(frozen=True)
@@ -18,5 +19,8 @@ class Options(Common):
     data: str | None = option(None, help="Calibration samples (.npz) for int8.", metavar="NPZ")
     calibration: str | None = option(None, help="int8 range method.", metavar="minmax|percentile|entropy")
     io_dtype: str | None = option(None, help="int8 model I/O dtype.", metavar="float|int8|uint8")
+    palette: str | None = option(
+        None, help="Clustered weights off an int8 grid stored as (default int8).", metavar="int8|fp16|float"
+    )
     calibration_samples: int | None = None  # at most this many samples of --data (default 500)
     percentile: float | None = None  # the percentile calibration's bound (default 99.99)

@@ -348,3 +348,123 @@ def quant_params(t: Tensor) -> tuple[np.ndarray, np.ndarray] | None:
 
 def names(g: Graph, indices: Sequence[int]) -> list[str]:
     return [g.tensors[i].name for i in indices]
+
+
+# ---- compressed (clustered, int8-representable) weights -----------------------------------------
+
+PALETTE_MODES = ("int8", "fp16", "float")
+MIN_ELEMENTS = 16  # smaller weights stay as they are (the cluster pass's own floor)
+_PALETTE_AXIS = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 0}
+
+
+def grid_codes(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Rule 8: int8 codes and per-channel scales that give back ``w`` exactly, or None.
+
+    A channel is exact when its values are ``q * s`` (as float32, the product LiteRT's
+    DEQUANTIZE computes) for integers ``|q| <= 127``; the coarsest such grid is taken (the largest
+    magnitude is ``m * s`` for the smallest ``m`` that works)."""
+    moved = np.moveaxis(w.astype(np.float32), axis, 0).reshape(w.shape[axis], -1)
+    scales = np.ones(moved.shape[0], np.float32)
+    for c, row in enumerate(moved):
+        u = np.unique(row)
+        if u.size > 255:
+            return None
+        top = float(np.abs(u).max())
+        if top == 0:
+            continue
+        for m in range(1, 128):
+            s = np.float32(top / m)
+            if np.array_equal(np.round(u / s).astype(np.float32) * s, u):
+                scales[c] = s
+                break
+        else:
+            return None
+    view = scales.reshape([-1 if i == axis else 1 for i in range(w.ndim)])
+    q = np.round(w.astype(np.float32) / view)
+    if np.abs(q).max() > 127:
+        return None
+    return q.astype(np.int8), scales
+
+
+def compress_palettes(g: Graph, clustered: bool, mode: str = "int8") -> list[dict]:
+    """Rules 8-9 on ``g`` in place (float compute); one record per weight it stored anew.
+
+    A float32 weight of a CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED of at least
+    :data:`MIN_ELEMENTS` values is stored as int8 codes with per-channel scales, dequantized at
+    load (DEQUANTIZE at the head of the graph), when its values lie exactly on an int8 grid per
+    channel (:func:`grid_codes`: lossless, whatever the model). In a clustered model
+    (``clustered``) a weight with at most 256 distinct values that is not on a grid is stored as
+    ``mode`` says: ``int8`` per-channel symmetric (max |w| / 127; its error is recorded), ``fp16``
+    (its error recorded too)
+    or ``float``: every weight left as it is, grids included."""
+    records: list[dict] = []
+    if mode == "float":
+        return records
+    heads: list[Op] = []
+    seen: set[int] = set()
+    for op in g.ops:
+        if op.code not in _PALETTE_AXIS or len(op.inputs) < 2:
+            continue
+        idx = op.inputs[1]
+        t = g.tensors[idx]
+        if idx in seen or t.data is None or t.data.dtype != np.float32 or t.data.size < MIN_ELEMENTS:
+            continue
+        seen.add(idx)
+        w = t.data
+        axis = _PALETTE_AXIS[op.code]
+        distinct = int(np.unique(w).size)
+        rec: dict = {"name": t.name, "elements": int(w.size), "values": distinct}
+        exact = grid_codes(w, axis) if distinct <= 256 * w.shape[axis] else None
+        if exact is not None:
+            q, scale = exact
+            rec.update(stored="int8", exact=True, max_error=0.0)
+        elif clustered and distinct <= 256 and mode == "int8":
+            q, scale = symmetric(w, axis)
+            view = scale.reshape([-1 if i == axis else 1 for i in range(w.ndim)])
+            err = np.abs(q.astype(np.float32) * view - w)
+            top = float(np.abs(w).max()) or 1.0
+            rec.update(stored="int8", exact=False, max_error=float(err.max()) / top)
+        elif clustered and distinct <= 256 and mode == "fp16":
+            half = w.astype(np.float16)
+            err = float(np.abs(half.astype(np.float32) - w).max()) / (float(np.abs(w).max()) or 1.0)
+            new = g.add(Tensor(t.name + "/fp16", list(t.shape), "float16", half))
+            t.data = None
+            heads.append(Op("DEQUANTIZE", [new], [idx], "DequantizeOptions"))
+            rec.update(stored="float16", exact=err == 0.0, max_error=err)
+            records.append(rec)
+            continue
+        else:
+            continue
+        quant = Quant(scale.astype(np.float32), np.zeros(scale.size, np.int64), axis)
+        new = g.add(Tensor(t.name + "/int8", list(t.shape), "int8", q, quant))
+        t.data = None  # the float32 tensor is now the DEQUANTIZE's output
+        heads.append(Op("DEQUANTIZE", [new], [idx], "DequantizeOptions"))
+        records.append(rec)
+    g.ops = heads + g.ops
+    return records
+
+
+def qdq_ranges(
+    g: Graph, qparams: dict[int, tuple[float, int]], complete: bool = True
+) -> dict[int, tuple[float, float]]:
+    """Writer rule 4: the range whose :func:`affine` parameters are a QDQ pair's (scale, zero point),
+    per tensor. ``complete``: every float activation must have one (an InputError names those
+    that have none: they need calibration samples)."""
+    from mconv.errors import InputError
+
+    ranges = {i: ((-128 - z) * s, (127 - z) * s) for i, (s, z) in qparams.items()}
+    if complete:
+        missing = [
+            t.name
+            for i, t in enumerate(g.tensors)
+            if t.data is None and t.dtype == "float32" and i not in ranges
+        ]
+        if missing:
+            raise InputError(
+                f"{len(missing)} tensor(s) have no QuantizeLinear/DequantizeLinear parameters: "
+                + ", ".join(missing[:8])
+                + (", ..." if len(missing) > 8 else ""),
+                where="--precision int8",
+                hint="give --data samples.npz to calibrate them",
+            )
+    return ranges

@@ -8,6 +8,17 @@ Rules:
    (:mod:`.quant`).
 2. Each op's version is the one LiteRT's ``op_version.cc`` gives it for its tensor types
    (:func:`op_version`); an op not listed there is version 1.
+3. Weights of fp32 and fp16 files that lie on an int8 grid per channel, and in a clustered model
+   (``mconv.compression`` metadata) weights of at most 256 distinct values, are stored the
+   smallest way LiteRT runs them (:func:`mconv.targets.tflite.quant.compress_palettes`, option
+   ``palette``); the notes and the manifest's weight entries say what each palette became.
+4. A QDQ model (QuantizeLinear/DequantizeLinear, e.g. ONNX Runtime's ``quantize_static``): the
+   constant weights' DequantizeLinear are folded to float by the preparation (so their int8 grid
+   is stored back as int8 codes by rule 3 at fp32/fp16, or requantized to the same codes at
+   int8). At ``int8`` each activation Q->DQ pair's parameters become its tensor's quantization
+   parameters (the pairs vanish) and ``--data`` is needed only for tensors no pair covers
+   (calibration ranges; the pairs' parameters win); at the float precisions the pairs are
+   QUANTIZE/DEQUANTIZE ops, the model's own arithmetic. The notes say which.
 """
 
 from __future__ import annotations
@@ -18,9 +29,10 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
+from mconv.codecs.choose import COMPRESSION_KEY
 from mconv.errors import InputError
 from mconv.targets.tflite import lower, quant
-from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PRECISIONS
+from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PALETTES, PRECISIONS
 from mconv.targets.tflite.schema import Graph, serialize
 
 CALIBRATION_SAMPLES = 500
@@ -32,6 +44,7 @@ class Written:
     graph: Graph
     precision: str
     notes: list[str] = field(default_factory=list)
+    palettes: list[dict] = field(default_factory=list)  # quant.compress_palettes' records
 
 
 def op_version(op: Any, g: Graph) -> int:
@@ -65,13 +78,14 @@ def op_version(op: Any, g: Graph) -> int:
             return 3
         return 1
     if code == "DEQUANTIZE":
-        return 3 if first == "float16" else 2 if int8 else 1
+        per_axis = ins[0].quant is not None and ins[0].quant.scale.size > 1
+        return 3 if first == "float16" else (5 if per_axis else 2) if int8 else 1
     if code == "QUANTIZE":
         return 2 if first == "uint8" else 1
     if code in {
         "ADD", "SUB", "MUL", "MAX_POOL_2D", "AVERAGE_POOL_2D", "SOFTMAX", "LOGISTIC", "TANH",
         "CONCATENATION", "TRANSPOSE", "PAD", "PADV2", "MEAN", "RELU", "RELU6", "LEAKY_RELU",
-        "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "LOG_SOFTMAX", "HARD_SWISH",
+        "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "LOG_SOFTMAX",
     }:  # fmt: skip
         return 2 if int8 else 1
     return 1
@@ -113,8 +127,14 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     precision = _choice(options, "precision", PRECISIONS, "fp32")
     method = _choice(options, "calibration", CALIBRATIONS, "minmax")
     io_dtype = _choice(options, "io_dtype", IO_DTYPES, "float")
+    palette = _choice(options, "palette", PALETTES, "int8")
     data = options.get("data")
-    if precision == "int8" and data is None:
+    prepared = prepare(model)
+    qdq = sum(n.op_type == "QuantizeLinear" for n in prepared.graph)
+    folded = sum(n.op_type == "DequantizeLinear" for n in model.graph) - sum(
+        n.op_type == "DequantizeLinear" for n in prepared.graph
+    )
+    if precision == "int8" and data is None and not qdq:
         raise InputError(
             "--precision int8 needs calibration inputs",
             where="--data",
@@ -126,9 +146,25 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             where="--precision",
             hint="add --precision int8 or drop them",
         )
-    prepared = prepare(model)
-    g = lower.lower(prepared)
+    qparams: dict[int, tuple[float, int]] = {}
+    if precision == "int8" and qdq:  # rule 4: the model's own parameters
+        g, qparams = lower.lower_with_params(prepared)
+    else:
+        g = lower.lower(prepared)
     notes: list[str] = []
+    if qdq or folded > 0:
+        notes.append(
+            f"QDQ model: {max(folded, 0)} constant DequantizeLinear folded to float weights, "
+            + (
+                f"{len(qparams)} tensor(s) quantized with the model's QuantizeLinear parameters"
+                if qparams
+                else f"{qdq} QuantizeLinear/DequantizeLinear on activations kept as QUANTIZE/DEQUANTIZE"
+            )
+        )
+    palettes: list[dict] = []
+    if precision in ("fp32", "fp16"):  # rule 3
+        palettes = quant.compress_palettes(g, COMPRESSION_KEY in model.metadata_props, palette)
+        notes += palette_notes(palettes)
     if precision == "fp16":
         n = quant.to_fp16(g)
         notes.append(f"{n} float constant(s) stored float16, dequantized at load")
@@ -138,6 +174,15 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     elif precision == "int8":
         for op in g.ops:
             op.version = op_version(op, g)
+        if data is None:  # a QDQ model without samples: its parameters only
+            ranges = quant.qdq_ranges(g, qparams)
+            fallback = quant.to_int8(g, ranges, io_dtype)
+            notes.append(f"full int8: the QDQ model's parameters, inputs/outputs {io_dtype}")
+            if fallback:
+                notes.append(
+                    f"{len(fallback)} op(s) without an int8 kernel run in float: {', '.join(fallback)}"
+                )
+            return _finish(g, precision, notes, [])
         float_bytes = serialize(g)
         feeds = _calibration_feeds(prepared, data)
         missing = [g.tensors[i].name for i in g.inputs if g.tensors[i].name not in feeds]
@@ -156,11 +201,38 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             raise InputError(
                 f"calibration failed ({exc})", where="--data", hint="give at least one sample"
             ) from None
+        ranges.update(quant.qdq_ranges(g, qparams, complete=False))
         fallback = quant.to_int8(g, ranges, io_dtype)
         notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
         if fallback:
             notes.append(f"{len(fallback)} op(s) without an int8 kernel run in float: {', '.join(fallback)}")
+    return _finish(g, precision, notes, palettes)
+
+
+def _finish(g: Graph, precision: str, notes: list[str], palettes: list[dict]) -> Written:
     g = lower.compact(g)  # the float constants a precision replaced are gone
     for op in g.ops:
         op.version = op_version(op, g)
-    return Written(serialize(g), g, precision, notes)
+    return Written(serialize(g), g, precision, notes, palettes)
+
+
+def palette_notes(records: list[dict]) -> list[str]:
+    """One note per stored form: which weights, how many values, exact or the worst error."""
+    notes = []
+    for stored, exact in (("int8", True), ("int8", False), ("float16", True), ("float16", False)):
+        group = [r for r in records if r["stored"] == stored and r["exact"] == exact]
+        if not group:
+            continue
+        names = ", ".join(f"{r['name']} ({r['values']} values)" for r in group)
+        how = (
+            "int8 codes with per-channel scales, dequantized at load"
+            if stored == "int8"
+            else "float16, dequantized at load"
+        )
+        err = (
+            "exactly (the values lie on the grid)"
+            if exact
+            else f"max error {max(r['max_error'] for r in group):.2%} of the weight's largest magnitude"
+        )
+        notes.append(f"{len(group)} weight(s) stored as {how}, {err}: {names}")
+    return notes

