@@ -28,6 +28,10 @@ Kernel conventions (the runner and the web page rely on them):
    blocked only as far as :data:`MIN_INVOCATIONS` invocations remain (a GPU starves on fewer:
    on the H200, 8 columns an invocation made AlexNet's fully connected layers at batch 1 twice
    as slow).
+7. Convolutions (but depthwise ones) and 2-D Gemm/MatMul are workgroup-tiled where their shape
+   allows (:mod:`mconv.targets.webgpu.tiled`: implicit-GEMM tiles in workgroup memory, split-K
+   matrix-vector products at batch 1); rules 3, 4 and 6 are then that module's. The rules
+   above describe the direct kernels, kept for the shapes tiling does not suit.
 """
 
 from __future__ import annotations
@@ -225,6 +229,11 @@ def _check_window(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register("Conv", check=_check_window)
 def lower_conv(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    from mconv.targets.webgpu.tiled import lower_conv_tiled
+
+    tiled = lower_conv_tiled(ctx, node, kernel, act)  # rule 7
+    if tiled is not None:
+        return tiled
     x, w = inp(node, 0), inp(node, 1)
     b = node.inputs[2] if len(node.inputs) > 2 else None
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(outp(node))
@@ -301,6 +310,12 @@ def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
         sr, sc = bias_strides(ctx.shape(c), m, n)
         reads.append(c)
         names.append("C")
+
+    from mconv.targets.webgpu.tiled import lower_gemm_tiled
+
+    tiled = lower_gemm_tiled(ctx, node, kernel, act, m, n, k, ta, tb, alpha, c, beta, sr, sc)  # rule 7
+    if tiled is not None:
+        return tiled
 
     def bias(col: str) -> str:
         return "" if sr is None else f" + {flit(beta)} * f32(C[row * {sr} + {col} * {sc}])"
