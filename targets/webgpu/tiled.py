@@ -46,6 +46,7 @@ LANES = 64
 MIN_WORKGROUPS = 128
 GEMV_ROWS = 8
 TK = 16
+TILING = True  # False: every layer keeps wgsl.py's direct kernel (tests and benches compare)
 DIRECT = "_direct"  # rule 6's entry point: the kernel's name and this
 SOFTWARE = ("llvmpipe", "lavapipe", "swiftshader")
 
@@ -100,9 +101,7 @@ def _tiles(m: int, n: int, t: Tile) -> int:
 
 def choose_tile(m: int, n: int, batches: int) -> Tile | None:
     """Rule 4: the tile of an ``m x n`` output repeated ``batches`` times, or None (direct)."""
-    import os
-
-    if os.environ.get("MCONV_WEBGPU_TILING") == "0":  # experiment only
+    if not TILING:
         return None
     best, best_key = None, None
     for t in CANDIDATES:
@@ -363,9 +362,7 @@ def lower_gemm_tiled(
     store = f"let o = {scale}v{bias}; Y[row * N + col] = T({activation_expr(act, 'o')});"
     cs = dict(M=m, N=n, KD=k)
     if m < GEMV_ROWS:
-        import os
-
-        if k < LANES or os.environ.get("MCONV_WEBGPU_TILING") == "0":
+        if k < LANES or not TILING:
             return None
         cw = gemv_columns(n, bool(tb))
         workgroups = -(-n // cw)
