@@ -84,7 +84,12 @@ def main() -> None:
         action="store_true",
         help="also time the xla bundle (jax's first device: a GPU where there is one)",
     )
+    ap.add_argument("--direct", action="store_true", help="direct kernels only (no workgroup tiling)")
     args = ap.parse_args()
+    if args.direct:
+        from mconv.targets.webgpu import tiled
+
+        tiled.TILING = False
     webgpu, cpu = get_target("webgpu"), get_target("cpu")
     rows = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-webgpu."))

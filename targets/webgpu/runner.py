@@ -9,8 +9,8 @@ Rules:
    there, with f32 storage elsewhere (:func:`~mconv.targets.webgpu.wgsl.storage_header`).
 2. Before anything is compiled the plan is checked against the kernels (:func:`check_plan`):
    each layer's module exists, declares its entry point, binds 0..n-1 with only the last
-   writable, every binding names a buffer, and the grid covers no more threads than the
-   output has elements. A kernel the device refuses is an IntegrityError naming it.
+   writable, every binding names a buffer, and the grid covers no more threads than one
+   workgroup per output element (a split-K kernel runs a workgroup per few outputs). A kernel the device refuses is an IntegrityError naming it.
 3. Buffers (one per plan buffer, sizes rounded up to 4 bytes), pipelines and bind groups are
    made once; the weights, decoded from ``weights.mcw``, are uploaded once.
 4. One inference is one command buffer: the inputs are written to their buffers, one compute
@@ -41,7 +41,8 @@ import numpy as np
 from mconv.errors import InputError, IntegrityError
 from mconv.targets.gpu.plan import GpuPlan
 from mconv.targets.gpu.values import typed_output
-from mconv.targets.webgpu.wgsl import dispatch_size, storage_header
+from mconv.targets.webgpu.tiled import entry_point, uses_shared_memory
+from mconv.targets.webgpu.wgsl import WORKGROUP, dispatch_size, storage_header
 
 _BINDING_RE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var<storage,\s*(read|read_write)>")
 
@@ -73,8 +74,10 @@ def check_plan(plan: GpuPlan, sources: Mapping[str, str], label: str = "bundle")
         if len(layer.grid) != 3 or min(layer.grid) < 1:
             raise bad(f"grid {layer.grid} is empty")
         out = plan.buffers[layer.bindings[-1]]
-        if int(np.prod(layer.grid)) > out.count:
-            raise bad(f"grid {layer.grid} has more threads than output {out.name} has elements ({out.count})")
+        if int(np.prod(layer.grid)) > out.count * WORKGROUP:
+            raise bad(
+                f"grid {layer.grid} has more threads than {WORKGROUP} per element of output {out.name} ({out.count})"
+            )
 
 
 def _no_adapter(label: str, why: str) -> InputError:
@@ -181,13 +184,13 @@ class WebGPURunner:
                 )
             device.queue.write_buffer(buffers[b.index], 0, self._padded(arr))
         pipelines, groups = [], []
+        shared = uses_shared_memory(dict(info))  # tiled kernels' rule 6
         for i, layer in enumerate(self.plan.layers):
             code = storage_header(self.sources[layer.kernel], self.f16)
             try:
                 shader = device.create_shader_module(code=code, label=layer.kernel)
-                pipe = device.create_compute_pipeline(
-                    layout="auto", compute={"module": shader, "entry_point": layer.kernel}, label=layer.kernel
-                )
+                stage = {"module": shader, "entry_point": entry_point(layer.kernel, code, shared)}
+                pipe = device.create_compute_pipeline(layout="auto", compute=stage, label=layer.kernel)
                 group = device.create_bind_group(
                     layout=pipe.get_bind_group_layout(0),
                     entries=[

@@ -1,4 +1,4 @@
-"""WGSL kernel generators: the Metal target's kernels (``mconv.targets.metal.kernels``) written
+"""WGSL kernel generators: the Metal target's kernels (``mconv.targets.metal.msl``) written
 as WebGPU compute shaders, one rule per ONNX op type.
 
 A rule ``lower(ctx, node, kernel, act) -> KernelSource`` (or a list, one per output or per chunk)
@@ -28,6 +28,10 @@ Kernel conventions (the runner and the web page rely on them):
    blocked only as far as :data:`MIN_INVOCATIONS` invocations remain (a GPU starves on fewer:
    on the H200, 8 columns an invocation made AlexNet's fully connected layers at batch 1 twice
    as slow).
+7. Convolutions (but depthwise ones) and 2-D Gemm/MatMul are workgroup-tiled where their shape
+   allows (:mod:`mconv.targets.webgpu.tiled`: implicit-GEMM tiles in workgroup memory, split-K
+   matrix-vector products at batch 1); rules 3, 4 and 6 are then that module's. The rules
+   above describe the direct kernels, kept for the shapes tiling does not suit.
 """
 
 from __future__ import annotations
@@ -225,6 +229,11 @@ def _check_window(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register("Conv", check=_check_window)
 def lower_conv(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
+    from mconv.targets.webgpu.tiled import lower_conv_tiled
+
+    tiled = lower_conv_tiled(ctx, node, kernel, act)  # rule 7
+    if tiled is not None:
+        return tiled
     x, w = inp(node, 0), inp(node, 1)
     b = node.inputs[2] if len(node.inputs) > 2 else None
     xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(outp(node))
@@ -301,6 +310,12 @@ def lower_gemm(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | 
         sr, sc = bias_strides(ctx.shape(c), m, n)
         reads.append(c)
         names.append("C")
+
+    from mconv.targets.webgpu.tiled import lower_gemm_tiled
+
+    tiled = lower_gemm_tiled(ctx, node, kernel, act, m, n, k, ta, tb, alpha, c, beta, sr, sc)  # rule 7
+    if tiled is not None:
+        return tiled
 
     def bias(col: str) -> str:
         return "" if sr is None else f" + {flit(beta)} * f32(C[row * {sr} + {col} * {sc}])"
@@ -508,7 +523,7 @@ def _check_cast(ctx: LowerContext, node: ir.Node) -> str | None:
 
 
 def cast_wgsl(src: ir.DataType | None, dst: ir.DataType | None) -> str:
-    """The WGSL expression of the Metal target's Cast rule (:func:`~mconv.targets.metal.kernels.
+    """The WGSL expression of the Metal target's Cast rule (:func:`~mconv.targets.metal.msl.
     elementwise.cast_rule`) applied to the f32 ``a``: to bool nonzero is 1; to float16 rounds to
     half (through WGSL's pack2x16float); float to an integer type rounds toward zero and
     saturates; an integer to a narrower one wraps; the rest keeps the value."""
@@ -544,7 +559,7 @@ def _check_quantize(ctx: LowerContext, node: ir.Node) -> str | None:
 
 @register("QuantizeLinear", "DequantizeLinear", check=_check_quantize)
 def lower_quantize(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    """The Metal target's quantization rules (``targets/metal/kernels/quantization.py``): codes
+    """The Metal target's quantization rules (``targets/metal/msl/quantization.py``): codes
     are floats; QuantizeLinear is ``clamp(round(x / scale) + zero_point, lo, hi)`` (WGSL's
     ``round`` is half to even, before the zero point is added), DequantizeLinear
     ``(q - zero_point) * scale``; per tensor (literals) or per axis (tables)."""
@@ -908,7 +923,7 @@ def lower_expand(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation 
 
 @register("Gather", check=check_gather)
 def lower_gather(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    """The Metal kernels' Gather (rules 2 and 3 of :mod:`mconv.targets.metal.kernels.indexing`):
+    """The Metal kernels' Gather (rules 2 and 3 of :mod:`mconv.targets.metal.msl.indexing`):
     constant indices baked as a table; indices computed at run time read from a buffer, an index
     outside ``[-n, n)`` (or not a number) giving 0, never a read outside the data."""
     x = inp(node, 0)
@@ -941,7 +956,7 @@ Y[gx] = X[(o * AXIS + idx[j]) * INNER + ii];
 
 @register("GatherND", check=check_gathernd)
 def lower_gathernd(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation | None) -> KernelSource:
-    """The Metal kernels' GatherND (rule 4 of :mod:`mconv.targets.metal.kernels.indexing`):
+    """The Metal kernels' GatherND (rule 4 of :mod:`mconv.targets.metal.msl.indexing`):
     constant indices baked as a table of data offsets (-1 giving 0); indices computed at run time
     read from a buffer, a component outside ``[-n, n)`` (or not a number) giving 0."""
     x, idx_value = inp(node, 0), inp(node, 1)
@@ -1164,7 +1179,7 @@ Y[((n * OC + oc) * OH + oh) * OW + ow] = T({activation_expr(act)});
     return KernelSource(kernel, module(ctx, kernel, names, grid, cs, _indent(body)), reads, grid)
 
 
-# -- GridSample: the Metal target's rules (targets/metal/kernels/sampling.py) -------------------
+# -- GridSample: the Metal target's rules (targets/metal/msl/sampling.py) -------------------
 
 
 def _grid_axis_wgsl(plan: GridSamplePlan, j: int, ax: GridAxis) -> list[str]:

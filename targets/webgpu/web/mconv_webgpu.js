@@ -124,13 +124,18 @@ export async function loadBundle(base = ".") {
   const t1 = performance.now();
   const pipelines = [];
   const groups = [];
+  // tiled kernels' rule 6 (mconv.targets.webgpu.tiled): no workgroup memory on a software adapter
+  const named = `${info.vendor || ""} ${info.architecture || ""} ${info.device || ""} ${info.description || ""}`.toLowerCase();
+  const shared = !(info.isFallbackAdapter || adapter.isFallbackAdapter || ["llvmpipe", "lavapipe", "swiftshader"].some((n) => named.includes(n)));
   for (const [i, layer] of plan.layers.entries()) {
     let code = await fetchOk(`${base}/kernels/${layer.kernel}.wgsl`, "text");
     if (!f16 && code.startsWith(HEADER_F16)) code = HEADER_F32 + code.slice(HEADER_F16.length);
     const module = device.createShaderModule({ code, label: layer.kernel });
     const messages = (await module.getCompilationInfo()).messages.filter((m) => m.type === "error");
     if (messages.length) throw new Error(`layer ${i} (${layer.kernel}): ${messages[0].message}`);
-    const pipe = await device.createComputePipelineAsync({ layout: "auto", compute: { module, entryPoint: layer.kernel }, label: layer.kernel });
+    const direct = `${layer.kernel}_direct`;
+    const compute = { module, entryPoint: !shared && code.includes(`fn ${direct}(`) ? direct : layer.kernel };
+    const pipe = await device.createComputePipelineAsync({ layout: "auto", compute, label: layer.kernel });
     groups.push(
       device.createBindGroup({
         layout: pipe.getBindGroupLayout(0),
@@ -146,7 +151,7 @@ export async function loadBundle(base = ".") {
   return {
     manifest, plan, device, buffers, pipelines, groups, staging, f16,
     adapter: { vendor: info.vendor || "", architecture: info.architecture || "", device: info.device || "", description: info.description || "" },
-    decodeMs, compileMs, shaChecked, deviceAttempts: attempts,
+    decodeMs, compileMs, shaChecked, deviceAttempts: attempts, sharedMemory: shared,
   };
 }
 
@@ -269,6 +274,7 @@ export async function main(params = new URLSearchParams(location.search)) {
         storage: b.f16 ? "f16" : "f32",
         adapter: b.adapter,
         device_attempts: b.deviceAttempts,
+        shared_memory: b.sharedMemory,
         decode_ms: b.decodeMs,
         compile_ms: b.compileMs,
         sha256_checked: b.shaChecked,

@@ -13,7 +13,7 @@ export class McwError extends Error {}
 
 const MAGIC = [0x4d, 0x43, 0x57, 0x31]; // "MCW1"
 const HUFFMAN_MAX_LEN = 16;
-const ITEMSIZE = { float32: 4, float16: 2, float64: 8, int8: 1, uint8: 1, int16: 2, uint16: 2, int32: 4, uint32: 4, bool: 1 };
+const ITEMSIZE = { float32: 4, float16: 2, float64: 8, int8: 1, uint8: 1, int16: 2, uint16: 2, int32: 4, uint32: 4, uint64: 8, int64: 8, bool: 1 };
 
 function fail(msg) {
   throw new McwError(msg);
@@ -310,6 +310,16 @@ function convertElements(bytes, from, to, n) {
     const dst = new DataView(out.buffer);
     for (let i = 0; i < n; i++) dst.setUint32(4 * i, halfToFloatBits(src.getUint16(2 * i, true)), true);
     return out;
+  }
+  const Ints = { bool: Uint8Array, int8: Int8Array, uint8: Uint8Array, int16: Int16Array, uint16: Uint16Array,
+                 int32: Int32Array, uint32: Uint32Array, int64: BigInt64Array, uint64: BigUint64Array, float64: Float64Array };
+  if (to === "float32" && from in Ints) {
+    // integer and bool weights are held as floats by the kernels (the plan's rule 2), as the runner does
+    const copy = bytes.slice();
+    const src = new Ints[from](copy.buffer, 0, n);
+    const out = new Float32Array(n);
+    for (let i = 0; i < n; i++) out[i] = from === "bool" ? (src[i] ? 1 : 0) : Number(src[i]);
+    return new Uint8Array(out.buffer);
   }
   return fail(`values stored as ${from} for a ${to} tensor are not supported by the JavaScript decoder`);
 }

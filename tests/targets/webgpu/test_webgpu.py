@@ -460,9 +460,10 @@ def test_register_blocking_leaves_a_gpu_enough_invocations():
 def test_blocked_kernels_match_the_reference(tmp_path, monkeypatch, precision):
     """Rule 6 forced on small models (MIN_INVOCATIONS 1): convolutions of 8, 4 and 2 output
     channels an invocation (grouped too), and Gemm/MatMul columns, against the reference."""
-    from mconv.targets.webgpu import wgsl
+    from mconv.targets.webgpu import tiled, wgsl
 
     monkeypatch.setattr(wgsl, "MIN_INVOCATIONS", 1)
+    monkeypatch.setattr(tiled, "TILING", False)  # the direct kernels (tiled ones: test_tiled.py)
     rng = np.random.default_rng(9)
     tol = 0.9999 if precision == "fp32" else 0.999
     feeds = {"x": rng.standard_normal((2, 1, 28, 28)).astype(np.float32)}

@@ -1,0 +1,440 @@
+"""Workgroup-tiled WGSL kernels: convolution as an implicit GEMM, Gemm/MatMul, and the
+split-K matrix-vector product of a fully connected layer at batch 1.
+
+Rules (the conventions of :mod:`mconv.targets.webgpu.wgsl` hold, except its rules 3 and 4):
+
+1. A tiled kernel runs workgroups of 64 invocations, dispatched as the other kernels are (the
+   plan's grid counts invocations, ``64 * workgroups``, so :func:`~mconv.targets.webgpu.wgsl.
+   dispatch_size` gives one workgroup per tile). Each invocation reads its workgroup's index
+   from ``workgroup_id`` and ``num_workgroups`` (uniform values: every barrier is reached by
+   the whole workgroup) and its place in it from ``local_invocation_index``.
+2. GEMM tiles: a workgroup computes a ``TM x TN`` tile of the output, each invocation an
+   ``RM x RN`` register block of it (rows ``ty + i*TY``, columns ``tx + j*TX``: neighbouring
+   invocations store neighbouring outputs). The K loop walks ``TK``-deep slices of both
+   operands staged in ``var<workgroup>`` memory as f32 (zero outside the matrix), with a
+   barrier before and after each slice is used. Sums are f32 whatever the storage.
+3. A convolution is that GEMM over rows = the group's output channels, columns = the output
+   pixels of one image, depth = input channels x kernel window: the weight rows are read as
+   they are stored, the input columns are gathered on the fly (padding reads as zero); no
+   im2col buffer exists. Bias and the fused activation are applied as the tile is stored.
+   Depthwise convolutions (one input channel a group) stay the direct kernel.
+4. The tile shape is chosen per layer (:func:`choose_tile`): the candidate that keeps at least
+   :data:`MIN_WORKGROUPS` workgroups (a GPU needs many in flight at batch 1), wastes little of
+   its tiles at the matrix edges, and is largest (fewer loads per multiply-add). A layer whose
+   tiles would hold more invocations than its output has elements keeps the direct kernel
+   (the plan's check that a grid never exceeds its output).
+6. Software adapters (a CPU running the shaders: lavapipe, SwiftShader) pay for every barrier,
+   and for a shader that has one even where it is not reached, and gain nothing from workgroup
+   memory. So a tiled module has a second entry point, ``<kernel>_direct``: the same tiles and
+   register blocks computed from storage alone, each invocation looping over K (in the same
+   order: the same sums), no workgroup memory and no barrier; a matrix-vector product's is one
+   invocation per column. The runner and the page run it on such an adapter
+   (:func:`uses_shared_memory`, :func:`entry_point`); the plan and the WGSL are the same for
+   every adapter.
+7. Matrix-vector (a Gemm or MatMul whose A has fewer than :data:`GEMV_ROWS` rows): each
+   workgroup owns ``CW`` output columns and splits their K loop over ``64 / CW`` lanes; the
+   lanes' partial sums meet in workgroup memory and are added in a fixed tree order (the
+   result does not depend on scheduling). Lanes walk B in its storage order (along K when B is
+   transposed, along N otherwise) so neighbouring invocations read neighbouring words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LANES = 64
+MIN_WORKGROUPS = 128
+GEMV_ROWS = 8
+TK = 16
+TILING = True  # False: every layer keeps wgsl.py's direct kernel (tests and benches compare)
+DIRECT = "_direct"  # rule 6's entry point: the kernel's name and this
+SOFTWARE = ("llvmpipe", "lavapipe", "swiftshader")
+
+
+def uses_shared_memory(info: dict) -> bool:
+    """Rule 6: whether the adapter described by ``info`` (wgpu's adapter info) runs the
+    workgroup-memory path: not on a CPU adapter."""
+    if str(info.get("adapter_type", "")).lower() == "cpu":
+        return False
+    text = " ".join(str(v) for v in info.values()).lower()
+    return not any(name in text for name in SOFTWARE)
+
+
+def entry_point(kernel: str, source: str, shared: bool) -> str:
+    """The entry point to run (rule 6): ``<kernel>_direct`` where the adapter does not use
+    workgroup memory and the module has one."""
+    direct = f"{kernel}{DIRECT}"
+    return direct if not shared and f"fn {direct}(" in source else kernel
+
+
+@dataclass(frozen=True)
+class Tile:
+    tm: int
+    tn: int
+    rm: int
+    rn: int
+
+    @property
+    def ty(self) -> int:
+        return self.tm // self.rm
+
+    @property
+    def tx(self) -> int:
+        return self.tn // self.rn
+
+
+CANDIDATES = (
+    Tile(32, 32, 4, 4),
+    Tile(32, 16, 4, 2),
+    Tile(16, 32, 2, 4),
+    Tile(16, 16, 2, 2),
+    Tile(8, 32, 1, 4),
+    Tile(32, 8, 4, 1),
+    Tile(8, 16, 1, 2),
+    Tile(16, 8, 2, 1),
+)
+
+
+def _tiles(m: int, n: int, t: Tile) -> int:
+    return -(-m // t.tm) * -(-n // t.tn)
+
+
+def choose_tile(m: int, n: int, batches: int) -> Tile | None:
+    """Rule 4: the tile of an ``m x n`` output repeated ``batches`` times, or None (direct)."""
+    if not TILING:
+        return None
+    best, best_key = None, None
+    for t in CANDIDATES:
+        tiles = _tiles(m, n, t) * batches
+        if tiles * LANES > m * n * batches:
+            continue
+        eff = m * n / (-(-m // t.tm) * t.tm * -(-n // t.tn) * t.tn)
+        key = (tiles >= MIN_WORKGROUPS, eff >= 0.7, t.tm * t.tn, eff)
+        if best_key is None or key > best_key:
+            best, best_key = t, key
+    return best
+
+
+def entry(kernel: str, workgroups: int, body: str, direct: str | None = None) -> str:
+    """The entry point of rule 1, and rule 6's ``<kernel>_direct`` where ``direct`` is given;
+    a body sees ``wg`` (the workgroup) and ``t`` (the lane)."""
+    out = ""
+    for name, code in ((kernel, body), (f"{kernel}{DIRECT}", direct)):
+        if code is None:
+            continue
+        out += f"""
+@compute @workgroup_size({LANES})
+fn {name}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {{
+    let wg = i32(wid.x + wid.y * nwg.x);
+    if (wg >= {workgroups}) {{ return; }}
+    let t = i32(li);
+{code}}}
+"""
+    return out
+
+
+def _indent(text: str, by: str = "    ") -> str:
+    return "".join(f"{by}{ln}\n" if ln.strip() else "\n" for ln in text.strip("\n").splitlines())
+
+
+def gemm_body(
+    t: Tile, load_a: str, load_b: str, store: str, prologue: str, direct: str
+) -> tuple[str, str, str]:
+    """(workgroup declarations, body, rule 6's body) of rule 2's tiled GEMM. ``prologue`` sets ``m0``, ``n0``
+    (the tile's origin) and whatever the loads and the store use; ``load_a`` is a statement
+    setting ``a`` from ``gm, gk`` (in range), ``load_b`` one setting ``b`` from ``gk, gn``;
+    ``store`` is the statements writing ``v`` at ``gm, gn`` (in range). Constants ``M, N, KD``
+    are the GEMM's sizes."""
+    decls = f"var<workgroup> As: array<f32, {TK * t.tm}>;\nvar<workgroup> Bs: array<f32, {TK * t.tn}>;\n"
+    accs = [[f"c{i}{j}" for j in range(t.rn)] for i in range(t.rm)]
+    lines = [prologue.strip("\n"), f"let tx = t % {t.tx}; let ty = t / {t.tx};"]
+    lines += [f"var {c}: f32 = 0.0f;" for row in accs for c in row]
+    for i in range(t.rm):
+        lines.append(f"let gm{i} = m0 + ty + {i * t.ty};")
+    for j in range(t.rn):
+        lines.append(f"let gn{j} = n0 + tx + {j * t.tx};")
+    head = list(lines)
+    lines = []
+    lines.append(f"for (var k0: i32 = 0; k0 < KD; k0 += {TK}) {{")
+    # A slice: TM rows x TK deep, lanes along k (weights are contiguous in k)
+    lines.append(f"    for (var e: i32 = t; e < {TK * t.tm}; e += {LANES}) {{")
+    lines.append(f"        let gm = m0 + e / {TK}; let gk = k0 + e % {TK};")
+    lines.append("        var a: f32 = 0.0f;")
+    lines.append(f"        if (gm < M && gk < KD) {{ {load_a} }}")
+    lines.append(f"        As[(e % {TK}) * {t.tm} + e / {TK}] = a;")
+    lines.append("    }")
+    # B slice: TK deep x TN columns, lanes along n
+    lines.append(f"    for (var e: i32 = t; e < {TK * t.tn}; e += {LANES}) {{")
+    lines.append(f"        let gk = k0 + e / {t.tn}; let gn = n0 + e % {t.tn};")
+    lines.append("        var b: f32 = 0.0f;")
+    lines.append(f"        if (gk < KD && gn < N) {{ {load_b} }}")
+    lines.append("        Bs[e] = b;")
+    lines.append("    }")
+    lines.append("    workgroupBarrier();")
+    lines.append(f"    for (var kk: i32 = 0; kk < {TK}; kk++) {{")
+    lines += [f"        let a{i} = As[kk * {t.tm} + ty + {i * t.ty}];" for i in range(t.rm)]
+    lines += [f"        let b{j} = Bs[kk * {t.tn} + tx + {j * t.tx}];" for j in range(t.rn)]
+    lines += [f"        {accs[i][j]} += a{i} * b{j};" for i in range(t.rm) for j in range(t.rn)]
+    lines.append("    }")
+    lines.append("    workgroupBarrier();")
+    lines.append("}")
+    tail = []
+    for i in range(t.rm):
+        for j in range(t.rn):
+            tail.append(
+                f"if (gm{i} < M && gn{j} < N) {{ let gm = gm{i}; let gn = gn{j}; let v = {accs[i][j]}; {store} }}"
+            )
+    shared = _indent("\n".join(head + lines + tail))
+    return decls, shared, _indent("\n".join([*head, direct, *tail]))
+
+
+def gemv_body(
+    rows: int, cw: int, trans_b: bool, load_a: str, load_b: str, store: str
+) -> tuple[str, str, str]:
+    """(workgroup declarations, body, rule 6's body) of rule 7 for ``rows`` rows (< GEMV_ROWS), ``cw`` columns a
+    workgroup. ``load_a`` is an expression of ``kk`` with ``{r}`` for the row (A's element), ``load_b`` one of
+    ``kk, col``; ``store`` the statements writing ``v`` at ``row, col`` (in range)."""
+    kl = LANES // cw
+    decls = f"var<workgroup> Red: array<f32, {LANES * rows}>;\n"
+    if trans_b:  # lanes along K: neighbouring invocations read neighbouring words of a row of B
+        place = f"let c = t / {kl}; let l = t % {kl};"
+    else:
+        place = f"let c = t % {cw}; let l = t / {cw};"
+    lines = [place, f"let col = wg * {cw} + c;"]
+    lines += [f"var s{r}: f32 = 0.0f;" for r in range(rows)]
+    lines.append("if (col < N) {")
+    lines.append(f"    for (var kk: i32 = l; kk < KD; kk += {kl}) {{")
+    lines.append(f"        let bv = f32({load_b});")
+    lines += [f"        s{r} += f32({load_a.replace('{r}', str(r))}) * bv;" for r in range(rows)]
+    lines.append("    }")
+    lines.append("}")
+    lines += [f"Red[{r * LANES} + c * {kl} + l] = s{r};" for r in range(rows)]
+    lines.append("workgroupBarrier();")
+    s = kl // 2
+    while s >= 1:
+        lines.append(f"if (l < {s}) {{")
+        lines += [
+            f"    Red[{r * LANES} + c * {kl} + l] += Red[{r * LANES} + c * {kl} + l + {s}];"
+            for r in range(rows)
+        ]
+        lines.append("}")
+        lines.append("workgroupBarrier();")
+        s //= 2
+    lines.append("if (l == 0 && col < N) {")
+    for r in range(rows):
+        lines.append(f"    {{ let row = {r}; let v = Red[{r * LANES} + c * {kl}]; {store} }}")
+    lines.append("}")
+    direct = [f"let col = wg * {cw} + t;", "if (t < " + str(cw) + " && col < N) {"]
+    direct += [f"    var s{r}: f32 = 0.0f;" for r in range(rows)]
+    direct.append("    for (var kk: i32 = 0; kk < KD; kk++) {")
+    direct.append(f"        let bv = f32({load_b});")
+    direct += [f"        s{r} += f32({load_a.replace('{r}', str(r))}) * bv;" for r in range(rows)]
+    direct.append("    }")
+    direct += [f"    {{ let row = {r}; let v = s{r}; {store} }}" for r in range(rows)]
+    direct.append("}")
+    return decls, _indent("\n".join(lines)), _indent("\n".join(direct))
+
+
+def gemv_columns(n: int, trans_b: bool) -> int:
+    """Rule 7's columns a workgroup: along-K lanes (B transposed) favour few columns, along-N
+    lanes many; fewer when that leaves too few workgroups."""
+    cw = 4 if trans_b else 16
+    while cw > 1 and -(-n // cw) < MIN_WORKGROUPS:
+        cw //= 2
+    return cw
+
+
+# -- lowering -------------------------------------------------------------------------------
+
+
+def _module(
+    ctx,
+    kernel: str,
+    reads: list[str],
+    decls: str,
+    constants: dict[str, int],
+    workgroups: int,
+    body: str,
+    direct: str,
+) -> str:
+    from mconv.targets.webgpu.wgsl import HEADER_F16, HEADER_F32, PRELUDE, consts
+
+    header = HEADER_F16 if ctx.storage == "half" else HEADER_F32
+    binds = [
+        f"@group(0) @binding({i}) var<storage, read> {name}: array<T>;\n" for i, name in enumerate(reads)
+    ]
+    binds.append(f"@group(0) @binding({len(reads)}) var<storage, read_write> Y: array<T>;\n")
+    return (
+        header
+        + PRELUDE
+        + "\n"
+        + consts(constants)
+        + decls
+        + "".join(binds)
+        + entry(kernel, workgroups, body, direct)
+    )
+
+
+def _grid(workgroups: int) -> tuple[int, int, int]:
+    return (LANES, workgroups, 1)
+
+
+def lower_conv_tiled(ctx, node, kernel: str, act):
+    """Rule 3: a grouped or plain convolution as an implicit GEMM; None where rule 3 or 4
+    keeps the direct kernel."""
+    from mconv.targets.gpu.params.conv import spatial_params
+    from mconv.targets.webgpu.wgsl import KernelSource, activation_expr, inp, outp
+
+    x, w = inp(node, 0), inp(node, 1)
+    b = node.inputs[2] if len(node.inputs) > 2 else None
+    xs, ws, ys = ctx.shape(x), ctx.shape(w), ctx.shape(outp(node))
+    (ih, iw), (oh, ow), (kh, kw), (sh, sw), (dh, dw), (ph, pw) = spatial_params(node, xs, ys, ws[2:])
+    group = node.attributes.get_int("group", 1)
+    n, c, oc = xs[0], xs[1], ys[1]
+    icg, ocg = c // group, oc // group
+    kd = icg * kh * kw
+    if icg == 1 and ocg == 1 or kd < 4:
+        return None  # depthwise: the direct kernel
+    p = oh * ow
+    tile = choose_tile(ocg, p, n * group)
+    if tile is None:
+        return None
+    mt, nt = -(-ocg // tile.tm), -(-p // tile.tn)
+    workgroups = mt * nt * n * group
+    reads, names = [x, w], ["X", "W"]
+    if b is not None:
+        reads.append(b)
+        names.append("B")
+    prologue = f"""
+let pt = wg % {nt}; let mt = (wg / {nt}) % {mt}; let ng = wg / {nt * mt};
+let g = ng % {group}; let img = ng / {group};
+let m0 = mt * {tile.tm}; let n0 = pt * {tile.tn};
+let xbase = (img * IC + g * ICG) * IH * IW;
+let wbase = g * OCG * KD;
+"""
+    load_a = "a = f32(W[wbase + gm * KD + gk]);"
+    if kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
+        load_b = "b = f32(X[xbase + gk * IH * IW + gn]);"
+    else:
+        load_b = (
+            "let ic = gk / (KH * KW); let r = gk % (KH * KW); let oy = gn / OW; let ox = gn % OW; "
+            "let iy = oy * SH - PH + (r / KW) * DH; let ix = ox * SW - PW + (r % KW) * DW; "
+            "if (iy >= 0 && iy < IH && ix >= 0 && ix < IW) { b = f32(X[xbase + (ic * IH + iy) * IW + ix]); }"
+        )
+    bias = " + f32(B[oc])" if b is not None else ""
+    store = f"let oc = g * OCG + gm; let o = v{bias}; Y[(img * OC + oc) * {p} + gn] = T({activation_expr(act, 'o')});"
+    pointwise = kh == kw == 1 and sh == sw == 1 and ph == pw == 0
+    decls, body, direct = gemm_body(tile, load_a, load_b, store, prologue, _direct_conv(tile, pointwise))
+    cs = dict(IC=c, IH=ih, IW=iw, OC=oc, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, DH=dh, DW=dw, PH=ph, PW=pw)
+    cs.update(ICG=icg, OCG=ocg, KD=kd, M=ocg, N=p)
+    grid = _grid(workgroups)
+    return KernelSource(kernel, _module(ctx, kernel, names, decls, cs, workgroups, body, direct), reads, grid)
+
+
+def lower_gemm_tiled(
+    ctx,
+    node,
+    kernel: str,
+    act,
+    m: int,
+    n: int,
+    k: int,
+    ta: int,
+    tb: int,
+    alpha: float,
+    bias_read,
+    beta: float,
+    sr: int | None,
+    sc: int | None,
+):
+    """Rules 2 and 7 for a 2-D Gemm/MatMul; None where the direct kernel stays (rule 4)."""
+    from mconv.targets.gpu.ops import flit
+    from mconv.targets.webgpu.wgsl import KernelSource, activation_expr, inp
+
+    a, bm = inp(node, 0), inp(node, 1)
+    reads, names = [a, bm], ["A", "B"]
+    if sr is not None:
+        reads.append(bias_read)
+        names.append("C")
+    scale = "" if alpha == 1.0 else f"{flit(alpha)} * "
+    bias = "" if sr is None else f" + {flit(beta)} * f32(C[row * {sr} + col * {sc}])"
+    store = f"let o = {scale}v{bias}; Y[row * N + col] = T({activation_expr(act, 'o')});"
+    cs = dict(M=m, N=n, KD=k)
+    if m < GEMV_ROWS:
+        if k < LANES or not TILING:
+            return None
+        cw = gemv_columns(n, bool(tb))
+        workgroups = -(-n // cw)
+        if workgroups * LANES > LANES * m * n:
+            return None
+        a_el = "A[kk * M + {r}]" if ta else "A[{r} * KD + kk]"
+        b_el = "B[col * KD + kk]" if tb else "B[kk * N + col]"
+        decls, body, direct = gemv_body(m, cw, bool(tb), a_el, b_el, store)
+        module = _module(ctx, kernel, names, decls, cs, workgroups, body, direct)
+        return KernelSource(kernel, module, reads, _grid(workgroups))
+    tile = choose_tile(m, n, 1)
+    if tile is None or k < 4:
+        return None
+    mt, nt = -(-m // tile.tm), -(-n // tile.tn)
+    workgroups = mt * nt
+    prologue = f"let pt = wg % {nt}; let mt = wg / {nt}; let m0 = mt * {tile.tm}; let n0 = pt * {tile.tn};"
+    load_a = f"a = f32(A[{'gk * M + gm' if ta else 'gm * KD + gk'}]);"
+    load_b = f"b = f32(B[{'gn * KD + gk' if tb else 'gk * N + gn'}]);"
+    direct = _direct_gemm(
+        tile, "A[k * M + @r]" if ta else "A[@r * KD + k]", "B[@c * KD + k]" if tb else "B[k * N + @c]"
+    )
+    decls, body, direct = gemm_body(
+        tile, load_a, load_b, "let row = gm; let col = gn; " + store, prologue, direct
+    )
+    module = _module(ctx, kernel, names, decls, cs, workgroups, body, direct)
+    return KernelSource(kernel, module, reads, _grid(workgroups))
+
+
+def _direct_gemm(t: Tile, a_el: str, b_el: str) -> str:
+    """Rule 6's loop for a matrix product: ``a_el`` of ``r`` (a clamped row) and ``k``,
+    ``b_el`` of ``k`` and ``c`` (a clamped column)."""
+    lines = [f"let r{i} = min(gm{i}, M - 1);" for i in range(t.rm)]
+    lines += [f"let q{j} = min(gn{j}, N - 1);" for j in range(t.rn)]
+    lines.append("for (var k: i32 = 0; k < KD; k++) {")
+    lines += [f"    let a{i} = f32({a_el.replace('@r', f'r{i}')});" for i in range(t.rm)]
+    lines += [f"    let b{j} = f32({b_el.replace('@c', f'q{j}')});" for j in range(t.rn)]
+    lines += [f"    c{i}{j} += a{i} * b{j};" for i in range(t.rm) for j in range(t.rn)]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _direct_conv(t: Tile, pointwise: bool) -> str:
+    """Rule 6's loop for a convolution: input channel, then kernel row and column (the
+    implicit GEMM's k order), padding read as zero."""
+    lines = [f"let wr{i} = wbase + min(gm{i}, M - 1) * KD;" for i in range(t.rm)]
+    if pointwise:
+        lines += [f"let q{j} = min(gn{j}, N - 1);" for j in range(t.rn)]
+        lines.append("for (var k: i32 = 0; k < KD; k++) {")
+        lines.append("    let xc = xbase + k * IH * IW;")
+        lines += [f"    let a{i} = f32(W[wr{i} + k]);" for i in range(t.rm)]
+        lines += [f"    let b{j} = f32(X[xc + q{j}]);" for j in range(t.rn)]
+        lines += [f"    c{i}{j} += a{i} * b{j};" for i in range(t.rm) for j in range(t.rn)]
+        lines.append("}")
+        return "\n".join(lines)
+    for j in range(t.rn):
+        lines.append(f"let y{j} = (gn{j} / OW) * SH - PH; let x{j} = (gn{j} % OW) * SW - PW;")
+    lines.append("for (var ic: i32 = 0; ic < ICG; ic++) {")
+    lines.append("    let xc = xbase + ic * IH * IW;")
+    lines.append("    for (var kh: i32 = 0; kh < KH; kh++) {")
+    lines.append("        for (var kw: i32 = 0; kw < KW; kw++) {")
+    lines.append("            let k = (ic * KH + kh) * KW + kw;")
+    lines += [f"            let a{i} = f32(W[wr{i} + k]);" for i in range(t.rm)]
+    for j in range(t.rn):
+        lines.append(
+            f"            let iy{j} = y{j} + kh * DH; let ix{j} = x{j} + kw * DW; "
+            f"let in{j} = iy{j} >= 0 && iy{j} < IH && ix{j} >= 0 && ix{j} < IW && gn{j} < N;"
+        )
+        lines.append(
+            f"            let b{j} = select(0.0f, f32(X[xc + select(0, iy{j} * IW + ix{j}, in{j})]), in{j});"
+        )
+    lines += [f"            c{i}{j} += a{i} * b{j};" for i in range(t.rm) for j in range(t.rn)]
+    lines.append("        }")
+    lines.append("    }")
+    lines.append("}")
+    return "\n".join(lines)
