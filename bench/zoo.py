@@ -2605,7 +2605,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _stamp(rows: list[dict], stages: tuple[str, ...], run: dict) -> None:
+    """Each cell a run measured records where: ``at`` = the run's commit and UTC date (a merged table
+    mixes cells of several commits; a cell keeps its own ``at`` when a later rerun skips its stage)."""
+    at = f"{run.get('commit', '?')}{' dirty' if run.get('dirty') else ''} {run.get('date', '?')}"
+    for r in rows:
+        for s, c in r.get("cells", {}).items():
+            if s in stages or s == "import":
+                c.setdefault("at", at)
+
+
 def _write_merged(out: Path, ordered: list[dict], stages: tuple[str, ...], run: dict, merge: bool) -> None:
+    run.setdefault("date", time.strftime("%Y-%m-%d", time.gmtime()))
+    _stamp(ordered, stages, run)
     if merge and out.with_suffix(".json").is_file():
         # replace these models' rows in an earlier run's results (a rerun of a few models)
         # (with --stages, only those stages' cells: the row keeps the cells of the stages not rerun)
@@ -2632,14 +2644,16 @@ def _head() -> str:
 
 
 def _merge_row(old: dict, new: dict, stages: tuple[str, ...]) -> dict:
-    """The rerun's cells for the stages it ran, the old row's for the rest (import is always run:
-    a rerun whose import now fails takes the new row whole, its other cells skipped)."""
+    """The rerun's cells for the stages it ran (import is always run), the old row's cells for the
+    stages it did not run. A rerun whose import now fails takes the new row whole: the old cells of the
+    other stages judged an import that no longer exists."""
     if new.get("error"):  # not prepared (no venv, no registry): the old row stands
         print(f"{new['model']}: not merged ({new['error']})", file=sys.stderr)
         return old
-    if "import" in stages or new["cells"].get("import", {}).get("status", "pass") != "pass":
+    if new["cells"].get("import", {}).get("status", "pass") != "pass":
         return new
-    cells = {**old.get("cells", {}), **{s: c for s, c in new["cells"].items() if s in stages}}
+    ran = set(stages) | {"import"}
+    cells = {**old.get("cells", {}), **{s: c for s, c in new["cells"].items() if s in ran}}
     return {**old, **{k: v for k, v in new.items() if k != "cells"}, "cells": cells}
 
 
