@@ -19,7 +19,9 @@ Models (``CORPUS``), in three groups:
   download), each through torch's TorchScript exporter (``dynamo=False``), its dynamo exporter and
   ``torch.export.save`` (``.pt2``), in a venv with ``transformers`` (``$MCONV_HF_PYTHON``, else
   ``<cache>/hf-venv/bin/python``, which the bench creates when missing: ``python3 -m venv
-  --system-site-packages`` + ``pip install`` of ``HF_PINS``, so torch is this interpreter's);
+  --system-site-packages`` + ``pip install`` of ``HF_PINS``, so torch is this interpreter's; a
+  fresh venv rebuilds the same graph, weights and outputs, though not the same bytes through the
+  dynamo exporter, which records its source files' paths in node metadata);
 - ONNX Runtime's own quantized models: float ONNX rows of the corpus through
   ``onnxruntime.quantization`` (``quantize_dynamic``; ``quantize_static`` as QDQ and as QOperator,
   calibrated on the row's real inputs);
