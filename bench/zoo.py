@@ -10,14 +10,18 @@ Models (``CORPUS``), in three groups:
 - the third-party models in ``../shared/models`` (Caffe, Keras 2, TFLite);
 - architectures built by their frameworks with seeded random weights: Keras 3 applications
   saved as ``.keras`` and ``.h5``; torchvision / timm models exported to ONNX by torch's two
-  exporters (dynamo and TorchScript paths, opsets 13..21) from a separate venv
-  (``$MCONV_TV_PYTHON``, default ``<cache>/tv-venv/bin/python``), and TorchScript archives;
+  exporters (dynamo and TorchScript paths, opsets 13..21) in a venv with matching ``torch``,
+  ``torchvision`` and ``timm`` (``$MCONV_TV_PYTHON``, else ``<cache>/tv-venv/bin/python``; not
+  created by the bench: PyPI has no torchvision for this CPU torch, see :func:`tv_python`), and
+  TorchScript archives;
 - Hugging Face ``transformers`` architectures built from a config with seeded random weights
   (a BERT encoder, a Llama decoder, a Whisper encoder-decoder with its conv1d front end; no hub
   download), each through torch's TorchScript exporter (``dynamo=False``), its dynamo exporter and
-  ``torch.export.save`` (``.pt2``), in a venv with ``transformers`` (``$MCONV_HF_PYTHON``, default
-  ``<cache>/hf-venv/bin/python``: ``python -m venv --system-site-packages`` + ``pip install
-  transformers``, so torch is this interpreter's);
+  ``torch.export.save`` (``.pt2``), in a venv with ``transformers`` (``$MCONV_HF_PYTHON``, else
+  ``<cache>/hf-venv/bin/python``, which the bench creates when missing: ``python3 -m venv
+  --system-site-packages`` + ``pip install`` of ``HF_PINS``, so torch is this interpreter's; a
+  fresh venv rebuilds the same graph, weights and outputs, though not the same bytes through the
+  dynamo exporter, which records its source files' paths in node metadata);
 - ONNX Runtime's own quantized models: float ONNX rows of the corpus through
   ``onnxruntime.quantization`` (``quantize_dynamic``; ``quantize_static`` as QDQ and as QOperator,
   calibrated on the row's real inputs);
@@ -140,7 +144,45 @@ def work_root() -> Path:
     return Path(os.environ.get("MCONV_ZOO_WORK") or cache() / "zoo-run")
 
 
+# The transformers venv: ``python3 -m venv --system-site-packages`` (torch is this interpreter's,
+# 2.13.0+cpu) plus these pins from PyPI, created by the bench on first use unless $MCONV_HF_PYTHON
+# names an interpreter; transformers pulls its own small deps (tokenizers, huggingface_hub).
+HF_PINS = ("transformers==5.25.0",)
+
+
+def _builder_python(env: str, venv: str, pins: tuple[str, ...]) -> Path:
+    """``$env`` if set, else ``<cache>/<venv>/bin/python``, created (venv + ``pip install pins``) when
+    missing; a failed pip leaves no half venv behind. Serialised by a lock file: two jobs may ask."""
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    root = cache() / venv
+    py = root / "bin" / "python"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{venv}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if py.is_file():  # made earlier (by the bench: its pins are in .pins)
+            return py
+        shutil.rmtree(root, ignore_errors=True)
+        print(f"creating {root} ({' '.join(pins)})", file=sys.stderr, flush=True)
+        try:
+            subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(root)], check=True)
+            subprocess.run(
+                [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pins],
+                check=True,
+                timeout=1800,
+            )
+        except (subprocess.SubprocessError, OSError):
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        (root / ".pins").write_text("\n".join(pins) + "\n")
+    return py
+
+
 def tv_python() -> Path:
+    """Not created by the bench: PyPI's torchvision 0.28.0 (the one for torch 2.13.0) is built
+    against PyPI's CUDA torch, and beside this CPU torch its C++ ops do not register
+    (``operator torchvision::nms does not exist`` at import); a CPU torchvision wheel is not on
+    PyPI. Give a venv whose torch and torchvision match in ``$MCONV_TV_PYTHON``."""
     return Path(os.environ.get("MCONV_TV_PYTHON", cache() / "tv-venv" / "bin" / "python"))
 
 
@@ -1269,7 +1311,7 @@ print("ok")
 
 
 def hf_python() -> Path:
-    return Path(os.environ.get("MCONV_HF_PYTHON", cache() / "hf-venv" / "bin" / "python"))
+    return _builder_python("MCONV_HF_PYTHON", "hf-venv", HF_PINS)
 
 
 _HF_SCRIPT = r"""
@@ -1335,7 +1377,7 @@ def _hf_build(m: Model, out: Path) -> list[Path]:
     """A transformers architecture from its config (seeded), exported in the ``transformers`` venv."""
     py = hf_python()
     if not py.is_file():
-        raise RuntimeError(f"no transformers venv at {py} (set MCONV_HF_PYTHON)")
+        raise RuntimeError(f"no transformers interpreter at {py} (MCONV_HF_PYTHON)")
     feeds = make_feeds(m, [])
     np.savez(out / "export_in.npz", **feeds)
     path = out / ("model.pt2" if m.fmt == "pt2" else "model.onnx")
@@ -1437,7 +1479,7 @@ def _nn_ts_build(m: Model, out: Path) -> list[Path]:
     torch.manual_seed(0)
     b = m.source["builder"]
     if b.startswith("tv:"):
-        # torchvision does not import beside torch 2.13: trace in the torchvision venv
+        # torchvision is not a dependency of mconv: trace in the torchvision venv
         feeds = make_feeds(m, [("x", "float32", [1, 3, 224, 224])])
         np.savez(out / "trace_in.npz", x=feeds["x"])
         _run_tv({"builder": b, "hw": 224, "how": m.source["how"]}, out / "model.pt", out / "trace_in.npz")
@@ -1507,7 +1549,7 @@ def _nn_ts_build(m: Model, out: Path) -> list[Path]:
 def _run_tv(spec: dict, out: Path, inputs: Path) -> None:
     py = tv_python()
     if not py.is_file():
-        raise RuntimeError(f"no torchvision venv at {py} (set MCONV_TV_PYTHON)")
+        raise RuntimeError(f"no torchvision interpreter at {py} (MCONV_TV_PYTHON)")
     r = subprocess.run(
         [str(py), "-c", _TV_SCRIPT, json.dumps(spec), str(out), str(inputs)],
         capture_output=True,
@@ -2644,7 +2686,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _stamp(rows: list[dict], stages: tuple[str, ...], run: dict) -> None:
+    """Each cell a run measured records where: ``at`` = the run's commit and UTC date (a merged table
+    mixes cells of several commits; a cell keeps its own ``at`` when a later rerun skips its stage)."""
+    at = f"{run.get('commit', '?')}{' dirty' if run.get('dirty') else ''} {run.get('date', '?')}"
+    for r in rows:
+        for s, c in r.get("cells", {}).items():
+            if s in stages or s == "import":
+                c.setdefault("at", at)
+
+
 def _write_merged(out: Path, ordered: list[dict], stages: tuple[str, ...], run: dict, merge: bool) -> None:
+    run.setdefault("date", time.strftime("%Y-%m-%d", time.gmtime()))
+    _stamp(ordered, stages, run)
     if merge and out.with_suffix(".json").is_file():
         # replace these models' rows in an earlier run's results (a rerun of a few models)
         # (with --stages, only those stages' cells: the row keeps the cells of the stages not rerun)
@@ -2671,14 +2725,16 @@ def _head() -> str:
 
 
 def _merge_row(old: dict, new: dict, stages: tuple[str, ...]) -> dict:
-    """The rerun's cells for the stages it ran, the old row's for the rest (import is always run:
-    a rerun whose import now fails takes the new row whole, its other cells skipped)."""
+    """The rerun's cells for the stages it ran (import is always run), the old row's cells for the
+    stages it did not run. A rerun whose import now fails takes the new row whole: the old cells of the
+    other stages judged an import that no longer exists."""
     if new.get("error"):  # not prepared (no venv, no registry): the old row stands
         print(f"{new['model']}: not merged ({new['error']})", file=sys.stderr)
         return old
-    if "import" in stages or new["cells"].get("import", {}).get("status", "pass") != "pass":
+    if new["cells"].get("import", {}).get("status", "pass") != "pass":
         return new
-    cells = {**old.get("cells", {}), **{s: c for s, c in new["cells"].items() if s in stages}}
+    ran = set(stages) | {"import"}
+    cells = {**old.get("cells", {}), **{s: c for s, c in new["cells"].items() if s in ran}}
     return {**old, **{k: v for k, v in new.items() if k != "cells"}, "cells": cells}
 
 

@@ -36,6 +36,12 @@ Rules:
    standard op expresses; the metal target runs it as its own kernel
    (:mod:`mconv.targets.metal.msl.recurrent`), the planner keeps its outputs' shapes
    (:func:`contrib_shapes`).
+7. A MatMulInteger over the 2^24 bound whose product is only cast to float32 (as ORT's dynamic
+   quantizer writes it: ``MatMulInteger -> Cast -> Mul``) is computed as two exact products,
+   its weights split into digits ``B = base * B_hi + B_lo`` (:mod:`.split_product`), each
+   product's bound within 2^24, then ``base * P_hi + P_lo``: the power-of-two scale is exact and
+   the one Add rounds the exact integer to float32 once, to nearest even, as the Cast of the int32
+   does. Anywhere else (an int32 output, an integer consumer) the node is refused as in rule 2.
 """
 
 from __future__ import annotations
@@ -267,8 +273,33 @@ def _matmul_like(
 ) -> ir.Value:
     bf = _weights(b, b_zp, b.ndim - 1)
     span = _code_span(a, _const(a_zp))
-    _refuse_inexact(r.node, float((np.abs(bf).sum(axis=-2) * span).max(initial=0)))
+    bound = float((np.abs(bf).sum(axis=-2) * span).max(initial=0))
+    if bound > EXACT_LIMIT and _only_cast_to_float(r.node):
+        from mconv.targets.gpu.split_product import split_weights
+
+        parts = split_weights(bf, span, EXACT_LIMIT)
+        if parts is not None:  # rule 7: two exact products, one rounding, as Cast(int32 -> float)
+            hi, lo, base = parts
+            xc = _centered(r, a, a_zp)
+            top = r.op("MatMul", [xc, r.const(hi.astype(np.float32), "b_hi")])
+            low = r.op("MatMul", [xc, r.const(lo.astype(np.float32), "b_lo")])
+            return r.op("Add", [r.op("Mul", [top, r.const(np.float32(base), "base")]), low])
+    _refuse_inexact(r.node, bound)
     return r.op("MatMul", [_centered(r, a, a_zp), r.const(bf.astype(np.float32), "b")])
+
+
+def _only_cast_to_float(node: ir.Node) -> bool:
+    """Every use of the node's product is ``Cast(to=FLOAT)`` (and it is no graph output)."""
+    y = node.outputs[0]
+    if y.is_graph_output() or not y.uses():
+        return False
+    for use in y.uses():
+        user = use[0]
+        if user.op_type != "Cast" or user.domain not in ("", "ai.onnx"):
+            return False
+        if _attr(user, "to", None) != int(ir.DataType.FLOAT):
+            return False
+    return True
 
 
 def _conv_integer(r: _Rewrite) -> dict | None:
@@ -395,7 +426,10 @@ def _dynamic_quantize_linear(r: _Rewrite) -> dict | None:
     )
     zp = r.op("Round", [r.clip(r.op("Sub", [zero, r.op("Div", [lo, scale])]), 0.0, 255.0)])
     q = r.clip(r.op("Add", [r.op("Round", [r.op("Div", [x, scale])]), zp]), 0.0, 255.0)
-    return {0: r.cast(q, ir.DataType.UINT8), 1: scale, 2: r.cast(zp, ir.DataType.UINT8)}
+    zq = r.cast(zp, ir.DataType.UINT8)
+    for v in (scale, zq):  # scalars by the op's definition, whatever x's shape (unknown before
+        v.shape = ir.Shape([])  # a kept contrib op): MatMulInteger's rewrite needs a scalar A zero point
+    return {0: r.cast(q, ir.DataType.UINT8), 1: scale, 2: zq}
 
 
 # ------------------------------------------------------------------------ QOperator element ops

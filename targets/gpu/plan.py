@@ -428,6 +428,19 @@ _INTEGERS = (
 )
 
 
+def _selects(node: ir.Node) -> bool:
+    """Kernels that select input elements, exact on integers held as floats beside
+    :data:`INTEGER_OPS`: MaxPool (the max of exact values is one of them; no indices output) and a nearest-neighbour Resize / Upsample (a linear or cubic one
+    interpolates, and ORT rounds integer results its own way)."""
+    if node.op_type == "MaxPool":
+        return len(node.outputs) < 2 or not node.outputs[1].uses()
+    if node.op_type not in ("Resize", "Upsample"):
+        return False
+    mode = node.attributes.get("mode")
+    value = mode.value if mode is not None else "nearest"
+    return (value.decode() if isinstance(value, bytes) else value) == "nearest"
+
+
 def value_reason(node: ir.Node, target: str) -> str | None:
     """Rule 3 for the values ``node`` reads (not constants) and writes: None when each is a float,
     or an integer or bool held as a float in a kernel exact on them (:data:`INTEGER_OPS`); else
@@ -442,7 +455,7 @@ def value_reason(node: ir.Node, target: str) -> str | None:
             kind = v.dtype.name.lower()
             if v.dtype not in _INTEGERS:
                 return f"{kind} values (the {target} target computes floats)"
-            if node.op_type not in INTEGER_OPS:
+            if node.op_type not in INTEGER_OPS and not _selects(node):
                 return f"{kind} values ({node.op_type} on integers held as floats is not exact)"
     return None
 
