@@ -107,6 +107,7 @@ _PASS_MODULES = (
     "budget",
     "blockwise",
     "inline_if",
+    "soft_share",
 )
 
 for _module in _PASS_MODULES:

@@ -75,6 +75,7 @@ class BudgetConfig:
     workers: int = 0
     ray_address: str | None = None
     shift: int | None = None
+    prior: str = "auto"  # rule 6's pre-training: "l2", "gmm" (passes/budget/softshare.py) or "auto"
 
     def __post_init__(self) -> None:
         from mconv.passes.parallel import check_workers
@@ -82,6 +83,8 @@ class BudgetConfig:
 
         check_engine(self.engine, self.device)
         check_workers(self.workers, self.ray_address)
+        if self.prior not in ("auto", "l2", "gmm"):
+            raise InputError(f"prior {self.prior!r}", where="--prior", hint="auto, l2 or gmm")
         if self.estimator not in ("fisher", "sweep"):
             raise InputError(f"estimator {self.estimator!r}", hint="use 'fisher' or 'sweep'")
         drop = self.max_drop
