@@ -380,6 +380,7 @@ def budget_config(
     workers: int = 0,
     ray_address: str | None = None,
     epochs: int | None = None,
+    prior: str = "auto",
 ) -> BudgetConfig:
     """The budget search's options (the CLI's option group, or :func:`optimize`'s keywords) as
     one :class:`~mconv.passes.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and
@@ -395,7 +396,7 @@ def budget_config(
         return BudgetConfig(
             max_drop=max_drop, target_size=target_size, target_of=target_of, seed=seed,  # type: ignore[arg-type]
             engine=engine or "reference", device=device or "cpu", workers=workers,
-            ray_address=ray_address, epochs=epochs,
+            ray_address=ray_address, epochs=epochs, prior=prior,
         )  # fmt: skip
 
 

@@ -103,3 +103,31 @@ def test_initial_prior_spreads_means_over_the_range_with_zero_first():
     assert np.sum(p.means[1:] < 0) == 2 and np.sum(p.means[1:] > 0) == 4  # shared by the sides' lengths
     q = p.quantize(np.array([0.001, p.means[2] + 1e-3], np.float32))
     assert q[0] == 0.0 and np.isclose(q[1], p.means[2])
+
+
+def test_three_ratios_of_a_compressed_model_and_its_bundle(tmp_path):
+    import mconv
+    from mconv.passes.budget.ratios import three_ratios
+
+    original = _mlp()
+    model = snapshot_model(original)
+    ctx = PassContext(seed=0)
+    model, _ = run_pipeline(
+        model, [make_spec("prune", {"sparsity": 0.9}), make_spec("cluster", {"bits": 4})], ctx
+    )
+    mconv.export(model, "cpu", tmp_path / "b")
+    source = (FIXTURES / "digits_mlp.onnx").stat().st_size
+    r = three_ratios(original, model, source, tmp_path / "b")
+    # counted independently: the fixture's six tensors, weights 90% zero, biases dense
+    assert r["parameters"] == 64 * 300 + 300 + 300 * 100 + 100 + 100 * 10 + 10
+    weights = 64 * 300 + 300 * 100 + 100 * 10
+    kept = sum(int(np.count_nonzero(_weight(model, n))) for n in ("fc1.weight", "fc2.weight", "fc3.weight"))
+    assert abs(kept - 0.1 * weights) <= 30  # 10% of each layer kept (k-means may zero a few more)
+    biases = sum(int(np.count_nonzero(_weight(original, n))) for n in ("fc1.bias", "fc2.bias", "fc3.bias"))
+    assert r["nonzero_parameters"] == kept + biases
+    assert r["ratio_nonzero"] == round(r["parameters"] / r["nonzero_parameters"], 2) and weights > 0
+    files = sorted(p for p in (tmp_path / "b").rglob("*") if p.is_file())
+    assert r["bundle_bytes"] == sum(p.stat().st_size for p in files)
+    assert r["weights_mcw_bytes"] == (tmp_path / "b" / "weights.mcw").stat().st_size < r["bundle_bytes"]
+    assert r["ratio_bundle"] < r["ratio_weights_mcw"]
+    assert r["ratio_weights_mcw"] == round(source / r["weights_mcw_bytes"], 2)
