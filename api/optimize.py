@@ -380,7 +380,7 @@ def budget_config(
     workers: int = 0,
     ray_address: str | None = None,
     epochs: int | None = None,
-    prior: str = "auto",
+    prior: str = "l2",
 ) -> BudgetConfig:
     """The budget search's options (the CLI's option group, or :func:`optimize`'s keywords) as
     one :class:`~mconv.passes.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and

@@ -177,7 +177,7 @@ def optimize_cmd(
     target_size: TargetSizeOpt = None,
     target_of: TargetOfOpt = "weights",
     epochs: EpochsOpt = None,
-    prior: PriorOpt = "auto",
+    prior: PriorOpt = "l2",
     save_recipe: SaveRecipeOpt = None,
     engine: EngineOpt = None,
     device: DeviceOpt = None,

@@ -75,7 +75,7 @@ class BudgetConfig:
     workers: int = 0
     ray_address: str | None = None
     shift: int | None = None
-    prior: str = "auto"  # rule 6's pre-training: "l2", "gmm" (passes/budget/softshare.py) or "auto"
+    prior: str = "l2"  # rule 6's pre-training: "l2", "gmm" (passes/budget/softshare.py) or "auto"
 
     def __post_init__(self) -> None:
         from mconv.passes.parallel import check_workers
