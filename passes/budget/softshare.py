@@ -9,7 +9,9 @@ already near the means) are small, so the allocation buys far higher sparsities 
 for the same estimated loss, and the masked retraining and centroid fine-tuning start closer to
 where they end. The sparsities the layers may take then reach :data:`PRIOR_SPARSITIES` (a prior
 with ``pi_zero`` 0.99 leaves about 1% of the weights off zero). Rolled back, as the L2 stage is,
-when the held-out metric gets worse by more than the change's standard error.
+when the held-out metric gets worse by more than the change's standard error; the widened
+options then go too (on the original weights they let the allocation price 99.5% sparsity and 2
+bits as nearly free: LeNet-5 lost 34 points that way).
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ def pretrain_with_prior(s: Search, model: ir.Model) -> None:
     got = s.ev.outputs(model, s.held)
     m = s.ev.metric(got, s.held)
     rolled = s.ev.worse(s.ev.reference[s.held], got, s.held)
-    if rolled:
+    if rolled:  # the weights are the original's again: the widened options are not for them
         _restore(model, state)
+        s.memo[_MEMO_KEY] = False
     else:
         s.pre = [*s.pre, spec]
         s.start_metric = m
