@@ -103,6 +103,16 @@ EpochsOpt = Annotated[
     ),
 ]
 
+PriorOpt = Annotated[
+    str,
+    typer.Option(
+        "--prior",
+        metavar="NAME",
+        help="deep-compression budget: the pre-training before the search: l2 (weight decay), gmm "
+        "(soft weight-sharing: a Gaussian-mixture prior) or auto (gmm for a target over 50x).",
+    ),
+]
+
 SaveRecipeOpt = Annotated[
     Path | None,
     typer.Option(
@@ -169,6 +179,7 @@ def optimize_cmd(
     target_size: TargetSizeOpt = None,
     target_of: TargetOfOpt = "weights",
     epochs: EpochsOpt = None,
+    prior: PriorOpt = "l2",
     save_recipe: SaveRecipeOpt = None,
     engine: EngineOpt = None,
     device: DeviceOpt = None,
@@ -203,7 +214,7 @@ def optimize_cmd(
             budget = budget_config(
                 model_path, max_drop=max_drop, target_size=target_size, target_of=target_of,
                 seed=seed, engine=engine, device=device, workers=workers, ray_address=ray_address,
-                epochs=epochs,
+                epochs=epochs, prior=prior,
             )  # fmt: skip
         failed = None
         with out.progress(f"optimize {recipe or passes}") as update:

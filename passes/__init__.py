@@ -107,6 +107,7 @@ _PASS_MODULES = (
     "round_fp16",
     "blockwise",
     "inline_if",
+    "soft_share",
 )
 
 for _module in _PASS_MODULES:

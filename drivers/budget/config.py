@@ -75,6 +75,7 @@ class BudgetConfig:
     workers: int = 0
     ray_address: str | None = None
     shift: int | None = None
+    prior: str = "l2"  # rule 6's pre-training: "l2", "gmm" (drivers/budget/softshare.py) or "auto"
 
     def __post_init__(self) -> None:
         from mconv.drivers.parallel import check_workers
@@ -85,6 +86,8 @@ class BudgetConfig:
         # auto (rule 11) is decided on the model and data (search._prepare); a device asks for xla
         check_engine("xla" if self.engine == "auto" else self.engine, self.device)
         check_workers(self.workers, self.ray_address)
+        if self.prior not in ("auto", "l2", "gmm"):
+            raise InputError(f"prior {self.prior!r}", where="--prior", hint="auto, l2 or gmm")
         if self.estimator not in ("fisher", "sweep"):
             raise InputError(f"estimator {self.estimator!r}", hint="use 'fisher' or 'sweep'")
         drop = self.max_drop

@@ -10,6 +10,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.drivers.budget import evaluation as E
 from mconv.drivers.budget import schedule as S
+from mconv.drivers.budget import softshare as _softshare
 from mconv.drivers.budget.allocation import _alloc_bytes, _alloc_cost, _frontier, _widest, _within
 from mconv.drivers.budget.attempt import Search
 from mconv.drivers.budget.config import PRE_PASSES, BudgetConfig, Progress
@@ -156,6 +157,8 @@ def _pretrain(s: Search, model: ir.Model) -> None:
     """Rule 6: L2 pre-training, so that weights the task does not use go to zero first; rolled
     back when it makes the held-out outputs worse."""
     c = s.config
+    if _softshare.uses_prior(s, model):  # the mixture prior instead of L2 decay
+        return _softshare.pretrain_with_prior(s, model)
     if c.decay <= 0:
         return
     spec = S._finetune_spec(
@@ -191,7 +194,7 @@ def _allocations(s: Search, model: ir.Model) -> None:
     blobs fit the room the rest of the export leaves under the target."""
     c = s.config
     s.layers, s.est = _candidates(
-        model, s.ev, s.train, c.estimator, s.say, tuple(c.sparsities), tuple(c.bits),
+        model, s.ev, s.train, c.estimator, s.say, _softshare.sparsities_for(s), _softshare.bits_for(s),
         workers=c.workers, ray_address=c.ray_address,
     )  # fmt: skip
     if not s.layers:
