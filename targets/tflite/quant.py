@@ -44,11 +44,13 @@ INT8_OPS = frozenset(
         "AVERAGE_POOL_2D", "RESHAPE", "TRANSPOSE", "CONCATENATION", "SOFTMAX", "LOGISTIC", "TANH",
         "RELU", "RELU6", "RELU_N1_TO_1", "LEAKY_RELU", "HARD_SWISH", "MEAN", "REDUCE_MAX", "PAD",
         "PADV2", "MAXIMUM", "MINIMUM", "LOG_SOFTMAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT",
+        "SPLIT_V", "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR",
     }
 )  # fmt: skip
 SAME_PARAMS = frozenset(
     {"RESHAPE", "TRANSPOSE", "MAX_POOL_2D", "AVERAGE_POOL_2D", "PAD", "PADV2", "CONCATENATION",
-     "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT"}
+     "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT", "SPLIT_V",
+     "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"}
 )  # fmt: skip
 FIXED = {
     "SOFTMAX": (1 / 256, -128),
@@ -190,9 +192,10 @@ def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "f
     for op in g.ops:
         if op.code not in INT8_OPS:
             continue
-        if op.code == "SPLIT":  # inputs: axis, value
+        if op.code in ("SPLIT", "SPLIT_V"):  # inputs: axis, value / value, sizes, axis
+            src = op.inputs[1] if op.code == "SPLIT" else op.inputs[0]
             for o in op.outputs:
-                union.join(op.inputs[1], o)
+                union.join(src, o)
         elif op.code in SAME_PARAMS:
             for t in [op.inputs[0], *(op.inputs[1:] if op.code == "CONCATENATION" else [])]:
                 if t in acts:

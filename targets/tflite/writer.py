@@ -82,10 +82,15 @@ def op_version(op: Any, g: Graph) -> int:
         return 3 if first == "float16" else (5 if per_axis else 2) if int8 else 1
     if code == "QUANTIZE":
         return 2 if first == "uint8" else 1
+    if code == "RESIZE_BILINEAR":
+        return 3 if op.options.get("HalfPixelCenters") else 2 if int8 else 1
+    if code == "RESIZE_NEAREST_NEIGHBOR":
+        half_or_align = op.options.get("HalfPixelCenters") or op.options.get("AlignCorners")
+        return 3 if half_or_align else 2 if int8 else 1
     if code in {
         "ADD", "SUB", "MUL", "MAX_POOL_2D", "AVERAGE_POOL_2D", "SOFTMAX", "LOGISTIC", "TANH",
         "CONCATENATION", "TRANSPOSE", "PAD", "PADV2", "MEAN", "RELU", "RELU6", "LEAKY_RELU",
-        "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "LOG_SOFTMAX",
+        "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "LOG_SOFTMAX", "SPLIT", "SPLIT_V",
     }:  # fmt: skip
         return 2 if int8 else 1
     return 1

@@ -742,3 +742,141 @@ def test_int8_hard_swish_loads_in_litert_and_keeps_top1(tmp_path):
     assert ("HARD_SWISH", ["INT8"]) in ops
     got = t.load(bundle).run({"x": x[200:]})["y"]
     assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.95
+
+
+def _ort_and_litert(proto, feeds: dict[str, np.ndarray], tmp_path, name: str, **options):
+    """ONNX Runtime's outputs and the exported bundle's LiteRT outputs, sample by sample."""
+    import onnxruntime as ort
+    from mconv.targets import get_target
+
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    n = len(next(iter(feeds.values())))
+    want = [
+        np.concatenate(z)
+        for z in zip(*(sess.run(None, {k: v[i : i + 1] for k, v in feeds.items()}) for i in range(n)))
+    ]
+    t = get_target("tflite")
+    bundle = t.export(from_proto(proto), tmp_path / name, options)
+    runner = t.load(bundle)
+    outs = [runner.run({k: v[i : i + 1] for k, v in feeds.items()}) for i in range(n)]
+    got = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+    return want, got, _file_ops((bundle.root / "model.tflite").read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("mode", "ctm", "nearest", "code"),
+    [
+        ("nearest", "asymmetric", "floor", "RESIZE_NEAREST_NEIGHBOR"),
+        ("nearest", "half_pixel", "round_prefer_floor", "RESIZE_NEAREST_NEIGHBOR"),
+        ("linear", "half_pixel", "", "RESIZE_BILINEAR"),
+        ("linear", "align_corners", "", "RESIZE_BILINEAR"),
+        ("linear", "asymmetric", "", "RESIZE_BILINEAR"),
+    ],
+)
+def test_split_and_resize_match_onnx_runtime(tmp_path, mode, ctm, nearest, code):
+    """A conv, an unequal Split over channels (SPLIT_V), a 2x and a 3x-by-1.5x Resize of one part
+    (the FPN upsampling of nudenet and palm detection), Concat: on real digits, against ORT."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 0.5, (5, 1, 3, 3)).astype(np.float32)
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm}
+    if nearest:
+        attrs["nearest_mode"] = nearest
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Split", ["c", "parts"], ["a", "b"], axis=1),
+            helper.make_node("Resize", ["a", "", "s2"], ["ra"], **attrs),
+            helper.make_node("Resize", ["b", "", "", "size"], ["rb"], **attrs),
+            helper.make_node("Relu", ["ra"], ["y"]),
+        ],
+        "split_resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 16]),
+            helper.make_tensor_value_info("rb", TensorProto.FLOAT, [1, 3, 24, 12]),
+        ],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array([2, 3], np.int64), "parts"),
+            numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s2"),
+            numpy_helper.from_array(np.array([1, 3, 24, 12], np.int64), "size"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(6)}, tmp_path, "sr")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-5)
+    np.testing.assert_allclose(got["rb"], want[1], atol=1e-5)
+    names = [op for op, _ in ops]
+    assert names.count(code) == 2 and "SPLIT_V" in names
+    assert float(np.abs(want[1]).max()) > 1.0  # the digits reach the outputs
+
+
+@pytest.mark.parametrize("ctm", ["tf_crop_and_resize", "half_pixel_symmetric"])
+def test_resize_modes_litert_cannot_express_are_refused_by_name(tmp_path, ctm):
+    from mconv.errors import UnsupportedError
+    from mconv.targets import get_target
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Resize", ["x", "", "s"], ["y"], mode="linear", coordinate_transformation_mode=ctm
+            ),
+            helper.make_node("Resize", ["x", "", "s"], ["z"], mode="cubic", name="bicubic"),
+        ],
+        "r",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 16, 16]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 1, 16, 16]),
+        ],
+        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")],
+    )
+    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]))
+    with pytest.raises(UnsupportedError) as e:
+        get_target("tflite").export(model, tmp_path / "b", {})
+    assert f"coordinate_transformation_mode {ctm}" in str(e.value) and "mode cubic" in str(e.value)
+
+
+def test_conv1d_chain_runs_as_conv2d_without_transposes_between(tmp_path):
+    """Conv1d (strided, padded, dilated, depthwise) + BatchNorm + Relu, on digit rows read as 64-sample
+    signals: CONV_2D / DEPTHWISE_CONV_2D over a unit axis, matching ORT; full int8 keeps top-1."""
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(5)
+    w1 = rng.normal(0, 0.4, (8, 1, 5)).astype(np.float32)
+    w2 = rng.normal(0, 0.4, (8, 1, 3)).astype(np.float32)
+    w3 = rng.normal(0, 0.3, (6, 8, 3)).astype(np.float32)
+    fc = rng.normal(0, 0.3, (6 * 16, 10)).astype(np.float32)
+    bn = [np.abs(rng.normal(1, 0.2, 8)).astype(np.float32) for _ in range(4)]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[2, 2], strides=[2]),
+            helper.make_node("BatchNormalization", ["c1", "g", "b", "m", "v"], ["n1"]),
+            helper.make_node("Relu", ["n1"], ["r1"]),
+            helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[2, 2], dilations=[2], group=8),
+            helper.make_node("Conv", ["c2", "w3"], ["c3"], pads=[1, 1]),
+            helper.make_node("Relu", ["c3"], ["r3"]),
+            helper.make_node("MaxPool", ["r3"], ["p"], kernel_shape=[2], strides=[2]),
+            helper.make_node("Flatten", ["p"], ["f"]),
+            helper.make_node("MatMul", ["f", "fc"], ["y"]),
+        ],
+        "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [
+            numpy_helper.from_array(a, n)
+            for a, n in zip([w1, w2, w3, fc, *bn], ["w1", "w2", "w3", "fc", "g", "b", "m", "v"])
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(300).reshape(300, 1, 64)
+    want, got, ops = _ort_and_litert(proto, {"x": x[:40]}, tmp_path, "c1d")
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=1e-4)
+    names = [op for op, _ in ops]
+    assert names.count("CONV_2D") == 2 and names.count("DEPTHWISE_CONV_2D") == 1
+    assert names.count("TRANSPOSE") <= 2  # in and out of the conv chain, none between
+    t = get_target("tflite")
+    fl = t.load(t.export(from_proto(proto), tmp_path / "f", {})).run({"x": x[200:]})["y"]
+    q = t.load(t.export(from_proto(proto), tmp_path / "q", {"precision": "int8", "data": {"x": x[:200]}}))
+    got8 = q.run({"x": x[200:]})["y"]
+    assert float((got8.argmax(1) == fl.argmax(1)).mean()) >= 0.95
