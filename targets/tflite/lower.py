@@ -944,6 +944,44 @@ class Lowering:
         size = self.const(f"{yv.name}/size", np.array(ys[2:], np.int32))
         self.op(code, [x, size], [y], opt, label=node.name, AlignCorners=align, HalfPixelCenters=half)
 
+    def _DepthToSpace(self, node: Any) -> None:
+        """DEPTH_TO_SPACE on ``nhwc``: TF's order is ONNX's DCR; CRD is refused."""
+        if _text(self.attr(node, "mode", "DCR")) != "DCR":
+            return self.refuse(node, "mode CRD")
+        x = self.get(node.inputs[0], "nhwc")
+        y = self.out(node.outputs[0], "nhwc")
+        bs = int(self.attr(node, "blocksize"))
+        self.op("DEPTH_TO_SPACE", [x], [y], "DepthToSpaceOptions", label=node.name, BlockSize=bs)
+
+    def _Cast(self, node: Any) -> None:
+        xv, yv = node.inputs[0], node.outputs[0]
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        y = self.out(yv, layout)
+        if self.g.tensors[x].dtype == self.g.tensors[y].dtype:
+            self.g.tensors.pop()
+            self.at[yv.name] = self.at[xv.name] if xv.name in self.at else {layout: x}
+            return
+        self.op("CAST", [x], [y], label=node.name)
+
+    def _Reciprocal(self, node: Any) -> None:
+        xv = node.inputs[0]
+        layout = self._elementwise_layout(xv)
+        x = self.get(xv, layout)
+        y = self.out(node.outputs[0], layout)
+        one = self.const("one", np.array(1.0, np.float32))
+        self.op("DIV", [one, x], [y], "DivOptions", label=node.name)
+
+    def _ReduceSumSquare(self, node: Any) -> None:
+        """x * x, then SUM."""
+        xv = node.inputs[0]
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        sq = self.new(node.outputs[0].name + "/sq", self.g.tensors[x].shape)
+        self.op("MUL", [x, x], [sq], "MulOptions")
+        self.at[node.outputs[0].name + "/sq"] = {layout: sq}
+        self._reduce(node, "SUM", source=sq, layout=layout)
+
     def _keep_layout(self, xv: Any) -> str:
         lay = self.layout_of(xv.name)
         return "orig" if lay == "flat" else lay
@@ -1089,7 +1127,7 @@ class Lowering:
             label=node.name,
         )
 
-    def _reduce(self, node: Any, code: str) -> None:
+    def _reduce(self, node: Any, code: str, source: int = -1, layout: str = "") -> None:
         xv = node.inputs[0]
         rank = len(_static(xv))
         axes = self.attr(node, "axes", None)
@@ -1099,10 +1137,12 @@ class Lowering:
             axes = self.consts[node.inputs[1].name].tolist()
         axes = [int(a) % rank for a in (axes if axes is not None else range(rank))]
         keep = bool(self.attr(node, "keepdims", 1))
-        layout = self._keep_layout(xv) if keep else "orig"
+        if source >= 0 and layout == "nhwc" and not keep:  # a squared nhwc value, read as orig
+            source, layout = self.transposed(source, TO_NCHW, node.outputs[0].name + "/sq_nchw"), "orig"
+        layout = layout or (self._keep_layout(xv) if keep else "orig")
         if layout == "nhwc":
             axes = [TO_NHWC.index(a) for a in axes]
-        x = self.get(xv, layout)
+        x = source if source >= 0 else self.get(xv, layout)
         y = self.out(node.outputs[0], layout)
         self.op(
             code,
@@ -1127,8 +1167,8 @@ class Lowering:
 
     def _Pad(self, node: Any) -> None:
         xv = node.inputs[0]
-        mode = self.attr(node, "mode", "constant")
-        if mode not in ("constant", b"constant"):
+        mode = _text(self.attr(node, "mode", "constant"))
+        if mode not in ("constant", "reflect"):
             return self.refuse(node, f"mode {mode}")
         if len(node.inputs) < 2 or not self.is_const(node.inputs[1]):
             return self.refuse(node, "pads not constant")
@@ -1146,7 +1186,9 @@ class Lowering:
         x = self.get(xv, layout)
         y = self.out(node.outputs[0], layout)
         p = self.const(f"{node.outputs[0].name}/paddings", pads.astype(np.int32))
-        if value == 0.0:
+        if mode == "reflect":  # ONNX's reflect excludes the edge: MIRROR_PAD's REFLECT
+            self.op("MIRROR_PAD", [x, p], [y], "MirrorPadOptions", label=node.name, Mode=0)
+        elif value == 0.0:
             self.op("PAD", [x, p], [y], "PadOptions", label=node.name)
         else:
             self.op(

@@ -880,3 +880,35 @@ def test_conv1d_chain_runs_as_conv2d_without_transposes_between(tmp_path):
     q = t.load(t.export(from_proto(proto), tmp_path / "q", {"precision": "int8", "data": {"x": x[:200]}}))
     got8 = q.run({"x": x[200:]})["y"]
     assert float((got8.argmax(1) == fl.argmax(1)).mean()) >= 0.95
+
+
+def test_depth_to_space_reflect_pad_sum_square_and_reciprocal_match_onnx_runtime(tmp_path):
+    """The pose/face detectors' DepthToSpace (DCR), basic-pitch's reflect Pad and
+    ReduceSumSquare, magika's Reciprocal: builtins, on real digits, against ORT."""
+    rng = np.random.default_rng(11)
+    w = rng.normal(0, 0.5, (8, 1, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+            helper.make_node("Conv", ["p", "w"], ["c"]),
+            helper.make_node("DepthToSpace", ["c"], ["d"], blocksize=2),
+            helper.make_node("ReduceSumSquare", ["d", "ax"], ["s"], keepdims=1),
+            helper.make_node("Add", ["s", "one"], ["s1"]),
+            helper.make_node("Reciprocal", ["s1"], ["y"]),
+        ],
+        "misc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 1])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+            numpy_helper.from_array(np.array([3], np.int64), "ax"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(6)}, tmp_path, "misc")
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5)
+    names = [op for op, _ in ops]
+    assert {"MIRROR_PAD", "DEPTH_TO_SPACE", "SUM", "DIV"} <= set(names)
+    assert float(want[0].std()) > 1e-3  # not a constant output
