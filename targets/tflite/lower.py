@@ -155,7 +155,7 @@ def resize_flags(
                 return None
             got = _litert_coords(n_in, n_out, align, half)
             if mode == "nearest":
-                rounding = {
+                rounding: Callable[[np.ndarray], np.ndarray] | None = {
                     "round_prefer_floor": lambda v: np.ceil(v - 0.5),
                     "round_prefer_ceil": lambda v: np.floor(v + 0.5),
                     "floor": np.floor,
@@ -1088,8 +1088,22 @@ class Lowering:
             layout = "nhwc"
         elif axis == rank - 1:
             layout = "orig"
-        else:
-            return self.refuse(node, f"axis {axis} not last")
+        else:  # the axis moved last and back: two TRANSPOSEs around the softmax
+            perm = tuple(a for a in range(rank) if a != axis) + (axis,)
+            name = node.outputs[0].name
+            t = self.transposed(self.get(xv, "orig"), perm, name + "/last")
+            sm = self.new(name + "/softmax", self.g.tensors[t].shape)
+            self.op(code, [t], [sm], opt, **kw)
+            y = self.out(node.outputs[0], "orig")
+            inv = _perm_inverse(perm)
+            self.op(
+                "TRANSPOSE",
+                [sm, self.const(f"{name}/perm", np.array(inv, np.int32))],
+                [y],
+                "TransposeOptions",
+                label=node.name,
+            )
+            return
         x = self.get(xv, layout)
         y = self.out(node.outputs[0], layout)
         self.op(code, [x], [y], opt, label=node.name, **kw)

@@ -912,3 +912,22 @@ def test_depth_to_space_reflect_pad_sum_square_and_reciprocal_match_onnx_runtime
     names = [op for op, _ in ops]
     assert {"MIRROR_PAD", "DEPTH_TO_SPACE", "SUM", "DIV"} <= set(names)
     assert float(want[0].std()) > 1e-3  # not a constant output
+
+
+def test_softmax_over_an_inner_axis_matches_onnx_runtime(tmp_path):
+    """YOLOv8's DFL head (nudenet): Softmax over axis 1 of a [N, 4, 16, A] value, as TRANSPOSE,
+    SOFTMAX over the last axis, TRANSPOSE back; on real digits."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["r"]),
+            helper.make_node("Softmax", ["r"], ["y"], axis=1),
+        ],
+        "sm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 8])],
+        [numpy_helper.from_array(np.array([1, 4, 2, 8], np.int64), "shape")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, _ = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "sm")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-6)
+    assert float(want[0].max()) > 0.4  # uniform over the 4 would be 0.25
