@@ -111,6 +111,14 @@ def _static(value: Any) -> list[int]:
     return [int(d) for d in value.shape]
 
 
+_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "round_prefer_floor": lambda v: np.ceil(v - 0.5),
+    "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+    "floor": np.floor,
+    "ceil": np.ceil,
+}
+
+
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -155,12 +163,7 @@ def resize_flags(
                 return None
             got = _litert_coords(n_in, n_out, align, half)
             if mode == "nearest":
-                rounding: Callable[[np.ndarray], np.ndarray] | None = {
-                    "round_prefer_floor": lambda v: np.ceil(v - 0.5),
-                    "round_prefer_ceil": lambda v: np.floor(v + 0.5),
-                    "floor": np.floor,
-                    "ceil": np.ceil,
-                }.get(nearest)
+                rounding = _ROUNDING.get(nearest)
                 if rounding is None:
                     return None
                 w = np.clip(rounding(want), 0, n_in - 1)
