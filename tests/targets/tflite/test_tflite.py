@@ -931,3 +931,56 @@ def test_softmax_over_an_inner_axis_matches_onnx_runtime(tmp_path):
     want, got, _ = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "sm")
     np.testing.assert_allclose(got["y"], want[0], atol=1e-6)
     assert float(want[0].max()) > 0.4  # uniform over the 4 would be 0.25
+
+
+def _head_net(classes: int, softmax: bool, batch: int | str = 1, spread: float = 0.2):
+    rng = np.random.default_rng(classes)
+    w = rng.normal(0, 0.5, (8, 1, 3, 3)).astype(np.float32)
+    fc = rng.normal(0, spread, (8 * 64, classes)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Flatten", ["r"], ["f"]),
+        helper.make_node("MatMul", ["f", "fc"], ["z" if softmax else "y"]),
+    ]
+    if softmax:
+        nodes.append(helper.make_node("Softmax", ["z"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+    ("classes", "softmax", "spread", "rule", "passes"),
+    [
+        (10, True, 0.2, "top1", True),  # class probabilities: top-1 agreement
+        (6, False, 0.2, "cosine", True),  # a regression head (landmarks, boxes): cosine and rel_l2
+        (1000, True, 0.2, "cosine", True),  # a peaked 1000-way softmax: its top values resolve
+        (1000, True, 0.002, "cosine", False),  # a flat one: every probability < 1/256 rounds to 0
+    ],
+)
+def test_verify_judges_a_full_int8_bundle_by_the_rule_of_each_output(
+    tmp_path, classes, softmax, spread, rule, passes
+):
+    import onnx
+    from mconv.api import verify
+
+    src = tmp_path / "m.onnx"  # the reference takes a batch; the bundle, one sample per call
+    onnx.save(_head_net(classes, softmax, "N", spread), src)
+    x = _digits(400)
+    from mconv.targets import get_target
+
+    t = get_target("tflite")
+    model = from_proto(_head_net(classes, softmax, 1, spread))
+    t.export(model, tmp_path / "b", {"precision": "int8", "data": {"x": x[:200]}})
+    np.savez(tmp_path / "test.npz", x=x[200:])
+    result = verify(src, tmp_path / "b", data=tmp_path / "test.npz")
+    out = result.report.outputs["y"]
+    assert out["gate_rule"] == rule
+    assert result.report.passed is passes, result.report.failures
+    assert "tflite int8" in result.report.gates_source
