@@ -206,8 +206,8 @@ def _verify_int8(ref_out: dict, cand_out: dict, labels: Any, samples: int) -> An
     """The default gates of a full-int8 tflite bundle, per output
     (:mod:`mconv.targets.tflite.gate`): top-1 agreement for class probabilities of at most 256
     classes, cosine and relative L2 error for every other output; ``gate_rule`` says which."""
+    import mconv.targets.tflite.gate as gate
     from mconv.metrics import Gates, VerifyReport, compare, gate_failures
-    from mconv.targets.tflite import gate
 
     outputs, failures = {}, {}
     for name, r in ref_out.items():
