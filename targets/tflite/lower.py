@@ -486,6 +486,63 @@ class Lowering:
         if one_d:
             self.at[yv.name] = {"nlc": self.reshape(y, [ys[0], ys[3], ys[1]], yv.name + "/nlc")}
 
+    def _ConvTranspose(self, node: Any) -> None:
+        """TRANSPOSE_CONV (VALID, bias as its fourth input) on ``nhwc``; ONNX's pads and
+        output_padding as a STRIDED_SLICE of the full output. Groups and dilations are refused."""
+        xv, wv = node.inputs[0], node.inputs[1]
+        bv = node.inputs[2] if len(node.inputs) > 2 else None
+        if not self.is_const(wv) or (bv is not None and not self.is_const(bv)):
+            return self.refuse(node, "weights not constant")
+        w = self.consts[wv.name].astype(np.float32)  # [C_in, C_out, kh, kw]
+        if w.ndim != 4:
+            return self.refuse(node, f"{w.ndim - 2}-D")
+        if int(self.attr(node, "group", 1)) != 1:
+            return self.refuse(node, "group")
+        if any(v != 1 for v in self.attr(node, "dilations", [1, 1])):
+            return self.refuse(node, "dilations")
+        if _text(self.attr(node, "auto_pad", "NOTSET")) not in ("NOTSET", "VALID"):
+            return self.refuse(node, "auto_pad")
+        xs, ys = _static(xv), _static(node.outputs[0])
+        s = list(self.attr(node, "strides", [1, 1]))
+        k = list(w.shape[2:])
+        o = w.shape[1]
+        full = [(xs[2] - 1) * s[0] + k[0], (xs[3] - 1) * s[1] + k[1]]
+        pads = list(self.attr(node, "pads", [0, 0, 0, 0]))
+        begin = [pads[0], pads[1]]
+        if any(begin[i] + ys[2 + i] > full[i] for i in range(2)):
+            return self.refuse(node, "output_padding beyond the full output")
+        b = self.consts[bv.name].astype(np.float32) if bv is not None else np.zeros(o, np.float32)
+        x = self.get(xv, "nhwc")
+        name = node.outputs[0].name
+        cut = begin != [0, 0] or full != ys[2:]
+        y = self.new(name + "/full", [xs[0], *full, o]) if cut else self.out(node.outputs[0], "nhwc")
+        self.op(
+            "TRANSPOSE_CONV",
+            [
+                self.const(f"{name}/output_shape", np.array([xs[0], *full, o], np.int32)),
+                self.const(wv.name, np.transpose(w, (1, 2, 3, 0))),
+                x,
+                self.const(bv.name if bv else f"{wv.name}/bias", b),
+            ],
+            [y],
+            "TransposeConvOptions",
+            label=node.name,
+            Padding=1,
+            StrideH=s[0],
+            StrideW=s[1],
+        )
+        if cut:
+            out = self.out(node.outputs[0], "nhwc")
+            c = [
+                self.const(f"{name}/{key}", np.array(v, np.int32))
+                for key, v in (
+                    ("begin", [0, begin[0], begin[1], 0]),
+                    ("end", [xs[0], begin[0] + ys[2], begin[1] + ys[3], o]),
+                    ("strides", [1, 1, 1, 1]),
+                )
+            ]
+            self.op("STRIDED_SLICE", [y, *c], [out], "StridedSliceOptions")
+
     def _grouped(
         self,
         node: Any,

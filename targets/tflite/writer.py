@@ -82,6 +82,8 @@ def op_version(op: Any, g: Graph) -> int:
         return 3 if first == "float16" else (5 if per_axis else 2) if int8 else 1
     if code == "QUANTIZE":
         return 2 if first == "uint8" else 1
+    if code == "TRANSPOSE_CONV":  # inputs: output_shape, weights, input, bias
+        return 3 if len(op.inputs) > 3 and op.inputs[3] >= 0 else 2 if ins[2].dtype == "int8" else 1
     if code == "RESIZE_BILINEAR":
         return 3 if op.options.get("HalfPixelCenters") else 2 if int8 else 1
     if code == "RESIZE_NEAREST_NEIGHBOR":

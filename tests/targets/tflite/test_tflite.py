@@ -984,3 +984,30 @@ def test_verify_judges_a_full_int8_bundle_by_the_rule_of_each_output(
     assert out["gate_rule"] == rule
     assert result.report.passed is passes, result.report.failures
     assert "tflite int8" in result.report.gates_source
+
+
+@pytest.mark.parametrize(
+    ("pads", "output_padding", "hw"),
+    [([0, 0, 0, 0], [0, 0], [17, 17]), ([1, 0, 1, 1], [1, 1], [16, 17])],  # full: (8-1)*2+3 = 17
+)
+def test_conv_transpose_matches_onnx_runtime(tmp_path, pads, output_padding, hw):
+    """ConvTranspose (the selfie segmenter's and rapidocr det's upsampling; here 3x3, stride 2,
+    with pads and output_padding) as TRANSPOSE_CONV cut to ONNX's window; on real digits vs ORT."""
+    rng = np.random.default_rng(2)
+    w = rng.normal(0, 0.5, (1, 4, 3, 3)).astype(np.float32)
+    b = rng.normal(0, 0.5, 4).astype(np.float32)
+    node = helper.make_node(
+        "ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=pads, output_padding=output_padding
+    )
+    graph = helper.make_graph(
+        [node],
+        "ct",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, *hw])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "ct")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-5)
+    assert "TRANSPOSE_CONV" in [op for op, _ in ops]
+    assert float(np.abs(want[0]).max()) > 1.0
