@@ -1011,3 +1011,38 @@ def test_conv_transpose_matches_onnx_runtime(tmp_path, pads, output_padding, hw)
     np.testing.assert_allclose(got["y"], want[0], atol=1e-5)
     assert "TRANSPOSE_CONV" in [op for op, _ in ops]
     assert float(np.abs(want[0]).max()) > 1.0
+
+
+def test_int8_concat_of_sigmoid_scores_and_boxes_keeps_both(tmp_path):
+    """A detector's output (nudenet's YOLOv8 head): box values in the hundreds concatenated with
+    sigmoid scores. The scores' fixed 1/256 parameters must not become the concat's (the boxes
+    would clip below 1): the scores are requantized to the concat's range; on real digits."""
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(4)
+    w = rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Mul", ["c", "k"], ["boxes"]),
+            helper.make_node("Sigmoid", ["c"], ["scores"]),
+            helper.make_node("Concat", ["boxes", "scores"], ["y"], axis=1),
+        ],
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(40.0, np.float32), "k")],
+    )
+    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = _digits(300)
+    t = get_target("tflite")
+    want = t.load(t.export(model, tmp_path / "f", {})).run({"x": x[200:]})["y"]
+    bundle = t.export(model, tmp_path / "q", {"precision": "int8", "data": {"x": x[:200]}})
+    got = t.load(bundle).run({"x": x[200:]})["y"]
+    boxes, scores = (slice(0, 4), slice(4, 8))
+    assert float(np.abs(want[:, boxes]).max()) > 50  # the boxes' range is far beyond 1
+    assert float(np.abs(got[:, boxes] - want[:, boxes]).max()) < 0.05 * float(np.abs(want[:, boxes]).max())
+    step = (float(want[:, boxes].max()) - float(want[:, boxes].min())) / 255  # the concat's own step
+    assert float(np.abs(got[:, scores] - want[:, scores]).max()) <= step
+    ops = _file_ops((bundle.root / "model.tflite").read_bytes())
+    assert ("QUANTIZE", ["INT8"]) in ops  # the scores' requantization
