@@ -1046,3 +1046,24 @@ def test_int8_concat_of_sigmoid_scores_and_boxes_keeps_both(tmp_path):
     assert float(np.abs(got[:, scores] - want[:, scores]).max()) <= step
     ops = _file_ops((bundle.root / "model.tflite").read_bytes())
     assert ("QUANTIZE", ["INT8"]) in ops  # the scores' requantization
+
+
+def test_a_cast_to_an_8_bit_integer_is_refused_by_name(tmp_path):
+    """LiteRT's XNNPACK refuses an unquantized UINT8 tensor at load (ORT's QOperator models cast
+    to uint8): the writer refuses the Cast by name instead of writing a file LiteRT cannot load."""
+    from mconv.errors import UnsupportedError
+    from mconv.targets import get_target
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["q"], to=TensorProto.UINT8, name="to_u8"),
+            helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT),
+        ],
+        "cast",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(UnsupportedError) as e:
+        get_target("tflite").export(model, tmp_path / "b", {})
+    assert "to_u8 (Cast(to or from uint8))" in str(e.value)
