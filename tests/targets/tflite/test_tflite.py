@@ -1067,3 +1067,12 @@ def test_a_cast_to_an_8_bit_integer_is_refused_by_name(tmp_path):
     with pytest.raises(UnsupportedError) as e:
         get_target("tflite").export(model, tmp_path / "b", {})
     assert "to_u8 (Cast(to or from uint8))" in str(e.value)
+
+
+def test_bytes_litert_cannot_load_are_refused_before_writing():
+    """The writer's last check: LiteRT loads the bytes or export stops with one InputError."""
+    from mconv.errors import InputError
+    from mconv.targets.tflite.writer import _loads
+
+    with pytest.raises(InputError, match="LiteRT cannot load the file written"):
+        _loads(b"TFL3" + bytes(64))
