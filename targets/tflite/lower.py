@@ -1047,6 +1047,88 @@ class Lowering:
         self.at[node.outputs[0].name + "/sq"] = {layout: sq}
         self._reduce(node, "SUM", source=sq, layout=layout)
 
+    def _LayerNormalization(self, node: Any) -> None:
+        """(x - mean) * rsqrt(var + eps) * scale + bias over the trailing axes: MEAN, SUB, MUL,
+        MEAN, ADD, RSQRT, MUL, MUL, ADD (LiteRT has no layer norm builtin), in ONNX's layout."""
+        xv, yv = node.inputs[0], node.outputs[0]
+        if len(node.outputs) > 1 and any(o is not None and o.name for o in node.outputs[1:]):
+            return self.refuse(node, "mean/inv_std outputs")
+        if not all(self.is_const(v) for v in node.inputs[1:] if v is not None):
+            return self.refuse(node, "scale/bias not constant")
+        dims = _static(xv)
+        rank = len(dims)
+        axis = int(self.attr(node, "axis", -1)) % rank
+        axes = self.const(f"{yv.name}/axes", np.arange(axis, rank, dtype=np.int32))
+        eps = float(self.attr(node, "epsilon", 1e-5))
+        x = self.get(xv, "orig")
+        name = str(yv.name)
+        red = [*dims[:axis], *([1] * (rank - axis))]
+
+        def t(suffix: str, shape: list[int]) -> int:
+            return self.new(f"{name}/{suffix}", shape)
+
+        mean = t("mean", red)
+        self.op("MEAN", [x, axes], [mean], "ReducerOptions", KeepDims=True)
+        d = t("centered", dims)
+        self.op("SUB", [x, mean], [d], "SubOptions")
+        sq = t("sq", dims)
+        self.op("MUL", [d, d], [sq], "MulOptions")
+        var = t("var", red)
+        self.op("MEAN", [sq, axes], [var], "ReducerOptions", KeepDims=True)
+        ve = t("var_eps", red)
+        self.op("ADD", [var, self.const(f"{name}/eps", np.array(eps, np.float32))], [ve], "AddOptions")
+        inv = t("inv_std", red)
+        self.op("RSQRT", [ve], [inv])
+        n = t("normed", dims)
+        self.op("MUL", [d, inv], [n], "MulOptions")
+        tail = dims[axis:]
+        scale = self.consts[node.inputs[1].name].astype(np.float32)
+        bias = (
+            self.consts[node.inputs[2].name].astype(np.float32)
+            if len(node.inputs) > 2 and node.inputs[2] is not None
+            else None
+        )
+        y = self.out(yv, "orig")
+        if bias is None:
+            self.op(
+                "MUL",
+                [n, self.const(f"{name}/scale", np.broadcast_to(scale, tail).copy())],
+                [y],
+                "MulOptions",
+                label=node.name,
+            )
+            return
+        sc = t("scaled", dims)
+        self.op(
+            "MUL", [n, self.const(f"{name}/scale", np.broadcast_to(scale, tail).copy())], [sc], "MulOptions"
+        )
+        self.op(
+            "ADD",
+            [sc, self.const(f"{name}/bias", np.broadcast_to(bias, tail).copy())],
+            [y],
+            "AddOptions",
+            label=node.name,
+        )
+
+    def _Gather(self, node: Any) -> None:
+        """GATHER with constant indices (negative ones wrapped), in ONNX's layout."""
+        xv, iv = node.inputs[0], node.inputs[1]
+        if not self.is_const(iv):
+            return self.refuse(node, "indices not constant")
+        dims = _static(xv)
+        axis = int(self.attr(node, "axis", 0)) % len(dims)
+        idx = self.consts[iv.name].astype(np.int64)
+        idx = np.where(idx < 0, idx + dims[axis], idx).astype(np.int32)
+        x = self.get(xv, "orig")
+        y = self.out(node.outputs[0], "orig")
+        ind = self.const(f"{node.outputs[0].name}/indices", idx.reshape(-1) if idx.ndim == 0 else idx)
+        if idx.ndim == 0:  # a scalar index: gather one, then drop the axis
+            one = self.new(f"{node.outputs[0].name}/one", [*dims[:axis], 1, *dims[axis + 1 :]])
+            self.op("GATHER", [x, ind], [one], "GatherOptions", Axis=axis, BatchDims=0)
+            self.reshape_to(one, y)
+            return
+        self.op("GATHER", [x, ind], [y], "GatherOptions", label=node.name, Axis=axis, BatchDims=0)
+
     def _keep_layout(self, xv: Any) -> str:
         lay = self.layout_of(xv.name)
         return "orig" if lay == "flat" else lay

@@ -1076,3 +1076,35 @@ def test_bytes_litert_cannot_load_are_refused_before_writing():
 
     with pytest.raises(InputError, match="LiteRT cannot load the file written"):
         _loads(b"TFL3" + bytes(64))
+
+
+def test_layer_norm_and_gather_match_onnx_runtime(tmp_path):
+    """ConvNeXt's LayerNormalization (decomposed: LiteRT has no builtin) and the LSTM rows'
+    Gather of constant indices (a scalar and a negative index), on real digits, against ORT."""
+    rng = np.random.default_rng(9)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["r"]),
+            helper.make_node("LayerNormalization", ["r", "g", "b"], ["n"], axis=-1, epsilon=1e-6),
+            helper.make_node("Gather", ["n", "rows"], ["y"], axis=1),
+            helper.make_node("Gather", ["n", "last"], ["z"], axis=1),
+        ],
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8]),
+        ],
+        [
+            numpy_helper.from_array(np.array([1, 8, 8], np.int64), "shape"),
+            numpy_helper.from_array(rng.normal(1, 0.2, 8).astype(np.float32), "g"),
+            numpy_helper.from_array(rng.normal(0, 0.2, 8).astype(np.float32), "b"),
+            numpy_helper.from_array(np.array([0, 5, -1], np.int64), "rows"),
+            numpy_helper.from_array(np.array(-2, np.int64), "last"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "ln")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-4)
+    np.testing.assert_allclose(got["z"], want[1], atol=1e-4)
+    assert "GATHER" in [op for op, _ in ops] and float(np.abs(want[0]).max()) > 1.0
