@@ -4,7 +4,8 @@ Usage:
     python3 bench/tflite_vs_onnx2tf.py [--rows a,b,...] [--out bench/results/tflite_vs_onnx2tf.md]
 
 For each row (bench/zoo.py's corpus, prepared inputs): ``mconv import`` the source model to ONNX
-(the same file for both converters), then convert it to a float32 ``.tflite`` twice, each as a
+(ONNX rows: the source file itself, as a user gives it; the same file for both converters), then
+convert it to a float32 ``.tflite`` twice, each as a
 whole command in a child process, timed by wall clock:
 - ``mconv export imported.onnx --format tflite -o m.tflite`` (``--input-shape`` from the inputs);
 - ``onnx2tf -i imported.onnx -o DIR -n -ois NAME:DIMS`` from its own venv with TensorFlow
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import subprocess
 import sys
 import time
@@ -97,6 +99,8 @@ def one(name: str, work: Path) -> dict:
     rc, _, line, _ = zoo.mconv("import", *meta["files"], "-o", str(imp), *zoo.import_args(m), "--json")
     if rc != 0:
         return {"row": name, "error": f"import: {line}"}
+    if m.fmt == "onnx":  # an ONNX row: both converters get the source file, as a user gives it
+        imp = Path(meta["files"][0])
     ins, _ = zoo.onnx_io(imp)
     vals = list(src.values())
     feeds = {n: (src[n] if n in src else vals[i]) for i, (n, _) in enumerate(ins)}
@@ -123,17 +127,22 @@ def one(name: str, work: Path) -> dict:
     o2 = w / "onnx2tf"
     ois = [f"{n}:{','.join(str(s) for s in feeds[n].shape)}" for n, _ in ins]
     t0 = time.monotonic()
+    env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}"}  # its onnxsim
     p = subprocess.run(
         [str(VENV / "bin" / "onnx2tf"), "-i", str(imp), "-o", str(o2), "-n", "-ois", *ois],
         capture_output=True,
         text=True,
         timeout=900,
+        env=env,
     )
     row["onnx2tf_s"] = time.monotonic() - t0
     files = sorted(o2.glob("*_float32.tflite"))
     if p.returncode != 0 or not files:
-        tail = (p.stderr or p.stdout).strip().splitlines()
-        row["onnx2tf"] = f"no: {tail[-1][:120] if tail else p.returncode}"
+        log = [ln.strip() for ln in (p.stdout + p.stderr).splitlines()]
+        excs = [ln for ln in log if re.match(r"^[\w.]*(Error|Exception)\b.*:", ln)]
+        at = [ln.split("onnx_op_name:")[1].strip() for ln in log if "onnx_op_name:" in ln]
+        why = (excs[-1][:110] if excs else f"exit {p.returncode}") + (f" at {at[0]}" if at else "")
+        row["onnx2tf"] = "no: " + why.replace("|", "/")
     else:
         row["onnx2tf_bytes"] = files[0].stat().st_size
         try:
