@@ -149,9 +149,12 @@ def verify(
         ref_out = run_feeds(_Ticking(ref, bar.advance), feed_list)
         bar(description=f"candidate, {runs} run(s)")
         cand_out = run_feeds(_Ticking(cand, bar.advance), feed_list)
-    report = verify_outputs(ref_out, cand_out, gates, labels, samples=n_samples)
+    if not user_gates.any() and _is_tflite_int8(candidate):
+        report = _verify_int8(ref_out, cand_out, labels, n_samples)
+    else:
+        report = verify_outputs(ref_out, cand_out, gates, labels, samples=n_samples)
+        report.gates_source = "user" if user_gates.any() else "default"
     report.batching = batching
-    report.gates_source = "user" if user_gates.any() else "default"
     errors = {n: error_distribution(ref_out[n], cand_out[n]) for n in report.outputs if n in cand_out}
     if localize:
         from mconv.api.localize import localize as do_localize
@@ -187,3 +190,53 @@ def error_distribution(ref: Any, cand: Any, bins: int = 24) -> dict[str, Any]:
         doc["log10_edges"] = [round(float(e), 4) for e in np.log10(edges)]
         doc["counts"] = [int(n) for n in counts]
     return doc
+
+
+def _is_tflite_int8(path: Path) -> bool:
+    """A full-integer tflite bundle (its manifest's target and precision option)."""
+    from mconv.bundle import is_bundle, load_bundle
+
+    if not is_bundle(path):
+        return False
+    b = load_bundle(path)
+    return b.target == "tflite" and b.options.get("precision") == "int8"
+
+
+def _verify_int8(ref_out: dict, cand_out: dict, labels: Any, samples: int) -> Any:
+    """The default gates of a full-int8 tflite bundle, per output
+    (:mod:`mconv.targets.tflite.gate`): top-1 agreement for class probabilities of at most 256
+    classes, cosine and relative L2 error for every other output; ``gate_rule`` says which."""
+    import mconv.targets.tflite.gate as gate
+    from mconv.metrics import Gates, VerifyReport, compare, gate_failures
+
+    outputs, failures = {}, {}
+    for name, r in ref_out.items():
+        if name not in cand_out:
+            raise InputError(
+                f"candidate has no output '{name}'", hint=f"candidate outputs: {', '.join(cand_out)}"
+            )
+        c = cand_out[name]
+        m = compare(r, c, labels)
+        rec = gate.judge([np.asarray(c)], [np.asarray(r)])[0]
+        m["gate_rule"] = rec["rule"]
+        if rec["rule"] == "top1":
+            m["top1_agreement"] = rec["top1"]
+            g = Gates(min_top1=gate.TOP1)
+        else:
+            g = Gates(min_cosine=gate.COSINE, max_rel_l2=gate.REL)
+        outputs[name] = m
+        f = gate_failures(m, g, r, c)
+        if f:
+            failures[name] = f
+    report = VerifyReport(
+        passed=not failures,
+        outputs=outputs,
+        failures=failures,
+        samples=samples,
+        gates=Gates(min_top1=gate.TOP1, min_cosine=gate.COSINE, max_rel_l2=gate.REL).as_dict(),
+    )
+    report.gates_source = (
+        "default for a tflite int8 bundle: top-1 on class probabilities (<= 256 classes), "
+        "cosine and rel_l2 on other outputs"
+    )
+    return report

@@ -23,6 +23,15 @@ Rules:
    DEQUANTIZE (``qdq="ops"``: the model's own fake-quantized float arithmetic), or with
    ``qdq="params"`` each Q->DQ pair vanishes and its (scale, zero point) is kept for the tensor
    (:func:`lower_with_params`), so the full-int8 quantizer uses the model's parameters.
+6. A 1-D Conv ([N, C, L]) is a CONV_2D (or DEPTHWISE_CONV_2D) over a unit H axis; its output
+   lives in a fourth layout, ``nlc`` (``transpose(x, (0, 2, 1))``), which the next 1-D conv and
+   elementwise ops (activations, Clip, BatchNorm) read as is, so a conv1d chain carries no
+   transposes; other ops read it back as ``orig``.
+7. Resize/Upsample over H and W become RESIZE_NEAREST_NEIGHBOR or RESIZE_BILINEAR with the
+   (align_corners, half_pixel_centers) pair that samples exactly the source pixels ONNX's
+   coordinate_transformation_mode (and nearest_mode) samples, checked index by index on the
+   model's own sizes (:func:`resize_flags`); a mode no pair reproduces (e.g. cubic,
+   tf_crop_and_resize, or round_prefer_ceil where it differs) is refused by name.
 """
 
 from __future__ import annotations
@@ -100,6 +109,75 @@ def _static(value: Any) -> list[int]:
             [(show(value.name), "symbolic shape")], what="value", hint="give --input-shape"
         )
     return [int(d) for d in value.shape]
+
+
+_ROUNDING: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "round_prefer_floor": lambda v: np.ceil(v - 0.5),
+    "round_prefer_ceil": lambda v: np.floor(v + 0.5),
+    "floor": np.floor,
+    "ceil": np.ceil,
+}
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _onnx_coords(ctm: str, n_in: int, n_out: int, scale: float) -> np.ndarray | None:
+    """ONNX Resize's source coordinate of each output index (None: a mode not computed here)."""
+    x = np.arange(n_out, dtype=np.float64)
+    if ctm == "half_pixel":
+        return (x + 0.5) / scale - 0.5
+    if ctm == "pytorch_half_pixel":
+        return (x + 0.5) / scale - 0.5 if n_out > 1 else np.zeros(n_out)
+    if ctm == "align_corners":
+        return x * (n_in - 1) / (n_out - 1) if n_out > 1 else np.zeros(n_out)
+    if ctm == "asymmetric":
+        return x / scale
+    if ctm == "tf_half_pixel_for_nn":
+        return (x + 0.5) / scale
+    return None  # tf_crop_and_resize, half_pixel_symmetric
+
+
+def _litert_coords(n_in: int, n_out: int, align: bool, half: bool) -> np.ndarray:
+    """LiteRT's source coordinate (float32, as its kernels compute it)."""
+    f = np.float32
+    scale = f(n_in - 1) / f(n_out - 1) if align and n_out > 1 else f(n_in) / f(n_out)
+    return (np.arange(n_out, dtype=f) + f(0.5 if half else 0.0)) * scale
+
+
+def resize_flags(
+    mode: str, ctm: str, nearest: str, axes: list[tuple[int, int, float | None]]
+) -> tuple[bool, bool] | None:
+    """LiteRT's (align_corners, half_pixel_centers) that sample exactly the pixels ONNX's Resize
+    samples on every axis (``axes``: (in, out, scale or None) each), or None where none does.
+
+    Nearest: the index maps are compared (ONNX's rounding mode on its coordinate against LiteRT's
+    floor, or round with align_corners). Linear: the source coordinates, clamped to the input as
+    both runtimes clamp them, must agree to 1e-4 of a pixel."""
+    for align, half in ((False, False), (False, True), (True, False)):
+        ok = True
+        for n_in, n_out, scale in axes:
+            want = _onnx_coords(ctm, n_in, n_out, scale if scale else n_out / n_in)
+            if want is None:
+                return None
+            got = _litert_coords(n_in, n_out, align, half)
+            if mode == "nearest":
+                rounding = _ROUNDING.get(nearest)
+                if rounding is None:
+                    return None
+                w = np.clip(rounding(want), 0, n_in - 1)
+                g = np.floor(got + 0.5) if align else np.floor(got)  # TfLiteRound (half away) / floor
+                g = np.clip(g, 0, n_in - 1)
+                ok = ok and bool(np.array_equal(w, g))
+            else:
+                got = got - np.float32(0.5) if half else got
+                ok = ok and bool(
+                    np.allclose(np.clip(want, 0, n_in - 1), np.clip(got, 0, n_in - 1), rtol=0, atol=1e-4)
+                )
+        if ok:
+            return align, half
+    return None
 
 
 class Lowering:
@@ -185,6 +263,10 @@ class Lowering:
             have["orig"] = self.transposed(have["nhwc"], TO_NCHW, name + "/nchw")
         elif layout == "nhwc" and "orig" in have:
             have["nhwc"] = self.transposed(have["orig"], TO_NHWC, name + "/nhwc")
+        elif layout == "orig" and "nlc" in have:
+            have["orig"] = self.transposed(have["nlc"], (0, 2, 1), name + "/ncl")
+        elif layout == "nlc" and "orig" in have:
+            have["nlc"] = self.transposed(have["orig"], (0, 2, 1), name + "/nlc")
         elif layout == "orig" and "flat" in have:
             c, h, w = self.flat[name]
             src = have["flat"]
@@ -210,6 +292,8 @@ class Lowering:
         shape = _static(v)
         if layout == "nhwc":
             shape = [shape[p] for p in TO_NHWC]
+        elif layout == "nlc":
+            shape = [shape[0], shape[2], shape[1]]
         idx = self.new(v.name, shape, dtype)
         self.at[v.name] = {layout: idx}
         return idx
@@ -277,7 +361,14 @@ class Lowering:
         self.unsupported.append((show(node.name or node.outputs[0].name), f"{node.op_type}({why})"))
 
     def _pads(
-        self, node: Any, x_shape: list[int], k: list[int], s: list[int], d: list[int], out: list[int]
+        self,
+        node: Any,
+        x_shape: list[int],
+        k: list[int],
+        s: list[int],
+        d: list[int],
+        out: list[int],
+        explicit: list[int] | None = None,
     ) -> tuple[str, list[int]]:
         """'SAME', 'VALID', or 'EXPLICIT' with [top, left, bottom, right] pads (rule 2)."""
         auto = self.attr(node, "auto_pad", "NOTSET")
@@ -295,7 +386,7 @@ class Lowering:
         if auto == "SAME_LOWER":
             pads = [same[0][1], same[1][1], same[0][0], same[1][0]]
         else:
-            pads = list(self.attr(node, "pads", [0, 0, 0, 0]))
+            pads = explicit if explicit is not None else list(self.attr(node, "pads", [0, 0, 0, 0]))
         # ceil_mode: more bottom/right pad until a VALID window count reaches ONNX's
         for i, (size, kk, ss, dd) in enumerate(((h, k[0], s[0], d[0]), (w, k[1], s[1], d[1]))):
             while (size + pads[i] + pads[i + 2] - (kk - 1) * dd - 1) // ss + 1 < out[i]:
@@ -327,21 +418,32 @@ class Lowering:
 
     # ---- ops
     def _Conv(self, node: Any) -> None:
+        """A 2-D conv on ``nhwc``; a 1-D conv as a CONV_2D over a unit H axis (rule 6)."""
         xv, wv = node.inputs[0], node.inputs[1]
         bv = node.inputs[2] if len(node.inputs) > 2 else None
         if not self.is_const(wv) or (bv is not None and not self.is_const(bv)):
             return self.refuse(node, "weights not constant")
         w = self.consts[wv.name].astype(np.float32)
-        if w.ndim != 4:
+        if w.ndim not in (3, 4):
             return self.refuse(node, f"{w.ndim - 2}-D")
         xs, ys = _static(xv), _static(node.outputs[0])
         group = int(self.attr(node, "group", 1))
         o = w.shape[0]
         b = self.consts[bv.name].astype(np.float32) if bv is not None else np.zeros(o, np.float32)
+        one_d = w.ndim == 3
+        if one_d:  # [N, C, L] as [N, C, 1, L]
+            w = w[:, :, None, :]
+            xs, ys = [xs[0], xs[1], 1, xs[2]], [ys[0], ys[1], 1, ys[2]]
+            s = [1, *self.attr(node, "strides", [1])]
+            d = [1, *self.attr(node, "dilations", [1])]
+            p1 = list(self.attr(node, "pads", [0, 0]))
+            pads_attr: list[int] | None = [0, p1[0], 0, p1[1]]
+        else:
+            s = list(self.attr(node, "strides", [1, 1]))
+            d = list(self.attr(node, "dilations", [1, 1]))
+            pads_attr = None
         k = list(w.shape[2:])
-        s = list(self.attr(node, "strides", [1, 1]))
-        d = list(self.attr(node, "dilations", [1, 1]))
-        mode, pads = self._pads(node, xs, k, s, d, ys[2:])
+        mode, pads = self._pads(node, xs, k, s, d, ys[2:], pads_attr)
         if group == 1:
             code, opt, wt = "CONV_2D", "Conv2DOptions", np.transpose(w, (0, 2, 3, 1))
             extra: dict[str, Any] = {}
@@ -349,32 +451,103 @@ class Lowering:
             code, opt, wt = "DEPTHWISE_CONV_2D", "DepthwiseConv2DOptions", np.transpose(w, (1, 2, 3, 0))
             extra = {"DepthMultiplier": o // group}
         elif xs[1] % group == 0 and o % group == 0:
-            return self._grouped(node, xs, w, b, group, mode, pads, s, d)
+            code, opt, wt, extra = "", "", w, {}
         else:
             return self.refuse(node, f"group={group}")
+        yv = node.outputs[0]
+        if one_d:
+            xl = self.get(xv, "nlc")
+            x = self.reshape(xl, [xs[0], 1, xs[3], xs[1]], yv.name + "/in_nhwc")
+            y = self.new(yv.name + "/nhwc", [ys[0], 1, ys[3], ys[1]])
+        else:
+            x = self.get(xv, "nhwc")
+            y = -1
+        if not code:
+            y = self._grouped(node, x, y, w, b, group, mode, pads, s, d)
+        else:
+            if mode == "EXPLICIT":
+                x = self._padded(x, pads, yv.name + "/pad")
+                mode = "VALID"
+            if y < 0:
+                y = self.out(yv, "nhwc")
+            self.op(
+                code,
+                [x, self.const(wv.name, wt), self.const(bv.name if bv else f"{wv.name}/bias", b)],
+                [y],
+                opt,
+                label=node.name,
+                Padding=0 if mode == "SAME" else 1,
+                StrideH=s[0],
+                StrideW=s[1],
+                DilationHFactor=d[0],
+                DilationWFactor=d[1],
+                **extra,
+            )
+        if one_d:
+            self.at[yv.name] = {"nlc": self.reshape(y, [ys[0], ys[3], ys[1]], yv.name + "/nlc")}
+
+    def _ConvTranspose(self, node: Any) -> None:
+        """TRANSPOSE_CONV (VALID, bias as its fourth input) on ``nhwc``; ONNX's pads and
+        output_padding as a STRIDED_SLICE of the full output. Groups and dilations are refused."""
+        xv, wv = node.inputs[0], node.inputs[1]
+        bv = node.inputs[2] if len(node.inputs) > 2 else None
+        if not self.is_const(wv) or (bv is not None and not self.is_const(bv)):
+            return self.refuse(node, "weights not constant")
+        w = self.consts[wv.name].astype(np.float32)  # [C_in, C_out, kh, kw]
+        if w.ndim != 4:
+            return self.refuse(node, f"{w.ndim - 2}-D")
+        if int(self.attr(node, "group", 1)) != 1:
+            return self.refuse(node, "group")
+        if any(v != 1 for v in self.attr(node, "dilations", [1, 1])):
+            return self.refuse(node, "dilations")
+        if _text(self.attr(node, "auto_pad", "NOTSET")) not in ("NOTSET", "VALID"):
+            return self.refuse(node, "auto_pad")
+        xs, ys = _static(xv), _static(node.outputs[0])
+        s = list(self.attr(node, "strides", [1, 1]))
+        k = list(w.shape[2:])
+        o = w.shape[1]
+        full = [(xs[2] - 1) * s[0] + k[0], (xs[3] - 1) * s[1] + k[1]]
+        pads = list(self.attr(node, "pads", [0, 0, 0, 0]))
+        begin = [pads[0], pads[1]]
+        if any(begin[i] + ys[2 + i] > full[i] for i in range(2)):
+            return self.refuse(node, "output_padding beyond the full output")
+        b = self.consts[bv.name].astype(np.float32) if bv is not None else np.zeros(o, np.float32)
         x = self.get(xv, "nhwc")
-        if mode == "EXPLICIT":
-            x = self._padded(x, pads, node.outputs[0].name + "/pad")
-            mode = "VALID"
-        y = self.out(node.outputs[0], "nhwc")
+        name = node.outputs[0].name
+        cut = begin != [0, 0] or full != ys[2:]
+        y = self.new(name + "/full", [xs[0], *full, o]) if cut else self.out(node.outputs[0], "nhwc")
         self.op(
-            code,
-            [x, self.const(wv.name, wt), self.const(bv.name if bv else f"{wv.name}/bias", b)],
+            "TRANSPOSE_CONV",
+            [
+                self.const(f"{name}/output_shape", np.array([xs[0], *full, o], np.int32)),
+                self.const(wv.name, np.transpose(w, (1, 2, 3, 0))),
+                x,
+                self.const(bv.name if bv else f"{wv.name}/bias", b),
+            ],
             [y],
-            opt,
+            "TransposeConvOptions",
             label=node.name,
-            Padding=0 if mode == "SAME" else 1,
+            Padding=1,
             StrideH=s[0],
             StrideW=s[1],
-            DilationHFactor=d[0],
-            DilationWFactor=d[1],
-            **extra,
         )
+        if cut:
+            out = self.out(node.outputs[0], "nhwc")
+            c = [
+                self.const(f"{name}/{key}", np.array(v, np.int32))
+                for key, v in (
+                    ("begin", [0, begin[0], begin[1], 0]),
+                    ("end", [xs[0], begin[0] + ys[2], begin[1] + ys[3], o]),
+                    ("strides", [1, 1, 1, 1]),
+                )
+            ]
+            self.op("STRIDED_SLICE", [y, *c], [out], "StridedSliceOptions")
 
     def _grouped(
         self,
         node: Any,
-        xs: list[int],
+        x: int,
+        y: int,
         w: np.ndarray,
         b: np.ndarray,
         group: int,
@@ -382,9 +555,9 @@ class Lowering:
         pads: list[int],
         s: list[int],
         d: list[int],
-    ) -> None:
-        """A grouped conv: SPLIT along channels, one CONV_2D per group, CONCATENATION."""
-        x = self.get(node.inputs[0], "nhwc")
+    ) -> int:
+        """A grouped conv: SPLIT along channels, one CONV_2D per group, CONCATENATION; its output
+        is ``y`` (a new ``nhwc`` tensor of the node's output where -1)."""
         name = node.outputs[0].name
         if mode == "EXPLICIT":
             x = self._padded(x, pads, name + "/pad")
@@ -394,7 +567,8 @@ class Lowering:
         self.op(
             "SPLIT", [self.const("axis_c", np.array(3, np.int32)), x], parts, "SplitOptions", NumSplits=group
         )
-        y = self.out(node.outputs[0], "nhwc")
+        if y < 0:
+            y = self.out(node.outputs[0], "nhwc")
         oshape = self.g.tensors[y].shape
         og = w.shape[0] // group
         outs = []
@@ -418,6 +592,7 @@ class Lowering:
             )
             outs.append(t)
         self.op("CONCATENATION", outs, [y], "ConcatenationOptions", label=node.name, Axis=3)
+        return y
 
     def _Sum(self, node: Any) -> None:
         """Sum of n inputs: a chain of ADDs (ADD has an int8 kernel, ADD_N has none)."""
@@ -441,17 +616,26 @@ class Lowering:
             acc = dest
 
     def _pool(self, node: Any, code: str) -> None:
-        xv = node.inputs[0]
-        xs, ys = _static(xv), _static(node.outputs[0])
-        if len(xs) != 4:
+        xv, yv = node.inputs[0], node.outputs[0]
+        xs, ys = _static(xv), _static(yv)
+        one_d = len(xs) == 3  # rule 6: over a unit H axis
+        if len(xs) not in (3, 4):
             return self.refuse(node, f"{len(xs) - 2}-D")
-        k = list(self.attr(node, "kernel_shape"))
-        s = list(self.attr(node, "strides", [1, 1]))
-        d = list(self.attr(node, "dilations", [1, 1]))
-        if d != [1, 1]:
+        lead = [1] if one_d else []
+        k = lead + list(self.attr(node, "kernel_shape"))
+        s = lead + list(self.attr(node, "strides", [1] * (len(xs) - 2)))
+        d = lead + list(self.attr(node, "dilations", [1] * (len(xs) - 2)))
+        if any(v != 1 for v in d):
             return self.refuse(node, "dilations")
-        mode, pads = self._pads(node, xs, k, s, d, ys[2:])
-        x = self.get(xv, "nhwc")
+        explicit = None
+        if one_d:
+            p1 = list(self.attr(node, "pads", [0, 0]))
+            explicit = [0, p1[0], 0, p1[1]]
+            xs, ys = [xs[0], xs[1], 1, xs[2]], [ys[0], ys[1], 1, ys[2]]
+            x = self.reshape(self.get(xv, "nlc"), [xs[0], 1, xs[3], xs[1]], yv.name + "/in_nhwc")
+        else:
+            x = self.get(xv, "nhwc")
+        mode, pads = self._pads(node, xs, k, s, d, ys[2:], explicit)
         counts = None
         if mode == "EXPLICIT":
             if code == "MAX_POOL_2D":
@@ -474,7 +658,23 @@ class Lowering:
         elif mode == "SAME" and code == "AVERAGE_POOL_2D" and self.attr(node, "count_include_pad", 0):
             x = self._padded(x, pads, node.outputs[0].name + "/pad")
             mode = "VALID"
-        y = self.out(node.outputs[0], "nhwc")
+        y = self.out(yv, "nhwc") if not one_d else self.new(yv.name + "/nhwc", [ys[0], 1, ys[3], ys[1]])
+        self._pool_op(node, code, x, y, mode, k, s, counts, ys)
+        if one_d:  # the pool's output read back as [N, L, C]
+            self.at[yv.name] = {"nlc": self.reshape(y, [ys[0], ys[3], ys[1]], yv.name + "/nlc")}
+
+    def _pool_op(
+        self,
+        node: Any,
+        code: str,
+        x: int,
+        y: int,
+        mode: str,
+        k: list[int],
+        s: list[int],
+        counts: np.ndarray | None,
+        ys: list[int],
+    ) -> None:
         if counts is not None:
             if (counts == 0).any():
                 return self.refuse(node, "a window of pads only")
@@ -725,13 +925,223 @@ class Lowering:
         ]
         self.op("STRIDED_SLICE", [x, *c], [y], "StridedSliceOptions", label=node.name)
 
+    def _Split(self, node: Any) -> None:
+        """SPLIT (equal parts) or SPLIT_V, in the input's layout; the parts' sizes are the
+        outputs' static shapes (so the ``split`` input, attribute or ``num_outputs`` agree)."""
+        xv = node.inputs[0]
+        rank = len(_static(xv))
+        axis = int(self.attr(node, "axis", 0)) % rank
+        outs = list(node.outputs)
+        if any(o is None or not o.name for o in outs):
+            return self.refuse(node, "an output left out")
+        sizes = [_static(o)[axis] for o in outs]
+        layout = self._keep_layout(xv) if rank == 4 else "orig"
+        ax = TO_NHWC.index(axis) if layout == "nhwc" else axis
+        x = self.get(xv, layout)
+        ys = [self.out(o, layout) for o in outs]
+        axis_t = self.const(f"{outs[0].name}/axis", np.array(ax, np.int32))
+        if len(set(sizes)) == 1:
+            self.op("SPLIT", [axis_t, x], ys, "SplitOptions", label=node.name, NumSplits=len(ys))
+        else:
+            sz = self.const(f"{outs[0].name}/sizes", np.array(sizes, np.int32))
+            self.op("SPLIT_V", [x, sz, axis_t], ys, "SplitVOptions", label=node.name, NumSplits=len(ys))
+
+    def _Resize(self, node: Any) -> None:
+        """RESIZE_NEAREST_NEIGHBOR / RESIZE_BILINEAR over H and W (rule 7)."""
+        mode = _text(self.attr(node, "mode", "nearest"))
+        ctm = _text(self.attr(node, "coordinate_transformation_mode", "half_pixel"))
+        nearest = _text(self.attr(node, "nearest_mode", "round_prefer_floor"))
+        scales = None
+        if len(node.inputs) > 2 and node.inputs[2] is not None:
+            if not self.is_const(node.inputs[2]):
+                return self.refuse(node, "scales not constant")
+            scales = self.consts[node.inputs[2].name].astype(np.float64).ravel()
+        self._resize(node, mode, ctm, nearest, scales)
+
+    def _Upsample(self, node: Any) -> None:
+        """Upsample (opsets 7-9): Resize with asymmetric coordinates, nearest rounding down."""
+        scales = self.attr(node, "scales", None)
+        if scales is None and len(node.inputs) > 1:
+            if not self.is_const(node.inputs[1]):
+                return self.refuse(node, "scales not constant")
+            scales = self.consts[node.inputs[1].name]
+        mode = _text(self.attr(node, "mode", "nearest"))
+        arr = None if scales is None else np.asarray(scales, np.float64).ravel()
+        self._resize(node, mode, "asymmetric", "floor", arr)
+
+    def _resize(self, node: Any, mode: str, ctm: str, nearest: str, scales: np.ndarray | None) -> None:
+        xv, yv = node.inputs[0], node.outputs[0]
+        xs, ys = _static(xv), _static(yv)
+        if len(xs) != 4 or xs[:2] != ys[:2]:
+            return self.refuse(node, "not over H and W of a 4-D tensor")
+        if int(self.attr(node, "antialias", 0)):
+            return self.refuse(node, "antialias")
+        if _text(self.attr(node, "keep_aspect_ratio_policy", "stretch")) != "stretch":
+            return self.refuse(node, "keep_aspect_ratio_policy")
+        if mode not in ("nearest", "linear"):
+            return self.refuse(node, f"mode {mode}")
+        if scales is not None and scales.size == 0:
+            scales = None
+        if scales is not None and scales.size != 4:
+            return self.refuse(node, "axes")
+        flags = resize_flags(
+            mode,
+            ctm,
+            nearest,
+            [(xs[i], ys[i], None if scales is None else float(scales[i])) for i in (2, 3)],
+        )
+        if flags is None:
+            what = f"coordinate_transformation_mode {ctm}"
+            return self.refuse(node, what + (f", nearest_mode {nearest}" if mode == "nearest" else ""))
+        align, half = flags
+        code, opt = (
+            ("RESIZE_BILINEAR", "ResizeBilinearOptions")
+            if mode == "linear"
+            else ("RESIZE_NEAREST_NEIGHBOR", "ResizeNearestNeighborOptions")
+        )
+        x = self.get(xv, "nhwc")
+        y = self.out(yv, "nhwc")
+        size = self.const(f"{yv.name}/size", np.array(ys[2:], np.int32))
+        self.op(code, [x, size], [y], opt, label=node.name, AlignCorners=align, HalfPixelCenters=half)
+
+    def _DepthToSpace(self, node: Any) -> None:
+        """DEPTH_TO_SPACE on ``nhwc``: TF's order is ONNX's DCR; CRD is refused."""
+        if _text(self.attr(node, "mode", "DCR")) != "DCR":
+            return self.refuse(node, "mode CRD")
+        x = self.get(node.inputs[0], "nhwc")
+        y = self.out(node.outputs[0], "nhwc")
+        bs = int(self.attr(node, "blocksize"))
+        self.op("DEPTH_TO_SPACE", [x], [y], "DepthToSpaceOptions", label=node.name, BlockSize=bs)
+
+    def _Cast(self, node: Any) -> None:
+        xv, yv = node.inputs[0], node.outputs[0]
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        y = self.out(yv, layout)
+        eight = {"int8", "uint8"} & {self.g.tensors[x].dtype, self.g.tensors[y].dtype}
+        if eight:  # LiteRT's 8-bit tensors carry quantization; a bare one is refused at load
+            self.g.tensors.pop()
+            del self.at[yv.name]
+            return self.refuse(node, f"to or from {sorted(eight)[0]}")
+        if self.g.tensors[x].dtype == self.g.tensors[y].dtype:
+            self.g.tensors.pop()
+            self.at[yv.name] = self.at[xv.name] if xv.name in self.at else {layout: x}
+            return
+        self.op("CAST", [x], [y], label=node.name)
+
+    def _Reciprocal(self, node: Any) -> None:
+        xv = node.inputs[0]
+        layout = self._elementwise_layout(xv)
+        x = self.get(xv, layout)
+        y = self.out(node.outputs[0], layout)
+        one = self.const("one", np.array(1.0, np.float32))
+        self.op("DIV", [one, x], [y], "DivOptions", label=node.name)
+
+    def _ReduceSumSquare(self, node: Any) -> None:
+        """x * x, then SUM."""
+        xv = node.inputs[0]
+        layout = self._keep_layout(xv)
+        x = self.get(xv, layout)
+        sq = self.new(node.outputs[0].name + "/sq", self.g.tensors[x].shape)
+        self.op("MUL", [x, x], [sq], "MulOptions")
+        self.at[node.outputs[0].name + "/sq"] = {layout: sq}
+        self._reduce(node, "SUM", source=sq, layout=layout)
+
+    def _LayerNormalization(self, node: Any) -> None:
+        """(x - mean) * rsqrt(var + eps) * scale + bias over the trailing axes: MEAN, SUB, MUL,
+        MEAN, ADD, RSQRT, MUL, MUL, ADD (LiteRT has no layer norm builtin), in ONNX's layout."""
+        xv, yv = node.inputs[0], node.outputs[0]
+        if len(node.outputs) > 1 and any(o is not None and o.name for o in node.outputs[1:]):
+            return self.refuse(node, "mean/inv_std outputs")
+        if not all(self.is_const(v) for v in node.inputs[1:] if v is not None):
+            return self.refuse(node, "scale/bias not constant")
+        dims = _static(xv)
+        rank = len(dims)
+        axis = int(self.attr(node, "axis", -1)) % rank
+        axes = self.const(f"{yv.name}/axes", np.arange(axis, rank, dtype=np.int32))
+        eps = float(self.attr(node, "epsilon", 1e-5))
+        x = self.get(xv, "orig")
+        name = str(yv.name)
+        red = [*dims[:axis], *([1] * (rank - axis))]
+
+        def t(suffix: str, shape: list[int]) -> int:
+            return self.new(f"{name}/{suffix}", shape)
+
+        mean = t("mean", red)
+        self.op("MEAN", [x, axes], [mean], "ReducerOptions", KeepDims=True)
+        d = t("centered", dims)
+        self.op("SUB", [x, mean], [d], "SubOptions")
+        sq = t("sq", dims)
+        self.op("MUL", [d, d], [sq], "MulOptions")
+        var = t("var", red)
+        self.op("MEAN", [sq, axes], [var], "ReducerOptions", KeepDims=True)
+        ve = t("var_eps", red)
+        self.op("ADD", [var, self.const(f"{name}/eps", np.array(eps, np.float32))], [ve], "AddOptions")
+        inv = t("inv_std", red)
+        self.op("RSQRT", [ve], [inv])
+        n = t("normed", dims)
+        self.op("MUL", [d, inv], [n], "MulOptions")
+        tail = dims[axis:]
+        scale = self.consts[node.inputs[1].name].astype(np.float32)
+        bias = (
+            self.consts[node.inputs[2].name].astype(np.float32)
+            if len(node.inputs) > 2 and node.inputs[2] is not None
+            else None
+        )
+        y = self.out(yv, "orig")
+        if bias is None:
+            self.op(
+                "MUL",
+                [n, self.const(f"{name}/scale", np.broadcast_to(scale, tail).copy())],
+                [y],
+                "MulOptions",
+                label=node.name,
+            )
+            return
+        sc = t("scaled", dims)
+        self.op(
+            "MUL", [n, self.const(f"{name}/scale", np.broadcast_to(scale, tail).copy())], [sc], "MulOptions"
+        )
+        self.op(
+            "ADD",
+            [sc, self.const(f"{name}/bias", np.broadcast_to(bias, tail).copy())],
+            [y],
+            "AddOptions",
+            label=node.name,
+        )
+
+    def _Gather(self, node: Any) -> None:
+        """GATHER with constant indices (negative ones wrapped), in ONNX's layout."""
+        xv, iv = node.inputs[0], node.inputs[1]
+        if not self.is_const(iv):
+            return self.refuse(node, "indices not constant")
+        dims = _static(xv)
+        axis = int(self.attr(node, "axis", 0)) % len(dims)
+        idx = self.consts[iv.name].astype(np.int64)
+        idx = np.where(idx < 0, idx + dims[axis], idx).astype(np.int32)
+        x = self.get(xv, "orig")
+        y = self.out(node.outputs[0], "orig")
+        ind = self.const(f"{node.outputs[0].name}/indices", idx.reshape(-1) if idx.ndim == 0 else idx)
+        if idx.ndim == 0:  # a scalar index: gather one, then drop the axis
+            one = self.new(f"{node.outputs[0].name}/one", [*dims[:axis], 1, *dims[axis + 1 :]])
+            self.op("GATHER", [x, ind], [one], "GatherOptions", Axis=axis, BatchDims=0)
+            self.reshape_to(one, y)
+            return
+        self.op("GATHER", [x, ind], [y], "GatherOptions", label=node.name, Axis=axis, BatchDims=0)
+
     def _keep_layout(self, xv: Any) -> str:
         lay = self.layout_of(xv.name)
         return "orig" if lay == "flat" else lay
 
+    def _elementwise_layout(self, xv: Any) -> str:
+        """An elementwise op's layout: its input's, ``nlc`` included (rule 6)."""
+        if xv.name not in self.consts and set(self.at[xv.name]) == {"nlc"}:
+            return "nlc"
+        return self._keep_layout(xv)
+
     def _unary(self, node: Any, code: str, opt: str | None = None, **opts: Any) -> None:
         xv = node.inputs[0]
-        layout = self._keep_layout(xv)
+        layout = self._elementwise_layout(xv)
         x = self.get(xv, layout)
         y = self.out(node.outputs[0], layout)
         self.op(code, [x], [y], opt, label=node.name, **opts)
@@ -751,7 +1161,7 @@ class Lowering:
         alpha = float(self.attr(node, "alpha", 0.2))
         beta = float(self.attr(node, "beta", 0.5))
         xv, yv = node.inputs[0], node.outputs[0]
-        layout = self._keep_layout(xv)
+        layout = self._elementwise_layout(xv)
         x = self.get(xv, layout)
         shape = self.g.tensors[x].shape
         name = str(yv.name)
@@ -783,7 +1193,7 @@ class Lowering:
         if (lo, hi) in named:
             return self._unary(node, named[(lo, hi)])
         xv = node.inputs[0]
-        layout = self._keep_layout(xv)
+        layout = self._elementwise_layout(xv)
         x = self.get(xv, layout)
         if lo is not None:
             t = self.new(node.outputs[0].name + "/lo", self.g.tensors[x].shape)
@@ -825,8 +1235,22 @@ class Lowering:
             layout = "nhwc"
         elif axis == rank - 1:
             layout = "orig"
-        else:
-            return self.refuse(node, f"axis {axis} not last")
+        else:  # the axis moved last and back: two TRANSPOSEs around the softmax
+            perm = tuple(a for a in range(rank) if a != axis) + (axis,)
+            name = node.outputs[0].name
+            t = self.transposed(self.get(xv, "orig"), perm, name + "/last")
+            sm = self.new(name + "/softmax", self.g.tensors[t].shape)
+            self.op(code, [t], [sm], opt, **kw)
+            y = self.out(node.outputs[0], "orig")
+            inv = _perm_inverse(perm)
+            self.op(
+                "TRANSPOSE",
+                [sm, self.const(f"{name}/perm", np.array(inv, np.int32))],
+                [y],
+                "TransposeOptions",
+                label=node.name,
+            )
+            return
         x = self.get(xv, layout)
         y = self.out(node.outputs[0], layout)
         self.op(code, [x], [y], opt, label=node.name, **kw)
@@ -845,8 +1269,8 @@ class Lowering:
         scale = g / np.sqrt(var + float(self.attr(node, "epsilon", 1e-5)))
         shift = b - m * scale
         rank = len(_static(xv))
-        layout = self._keep_layout(xv)
-        shape = (-1,) if layout == "nhwc" or rank == 2 else (-1,) + (1,) * (rank - 2)
+        layout = self._elementwise_layout(xv)
+        shape = (-1,) if layout in ("nhwc", "nlc") or rank == 2 else (-1,) + (1,) * (rank - 2)
         x = self.get(xv, layout)
         t = self.new(node.outputs[0].name + "/scaled", self.g.tensors[x].shape)
         self.op(
@@ -864,7 +1288,7 @@ class Lowering:
             label=node.name,
         )
 
-    def _reduce(self, node: Any, code: str) -> None:
+    def _reduce(self, node: Any, code: str, source: int = -1, layout: str = "") -> None:
         xv = node.inputs[0]
         rank = len(_static(xv))
         axes = self.attr(node, "axes", None)
@@ -874,10 +1298,12 @@ class Lowering:
             axes = self.consts[node.inputs[1].name].tolist()
         axes = [int(a) % rank for a in (axes if axes is not None else range(rank))]
         keep = bool(self.attr(node, "keepdims", 1))
-        layout = self._keep_layout(xv) if keep else "orig"
+        if source >= 0 and layout == "nhwc" and not keep:  # a squared nhwc value, read as orig
+            source, layout = self.transposed(source, TO_NCHW, node.outputs[0].name + "/sq_nchw"), "orig"
+        layout = layout or (self._keep_layout(xv) if keep else "orig")
         if layout == "nhwc":
             axes = [TO_NHWC.index(a) for a in axes]
-        x = self.get(xv, layout)
+        x = source if source >= 0 else self.get(xv, layout)
         y = self.out(node.outputs[0], layout)
         self.op(
             code,
@@ -902,8 +1328,8 @@ class Lowering:
 
     def _Pad(self, node: Any) -> None:
         xv = node.inputs[0]
-        mode = self.attr(node, "mode", "constant")
-        if mode not in ("constant", b"constant"):
+        mode = _text(self.attr(node, "mode", "constant"))
+        if mode not in ("constant", "reflect"):
             return self.refuse(node, f"mode {mode}")
         if len(node.inputs) < 2 or not self.is_const(node.inputs[1]):
             return self.refuse(node, "pads not constant")
@@ -921,7 +1347,9 @@ class Lowering:
         x = self.get(xv, layout)
         y = self.out(node.outputs[0], layout)
         p = self.const(f"{node.outputs[0].name}/paddings", pads.astype(np.int32))
-        if value == 0.0:
+        if mode == "reflect":  # ONNX's reflect excludes the edge: MIRROR_PAD's REFLECT
+            self.op("MIRROR_PAD", [x, p], [y], "MirrorPadOptions", label=node.name, Mode=0)
+        elif value == 0.0:
             self.op("PAD", [x, p], [y], "PadOptions", label=node.name)
         else:
             self.op(

@@ -21,7 +21,10 @@ Rules:
 5. LiteRT's int8 kernels fix some parameters: SOFTMAX and LOGISTIC output ``1/256, -128``, TANH
    ``1/128, 0``, LOG_SOFTMAX ``16/256, 127``; RESHAPE, TRANSPOSE, pools, PAD(V2), CONCATENATION,
    MAXIMUM/MINIMUM, REDUCE_MAX and STRIDED_SLICE take and give one set of parameters, so their
-   inputs and outputs share one range (the union), or the fixed parameters where one is fixed.
+   inputs and outputs share one range (the union), or the fixed parameters where one is fixed;
+   except a CONCATENATION that joins a fixed-parameter value (a sigmoid's scores) to others (box
+   coordinates): the fixed input gets a QUANTIZE (an int8-to-int8 requantization) to the range of
+   the rest, which would otherwise be clipped to the fixed one's [-0.5, 0.5) or [0, 1).
 6. An op with no int8 kernel (:data:`INT8_OPS` lists those with one) runs in float between a
    DEQUANTIZE and a QUANTIZE: a per-layer float fallback, named in the export's notes.
 7. Inputs and outputs stay float (QUANTIZE after each input, DEQUANTIZE before each output) unless
@@ -44,11 +47,13 @@ INT8_OPS = frozenset(
         "AVERAGE_POOL_2D", "RESHAPE", "TRANSPOSE", "CONCATENATION", "SOFTMAX", "LOGISTIC", "TANH",
         "RELU", "RELU6", "RELU_N1_TO_1", "LEAKY_RELU", "HARD_SWISH", "MEAN", "REDUCE_MAX", "PAD",
         "PADV2", "MAXIMUM", "MINIMUM", "LOG_SOFTMAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT",
+        "SPLIT_V", "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR",
     }
 )  # fmt: skip
 SAME_PARAMS = frozenset(
     {"RESHAPE", "TRANSPOSE", "MAX_POOL_2D", "AVERAGE_POOL_2D", "PAD", "PADV2", "CONCATENATION",
-     "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT"}
+     "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "SQUEEZE", "SPLIT", "SPLIT_V",
+     "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"}
 )  # fmt: skip
 FIXED = {
     "SOFTMAX": (1 / 256, -128),
@@ -187,18 +192,34 @@ def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "f
     union = _Union()
     fixed: dict[int, tuple[float, int]] = {}
     acts = {i for i, t in enumerate(g.tensors) if t.data is None and t.dtype == "float32"}
+    group_fixed: dict[int, tuple[float, int]] = {}  # a group's root -> its fixed parameters
+
+    def join(a: int, b: int) -> None:
+        fp = group_fixed.get(union.find(a)) or group_fixed.get(union.find(b))
+        union.join(a, b)
+        if fp is not None:
+            group_fixed[union.find(a)] = fp
+
     for op in g.ops:
         if op.code not in INT8_OPS:
             continue
-        if op.code == "SPLIT":  # inputs: axis, value
+        if op.code in ("SPLIT", "SPLIT_V"):  # inputs: axis, value / value, sizes, axis
+            src = op.inputs[1] if op.code == "SPLIT" else op.inputs[0]
             for o in op.outputs:
-                union.join(op.inputs[1], o)
+                join(src, o)
+        elif op.code == "CONCATENATION":  # rule 5: a fixed-parameter input beside others is requantized
+            ins = [t for t in op.inputs if t in acts]
+            fixes = [group_fixed.get(union.find(t)) for t in ins]
+            mixed = any(p is not None for p in fixes) and len(set(fixes)) > 1
+            for t, fp in zip(ins, fixes):
+                if not (mixed and fp is not None):
+                    join(t, op.outputs[0])
         elif op.code in SAME_PARAMS:
-            for t in [op.inputs[0], *(op.inputs[1:] if op.code == "CONCATENATION" else [])]:
-                if t in acts:
-                    union.join(t, op.outputs[0])
+            if op.inputs[0] in acts:
+                join(op.inputs[0], op.outputs[0])
         if op.code in FIXED:
             fixed[op.outputs[0]] = FIXED[op.code]
+            group_fixed[union.find(op.outputs[0])] = FIXED[op.code]
     groups: dict[int, list[int]] = {}
     for i in acts:
         groups.setdefault(union.find(i), []).append(i)
@@ -297,6 +318,21 @@ def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "f
                     ins[k] = qconst(i, ("params", params[op.outputs[0]]))
                 else:
                     ins[k] = qconst(i, ("own",))
+        if op.code == "CONCATENATION":  # requantize an input whose parameters are not the output's
+            for k, i in enumerate(ins):
+                if i in acts and params[i] != params[op.outputs[0]]:
+                    given = g.tensors[i]
+                    r = g.add(
+                        Tensor(
+                            given.name + "/requant",
+                            list(given.shape),
+                            "int8",
+                            None,
+                            g.tensors[op.outputs[0]].quant,
+                        )
+                    )
+                    new_ops.append(Op("QUANTIZE", [i], [r], "QuantizeOptions"))
+                    ins[k] = r
         op.inputs = ins
         new_ops.append(op)
     g.ops = new_ops

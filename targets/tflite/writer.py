@@ -19,6 +19,9 @@ Rules:
    parameters (the pairs vanish) and ``--data`` is needed only for tensors no pair covers
    (calibration ranges; the pairs' parameters win); at the float precisions the pairs are
    QUANTIZE/DEQUANTIZE ops, the model's own arithmetic. The notes say which.
+5. The written bytes are loaded by LiteRT (tensors allocated) before they are returned: a file
+   LiteRT would refuse (e.g. a bare 8-bit tensor its XNNPACK delegate cannot take) is an error,
+   exit 2, and nothing is written.
 """
 
 from __future__ import annotations
@@ -82,10 +85,17 @@ def op_version(op: Any, g: Graph) -> int:
         return 3 if first == "float16" else (5 if per_axis else 2) if int8 else 1
     if code == "QUANTIZE":
         return 2 if first == "uint8" else 1
+    if code == "TRANSPOSE_CONV":  # inputs: output_shape, weights, input, bias
+        return 3 if len(op.inputs) > 3 and op.inputs[3] >= 0 else 2 if ins[2].dtype == "int8" else 1
+    if code == "RESIZE_BILINEAR":
+        return 3 if op.options.get("HalfPixelCenters") else 2 if int8 else 1
+    if code == "RESIZE_NEAREST_NEIGHBOR":
+        half_or_align = op.options.get("HalfPixelCenters") or op.options.get("AlignCorners")
+        return 3 if half_or_align else 2 if int8 else 1
     if code in {
         "ADD", "SUB", "MUL", "MAX_POOL_2D", "AVERAGE_POOL_2D", "SOFTMAX", "LOGISTIC", "TANH",
         "CONCATENATION", "TRANSPOSE", "PAD", "PADV2", "MEAN", "RELU", "RELU6", "LEAKY_RELU",
-        "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "LOG_SOFTMAX",
+        "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "LOG_SOFTMAX", "SPLIT", "SPLIT_V",
     }:  # fmt: skip
         return 2 if int8 else 1
     return 1
@@ -201,6 +211,11 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             raise InputError(
                 f"calibration failed ({exc})", where="--data", hint="give at least one sample"
             ) from None
+        except RuntimeError as exc:  # LiteRT refused the float file it calibrates on
+            raise InputError(
+                f"LiteRT cannot run the float model to calibrate it ({str(exc).splitlines()[0][:200]})",
+                hint="export --target cpu",
+            ) from None
         ranges.update(quant.qdq_ranges(g, qparams, complete=False))
         fallback = quant.to_int8(g, ranges, io_dtype)
         notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
@@ -213,7 +228,25 @@ def _finish(g: Graph, precision: str, notes: list[str], palettes: list[dict]) ->
     g = lower.compact(g)  # the float constants a precision replaced are gone
     for op in g.ops:
         op.version = op_version(op, g)
-    return Written(serialize(g), g, precision, notes, palettes)
+    data = serialize(g)
+    _loads(data)
+    return Written(data, g, precision, notes, palettes)
+
+
+def _loads(data: bytes) -> None:
+    """Rule 5: LiteRT loads the file (tensors allocated) or nothing is written, exit 2."""
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+    except ImportError:  # no LiteRT here: the file is written unchecked (run needs LiteRT anyway)
+        return
+    try:
+        Interpreter(model_content=data).allocate_tensors()
+    except (RuntimeError, ValueError) as exc:
+        msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise InputError(
+            f"LiteRT cannot load the file written for this model ({msg}); nothing written",
+            hint="export --target cpu",
+        ) from None
 
 
 def palette_notes(records: list[dict]) -> list[str]:

@@ -742,3 +742,369 @@ def test_int8_hard_swish_loads_in_litert_and_keeps_top1(tmp_path):
     assert ("HARD_SWISH", ["INT8"]) in ops
     got = t.load(bundle).run({"x": x[200:]})["y"]
     assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.95
+
+
+def _ort_and_litert(proto, feeds: dict[str, np.ndarray], tmp_path, name: str, **options):
+    """ONNX Runtime's outputs and the exported bundle's LiteRT outputs, sample by sample."""
+    import onnxruntime as ort
+    from mconv.targets import get_target
+
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    n = len(next(iter(feeds.values())))
+    want = [
+        np.concatenate(z)
+        for z in zip(*(sess.run(None, {k: v[i : i + 1] for k, v in feeds.items()}) for i in range(n)))
+    ]
+    t = get_target("tflite")
+    bundle = t.export(from_proto(proto), tmp_path / name, options)
+    runner = t.load(bundle)
+    outs = [runner.run({k: v[i : i + 1] for k, v in feeds.items()}) for i in range(n)]
+    got = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+    return want, got, _file_ops((bundle.root / "model.tflite").read_bytes())
+
+
+@pytest.mark.parametrize(
+    ("mode", "ctm", "nearest", "code"),
+    [
+        ("nearest", "asymmetric", "floor", "RESIZE_NEAREST_NEIGHBOR"),
+        ("nearest", "half_pixel", "round_prefer_floor", "RESIZE_NEAREST_NEIGHBOR"),
+        ("linear", "half_pixel", "", "RESIZE_BILINEAR"),
+        ("linear", "align_corners", "", "RESIZE_BILINEAR"),
+        ("linear", "asymmetric", "", "RESIZE_BILINEAR"),
+    ],
+)
+def test_split_and_resize_match_onnx_runtime(tmp_path, mode, ctm, nearest, code):
+    """A conv, an unequal Split over channels (SPLIT_V), a 2x and a 3x-by-1.5x Resize of one part
+    (the FPN upsampling of nudenet and palm detection), Concat: on real digits, against ORT."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 0.5, (5, 1, 3, 3)).astype(np.float32)
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm}
+    if nearest:
+        attrs["nearest_mode"] = nearest
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Split", ["c", "parts"], ["a", "b"], axis=1),
+            helper.make_node("Resize", ["a", "", "s2"], ["ra"], **attrs),
+            helper.make_node("Resize", ["b", "", "", "size"], ["rb"], **attrs),
+            helper.make_node("Relu", ["ra"], ["y"]),
+        ],
+        "split_resize",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 16]),
+            helper.make_tensor_value_info("rb", TensorProto.FLOAT, [1, 3, 24, 12]),
+        ],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array([2, 3], np.int64), "parts"),
+            numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s2"),
+            numpy_helper.from_array(np.array([1, 3, 24, 12], np.int64), "size"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(6)}, tmp_path, "sr")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-5)
+    np.testing.assert_allclose(got["rb"], want[1], atol=1e-5)
+    names = [op for op, _ in ops]
+    assert names.count(code) == 2 and "SPLIT_V" in names
+    assert float(np.abs(want[1]).max()) > 1.0  # the digits reach the outputs
+
+
+@pytest.mark.parametrize("ctm", ["tf_crop_and_resize", "half_pixel_symmetric"])
+def test_resize_modes_litert_cannot_express_are_refused_by_name(tmp_path, ctm):
+    from mconv.errors import UnsupportedError
+    from mconv.targets import get_target
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "Resize", ["x", "", "s"], ["y"], mode="linear", coordinate_transformation_mode=ctm
+            ),
+            helper.make_node("Resize", ["x", "", "s"], ["z"], mode="cubic", name="bicubic"),
+        ],
+        "r",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 16, 16]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 1, 16, 16]),
+        ],
+        [numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "s")],
+    )
+    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]))
+    with pytest.raises(UnsupportedError) as e:
+        get_target("tflite").export(model, tmp_path / "b", {})
+    assert f"coordinate_transformation_mode {ctm}" in str(e.value) and "mode cubic" in str(e.value)
+
+
+def test_conv1d_chain_runs_as_conv2d_without_transposes_between(tmp_path):
+    """Conv1d (strided, padded, dilated, depthwise) + BatchNorm + Relu, on digit rows read as 64-sample
+    signals: CONV_2D / DEPTHWISE_CONV_2D over a unit axis, matching ORT; full int8 keeps top-1."""
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(5)
+    w1 = rng.normal(0, 0.4, (8, 1, 5)).astype(np.float32)
+    w2 = rng.normal(0, 0.4, (8, 1, 3)).astype(np.float32)
+    w3 = rng.normal(0, 0.3, (6, 8, 3)).astype(np.float32)
+    fc = rng.normal(0, 0.3, (6 * 16, 10)).astype(np.float32)
+    bn = [np.abs(rng.normal(1, 0.2, 8)).astype(np.float32) for _ in range(4)]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[2, 2], strides=[2]),
+            helper.make_node("BatchNormalization", ["c1", "g", "b", "m", "v"], ["n1"]),
+            helper.make_node("Relu", ["n1"], ["r1"]),
+            helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[2, 2], dilations=[2], group=8),
+            helper.make_node("Conv", ["c2", "w3"], ["c3"], pads=[1, 1]),
+            helper.make_node("Relu", ["c3"], ["r3"]),
+            helper.make_node("MaxPool", ["r3"], ["p"], kernel_shape=[2], strides=[2]),
+            helper.make_node("Flatten", ["p"], ["f"]),
+            helper.make_node("MatMul", ["f", "fc"], ["y"]),
+        ],
+        "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [
+            numpy_helper.from_array(a, n)
+            for a, n in zip([w1, w2, w3, fc, *bn], ["w1", "w2", "w3", "fc", "g", "b", "m", "v"])
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(300).reshape(300, 1, 64)
+    want, got, ops = _ort_and_litert(proto, {"x": x[:40]}, tmp_path, "c1d")
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-4, atol=1e-4)
+    names = [op for op, _ in ops]
+    assert names.count("CONV_2D") == 2 and names.count("DEPTHWISE_CONV_2D") == 1
+    assert names.count("TRANSPOSE") <= 2  # in and out of the conv chain, none between
+    t = get_target("tflite")
+    fl = t.load(t.export(from_proto(proto), tmp_path / "f", {})).run({"x": x[200:]})["y"]
+    q = t.load(t.export(from_proto(proto), tmp_path / "q", {"precision": "int8", "data": {"x": x[:200]}}))
+    got8 = q.run({"x": x[200:]})["y"]
+    assert float((got8.argmax(1) == fl.argmax(1)).mean()) >= 0.95
+
+
+def test_depth_to_space_reflect_pad_sum_square_and_reciprocal_match_onnx_runtime(tmp_path):
+    """The pose/face detectors' DepthToSpace (DCR), basic-pitch's reflect Pad and
+    ReduceSumSquare, magika's Reciprocal: builtins, on real digits, against ORT."""
+    rng = np.random.default_rng(11)
+    w = rng.normal(0, 0.5, (8, 1, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect"),
+            helper.make_node("Conv", ["p", "w"], ["c"]),
+            helper.make_node("DepthToSpace", ["c"], ["d"], blocksize=2),
+            helper.make_node("ReduceSumSquare", ["d", "ax"], ["s"], keepdims=1),
+            helper.make_node("Add", ["s", "one"], ["s1"]),
+            helper.make_node("Reciprocal", ["s1"], ["y"]),
+        ],
+        "misc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 16, 1])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads"),
+            numpy_helper.from_array(np.array([3], np.int64), "ax"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(6)}, tmp_path, "misc")
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5)
+    names = [op for op, _ in ops]
+    assert {"MIRROR_PAD", "DEPTH_TO_SPACE", "SUM", "DIV"} <= set(names)
+    assert float(want[0].std()) > 1e-3  # not a constant output
+
+
+def test_softmax_over_an_inner_axis_matches_onnx_runtime(tmp_path):
+    """YOLOv8's DFL head (nudenet): Softmax over axis 1 of a [N, 4, 16, A] value, as TRANSPOSE,
+    SOFTMAX over the last axis, TRANSPOSE back; on real digits."""
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["r"]),
+            helper.make_node("Softmax", ["r"], ["y"], axis=1),
+        ],
+        "sm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 2, 8])],
+        [numpy_helper.from_array(np.array([1, 4, 2, 8], np.int64), "shape")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, _ = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "sm")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-6)
+    assert float(want[0].max()) > 0.4  # uniform over the 4 would be 0.25
+
+
+def _head_net(classes: int, softmax: bool, batch: int | str = 1, spread: float = 0.2):
+    rng = np.random.default_rng(classes)
+    w = rng.normal(0, 0.5, (8, 1, 3, 3)).astype(np.float32)
+    fc = rng.normal(0, spread, (8 * 64, classes)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Flatten", ["r"], ["f"]),
+        helper.make_node("MatMul", ["f", "fc"], ["z" if softmax else "y"]),
+    ]
+    if softmax:
+        nodes.append(helper.make_node("Softmax", ["z"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, classes])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(
+    ("classes", "softmax", "spread", "rule", "passes"),
+    [
+        (10, True, 0.2, "top1", True),  # class probabilities: top-1 agreement
+        (6, False, 0.2, "cosine", True),  # a regression head (landmarks, boxes): cosine and rel_l2
+        (1000, True, 0.2, "cosine", True),  # a peaked 1000-way softmax: its top values resolve
+        (1000, True, 0.002, "cosine", False),  # a flat one: every probability < 1/256 rounds to 0
+    ],
+)
+def test_verify_judges_a_full_int8_bundle_by_the_rule_of_each_output(
+    tmp_path, classes, softmax, spread, rule, passes
+):
+    import onnx
+    from mconv.api import verify
+
+    src = tmp_path / "m.onnx"  # the reference takes a batch; the bundle, one sample per call
+    onnx.save(_head_net(classes, softmax, "N", spread), src)
+    x = _digits(400)
+    from mconv.targets import get_target
+
+    t = get_target("tflite")
+    model = from_proto(_head_net(classes, softmax, 1, spread))
+    t.export(model, tmp_path / "b", {"precision": "int8", "data": {"x": x[:200]}})
+    np.savez(tmp_path / "test.npz", x=x[200:])
+    result = verify(src, tmp_path / "b", data=tmp_path / "test.npz")
+    out = result.report.outputs["y"]
+    assert out["gate_rule"] == rule
+    assert result.report.passed is passes, result.report.failures
+    assert "tflite int8" in result.report.gates_source
+
+
+@pytest.mark.parametrize(
+    ("pads", "output_padding", "hw"),
+    [([0, 0, 0, 0], [0, 0], [17, 17]), ([1, 0, 1, 1], [1, 1], [16, 17])],  # full: (8-1)*2+3 = 17
+)
+def test_conv_transpose_matches_onnx_runtime(tmp_path, pads, output_padding, hw):
+    """ConvTranspose (the selfie segmenter's and rapidocr det's upsampling; here 3x3, stride 2,
+    with pads and output_padding) as TRANSPOSE_CONV cut to ONNX's window; on real digits vs ORT."""
+    rng = np.random.default_rng(2)
+    w = rng.normal(0, 0.5, (1, 4, 3, 3)).astype(np.float32)
+    b = rng.normal(0, 0.5, 4).astype(np.float32)
+    node = helper.make_node(
+        "ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=pads, output_padding=output_padding
+    )
+    graph = helper.make_graph(
+        [node],
+        "ct",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, *hw])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "ct")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-5)
+    assert "TRANSPOSE_CONV" in [op for op, _ in ops]
+    assert float(np.abs(want[0]).max()) > 1.0
+
+
+def test_int8_concat_of_sigmoid_scores_and_boxes_keeps_both(tmp_path):
+    """A detector's output (nudenet's YOLOv8 head): box values in the hundreds concatenated with
+    sigmoid scores. The scores' fixed 1/256 parameters must not become the concat's (the boxes
+    would clip below 1): the scores are requantized to the concat's range; on real digits."""
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(4)
+    w = rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Mul", ["c", "k"], ["boxes"]),
+            helper.make_node("Sigmoid", ["c"], ["scores"]),
+            helper.make_node("Concat", ["boxes", "scores"], ["y"], axis=1),
+        ],
+        "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(40.0, np.float32), "k")],
+    )
+    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    x = _digits(300)
+    t = get_target("tflite")
+    want = t.load(t.export(model, tmp_path / "f", {})).run({"x": x[200:]})["y"]
+    bundle = t.export(model, tmp_path / "q", {"precision": "int8", "data": {"x": x[:200]}})
+    got = t.load(bundle).run({"x": x[200:]})["y"]
+    boxes, scores = (slice(0, 4), slice(4, 8))
+    assert float(np.abs(want[:, boxes]).max()) > 50  # the boxes' range is far beyond 1
+    assert float(np.abs(got[:, boxes] - want[:, boxes]).max()) < 0.05 * float(np.abs(want[:, boxes]).max())
+    step = (float(want[:, boxes].max()) - float(want[:, boxes].min())) / 255  # the concat's own step
+    assert float(np.abs(got[:, scores] - want[:, scores]).max()) <= step
+    ops = _file_ops((bundle.root / "model.tflite").read_bytes())
+    assert ("QUANTIZE", ["INT8"]) in ops  # the scores' requantization
+
+
+def test_a_cast_to_an_8_bit_integer_is_refused_by_name(tmp_path):
+    """LiteRT's XNNPACK refuses an unquantized UINT8 tensor at load (ORT's QOperator models cast
+    to uint8): the writer refuses the Cast by name instead of writing a file LiteRT cannot load."""
+    from mconv.errors import UnsupportedError
+    from mconv.targets import get_target
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["q"], to=TensorProto.UINT8, name="to_u8"),
+            helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT),
+        ],
+        "cast",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(UnsupportedError) as e:
+        get_target("tflite").export(model, tmp_path / "b", {})
+    assert "to_u8 (Cast(to or from uint8))" in str(e.value)
+
+
+def test_bytes_litert_cannot_load_are_refused_before_writing():
+    """The writer's last check: LiteRT loads the bytes or export stops with one InputError."""
+    from mconv.errors import InputError
+    from mconv.targets.tflite.writer import _loads
+
+    with pytest.raises(InputError, match="LiteRT cannot load the file written"):
+        _loads(b"TFL3" + bytes(64))
+
+
+def test_layer_norm_and_gather_match_onnx_runtime(tmp_path):
+    """ConvNeXt's LayerNormalization (decomposed: LiteRT has no builtin) and the LSTM rows'
+    Gather of constant indices (a scalar and a negative index), on real digits, against ORT."""
+    rng = np.random.default_rng(9)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["r"]),
+            helper.make_node("LayerNormalization", ["r", "g", "b"], ["n"], axis=-1, epsilon=1e-6),
+            helper.make_node("Gather", ["n", "rows"], ["y"], axis=1),
+            helper.make_node("Gather", ["n", "last"], ["z"], axis=1),
+        ],
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 8]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 8]),
+        ],
+        [
+            numpy_helper.from_array(np.array([1, 8, 8], np.int64), "shape"),
+            numpy_helper.from_array(rng.normal(1, 0.2, 8).astype(np.float32), "g"),
+            numpy_helper.from_array(rng.normal(0, 0.2, 8).astype(np.float32), "b"),
+            numpy_helper.from_array(np.array([0, 5, -1], np.int64), "rows"),
+            numpy_helper.from_array(np.array(-2, np.int64), "last"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "ln")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-4)
+    np.testing.assert_allclose(got["z"], want[1], atol=1e-4)
+    assert "GATHER" in [op for op, _ in ops] and float(np.abs(want[0]).max()) > 1.0
