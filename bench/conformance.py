@@ -55,7 +55,7 @@ class OnnxReferenceBackend(Backend):
 
 
 def _suite_module():
-    sys.path.insert(0, str(ROOT / "tests" / "targets" / "reference"))
+    sys.path.insert(0, str(ROOT / "tests" / "engines" / "reference"))
     import test_backend_suite  # the one place that defines the selection and expected failures
 
     return test_backend_suite

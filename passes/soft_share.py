@@ -230,8 +230,8 @@ def soft_share(
     import jax
     import jax.numpy as jnp
     from mconv.engines.xla.engine import XlaEngine, loss_value
-    from mconv.passes.finetune import _training_data, trainable_values
     from mconv.engines.xla.jit import jit
+    from mconv.passes.finetune import _training_data, trainable_values
 
     t0 = time.perf_counter()
     feeds, labels, _out, read = _training_data(model, data)

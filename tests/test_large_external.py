@@ -48,8 +48,10 @@ PASS_SPECS: dict[str, str] = {
     "blockwise": "blockwise",
     # one epoch on one sample, only the last classifier layer trained
     "finetune": "finetune(epochs=1,freeze=True,op_name={'n22':{'freeze':False}})",
+    # no training steps: the mixture's initial components, each weight snapped to its nearest mean
+    "soft-share": "soft-share(epochs=0,components=3)",
 }
-NEEDS_DATA = {"finetune"}
+NEEDS_DATA = {"finetune", "soft-share"}
 NEEDS_OPSET_21 = {"blockwise"}
 TARGETS = ("cpu", "xla", "metal", "webgpu", "weights")
 

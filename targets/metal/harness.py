@@ -105,8 +105,10 @@ def kernel_signatures(source: str) -> dict[str, list[tuple[int, bool]]]:
     return found
 
 
-def check_plan(plan: GpuPlan, source: str, label: str = "bundle") -> None:
-    """Check the plan against the kernels (see the module rules); IntegrityError names the layer."""
+def check_plan(plan: GpuPlan, source: str, label: str = "bundle", threads_per_element: int = 1) -> None:
+    """Check the plan against the kernels (see the module rules); IntegrityError names the layer.
+    ``threads_per_element``: how many threads a kernel may run per output element (1 for the
+    Metal target's own kernels; a WebGPU plan's split-K kernels run a workgroup per few)."""
     sigs = kernel_signatures(source)
     for i, layer in enumerate(plan.layers):
         where = f"metal_plan.json layer {i} ({layer.kernel})"
@@ -130,7 +132,7 @@ def check_plan(plan: GpuPlan, source: str, label: str = "bundle") -> None:
         if len(layer.grid) != 3 or min(layer.grid) < 1:
             raise bad(f"grid {layer.grid} is empty")
         out = plan.buffers[layer.bindings[-1]]
-        if int(np.prod(layer.grid)) > out.count:
+        if int(np.prod(layer.grid)) > out.count * threads_per_element:
             raise bad(f"grid {layer.grid} has more threads than output {out.name} has elements ({out.count})")
 
 
@@ -224,7 +226,7 @@ def _private_dir(parent: Path | None) -> Path:
     return Path(tempfile.mkdtemp(prefix="mconv-metal-build.", dir=parent))
 
 
-def compile_harness(plan: GpuPlan, kernels: str, label: str = "bundle") -> Path:
+def compile_harness(plan: GpuPlan, kernels: str, label: str = "bundle", threads_per_element: int = 1) -> Path:
     """Compile (or find cached) the harness binary for ``plan`` + ``kernels`` (text mconv
     generated: see the module doc); return its path."""
     cxx = find_compiler()
@@ -235,7 +237,7 @@ def compile_harness(plan: GpuPlan, kernels: str, label: str = "bundle") -> Path:
             hint="install g++ (apt-get install g++) or set MCONV_CXX; on a Mac run the Swift package",
         )
     check_directives(kernels, label)
-    check_plan(plan, kernels, label)
+    check_plan(plan, kernels, label, threads_per_element)
     runner = runner_source(plan)
     shim = SHIM.read_text()
     key = hashlib.sha256("\0".join([kernels, runner, shim, cxx, repr(FLAG_SETS)]).encode()).hexdigest()

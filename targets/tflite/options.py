@@ -9,8 +9,8 @@ from mconv.targets.base import option
 
 PRECISIONS = ("fp32", "fp16", "int8-weights", "int8")
 CALIBRATIONS = ("minmax", "percentile", "entropy")
-IO_DTYPES = ("float", "int8", "uint8")
-PALETTES = ("int8", "fp16", "float")
+IO_DTYPES = ("float32", "int8", "uint8")
+PALETTES = ("int8", "fp16", "float32")
 
 
 @dataclass(frozen=True)
@@ -18,9 +18,9 @@ class Options(Common):
     precision: str | None = option(None, help="Compute precision.", metavar="fp32|fp16|int8-weights|int8")
     data: str | None = option(None, help="Calibration samples (.npz) for int8.", metavar="NPZ")
     calibration: str | None = option(None, help="int8 range method.", metavar="minmax|percentile|entropy")
-    io_dtype: str | None = option(None, help="int8 model I/O dtype.", metavar="float|int8|uint8")
+    io_dtype: str | None = option(None, help="int8 model I/O dtype.", metavar="float32|int8|uint8")
     palette: str | None = option(
-        None, help="Clustered weights off an int8 grid stored as (default int8).", metavar="int8|fp16|float"
+        None, help="How off-grid palettes are stored.", metavar="int8|fp16|float32"
     )
     calibration_samples: int | None = None  # at most this many samples of --data (default 500)
     percentile: float | None = None  # the percentile calibration's bound (default 99.99)

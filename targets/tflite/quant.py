@@ -186,7 +186,7 @@ class _Union:
         self.parent[self.find(a)] = self.find(b)
 
 
-def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "float") -> list[str]:
+def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "float32") -> list[str]:
     """Rules 4-7 on ``g`` in place; returns the ops that fell back to float (rule 6)."""
     params: dict[int, tuple[float, int]] = {}
     union = _Union()
@@ -388,7 +388,7 @@ def names(g: Graph, indices: Sequence[int]) -> list[str]:
 
 # ---- compressed (clustered, int8-representable) weights -----------------------------------------
 
-PALETTE_MODES = ("int8", "fp16", "float")
+PALETTE_MODES = ("int8", "fp16", "float32")
 MIN_ELEMENTS = 16  # smaller weights stay as they are (the cluster pass's own floor)
 _PALETTE_AXIS = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 0}
 
@@ -432,9 +432,9 @@ def compress_palettes(g: Graph, clustered: bool, mode: str = "int8") -> list[dic
     (``clustered``) a weight with at most 256 distinct values that is not on a grid is stored as
     ``mode`` says: ``int8`` per-channel symmetric (max |w| / 127; its error is recorded), ``fp16``
     (its error recorded too)
-    or ``float``: every weight left as it is, grids included."""
+    or ``float32``: every weight left as it is, grids included."""
     records: list[dict] = []
-    if mode == "float":
+    if mode == "float32":
         return records
     heads: list[Op] = []
     seen: set[int] = set()

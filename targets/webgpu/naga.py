@@ -44,6 +44,7 @@ from mconv.bundle import Bundle, load_bundle
 from mconv.errors import InputError
 from mconv.targets.gpu.plan import GpuPlan
 from mconv.targets.metal.harness import HarnessRunner, compile_harness
+from mconv.targets.webgpu.tiled import DIRECT
 from mconv.targets.webgpu.wgsl import WORKGROUP, dispatch_size
 
 __all__ = [
@@ -215,15 +216,36 @@ _ENTRY_RE = re.compile(r"kernel void (\w+)\(\s*(.*?)\)\s*\{", re.S)
 _WGSL_BINDING_RE = re.compile(r"@binding\((\d+)\)\s*var<[^>]*>\s*(\w+)")
 
 
+def _block_end(text: str, start: int) -> int:
+    """The index just past the ``}`` that closes the ``{`` at ``start``."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    raise ValueError("an entry point of naga's MSL does not close")
+
+
 def _shim_kernel(index: int, kernel: str, wgsl: str, msl: str, storage: str, grid: list[int]) -> str:
     """naga's MSL for one kernel in namespace ``nagaN`` plus the harness-shaped adapter."""
     body = "\n".join(ln for ln in msl.splitlines() if not ln.startswith("#include"))
     for elem, name in _TYPEDEF_RE.findall(body):
         body = body.replace(f"device {name} const& ", f"device const {elem}* ")
         body = body.replace(f"device {name}& ", f"device {elem}* ")
-    entry = _ENTRY_RE.search(body)
+    entries = list(_ENTRY_RE.finditer(body))
+    # a tiled module's per-invocation entry (tiled rule 6): the harness runs invocations one by
+    # one, without workgroup memory or barriers, as a software adapter does
+    entry = next((e for e in entries if e.group(1).endswith(DIRECT)), entries[0] if entries else None)
     if entry is None:
         raise ValueError(f"no entry point in naga's MSL for {kernel}")
+    if len(entries) > 1:  # the others (workgroup memory, barriers) are not compiled
+        chosen = entry.group(1)
+        for other in reversed([e for e in entries if e.group(1) != chosen]):
+            body = body[: other.start()] + body[_block_end(body, other.end() - 1) :]
+        entry = next(e for e in _ENTRY_RE.finditer(body) if e.group(1) == chosen)
     binding = {name: int(i) for i, name in _WGSL_BINDING_RE.findall(wgsl)}
     args: list[str] = []
     sizes = ""
@@ -233,6 +255,10 @@ def _shim_kernel(index: int, kernel: str, wgsl: str, msl: str, storage: str, gri
             args.append("id")
         elif "threadgroups_per_grid" in param:
             args.append("nwg")
+        elif "threadgroup_position_in_grid" in param:
+            args.append(f"uint3{{id.x / {WORKGROUP}u, id.y, 0u}}")
+        elif "thread_index_in_threadgroup" in param:
+            args.append(f"id.x % {WORKGROUP}u")
         elif name == "_buffer_sizes":
             sizes = f"nagak{index}::_mslBufferSizes sizes = {{}};"
             args.append("sizes")
@@ -296,7 +322,7 @@ def _runner(
     label = str(bundle.root)
     if probe:
         plan = every_layer(plan)
-    exe = compile_harness(plan, source, label)
+    exe = compile_harness(plan, source, label, threads_per_element=WORKGROUP)  # as the webgpu runner
     outputs = [o["name"] for o in plan.outputs] if probe else [o.name for o in bundle.outputs]
     dtypes = {} if probe else {o.name: o.dtype for o in bundle.outputs}
     return HarnessRunner(plan, exe, weights, bundle.inputs, outputs, label, output_dtypes=dtypes)

@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 from typer.testing import CliRunner
 
 MS = "com.microsoft"
-REFERENCE_TESTS = Path(__file__).resolve().parents[1] / "reference"
+REFERENCE_TESTS = Path(__file__).resolve().parents[2] / "engines" / "reference"
 RNG = np.random.default_rng(7)
 S = np.float32
 

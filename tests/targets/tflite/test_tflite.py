@@ -106,7 +106,7 @@ def test_lenet_dynamic_range_int8_weights(lenet, lenet_float, tmp_path):
     assert (bundle.root / "model.tflite").stat().st_size < 0.3 * 1_725_000
 
 
-@pytest.mark.parametrize("io_dtype", ["float", "int8"])
+@pytest.mark.parametrize("io_dtype", ["float32", "int8"])
 def test_lenet_full_int8_keeps_top1_on_held_out_digits(lenet, tmp_path, io_dtype):
     from mconv.targets import get_target
 
@@ -591,7 +591,7 @@ def test_weights_on_an_int8_grid_are_stored_as_int8_exactly(lenet, tmp_path):
         g = (np.clip(np.round(w / view), -127, 127).astype(np.float32) * view).astype(np.float32)
         v.const_value = ir.Tensor(g, name=name)
     bundle, runner = _bundle(m, tmp_path, "grid")
-    plain, plain_runner = _bundle(m, tmp_path, "plain", palette="float")
+    plain, plain_runner = _bundle(m, tmp_path, "plain", palette="float32")
     manifest = bundle.manifest
     entries = [w for w in manifest["weights"] if "palette" in w]
     assert sorted(w["name"] for w in entries) == ["conv2.weight/int8", "ip1.weight/int8"]

@@ -61,9 +61,9 @@ def test_family_files_are_named_from_one_list():
     # every family file of xla and metal is a family the reference executor has too, and every
     # family module registers at least one op (no empty or stray family files)
     folders = {
-        "reference": ROOT / "targets" / "reference" / "ops",
-        "xla": ROOT / "targets" / "xla" / "lower",
-        "metal": ROOT / "targets" / "metal" / "kernels",
+        "reference": ROOT / "engines" / "reference" / "ops",
+        "xla": ROOT / "engines" / "xla" / "lower",
+        "metal": ROOT / "targets" / "metal" / "msl",
     }
     files = {t: {p.stem for p in f.glob("*.py")} - NOT_FAMILIES for t, f in folders.items()}
     tables = {"reference": reference_families(), "xla": xla_families(), "metal": metal_families()}
