@@ -1,4 +1,4 @@
-"""One self-contained HTML report of what ``optimize`` did and what ``verify`` found (issue 47).
+"""One self-contained HTML report of what ``optimize`` did and what ``verify`` found.
 
 Rules:
 

@@ -19,8 +19,6 @@ class Options(Common):
     data: str | None = option(None, help="Calibration samples (.npz) for int8.", metavar="NPZ")
     calibration: str | None = option(None, help="int8 range method.", metavar="minmax|percentile|entropy")
     io_dtype: str | None = option(None, help="int8 model I/O dtype.", metavar="float32|int8|uint8")
-    palette: str | None = option(
-        None, help="How off-grid palettes are stored.", metavar="int8|fp16|float32"
-    )
+    palette: str | None = option(None, help="How off-grid palettes are stored.", metavar="int8|fp16|float32")
     calibration_samples: int | None = None  # at most this many samples of --data (default 500)
     percentile: float | None = None  # the percentile calibration's bound (default 99.99)
