@@ -34,10 +34,13 @@ import os
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 from mconv.errors import InputError
+
+if TYPE_CHECKING:
+    from mconv.bundle import Bundle
 
 
 @runtime_checkable
@@ -172,3 +175,19 @@ def check_options(
                 hint=f"give --{key.replace('_', '-')} a {typ.__name__}",
             )
     return given
+
+
+def open_bundle(bundle: Bundle | str | os.PathLike, name: str) -> Bundle:
+    """``bundle`` (a :class:`mconv.bundle.Bundle` or its path) opened and checked, and checked to
+    be the target ``name``'s: a bundle for another target is one InputError naming the one to use."""
+    from mconv.bundle import Bundle, load_bundle  # noqa: F811  (at run time, not on import)
+
+    if not isinstance(bundle, Bundle):
+        bundle = load_bundle(bundle)
+    if bundle.target != name:
+        raise InputError(
+            f"bundle is for target '{bundle.target}', not '{name}'",
+            path=str(bundle.root),
+            hint=f"run it with --target {bundle.target}",
+        )
+    return bundle

@@ -53,11 +53,12 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
-from mconv.bundle import DENSE, Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
+from mconv.bundle import DENSE, Bundle, TensorSpec, provenance_from_model, write_bundle
 from mconv.container import choose_codec
 from mconv.errors import InputError
 from mconv.irio import real_inputs, to_proto
 from mconv.onnx_check import check_model
+from mconv.targets.base import open_bundle
 from mconv.targets.cpu.options import Options as Options  # the export options
 
 NAME = "cpu"
@@ -290,15 +291,8 @@ def _bundle_parts(
     bundle: Bundle | str | os.PathLike,
 ) -> tuple[Bundle, onnx.ModelProto, list[tuple[str, np.ndarray]]]:
     """The bundle, its graph proto (as stored) and its weights decoded from weights.mcw."""
-    if not isinstance(bundle, Bundle):
-        bundle = load_bundle(bundle)
+    bundle = open_bundle(bundle, NAME)
     label = str(bundle.root)
-    if bundle.target != NAME:
-        raise InputError(
-            f"bundle is for target '{bundle.target}', not '{NAME}'",
-            path=label,
-            hint=f"run it with --target {bundle.target}",
-        )
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(bundle.read_bytes(PAYLOAD))

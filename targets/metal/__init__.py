@@ -48,10 +48,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
+from mconv.bundle import Bundle, TensorSpec, provenance_from_model, write_bundle
 from mconv.errors import InputError, IntegrityError, UnsupportedError
 from mconv.fileio import load_json
 from mconv.irio import real_inputs
+from mconv.targets.base import open_bundle
 from mconv.targets.gpu.bundle import bundle_io, plan_json, plan_options, weight_spec
 from mconv.targets.gpu.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
 from mconv.targets.gpu.plan import GpuPlan
@@ -222,15 +223,8 @@ def kernels_path(plan: GpuPlan) -> str:
 
 def load(bundle: Bundle | str | os.PathLike) -> HarnessRunner:
     """A runner that runs the bundle's kernels on the CPU through the C++ harness."""
-    if not isinstance(bundle, Bundle):
-        bundle = load_bundle(bundle)
+    bundle = open_bundle(bundle, NAME)
     label = str(bundle.root)
-    if bundle.target != NAME:
-        raise InputError(
-            f"bundle is for target '{bundle.target}', not '{NAME}'",
-            path=label,
-            hint=f"run it with --target {bundle.target}",
-        )
     plan, kernels, weights = regenerate(bundle, label)
     exe = compile_harness(plan, kernels, label)
     return HarnessRunner(

@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from mconv.bundle import DENSE, Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
+from mconv.bundle import DENSE, Bundle, TensorSpec, provenance_from_model, write_bundle
 from mconv.errors import InputError
 from mconv.irio import real_inputs
+from mconv.targets.base import open_bundle
 from mconv.targets.tflite.options import Options as Options  # the export options
 
 NAME = "tflite"
@@ -214,15 +215,8 @@ def runner_for(data: bytes, label: str, inputs: list[TensorSpec] | None = None) 
 
 
 def load(bundle: Bundle | str | os.PathLike) -> TfliteRunner:
-    if not isinstance(bundle, Bundle):
-        bundle = load_bundle(bundle)
+    bundle = open_bundle(bundle, NAME)
     label = str(bundle.root)
-    if bundle.target != NAME:
-        raise InputError(
-            f"bundle is for target '{bundle.target}', not '{NAME}'",
-            path=label,
-            hint=f"run it with --target {bundle.target}",
-        )
     runner = runner_for(bundle.read_bytes(PAYLOAD), label)
     # the manifest's specs, float where the file takes int8 with float feeds quantized (rule 3)
     runner.inputs = [s for s in bundle.inputs] or runner.inputs

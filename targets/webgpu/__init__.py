@@ -51,10 +51,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-from mconv.bundle import Bundle, TensorSpec, load_bundle, provenance_from_model, write_bundle
+from mconv.bundle import Bundle, TensorSpec, provenance_from_model, write_bundle
 from mconv.errors import InputError, IntegrityError
 from mconv.fileio import load_json
 from mconv.irio import real_inputs
+from mconv.targets.base import open_bundle
 from mconv.targets.gpu.bundle import bundle_io, plan_json, plan_options, weight_spec
 from mconv.targets.gpu.graph import graph_bytes, plan_with_stored_weights, read_graph, regenerated_mismatch
 from mconv.targets.gpu.ifs import prepare_with_ifs
@@ -154,15 +155,8 @@ def regenerate(bundle: Bundle, label: str) -> tuple[GpuPlan, dict[str, str], dic
 def load(bundle: Bundle | str | os.PathLike) -> WebGPURunner:
     """A runner that runs the bundle's kernels, as mconv regenerates them, on this machine's
     WebGPU adapter."""
-    if not isinstance(bundle, Bundle):
-        bundle = load_bundle(bundle)
+    bundle = open_bundle(bundle, NAME)
     label = str(bundle.root)
-    if bundle.target != NAME:
-        raise InputError(
-            f"bundle is for target '{bundle.target}', not '{NAME}'",
-            path=label,
-            hint=f"run it with --target {bundle.target}",
-        )
     plan, sources, weights = regenerate(bundle, label)
     return WebGPURunner(
         plan,

@@ -4,7 +4,6 @@ fixed-shape batched forward, on the digits CNN and real UCI digits."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 from mconv.api.demo import fixture_path
 from mconv.engines import fast as FE
 from mconv.engines.reference.executor import Executor
@@ -34,7 +33,6 @@ def _pruned_copy(model, sparsity: float):
 
 
 def test_auto_is_xla_when_jax_imports_and_the_label_names_the_device():
-    pytest.importorskip("jax")
     assert FE.resolve_engine(None, None) == ("xla", "cpu")
     assert FE.resolve_engine("auto", "cuda") == ("xla", "cuda")
     assert FE.resolve_engine("reference", None) == ("reference", "cpu")
@@ -50,7 +48,6 @@ def test_auto_is_xla_when_jax_imports_and_the_label_names_the_device():
 
 
 def test_one_program_per_structure_runs_every_weight_set_as_the_oracle_does():
-    pytest.importorskip("jax")
     model = load_onnx(fixture_path("digits_dwcnn.onnx"))
     out = model.graph.outputs[0].name
     feeds = _digits(300)
@@ -73,7 +70,6 @@ def test_one_program_per_structure_runs_every_weight_set_as_the_oracle_does():
 
 
 def test_a_structure_change_gets_a_program_of_its_own():
-    pytest.importorskip("jax")
     model = load_onnx(fixture_path("digits_dwcnn.onnx"))
     out = model.graph.outputs[0].name
     memo: dict = {}
@@ -89,7 +85,6 @@ def test_a_structure_change_gets_a_program_of_its_own():
 
 
 def test_auto_for_the_budget_search_weighs_the_work_against_the_compiles():
-    pytest.importorskip("jax")
     lenet_stage = 2.3e6 * 750 * 20  # LeNet-5's multiply-adds a sample, 750 digits, 20 epochs
     linear_stage = 640 * 225 * 80  # a 64 -> 10 classifier on 225 digits, 80 epochs
     assert FE.auto_engine(lenet_stage) == ("xla", "cpu")

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 NOT_FAMILIES = {
     "__init__",
@@ -29,7 +27,6 @@ def reference_families() -> dict[str, str]:
 
 
 def xla_families() -> dict[str, str]:
-    pytest.importorskip("jax")
     from mconv.engines.xla.lower import REGISTRY
 
     return {op: _family(rule.fn) for op, rule in REGISTRY.items()}

@@ -149,7 +149,6 @@ def test_gemmlowp_tables_follow_the_functions():
 
 
 def test_built_int8_lstm_exports_to_xla_in_64_bit_mode(tmp_path):
-    pytest.importorskip("jax")
     rng = np.random.default_rng(13)
     data = _int8_lstm(rng, T=3, B=1, I=4, H=5, cell_clip=0.0)
     _import(tmp_path, data)

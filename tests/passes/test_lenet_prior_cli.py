@@ -7,12 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
-import pytest
-
-SHARED = Path(os.environ.get("MCONV_SHARED", Path(__file__).resolve().parents[3] / "shared"))
 
 
 def mconv(*args: str) -> subprocess.CompletedProcess:
@@ -22,12 +18,10 @@ def mconv(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_prior_pretraining_then_budget_on_lenet(tmp_path):
-    caffe = SHARED / "models" / "caffe"
+def test_prior_pretraining_then_budget_on_lenet(tmp_path, shared):
+    caffe = shared / "models" / "caffe"
     files = [caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"]
-    if not all(f.is_file() for f in files):
-        pytest.skip(f"{caffe} is missing (set MCONV_SHARED)")
-    with np.load(SHARED / "data" / "mnist5k.npz") as z:
+    with np.load(shared / "data" / "mnist5k.npz") as z:
         x, y = z["images"][:, None].astype(np.float32) / 256.0, z["labels"]
     rng = np.random.default_rng(0)
     order = rng.permutation(len(y))

@@ -3,32 +3,25 @@ rewired model computes what the masked one (those filters and biases zeroed) com
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import onnx_ir as ir
-import pytest
 from mconv.passes.base import PassContext
 from mconv.passes.pipeline import make_spec, run_pipeline, snapshot_model
 
 from tests.passes.conftest import _run_ort
 
-SHARED = Path(os.environ.get("MCONV_SHARED", Path(__file__).resolve().parents[3] / "shared"))
 
-
-def _lenet() -> ir.Model:
+def _lenet(shared: Path) -> ir.Model:
     from mconv.formats import import_model
 
-    caffe = SHARED / "models" / "caffe"
-    files = [caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"]
-    if not all(f.is_file() for f in files):
-        pytest.skip(f"{caffe} is missing (set MCONV_SHARED)")
-    return import_model([str(f) for f in files])
+    caffe = shared / "models" / "caffe"
+    return import_model([str(caffe / "lenet.prototxt"), str(caffe / "lenet_iter_10000.caffemodel")])
 
 
-def _digits(n: int) -> np.ndarray:
-    with np.load(SHARED / "data" / "mnist5k.npz") as z:
+def _digits(shared: Path, n: int) -> np.ndarray:
+    with np.load(shared / "data" / "mnist5k.npz") as z:
         return (z["images"][:n, None].astype(np.float32) / 256.0), z["labels"][:n]
 
 
@@ -38,8 +31,8 @@ def _w(model: ir.Model, name: str) -> np.ndarray:
     return np.array(value.numpy())
 
 
-def test_structured_prune_removes_filters_and_matches_the_masked_model():
-    model = _lenet()
+def test_structured_prune_removes_filters_and_matches_the_masked_model(shared):
+    model = _lenet(shared)
     # channel pruning follows the feature count through Flatten: it needs every dimension known
     model.graph.inputs[0].shape = ir.Shape([1, 1, 28, 28])
     original = snapshot_model(model)
@@ -60,7 +53,7 @@ def test_structured_prune_removes_filters_and_matches_the_masked_model():
         a = _w(masked, name)
         a[drop] = 0.0
         masked.graph.initializers[name].const_value = ir.tensor(a, name=name)
-    x, labels = _digits(100)
+    x, labels = _digits(shared, 100)
     got = np.concatenate([_run_ort(pruned, {"data": x[i : i + 1]})["prob"] for i in range(len(x))])
     want = np.concatenate([_run_ort(masked, {"data": x[i : i + 1]})["prob"] for i in range(len(x))])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

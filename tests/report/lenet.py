@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
+from tests.conftest import shared_dir  # noqa: F401  (the one place ../shared is found)
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def shared_dir() -> Path | None:
-    """../shared as tests/conftest.py finds it (MCONV_SHARED first)."""
-    env = os.environ.get("MCONV_SHARED")
-    for c in [*([Path(env)] if env else []), ROOT.parent / "shared"]:
-        if (c / "models").is_dir():
-            return c
-    return None
 
 
 def lenet_onnx(shared: Path, dest: Path) -> Path:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import jax
 import numpy as np
 import onnx
 import pytest
@@ -24,7 +25,6 @@ from mconv.passes.finetune import (
 )
 from onnx import TensorProto, helper
 
-jax = pytest.importorskip("jax")
 F = TensorProto.FLOAT
 FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[3] / "fixtures"
 
