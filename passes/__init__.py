@@ -48,8 +48,8 @@ values of the wrong type raise :class:`mconv.errors.InputError` with the valid c
 Provenance
 ----------
 :func:`run_pipeline` appends the passes it ran to ``model.metadata_props["mconv.passes"]``: a JSON
-list of ``{"name": ..., "config": {...}}`` (config with ``op_type`` / ``op_name`` overrides when
-present). Fusing passes record ``metadata_props["mconv.fused_from"]`` on the fused node: a JSON
+list of ``{"name": ..., "config": {...}}``: the options that differ from the pass's defaults in
+the recorded mconv version, with ``op_type`` / ``op_name`` overrides when present. Fusing passes record ``metadata_props["mconv.fused_from"]`` on the fused node: a JSON
 list of the names of the original nodes.
 """
 

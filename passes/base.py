@@ -289,13 +289,27 @@ class PassSpec:
         return self.pass_class.Config(**values)
 
     def as_dict(self) -> dict[str, Any]:
-        """``{"name", "config"}``; the config is the full global config plus any overrides."""
+        """``{"name", "config"}``: the global options that differ from the pass's defaults, plus
+        any overrides. Provenance is written into every model and bundle, whose bytes are the
+        user's budget (a small compressed bundle would otherwise spend more on option names than
+        on weights); the mconv version recorded beside it fixes what the defaults were."""
         config = config_as_dict(self.resolve())
+        defaults = _default_config(self.pass_class)
+        config = {k: v for k, v in config.items() if k not in defaults or defaults[k] != v}
         if self.op_type:
             config["op_type"] = {t: config_as_dict_partial(v) for t, v in sorted(self.op_type.items())}
         if self.op_name:
             config["op_name"] = {n: config_as_dict_partial(v) for n, v in sorted(self.op_name.items())}
         return {"name": self.name, "config": config}
+
+
+def _default_config(cls: type[Pass]) -> dict[str, Any]:
+    """The pass's default options as :func:`config_as_dict` writes them ({} where a field has no
+    default: then every option is recorded)."""
+    try:
+        return config_as_dict(cls.Config())
+    except TypeError:
+        return {}
 
 
 def config_as_dict_partial(values: dict[str, Any]) -> dict[str, Any]:

@@ -178,7 +178,21 @@ def test_run_pipeline_reports_counts_and_records_provenance(build):
     json.dumps([r.as_dict() for r in reports])
     history = json.loads(model.metadata_props["mconv.passes"])
     assert [h["name"] for h in history] == ["eliminate-identity", "dce"]
-    assert history[0]["config"] == {"dropout": True}
+    assert history[0]["config"] == {}  # eliminate-identity ran with its defaults
+
+
+def test_provenance_records_the_options_that_differ_from_the_defaults(build):
+    model = _two_layer_model(build)
+    model, _ = P.run_pipeline(model, P.parse_spec("eliminate-identity(dropout=false),dce"))
+    history = json.loads(model.metadata_props["mconv.passes"])
+    assert history == [
+        {"name": "eliminate-identity", "config": {"dropout": False}},
+        {"name": "dce", "config": {}},
+    ]
+    # the record replays to the very configs that ran
+    ran = P.parse_spec("eliminate-identity(dropout=false),dce")
+    for h, spec in zip(history, ran):
+        assert P.PassSpec(h["name"], h["config"]).resolve() == spec.resolve()
 
 
 def test_provenance_appends_across_runs_and_keeps_overrides(build):
