@@ -16,10 +16,15 @@ Models and data (nothing downloaded):
   target 44KB of bundle (the paper's 44 KB).
 - ``dwcnn``: the depthwise digits CNN of ``mconv.fixtures`` (``digits_dwcnn.onnx``), on the
   1,347 UCI digits it was fixtured with (``digits_train.npz``, pixels / 16), target 2KB.
+- ``mnv2``: the corpus's Keras MobileNetV2 (alpha 0.35, 96x96, ``keras-mobilenetv2-035`` of
+  bench/zoo.py, its ``model.keras`` given by ``--mnv2``), imported with ``mconv import``; data: N
+  crops of scikit-image's colour photos (seeded positions, scales and flips, 96x96, scaled to
+  [-1, 1] as Keras's MobileNetV2 takes them), no labels, so the metric is top-1 agreement with
+  the original; target 1MB of bundle (6.4x).
 
 Run: python bench/budget_scaling.py [--models lenet,dwcnn] [--samples 1000,2500,5000]
      [--engine auto] [--device cpu] [--machine "2-core CPU"] [--out bench/results/budget_scaling.md]
-     [--append] [--jobs N]
+     [--append] [--jobs N] [--mnv2 model.keras]
 
 On a loaded machine the wall seconds say little; each row's CPU seconds (the command's own, all
 its threads) do: on an idle machine of C cores the wall time is at least CPU / C.
@@ -89,7 +94,50 @@ def prepare(model: str, n: int, work: Path) -> tuple[Path, Path, str, str]:
         data = work / f"digits{n}.npz"
         np.savez(data, input=(images.astype(np.float32) / 16.0)[:, None], labels=labels)
         return fixtures / "digits_dwcnn.onnx", data, "2KB", "accuracy"
+    if model == "mnv2":
+        onnx_path = work / "mnv2.onnx"
+        if not onnx_path.exists():
+            r, _, _ = mconv("import", str(MNV2), "-o", str(onnx_path), "-q")
+            if r.returncode:
+                raise SystemExit(r.stderr)
+        data = work / f"photos{n}.npz"
+        np.savez(data, input_layer=photo_crops(n, 96))
+        return onnx_path, data, "1MB", "agreement"
     raise SystemExit(f"unknown model {model}")
+
+
+MNV2 = Path(
+    os.environ.get("MCONV_BENCH_MNV2", Path.home() / ".cache/mconv/zoo/keras-mobilenetv2-035/model.keras")
+)
+
+
+def photo_crops(n: int, size: int) -> np.ndarray:
+    """N real-photo crops, NHWC float32 in [-1, 1]: seeded positions, scales (30-100% of the
+    shorter side) and flips over scikit-image's colour photos."""
+    from skimage import data as skd
+    from skimage.transform import resize
+
+    names = (
+        "astronaut",
+        "coffee",
+        "chelsea",
+        "rocket",
+        "hubble_deep_field",
+        "retina",
+        "immunohistochemistry",
+    )
+    photos = [getattr(skd, name)()[..., :3] for name in names]
+    photos += list(skd.stereo_motorcycle()[:2])
+    rng = np.random.default_rng(0)
+    out = np.empty((n, size, size, 3), np.float32)
+    for i in range(n):
+        img = photos[i % len(photos)]
+        h, w = img.shape[:2]
+        side = int(min(h, w) * rng.uniform(0.3, 1.0))
+        y, x = rng.integers(0, h - side + 1), rng.integers(0, w - side + 1)
+        crop = resize(img[y : y + side, x : x + side], (size, size), anti_aliasing=True)  # floats in [0, 1]
+        out[i] = crop[:, ::-1] if rng.random() < 0.5 else crop
+    return out * 2.0 - 1.0
 
 
 def commit() -> str:
@@ -107,7 +155,13 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "budget_scaling.md"))
     ap.add_argument("--append", action="store_true", help="add rows to the file's table")
     ap.add_argument("--jobs", type=int, default=1, help="rows run side by side (CPU seconds stay per row)")
+    ap.add_argument(
+        "--mnv2", default=None, help="the keras-mobilenetv2-035 model.keras (bench/zoo.py builds it)"
+    )
     args = ap.parse_args()
+    if args.mnv2:
+        global MNV2
+        MNV2 = Path(args.mnv2)
     jobs = []
     with tempfile.TemporaryDirectory(prefix="budget-scaling-") as tmp:
         work = Path(tmp)
