@@ -190,15 +190,14 @@ class TfliteRunner:
 
 def runner_for(data: bytes, label: str, inputs: list[TensorSpec] | None = None) -> TfliteRunner:
     """A LiteRT runner for the bytes of a ``.tflite`` file (load rule 1)."""
-    from ai_edge_litert.interpreter import Interpreter
+    from mconv.targets.tflite.litert import open_interpreter
 
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise InputError(
             "is not a TFLite flatbuffer (no TFL3 identifier)", path=label, hint="re-export the bundle"
         )
     try:
-        interp = Interpreter(model_content=data)
-        interp.allocate_tensors()
+        interp = open_interpreter(data)
     except Exception as exc:
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InputError(

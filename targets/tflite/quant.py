@@ -30,6 +30,12 @@ Rules:
 7. Inputs and outputs stay float (QUANTIZE after each input, DEQUANTIZE before each output) unless
    ``io_dtype`` is ``int8`` or ``uint8``: then they are the codes themselves (uint8 with zero point
    + 128, through a QUANTIZE to int8).
+8. The int8 file is measured against the float one on the calibration samples (the per-output
+   rules of :mod:`mconv.targets.tflite.gate`). An output that fails and comes from a SOFTMAX or
+   LOGISTIC (through ops that keep parameters) is an int8 output LiteRT's fixed ``1/256`` step
+   cannot resolve (a 1,000-way distribution rounds to zeros): with float outputs, that op runs in
+   float on dequantized inputs and its output leaves the graph as float, and the file is measured
+   again. What still fails is said in the export's notes: the file is not silently worse.
 """
 
 from __future__ import annotations
@@ -125,12 +131,11 @@ def calibrate(
     """Rule 3: per float activation tensor of ``g`` (whose serialization is ``model``), its range."""
     import warnings
 
-    from ai_edge_litert.interpreter import Interpreter
+    from mconv.targets.tflite.litert import open_interpreter
 
     with warnings.catch_warnings():  # LiteRT calls keeping every tensor a debugging aid: it is ours
         warnings.simplefilter("ignore")
-        interp = Interpreter(model_content=model, experimental_preserve_all_tensors=True)
-    interp.allocate_tensors()
+        interp = open_interpreter(model, experimental_preserve_all_tensors=True)
     by_name = {d["name"]: d["index"] for d in interp.get_input_details()}
     watch = [i for i, t in enumerate(g.tensors) if t.data is None and t.dtype == "float32"]
     lo = {i: np.inf for i in watch}
@@ -186,8 +191,14 @@ class _Union:
         self.parent[self.find(a)] = self.find(b)
 
 
-def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "float32") -> list[str]:
-    """Rules 4-7 on ``g`` in place; returns the ops that fell back to float (rule 6)."""
+def to_int8(
+    g: Graph,
+    ranges: dict[int, tuple[float, float]],
+    io_dtype: str = "float32",
+    float_ops: frozenset[int] = frozenset(),
+) -> list[str]:
+    """Rules 4-8 on ``g`` in place; returns the ops that fell back to float (rules 6 and 8).
+    ``float_ops``: indices into ``g.ops`` kept float although they have an int8 kernel (rule 8)."""
     params: dict[int, tuple[float, int]] = {}
     union = _Union()
     fixed: dict[int, tuple[float, int]] = {}
@@ -200,8 +211,8 @@ def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "f
         if fp is not None:
             group_fixed[union.find(a)] = fp
 
-    for op in g.ops:
-        if op.code not in INT8_OPS:
+    for k, op in enumerate(g.ops):
+        if op.code not in INT8_OPS or k in float_ops:
             continue
         if op.code in ("SPLIT", "SPLIT_V"):  # inputs: axis, value / value, sizes, axis
             src = op.inputs[1] if op.code == "SPLIT" else op.inputs[0]
@@ -278,8 +289,8 @@ def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "f
         t = g.tensors[i]
         return g.add(Tensor(t.name + suffix, list(t.shape), "float32"))
 
-    for op in g.ops:
-        if op.code not in INT8_OPS:  # rule 6
+    for k, op in enumerate(g.ops):
+        if op.code not in INT8_OPS or k in float_ops:  # rules 6 and 8
             fallback.append(f"{op.label or op.code} ({op.code})")
             ins = []
             for i in op.inputs:
@@ -291,7 +302,10 @@ def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "f
                     ins.append(i)
             outs, tail = [], []
             for o in op.outputs:
-                if o in acts:
+                if o in acts and o in g.outputs and io_dtype == "float32":  # rule 8: stays float
+                    g.tensors[o].dtype, g.tensors[o].quant = "float32", None
+                    outs.append(o)
+                elif o in acts:
                     f = float_copy(o, "/float")
                     tail.append(Op("QUANTIZE", [f], [o], "QuantizeOptions"))
                     outs.append(f)

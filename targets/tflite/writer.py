@@ -26,6 +26,7 @@ Rules:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 from mconv.codecs.choose import COMPRESSION_KEY
 from mconv.errors import InputError
-from mconv.targets.tflite import lower, quant
+from mconv.targets.tflite import gate, lower, quant
 from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PALETTES, PRECISIONS
 from mconv.targets.tflite.schema import Graph, serialize
 
@@ -217,11 +218,73 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
                 hint="export --target cpu",
             ) from None
         ranges.update(quant.qdq_ranges(g, qparams, complete=False))
+        base = copy.deepcopy(g)
         fallback = quant.to_int8(g, ranges, io_dtype)
+        written = _finish(g, precision, [], palettes)
+        samples = quant._batches(
+            feeds, {base.tensors[i].name: base.tensors[i].shape for i in base.inputs}, CHECK_SAMPLES
+        )
+        records = _int8_vs_float(float_bytes, written.data, samples)
+        float_ops = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
+        if float_ops:  # quant rule 8: those outputs' softmax / logistic in float, measured again
+            g = copy.deepcopy(base)
+            fallback = quant.to_int8(g, ranges, io_dtype, float_ops)
+            written = _finish(g, precision, [], palettes)
+            records = _int8_vs_float(float_bytes, written.data, samples)
         notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
         if fallback:
-            notes.append(f"{len(fallback)} op(s) without an int8 kernel run in float: {', '.join(fallback)}")
+            kept = len(float_ops)
+            notes.append(
+                f"{len(fallback)} op(s) run in float ({len(fallback) - kept} without an int8 kernel"
+                + (f", {kept} whose int8 output could not resolve the float one" if kept else "")
+                + f"): {', '.join(fallback)}"
+            )
+        verdict = "kept" if all(r["ok"] for r in records) else "NOT kept"
+        notes.append(
+            f"int8 against float on {len(samples)} calibration sample run(s): {gate.summary(records)} "
+            f"({verdict}; rules: mconv.targets.tflite.gate; other inputs not measured)"
+        )
+        written.notes[:0] = notes
+        return written
     return _finish(g, precision, notes, palettes)
+
+
+CHECK_SAMPLES = 64  # calibration runs the int8 file is measured on (quant rule 8)
+
+
+def _int8_vs_float(float_bytes: bytes, int8_bytes: bytes, samples: list[dict[str, np.ndarray]]) -> list[dict]:
+    """Quant rule 8: each output of the int8 file against the float file's, over ``samples``."""
+    from mconv.targets.tflite import runner_for
+
+    ref, got = runner_for(float_bytes, "float"), runner_for(int8_bytes, "int8")
+    fo: dict[str, list[np.ndarray]] = {n: [] for n in ref.outputs}
+    qo: dict[str, list[np.ndarray]] = {n: [] for n in ref.outputs}
+    for feed in samples:
+        f, q = ref.run(feed), got.run(feed)
+        for n in ref.outputs:
+            fo[n].append(np.asarray(f[n], np.float64))
+            qo[n].append(np.asarray(q[n], np.float64))
+    return gate.judge(
+        [np.concatenate(qo[n]) for n in ref.outputs], [np.concatenate(fo[n]) for n in ref.outputs]
+    )
+
+
+def _unresolved_outputs(g: Graph, records: list[dict]) -> frozenset[int]:
+    """Quant rule 8: the SOFTMAX / LOGISTIC ops (indices into ``g.ops``) behind failing outputs,
+    followed back through ops that keep their input's parameters."""
+    producer = {o: k for k, op in enumerate(g.ops) for o in op.outputs}
+    found = set()
+    for out, rec in zip(g.outputs, records):
+        k = producer.get(out)
+        while k is not None and not rec["ok"]:
+            op = g.ops[k]
+            if op.code in ("SOFTMAX", "LOGISTIC"):
+                found.add(k)
+                break
+            if op.code not in quant.SAME_PARAMS or not op.inputs:
+                break
+            k = producer.get(op.inputs[0])
+    return frozenset(found)
 
 
 def _finish(g: Graph, precision: str, notes: list[str], palettes: list[dict]) -> Written:
@@ -236,11 +299,13 @@ def _finish(g: Graph, precision: str, notes: list[str], palettes: list[dict]) ->
 def _loads(data: bytes) -> None:
     """Rule 5: LiteRT loads the file (tensors allocated) or nothing is written, exit 2."""
     try:
-        from ai_edge_litert.interpreter import Interpreter
+        import ai_edge_litert.interpreter  # noqa: F401
     except ImportError:  # no LiteRT here: the file is written unchecked (run needs LiteRT anyway)
         return
+    from mconv.targets.tflite.litert import open_interpreter
+
     try:
-        Interpreter(model_content=data).allocate_tensors()
+        open_interpreter(data)
     except (RuntimeError, ValueError) as exc:
         msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise InputError(

@@ -961,7 +961,8 @@ def _head_net(classes: int, softmax: bool, batch: int | str = 1, spread: float =
         (10, True, 0.2, "top1", True),  # class probabilities: top-1 agreement
         (6, False, 0.2, "cosine", True),  # a regression head (landmarks, boxes): cosine and rel_l2
         (1000, True, 0.2, "cosine", True),  # a peaked 1000-way softmax: its top values resolve
-        (1000, True, 0.002, "cosine", False),  # a flat one: every probability < 1/256 rounds to 0
+        # a flat one: every probability < 1/256 would round to 0 in int8; the softmax runs in float
+        (1000, True, 0.002, "cosine", True),
     ],
 )
 def test_verify_judges_a_full_int8_bundle_by_the_rule_of_each_output(
@@ -1108,3 +1109,54 @@ def test_layer_norm_and_gather_match_onnx_runtime(tmp_path):
     np.testing.assert_allclose(got["y"], want[0], atol=1e-4)
     np.testing.assert_allclose(got["z"], want[1], atol=1e-4)
     assert "GATHER" in [op for op, _ in ops] and float(np.abs(want[0]).max()) > 1.0
+
+
+@pytest.mark.parametrize("io_dtype", ["float32", "int8"])
+def test_a_flat_wide_softmax_runs_in_float_and_the_export_says_what_int8_kept(tmp_path, io_dtype):
+    """Quant rule 8: the int8 file is measured against the float one on the calibration samples; a
+    1,000-way softmax whose probabilities LiteRT's fixed 1/256 step rounds to zero runs in float
+    (float outputs), and the notes say so; with int8 outputs it cannot, and the notes say NOT kept."""
+    import onnxruntime as ort
+    from mconv.targets import get_target
+
+    proto = _head_net(1000, True, 1, 0.002)
+    x = _digits(300)
+    bundle = get_target("tflite").export(
+        from_proto(proto), tmp_path / "b", {"precision": "int8", "data": {"x": x[:100]}, "io_dtype": io_dtype}
+    )
+    notes = " ".join(bundle.manifest["notes"])
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = np.concatenate([sess.run(None, {"x": x[i : i + 1]})[0] for i in range(100, 300)])
+    got = get_target("tflite").load(bundle).run({"x": x[100:300]})["y"]  # digits never calibrated on
+    cos = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want)) if got.any() else 0.0
+    rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    assert float(want.max()) < 1 / 256  # the float model's probabilities: all under int8's step
+    if io_dtype == "float32":
+        assert "whose int8 output could not resolve the float one" in notes and "(SOFTMAX)" in notes
+        assert "(kept;" in notes
+        assert cos >= 0.999 and rel <= 0.05, (cos, rel)
+    else:
+        assert "NOT kept" in notes and "could not resolve" not in notes
+        assert not got.any()  # every code is the zero probability: what int8 outputs can hold
+
+
+def test_litert_logs_nothing_on_stderr_through_the_cli(lenet, tmp_path):
+    """LiteRT's C++ log line about its CPU delegate would land on mconv's stderr at every
+    interpreter (export's load check, calibration, run): the descriptor is silenced while one opens."""
+    import subprocess
+
+    import onnx
+    from mconv.irio import to_proto
+
+    model, x, _ = lenet
+    src = tmp_path / "lenet.onnx"
+    onnx.save(to_proto(model), src)
+    np.savez(tmp_path / "calib.npz", data=x[:50])
+    runs = [
+        ["export", str(src), "--target", "tflite", "--precision", "int8", "--data", str(tmp_path / "calib.npz")]
+        + ["-o", str(tmp_path / "b"), "-q"],
+        ["run", str(tmp_path / "b"), "--data", str(tmp_path / "calib.npz"), "-o", str(tmp_path / "o.npz"), "-q"],
+    ]
+    for argv in runs:
+        r = subprocess.run([sys.executable, "-m", "mconv", *argv], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stderr == "", (argv[0], r.stderr)
