@@ -15,7 +15,8 @@ Each file runs in LiteRT (this interpreter's ``ai_edge_litert``) on the row's re
 compared with ONNX Runtime on the imported model: worst cosine over the outputs. onnx2tf writes
 NHWC inputs and may permute outputs: a 4-D input is fed transposed to its file's layout, and
 each ORT output is matched to the file output of equal size and the axis permutation giving the
-best cosine (generous to onnx2tf). Nothing is downloaded here.
+best cosine (generous to onnx2tf). Nothing is downloaded here: onnx2tf's sample images,
+which it would fetch from github.com, are 20 crops of real photos put in its working directory.
 """
 
 from __future__ import annotations
@@ -128,12 +129,14 @@ def one(name: str, work: Path) -> dict:
     ois = [f"{n}:{','.join(str(s) for s in feeds[n].shape)}" for n, _ in ins]
     t0 = time.monotonic()
     env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}"}  # its onnxsim
+    sample_data(w)  # onnx2tf's own sample images, which it would download: real photos instead
     p = subprocess.run(
         [str(VENV / "bin" / "onnx2tf"), "-i", str(imp), "-o", str(o2), "-n", "-ois", *ois],
         capture_output=True,
         text=True,
         timeout=900,
         env=env,
+        cwd=w,
     )
     row["onnx2tf_s"] = time.monotonic() - t0
     files = sorted(o2.glob("*_float32.tflite"))
@@ -151,6 +154,27 @@ def one(name: str, work: Path) -> dict:
         except Exception as exc:  # noqa: BLE001
             row["onnx2tf"] = f"converts, LiteRT: {str(exc)[:100]}"
     return row
+
+
+SAMPLE = "calibration_image_sample_data_20x128x128x3_float32.npy"
+
+
+def sample_data(where: Path) -> None:
+    """onnx2tf's test images (20 x 128 x 128 x 3 float32 in [0, 1]), which it reads from its
+    working directory or else downloads from github.com (unreachable here): 20 crops of
+    scikit-image's photos, seeded."""
+    if (where / SAMPLE).is_file():
+        return
+    rng = np.random.default_rng(0)
+    names = ("astronaut", "coffee", "chelsea", "rocket")
+    out = []
+    for i in range(20):
+        img = zoo.photo(names[i % len(names)])
+        h, w = img.shape[:2]
+        side = int(min(h, w) * rng.uniform(0.4, 1.0))
+        y, x = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+        out.append(zoo.resize(img[y : y + side, x : x + side], 128, 128).astype(np.float32) / 255.0)
+    np.save(where / SAMPLE, np.stack(out))
 
 
 def _num(v: float | int | None, spec: str) -> str:
