@@ -1018,11 +1018,6 @@ class Lowering:
         layout = self._keep_layout(xv)
         x = self.get(xv, layout)
         y = self.out(yv, layout)
-        eight = {"int8", "uint8"} & {self.g.tensors[x].dtype, self.g.tensors[y].dtype}
-        if eight:  # LiteRT's 8-bit tensors carry quantization; a bare one is refused at load
-            self.g.tensors.pop()
-            del self.at[yv.name]
-            return self.refuse(node, f"to or from {sorted(eight)[0]}")
         if self.g.tensors[x].dtype == self.g.tensors[y].dtype:
             self.g.tensors.pop()
             self.at[yv.name] = self.at[xv.name] if xv.name in self.at else {layout: x}

@@ -1048,25 +1048,57 @@ def test_int8_concat_of_sigmoid_scores_and_boxes_keeps_both(tmp_path):
     assert ("QUANTIZE", ["INT8"]) in ops  # the scores' requantization
 
 
-def test_a_cast_to_an_8_bit_integer_is_refused_by_name(tmp_path):
-    """LiteRT's XNNPACK refuses an unquantized UINT8 tensor at load (ORT's QOperator models cast
-    to uint8): the writer refuses the Cast by name instead of writing a file LiteRT cannot load."""
-    from mconv.errors import UnsupportedError
-    from mconv.targets import get_target
+def _op_versions(data: bytes) -> dict[str, set[int]]:
+    """Each builtin's versions in the file's operator codes (read with the tflite package)."""
+    import tflite
 
+    m = tflite.Model.GetRootAsModel(data, 0)
+    names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if isinstance(v, int)}
+    out: dict[str, set[int]] = {}
+    for i in range(m.OperatorCodesLength()):
+        oc = m.OperatorCodes(i)
+        out.setdefault(names[max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())], set()).add(oc.Version())
+    return out
+
+
+@pytest.mark.parametrize(
+    ("to", "offset", "version"), [(TensorProto.UINT8, 0.0, 1), (TensorProto.INT8, -120.0, 3)]
+)
+def test_a_cast_to_and_from_an_8_bit_integer_truncates_as_onnx_runtime(tmp_path, to, offset, version):
+    """ORT's dynamic quantization casts its codes to uint8 and back (person-detect's input is
+    int8): CAST with 8-bit tensors, version 3 for int8 and 1 for uint8 (op_version.cc), and the
+    float -> integer cast truncates toward zero as ONNX's does, on real digits spread over the
+    type's range with fractional parts (negative ones too for int8)."""
     graph = helper.make_graph(
         [
-            helper.make_node("Cast", ["x"], ["q"], to=TensorProto.UINT8, name="to_u8"),
+            helper.make_node("Mul", ["x", "k"], ["s"]),
+            helper.make_node("Add", ["s", "off"], ["v"]),
+            helper.make_node("Cast", ["v"], ["q"], to=to),
             helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT),
         ],
         "cast",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            numpy_helper.from_array(np.array(14.9, np.float32), "k"),
+            numpy_helper.from_array(np.array(offset + 0.7, np.float32), "off"),
+        ],
     )
-    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    with pytest.raises(UnsupportedError) as e:
-        get_target("tflite").export(model, tmp_path / "b", {})
-    assert "to_u8 (Cast(to or from uint8))" in str(e.value)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(6)
+    want, got, ops = _ort_and_litert(proto, {"x": x}, tmp_path, "cast")
+    np.testing.assert_array_equal(got["y"], want[0])
+    v = x * np.float32(14.9) + np.float32(offset + 0.7)
+    np.testing.assert_array_equal(want[0], np.trunc(v))  # truncation, not rounding
+    assert float(np.abs(v - np.round(v)).max()) > 0.4  # some values would round the other way
+    assert (v < 0).any() == (offset < 0)
+    from mconv.targets import get_target
+
+    data = (
+        get_target("tflite").export(from_proto(proto), tmp_path / "v", {}).root / "model.tflite"
+    ).read_bytes()
+    assert _op_versions(data)["CAST"] == {version}
+    assert ("CAST", ["UINT8" if to == TensorProto.UINT8 else "INT8"]) in ops
 
 
 def test_bytes_litert_cannot_load_are_refused_before_writing():
