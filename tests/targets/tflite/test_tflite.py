@@ -1140,3 +1140,122 @@ def test_layer_norm_and_gather_match_onnx_runtime(tmp_path):
     np.testing.assert_allclose(got["y"], want[0], atol=1e-4)
     np.testing.assert_allclose(got["z"], want[1], atol=1e-4)
     assert "GATHER" in [op for op, _ in ops] and float(np.abs(want[0]).max()) > 1.0
+
+
+@pytest.mark.parametrize("order", ["ts", "dynamo", "half_first", "mul_by_rsqrt2"])
+def test_exact_gelu_written_with_erf_is_one_gelu_builtin(tmp_path, order):
+    """Whisper's exact GELU, x * 0.5 * (1 + erf(x / sqrt 2)), in each order PyTorch's exporters
+    write it, is one GELU (approximate=false) that agrees with ORT on real digits; an Erf of
+    anything else is refused by name (LiteRT has no Erf builtin)."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.8, (4, 1, 3, 3)).astype(np.float32)
+    pre = (
+        helper.make_node("Mul", ["c", "rs2"], ["t"])
+        if order == "mul_by_rsqrt2"
+        else helper.make_node("Div", ["c", "s2"], ["t"])
+    )
+    tail = {
+        "ts": [helper.make_node("Mul", ["c", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])],
+        "dynamo": [helper.make_node("Mul", ["half", "a"], ["m"]), helper.make_node("Mul", ["c", "m"], ["y"])],
+        "half_first": [
+            helper.make_node("Mul", ["c", "half"], ["m"]),
+            helper.make_node("Mul", ["m", "a"], ["y"]),
+        ],
+        "mul_by_rsqrt2": [
+            helper.make_node("Mul", ["c", "a"], ["m"]),
+            helper.make_node("Mul", ["half", "m"], ["y"]),
+        ],
+    }[order]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            pre,
+            helper.make_node("Erf", ["t"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["a"]),
+            *tail,
+        ],
+        "gelu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array(np.sqrt(2), np.float32), "s2"),
+            numpy_helper.from_array(np.array(1 / np.sqrt(2), np.float32), "rs2"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "gelu")
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-6)
+    names = [op for op, _ in ops]
+    assert "GELU" in names and "MUL" not in names and "DIV" not in names
+    assert float(want[0].min()) < -0.05 and float(want[0].max()) > 1.0  # both sides of the curve
+
+    from mconv.errors import UnsupportedError
+    from mconv.targets import get_target
+
+    lone = helper.make_graph(
+        [helper.make_node("Erf", ["x"], ["y"], name="lone_erf")],
+        "erf",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    with pytest.raises(UnsupportedError, match="lone_erf"):
+        get_target("tflite").export(
+            from_proto(helper.make_model(lone, opset_imports=[helper.make_opsetid("", 17)])),
+            tmp_path / "e",
+            {},
+        )
+
+
+def test_isnan_and_a_gather_of_computed_indices_match_onnx_runtime(tmp_path):
+    """Whisper's IsNaN guard after Softmax (NOT_EQUAL(x, x)) and its token-embedding Gather of
+    run-time int64 ids, negative ids included (ONNX counts them from the end): real digit
+    pixels, some turned to NaN, and ids taken from digit pixels, against ORT."""
+    rng = np.random.default_rng(3)
+    table = rng.normal(0, 1, (17, 6)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("IsNaN", ["x"], ["nan"]),
+            helper.make_node("Where", ["nan", "zero", "x"], ["clean"]),
+            helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),
+            helper.make_node("Slice", ["ids", "s4", "s5", "s1"], ["id4"]),
+            helper.make_node("Reshape", ["id4", "scalar"], ["one_id"]),
+            helper.make_node("Gather", ["table", "one_id"], ["row"], axis=0),
+        ],
+        "nan",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8]),
+        ],
+        [
+            helper.make_tensor_value_info("nan", TensorProto.BOOL, [1, 1, 8, 8]),
+            helper.make_tensor_value_info("clean", TensorProto.FLOAT, [1, 1, 8, 8]),
+            helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, 8, 6]),
+            helper.make_tensor_value_info("row", TensorProto.FLOAT, [6]),
+        ],
+        [
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+            *(
+                numpy_helper.from_array(np.array([v], np.int64), n)
+                for n, v in (("s4", 4), ("s5", 5), ("s1", 1))
+            ),
+            numpy_helper.from_array(np.zeros(0, np.int64), "scalar"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(4)
+    x[x == 0] = np.nan  # the blank background: NaN
+    pixels = (_digits(4)[:, 0, 3, :] * 16).astype(np.int64)  # 0..16
+    ids = pixels - 8  # -8..8: negative ids count from the end
+    want, got, ops = _ort_and_litert(proto, {"x": x, "ids": ids}, tmp_path, "nan")
+    np.testing.assert_array_equal(got["nan"], want[0])
+    np.testing.assert_array_equal(got["clean"], want[1])
+    np.testing.assert_array_equal(got["emb"], want[2].reshape(got["emb"].shape))
+    np.testing.assert_array_equal(got["row"].reshape(-1), want[3].reshape(-1))
+    assert want[0].any() and not want[0].all() and (ids < 0).any() and (ids > 0).any()
+    assert (ids[:, 4] < 0).any()  # the scalar Gather sees a negative id too
+    names = [op for op, _ in ops]
+    assert {"NOT_EQUAL", "FLOOR_MOD", "GATHER"} <= set(names)
