@@ -39,6 +39,15 @@ Rules:
 9. IsNaN is NOT_EQUAL(x, x) (true exactly for NaN). Gather with indices computed at run time is
    GATHER after FLOOR_MOD by the axis length, which maps ONNX's negative indices [-n, -1] onto
    [0, n - 1] and leaves [0, n - 1] as they are (constant indices are wrapped here).
+10. An 8-bit value a QuantizeLinear made (``qdq="ops"``) keeps its quantization parameters
+   through the data movement that follows it (the layout's TRANSPOSE, RESHAPE/Flatten, slices,
+   GATHER, SPLIT, MAX_POOL_2D, DEPTH_TO_SPACE, CONCATENATION of inputs with equal parameters):
+   the codes are the same numbers, and LiteRT's XNNPACK delegate refuses an 8-bit tensor
+   without parameters (:func:`carry_quant`).
+11. A DequantizeLinear whose (scale, zero point) are not its input tensor's parameters (ORT's
+   QOperator rewrites read codes with scale 1 to compute on the centered integers, and an
+   8-bit graph input has none) is CAST of the codes to float, SUB of the zero point and MUL by
+   the scale: ONNX's ``(q - zp) * scale`` with its one rounding. DEQUANTIZE where they match.
 """
 
 from __future__ import annotations
@@ -449,6 +458,7 @@ class Lowering:
                 self.reshape_to(idx, out)
                 idx = out
             self.g.outputs.append(idx)
+        carry_quant(self.g)
         fuse_activations(self.g)
         return compact(self.g) if compacted else self.g
 
@@ -1543,12 +1553,41 @@ class Lowering:
             if producer is not None and producer.op_type == "QuantizeLinear" and self._pair(producer):
                 self.alias(yv, xv)
                 return
-        if self._qparams(node) is None:
+        q = self._qparams(node)
+        if q is None:
             return
+        scale, zp, _ = q
         layout = self._keep_layout(xv)
         x = self.get(xv, layout)
+        have = self.g.tensors[x].quant
+        if (
+            have is not None
+            and have.scale.size == 1
+            and float(have.scale[0]) == float(np.float32(scale))
+            and int(have.zero_point[0]) == zp
+        ):
+            y = self.out(yv, layout, "float32")
+            self.op("DEQUANTIZE", [x], [y], "DequantizeOptions", label=node.name)
+            return
+        # rule 11: the codes read with this node's own parameters, not the tensor's
+        name = str(yv.name)
+        shape = self.g.tensors[x].shape
+        codes = self.new(f"{name}/codes", shape)
+        self.op("CAST", [x], [codes])
+        if zp:
+            centered = self.new(f"{name}/centered", shape)
+            self.op(
+                "SUB", [codes, self.const(f"{name}/zp", np.array(zp, np.float32))], [centered], "SubOptions"
+            )
+            codes = centered
         y = self.out(yv, layout, "float32")
-        self.op("DEQUANTIZE", [x], [y], "DequantizeOptions", label=node.name)
+        self.op(
+            "MUL",
+            [codes, self.const(f"{name}/scale", np.array(scale, np.float32))],
+            [y],
+            "MulOptions",
+            label=node.name,
+        )
 
     def g_inputs(self) -> set[str]:
         return {str(v.name) for v in self.model.graph.inputs}
@@ -1570,6 +1609,35 @@ class Lowering:
             Alpha=float(self.attr(node, "alpha", 1e-4)) / size,
             Beta=float(self.attr(node, "beta", 0.75)),
         )
+
+
+_MOVES = {
+    "RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS", "STRIDED_SLICE", "SLICE", "GATHER", "SPLIT",
+    "MAX_POOL_2D", "DEPTH_TO_SPACE", "SPACE_TO_DEPTH", "BROADCAST_TO", "CONCATENATION",
+}  # fmt: skip
+
+
+def carry_quant(g: Graph) -> None:
+    """Rule 10: an 8-bit output of a data-movement op takes its 8-bit input's parameters."""
+    for op in g.ops:
+        if op.code not in _MOVES:
+            continue
+        data = [g.tensors[i] for i in (op.inputs[1:2] if op.code == "SPLIT" else op.inputs[:1])]
+        if op.code == "CONCATENATION":
+            data = [g.tensors[i] for i in op.inputs]
+        q = data[0].quant
+        if q is None or any(
+            t.quant is None
+            or t.dtype != data[0].dtype
+            or not np.array_equal(t.quant.scale, q.scale)
+            or not np.array_equal(t.quant.zero_point, q.zero_point)
+            for t in data
+        ):
+            continue
+        for i in op.outputs:
+            t = g.tensors[i]
+            if t.quant is None and t.dtype == data[0].dtype:
+                t.quant = q
 
 
 def fuse_activations(g: Graph) -> None:

@@ -1259,3 +1259,58 @@ def test_isnan_and_a_gather_of_computed_indices_match_onnx_runtime(tmp_path):
     assert (ids[:, 4] < 0).any()  # the scalar Gather sees a negative id too
     names = [op for op, _ in ops]
     assert {"NOT_EQUAL", "FLOOR_MOD", "GATHER"} <= set(names)
+
+
+def test_a_qoperator_model_from_onnx_runtime_exports_float_and_matches_it(lenet, tmp_path):
+    """LeNet-5 through ORT's quantize_static in QOperator form (QLinearConv, QLinearMatMul,
+    uint8 activations; calibrated on 100 real digits), exported at fp32: the uint8 codes keep
+    their parameters through the flatten's TRANSPOSE and RESHAPE (XNNPACK refuses an 8-bit
+    tensor without them), and a DequantizeLinear with its own (scale 1, zero point) reads the
+    codes with those, not the tensor's: the outputs match ORT's on 200 held-out digits."""
+    import onnxruntime as ort
+    from mconv.formats import import_model
+    from mconv.irio import to_proto
+    from mconv.targets import get_target
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model, x, _ = lenet
+    (tmp_path / "f.onnx").write_bytes(to_proto(model).SerializeToString())
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{"data": x[i : i + 1]} for i in range(100)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(
+        str(tmp_path / "f.onnx"),
+        str(tmp_path / "q.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QOperator,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QUInt8,
+    )
+    sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+    held = x[1000:5000:20]  # the file is sorted by label: every 20th digit spans the classes
+    out_name = sess.get_outputs()[0].name
+    want = np.concatenate([sess.run(None, {"data": held[i : i + 1]})[0] for i in range(len(held))])
+    t = get_target("tflite")
+    bundle = t.export(import_model([tmp_path / "q.onnx"]), tmp_path / "b", {})
+    runner = t.load(bundle)
+    got = np.concatenate([runner.run({"data": held[i : i + 1]})[out_name] for i in range(len(held))])
+    rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    assert rel <= 1e-3, rel
+    assert float((got.argmax(1) == want.argmax(1)).mean()) == 1.0
+    assert len(set(want.argmax(1).tolist())) >= 8  # real digits, not one class
+    import tflite
+
+    sg = tflite.Model.GetRootAsModel((bundle.root / "model.tflite").read_bytes(), 0).Subgraphs(0)
+    eight = (tflite.TensorType.UINT8, tflite.TensorType.INT8)
+    bare = [
+        sg.Tensors(i).Name().decode()
+        for i in range(sg.TensorsLength())
+        if sg.Tensors(i).Type() in eight
+        and (sg.Tensors(i).Quantization() is None or sg.Tensors(i).Quantization().ScaleLength() == 0)
+    ]
+    assert not bare, bare  # every 8-bit tensor carries its parameters
