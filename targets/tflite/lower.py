@@ -48,6 +48,12 @@ Rules:
    QOperator rewrites read codes with scale 1 to compute on the centered integers, and an
    8-bit graph input has none) is CAST of the codes to float, SUB of the zero point and MUL by
    the scale: ONNX's ``(q - zp) * scale`` with its one rounding. DEQUANTIZE where they match.
+12. With ``qdq="ops"`` (the float precisions) a QuantizeLinear read only by DequantizeLinears of
+   its parameters stays in float: DIV by the scale, ROUND (half to even, as ONNX rounds; LiteRT's
+   QUANTIZE multiplies by the scale's reciprocal, which puts values within an ulp of a half on
+   the other side of it), MAXIMUM and MINIMUM at
+   the type's range less the zero point; each DequantizeLinear is then a MUL by the scale. The
+   result is ONNX's ``(saturate(round(x / s) + zp) - zp) * s`` exactly, as ONNX Runtime computes it.
 """
 
 from __future__ import annotations
@@ -279,6 +285,7 @@ class Lowering:
         self.model = model
         self.qdq = qdq  # rule 5: "ops" (QUANTIZE/DEQUANTIZE) or "params" (pairs dropped)
         self.qparams: dict[str, tuple[float, int]] = {}  # value name -> int8 (scale, zero point)
+        self.centered: set[str] = set()  # rule 12: QuantizeLinear outputs kept as float codes - zp
         self.g = Graph()
         self.consts: dict[str, np.ndarray] = {}
         for name, v in model.graph.initializers.items():
@@ -1538,6 +1545,28 @@ class Lowering:
             return
         layout = self._keep_layout(xv)
         x = self.get(xv, layout)
+        if self.qdq == "ops" and self._pair(node):  # rule 12: ONNX's rounding, in float
+            lo, hi = (-128, 127) if dtype == "int8" else (0, 255)
+            name = str(yv.name)
+            shape = self.g.tensors[x].shape
+            steps = [
+                ("DIV", "DivOptions", scale),
+                ("ROUND", None, None),
+                ("MAXIMUM", None, lo - zp),
+                ("MINIMUM", None, hi - zp),
+            ]
+            for k, (code, opt, value) in enumerate(steps):
+                last = k == len(steps) - 1
+                t = self.out(yv, layout, "float32") if last else self.new(f"{name}/{code.lower()}", shape)
+                ins = (
+                    [x]
+                    if value is None
+                    else [x, self.const(f"{name}/{code.lower()}_by", np.array(value, np.float32))]
+                )
+                self.op(code, ins, [t], opt, label=node.name if last else "")
+                x = t
+            self.centered.add(name)
+            return
         y = self.out(yv, layout, dtype)
         from mconv.targets.tflite.schema import Quant
 
@@ -1559,6 +1588,16 @@ class Lowering:
         scale, zp, _ = q
         layout = self._keep_layout(xv)
         x = self.get(xv, layout)
+        if xv.name in self.centered:  # rule 12: the pair's codes, already centered, in float
+            y = self.out(yv, layout, "float32")
+            self.op(
+                "MUL",
+                [x, self.const(f"{yv.name}/scale", np.array(scale, np.float32))],
+                [y],
+                "MulOptions",
+                label=node.name,
+            )
+            return
         have = self.g.tensors[x].quant
         if (
             have is not None

@@ -1314,3 +1314,62 @@ def test_a_qoperator_model_from_onnx_runtime_exports_float_and_matches_it(lenet,
         and (sg.Tensors(i).Quantization() is None or sg.Tensors(i).Quantization().ScaleLength() == 0)
     ]
     assert not bare, bare  # every 8-bit tensor carries its parameters
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT8, TensorProto.UINT8])
+def test_a_float_qdq_pair_divides_by_the_scale_as_onnx_runtime(tmp_path, dtype):
+    """At fp32 a QuantizeLinear -> DequantizeLinear pair is DIV, ROUND (half to even), MAXIMUM,
+    MINIMUM, MUL: ONNX's ``round(x / s)`` exactly, where LiteRT's QUANTIZE multiplies by the
+    reciprocal of the scale and puts values within an ulp of a half on the other side. Real
+    digit pixels k / 16 mapped to (k - 7.5) * s with s = 6 / 255 (a ReLU6 scale), the halves
+    themselves, against ORT; saturation at the range's ends too."""
+    scale = np.float32(6 / 255)
+    zp = np.array(3 if dtype == TensorProto.INT8 else 130, np.int8 if dtype == TensorProto.INT8 else np.uint8)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "k"], ["v"]),
+            helper.make_node("Add", ["v", "off"], ["w"]),
+            helper.make_node("QuantizeLinear", ["w", "s", "zp"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"]),
+        ],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            numpy_helper.from_array(np.array(16 * scale, np.float32), "k"),
+            numpy_helper.from_array(np.array(-7.5 * scale, np.float32), "off"),
+            numpy_helper.from_array(np.array(scale), "s"),
+            numpy_helper.from_array(zp, "zp"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.concatenate([_digits(16), _digits(16) * np.float32(12)])  # the second half saturates
+    want, got, ops = _ort_and_litert(proto, {"x": x}, tmp_path, "qdq")
+    np.testing.assert_array_equal(got["y"], want[0])
+    w = (x * np.float32(16 * scale)).astype(np.float32) + np.float32(-7.5 * scale)
+    by_reciprocal = np.round(w * (np.float32(1) / scale))
+    assert (by_reciprocal != np.round(w / scale)).any()  # QUANTIZE's product would differ here
+    lo, hi = (-128, 127) if dtype == TensorProto.INT8 else (0, 255)
+    assert float(want[0].max()) == float(np.float32(hi - int(zp)) * scale)  # saturated
+    names = [op for op, _ in ops]
+    assert "ROUND" in names and "QUANTIZE" not in names
+
+
+def test_an_8_bit_output_of_the_model_itself_comes_back_as_its_codes(tmp_path):
+    """person-detect's imported graph ends in a QuantizeLinear (int8 output): at fp32 the
+    bundle's run gives the int8 codes ORT gives, not their dequantized values."""
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"])],
+        "qout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("q", TensorProto.INT8, [1, 1, 8, 8])],
+        [
+            numpy_helper.from_array(np.array(0.125, np.float32), "s"),
+            numpy_helper.from_array(np.array(-5, np.int8), "zp"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, _ = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "qout")
+    assert got["q"].dtype == np.int8
+    np.testing.assert_array_equal(got["q"], want[0])
+    assert len(np.unique(want[0])) > 8
