@@ -29,7 +29,8 @@ Rules:
    DEQUANTIZE and a QUANTIZE: a per-layer float fallback, named in the export's notes.
 7. Inputs and outputs stay float (QUANTIZE after each input, DEQUANTIZE before each output) unless
    ``io_dtype`` is ``int8`` or ``uint8``: then they are the codes themselves (uint8 with zero point
-   + 128, through a QUANTIZE to int8).
+   + 128, through a QUANTIZE to int8). An 8-bit input or output of the model itself (its codes,
+   no quantization parameters: an imported int8 file's input that the graph casts) stays as it is.
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def calibrate(
         interp = Interpreter(model_content=model, experimental_preserve_all_tensors=True)
     interp.allocate_tensors()
     by_name = {d["name"]: d["index"] for d in interp.get_input_details()}
+    dtypes = {d["name"]: d["dtype"] for d in interp.get_input_details()}  # an int8 input stays int8
     watch = [i for i, t in enumerate(g.tensors) if t.data is None and t.dtype == "float32"]
     lo = {i: np.inf for i in watch}
     hi = {i: -np.inf for i in watch}
@@ -143,7 +145,7 @@ def calibrate(
         raise ValueError("no calibration sample")
     for feed in runs:
         for name, arr in feed.items():
-            interp.set_tensor(by_name[name], np.ascontiguousarray(arr, np.float32))
+            interp.set_tensor(by_name[name], np.ascontiguousarray(arr, dtypes[name]))
         interp.invoke()
         for i in watch:
             a = interp.get_tensor(i).ravel()
@@ -346,7 +348,7 @@ def _io(g: Graph, io_dtype: str) -> None:
     rewire: dict[int, int] = {}
     for i in g.inputs:
         t = g.tensors[i]
-        if t.dtype != "int8" or io_dtype == "int8":
+        if t.dtype != "int8" or io_dtype == "int8" or t.quant is None:  # None: the model's own codes
             continue
         q = g.add(Tensor(t.name + "/int8", list(t.shape), "int8", None, t.quant))
         rewire[i] = q
@@ -361,7 +363,7 @@ def _io(g: Graph, io_dtype: str) -> None:
         op.inputs = [rewire.get(i, i) for i in op.inputs]
     for o in g.outputs:
         t = g.tensors[o]
-        if t.dtype != "int8" or io_dtype == "int8":
+        if t.dtype != "int8" or io_dtype == "int8" or t.quant is None:
             continue
         q = g.add(Tensor(t.name + "/int8", list(t.shape), "int8", None, t.quant))
         for op in g.ops:
