@@ -101,8 +101,11 @@ def op_version(op: Any, g: Graph) -> int:
         "ADD", "SUB", "MUL", "MAX_POOL_2D", "AVERAGE_POOL_2D", "SOFTMAX", "LOGISTIC", "TANH",
         "CONCATENATION", "TRANSPOSE", "PAD", "PADV2", "MEAN", "RELU", "RELU6", "LEAKY_RELU",
         "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "LOG_SOFTMAX", "SPLIT", "SPLIT_V",
+        "NOT_EQUAL",
     }:  # fmt: skip
         return 2 if int8 else 1
+    if code == "GELU":
+        return 2 if first in ("int8", "uint8") else 1
     return 1
 
 
