@@ -264,6 +264,14 @@ def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "f
                 Quant(scale.astype(np.float32), np.zeros(scale.size, np.int64)),
             )
         else:  # per tensor, given or own parameters
+            if not np.isfinite(a).all():  # e.g. a -inf attention mask: no int8 code holds it
+                from mconv.errors import UnsupportedError
+
+                raise UnsupportedError(
+                    [(t.name, "constant holding inf or NaN (no int8 code for it)")],
+                    what="tensor",
+                    hint="export at --precision fp32, fp16 or int8-weights",
+                )
             s, z = role[1] if role[0] == "params" else affine(float(a.min()), float(a.max()))
             q = np.clip(np.round(a.astype(np.float64) / s) + z, -128, 127).astype(np.int8)
             new = Tensor(

@@ -1409,3 +1409,35 @@ def test_full_int8_of_a_model_with_an_int8_input_calibrates_on_its_codes(tmp_pat
     cos = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
     assert cos >= 0.999, cos
     assert _file_ops((bundle.root / "model.tflite").read_bytes())[0] == ("CAST", ["INT8"])
+
+
+def test_full_int8_refuses_a_constant_holding_inf_by_name(tmp_path):
+    """Whisper's folded causal mask (-inf above the diagonal) added before a Softmax: no int8
+    code holds -inf, so full int8 stops with one line naming the constant (exit 2), not an
+    internal error; fp32 runs it and matches ORT on real digits."""
+    from mconv.errors import UnsupportedError
+    from mconv.targets import get_target
+
+    mask = np.triu(np.full((8, 8), -np.inf, np.float32), 1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["r"]),
+            helper.make_node("Add", ["r", "mask"], ["m"]),
+            helper.make_node("Softmax", ["m"], ["y"], axis=-1),
+        ],
+        "mask",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])],
+        [
+            numpy_helper.from_array(np.array([1, 8, 8], np.int64), "shape"),
+            numpy_helper.from_array(mask, "mask"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(6)
+    want, got, _ = _ort_and_litert(proto, {"x": x}, tmp_path, "f")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-6)
+    with pytest.raises(UnsupportedError, match="mask.*inf"):
+        get_target("tflite").export(
+            from_proto(proto), tmp_path / "q", {"precision": "int8", "data": {"x": x}}
+        )
