@@ -18,6 +18,9 @@ Rules:
    tensor, symmetric; biases int32 with ``scale = input_scale * weight_scale`` and zero point 0
    (LiteRT's requirements). Other constants read by an int8 op: int8 per tensor from their own
    range, or the range of the op's input where the op needs equal parameters.
+   A constant holding inf, NaN or magnitudes over :data:`HUGE` (an attention mask of -inf or
+   of float32's lowest) is refused by name: no int8 step holds it, and LiteRT aborts the
+   process on the scale ratios it would give.
 5. LiteRT's int8 kernels fix some parameters: SOFTMAX and LOGISTIC output ``1/256, -128``, TANH
    ``1/128, 0``, LOG_SOFTMAX ``16/256, 127``; RESHAPE, TRANSPOSE, pools, PAD(V2), CONCATENATION,
    MAXIMUM/MINIMUM, REDUCE_MAX and STRIDED_SLICE take and give one set of parameters, so their
@@ -264,11 +267,13 @@ def to_int8(g: Graph, ranges: dict[int, tuple[float, float]], io_dtype: str = "f
                 Quant(scale.astype(np.float32), np.zeros(scale.size, np.int64)),
             )
         else:  # per tensor, given or own parameters
-            if not np.isfinite(a).all():  # e.g. a -inf attention mask: no int8 code holds it
+            if not np.isfinite(a).all() or float(np.abs(a).max(initial=0)) > HUGE:
+                # an attention mask of -inf or float32's lowest: no int8 step holds it and the
+                # rest (LiteRT aborts on the scale ratios it gives)
                 from mconv.errors import UnsupportedError
 
                 raise UnsupportedError(
-                    [(t.name, "constant holding inf or NaN (no int8 code for it)")],
+                    [(t.name, f"constant holding inf, NaN or values over {HUGE:g} (no int8 step for it)")],
                     what="tensor",
                     hint="export at --precision fp32, fp16 or int8-weights",
                 )
@@ -399,6 +404,7 @@ def names(g: Graph, indices: Sequence[int]) -> list[str]:
 # ---- compressed (clustered, int8-representable) weights -----------------------------------------
 
 PALETTE_MODES = ("int8", "fp16", "float32")
+HUGE = 1e30  # a constant beyond this magnitude is a mask, not a value int8 can step over
 MIN_ELEMENTS = 16  # smaller weights stay as they are (the cluster pass's own floor)
 _PALETTE_AXIS = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 0}
 
