@@ -22,7 +22,9 @@ Load rules:
 2. A feed whose leading dimension is a multiple of the file's batch runs as that many
    invocations, the outputs concatenated (a batch-1 file verifies on a whole data set).
 3. A float feed for an int8/uint8 input is quantized with the input's parameters, and an
-   int8/uint8 output is returned dequantized (``run``) so that it compares with the reference;
+   int8/uint8 output of a full-int8 file is returned dequantized (``run``) so that it compares
+   with the float reference; an output that is int8/uint8 in the model itself (a float-precision
+   file of a quantized model, whose reference gives codes) comes back as its codes.
    ``run_codes`` returns the integer codes as LiteRT gives them.
 """
 
@@ -122,6 +124,7 @@ class TfliteRunner:
     label: str = "model"
     _in: dict[str, dict] = field(default_factory=dict, repr=False)
     _out: dict[str, dict] = field(default_factory=dict, repr=False)
+    codes_out: set[str] = field(default_factory=set)  # load rule 3: the model's own 8-bit outputs
 
     def _feed(self, name: str, arr: np.ndarray) -> np.ndarray:
         d = self._in[name]
@@ -183,7 +186,9 @@ class TfliteRunner:
         for n, a in codes.items():
             scale, zp = self._out[n]["quantization"]
             out[n] = (
-                ((a.astype(np.float32) - zp) * np.float32(scale)) if a.dtype.kind in "iu" and scale > 0 else a
+                ((a.astype(np.float32) - zp) * np.float32(scale))
+                if a.dtype.kind in "iu" and scale > 0 and n not in self.codes_out
+                else a
             )
         return out
 
@@ -219,6 +224,8 @@ def load(bundle: Bundle | str | os.PathLike) -> TfliteRunner:
     runner = runner_for(bundle.read_bytes(PAYLOAD), label)
     # the manifest's specs, float where the file takes int8 with float feeds quantized (rule 3)
     runner.inputs = [s for s in bundle.inputs] or runner.inputs
+    if bundle.options.get("precision", "fp32") != "int8":  # 8-bit outputs are the model's own
+        runner.codes_out = {s.name for s in bundle.outputs if s.dtype in ("int8", "uint8")}
     return runner
 
 
@@ -226,7 +233,12 @@ def load_model(model: ir.Model, label: str = "model") -> TfliteRunner:
     """A LiteRT runner for a bare IR model, written at fp32 in memory."""
     from mconv.targets.tflite.writer import build
 
-    return runner_for(build(model).data, label, [TensorSpec.from_value(v) for v in real_inputs(model.graph)])
+    runner = runner_for(
+        build(model).data, label, [TensorSpec.from_value(v) for v in real_inputs(model.graph)]
+    )
+    eight = (ir.DataType.INT8, ir.DataType.UINT8)
+    runner.codes_out = {str(v.name) for v in model.graph.outputs if v.dtype in eight}
+    return runner
 
 
 name = NAME

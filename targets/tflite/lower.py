@@ -32,6 +32,28 @@ Rules:
    coordinate_transformation_mode (and nearest_mode) samples, checked index by index on the
    model's own sizes (:func:`resize_flags`); a mode no pair reproduces (e.g. cubic,
    tf_crop_and_resize, or round_prefer_ceil where it differs) is refused by name.
+8. Exact GELU written out with Erf (``x * 0.5 * (1 + erf(x / sqrt(2)))``, the halving and the
+   product in any order, as PyTorch's exporters write ``nn.GELU``) is one GELU builtin with
+   ``approximate=false`` (:func:`gelu_patterns`): each intermediate value must be read only by
+   the next step. LiteRT has no Erf builtin: an Erf outside this pattern is refused by name.
+9. IsNaN is NOT_EQUAL(x, x) (true exactly for NaN). Gather with indices computed at run time is
+   GATHER after FLOOR_MOD by the axis length, which maps ONNX's negative indices [-n, -1] onto
+   [0, n - 1] and leaves [0, n - 1] as they are (constant indices are wrapped here).
+10. An 8-bit value a QuantizeLinear made (``qdq="ops"``) keeps its quantization parameters
+   through the data movement that follows it (the layout's TRANSPOSE, RESHAPE/Flatten, slices,
+   GATHER, SPLIT, MAX_POOL_2D, DEPTH_TO_SPACE, CONCATENATION of inputs with equal parameters):
+   the codes are the same numbers, and LiteRT's XNNPACK delegate refuses an 8-bit tensor
+   without parameters (:func:`carry_quant`).
+11. A DequantizeLinear whose (scale, zero point) are not its input tensor's parameters (ORT's
+   QOperator rewrites read codes with scale 1 to compute on the centered integers, and an
+   8-bit graph input has none) is CAST of the codes to float, SUB of the zero point and MUL by
+   the scale: ONNX's ``(q - zp) * scale`` with its one rounding. DEQUANTIZE where they match.
+12. With ``qdq="ops"`` (the float precisions) a QuantizeLinear read only by DequantizeLinears of
+   its parameters stays in float: DIV by the scale, ROUND (half to even, as ONNX rounds; LiteRT's
+   QUANTIZE multiplies by the scale's reciprocal, which puts values within an ulp of a half on
+   the other side of it), MAXIMUM and MINIMUM at
+   the type's range less the zero point; each DequantizeLinear is then a MUL by the scale. The
+   result is ONNX's ``(saturate(round(x / s) + zp) - zp) * s`` exactly, as ONNX Runtime computes it.
 """
 
 from __future__ import annotations
@@ -180,11 +202,90 @@ def resize_flags(
     return None
 
 
+def _scalar(value: Any) -> float | None:
+    """A constant scalar's value (any rank of one element), or None."""
+    const = value.const_value if value is not None else None
+    if const is None:
+        return None
+    a = const.numpy()
+    return float(a.reshape(())) if a.size == 1 and a.dtype.kind == "f" else None
+
+
+def _near(got: float | None, want: float) -> bool:
+    return got is not None and abs(got - want) <= 1e-6 * abs(want)
+
+
+def _other(node: Any, value: Any) -> Any:
+    """The input of a binary ``node`` that is not ``value`` (None unless exactly one is)."""
+    a, b = node.inputs[0], node.inputs[1]
+    return b if a is value and b is not value else a if b is value and a is not value else None
+
+
+def _sole_reader(value: Any) -> Any:
+    """The one node reading ``value`` (None if it has several readers or is a graph output)."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return None
+    return uses[0][0] if isinstance(uses[0], tuple) else uses[0].node
+
+
+def gelu_patterns(graph: Any) -> dict[int, tuple[Any, Any, list[Any]]]:
+    """Rule 8: per Erf node's id, (x, the GELU's output value, the pattern's nodes)."""
+    found: dict[int, tuple[Any, Any, list[Any]]] = {}
+    half, root2 = 0.5, float(np.sqrt(np.float64(2.0)))
+    for erf in graph:
+        if erf.op_type != "Erf" or erf.domain not in ("", "ai.onnx"):
+            continue
+        scaled = erf.inputs[0]
+        pre = scaled.producer() if scaled is not None else None
+        if pre is None or _sole_reader(scaled) is not erf or len(pre.inputs) != 2:
+            continue
+        if pre.op_type == "Div" and _near(_scalar(pre.inputs[1]), root2):
+            x = pre.inputs[0]
+        elif pre.op_type == "Mul" and _near(_scalar(pre.inputs[1]), 1 / root2):
+            x = pre.inputs[0]
+        elif pre.op_type == "Mul" and _near(_scalar(pre.inputs[0]), 1 / root2):
+            x = pre.inputs[1]
+        else:
+            continue
+        add = _sole_reader(erf.outputs[0])
+        if add is None or add.op_type != "Add" or not _near(_scalar(_other(add, erf.outputs[0])), 1.0):
+            continue
+        m1 = _sole_reader(add.outputs[0])
+        if m1 is None or m1.op_type != "Mul":
+            continue
+        partner = _other(m1, add.outputs[0])
+        nodes = [pre, erf, add, m1]
+        if partner is x:  # (x * a) * 0.5
+            m2 = _sole_reader(m1.outputs[0])
+            if m2 is None or m2.op_type != "Mul" or not _near(_scalar(_other(m2, m1.outputs[0])), half):
+                continue
+            nodes.append(m2)
+            out = m2.outputs[0]
+        elif _near(_scalar(partner), half):  # x * (a * 0.5)
+            m2 = _sole_reader(m1.outputs[0])
+            if m2 is None or m2.op_type != "Mul" or _other(m2, m1.outputs[0]) is not x:
+                continue
+            nodes.append(m2)
+            out = m2.outputs[0]
+        else:  # (x * 0.5) * a
+            h = partner.producer() if partner is not None else None
+            if h is None or h.op_type != "Mul" or _sole_reader(partner) is not m1:
+                continue
+            if _other(h, x) is None or not _near(_scalar(_other(h, x)), half):
+                continue
+            nodes.append(h)
+            out = m1.outputs[0]
+        found[id(erf)] = (x, out, nodes)
+    return found
+
+
 class Lowering:
     def __init__(self, model: ir.Model, qdq: str = "ops") -> None:
         self.model = model
         self.qdq = qdq  # rule 5: "ops" (QUANTIZE/DEQUANTIZE) or "params" (pairs dropped)
         self.qparams: dict[str, tuple[float, int]] = {}  # value name -> int8 (scale, zero point)
+        self.centered: set[str] = set()  # rule 12: QuantizeLinear outputs kept as float codes - zp
         self.g = Graph()
         self.consts: dict[str, np.ndarray] = {}
         for name, v in model.graph.initializers.items():
@@ -196,10 +297,24 @@ class Lowering:
         self.const_cache: dict[tuple, int] = {}
         self.unsupported: list[tuple[str, str]] = []
         self.consumers: dict[str, list[ir.Node]] = {}
+        # rule 8: the last node of each GELU pattern emits it; the pattern's other nodes vanish
+        self.gelu_at: dict[int, tuple[Any, Any]] = {}
+        self.skip: set[int] = set()
+        for x, out, nodes in gelu_patterns(model.graph).values():
+            last = max(nodes, key=lambda n: self._order(model.graph, n))
+            self.gelu_at[id(last)] = (x, out)
+            self.skip.update(id(n) for n in nodes)
         for node in model.graph:
             for i in node.inputs:
                 if i is not None:
                     self.consumers.setdefault(str(i.name), []).append(node)
+
+    @staticmethod
+    def _order(graph: Any, node: Any) -> int:
+        for k, n in enumerate(graph):
+            if n is node:
+                return k
+        raise AssertionError("node not in graph")
 
     # ---- values
     def layout_of(self, name: str) -> str:
@@ -315,6 +430,11 @@ class Lowering:
             self.g.inputs.append(idx)
             self.at[str(v.name)] = {"orig": idx}
         for node in g:
+            if id(node) in self.gelu_at:
+                self._fused_gelu(node, *self.gelu_at[id(node)])
+                continue
+            if id(node) in self.skip:
+                continue
             handler: Callable[[ir.Node], None] | None = getattr(self, f"_{node.op_type}", None)
             if node.domain not in ("", "ai.onnx") or handler is None:
                 self.unsupported.append((show(node.name or node.outputs[0].name), node.op_type))
@@ -345,6 +465,7 @@ class Lowering:
                 self.reshape_to(idx, out)
                 idx = out
             self.g.outputs.append(idx)
+        carry_quant(self.g)
         fuse_activations(self.g)
         return compact(self.g) if compacted else self.g
 
@@ -1018,11 +1139,6 @@ class Lowering:
         layout = self._keep_layout(xv)
         x = self.get(xv, layout)
         y = self.out(yv, layout)
-        eight = {"int8", "uint8"} & {self.g.tensors[x].dtype, self.g.tensors[y].dtype}
-        if eight:  # LiteRT's 8-bit tensors carry quantization; a bare one is refused at load
-            self.g.tensors.pop()
-            del self.at[yv.name]
-            return self.refuse(node, f"to or from {sorted(eight)[0]}")
         if self.g.tensors[x].dtype == self.g.tensors[y].dtype:
             self.g.tensors.pop()
             self.at[yv.name] = self.at[xv.name] if xv.name in self.at else {layout: x}
@@ -1111,19 +1227,33 @@ class Lowering:
         )
 
     def _Gather(self, node: Any) -> None:
-        """GATHER with constant indices (negative ones wrapped), in ONNX's layout."""
+        """GATHER in ONNX's layout; negative indices wrapped (constant ones here, computed ones
+        by FLOOR_MOD: rule 9)."""
         xv, iv = node.inputs[0], node.inputs[1]
-        if not self.is_const(iv):
-            return self.refuse(node, "indices not constant")
         dims = _static(xv)
         axis = int(self.attr(node, "axis", 0)) % len(dims)
-        idx = self.consts[iv.name].astype(np.int64)
-        idx = np.where(idx < 0, idx + dims[axis], idx).astype(np.int32)
         x = self.get(xv, "orig")
+        name = str(node.outputs[0].name)
+        if self.is_const(iv):
+            idx = self.consts[iv.name].astype(np.int64)
+            idx = np.where(idx < 0, idx + dims[axis], idx).astype(np.int32)
+            ind = self.const(f"{name}/indices", idx.reshape(-1) if idx.ndim == 0 else idx)
+            scalar = idx.ndim == 0
+        else:
+            if iv.dtype not in (ir.DataType.INT32, ir.DataType.INT64):
+                return self.refuse(node, f"indices of type {iv.dtype}")
+            dtype = "int64" if iv.dtype == ir.DataType.INT64 else "int32"
+            shape = _static(iv)
+            scalar = not shape
+            raw = self.get(iv, "orig")
+            if scalar:
+                raw = self.reshape(raw, [1], f"{name}/index")
+            ind = self.new(f"{name}/wrapped", shape or [1], dtype)
+            n = self.const(f"{name}/axis_len", np.array(dims[axis], dtype))
+            self.op("FLOOR_MOD", [raw, n], [ind])
         y = self.out(node.outputs[0], "orig")
-        ind = self.const(f"{node.outputs[0].name}/indices", idx.reshape(-1) if idx.ndim == 0 else idx)
-        if idx.ndim == 0:  # a scalar index: gather one, then drop the axis
-            one = self.new(f"{node.outputs[0].name}/one", [*dims[:axis], 1, *dims[axis + 1 :]])
+        if scalar:  # a scalar index: gather one, then drop the axis
+            one = self.new(f"{name}/one", [*dims[:axis], 1, *dims[axis + 1 :]], self.g.tensors[x].dtype)
             self.op("GATHER", [x, ind], [one], "GatherOptions", Axis=axis, BatchDims=0)
             self.reshape_to(one, y)
             return
@@ -1180,6 +1310,21 @@ class Lowering:
     def _Gelu(self, node: Any) -> None:
         approx = self.attr(node, "approximate", "none")
         self._unary(node, "GELU", "GeluOptions", Approximate=approx in ("tanh", b"tanh"))
+
+    def _fused_gelu(self, node: Any, xv: Any, yv: Any) -> None:
+        """Rule 8: one GELU (approximate=false) from ``x`` to the pattern's output."""
+        layout = self._elementwise_layout(xv)
+        x = self.get(xv, layout)
+        y = self.out(yv, layout)
+        self.op("GELU", [x], [y], "GeluOptions", label=node.name, Approximate=False)
+
+    def _IsNaN(self, node: Any) -> None:
+        """Rule 9: NOT_EQUAL(x, x)."""
+        xv = node.inputs[0]
+        layout = self._elementwise_layout(xv)
+        x = self.get(xv, layout)
+        y = self.out(node.outputs[0], layout, "bool")
+        self.op("NOT_EQUAL", [x, x], [y], label=node.name)
 
     def _Clip(self, node: Any) -> None:
         lo, hi = self.attr(node, "min", None), self.attr(node, "max", None)
@@ -1400,6 +1545,28 @@ class Lowering:
             return
         layout = self._keep_layout(xv)
         x = self.get(xv, layout)
+        if self.qdq == "ops" and self._pair(node):  # rule 12: ONNX's rounding, in float
+            lo, hi = (-128, 127) if dtype == "int8" else (0, 255)
+            name = str(yv.name)
+            shape = self.g.tensors[x].shape
+            steps = [
+                ("DIV", "DivOptions", scale),
+                ("ROUND", None, None),
+                ("MAXIMUM", None, lo - zp),
+                ("MINIMUM", None, hi - zp),
+            ]
+            for k, (code, opt, value) in enumerate(steps):
+                last = k == len(steps) - 1
+                t = self.out(yv, layout, "float32") if last else self.new(f"{name}/{code.lower()}", shape)
+                ins = (
+                    [x]
+                    if value is None
+                    else [x, self.const(f"{name}/{code.lower()}_by", np.array(value, np.float32))]
+                )
+                self.op(code, ins, [t], opt, label=node.name if last else "")
+                x = t
+            self.centered.add(name)
+            return
         y = self.out(yv, layout, dtype)
         from mconv.targets.tflite.schema import Quant
 
@@ -1415,12 +1582,51 @@ class Lowering:
             if producer is not None and producer.op_type == "QuantizeLinear" and self._pair(producer):
                 self.alias(yv, xv)
                 return
-        if self._qparams(node) is None:
+        q = self._qparams(node)
+        if q is None:
             return
+        scale, zp, _ = q
         layout = self._keep_layout(xv)
         x = self.get(xv, layout)
+        if xv.name in self.centered:  # rule 12: the pair's codes, already centered, in float
+            y = self.out(yv, layout, "float32")
+            self.op(
+                "MUL",
+                [x, self.const(f"{yv.name}/scale", np.array(scale, np.float32))],
+                [y],
+                "MulOptions",
+                label=node.name,
+            )
+            return
+        have = self.g.tensors[x].quant
+        if (
+            have is not None
+            and have.scale.size == 1
+            and float(have.scale[0]) == float(np.float32(scale))
+            and int(have.zero_point[0]) == zp
+        ):
+            y = self.out(yv, layout, "float32")
+            self.op("DEQUANTIZE", [x], [y], "DequantizeOptions", label=node.name)
+            return
+        # rule 11: the codes read with this node's own parameters, not the tensor's
+        name = str(yv.name)
+        shape = self.g.tensors[x].shape
+        codes = self.new(f"{name}/codes", shape)
+        self.op("CAST", [x], [codes])
+        if zp:
+            centered = self.new(f"{name}/centered", shape)
+            self.op(
+                "SUB", [codes, self.const(f"{name}/zp", np.array(zp, np.float32))], [centered], "SubOptions"
+            )
+            codes = centered
         y = self.out(yv, layout, "float32")
-        self.op("DEQUANTIZE", [x], [y], "DequantizeOptions", label=node.name)
+        self.op(
+            "MUL",
+            [codes, self.const(f"{name}/scale", np.array(scale, np.float32))],
+            [y],
+            "MulOptions",
+            label=node.name,
+        )
 
     def g_inputs(self) -> set[str]:
         return {str(v.name) for v in self.model.graph.inputs}
@@ -1442,6 +1648,35 @@ class Lowering:
             Alpha=float(self.attr(node, "alpha", 1e-4)) / size,
             Beta=float(self.attr(node, "beta", 0.75)),
         )
+
+
+_MOVES = {
+    "RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS", "STRIDED_SLICE", "SLICE", "GATHER", "SPLIT",
+    "MAX_POOL_2D", "DEPTH_TO_SPACE", "SPACE_TO_DEPTH", "BROADCAST_TO", "CONCATENATION",
+}  # fmt: skip
+
+
+def carry_quant(g: Graph) -> None:
+    """Rule 10: an 8-bit output of a data-movement op takes its 8-bit input's parameters."""
+    for op in g.ops:
+        if op.code not in _MOVES:
+            continue
+        data = [g.tensors[i] for i in (op.inputs[1:2] if op.code == "SPLIT" else op.inputs[:1])]
+        if op.code == "CONCATENATION":
+            data = [g.tensors[i] for i in op.inputs]
+        q = data[0].quant
+        if q is None or any(
+            t.quant is None
+            or t.dtype != data[0].dtype
+            or not np.array_equal(t.quant.scale, q.scale)
+            or not np.array_equal(t.quant.zero_point, q.zero_point)
+            for t in data
+        ):
+            continue
+        for i in op.outputs:
+            t = g.tensors[i]
+            if t.quant is None and t.dtype == data[0].dtype:
+                t.quant = q
 
 
 def fuse_activations(g: Graph) -> None:

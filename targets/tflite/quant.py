@@ -18,6 +18,9 @@ Rules:
    tensor, symmetric; biases int32 with ``scale = input_scale * weight_scale`` and zero point 0
    (LiteRT's requirements). Other constants read by an int8 op: int8 per tensor from their own
    range, or the range of the op's input where the op needs equal parameters.
+   A constant holding inf, NaN or magnitudes over :data:`HUGE` (an attention mask of -inf or
+   of float32's lowest) is refused by name: no int8 step holds it, and LiteRT aborts the
+   process on the scale ratios it would give.
 5. LiteRT's int8 kernels fix some parameters: SOFTMAX and LOGISTIC output ``1/256, -128``, TANH
    ``1/128, 0``, LOG_SOFTMAX ``16/256, 127``; RESHAPE, TRANSPOSE, pools, PAD(V2), CONCATENATION,
    MAXIMUM/MINIMUM, REDUCE_MAX and STRIDED_SLICE take and give one set of parameters, so their
@@ -29,7 +32,8 @@ Rules:
    DEQUANTIZE and a QUANTIZE: a per-layer float fallback, named in the export's notes.
 7. Inputs and outputs stay float (QUANTIZE after each input, DEQUANTIZE before each output) unless
    ``io_dtype`` is ``int8`` or ``uint8``: then they are the codes themselves (uint8 with zero point
-   + 128, through a QUANTIZE to int8).
+   + 128, through a QUANTIZE to int8). An 8-bit input or output of the model itself (its codes,
+   no quantization parameters: an imported int8 file's input that the graph casts) stays as it is.
 8. The int8 file is measured against the float one on the calibration samples (the per-output
    rules of :mod:`mconv.targets.tflite.gate`). An output that fails and comes from a SOFTMAX or
    LOGISTIC (through ops that keep parameters) is an int8 output LiteRT's fixed ``1/256`` step
@@ -137,6 +141,7 @@ def calibrate(
         warnings.simplefilter("ignore")
         interp = open_interpreter(model, experimental_preserve_all_tensors=True)
     by_name = {d["name"]: d["index"] for d in interp.get_input_details()}
+    dtypes = {d["name"]: d["dtype"] for d in interp.get_input_details()}  # an int8 input stays int8
     watch = [i for i, t in enumerate(g.tensors) if t.data is None and t.dtype == "float32"]
     lo = {i: np.inf for i in watch}
     hi = {i: -np.inf for i in watch}
@@ -148,7 +153,7 @@ def calibrate(
         raise ValueError("no calibration sample")
     for feed in runs:
         for name, arr in feed.items():
-            interp.set_tensor(by_name[name], np.ascontiguousarray(arr, np.float32))
+            interp.set_tensor(by_name[name], np.ascontiguousarray(arr, dtypes[name]))
         interp.invoke()
         for i in watch:
             a = interp.get_tensor(i).ravel()
@@ -273,6 +278,16 @@ def to_int8(
                 Quant(scale.astype(np.float32), np.zeros(scale.size, np.int64)),
             )
         else:  # per tensor, given or own parameters
+            if not np.isfinite(a).all() or float(np.abs(a).max(initial=0)) > HUGE:
+                # an attention mask of -inf or float32's lowest: no int8 step holds it and the
+                # rest (LiteRT aborts on the scale ratios it gives)
+                from mconv.errors import UnsupportedError
+
+                raise UnsupportedError(
+                    [(t.name, f"constant holding inf, NaN or values over {HUGE:g} (no int8 step for it)")],
+                    what="tensor",
+                    hint="export at --precision fp32, fp16 or int8-weights",
+                )
             s, z = role[1] if role[0] == "params" else affine(float(a.min()), float(a.max()))
             q = np.clip(np.round(a.astype(np.float64) / s) + z, -128, 127).astype(np.int8)
             new = Tensor(
@@ -360,7 +375,7 @@ def _io(g: Graph, io_dtype: str) -> None:
     rewire: dict[int, int] = {}
     for i in g.inputs:
         t = g.tensors[i]
-        if t.dtype != "int8" or io_dtype == "int8":
+        if t.dtype != "int8" or io_dtype == "int8" or t.quant is None:  # None: the model's own codes
             continue
         q = g.add(Tensor(t.name + "/int8", list(t.shape), "int8", None, t.quant))
         rewire[i] = q
@@ -375,7 +390,7 @@ def _io(g: Graph, io_dtype: str) -> None:
         op.inputs = [rewire.get(i, i) for i in op.inputs]
     for o in g.outputs:
         t = g.tensors[o]
-        if t.dtype != "int8" or io_dtype == "int8":
+        if t.dtype != "int8" or io_dtype == "int8" or t.quant is None:
             continue
         q = g.add(Tensor(t.name + "/int8", list(t.shape), "int8", None, t.quant))
         for op in g.ops:
@@ -403,6 +418,7 @@ def names(g: Graph, indices: Sequence[int]) -> list[str]:
 # ---- compressed (clustered, int8-representable) weights -----------------------------------------
 
 PALETTE_MODES = ("int8", "fp16", "float32")
+HUGE = 1e30  # a constant beyond this magnitude is a mask, not a value int8 can step over
 MIN_ELEMENTS = 16  # smaller weights stay as they are (the cluster pass's own floor)
 _PALETTE_AXIS = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 0}
 

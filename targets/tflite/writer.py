@@ -86,6 +86,11 @@ def op_version(op: Any, g: Graph) -> int:
         return 3 if first == "float16" else (5 if per_axis else 2) if int8 else 1
     if code == "QUANTIZE":
         return 2 if first == "uint8" else 1
+    if code == "CAST":  # int8 on either side: 3; uint8 (and the rest mconv writes): 1
+        out = g.tensors[op.outputs[0]].dtype
+        if "float16" in (first, out):
+            return 5
+        return 3 if "int8" in (first, out) else 1
     if code == "TRANSPOSE_CONV":  # inputs: output_shape, weights, input, bias
         return 3 if len(op.inputs) > 3 and op.inputs[3] >= 0 else 2 if ins[2].dtype == "int8" else 1
     if code == "RESIZE_BILINEAR":
@@ -97,8 +102,11 @@ def op_version(op: Any, g: Graph) -> int:
         "ADD", "SUB", "MUL", "MAX_POOL_2D", "AVERAGE_POOL_2D", "SOFTMAX", "LOGISTIC", "TANH",
         "CONCATENATION", "TRANSPOSE", "PAD", "PADV2", "MEAN", "RELU", "RELU6", "LEAKY_RELU",
         "MAXIMUM", "MINIMUM", "REDUCE_MAX", "STRIDED_SLICE", "LOG_SOFTMAX", "SPLIT", "SPLIT_V",
+        "NOT_EQUAL",
     }:  # fmt: skip
         return 2 if int8 else 1
+    if code == "GELU":
+        return 2 if first in ("int8", "uint8") else 1
     return 1
 
 

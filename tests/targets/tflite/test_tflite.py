@@ -1049,25 +1049,57 @@ def test_int8_concat_of_sigmoid_scores_and_boxes_keeps_both(tmp_path):
     assert ("QUANTIZE", ["INT8"]) in ops  # the scores' requantization
 
 
-def test_a_cast_to_an_8_bit_integer_is_refused_by_name(tmp_path):
-    """LiteRT's XNNPACK refuses an unquantized UINT8 tensor at load (ORT's QOperator models cast
-    to uint8): the writer refuses the Cast by name instead of writing a file LiteRT cannot load."""
-    from mconv.errors import UnsupportedError
-    from mconv.targets import get_target
+def _op_versions(data: bytes) -> dict[str, set[int]]:
+    """Each builtin's versions in the file's operator codes (read with the tflite package)."""
+    import tflite
 
+    m = tflite.Model.GetRootAsModel(data, 0)
+    names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if isinstance(v, int)}
+    out: dict[str, set[int]] = {}
+    for i in range(m.OperatorCodesLength()):
+        oc = m.OperatorCodes(i)
+        out.setdefault(names[max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())], set()).add(oc.Version())
+    return out
+
+
+@pytest.mark.parametrize(
+    ("to", "offset", "version"), [(TensorProto.UINT8, 0.0, 1), (TensorProto.INT8, -120.0, 3)]
+)
+def test_a_cast_to_and_from_an_8_bit_integer_truncates_as_onnx_runtime(tmp_path, to, offset, version):
+    """ORT's dynamic quantization casts its codes to uint8 and back (person-detect's input is
+    int8): CAST with 8-bit tensors, version 3 for int8 and 1 for uint8 (op_version.cc), and the
+    float -> integer cast truncates toward zero as ONNX's does, on real digits spread over the
+    type's range with fractional parts (negative ones too for int8)."""
     graph = helper.make_graph(
         [
-            helper.make_node("Cast", ["x"], ["q"], to=TensorProto.UINT8, name="to_u8"),
+            helper.make_node("Mul", ["x", "k"], ["s"]),
+            helper.make_node("Add", ["s", "off"], ["v"]),
+            helper.make_node("Cast", ["v"], ["q"], to=to),
             helper.make_node("Cast", ["q"], ["y"], to=TensorProto.FLOAT),
         ],
         "cast",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            numpy_helper.from_array(np.array(14.9, np.float32), "k"),
+            numpy_helper.from_array(np.array(offset + 0.7, np.float32), "off"),
+        ],
     )
-    model = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    with pytest.raises(UnsupportedError) as e:
-        get_target("tflite").export(model, tmp_path / "b", {})
-    assert "to_u8 (Cast(to or from uint8))" in str(e.value)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(6)
+    want, got, ops = _ort_and_litert(proto, {"x": x}, tmp_path, "cast")
+    np.testing.assert_array_equal(got["y"], want[0])
+    v = x * np.float32(14.9) + np.float32(offset + 0.7)
+    np.testing.assert_array_equal(want[0], np.trunc(v))  # truncation, not rounding
+    assert float(np.abs(v - np.round(v)).max()) > 0.4  # some values would round the other way
+    assert (v < 0).any() == (offset < 0)
+    from mconv.targets import get_target
+
+    data = (
+        get_target("tflite").export(from_proto(proto), tmp_path / "v", {}).root / "model.tflite"
+    ).read_bytes()
+    assert _op_versions(data)["CAST"] == {version}
+    assert ("CAST", ["UINT8" if to == TensorProto.UINT8 else "INT8"]) in ops
 
 
 def test_bytes_litert_cannot_load_are_refused_before_writing():
@@ -1153,10 +1185,330 @@ def test_litert_logs_nothing_on_stderr_through_the_cli(lenet, tmp_path):
     onnx.save(to_proto(model), src)
     np.savez(tmp_path / "calib.npz", data=x[:50])
     runs = [
-        ["export", str(src), "--target", "tflite", "--precision", "int8", "--data", str(tmp_path / "calib.npz")]
+        [
+            "export",
+            str(src),
+            "--target",
+            "tflite",
+            "--precision",
+            "int8",
+            "--data",
+            str(tmp_path / "calib.npz"),
+        ]
         + ["-o", str(tmp_path / "b"), "-q"],
-        ["run", str(tmp_path / "b"), "--data", str(tmp_path / "calib.npz"), "-o", str(tmp_path / "o.npz"), "-q"],
+        [
+            "run",
+            str(tmp_path / "b"),
+            "--data",
+            str(tmp_path / "calib.npz"),
+            "-o",
+            str(tmp_path / "o.npz"),
+            "-q",
+        ],
     ]
     for argv in runs:
         r = subprocess.run([sys.executable, "-m", "mconv", *argv], capture_output=True, text=True)
         assert r.returncode == 0 and r.stderr == "", (argv[0], r.stderr)
+
+
+@pytest.mark.parametrize("order", ["ts", "dynamo", "half_first", "mul_by_rsqrt2"])
+def test_exact_gelu_written_with_erf_is_one_gelu_builtin(tmp_path, order):
+    """Whisper's exact GELU, x * 0.5 * (1 + erf(x / sqrt 2)), in each order PyTorch's exporters
+    write it, is one GELU (approximate=false) that agrees with ORT on real digits; an Erf of
+    anything else is refused by name (LiteRT has no Erf builtin)."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.8, (4, 1, 3, 3)).astype(np.float32)
+    pre = (
+        helper.make_node("Mul", ["c", "rs2"], ["t"])
+        if order == "mul_by_rsqrt2"
+        else helper.make_node("Div", ["c", "s2"], ["t"])
+    )
+    tail = {
+        "ts": [helper.make_node("Mul", ["c", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["y"])],
+        "dynamo": [helper.make_node("Mul", ["half", "a"], ["m"]), helper.make_node("Mul", ["c", "m"], ["y"])],
+        "half_first": [
+            helper.make_node("Mul", ["c", "half"], ["m"]),
+            helper.make_node("Mul", ["m", "a"], ["y"]),
+        ],
+        "mul_by_rsqrt2": [
+            helper.make_node("Mul", ["c", "a"], ["m"]),
+            helper.make_node("Mul", ["half", "m"], ["y"]),
+        ],
+    }[order]
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+            pre,
+            helper.make_node("Erf", ["t"], ["e"]),
+            helper.make_node("Add", ["e", "one"], ["a"]),
+            *tail,
+        ],
+        "gelu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(np.array(np.sqrt(2), np.float32), "s2"),
+            numpy_helper.from_array(np.array(1 / np.sqrt(2), np.float32), "rs2"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+            numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, ops = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "gelu")
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-6)
+    names = [op for op, _ in ops]
+    assert "GELU" in names and "MUL" not in names and "DIV" not in names
+    assert float(want[0].min()) < -0.05 and float(want[0].max()) > 1.0  # both sides of the curve
+
+    from mconv.errors import UnsupportedError
+    from mconv.targets import get_target
+
+    lone = helper.make_graph(
+        [helper.make_node("Erf", ["x"], ["y"], name="lone_erf")],
+        "erf",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    with pytest.raises(UnsupportedError, match="lone_erf"):
+        get_target("tflite").export(
+            from_proto(helper.make_model(lone, opset_imports=[helper.make_opsetid("", 17)])),
+            tmp_path / "e",
+            {},
+        )
+
+
+def test_isnan_and_a_gather_of_computed_indices_match_onnx_runtime(tmp_path):
+    """Whisper's IsNaN guard after Softmax (NOT_EQUAL(x, x)) and its token-embedding Gather of
+    run-time int64 ids, negative ids included (ONNX counts them from the end): real digit
+    pixels, some turned to NaN, and ids taken from digit pixels, against ORT."""
+    rng = np.random.default_rng(3)
+    table = rng.normal(0, 1, (17, 6)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("IsNaN", ["x"], ["nan"]),
+            helper.make_node("Where", ["nan", "zero", "x"], ["clean"]),
+            helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0),
+            helper.make_node("Slice", ["ids", "s4", "s5", "s1"], ["id4"]),
+            helper.make_node("Reshape", ["id4", "scalar"], ["one_id"]),
+            helper.make_node("Gather", ["table", "one_id"], ["row"], axis=0),
+        ],
+        "nan",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 8]),
+        ],
+        [
+            helper.make_tensor_value_info("nan", TensorProto.BOOL, [1, 1, 8, 8]),
+            helper.make_tensor_value_info("clean", TensorProto.FLOAT, [1, 1, 8, 8]),
+            helper.make_tensor_value_info("emb", TensorProto.FLOAT, [1, 8, 6]),
+            helper.make_tensor_value_info("row", TensorProto.FLOAT, [6]),
+        ],
+        [
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+            *(
+                numpy_helper.from_array(np.array([v], np.int64), n)
+                for n, v in (("s4", 4), ("s5", 5), ("s1", 1))
+            ),
+            numpy_helper.from_array(np.zeros(0, np.int64), "scalar"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(4)
+    x[x == 0] = np.nan  # the blank background: NaN
+    pixels = (_digits(4)[:, 0, 3, :] * 16).astype(np.int64)  # 0..16
+    ids = pixels - 8  # -8..8: negative ids count from the end
+    want, got, ops = _ort_and_litert(proto, {"x": x, "ids": ids}, tmp_path, "nan")
+    np.testing.assert_array_equal(got["nan"], want[0])
+    np.testing.assert_array_equal(got["clean"], want[1])
+    np.testing.assert_array_equal(got["emb"], want[2].reshape(got["emb"].shape))
+    np.testing.assert_array_equal(got["row"].reshape(-1), want[3].reshape(-1))
+    assert want[0].any() and not want[0].all() and (ids < 0).any() and (ids > 0).any()
+    assert (ids[:, 4] < 0).any()  # the scalar Gather sees a negative id too
+    names = [op for op, _ in ops]
+    assert {"NOT_EQUAL", "FLOOR_MOD", "GATHER"} <= set(names)
+
+
+def test_a_qoperator_model_from_onnx_runtime_exports_float_and_matches_it(lenet, tmp_path):
+    """LeNet-5 through ORT's quantize_static in QOperator form (QLinearConv, QLinearMatMul,
+    uint8 activations; calibrated on 100 real digits), exported at fp32: the uint8 codes keep
+    their parameters through the flatten's TRANSPOSE and RESHAPE (XNNPACK refuses an 8-bit
+    tensor without them), and a DequantizeLinear with its own (scale 1, zero point) reads the
+    codes with those, not the tensor's: the outputs match ORT's on 200 held-out digits."""
+    import onnxruntime as ort
+    from mconv.formats import import_model
+    from mconv.irio import to_proto
+    from mconv.targets import get_target
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    model, x, _ = lenet
+    (tmp_path / "f.onnx").write_bytes(to_proto(model).SerializeToString())
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{"data": x[i : i + 1]} for i in range(100)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(
+        str(tmp_path / "f.onnx"),
+        str(tmp_path / "q.onnx"),
+        Reader(),
+        quant_format=QuantFormat.QOperator,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QUInt8,
+    )
+    sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+    held = x[1000:5000:20]  # the file is sorted by label: every 20th digit spans the classes
+    out_name = sess.get_outputs()[0].name
+    want = np.concatenate([sess.run(None, {"data": held[i : i + 1]})[0] for i in range(len(held))])
+    t = get_target("tflite")
+    bundle = t.export(import_model([tmp_path / "q.onnx"]), tmp_path / "b", {})
+    runner = t.load(bundle)
+    got = np.concatenate([runner.run({"data": held[i : i + 1]})[out_name] for i in range(len(held))])
+    rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
+    assert rel <= 1e-3, rel
+    assert float((got.argmax(1) == want.argmax(1)).mean()) == 1.0
+    assert len(set(want.argmax(1).tolist())) >= 8  # real digits, not one class
+    import tflite
+
+    sg = tflite.Model.GetRootAsModel((bundle.root / "model.tflite").read_bytes(), 0).Subgraphs(0)
+    eight = (tflite.TensorType.UINT8, tflite.TensorType.INT8)
+    bare = [
+        sg.Tensors(i).Name().decode()
+        for i in range(sg.TensorsLength())
+        if sg.Tensors(i).Type() in eight
+        and (sg.Tensors(i).Quantization() is None or sg.Tensors(i).Quantization().ScaleLength() == 0)
+    ]
+    assert not bare, bare  # every 8-bit tensor carries its parameters
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT8, TensorProto.UINT8])
+def test_a_float_qdq_pair_divides_by_the_scale_as_onnx_runtime(tmp_path, dtype):
+    """At fp32 a QuantizeLinear -> DequantizeLinear pair is DIV, ROUND (half to even), MAXIMUM,
+    MINIMUM, MUL: ONNX's ``round(x / s)`` exactly, where LiteRT's QUANTIZE multiplies by the
+    reciprocal of the scale and puts values within an ulp of a half on the other side. Real
+    digit pixels k / 16 mapped to (k - 7.5) * s with s = 6 / 255 (a ReLU6 scale), the halves
+    themselves, against ORT; saturation at the range's ends too."""
+    scale = np.float32(6 / 255)
+    zp = np.array(3 if dtype == TensorProto.INT8 else 130, np.int8 if dtype == TensorProto.INT8 else np.uint8)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Mul", ["x", "k"], ["v"]),
+            helper.make_node("Add", ["v", "off"], ["w"]),
+            helper.make_node("QuantizeLinear", ["w", "s", "zp"], ["q"]),
+            helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["y"]),
+        ],
+        "qdq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [
+            numpy_helper.from_array(np.array(16 * scale, np.float32), "k"),
+            numpy_helper.from_array(np.array(-7.5 * scale, np.float32), "off"),
+            numpy_helper.from_array(np.array(scale), "s"),
+            numpy_helper.from_array(zp, "zp"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.concatenate([_digits(16), _digits(16) * np.float32(12)])  # the second half saturates
+    want, got, ops = _ort_and_litert(proto, {"x": x}, tmp_path, "qdq")
+    np.testing.assert_array_equal(got["y"], want[0])
+    w = (x * np.float32(16 * scale)).astype(np.float32) + np.float32(-7.5 * scale)
+    by_reciprocal = np.round(w * (np.float32(1) / scale))
+    assert (by_reciprocal != np.round(w / scale)).any()  # QUANTIZE's product would differ here
+    lo, hi = (-128, 127) if dtype == TensorProto.INT8 else (0, 255)
+    assert float(want[0].max()) == float(np.float32(hi - int(zp)) * scale)  # saturated
+    names = [op for op, _ in ops]
+    assert "ROUND" in names and "QUANTIZE" not in names
+
+
+def test_an_8_bit_output_of_the_model_itself_comes_back_as_its_codes(tmp_path):
+    """person-detect's imported graph ends in a QuantizeLinear (int8 output): at fp32 the
+    bundle's run gives the int8 codes ORT gives, not their dequantized values."""
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"])],
+        "qout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("q", TensorProto.INT8, [1, 1, 8, 8])],
+        [
+            numpy_helper.from_array(np.array(0.125, np.float32), "s"),
+            numpy_helper.from_array(np.array(-5, np.int8), "zp"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    want, got, _ = _ort_and_litert(proto, {"x": _digits(4)}, tmp_path, "qout")
+    assert got["q"].dtype == np.int8
+    np.testing.assert_array_equal(got["q"], want[0])
+    assert len(np.unique(want[0])) > 8
+
+
+def test_full_int8_of_a_model_with_an_int8_input_calibrates_on_its_codes(tmp_path):
+    """person-detect's imported graph takes int8 codes and casts them: full int8 calibrates by
+    feeding the codes as int8 (not float) and leaves that input as the model has it (it has no
+    quantization parameters to convert with); the result tracks ORT on real digits."""
+    import onnxruntime as ort
+    from mconv.targets import get_target
+
+    rng = np.random.default_rng(4)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["xf", "s"], ["v"]),
+            helper.make_node("Conv", ["v", "w"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["y"]),
+        ],
+        "i8in",
+        [helper.make_tensor_value_info("x", TensorProto.INT8, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [
+            numpy_helper.from_array(np.array(1 / 64, np.float32), "s"),
+            numpy_helper.from_array(rng.normal(0, 0.5, (4, 1, 3, 3)).astype(np.float32), "w"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    codes = (_digits(40) * 127).astype(np.int8)
+    t = get_target("tflite")
+    bundle = t.export(from_proto(proto), tmp_path / "q", {"precision": "int8", "data": {"x": codes[:20]}})
+    runner = t.load(bundle)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = np.concatenate([sess.run(None, {"x": codes[i : i + 1]})[0] for i in range(20, 40)])
+    got = np.concatenate([runner.run({"x": codes[i : i + 1]})["y"] for i in range(20, 40)])
+    cos = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
+    assert cos >= 0.999, cos
+    assert _file_ops((bundle.root / "model.tflite").read_bytes())[0] == ("CAST", ["INT8"])
+
+
+@pytest.mark.parametrize("fill", [-np.inf, float(np.finfo(np.float32).min)])
+def test_full_int8_refuses_a_constant_holding_inf_by_name(tmp_path, fill):
+    """Whisper's folded causal mask (-inf, or float32's lowest, above the diagonal) added before
+    a Softmax: no int8 step holds it (LiteRT aborts the process on the scale ratios float32's
+    lowest gives), so full int8 stops with one line naming the constant (exit 2); fp32 runs it
+    and matches ORT on real digits."""
+    from mconv.errors import UnsupportedError
+    from mconv.targets import get_target
+
+    mask = np.triu(np.full((8, 8), fill, np.float32), 1)
+    graph = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "shape"], ["r"]),
+            helper.make_node("Add", ["r", "mask"], ["m"]),
+            helper.make_node("Softmax", ["m"], ["y"], axis=-1),
+        ],
+        "mask",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])],
+        [
+            numpy_helper.from_array(np.array([1, 8, 8], np.int64), "shape"),
+            numpy_helper.from_array(mask, "mask"),
+        ],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(6)
+    want, got, _ = _ort_and_litert(proto, {"x": x}, tmp_path, "f")
+    np.testing.assert_allclose(got["y"], want[0], atol=1e-6)
+    with pytest.raises(UnsupportedError, match="mask.*(inf|over)"):
+        get_target("tflite").export(
+            from_proto(proto), tmp_path / "q", {"precision": "int8", "data": {"x": x}}
+        )
