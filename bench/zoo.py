@@ -123,7 +123,8 @@ WEBGPU16_COSINE = 0.999  # issue 17 item 5: f16 storage (the adapter's shader-f1
 REF_REL = 5e-3
 TARGET_REL = {"cpu": 1e-3, "xla": 1e-2, "metal": 3e-2, "webgpu": 1e-2, "webgpu16": 3e-2, "tflite": 1e-3}
 TFLITE_COSINE = 0.9999  # issue 46 item 4: float LiteRT against ORT on the imported model
-# full int8 (tflite-int8, calibrated on the row's own feeds): each output judged by the rule of
+# full int8 (tflite-int8, calibrated on 16 other inputs of the row's kind, ``calibration_feeds``, where
+# the kind has them, else on the row's own feeds; the cell says which): each output judged by the rule of
 # mconv.targets.tflite.gate (top-1 agreement >= 0.99 for probability vectors of <= 256 classes,
 # else cosine >= 0.99 and relative L2 error <= 0.15), the rule recorded in the cell
 # lavapipe runs WGSL on the CPU (ResNet-50: about 4 minutes warm on 2 idle cores): the webgpu
@@ -867,9 +868,41 @@ def missing_tools(tools: list[str]) -> list[str]:
     return [t for t in tools if not have[t]]
 
 
+# Calibration inputs (the tflite-int8 stage): variant 0 is the row's own feeds, the ones every stage
+# is judged on; variants 1..N build the same kind of input from other sources (other photos and
+# crops, other sentences spoken and rendered, other digits), so full int8 is calibrated on inputs
+# it is then not judged on. ``make_feeds`` reads the variant set by ``calibration_feeds``.
+_VARIANT = 0
+CALIBRATION_PHOTOS = ("coffee", "chelsea", "rocket", "astronaut", "immunohistochemistry", "hubble_deep_field")
+CALIBRATION_SENTENCES = (
+    "Pack my box with five dozen liquor jugs.",
+    "How vexingly quick daft zebras jump!",
+    "Sphinx of black quartz, judge my vow.",
+    "The five boxing wizards jump quickly at noon.",
+    "Bright vixens jump; dozy fowl quack loudly.",
+    "We measured 42 apples and 17 pears on Tuesday.",
+    "Open the door, then turn left at the station.",
+    "Quantized models run faster on small phones.",
+)
+
+
 def photo(which: str = "astronaut") -> np.ndarray:
     """A real photo, uint8 HxWx3: scikit-image's bundled samples; without scikit-image, a scene
-    drawn with PIL (sky, ground, a face-like disc with eyes and mouth, a house, text)."""
+    drawn with PIL (sky, ground, a face-like disc with eyes and mouth, a house, text). A
+    calibration variant (``_VARIANT`` > 0) gives a seeded crop (60-100% of the shorter side) of
+    another photo than ``which``."""
+    if _VARIANT:
+        others = [n for n in CALIBRATION_PHOTOS if n != which]
+        img = _photo(others[(_VARIANT - 1) % len(others)])
+        rng = np.random.default_rng(_VARIANT)
+        h, w = img.shape[:2]
+        side = int(min(h, w) * rng.uniform(0.6, 1.0))
+        y, x = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
+        return resize(img[y : y + side, x : x + side], h, w)
+    return _photo(which)
+
+
+def _photo(which: str) -> np.ndarray:
     try:
         from skimage import data
     except ImportError:
@@ -910,14 +943,15 @@ def speech(rate: int) -> np.ndarray:
     """A spoken sentence (espeak-ng), float32 mono at ``rate`` Hz in [-1, 1]."""
     from scipy.signal import resample_poly
 
-    wav = cache() / "zoo" / "_speech.wav"
+    sentence = CALIBRATION_SENTENCES[(_VARIANT - 1) % len(CALIBRATION_SENTENCES)] if _VARIANT else SENTENCE
+    wav = cache() / "zoo" / ("_speech.wav" if not _VARIANT else f"_speech_v{(_VARIANT - 1) % 8}.wav")
     if not wav.is_file():
         wav.parent.mkdir(parents=True, exist_ok=True)
         tmp = wav.with_suffix(f".{os.getpid()}.wav")
         if shutil.which("espeak-ng") is None:
             SOURCES.add("synthetic vowels (espeak-ng absent)")
             return _vowels(rate)
-        subprocess.run(["espeak-ng", "-s", "150", "-w", str(tmp), SENTENCE], check=True, capture_output=True)
+        subprocess.run(["espeak-ng", "-s", "150", "-w", str(tmp), sentence], check=True, capture_output=True)
         os.replace(tmp, wav)
     SOURCES.add("espeak-ng speech")
     with wave.open(str(wav)) as w:
@@ -954,8 +988,15 @@ def _vowels(rate: int, seconds: float = 3.0) -> np.ndarray:
 
 
 def text_image(text: str, h: int, w: int) -> np.ndarray:
-    """Black text on white, rendered with PIL, uint8 HxWx3."""
+    """Black text on white, rendered with PIL, uint8 HxWx3 (a calibration variant renders another
+    sentence of the same length)."""
     from PIL import Image, ImageDraw, ImageFont
+
+    if _VARIANT:
+        other = " ".join(
+            CALIBRATION_SENTENCES[(_VARIANT - 1 + k) % len(CALIBRATION_SENTENCES)] for k in range(3)
+        )
+        text = other[(_VARIANT * 7) % 40 :][: max(len(text), 1)]
 
     img = Image.new("RGB", (w, h), "white")
     draw = ImageDraw.Draw(img)
@@ -971,11 +1012,12 @@ def text_image(text: str, h: int, w: int) -> np.ndarray:
 def digits(n: int = 4, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
     """The first ``n`` UCI digits upscaled to size x size, float in [0, 1], and their labels."""
     d = np.load(SHARED / "data" / "digits.npz")
-    imgs = d["images"][:n].astype(np.float32) / 16.0
+    lo = 500 + _VARIANT * n if _VARIANT else 0  # a calibration variant: other digits
+    imgs = d["images"][lo : lo + n].astype(np.float32) / 16.0
     out = (
         np.stack([resize((im * 255).astype(np.uint8), size, size) for im in imgs]).astype(np.float32) / 255.0
     )
-    return out, d["labels"][:n]
+    return out, d["labels"][lo : lo + n]
 
 
 def _nhwc(img: np.ndarray, h: int, w: int, lo: float, hi: float) -> np.ndarray:
@@ -993,6 +1035,36 @@ def _stft_mag(x: np.ndarray, n_fft: int = 512, hop: int = 128) -> np.ndarray:
     win = np.hanning(n_fft).astype(np.float32)
     frames = [x[i : i + n_fft] * win for i in range(0, len(x) - n_fft, hop)]
     return np.abs(np.fft.rfft(np.stack(frames), axis=-1)).astype(np.float32)
+
+
+CALIBRATION_VARIANTS = 16
+
+
+def calibration_feeds(
+    model: Model, specs: list[tuple[str, str, list]], feeds: dict[str, np.ndarray]
+) -> dict | None:
+    """Variants 1..CALIBRATION_VARIANTS of the row's inputs stacked on the batch axis (``feeds``
+    keys), or None where the kind has no variants or the inputs do not share a batch axis (then the
+    stage calibrates on the row's own feeds, and says so)."""
+    global _VARIANT
+    if model.feeds in ("magika",) or model.feeds.startswith(
+        ("silero", "jet", "skl_", "tokens", "text_tokens")
+    ):
+        return None
+    batch = {np.asarray(v).shape[0] if np.ndim(v) else None for v in feeds.values()}
+    if len(batch) != 1 or None in batch:
+        return None
+    parts: list[dict[str, np.ndarray]] = []
+    try:
+        for v in range(1, CALIBRATION_VARIANTS + 1):
+            _VARIANT = v
+            got = make_feeds(model, specs)
+            if set(got) != set(feeds) or any(np.shape(got[k])[1:] != np.shape(feeds[k])[1:] for k in feeds):
+                return None
+            parts.append(got)
+    finally:
+        _VARIANT = 0
+    return {k: np.concatenate([p[k] for p in parts]) for k in feeds}
 
 
 def make_feeds(model: Model, specs: list[tuple[str, str, list]]) -> dict[str, np.ndarray]:
@@ -2384,10 +2456,27 @@ def _run_model(
                     c = _cell("fail", f"--dense model invalid: {err}", 0, dt + dt2)
         cells[target] = c
 
-    if "tflite-int8" in stages:  # full integer, calibrated on the row's feeds (issue 46 item 4)
+    if "tflite-int8" in stages:  # full integer (issue 46 item 4), judged on the row's feeds
         bundle = work / "bundle-tflite-int8"
+        # calibrated on other inputs of the row's kind (calibration_feeds) where it has them
+        specs = [(k, str(v.dtype), list(v.shape)) for k, v in src_feeds.items()]
+        cal = calibration_feeds(m, specs, src_feeds)
+        cpath, calibrated_on = fpath, "the row's own feeds (no variants for this kind of input)"
+        if cal is not None:
+            if m.fmt == "tflite":
+                cal = _litert_quantize_inputs(Path(meta["files"][0]), cal)
+            by_order = list(cal.values())
+            cal_imp = {
+                iname: cal[iname] if iname in cal else by_order[i]
+                for i, (iname, _dims) in enumerate(ins)
+                if iname in cal or i < len(by_order)
+            }
+            cpath = work / "calibration.npz"
+            np.savez(cpath, **cal_imp)
+            n_cal = next(iter(cal_imp.values())).shape[0]
+            calibrated_on = f"{n_cal} samples: {CALIBRATION_VARIANTS} variants of the row's input kind, not the judged feeds"
         rc, doc, line, dt = mconv(
-            "export", str(imp), "--target", "tflite", "--precision", "int8", "--data", str(fpath),
+            "export", str(imp), "--target", "tflite", "--precision", "int8", "--data", str(cpath),
             "-o", str(bundle), *shape_args, "--json", timeout=timeout,
         )  # fmt: skip
         if rc != 0:
@@ -2412,6 +2501,7 @@ def _run_model(
                     c.update(status="fail", line="int8 gate: " + gate.summary(recs))
             if doc and c["status"] == "pass":
                 c["bytes"] = doc.get("bytes_after")
+            c["calibration"] = calibrated_on
             cells["tflite-int8"] = c
 
     if "verify" in stages:
