@@ -208,6 +208,21 @@ def to_int8(
     union = _Union()
     fixed: dict[int, tuple[float, int]] = {}
     acts = {i for i, t in enumerate(g.tensors) if t.data is None and t.dtype == "float32"}
+    # a value made by a float op and read only by float ops (or leaving as a float output) stays
+    # float: no QUANTIZE/DEQUANTIZE round trip between two float ops (rules 6 and 8)
+    floats = {k for k, op in enumerate(g.ops) if op.code not in INT8_OPS or k in float_ops}
+    made_by = {o: k for k, op in enumerate(g.ops) for o in op.outputs}
+    readers: dict[int, set[int]] = {}
+    for k, op in enumerate(g.ops):
+        for i in op.inputs:
+            readers.setdefault(i, set()).add(k)
+    acts -= {
+        t
+        for t in acts
+        if (made_by.get(t) in floats or t in g.inputs)
+        and readers.get(t, set()) <= floats
+        and (io_dtype == "float32" or (t not in g.outputs and t not in g.inputs))
+    }
     group_fixed: dict[int, tuple[float, int]] = {}  # a group's root -> its fixed parameters
 
     def join(a: int, b: int) -> None:
@@ -317,10 +332,7 @@ def to_int8(
                     ins.append(i)
             outs, tail = [], []
             for o in op.outputs:
-                if o in acts and o in g.outputs and io_dtype == "float32":  # rule 8: stays float
-                    g.tensors[o].dtype, g.tensors[o].quant = "float32", None
-                    outs.append(o)
-                elif o in acts:
+                if o in acts:
                     f = float_copy(o, "/float")
                     tail.append(Op("QUANTIZE", [f], [o], "QuantizeOptions"))
                     outs.append(f)

@@ -233,20 +233,18 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             feeds, {base.tensors[i].name: base.tensors[i].shape for i in base.inputs}, CHECK_SAMPLES
         )
         records = _int8_vs_float(float_bytes, written.data, samples)
-        float_ops = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
-        if float_ops:  # quant rule 8: those outputs' softmax / logistic in float, measured again
+        softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
+        if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
             g = copy.deepcopy(base)
-            fallback = quant.to_int8(g, ranges, io_dtype, float_ops)
+            fallback = quant.to_int8(g, ranges, io_dtype, softmaxes)
             written = _finish(g, precision, [], palettes)
             records = _int8_vs_float(float_bytes, written.data, samples)
         notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
         if fallback:
-            kept = len(float_ops)
-            notes.append(
-                f"{len(fallback)} op(s) run in float ({len(fallback) - kept} without an int8 kernel"
-                + (f", {kept} whose int8 output could not resolve the float one" if kept else "")
-                + f"): {', '.join(fallback)}"
-            )
+            why = [f"{len(fallback) - len(softmaxes)} without an int8 kernel"]
+            if softmaxes:
+                why.append(f"{len(softmaxes)} whose int8 output could not resolve the float one")
+            notes.append(f"{len(fallback)} op(s) run in float ({', '.join(why)}): {', '.join(fallback)}")
         verdict = "kept" if all(r["ok"] for r in records) else "NOT kept"
         notes.append(
             f"int8 against float on {len(samples)} calibration sample run(s): {gate.summary(records)} "

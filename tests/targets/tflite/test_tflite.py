@@ -1512,3 +1512,34 @@ def test_full_int8_refuses_a_constant_holding_inf_by_name(tmp_path, fill):
         get_target("tflite").export(
             from_proto(proto), tmp_path / "q", {"precision": "int8", "data": {"x": x}}
         )
+
+
+def test_int8_keeps_a_value_float_between_two_float_ops(tmp_path):
+    """Quant rules 6 and 8: EXP and LOG have no int8 kernel; the value between them is made and
+    read in float (no QUANTIZE/DEQUANTIZE round trip), and the file still agrees with ORT."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 0.3, (4, 1, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.3, (4, 4, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Exp", ["c"], ["e"]),
+        helper.make_node("Log", ["e"], ["l"]),
+        helper.make_node("Conv", ["l", "w2"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "explog",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = _digits(120)
+    want, got, ops = _ort_and_litert(
+        proto, {"x": x[100:]}, tmp_path, "el", precision="int8", data={"x": x[:100]}
+    )
+    names = [o for o, _ in ops]
+    k = names.index("EXP")
+    assert names[k + 1] == "LOG" and ops[k + 1][1] == ["FLOAT32"], names  # straight from EXP, in float
+    a, b = got["y"].ravel(), want[0].ravel()
+    assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
