@@ -25,6 +25,7 @@ import argparse
 import itertools
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -101,7 +102,8 @@ def one(name: str, work: Path) -> dict:
     if rc != 0:
         return {"row": name, "error": f"import: {line}"}
     if m.fmt == "onnx":  # an ONNX row: both converters get the source file, as a user gives it
-        imp = Path(meta["files"][0])
+        imp = w / "source.onnx"  # a copy: onnx2tf writes its onnxsim result over its input file
+        shutil.copyfile(meta["files"][0], imp)
     ins, _ = zoo.onnx_io(imp)
     vals = list(src.values())
     feeds = {n: (src[n] if n in src else vals[i]) for i, (n, _) in enumerate(ins)}

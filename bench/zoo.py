@@ -1885,7 +1885,7 @@ def prepare(name: str, timeout: float = 1200) -> dict:
 
 
 def _usable(meta_path: Path, name: str) -> bool:
-    """A cached preparation stands unless a model file it names is gone (the cache is shared by
+    """A cached preparation stands unless a model file it names is gone or changed (the cache is shared by
     checkouts, and a model from ``../shared`` is named by the path it had when prepared) or its
     inputs fell back (a drawn scene, synthetic vowels) where the real photo or speech can now be
     made: then it is prepared again."""
@@ -1893,6 +1893,10 @@ def _usable(meta_path: Path, name: str) -> bool:
         return False
     meta = json.loads(meta_path.read_text())
     if not all(Path(f).is_file() for f in meta.get("files", [])):
+        return False
+    # a model file changed since (a tool that rewrites its input in place): prepared again, from
+    # the wheel's pinned bytes
+    if meta.get("sha256") and [_wheels.sha256_file(Path(f)) for f in meta["files"]] != meta["sha256"]:
         return False
     fell_back = any(s.endswith(FALLBACK) for s in meta.get("inputs_from", []))
     return not (fell_back and not missing_tools(real_input_tools(by_name()[name])))
