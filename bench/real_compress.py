@@ -195,9 +195,9 @@ def build_magika(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
         if len(files) < 6:
             continue
         used.append(f"{t}:{len(files)}")
-        pick = [files[i] for i in rng.permutation(len(files))[:24]]
+        pick = [files[i] for i in rng.permutation(len(files))[:45]]
         k = len(pick)
-        parts = {"cal": pick[: k // 3], "val": pick[k // 3 : k // 2], "test": pick[k // 2 :]}
+        parts = {"cal": pick[: k // 3], "val": pick[k // 3 : 2 * k // 3], "test": pick[2 * k // 3 :]}
         for s, fs in parts.items():
             for p in fs:
                 sets[s][0].append(magika_features(p.read_bytes(), cfg))
@@ -275,7 +275,7 @@ def ocr_input(gray: np.ndarray) -> np.ndarray:
 def build_ocr(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     sets = {}
-    for s, n in (("cal", 96), ("val", 64), ("test", 160)):
+    for s, n in (("cal", 128), ("val", 200), ("test", 200)):
         texts = ocr_strings(rng, n)
         x = np.stack([ocr_input(render_line(t, rng)) for t in texts])
         sets[s] = {"x": x, "_texts": np.array(texts)}
@@ -335,7 +335,6 @@ PHOTOS = (
     "chelsea",
     "coffee",
     "rocket",
-    "motorcycle_left",
     "camera",
     "cat",
     "immunohistochemistry",
@@ -375,7 +374,8 @@ def build_nudenet(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
         return (resize(np.ascontiguousarray(img), 320, 320).astype(np.float32) / 255.0).transpose(2, 0, 1)
 
     return {
-        s: {"x": np.stack([sample() for _ in range(n)])} for s, n in (("cal", 96), ("val", 64), ("test", 160))
+        s: {"x": np.stack([sample() for _ in range(n)])}
+        for s, n in (("cal", 128), ("val", 200), ("test", 200))
     }
 
 
@@ -461,7 +461,7 @@ def build_orientation(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]
         return x.transpose(2, 0, 1).astype(np.float32)
 
     sets = {}
-    for s, n in (("cal", 24), ("val", 16), ("test", 40)):
+    for s, n in (("cal", 32), ("val", 50), ("test", 50)):
         xs, ys = [], []
         for _ in range(n):
             pg = page()
@@ -482,15 +482,16 @@ def build_fer(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
     from zoo import resize
 
     faces = (skd.lfw_subset()[:100] * 255).astype(np.uint8)  # the first 100 are faces
-    cal, val, test = split3(len(faces), (40, 25, 35), seed)
+    cal, val, test = split3(len(faces), (35, 25, 40), seed)
     rng = np.random.default_rng(seed + 1)
 
     def views(f: np.ndarray) -> list[np.ndarray]:
         out = [f, f[:, ::-1]]
-        for _ in range(2):
+        for _ in range(3):
             c = int(rng.integers(20, 25))
             y, x = int(rng.integers(0, 26 - c)), int(rng.integers(0, 26 - c))
             out.append(f[y : y + c, x : x + c])
+            out.append(f[y : y + c, x : x + c][:, ::-1])
         return [(resize(np.ascontiguousarray(v), 64, 64).astype(np.float32) / 255.0 - 0.5) * 2.0 for v in out]
 
     sets = {}
