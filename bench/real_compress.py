@@ -619,6 +619,7 @@ def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
             r, _ = mconv_cmd("import", str(src), "-o", str(onnx_in))
             if r.returncode:
                 return {"model": spec.name, "error": f"import exit {r.returncode}: {r.stderr.strip()[-300:]}"}
+    onnx_bytes = onnx_in.stat().st_size
     name = ort.InferenceSession(str(onnx_in), providers=["CPUExecutionProvider"]).get_inputs()[0].name
     sets = spec.build(work, args.seed)
     for s in ("cal", "val"):
@@ -640,7 +641,13 @@ def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
         cmd += ["--engine", args.engine]
     print(f"[{spec.name}] mconv {' '.join(cmd)}", flush=True)
     r, wall = mconv_cmd(*cmd, log=folder / "optimize.stderr")
-    row: dict = {"model": spec.name, "exit": r.returncode, "wall_s": wall, "source_bytes": source_bytes}
+    row: dict = {
+        "model": spec.name,
+        "exit": r.returncode,
+        "wall_s": wall,
+        "source_bytes": source_bytes,
+        "onnx_bytes": onnx_bytes,
+    }
     (folder / "optimize.stdout").write_text(r.stdout)
     try:
         rep = json.loads(r.stdout)
@@ -678,10 +685,13 @@ def fmt_row(row: dict, args: argparse.Namespace, commit: str) -> str:
         fig = f"exit {row.get('exit')}, {row.get('wall_s', 0):.0f} s: {row.get('error', row.get('stderr', ''))[:300]}"
         return f"| {cmd} | {args.machine} | {fig} | {date} | {commit} |"
     t, g = row["test"], row.get("gate", {})
-    ratio = row["source_bytes"] / row["bundle_bytes"]
+    ratio = row["onnx_bytes"] / row["bundle_bytes"]
+    src = f"{row['onnx_bytes']:,} B"
+    if row["onnx_bytes"] != row["source_bytes"]:  # imported: the ratio is of the imported ONNX
+        src = f"source {row['source_bytes']:,} B, imported ONNX {row['onnx_bytes']:,} B"
     extra = "".join(f", {k} {v:.3f}" for k, v in t.items() if k not in ("before", "after"))
     fig = (
-        f"{row['source_bytes']:,} B -> bundle {row['bundle_bytes']:,} B ({ratio:.2f}x; weights.mcw "
+        f"{src} -> bundle {row['bundle_bytes']:,} B ({ratio:.2f}x; weights.mcw "
         f"{row['weights_bytes']:,} B); TEST n={row['test_n']}: {t['before']:.4f} -> {t['after']:.4f} "
         f"(drop {100 * row['test_drop']:.2f} pt{extra}); gate {g.get('metric')} {g.get('baseline')} -> "
         f"{g.get('final')} (drop {g.get('held_out_drop')}), met {g.get('met')}, engine {g.get('engine')}; "
