@@ -639,6 +639,8 @@ def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
     ]  # fmt: skip
     if args.engine:
         cmd += ["--engine", args.engine]
+    if args.epochs:
+        cmd += ["--epochs", str(args.epochs)]
     print(f"[{spec.name}] mconv {' '.join(cmd)}", flush=True)
     r, wall = mconv_cmd(*cmd, log=folder / "optimize.stderr")
     row: dict = {
@@ -678,7 +680,8 @@ def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
 def fmt_row(row: dict, args: argparse.Namespace, commit: str) -> str:
     cmd = (
         f"`mconv optimize {row['model']} --recipe deep-compression --data CAL --val-data VAL "
-        f"--max-drop 0.005{' --engine ' + args.engine if args.engine else ''}` + `export --target cpu`"
+        f"--max-drop 0.005{' --engine ' + args.engine if args.engine else ''}"
+        f"{' --epochs ' + str(args.epochs) if args.epochs else ''}` + `export --target cpu`"
     )
     date = datetime.date.today().isoformat()
     if "test" not in row:
@@ -706,6 +709,9 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(SPECS))
     ap.add_argument("--engine", default="")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--epochs", type=int, default=0, help="--epochs for every stage (0: the product's choice)"
+    )
     ap.add_argument("--machine", default="2-core shared CPU")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_compress.md"))
     ap.add_argument("--work", default="/tmp/real_compress")
