@@ -16,8 +16,9 @@ Rules
    rebuilds the model from ``data`` alone) and the gate measures ``val_data``. Both have
    ``labels`` or neither.
 2. **Metric.** With ``labels`` in the data, top-1 accuracy; without, top-1 agreement with the
-   original model's class scores; cosine similarity for outputs that are not class scores (as
-   ``mconv analyze``). ``drop = baseline - metric`` on the held-out samples (0.005 = half a
+   original model's class scores; for per-position class probabilities ``[N, T, C]`` (a CTC
+   recognizer's softmax) the share of positions whose top-1 class agrees with the original's;
+   cosine similarity for other outputs that are not class scores (as ``mconv analyze``). ``drop = baseline - metric`` on the held-out samples (0.005 = half a
    point).
 3. **Sensitivity.** Per layer (weights of Conv/ConvTranspose/Gemm/MatMul with a node name) and
    per candidate setting (sparsity in :data:`SPARSITIES`, bits in :data:`BITS`), the cost of

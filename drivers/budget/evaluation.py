@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,11 +39,31 @@ class _Evaluator:
     def is_scores(self) -> bool:
         return self.reference.ndim == 2 and self.reference.shape[1] >= 2
 
+    @functools.cached_property
+    def is_sequence(self) -> bool:
+        """Per-position class probabilities ``[N, T, C]`` without labels (a CTC text
+        recognizer's softmax, a tagger's): every row along the last axis non-negative and
+        summing to 1. The gate is then the share of positions whose top-1 class agrees with the
+        original's: the cosine of the whole tensor is dominated by the confident positions
+        (CTC blanks near 1) and lets characters flip within half a point of it. Raw 3-D
+        outputs (a detector's ``[1, 4 + classes, anchors]``) are not distributions and stay on
+        cosine."""
+        r = self.reference
+        if self.labels is not None or r.ndim != 3 or r.shape[2] < 2 or r.size == 0:
+            return False
+        return bool(r.min() >= 0 and np.allclose(r.sum(-1, dtype=np.float64), 1.0, atol=1e-3))
+
     @property
     def metric_name(self) -> str:
+        if self.is_sequence:
+            return "position_agreement"
         if not self.is_scores:
             return "cosine"
         return "accuracy" if self.labels is not None else "top1_agreement"
+
+    def _position_agreement(self, got: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """Per sample, the share of positions whose top-1 class is the original's."""
+        return np.mean(got.argmax(-1) == self.reference[idx].argmax(-1), axis=-1)
 
     def outputs(self, model_or_executor, idx: np.ndarray) -> np.ndarray:
         """The outputs on samples ``idx`` of a model (on this evaluator's engine) or of a runner
@@ -71,6 +92,8 @@ class _Evaluator:
         return np.concatenate(parts) if parts else self.reference[:0]
 
     def metric(self, got: np.ndarray, idx: np.ndarray) -> float:
+        if self.is_sequence:
+            return float(np.mean(self._position_agreement(got, idx))) if len(idx) else 1.0
         ref = self.reference[idx]
         if self.is_scores:
             target = self.labels[idx] if self.labels is not None else ref.argmax(1)
@@ -82,7 +105,7 @@ class _Evaluator:
     def losses(self, got: np.ndarray, idx: np.ndarray) -> float:
         """The gate's drop (rule 7): the fraction of samples the original gets right and the
         model gets wrong; gains elsewhere do not offset them (for cosine: the plain drop)."""
-        if not self.is_scores:
+        if not self.is_scores:  # sequences too: the original agrees with itself everywhere
             return self.metric(self.reference[idx], idx) - self.metric(got, idx)
         ref = self.reference[idx]
         target = self.labels[idx] if self.labels is not None else ref.argmax(1)
@@ -97,6 +120,9 @@ class _Evaluator:
         drop = self.metric(before, idx) - self.metric(after, idx)
         if drop <= 1e-12:
             return False
+        if self.is_sequence:  # the per-sample paired change's noise: sqrt(sum e_s**2) / n
+            e = self._position_agreement(after, idx) - self._position_agreement(before, idx)
+            return bool(drop > np.sqrt(np.sum(e**2)) / len(idx) + 1e-12)
         if not self.is_scores:
             return True
         ref = self.reference[idx]
@@ -108,6 +134,8 @@ class _Evaluator:
     def drop_se(self, got: np.ndarray, idx: np.ndarray) -> float | None:
         """The standard error of the net drop of class scores (rule 7): from the samples the
         two models disagree on (a paired difference: lost and gained), None for cosine."""
+        if self.is_sequence and len(idx):
+            return float(np.sqrt(np.var(1.0 - self._position_agreement(got, idx)) / len(idx)))
         if not self.is_scores or len(idx) == 0:
             return None
         ref = self.reference[idx]
@@ -116,6 +144,8 @@ class _Evaluator:
         return float(np.sqrt(np.var(d) / len(idx)))
 
     def agreement(self, got: np.ndarray, idx: np.ndarray) -> float | None:
+        if self.is_sequence:
+            return self.metric(got, idx)
         if not self.is_scores:
             return None
         return float(np.mean(got.argmax(1) == self.reference[idx].argmax(1)))

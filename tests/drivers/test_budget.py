@@ -550,6 +550,37 @@ def test_a_stage_is_worse_only_beyond_the_paired_noise_of_the_held_out_split():
     assert cos.worse(np.ones((4, 1)), np.array([[1.0], [1.0], [1.0], [0.9]]), np.arange(4))
 
 
+def test_per_position_probabilities_are_gated_on_the_positions_that_flip():
+    """A CTC recognizer's softmax ``[N, T, C]`` (rows summing to 1, mostly confident blanks): the
+    gate is the share of positions whose top-1 class is the original's. Characters flipped to
+    their runner-up cost more than half a point of positions while the cosine of the whole
+    tensor stays within half a point (the gate this replaces let them through). A detector's raw
+    ``[N, 4 + classes, anchors]`` and 3-D outputs with labels stay on cosine."""
+    rng = np.random.default_rng(45)
+    n, t, c = 50, 40, 30
+    cls = np.where(rng.random((n, t)) < 0.7, 0, rng.integers(1, c, (n, t)))
+    ref = np.full((n, t, c), 0.02 / (c - 1))
+    ref[np.arange(n)[:, None], np.arange(t), cls] = 0.98
+    ev = B._Evaluator({}, "y", ref, None)
+    idx = np.arange(n)
+    assert ev.metric_name == "position_agreement" and ev.metric(ref, idx) == 1.0
+    got = ref.copy()
+    rows, cols = np.nonzero(cls)
+    pick = rng.choice(len(rows), 12, replace=False)
+    for r, k in zip(rows[pick], cols[pick], strict=True):
+        got[r, k] = 0.02 / (c - 2)
+        got[r, k, cls[r, k]], got[r, k, (cls[r, k] % (c - 1)) + 1] = 0.48, 0.5
+    assert ev.metric(got, idx) == pytest.approx(1 - 12 / (n * t))
+    assert ev.losses(got, idx) > 0.005 and ev.agreement(got, idx) == ev.metric(got, idx)
+    assert ev.worse(ref, got, idx) and not ev.worse(got, ref, idx)
+    assert ev.drop_se(got, idx) is not None
+    a, b = got.ravel(), ref.ravel()
+    assert 1 - a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) < 0.005  # cosine would pass it
+    det = B._Evaluator({}, "y", rng.standard_normal((4, 22, 100)), None)
+    assert det.metric_name == "cosine"
+    assert B._Evaluator({}, "y", ref, np.zeros(n, np.int64)).metric_name == "cosine"
+
+
 def test_the_allocation_within_a_byte_budget_is_the_least_costly_one_that_fits():
     """``_within`` (rule 5's knapsack) against every combination of the layers' options."""
     import itertools
