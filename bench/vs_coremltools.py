@@ -226,6 +226,13 @@ def run_peer(onnx_path: Path, test: Path, work: Path, threshold: int) -> list[di
     from onnx import numpy_helper
 
     model = onnx.load(str(onnx_path))
+    if any(n.op_type == "BatchNormalization" for n in model.graph.node):
+        # a Core ML user's converter folds BatchNormalization into the conv before compressing: so
+        # does the peer's copy here (mconv's fuse-bn), lest the peer carry BN parameters mconv folds
+        fused = work / "peer_fused.onnx"
+        passes = ["optimize", str(onnx_path), "--passes", "fold,fuse-bn,dce", "-q", "-o", str(fused)]
+        subprocess.run([sys.executable, "-m", "mconv", *passes], check=True)
+        onnx_path, model = fused, onnx.load(str(fused))
     layers, arrays, back = layers_of(model)
     peer = work / "peer"
     peer.mkdir(exist_ok=True)
