@@ -232,13 +232,14 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
         samples = quant._batches(
             feeds, {base.tensors[i].name: base.tensors[i].shape for i in base.inputs}, CHECK_SAMPLES
         )
-        records = _int8_vs_float(float_bytes, written.data, samples)
+        reference = _outputs_of(float_bytes, samples)  # quant rule 8's oracle, run once
+        records = gate.judge(_outputs_of(written.data, samples), reference)
         softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
         if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
             g = copy.deepcopy(base)
             fallback = quant.to_int8(g, ranges, io_dtype, softmaxes)
             written = _finish(g, precision, [], palettes)
-            records = _int8_vs_float(float_bytes, written.data, samples)
+            records = gate.judge(_outputs_of(written.data, samples), reference)
         notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
         if fallback:
             why = [f"{len(fallback) - len(softmaxes)} without an int8 kernel"]
@@ -258,21 +259,17 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
 CHECK_SAMPLES = 64  # calibration runs the int8 file is measured on (quant rule 8)
 
 
-def _int8_vs_float(float_bytes: bytes, int8_bytes: bytes, samples: list[dict[str, np.ndarray]]) -> list[dict]:
-    """Quant rule 8: each output of the int8 file against the float file's, over ``samples``."""
+def _outputs_of(data: bytes, samples: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Quant rule 8: a file's outputs over ``samples``, in the graph's output order."""
     from mconv.targets.tflite import runner_for
 
-    ref, got = runner_for(float_bytes, "float"), runner_for(int8_bytes, "int8")
-    fo: dict[str, list[np.ndarray]] = {n: [] for n in ref.outputs}
-    qo: dict[str, list[np.ndarray]] = {n: [] for n in ref.outputs}
+    runner = runner_for(data, "int8 check")
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in runner.outputs}
     for feed in samples:
-        f, q = ref.run(feed), got.run(feed)
-        for n in ref.outputs:
-            fo[n].append(np.asarray(f[n], np.float64))
-            qo[n].append(np.asarray(q[n], np.float64))
-    return gate.judge(
-        [np.concatenate(qo[n]) for n in ref.outputs], [np.concatenate(fo[n]) for n in ref.outputs]
-    )
+        got = runner.run(feed)
+        for n in runner.outputs:
+            parts[n].append(np.asarray(got[n], np.float64))
+    return [np.concatenate(parts[n]) for n in runner.outputs]
 
 
 def _unresolved_outputs(g: Graph, records: list[dict]) -> frozenset[int]:
