@@ -609,16 +609,12 @@ def test_weights_on_an_int8_grid_are_stored_as_int8_exactly(lenet, tmp_path):
 # -- QDQ models -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def lenet_qdq(lenet, tmp_path_factory):
-    """LeNet-5 quantized by ONNX Runtime's quantize_static (QDQ, per-channel int8 weights),
-    calibrated on 100 real digits."""
-    from mconv.formats import import_model
+def _ort_quantized(model, x: np.ndarray, d: Path, quant_format, qtype, per_channel: bool = False) -> Path:
+    """``model`` through ONNX Runtime's quantize_static, calibrated on the first 100 digits of
+    ``x``: the path of its ``q.onnx`` in ``d``."""
     from mconv.irio import to_proto
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
-    model, x, _ = lenet
-    d = tmp_path_factory.mktemp("qdq")
     (d / "f.onnx").write_bytes(to_proto(model).SerializeToString())
 
     class Reader(CalibrationDataReader):
@@ -632,12 +628,26 @@ def lenet_qdq(lenet, tmp_path_factory):
         str(d / "f.onnx"),
         str(d / "q.onnx"),
         Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QInt8,
-        weight_type=QuantType.QInt8,
+        quant_format=quant_format,
+        per_channel=per_channel,
+        activation_type=qtype,
+        weight_type=qtype,
     )
-    return import_model([d / "q.onnx"]), d / "q.onnx"
+    return d / "q.onnx"
+
+
+@pytest.fixture(scope="module")
+def lenet_qdq(lenet, tmp_path_factory):
+    """LeNet-5 quantized by ONNX Runtime's quantize_static (QDQ, per-channel int8 weights),
+    calibrated on 100 real digits."""
+    from mconv.formats import import_model
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    model, x, _ = lenet
+    q = _ort_quantized(
+        model, x, tmp_path_factory.mktemp("qdq"), QuantFormat.QDQ, QuantType.QInt8, per_channel=True
+    )
+    return import_model([q]), q
 
 
 def test_a_qdq_model_from_onnx_runtime_exports_float_and_full_int8_with_its_own_parameters(
@@ -1338,28 +1348,11 @@ def test_a_qoperator_model_from_onnx_runtime_exports_float_and_matches_it(lenet,
     codes with those, not the tensor's: the outputs match ORT's on 200 held-out digits."""
     import onnxruntime as ort
     from mconv.formats import import_model
-    from mconv.irio import to_proto
     from mconv.targets import get_target
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType
 
     model, x, _ = lenet
-    (tmp_path / "f.onnx").write_bytes(to_proto(model).SerializeToString())
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter([{"data": x[i : i + 1]} for i in range(100)])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(
-        str(tmp_path / "f.onnx"),
-        str(tmp_path / "q.onnx"),
-        Reader(),
-        quant_format=QuantFormat.QOperator,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QUInt8,
-    )
+    _ort_quantized(model, x, tmp_path, QuantFormat.QOperator, QuantType.QUInt8)
     sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
     held = x[1000:5000:20]  # the file is sorted by label: every 20th digit spans the classes
     out_name = sess.get_outputs()[0].name
