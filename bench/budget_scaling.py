@@ -115,9 +115,11 @@ MNV2 = Path(
 
 def photo_crops(n: int, size: int) -> np.ndarray:
     """N real-photo crops, NHWC float32 in [-1, 1]: seeded positions, scales (30-100% of the
-    shorter side) and flips over scikit-image's colour photos."""
+    shorter side) and flips over scikit-image's colour photos (bench/zoo.py's ``square_crop``)."""
     from skimage import data as skd
-    from skimage.transform import resize
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import zoo
 
     names = (
         "astronaut",
@@ -133,11 +135,7 @@ def photo_crops(n: int, size: int) -> np.ndarray:
     rng = np.random.default_rng(0)
     out = np.empty((n, size, size, 3), np.float32)
     for i in range(n):
-        img = photos[i % len(photos)]
-        h, w = img.shape[:2]
-        side = int(min(h, w) * rng.uniform(0.3, 1.0))
-        y, x = rng.integers(0, h - side + 1), rng.integers(0, w - side + 1)
-        crop = resize(img[y : y + side, x : x + side], (size, size), anti_aliasing=True)  # floats in [0, 1]
+        crop = zoo.square_crop(photos[i % len(photos)], rng, 0.3, size, size).astype(np.float32) / 255.0
         out[i] = crop[:, ::-1] if rng.random() < 0.5 else crop
     return out * 2.0 - 1.0
 

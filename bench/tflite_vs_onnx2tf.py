@@ -172,10 +172,7 @@ def sample_data(where: Path) -> None:
     out = []
     for i in range(20):
         img = zoo.photo(names[i % len(names)])
-        h, w = img.shape[:2]
-        side = int(min(h, w) * rng.uniform(0.4, 1.0))
-        y, x = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
-        out.append(zoo.resize(img[y : y + side, x : x + side], 128, 128).astype(np.float32) / 255.0)
+        out.append(zoo.square_crop(img, rng, 0.4, 128, 128).astype(np.float32) / 255.0)
     np.save(where / SAMPLE, np.stack(out))
 
 

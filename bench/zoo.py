@@ -894,12 +894,17 @@ def photo(which: str = "astronaut") -> np.ndarray:
     if _VARIANT:
         others = [n for n in CALIBRATION_PHOTOS if n != which]
         img = _photo(others[(_VARIANT - 1) % len(others)])
-        rng = np.random.default_rng(_VARIANT)
-        h, w = img.shape[:2]
-        side = int(min(h, w) * rng.uniform(0.6, 1.0))
-        y, x = int(rng.integers(0, h - side + 1)), int(rng.integers(0, w - side + 1))
-        return resize(img[y : y + side, x : x + side], h, w)
+        return square_crop(img, np.random.default_rng(_VARIANT), 0.6, *img.shape[:2])
     return _photo(which)
+
+
+def square_crop(img: np.ndarray, rng: np.random.Generator, lo: float, h: int, w: int) -> np.ndarray:
+    """A seeded square crop of ``img`` (its side ``lo``-100% of the shorter side, placed at
+    random), resized to h x w (uint8, as :func:`resize`)."""
+    rows, cols = img.shape[:2]
+    side = int(min(rows, cols) * rng.uniform(lo, 1.0))
+    y, x = int(rng.integers(0, rows - side + 1)), int(rng.integers(0, cols - side + 1))
+    return resize(img[y : y + side, x : x + side], h, w)
 
 
 def _photo(which: str) -> np.ndarray:
