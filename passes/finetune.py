@@ -399,9 +399,15 @@ class _MovedTeacher:
 
 
 def _batches(n: int, batch_size: int, rng: np.random.Generator):
+    """One epoch's batches of a seeded permutation, every one ``batch_size`` samples (or ``n``
+    when fewer): the last is completed with the epoch's first samples, so a compiled step has
+    one batch shape (xla engine rule 3) and every step weighs as much as the others."""
     order = rng.permutation(n)
     for s in range(0, n, batch_size):
-        yield order[s : s + batch_size]
+        b = order[s : s + batch_size]
+        if len(b) < batch_size and n >= batch_size:
+            b = np.concatenate([b, order[: batch_size - len(b)]])
+        yield b
 
 
 # What one gradient step's recorded activations may take (the reference engine keeps every
@@ -887,11 +893,10 @@ class _XlaTrainer:
 
     def __init__(self, engine, params: list[Parameter], loss_kind: str, config) -> None:
         import jax
-        import jax.numpy as jnp
-        from mconv.engines.xla.engine import TrainedParam
+        from mconv.engines.xla.engine import TrainedParam, codebook_slots
 
         self.engine, self.params, self.t = engine, params, 0
-        specs = [TrainedParam(p.name, p.mode, tuple(p.weights.shape), p.mask, p.index) for p in params]
+        specs = [TrainedParam(p.name, p.mode, tuple(p.weights.shape)) for p in params]
         self.fn = engine.train_step(
             specs,
             loss=loss_kind,
@@ -902,23 +907,32 @@ class _XlaTrainer:
             margin=float(config.margin),
         )
         dev = engine.device
-        self.trained = {p.name: jax.device_put(p.trained.astype(np.float32), dev) for p in params}
-        self.state = {
-            p.name: (jnp.zeros(p.trained.shape, jnp.float32), jnp.zeros(p.trained.shape, jnp.float32))
-            for p in params
-        }
-        self.state = jax.device_put(self.state, dev)
+        trained: dict[str, dict[str, np.ndarray]] = {}
         aux: dict[str, np.ndarray] = {}
-        for p in params:
-            if p.mode == "masked":
-                aux[p.name + ":mask"] = p.kept()
-            elif p.mode == "release":
-                aux[p.name + ":mask"] = p.kept()
-                aux[p.name + ":fixed"] = np.where(p.kept(), 0.0, p.fixed).astype(np.float32)  # type: ignore[arg-type]
-            elif p.mode == "centroid":
-                mask, index, _ = p.codebook()
-                aux[p.name + ":flat"] = np.flatnonzero(mask).astype(np.int32)
-                aux[p.name + ":index"] = index.astype(np.int32)
+        for p in params:  # engine rule 3: one form for every mode
+            w = p.weights.astype(np.float32)
+            book = np.zeros(codebook_slots(len(p.centroids) if p.mode == "centroid" else 1), np.float32)
+            coded = np.zeros(w.shape, bool)
+            index = np.zeros(w.shape, np.int32)
+            train_c = np.zeros(book.shape, bool)
+            if p.mode == "centroid":
+                mask, idx, centroids = p.codebook()
+                book[: len(centroids)] = centroids
+                coded, train_c = mask, np.arange(book.size) < len(centroids)
+                index[mask] = idx
+                train_w = np.zeros(w.shape, bool)
+            elif p.mode in ("masked", "release"):
+                train_w = p.kept()
+            else:
+                train_w = np.ones(w.shape, bool)
+            trained[p.name] = {"w": w, "c": book}
+            aux.update({f"{p.name}:coded": coded, f"{p.name}:index": index})
+            aux.update({f"{p.name}:train_w": train_w, f"{p.name}:train_c": train_c})
+        self.trained = jax.device_put(trained, dev)
+        zeros = {
+            n: {k: (np.zeros_like(a), np.zeros_like(a)) for k, a in t.items()} for n, t in trained.items()
+        }
+        self.state = jax.device_put(zeros, dev)
         self.aux = jax.device_put(aux, dev)
         names = set(self.trained)
         self.frozen = {n: w for n, w in engine.weights.items() if n not in names}
@@ -941,12 +955,12 @@ class _XlaTrainer:
 
     def commit(self) -> None:
         for p in self.params:
-            arr = np.asarray(self.trained[p.name])
+            arr = self.trained[p.name]
             if p.mode == "centroid":
-                p.centroids = arr.astype(np.float64)
+                p.centroids = np.asarray(arr["c"])[: len(p.codebook()[2])].astype(np.float64)
                 p.weights[p.mask] = p.centroids[p.index]
             else:
-                p.weights[...] = arr
+                p.weights[...] = np.asarray(arr["w"])
                 p.commit()
             self.engine.set_weight(p.name, p.weights)
 
@@ -984,7 +998,8 @@ class Finetune(Pass):
     5. Optimizer ``sgd`` (with ``momentum``) or ``adam``; ``schedule = "cosine"`` decays the
        rate from ``lr`` to 0 over the pass's steps (``"constant"``, the default, keeps it);
        ``epochs`` over a seeded shuffle in
-       ``batch_size`` batches; ``holdout`` of the data (a seeded slice) is never trained on and
+       ``batch_size`` batches (the last one of an epoch completed with the epoch's first
+       samples, so every step has one shape); ``holdout`` of the data (a seeded slice) is never trained on and
        measures accuracy (with labels) or top-1 agreement with the teacher after every epoch.
        With ``holdout = 0`` the metric is taken on the training samples before training and
        after the last epoch only (the epochs between report their loss).

@@ -13,11 +13,18 @@ Rules:
 3. :meth:`XlaEngine.value_and_grad` is ``jax.value_and_grad`` of a jnp loss of the outputs
    with respect to named weights. :meth:`XlaEngine.train_step` is one jitted program for the
    whole training step: weights rebuilt from the trained arrays (masked: ``where(mask, w, 0)``;
-   clustered: the centroids scattered by each weight's cluster index, so jax's gradient of the
+   clustered: each weight gathers its centroid by cluster index, so jax's gradient of the
    centroids IS the per-cluster sum of eq. 3), the loss (cross-entropy, distillation KL, MSE,
    the top-1 margin hinge), its gradient, the optimizer update (SGD with momentum or Adam,
    weight decay) and the re-zeroing of pruned weights. Arguments are donated where jax can
    reuse them (the trained arrays and optimizer state).
+   Every tensor trains in one form whatever its mode: a float array ``w`` of its shape and a
+   codebook ``c`` of :func:`codebook_slots` entries; the tensor is ``where(coded, c[index],
+   w)``, and masks say which elements of ``w`` and which entries of ``c`` train (free: all of
+   ``w``; pruned: the nonzeros of ``w``; clustered: the codebook; released: the released
+   elements of ``w``). Elements that do not train keep their values. So the program depends on
+   which tensors train, not on their modes, codebook sizes or sparsity, and a search that prunes
+   and clusters layer by layer compiles one step per batch shape.
 4. ``device``: ``cpu`` or ``cuda``; a device that is not there is an InputError (exit 2).
 """
 
@@ -67,8 +74,14 @@ class TrainedParam:
     name: str
     mode: str  # "free", "masked", "centroid", "release"
     shape: tuple[int, ...]
-    mask: np.ndarray | None = None  # bool, the tensor's shape
-    index: np.ndarray | None = None  # centroid: cluster of each nonzero, in C order of the mask
+
+
+CODEBOOK_SLOTS = 256  # a codebook of up to 8 bits fits; bigger ones round up to a power of two
+
+
+def codebook_slots(k: int) -> int:
+    """The padded length of a trained codebook of ``k`` centroids (rule 3)."""
+    return max(CODEBOOK_SLOTS, 1 << max(k - 1, 0).bit_length())
 
 
 class XlaEngine:
@@ -181,37 +194,16 @@ class XlaEngine:
         import jax.numpy as jnp
         from mconv.engines.xla.jit import jit
 
-        key = (
-            tuple((p.name, p.mode) for p in params),
-            loss,
-            optimizer,
-            momentum,
-            weight_decay,
-            temperature,
-            margin,
-        )
+        # Rule 3: the program depends on the names trained, not on their modes or codebooks.
+        key = (tuple(p.name for p in params), loss, optimizer, momentum, weight_decay, temperature, margin)
         if key in self._steps:
             return self._steps[key]
         trained_names = [p.name for p in params]
         self.check_trainable(trained_names)
-        by_name = {p.name: p for p in params}
-
-        def full(name: str, arr: Any, aux: Mapping[str, Any]) -> Any:
-            p = by_name[name]
-            if p.mode == "masked":
-                return jnp.where(aux[name + ":mask"], arr, jnp.zeros_like(arr))
-            if p.mode == "release":  # the released elements train; the others keep their values
-                return jnp.where(aux[name + ":mask"], arr, aux[name + ":fixed"])
-            if p.mode == "centroid":
-                flat = (
-                    jnp.zeros(int(np.prod(p.shape)), arr.dtype)
-                    .at[aux[name + ":flat"]]
-                    .set(arr[aux[name + ":index"]])
-                )
-                return flat.reshape(p.shape)
-            return arr
-
         dtypes = {n: self.weights[n].dtype for n in trained_names}
+
+        def full(name: str, arr: Mapping[str, Any], aux: Mapping[str, Any]) -> Any:
+            return jnp.where(aux[name + ":coded"], arr["c"][aux[name + ":index"]], arr["w"])
 
         def objective(trained: dict, aux: dict, frozen: dict, inputs: tuple, target: Any) -> Any:
             weights = dict(frozen)
@@ -220,30 +212,33 @@ class XlaEngine:
             s = self._call(inputs, weights)[0]
             return loss_value(s, target, loss, temperature, margin)
 
+        def update(p: Any, g: Any, m: Any, v: Any, lr: Any, t: Any, keep: Any) -> tuple:
+            if weight_decay:
+                g = g + weight_decay * p
+            if optimizer == "sgd":
+                m1, v1 = momentum * m + g, v
+                p1 = p - lr * m1
+            else:
+                m1 = 0.9 * m + 0.1 * g
+                v1 = 0.999 * v + 0.001 * g * g
+                mh = m1 / (1 - 0.9**t)
+                vh = v1 / (1 - 0.999**t)
+                p1 = p - lr * mh / (jnp.sqrt(vh) + 1e-8)
+            # elements that do not train keep their value (pruned zeros, coded or fixed ones)
+            return jnp.where(keep, p1, p), jnp.where(keep, m1, m), jnp.where(keep, v1, v)
+
         def step(
             trained: dict, state: dict, aux: dict, frozen: dict, inputs: tuple, target: Any, lr: Any, t: Any
         ):
             value, grads = jax.value_and_grad(objective)(trained, aux, frozen, inputs, target)
             new_trained, new_state = {}, {}
-            for n, p in trained.items():
-                g = grads[n]
-                if weight_decay:
-                    g = g + weight_decay * p
-                m, v = state[n]
-                if optimizer == "sgd":
-                    m = momentum * m + g
-                    p = p - lr * m
-                else:
-                    m = 0.9 * m + 0.1 * g
-                    v = 0.999 * v + 0.001 * g * g
-                    mh = m / (1 - 0.9**t)
-                    vh = v / (1 - 0.999**t)
-                    p = p - lr * mh / (jnp.sqrt(vh) + 1e-8)
-                if by_name[n].mode == "masked":
-                    p = jnp.where(aux[n + ":mask"], p, jnp.zeros_like(p))
-                elif by_name[n].mode == "release":
-                    p = jnp.where(aux[n + ":mask"], p, aux[n + ":fixed"])
-                new_trained[n], new_state[n] = p, (m, v)
+            for n, arr in trained.items():
+                new_arr, new_st = {}, {}
+                for part, keep in (("w", aux[n + ":train_w"]), ("c", aux[n + ":train_c"])):
+                    m, v = state[n][part]
+                    p, m, v = update(arr[part], grads[n][part], m, v, lr, t, keep)
+                    new_arr[part], new_st[part] = p, (m, v)
+                new_trained[n], new_state[n] = new_arr, new_st
             return value, new_trained, new_state
 
         fn = jit(step, donate_argnums=(0, 1))

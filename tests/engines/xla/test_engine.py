@@ -379,3 +379,38 @@ def test_cli_run_and_analyze_take_engine_xla(tmp_path):
         r = cli.invoke(app, args)
         assert r.exit_code == 2 and "Traceback" not in r.output, r.output
         assert "engine" in r.output or "device" in r.output
+
+
+def _recluster(model, book, cut):
+    """w2 on the codebook ``book``, its ``cut`` first columns pruned (another search state)."""
+    import onnx_ir as ir
+
+    w2 = model.graph.initializers["w2"]
+    b = book[np.argmin(np.abs(w2.const_value.numpy()[..., None] - book), axis=-1)].astype(np.float32)
+    b[:, :cut] = 0.0
+    w2.const_value = ir.Tensor(b, name="w2")
+    w2.metadata_props.update({"mconv.pruned": "1", "mconv.cluster": json.dumps({"bits": 4})})
+
+
+def test_one_step_program_across_codebook_sizes_and_sparsities():
+    """Rule 3: stages that differ only in codebook size and pruned fraction (a budget search
+    clustering layer after layer) train on the one compiled step, and still train (the
+    centroids move, the codebook keeps its size, zeros stay zero)."""
+    from mconv.engines.fast import _MEMO_KEY
+
+    rng = np.random.default_rng(5)
+    model = _clustered_pruned(rng)
+    x, y = blobs(rng, 64)
+    memo: dict = {}
+    config = FinetuneConfig(lr=0.05, epochs=1, batch_size=16, holdout=0.25, loss="xent", engine="xla")
+    for book, cut in [(np.array([-0.6, -0.2, 0.3, 0.7]), 3), (np.linspace(-0.8, 0.8, 13), 1)]:
+        _recluster(model, book, cut)
+        before = model.graph.initializers["w2"].const_value.numpy().copy()
+        finetune_model(model, {"x": x, "labels": y}, config, seed=1, memo=memo)
+        after = model.graph.initializers["w2"].const_value.numpy()
+        assert np.array_equal(after == 0, before == 0)
+        assert len(np.unique(after[after != 0])) == len(np.unique(before[before != 0]))
+        assert not np.array_equal(after, before)
+    (engine,) = [e for (role, *_), e in memo[_MEMO_KEY].items() if role == "student"]
+    (step,) = engine._steps.values()
+    assert step._cache_size() == 1
