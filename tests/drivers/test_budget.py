@@ -460,7 +460,7 @@ def validated_run():
             "labels": z["labels"][idx],
         }
     model = load_onnx(fixture_path("digits_mlp.onnx"))
-    result = B.compress_to_budget(model, data, val_data=val, max_drop=0.05, seed=4, **FAST)
+    result = B.compress_to_budget(model, data, val_data=val, max_drop=0.05, seed=5, **FAST)
     return data, val, result
 
 
@@ -493,7 +493,7 @@ def test_a_validated_recipe_rebuilds_the_model_from_the_calibration_data_alone(v
     a = tmp_path / "budget.onnx"
     save_onnx(result.model, a)
     specs = load_recipe(result.write_recipe(tmp_path / "chosen.toml"))
-    model, _ = run_pipeline(load_onnx(fixture_path("digits_mlp.onnx")), specs, PassContext(data=data, seed=4))
+    model, _ = run_pipeline(load_onnx(fixture_path("digits_mlp.onnx")), specs, PassContext(data=data, seed=5))
     b = tmp_path / "replay.onnx"
     save_onnx(model, b)
     assert a.read_bytes() == b.read_bytes()
