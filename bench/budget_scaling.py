@@ -103,7 +103,7 @@ def prepare(model: str, n: int, work: Path) -> tuple[Path, Path, str, str]:
             if r.returncode:
                 raise SystemExit(r.stderr)
         data = work / f"photos{n}.npz"
-        np.savez(data, input_layer=photo_crops(n, 96))
+        np.savez(data, input_layer=photo_crops(n, 96))  # PHOTOS: made once, read on a GPU host
         return onnx_path, data, "1MB", "agreement"
     raise SystemExit(f"unknown model {model}")
 
@@ -113,9 +113,29 @@ MNV2 = Path(
 )
 
 
+PHOTOS: Path | None = None  # --photos: an npz of crops made here, for a host without scikit-image
+
+
 def photo_crops(n: int, size: int) -> np.ndarray:
     """N real-photo crops, NHWC float32 in [-1, 1]: seeded positions, scales (30-100% of the
-    shorter side) and flips over scikit-image's colour photos (bench/zoo.py's ``square_crop``)."""
+    shorter side) and flips over scikit-image's colour photos (bench/zoo.py's ``square_crop``).
+    With ``--photos FILE``: read from FILE when it holds at least N of this size, else made and
+    written there."""
+    crops = None
+    if PHOTOS is not None and PHOTOS.exists():
+        with np.load(PHOTOS) as z:
+            crops = z["crops"]
+        if len(crops) < n or crops.shape[1] != size:
+            crops = None
+    if crops is None:
+        crops = _make_crops(n, size)
+        if PHOTOS is not None:
+            np.savez(PHOTOS, crops=crops)
+    return crops[:n].astype(np.float32) / 255.0 * 2.0 - 1.0
+
+
+def _make_crops(n: int, size: int) -> np.ndarray:
+    """The crops as uint8 (NHWC), flips applied."""
     from skimage import data as skd
 
     sys.path.insert(0, str(ROOT / "bench"))
@@ -133,11 +153,11 @@ def photo_crops(n: int, size: int) -> np.ndarray:
     photos = [getattr(skd, name)()[..., :3] for name in names]
     photos += list(skd.stereo_motorcycle()[:2])
     rng = np.random.default_rng(0)
-    out = np.empty((n, size, size, 3), np.float32)
+    out = np.empty((n, size, size, 3), np.uint8)
     for i in range(n):
-        crop = zoo.square_crop(photos[i % len(photos)], rng, 0.3, size, size).astype(np.float32) / 255.0
+        crop = zoo.square_crop(photos[i % len(photos)], rng, 0.3, size, size)
         out[i] = crop[:, ::-1] if rng.random() < 0.5 else crop
-    return out * 2.0 - 1.0
+    return out
 
 
 def commit() -> str:
@@ -158,10 +178,13 @@ def main() -> None:
     ap.add_argument(
         "--mnv2", default=None, help="the keras-mobilenetv2-035 model.keras (bench/zoo.py builds it)"
     )
+    ap.add_argument("--photos", default=None, help="npz of the mnv2 row's photo crops (made if absent)")
     args = ap.parse_args()
+    global MNV2, PHOTOS
     if args.mnv2:
-        global MNV2
         MNV2 = Path(args.mnv2)
+    if args.photos:
+        PHOTOS = Path(args.photos)
     jobs = []
     with tempfile.TemporaryDirectory(prefix="budget-scaling-") as tmp:
         work = Path(tmp)
