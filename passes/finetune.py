@@ -911,7 +911,7 @@ class _XlaTrainer:
         aux: dict[str, np.ndarray] = {}
         for p in params:  # engine rule 3: one form for every mode
             w = p.weights.astype(np.float32)
-            book = np.zeros(codebook_slots(len(p.centroids) if p.mode == "centroid" else 1), np.float32)
+            book = np.zeros(codebook_slots(len(p.codebook()[2]) if p.mode == "centroid" else 1), np.float32)
             coded = np.zeros(w.shape, bool)
             index = np.zeros(w.shape, np.int32)
             train_c = np.zeros(book.shape, bool)
