@@ -47,3 +47,12 @@ def test_the_budget_with_entropy_clustering_meets_a_byte_budget(tmp_path):
     chosen = [v for s in clusters for v in s["config"].get("op_name", {}).values()]
     assert any(v.get("method") == "entropy" and v["lam"] > 0 for v in chosen)
     assert result.baseline - result.final <= 0.25  # a size-only target: still a working classifier
+
+
+def test_an_unknown_cluster_method_is_an_input_error_naming_the_option():
+    import pytest
+    from mconv.errors import InputError
+
+    with pytest.raises(InputError, match="cluster 'bogus'") as info:
+        B.BudgetConfig(target_size=9000, cluster="bogus")
+    assert info.value.where == "--cluster"
