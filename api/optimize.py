@@ -406,6 +406,7 @@ def budget_config(
     ray_address: str | None = None,
     epochs: int | None = None,
     prior: str = "l2",
+    cluster: str = "kmeans",
 ) -> BudgetConfig:
     """The budget search's options (the CLI's option group, or :func:`optimize`'s keywords) as
     one :class:`~mconv.drivers.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and
@@ -422,7 +423,7 @@ def budget_config(
         return BudgetConfig(
             max_drop=max_drop, target_size=target_size, target_of=target_of, seed=seed,  # type: ignore[arg-type]
             engine=engine, device=device, workers=workers,
-            ray_address=ray_address, epochs=epochs, prior=prior,
+            ray_address=ray_address, epochs=epochs, prior=prior, cluster=cluster,
         )  # fmt: skip
 
 

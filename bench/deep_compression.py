@@ -160,6 +160,7 @@ def run_one(name: str, seed: int, args) -> dict:
             engine=args.engine,
             val_data=val,
             shift=getattr(args, "shift", None),
+            cluster=getattr(args, "cluster", "kmeans"),
         )
     except GateFailed as exc:
         result = exc.result
@@ -204,6 +205,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="p3,dwcnn,p2")
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--cluster", default="kmeans", help="kmeans or entropy, as mconv optimize --cluster")
     ap.add_argument("--max-drop", type=float, default=0.005)
     ap.add_argument(
         "--target-size",

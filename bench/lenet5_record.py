@@ -69,6 +69,7 @@ def main() -> int:
     ap.add_argument("--engine", default="xla")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--prior", default=None, help="auto, l2 or gmm (the budget's pre-training)")
+    ap.add_argument("--cluster", default="kmeans", help="kmeans or entropy, as mconv optimize --cluster")
     ap.add_argument("--epochs", default=None)
     ap.add_argument("--split-seed", type=int, default=45)
     ap.add_argument(
@@ -100,6 +101,8 @@ def main() -> int:
     env = dict(os.environ)
     if args.prior:
         cmd += ["--prior", args.prior]
+    if args.cluster != "kmeans":
+        cmd += ["--cluster", args.cluster]
     t0 = time.perf_counter()
     r = subprocess.run([*run, *cmd], capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0

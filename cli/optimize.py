@@ -113,6 +113,16 @@ PriorOpt = Annotated[
     ),
 ]
 
+ClusterOpt = Annotated[
+    str,
+    typer.Option(
+        "--cluster",
+        metavar="METHOD",
+        help="deep-compression budget: kmeans (the paper's) or entropy (each layer's bits may be "
+        "entropy-constrained clustering, chosen on the data for fewer coded bytes at less error).",
+    ),
+]
+
 SaveRecipeOpt = Annotated[
     Path | None,
     typer.Option(
@@ -180,6 +190,7 @@ def optimize_cmd(
     target_of: TargetOfOpt = "weights",
     epochs: EpochsOpt = None,
     prior: PriorOpt = "l2",
+    cluster: ClusterOpt = "kmeans",
     save_recipe: SaveRecipeOpt = None,
     engine: EngineOpt = None,
     device: DeviceOpt = None,
@@ -214,7 +225,7 @@ def optimize_cmd(
             budget = budget_config(
                 model_path, max_drop=max_drop, target_size=target_size, target_of=target_of,
                 seed=seed, engine=engine, device=device, workers=workers, ray_address=ray_address,
-                epochs=epochs, prior=prior,
+                epochs=epochs, prior=prior, cluster=cluster,
             )  # fmt: skip
         failed = None
         with out.progress(f"optimize {recipe or passes}") as update:

@@ -61,6 +61,23 @@ Rules:
    float initializer of rank 2 gathered along axis 0 (a row per token), ``[vocab, dim]``,
    grouped along axis 0 (rows); a table that is also some node's weight is clustered once, as
    that weight.
+10. ``method="entropy"`` with ``lam`` (entropy-constrained scalar quantization, ECSQ: Chou,
+    Lookabaugh and Gray 1989; Choi, El-Khamy and Lee 2017, "Towards the limit of network
+    quantization"): export codes the palette indices with an entropy coder (Huffman or rANS,
+    whichever is smaller; :mod:`mconv.codecs.choose`), so an index costs about ``-log2 p_k``
+    bits, ``p_k`` its cluster's share of the tensor's values (the zeros count as their own
+    code). k-means (rules 4-5) starts, then each value goes to the cluster minimising
+    ``(x - c_k)**2 + lam * ms * -log2 p_k`` (``ms``: the nonzero values' mean square, so
+    ``lam`` is unitless: the squared error, relative to ``ms``, one bit is worth), centroids
+    and shares are updated, until no value moves. Clusters that empty are dropped: a larger
+    ``lam`` leaves fewer, more unequal clusters and fewer coded bytes at more error; the
+    result still fits ``bits``-bit codes (at most ``2**bits`` clusters). ``lam = 0`` is plain
+    k-means (rules 4-6). Each cluster is an interval of the sorted values, found by the lower
+    envelope of the cost parabolas; a value takes its bin's cluster (a bin of rule 3 holds
+    values within one float16 ulp: for a large float32 tensor that is the assignment's
+    resolution, exact otherwise). Zeros stay zero (rule 1); groups cluster each on their own
+    (rule 2); not with ``block``. The metadata records ``bits``/``init``/``groups`` as before:
+    export needs nothing else.
 """
 
 from __future__ import annotations
@@ -490,6 +507,103 @@ def _cluster_flat(
     return out, counted_histogram(np.append(c, flat.dtype.type(0)), counts, flat.dtype)
 
 
+# --- entropy-constrained clustering (rule 10) ------------------------------------------------
+
+
+def _envelope_labels(mean: np.ndarray, c: np.ndarray, rate: np.ndarray) -> np.ndarray:
+    """For each sorted ``mean`` the index of the centroid minimising ``(x - c_k)**2 + rate_k``
+    (``c`` sorted and distinct, ``rate`` finite), a tie to the lower: the cost is the upper
+    envelope of the lines ``2 c_k x - (c_k**2 + rate_k)`` (slopes increasing with k), so every
+    cluster takes one interval of x, found by the convex hull trick in O(k) and a search."""
+    m, q = 2.0 * c, -(c * c + rate)
+    hull: list[int] = []
+
+    def cross(a: int, b: int) -> float:  # x where line b (steeper) overtakes line a
+        return float((q[a] - q[b]) / (m[b] - m[a]))
+
+    for j in range(c.size):
+        while len(hull) >= 2 and cross(hull[-2], j) <= cross(hull[-2], hull[-1]):
+            hull.pop()
+        hull.append(j)
+    keep = np.array(hull, dtype=np.intp)
+    breaks = np.array([cross(a, b) for a, b in zip(hull[:-1], hull[1:])])
+    return keep[np.searchsorted(breaks, mean, side="left")]
+
+
+def ecsq_bins(
+    bins: ValueBins, centroids: np.ndarray, lam: float, zeros: int = 0, *, max_iter: int = 300
+) -> tuple[np.ndarray, np.ndarray]:
+    """Entropy-constrained scalar quantization (rule 10) of binned values from ``centroids``:
+    returns the sorted float64 centroids of the clusters still used and each bin's cluster.
+
+    Alternates (Chou, Lookabaugh and Gray 1989; Choi, El-Khamy and Lee 2017) the assignment
+    minimising ``(x - c_k)**2 + lam * ms * -log2(p_k)`` (``ms`` the mean square of the values,
+    ``p_k`` cluster k's share of all ``count + zeros`` values, the zeros being their own code),
+    the centroids' update (their members' means) and the shares' update: each step lowers
+    distortion + lam * rate, so it ends; a cluster left empty is dropped."""
+    mean, count = bins.mean, bins.count.astype(np.float64)
+    total_values = float(count.sum()) + zeros
+    ms = float(np.sum(bins.total * mean) / max(count.sum(), 1.0))  # ~ mean square (bin means)
+    c = np.unique(np.asarray(centroids, dtype=np.float64))
+    labels = _envelope_labels(mean, c, np.zeros(c.size))
+    for _ in range(max_iter):
+        n = np.bincount(labels, weights=count, minlength=c.size)
+        t = np.bincount(labels, weights=bins.total, minlength=c.size)
+        used = n > 0
+        c, n, t = c[used], n[used], t[used]
+        c = t / n  # clusters are disjoint intervals of the sorted bins: strictly increasing
+        rate = lam * ms * -np.log2(n / total_values)
+        new = _envelope_labels(mean, c, rate)
+        if new.size == labels.size and np.array_equal(new, labels):
+            break
+        labels = new
+    n = np.bincount(labels, weights=count, minlength=c.size)
+    t = np.bincount(labels, weights=bins.total, minlength=c.size)
+    live = np.flatnonzero(n > 0)
+    remap = np.full(c.size, -1, np.intp)
+    remap[live] = np.arange(live.size)
+    return t[live] / n[live], remap[labels]
+
+
+def _ecsq_flat(
+    flat: np.ndarray, k: int, init: Init, lam: float, max_iter: int, seed: int, zeros: int
+) -> tuple[np.ndarray, Histogram]:
+    """:func:`_cluster_flat` by entropy-constrained clustering (rule 10) from k centroids."""
+    if zeros == flat.size or lam == 0.0:
+        return _cluster_flat(flat, k, init, max_iter, seed, zeros)
+    bins = value_bins(flat, zeros)
+    if bins is None:  # subnormals share the zero code: the nonzero values alone (as above)
+        keep = flat != 0
+        out = np.zeros_like(flat)
+        nz = flat[keep]
+        sub = _distinct_bins(nz)
+        c, labels = ecsq_bins(sub, bin_centroids(sub, k, init, max_iter=max_iter, seed=seed), lam, zeros)
+        cc = c.astype(flat.dtype)
+        pos = np.searchsorted(sub.lo, nz)
+        out[keep] = cc[labels[pos]]
+        counts = np.bincount(labels, weights=sub.count, minlength=c.size).astype(np.int64)
+        return out, counted_histogram(
+            np.append(cc, flat.dtype.type(0)), np.append(counts, flat.size - counts.sum()), flat.dtype
+        )
+    c, labels = ecsq_bins(bins, bin_centroids(bins, k, init, max_iter=max_iter, seed=seed), lam, zeros)
+    cc = c.astype(flat.dtype)
+    counts = np.bincount(labels, weights=bins.count, minlength=c.size).astype(np.int64)
+    if bins.codes is not None:
+        table = np.zeros(_NCODES, dtype=flat.dtype)  # zero codes stay zero (rule 1)
+        table[bins.codes] = cc[labels]
+        out = np.empty_like(flat)
+        bits = flat.view(np.uint32)
+        for i in range(0, flat.size, _CHUNK):
+            np.take(table, (bits[i : i + _CHUNK] >> _DROP).astype(np.intp), out=out[i : i + _CHUNK])
+    else:
+        out = np.zeros_like(flat)
+        keep = flat != 0 if zeros else slice(None)
+        out[keep] = cc[labels[np.searchsorted(bins.lo, flat[keep])]]
+    return out, counted_histogram(
+        np.append(cc, flat.dtype.type(0)), np.append(counts, flat.size - counts.sum()), flat.dtype
+    )
+
+
 BLOCK_CHUNK = 1 << 20  # values per piece of block_palettes: whole blocks, bounded temporaries
 
 
@@ -699,8 +813,10 @@ def cluster_array(
     axis: int = 0,
     max_iter: int = 300,
     seed: int = 0,
+    lam: float = 0.0,
 ) -> np.ndarray:
-    """``array`` with its nonzero values replaced by their cluster centroids (rules 1-6)."""
+    """``array`` with its nonzero values replaced by their cluster centroids (rules 1-6; with
+    ``lam > 0`` by entropy-constrained clustering, rule 10)."""
     if array.size == 0:
         return array.copy()
     nonzero = np.count_nonzero(array)
@@ -708,7 +824,7 @@ def cluster_array(
     groups = min(groups, array.shape[axis]) if array.ndim else 1  # no group without a channel
     if groups <= 1:
         flat = array.ravel()
-        clustered, hist = _cluster_flat(flat, k, init, max_iter, seed, int(flat.size - nonzero))
+        clustered, hist = _ecsq_flat(flat, k, init, lam, max_iter, seed, int(flat.size - nonzero))
         out = clustered.reshape(array.shape)
     else:
         out = np.empty_like(array)
@@ -720,8 +836,8 @@ def cluster_array(
                 continue
             part = moved[channels[0] : channels[-1] + 1]
             flat = np.ascontiguousarray(part).ravel()
-            clustered, h = _cluster_flat(
-                flat, k, init, max_iter, seed + g, int(flat.size - np.count_nonzero(flat))
+            clustered, h = _ecsq_flat(
+                flat, k, init, lam, max_iter, seed + g, int(flat.size - np.count_nonzero(flat))
             )
             target[channels[0] : channels[-1] + 1] = clustered.reshape(part.shape)
             hists.append(h)
@@ -764,6 +880,9 @@ class Cluster(Pass):
     class Config:
         bits: int = bounded(5, 1, 8)
         init: Init = "linear"
+        # "entropy": entropy-constrained clustering with ``lam`` (rule 10); "kmeans": plain k-means
+        method: Literal["kmeans", "entropy"] = "kmeans"
+        lam: float = bounded(0.0, 0.0, 1e6)
         groups: int = bounded(1, 1, MAX_COUNT)  # at most the tensor's channels are used
         # > 0: one palette per ``block`` consecutive values of the stored tensor (rule 8)
         block: int = bounded(0, 0, MAX_COUNT)
@@ -801,6 +920,16 @@ class Cluster(Pass):
                     where=f"node {ref.node.name}",
                     hint="one palette per block or per group of channels, not both",
                 )
+            if cfg.method not in ("kmeans", "entropy"):
+                raise InputError(
+                    f"method={cfg.method!r}", where=f"node {ref.node.name}", hint="use kmeans or entropy"
+                )
+            if cfg.method == "entropy" and cfg.block:
+                raise InputError(
+                    f"method=entropy with block={cfg.block}",
+                    where=f"node {ref.node.name}",
+                    hint="entropy-constrained clustering works per tensor or per group of channels",
+                )
             if cfg.block and cfg.init not in BLOCK_INITS:
                 raise InputError(
                     f"init={cfg.init!r} with block={cfg.block}",
@@ -824,6 +953,7 @@ class Cluster(Pass):
                     axis=ref.out_axis,
                     max_iter=cfg.max_iter,
                     seed=ctx.seed + i,
+                    lam=float(cfg.lam) if cfg.method == "entropy" else 0.0,
                 )
             ref.set_array(clustered)
             facts = {"block": cfg.block} if cfg.block else {"groups": groups, "axis": ref.out_axis}
@@ -844,6 +974,7 @@ class Cluster(Pass):
                     "shape": list(w.shape),
                     "bits": cfg.bits,
                     "init": cfg.init,
+                    **({"method": "entropy", "lam": cfg.lam} if cfg.method == "entropy" else {}),
                     "groups": groups,
                     **({"block": cfg.block} if cfg.block else {}),
                     "codebook_size": int(np.count_nonzero(book)),

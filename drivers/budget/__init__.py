@@ -150,6 +150,17 @@ Rules
     store once; the result is the in-process run's, value for value. The Fisher itself, the
     first attempt's bisection and the attempts (each one decides the next) stay in this
     process.
+13. **Entropy-constrained clustering** (``cluster="entropy"``, ``--cluster entropy``; default
+    ``kmeans``). Export entropy-codes palette indices, so a layer's bits need not be a whole
+    number. Where the clustering stage decides the bit widths again on the current weights
+    (rules 6 and 7, each ``bits_only`` reallocation), each option of ``b`` bits is also tried
+    as the cluster pass's ``method="entropy"`` with at most ``b`` or ``b + 1`` bits and each
+    lam of :data:`~mconv.drivers.budget.allocation.ENTROPY_LAMS`; the one with the least
+    Fisher-weighted error among those export codes to no more bytes than k-means at ``b``
+    (k-means included) becomes the option, with its coded bytes, measured by the codec choice
+    export makes. The allocation (the knapsack of rule 5) then picks among the improved options
+    and the schedule's cluster stages run each layer's choice (the saved recipe names
+    ``method``/``lam``). The first estimate (rule 3) stays k-means'.
 
 Layout
 ------

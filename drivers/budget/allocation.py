@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -104,6 +105,7 @@ def _reallocate(
     budget: int,
     *,
     bits_only: bool,
+    plans: dict | None = None,
 ) -> tuple[dict[str, tuple[float, int | None]], int]:
     """Rule 6: the allocation for ``budget`` bytes decided again on ``model`` as the last
     retraining left it. The diagonal Fisher is measured on the current weights; an option's
@@ -114,8 +116,10 @@ def _reallocate(
     leaves weights whose clustered indices code to fewer bytes than the first estimate's).
     Otherwise bytes are the first estimate's (they follow the count kept and the bits). Then
     the least costly allocation within ``budget`` (the frontier's and :func:`_within`'s; the
-    frontier's smallest when none fits), and its bytes."""
-    fresh = _recosted(model, ev, train, layers, bits_only=bits_only)
+    frontier's smallest when none fits), and its bytes. With ``plans`` (a dict, rule 13) the
+    bit widths are also tried as entropy-constrained clustering and ``plans`` gets each
+    option's choice."""
+    fresh = _recosted(model, ev, train, layers, bits_only=bits_only, plans=plans)
     frontier = _frontier(fresh)
     fits = [a for a in frontier if _alloc_bytes(fresh, a) <= budget] or frontier[:1]
     packed = _within(fresh, budget)
@@ -135,7 +139,13 @@ def _alloc_cost(layers: list[_Layer], alloc: Mapping) -> float:
 
 
 def _recosted(
-    model: ir.Model, ev: _Evaluator, train: np.ndarray, layers: list[_Layer], *, bits_only: bool
+    model: ir.Model,
+    ev: _Evaluator,
+    train: np.ndarray,
+    layers: list[_Layer],
+    *,
+    bits_only: bool,
+    plans: dict | None = None,
 ) -> list[_Layer]:
     """The layers' options costed again on ``model``'s current weights (see :func:`_reallocate`)."""
     fisher = _fisher(model, ev, train[:256], [layer.tensor for layer in layers])
@@ -167,6 +177,9 @@ def _recosted(
                 c = _compressed(a, 0.0, b)
                 cost = 0.5 * float(np.sum(f * np.square(c.astype(np.float64) - w)))
                 nbytes = _stored_bytes(c, se, b)  # what the retrained weights code to (entropy)
+                if plans is not None:
+                    nbytes, cost, plan = _entropy_choice(a, w, f, se, b, nbytes, cost)
+                    plans[(layer.name, s, b)] = plan
             else:
                 nbytes = int(round(nbytes * scale.get(b, 1.0)))
                 if b is not None:
@@ -174,6 +187,34 @@ def _recosted(
             new.options[(s, b)] = (nbytes, cost)
         fresh.append(new)
     return fresh
+
+
+ENTROPY_LAMS = (0.0003, 0.001, 0.003, 0.01, 0.03)  # rule 13: ECSQ's lam, unitless (cluster rule 10)
+
+
+def _entropy_choice(
+    a: np.ndarray, w: np.ndarray, f: np.ndarray, sparsity: float, bits: int, nbytes: int, cost: float
+) -> tuple[int, float, dict]:
+    """Rule 13: the clustering of ``a`` (the pruned current weights ``w``, diagonal Fisher ``f``)
+    that an option of ``bits`` bits runs: plain k-means at ``bits`` (``nbytes``, ``cost``) or
+    entropy-constrained clustering with at most ``bits`` or ``bits + 1`` bits of codes and a lam
+    of :data:`ENTROPY_LAMS`, whichever has the least Fisher-weighted error among those whose
+    indices export codes to no more bytes than k-means' (so the option's bytes never grow and
+    its effective bits, the coded bytes, are fractional). Returns bytes, cost and the cluster
+    pass's settings."""
+    from mconv.passes.cluster import cluster_array
+
+    best: tuple[float, int, dict[str, Any]] = (cost, nbytes, {"bits": bits})
+    for cap in sorted({bits, min(bits + 1, 8)}):
+        for lam in ENTROPY_LAMS:
+            c = cluster_array(a, cap, "linear", lam=lam)
+            got = _stored_bytes(c, sparsity, cap)
+            if got > nbytes:
+                continue
+            err = 0.5 * float(np.sum(f * np.square(c.astype(np.float64) - w)))
+            if (err, got) < best[:2]:
+                best = (err, got, {"bits": cap, "method": "entropy", "lam": lam})
+    return best[1], best[0], best[2]
 
 
 def _byte_scale(layer: _Layer, w: np.ndarray, zeros: float) -> dict[int | None, float]:

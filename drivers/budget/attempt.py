@@ -15,7 +15,14 @@ from mconv.drivers.budget import evaluation as E
 from mconv.drivers.budget.allocation import _alloc_bytes, _alloc_table, _reallocate, _widest
 from mconv.drivers.budget.config import PALETTE_RECORD, BudgetConfig, Progress
 from mconv.drivers.budget.evaluation import _Evaluator, _restore, _weights_state
-from mconv.drivers.budget.schedule import _cluster_spec, _clustered_names, _prefix, _schedule, cluster_groups
+from mconv.drivers.budget.schedule import (
+    _cluster_spec,
+    _clustered_names,
+    _prefix,
+    _schedule,
+    cluster_entries,
+    cluster_groups,
+)
 from mconv.drivers.budget.sensitivity import _Layer
 from mconv.passes.base import PassContext, PassSpec
 from mconv.passes.pipeline import _record_provenance, snapshot_model
@@ -52,6 +59,7 @@ class Search:
     split: dict = field(default_factory=dict)  # rule 1: the counts the report names
     est: dict = field(default_factory=dict)  # rule 3: the estimator's report
     room: int = 0  # rule 7: the bytes the layers' blobs have under the target
+    plans: dict = field(default_factory=dict)  # rule 13: (layer, sparsity, bits) -> cluster settings
 
     @property
     def target(self) -> int | None:
@@ -70,8 +78,13 @@ class Search:
         c = self.config
         return _schedule(
             alloc, self.epochs, c.seed, self.holdout, c.batch_size, c.engine, c.device,
-            self.shift, self.shift_targets, self.sizes_of(),
+            self.shift, self.shift_targets, self.sizes_of(), self.plans,
         )  # fmt: skip
+
+    @property
+    def entropy_plans(self) -> dict | None:
+        """Rule 13: the dict the clustering stage's reallocations fill, or None (k-means only)."""
+        return self.plans if self.config.cluster == "entropy" else None
 
     def history_bytes(self, specs: list[PassSpec], stages: list[tuple[str, list[PassSpec]]]) -> int:
         """The bundle's provenance of ``specs`` and the ``stages`` still to come (an attempt's
@@ -147,8 +160,9 @@ class _Attempt:
             if name == "cluster" and s.target is not None:  # rule 7: the bytes left, measured
                 self.stage_budget = s.target - s.nonlayer_now(self.work, self.kept, self.plan[si:])
             self.alloc, self.predicted = _reallocate(
-                self.work, s.ev, s.train, s.layers, self.stage_budget, bits_only=name == "cluster"
-            )
+                self.work, s.ev, s.train, s.layers, self.stage_budget, bits_only=name == "cluster",
+                plans=s.entropy_plans if name == "cluster" else None,
+            )  # fmt: skip
             self.reallocated.append(
                 {
                     "stage": name,
@@ -200,7 +214,7 @@ class _Attempt:
         """Rule 7 at clustering: the attempt's model clustered for its size (with progressive
         groups, every group at once: the result's indices), else the stage."""
         if whole:
-            full = {n: {"skip": False, "bits": alloc_now[n][1]} for n in _clustered_names(alloc_now)}
+            full = cluster_entries(alloc_now, self.s.plans)
             E._run_specs(self.work, [_cluster_spec(full)], self.ctx)
         else:
             E._run_specs(self.work, group_specs, self.ctx)
@@ -228,7 +242,9 @@ class _Attempt:
             # hold slack that the same allocation would fill again)
             stage_budget = (min(stage_budget, predicted) if size > target else stage_budget) + target - size
             _restore(work, before_state)
-            alloc, predicted = _reallocate(work, s.ev, s.train, s.layers, stage_budget, bits_only=True)
+            alloc, predicted = _reallocate(
+                work, s.ev, s.train, s.layers, stage_budget, bits_only=True, plans=s.entropy_plans
+            )
             if any(alloc == r["alloc"] for r in runs):
                 break
             specs = dict(s.plan_for(alloc)).get(name, specs)
@@ -267,7 +283,9 @@ class _Attempt:
             stored = sizes["stored"]
             room = sum(stored.get(layer.tensor, 0) for layer in last) - over
             _restore(work, before_state)
-            part, part_bytes = _reallocate(work, s.ev, s.train, last, room, bits_only=True)
+            part, part_bytes = _reallocate(
+                work, s.ev, s.train, last, room, bits_only=True, plans=s.entropy_plans
+            )
             if all(part[n] == self.alloc[n] for n in part) or any(b is None for _, b in part.values()):
                 E._run_specs(work, specs, self.ctx)
                 break

@@ -76,6 +76,9 @@ class BudgetConfig:
     ray_address: str | None = None
     shift: int | None = None
     prior: str = "l2"  # rule 6's pre-training: "l2", "gmm" (drivers/budget/softshare.py) or "auto"
+    # rule 13: "entropy" lets the clustering stage choose, per layer and bit width, entropy-
+    # constrained clustering (cluster method="entropy") with a cap and lam from the data
+    cluster: str = "kmeans"
 
     def __post_init__(self) -> None:
         from mconv.drivers.parallel import check_workers
@@ -88,6 +91,8 @@ class BudgetConfig:
         check_workers(self.workers, self.ray_address)
         if self.prior not in ("auto", "l2", "gmm"):
             raise InputError(f"prior {self.prior!r}", where="--prior", hint="auto, l2 or gmm")
+        if self.cluster not in ("kmeans", "entropy"):
+            raise InputError(f"cluster {self.cluster!r}", where="--cluster", hint="kmeans or entropy")
         if self.estimator not in ("fisher", "sweep"):
             raise InputError(f"estimator {self.estimator!r}", hint="use 'fisher' or 'sweep'")
         drop = self.max_drop

@@ -100,6 +100,7 @@ def _schedule(
     shift: int = 0,
     shift_targets: str = "auto",
     sizes: Mapping[str, int] | None = None,
+    plans: Mapping | None = None,
 ) -> list[tuple[str, list[PassSpec]]]:
     """The paper's schedule for ``alloc`` (rule 6): (stage name, specs) in order; ``sizes``
     (weights per layer) orders the progressive clustering groups (:func:`cluster_groups`)."""
@@ -135,7 +136,7 @@ def _schedule(
                 tune(epochs * (FINAL_RETRAIN if last else 1), 2e-3),
             )
         )
-    clustered = {n: {"skip": False, "bits": b} for n, (_, b) in sorted(alloc.items()) if b is not None}
+    clustered = cluster_entries(alloc, plans)
     if clustered:
         # the biases first: the layers' bit widths are then decided on the bytes the biases
         # really take (clustered, or float16 when that stage was rolled back)
@@ -154,6 +155,16 @@ def _schedule(
                 stages.append((f"centroid fine-tuning {g + 1}", tune(epochs, 3e-4)))
     stages.append(("values to float16", [make_spec("round-fp16", {"compressed": True})]))
     return stages
+
+
+def cluster_entries(alloc: Mapping, plans: Mapping | None = None) -> dict[str, dict]:
+    """The cluster pass's settings per clustered layer of ``alloc``: its bits, or what rule 13
+    chose for the option (``plans[(name, sparsity, bits)]``: entropy-constrained clustering)."""
+    out = {}
+    for n, (s, b) in sorted(alloc.items()):
+        if b is not None:
+            out[n] = {"skip": False, **((plans or {}).get((n, s, b)) or {"bits": b})}
+    return out
 
 
 def _clustered_names(alloc: Mapping) -> list[str]:
