@@ -12,6 +12,9 @@ Rules:
    resolved). Gate: cosine >= ``COSINE`` (0.99) and relative L2 error ``||q - f|| / ||f||`` <=
    ``REL`` (0.15), both over the whole output.
 3. A model passes when every output passes its own rule; the rule used is reported per output.
+4. :func:`score` orders two files' records (the writer's choice among calibrations): more outputs
+   kept first, then the smaller worst shortfall, an output's shortfall being ``1 - top1`` (rule 1)
+   or the larger of ``(1 - cosine) / (1 - COSINE)`` and ``rel / REL`` (rule 2, in units of its bounds).
 """
 
 from __future__ import annotations
@@ -55,6 +58,17 @@ def judge(got: list[np.ndarray], oracle: list[np.ndarray]) -> list[dict[str, Any
             rec["ok"] = cos >= COSINE and rel <= REL
         out.append(rec)
     return out
+
+
+def score(records: list[dict[str, Any]]) -> tuple[int, float]:
+    """Rule 4: larger is better."""
+    worst = 0.0
+    for r in records:
+        if r["rule"] == "top1":
+            worst = max(worst, (1.0 - r["top1"]) / (1.0 - TOP1))
+        else:
+            worst = max(worst, (1.0 - r["cosine"]) / (1.0 - COSINE), r["rel"] / REL)
+    return sum(bool(r["ok"]) for r in records), -worst
 
 
 def summary(records: list[dict[str, Any]]) -> str:

@@ -22,6 +22,12 @@ Rules:
 5. The written bytes are loaded by LiteRT (tensors allocated) before they are returned: a file
    LiteRT would refuse (e.g. a bare 8-bit tensor its XNNPACK delegate cannot take) is an error,
    exit 2, and nothing is written.
+6. ``--calibration auto`` (the default) builds the int8 file with each of :data:`AUTO_METHODS`'
+   ranges in turn (``minmax``, then per-tensor ``mse``, then ``percentile``; one calibration pass
+   collects what all three need) and keeps the first whose every output the int8 gate keeps on
+   the calibration samples, else the one the gate scores best (:func:`gate.score`: most outputs
+   kept, then the smallest worst shortfall). The notes name the method kept and what each
+   method tried measured. A method named by ``--calibration`` is used alone.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PALETTES, PREC
 from mconv.targets.tflite.schema import Graph, serialize
 
 CALIBRATION_SAMPLES = 500
+AUTO_METHODS = ("minmax", "mse", "percentile")  # rule 6's order: ``--calibration auto``
 
 
 @dataclass
@@ -144,7 +151,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
 
     options = dict(options or {})
     precision = _choice(options, "precision", PRECISIONS, "fp32")
-    method = _choice(options, "calibration", CALIBRATIONS, "minmax")
+    method = _choice(options, "calibration", CALIBRATIONS, "auto")
     io_dtype = _choice(options, "io_dtype", IO_DTYPES, "float32")
     palette = _choice(options, "palette", PALETTES, "int8")
     data = options.get("data")
@@ -212,9 +219,10 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
                 hint="key the .npz by the model's input names",
             )
         limit = int(options.get("calibration_samples") or CALIBRATION_SAMPLES)
+        methods = AUTO_METHODS if method == "auto" else (method,)
         try:
-            ranges = quant.calibrate(
-                float_bytes, g, feeds, method, limit, float(options.get("percentile") or 99.99)
+            candidates = quant.calibrate_methods(
+                float_bytes, g, feeds, methods, limit, float(options.get("percentile") or 99.99)
             )
         except ValueError as exc:
             raise InputError(
@@ -225,22 +233,39 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
                 f"LiteRT cannot run the float model to calibrate it ({str(exc).splitlines()[0][:200]})",
                 hint="export --target cpu",
             ) from None
-        ranges.update(quant.qdq_ranges(g, qparams, complete=False))
+        own = quant.qdq_ranges(g, qparams, complete=False)
         base = copy.deepcopy(g)
-        fallback = quant.to_int8(g, ranges, io_dtype)
-        written = _finish(g, precision, [], palettes)
         samples = quant._batches(
             feeds, {base.tensors[i].name: base.tensors[i].shape for i in base.inputs}, CHECK_SAMPLES
         )
         reference = _outputs_of(float_bytes, samples)  # quant rule 8's oracle, run once
-        records = gate.judge(_outputs_of(written.data, samples), reference)
-        softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
-        if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
-            g = copy.deepcopy(base)
-            fallback = quant.to_int8(g, ranges, io_dtype, softmaxes)
-            written = _finish(g, precision, [], palettes)
+        best: tuple | None = None
+        tried = []
+        for m in methods:  # rule 6: the first method whose file the gate keeps, else the best
+            ranges = {**candidates[m], **own}
+            h = copy.deepcopy(base)
+            fallback = quant.to_int8(h, ranges, io_dtype)
+            written = _finish(h, precision, [], palettes)
             records = gate.judge(_outputs_of(written.data, samples), reference)
+            softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
+            if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
+                h = copy.deepcopy(base)
+                fallback = quant.to_int8(h, ranges, io_dtype, softmaxes)
+                written = _finish(h, precision, [], palettes)
+                records = gate.judge(_outputs_of(written.data, samples), reference)
+            score = gate.score(records)
+            tried.append(f"{m} {gate.summary(records)}")
+            if best is None or score > best[0]:
+                best = (score, m, written, records, fallback, softmaxes)
+            if all(r["ok"] for r in records):
+                break
+        assert best is not None
+        _, method, written, records, fallback, softmaxes = best
         notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
+        if len(tried) > 1:
+            notes.append(
+                f"calibrations tried (rule: the first the int8 gate keeps, else the best): {'; '.join(tried)}"
+            )
         if fallback:
             why = [f"{len(fallback) - len(softmaxes)} without an int8 kernel"]
             if softmaxes:
