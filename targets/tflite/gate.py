@@ -12,7 +12,18 @@ Rules:
    resolved). Gate: cosine >= ``COSINE`` (0.99) and relative L2 error ``||q - f|| / ||f||`` <=
    ``REL`` (0.15), both over the whole output.
 3. A model passes when every output passes its own rule; the rule used is reported per output.
-4. :func:`score` orders two files' records (the writer's choice among calibrations): more outputs
+4. ``detections`` for an anchor detector's pair of outputs (boxes ``[N, A, >=4]`` whose first
+   four values are the centre-size box ``cx, cy, w, h`` relative to anchor ``a``, scores ``[N, A,
+   1]`` as logits), where the caller names the pair and the model's score threshold
+   (:func:`detections`): the detections are the anchors scoring above the threshold; a float
+   detection is matched when the int8 file detects at the same anchor with a box of IoU >=
+   ``IOU`` (0.5) to the float one (both boxes share the anchor's offset, so the IoU of the offsets
+   is the IoU of the decoded boxes). Gate: ``matched / max(float detections, int8 detections)``
+   >= ``TOP1``, with at least one float detection (no detection in the float output: the rule
+   cannot judge, and the caller keeps rules 1-2). This is the measure users of a detector judge
+   it by: which objects it finds, where; the raw logits of background anchors (most of a
+   cosine over the whole output) are not.
+5. :func:`score` orders two files' records (the writer's choice among calibrations): more outputs
    kept first, then the smaller worst shortfall, an output's shortfall being ``1 - top1`` (rule 1)
    or the larger of ``(1 - cosine) / (1 - COSINE)`` and ``rel / REL`` (rule 2, in units of its bounds).
 """
@@ -27,6 +38,7 @@ TOP1 = 0.99
 COSINE = 0.99
 REL = 0.15
 MAX_CLASSES = 256
+IOU = 0.5
 
 
 def rule_of(oracle: np.ndarray) -> str:
@@ -60,12 +72,56 @@ def judge(got: list[np.ndarray], oracle: list[np.ndarray]) -> list[dict[str, Any
     return out
 
 
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of centre-size boxes ``[..., 4]`` (cx, cy, w, h), elementwise over the leading axes."""
+    ax0, ax1 = a[..., 0] - np.abs(a[..., 2]) / 2, a[..., 0] + np.abs(a[..., 2]) / 2
+    ay0, ay1 = a[..., 1] - np.abs(a[..., 3]) / 2, a[..., 1] + np.abs(a[..., 3]) / 2
+    bx0, bx1 = b[..., 0] - np.abs(b[..., 2]) / 2, b[..., 0] + np.abs(b[..., 2]) / 2
+    by0, by1 = b[..., 1] - np.abs(b[..., 3]) / 2, b[..., 1] + np.abs(b[..., 3]) / 2
+    iw = np.clip(np.minimum(ax1, bx1) - np.maximum(ax0, bx0), 0, None)
+    ih = np.clip(np.minimum(ay1, by1) - np.maximum(ay0, by0), 0, None)
+    inter = iw * ih
+    union = (ax1 - ax0) * (ay1 - ay0) + (bx1 - bx0) * (by1 - by0) - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+
+
+def detections(
+    boxes: np.ndarray,
+    scores: np.ndarray,
+    float_boxes: np.ndarray,
+    float_scores: np.ndarray,
+    threshold: float = 0.0,
+) -> dict[str, Any]:
+    """Rule 4: one record for an anchor detector's boxes and score logits (int8, then float);
+    ``threshold`` is the model's score threshold as a logit (0.0: a sigmoid score of 0.5)."""
+    fb = np.asarray(float_boxes, np.float64)
+    fs = np.asarray(float_scores, np.float64).reshape(fb.shape[:-1])
+    qb = np.asarray(boxes, np.float64).reshape(fb.shape)
+    qs = np.asarray(scores, np.float64).reshape(fs.shape)
+    fdet, qdet = fs > threshold, qs > threshold
+    both = fdet & qdet
+    ious = _iou(fb[..., :4], qb[..., :4])
+    matched = int((both & (ious >= IOU)).sum())
+    nf, nq = int(fdet.sum()), int(qdet.sum())
+    agreement = matched / max(nf, nq) if max(nf, nq) else 1.0
+    return {
+        "rule": "detections",
+        "float": nf,
+        "int8": nq,
+        "matched": matched,
+        "agreement": agreement,
+        "ok": nf > 0 and agreement >= TOP1,
+    }
+
+
 def score(records: list[dict[str, Any]]) -> tuple[int, float]:
     """Rule 4: larger is better."""
     worst = 0.0
     for r in records:
         if r["rule"] == "top1":
             worst = max(worst, (1.0 - r["top1"]) / (1.0 - TOP1))
+        elif r["rule"] == "detections":
+            worst = max(worst, (1.0 - r["agreement"]) / (1.0 - TOP1))
         else:
             worst = max(worst, (1.0 - r["cosine"]) / (1.0 - COSINE), r["rel"] / REL)
     return sum(bool(r["ok"]) for r in records), -worst
@@ -77,6 +133,11 @@ def summary(records: list[dict[str, Any]]) -> str:
     for r in records:
         if r["rule"] == "top1":
             parts.append(f"top1 {r['top1']:.3f}")
+        elif r["rule"] == "detections":
+            parts.append(
+                f"detections {r['matched']} of {max(r['float'], r['int8'])} matched "
+                f"(float {r['float']}, int8 {r['int8']}; IoU >= {IOU})"
+            )
         else:
             parts.append(f"cosine {r['cosine']:.5f} rel {r['rel']:.3f}")
     return "; ".join(parts)

@@ -1,0 +1,93 @@
+"""Full-int8 LiteRT files (issue 46 item 4): the ``auto`` calibration (minmax, then per-tensor
+MSE, then percentile, the first the int8 gate keeps), the MSE range search, and the gate's
+detection rule for anchor detectors.
+
+LeNet-5 (Caffe) on real MNIST digits, run by LiteRT; the detection rule on boxes whose IoU is
+worked out by hand in the test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+litert = pytest.importorskip("ai_edge_litert.interpreter")
+
+
+def _shared() -> Path:
+    """../shared (MCONV_SHARED): the real models and data (tests/conftest.py's rule)."""
+    env = os.environ.get("MCONV_SHARED")
+    root = Path(env) if env else Path(__file__).resolve().parents[3].parent / "shared"
+    if not (root / "models").is_dir():
+        pytest.skip("../shared (models and data) is absent; set MCONV_SHARED to its path")
+    return root
+
+
+@pytest.fixture(scope="module")
+def lenet():
+    from mconv.formats import import_model
+
+    root = _shared()
+    caffe = root / "models" / "caffe"
+    model = import_model([caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"])
+    d = np.load(root / "data" / "mnist5k.npz")  # sorted by label: strided picks mix the digits
+    return model, d["images"][:, None].astype(np.float32) / 256
+
+
+def test_auto_calibration_keeps_mse_where_minmax_fails_the_gate(lenet, tmp_path):
+    """Two over-exposed frames (40x) among 100 calibration digits stretch the input's min-max
+    range 40-fold: the min-max file fails the int8 gate on the calibration samples, ``auto``
+    keeps the per-tensor MSE ranges (which clip the stray frames), the notes say which and what
+    each method measured, and on 500 held-out digits it agrees with float at least as well."""
+    from mconv.targets import get_target
+
+    model, x = lenet
+    calib = x[::50].copy()  # 100 digits of every class
+    calib[:2] *= 40.0
+    held = x[25::10]  # 500 others
+    t = get_target("tflite")
+    want = t.load(t.export(model, tmp_path / "f32", {})).run({"data": held})["prob"].argmax(1)
+
+    def agreement(name: str, **opts) -> tuple[float, str]:
+        b = t.export(model, tmp_path / name, {"precision": "int8", "data": {"data": calib}, **opts})
+        got = t.load(b).run({"data": held})["prob"].argmax(1)
+        return float((got == want).mean()), " ".join(b.manifest["notes"])
+
+    minmax, minmax_notes = agreement("minmax", calibration="minmax")
+    auto, notes = agreement("auto")
+    assert "from minmax calibration" in minmax_notes and "NOT kept" in minmax_notes
+    assert "calibrations tried" not in minmax_notes  # a named method is used alone
+    assert "activation ranges from mse calibration" in notes and "(kept;" in notes
+    assert "calibrations tried" in notes and "minmax top1" in notes
+    assert auto >= minmax and auto >= 0.97, (auto, minmax)
+
+
+def test_detection_rule_matches_anchors_by_iou():
+    """Gate rule 4 on five anchors (boxes cx, cy, w, h; scores as logits, threshold 0): float
+    detects anchors 0, 2, 4; int8 detects 0, 2, 3. Anchor 0: the same box (IoU 1). Anchor 2:
+    10x10 boxes 5 apart in x, intersection 5 x 10 = 50, union 150, IoU 1/3 < 0.5: not matched.
+    So 1 of 3 matched: not kept. With anchor 2's box 1 apart (IoU 90/110 = 0.82) and anchors 3
+    and 4 agreeing, 3 of 3: kept. With no float detection the rule cannot keep anything."""
+    from mconv.targets.tflite import gate
+
+    fb = np.zeros((1, 5, 16))
+    fb[0, :, 2:4] = 10.0
+    qb = fb.copy()
+    qb[0, 2, 0] = 5.0
+    fs = np.array([2.0, -3.0, 1.0, -1.0, 0.5]).reshape(1, 5, 1)
+    qs = np.array([1.5, -2.0, 0.8, 0.2, -0.1]).reshape(1, 5, 1)
+    r = gate.detections(qb, qs, fb, fs)
+    assert (r["float"], r["int8"], r["matched"], r["ok"]) == (3, 3, 1, False)
+    assert r["agreement"] == pytest.approx(1 / 3)
+    assert "detections 1 of 3 matched" in gate.summary([r])
+
+    qb[0, 2, 0] = 1.0
+    qs = np.array([1.5, -2.0, 0.8, -0.2, 0.1]).reshape(1, 5, 1)
+    r = gate.detections(qb, qs, fb, fs)
+    assert (r["matched"], r["agreement"], r["ok"]) == (3, 1.0, True)
+
+    r = gate.detections(qb, qs - 10.0, fb, fs - 10.0)
+    assert (r["float"], r["ok"]) == (0, False)
