@@ -6,13 +6,19 @@ Rules:
 1. ``top1`` for class scores: a 2-D ``[N, K]`` float output whose oracle rows are probability
    vectors (all in [0, 1], each summing to 1 within 1e-3) with 2 <= K <= 256. Gate: argmax
    agreement >= ``TOP1`` (0.99) over the N samples.
-2. ``cosine`` for every other output (regressions, landmarks, box offsets, embeddings, logits,
+2. ``top1/position`` for a sequence of class scores: a 3-D ``[N, T, K]`` float output whose
+   oracle rows over the last axis are probability vectors (each in [0, 1], summing to 1 within
+   1e-3), K >= 2 (an OCR recognizer's per-position characters, which CTC decoding reads by argmax
+   position by position). Gate: argmax agreement >= ``TOP1`` over the N x T positions (with 40
+   positions, every one). Wide K is fine here: the writer's rule 8 sends a softmax whose int8
+   output cannot resolve the float one to float, and a file whose argmaxes differ fails.
+3. ``cosine`` for every other output (regressions, landmarks, box offsets, embeddings, logits,
    and softmaxes wider than 256 classes: LiteRT's int8 softmax output has a fixed step of 1/256,
    so a 1,000-way distribution's probabilities mostly round to zero and its argmax is not
    resolved). Gate: cosine >= ``COSINE`` (0.99) and relative L2 error ``||q - f|| / ||f||`` <=
    ``REL`` (0.15), both over the whole output.
-3. A model passes when every output passes its own rule; the rule used is reported per output.
-4. ``detections`` for an anchor detector's pair of outputs (boxes ``[N, A, >=4]`` whose first
+4. A model passes when every output passes its own rule; the rule used is reported per output.
+5. ``detections`` for an anchor detector's pair of outputs (boxes ``[N, A, >=4]`` whose first
    four values are the centre-size box ``cx, cy, w, h`` relative to anchor ``a``, scores ``[N, A,
    1]`` as logits), where the caller names the pair and the model's score threshold
    (:func:`detections`): the detections are the anchors scoring above the threshold; a float
@@ -20,10 +26,10 @@ Rules:
    ``IOU`` (0.5) to the float one (both boxes share the anchor's offset, so the IoU of the offsets
    is the IoU of the decoded boxes). Gate: ``matched / max(float detections, int8 detections)``
    >= ``TOP1``, with at least one float detection (no detection in the float output: the rule
-   cannot judge, and the caller keeps rules 1-2). This is the measure users of a detector judge
+   cannot judge, and the caller keeps rules 1-3). This is the measure users of a detector judge
    it by: which objects it finds, where; the raw logits of background anchors (most of a
    cosine over the whole output) are not.
-5. :func:`score` orders two files' records (the writer's choice among calibrations): more outputs
+6. :func:`score` orders two files' records (the writer's choice among calibrations): more outputs
    kept first, then the smaller worst shortfall, an output's shortfall being ``1 - top1`` (rule 1)
    or the larger of ``(1 - cosine) / (1 - COSINE)`` and ``rel / REL`` (rule 2, in units of its bounds).
 """
@@ -42,11 +48,13 @@ IOU = 0.5
 
 
 def rule_of(oracle: np.ndarray) -> str:
-    """Rule 1 or 2 for one output, from the float oracle's values."""
+    """Rule 1, 2 or 3 for one output, from the float oracle's values."""
     a = np.asarray(oracle, np.float64)
-    if a.ndim == 2 and 2 <= a.shape[1] <= MAX_CLASSES and a.size:
-        if a.min() >= 0 and a.max() <= 1 and np.allclose(a.sum(1), 1.0, atol=1e-3):
-            return "top1"
+    probs = a.size and a.min() >= 0 and a.max() <= 1 and np.allclose(a.sum(-1), 1.0, atol=1e-3)
+    if a.ndim == 2 and 2 <= a.shape[1] <= MAX_CLASSES and probs:
+        return "top1"
+    if a.ndim == 3 and a.shape[2] >= 2 and probs:
+        return "top1/position"
     return "cosine"
 
 
@@ -63,8 +71,8 @@ def judge(got: list[np.ndarray], oracle: list[np.ndarray]) -> list[dict[str, Any
         nb = float(np.linalg.norm(b))
         rel = float(np.linalg.norm(a - b) / nb) if nb else float(np.linalg.norm(a))
         rec: dict[str, Any] = {"rule": rule, "cosine": cos, "rel": rel}
-        if rule == "top1":
-            top1 = float((q64.argmax(1) == f64.argmax(1)).mean())
+        if rule in ("top1", "top1/position"):
+            top1 = float((q64.argmax(-1) == f64.argmax(-1)).mean())
             rec.update(top1=top1, ok=top1 >= TOP1)
         else:
             rec["ok"] = cos >= COSINE and rel <= REL
@@ -118,7 +126,7 @@ def score(records: list[dict[str, Any]]) -> tuple[int, float]:
     """Rule 4: larger is better."""
     worst = 0.0
     for r in records:
-        if r["rule"] == "top1":
+        if r["rule"] in ("top1", "top1/position"):
             worst = max(worst, (1.0 - r["top1"]) / (1.0 - TOP1))
         elif r["rule"] == "detections":
             worst = max(worst, (1.0 - r["agreement"]) / (1.0 - TOP1))
@@ -131,8 +139,8 @@ def summary(records: list[dict[str, Any]]) -> str:
     """``top1 1.000; cosine 0.9991 rel 0.041`` style, one item per output."""
     parts = []
     for r in records:
-        if r["rule"] == "top1":
-            parts.append(f"top1 {r['top1']:.3f}")
+        if r["rule"] in ("top1", "top1/position"):
+            parts.append(f"{r['rule']} {r['top1']:.3f}")
         elif r["rule"] == "detections":
             parts.append(
                 f"detections {r['matched']} of {max(r['float'], r['int8'])} matched "

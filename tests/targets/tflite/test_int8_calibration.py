@@ -91,3 +91,21 @@ def test_detection_rule_matches_anchors_by_iou():
 
     r = gate.detections(qb, qs - 10.0, fb, fs - 10.0)
     assert (r["float"], r["ok"]) == (0, False)
+
+
+def test_a_sequence_of_class_probabilities_is_judged_per_position():
+    """Gate rule 2 on a recognizer's [1, 4, 3] softmax output: positions 0-3 of the float oracle
+    read classes 2, 0, 0, 1; an int8 output reading 2, 0, 1, 1 agrees at 3 of 4 positions (0.75,
+    not kept) though its cosine over the whole output is 0.98; reading 2, 0, 0, 1 with coarser
+    probabilities agrees at all 4 (kept)."""
+    from mconv.targets.tflite import gate
+
+    f = np.array([[[0.1, 0.1, 0.8], [0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.1, 0.8, 0.1]]])
+    q = np.array([[[0.1, 0.1, 0.8], [0.7, 0.2, 0.1], [0.4, 0.5, 0.1], [0.1, 0.8, 0.1]]])
+    r = gate.judge([q], [f])[0]
+    assert (r["rule"], r["top1"], r["ok"]) == ("top1/position", 0.75, False)
+    assert r["cosine"] > 0.98
+    q2 = np.array([[[0.0, 0.25, 0.75], [0.75, 0.25, 0.0], [0.5, 0.25, 0.25], [0.0, 1.0, 0.0]]])
+    r = gate.judge([q2], [f])[0]
+    assert (r["top1"], r["ok"]) == (1.0, True)
+    assert gate.summary([r]).startswith("top1/position 1.000")
