@@ -873,16 +873,18 @@ def missing_tools(tools: list[str]) -> list[str]:
 # crops, other sentences spoken and rendered, other digits), so full int8 is calibrated on inputs
 # it is then not judged on. ``make_feeds`` reads the variant set by ``calibration_feeds``.
 _VARIANT = 0
-# Rows judged at tflite-int8 by the gate's detection rule (mconv.targets.tflite.gate rule 4):
+# Rows judged at tflite-int8 by the gate's detection rule (mconv.targets.tflite.gate rule 5):
 # MediaPipe's SSD anchor detectors, (boxes output, score-logit output, threshold as a logit:
-# 0.0 is a sigmoid score of 0.5, MediaPipe's min_score_thresh). Where the float output of the
-# judged feed has no detection the rule cannot judge and the cosine rule stays.
-INT8_DETECTIONS: dict[str, tuple[int, int, float]] = {
-    "mp-face-detection-short": (0, 1, 0.0),
-    "mp-face-detection-full-sparse": (0, 1, 0.0),
-    "mp-palm-detection-full": (0, 1, 0.0),
-    "mp-palm-detection-lite": (0, 1, 0.0),
-    "mp-pose-detection": (0, 1, 0.0),
+# 0.0 is a sigmoid score of 0.5, MediaPipe's min_score_thresh; input size, anchor strides and
+# anchors per layer and cell, as the models' SsdAnchorsCalculator options give them: the grid's
+# anchor count is checked against the output's). Where the float output of the judged feed has
+# no detection the rule cannot judge and the cosine rule stays.
+INT8_DETECTIONS: dict[str, tuple[int, int, float, int, list[int], int]] = {
+    "mp-face-detection-short": (0, 1, 0.0, 128, [8, 16, 16, 16], 2),
+    "mp-face-detection-full-sparse": (0, 1, 0.0, 192, [4], 1),
+    "mp-palm-detection-full": (0, 1, 0.0, 192, [8, 16, 16, 16], 2),
+    "mp-palm-detection-lite": (0, 1, 0.0, 192, [8, 16, 16, 16], 2),
+    "mp-pose-detection": (0, 1, 0.0, 224, [8, 16, 32, 32, 32], 2),
 }
 CALIBRATION_PHOTOS = ("coffee", "chelsea", "rocket", "astronaut", "immunohistochemistry", "hubble_deep_field")
 CALIBRATION_SENTENCES = (
@@ -2542,9 +2544,11 @@ def _run_model(
                     )
                 recs = gate.judge(got, imported_outs)
                 det = INT8_DETECTIONS.get(m.name)
-                if det is not None:  # the gate's rule 4, where the float output has a detection
-                    b, sc, thr = det
-                    rec = gate.detections(got[b], got[sc], imported_outs[b], imported_outs[sc], thr)
+                if det is not None:  # the gate's rule 5, where the float output has a detection
+                    b, sc, thr, size, strides, per_layer = det
+                    centres = gate.ssd_anchor_centres(size, strides, per_layer)
+                    assert len(centres) == np.shape(imported_outs[b])[1], m.name  # the model's grid
+                    rec = gate.detections(got[b], got[sc], imported_outs[b], imported_outs[sc], thr, centres)
                     if rec["float"] > 0:
                         recs = [rec] + [r for k, r in enumerate(recs) if k not in (b, sc)]
                 c["gate"] = [{k: v for k, v in r.items() if k != "ok"} for r in recs]

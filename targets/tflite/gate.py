@@ -28,7 +28,10 @@ Rules:
    >= ``TOP1``, with at least one float detection (no detection in the float output: the rule
    cannot judge, and the caller keeps rules 1-3). This is the measure users of a detector judge
    it by: which objects it finds, where; the raw logits of background anchors (most of a
-   cosine over the whole output) are not.
+   cosine over the whole output) are not. Given the anchors' centres, each side's detections are
+   decoded and reduced by non-maximum suppression (IoU 0.3) first and objects are matched
+   (``detections/nms``): many anchors fire for one object, and one near the threshold flipping
+   does not change what the user gets.
 6. :func:`score` orders two files' records (the writer's choice among calibrations): more outputs
    kept first, then the smaller worst shortfall, an output's shortfall being ``1 - top1`` (rule 1)
    or the larger of ``(1 - cosine) / (1 - COSINE)`` and ``rel / REL`` (rule 2, in units of its bounds).
@@ -45,6 +48,7 @@ COSINE = 0.99
 REL = 0.15
 MAX_CLASSES = 256
 IOU = 0.5
+NMS_IOU = 0.3  # MediaPipe's detectors' min_suppression_threshold
 
 
 def rule_of(oracle: np.ndarray) -> str:
@@ -93,27 +97,78 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
 
 
+def ssd_anchor_centres(size: int, strides: list[int], per_layer: int = 2) -> np.ndarray:
+    """Anchor centres ``[A, 2]`` (x, y in input pixels) of an SSD anchor grid as MediaPipe's
+    ``SsdAnchorsCalculator`` lays it out (``fixed_anchor_size``, aspect ratio 1): consecutive
+    layers of one stride share its cells, each layer giving ``per_layer`` anchors per cell (2
+    with the interpolated scale, 1 without), cells row by row with their centres at
+    ``(x + 0.5) * stride``."""
+    centres: list[tuple[float, float]] = []
+    i = 0
+    while i < len(strides):
+        stride, n = strides[i], 0
+        while i < len(strides) and strides[i] == stride:
+            n, i = n + 1, i + 1
+        cells = -(-size // stride)
+        for y in range(cells):
+            for x in range(cells):
+                centres += [((x + 0.5) * stride, (y + 0.5) * stride)] * (n * per_layer)
+    return np.asarray(centres, np.float64)
+
+
+def _nms(boxes: np.ndarray, scores: np.ndarray, overlap: float) -> np.ndarray:
+    """Greedy non-maximum suppression: indices of the kept boxes, best score first."""
+    order = list(np.argsort(-scores, kind="stable"))
+    kept: list[int] = []
+    while order:
+        k = order.pop(0)
+        kept.append(k)
+        order = [j for j in order if _iou(boxes[k], boxes[j]) < overlap]
+    return np.asarray(kept, np.int64)
+
+
 def detections(
     boxes: np.ndarray,
     scores: np.ndarray,
     float_boxes: np.ndarray,
     float_scores: np.ndarray,
     threshold: float = 0.0,
+    centres: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    """Rule 4: one record for an anchor detector's boxes and score logits (int8, then float);
-    ``threshold`` is the model's score threshold as a logit (0.0: a sigmoid score of 0.5)."""
+    """Rule 5: one record for an anchor detector's boxes and score logits (int8, then float);
+    ``threshold`` is the model's score threshold as a logit (0.0: a sigmoid score of 0.5).
+    With the anchors' ``centres`` (:func:`ssd_anchor_centres`) the boxes are decoded and each
+    output's detections go through non-maximum suppression (IoU ``NMS_IOU``) first, as the
+    model's users run it: objects are matched, not anchors. Without, anchors are matched."""
     fb = np.asarray(float_boxes, np.float64)
     fs = np.asarray(float_scores, np.float64).reshape(fb.shape[:-1])
     qb = np.asarray(boxes, np.float64).reshape(fb.shape)
     qs = np.asarray(scores, np.float64).reshape(fs.shape)
-    fdet, qdet = fs > threshold, qs > threshold
-    both = fdet & qdet
-    ious = _iou(fb[..., :4], qb[..., :4])
-    matched = int((both & (ious >= IOU)).sum())
-    nf, nq = int(fdet.sum()), int(qdet.sum())
+    if centres is None:
+        fdet, qdet = fs > threshold, qs > threshold
+        ious = _iou(fb[..., :4], qb[..., :4])
+        matched = int((fdet & qdet & (ious >= IOU)).sum())
+        nf, nq = int(fdet.sum()), int(qdet.sum())
+    else:
+        matched = nf = nq = 0
+        for n in range(fb.shape[0]):  # per sample: NMS on each side, then greedy IoU matching
+            sides = []
+            for b, sc in ((fb[n], fs[n]), (qb[n], qs[n])):
+                box = b[:, :4].copy()
+                box[:, :2] += centres
+                keep = np.nonzero(sc > threshold)[0]
+                sides.append(box[keep][_nms(box[keep], sc[keep], NMS_IOU)] if keep.size else box[:0])
+            f_obj, q_obj = sides
+            nf, nq = nf + len(f_obj), nq + len(q_obj)
+            free = list(range(len(q_obj)))
+            for fbox in f_obj:
+                best = max(free, key=lambda j: float(_iou(fbox, q_obj[j])), default=None)
+                if best is not None and _iou(fbox, q_obj[best]) >= IOU:
+                    matched += 1
+                    free.remove(best)
     agreement = matched / max(nf, nq) if max(nf, nq) else 1.0
     return {
-        "rule": "detections",
+        "rule": "detections" if centres is None else "detections/nms",
         "float": nf,
         "int8": nq,
         "matched": matched,
@@ -128,7 +183,7 @@ def score(records: list[dict[str, Any]]) -> tuple[int, float]:
     for r in records:
         if r["rule"] in ("top1", "top1/position"):
             worst = max(worst, (1.0 - r["top1"]) / (1.0 - TOP1))
-        elif r["rule"] == "detections":
+        elif r["rule"].startswith("detections"):
             worst = max(worst, (1.0 - r["agreement"]) / (1.0 - TOP1))
         else:
             worst = max(worst, (1.0 - r["cosine"]) / (1.0 - COSINE), r["rel"] / REL)
@@ -141,9 +196,9 @@ def summary(records: list[dict[str, Any]]) -> str:
     for r in records:
         if r["rule"] in ("top1", "top1/position"):
             parts.append(f"{r['rule']} {r['top1']:.3f}")
-        elif r["rule"] == "detections":
+        elif r["rule"].startswith("detections"):
             parts.append(
-                f"detections {r['matched']} of {max(r['float'], r['int8'])} matched "
+                f"{r['rule']} {r['matched']} of {max(r['float'], r['int8'])} matched "
                 f"(float {r['float']}, int8 {r['int8']}; IoU >= {IOU})"
             )
         else:

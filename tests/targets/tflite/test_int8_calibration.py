@@ -109,3 +109,27 @@ def test_a_sequence_of_class_probabilities_is_judged_per_position():
     r = gate.judge([q2], [f])[0]
     assert (r["top1"], r["ok"]) == (1.0, True)
     assert gate.summary([r]).startswith("top1/position 1.000")
+
+
+def test_detections_after_nms_match_objects_not_anchors():
+    """Gate rule 5 with anchor centres: a 16x16 input, stride 8, one anchor per cell: centres
+    (4, 4), (12, 4), (4, 12), (12, 12). Float detects anchors 0 and 1 with offsets that decode
+    both to one 10x10 box at (8, 4) (offsets +4 and -4): NMS keeps one object. The int8 file
+    detects anchor 1 only, decoding to (8.5, 4): IoU 9.5 x 10 / (200 - 95) = 0.905. Objects: 1 of 1
+    matched (kept); anchors: 1 of 2 (not kept)."""
+    from mconv.targets.tflite import gate
+
+    centres = gate.ssd_anchor_centres(16, [8], 1)
+    assert centres.tolist() == [[4, 4], [12, 4], [4, 12], [12, 12]]
+    fb = np.zeros((1, 4, 4))
+    fb[0, :, 2:] = 10.0
+    fb[0, 0, 0], fb[0, 1, 0] = 4.0, -4.0
+    qb = fb.copy()
+    qb[0, 1, 0] = -3.5
+    fs = np.array([1.0, 2.0, -5.0, -5.0]).reshape(1, 4, 1)
+    qs = np.array([-0.5, 1.0, -5.0, -5.0]).reshape(1, 4, 1)
+    r = gate.detections(qb, qs, fb, fs, 0.0, centres)
+    assert (r["rule"], r["float"], r["int8"], r["matched"], r["ok"]) == ("detections/nms", 1, 1, 1, True)
+    r = gate.detections(qb, qs, fb, fs, 0.0)
+    assert (r["float"], r["int8"], r["matched"], r["ok"]) == (2, 1, 1, False)
+    assert gate.ssd_anchor_centres(224, [8, 16, 32, 32, 32], 2).shape == (2254, 2)  # pose detection's
