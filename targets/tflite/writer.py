@@ -28,6 +28,11 @@ Rules:
    the calibration samples, else the one the gate scores best (:func:`gate.score`: most outputs
    kept, then the smallest worst shortfall). The notes name the method kept and what each
    method tried measured. A method named by ``--calibration`` is used alone.
+7. Where no method's file is kept and the graph takes a LOG (no int8 kernel; its output's error
+   grows without bound as its input nears 0: a log-spectrogram whose magnitudes int8 rounds to
+   zero), the ops computing the LOG's input (its front end, back to the graph's inputs) run in
+   float too and rule 6 is tried again; the best of all is kept, and the notes count the ops
+   that front end put in float.
 """
 
 from __future__ import annotations
@@ -241,35 +246,43 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
         reference = _outputs_of(float_bytes, samples)  # quant rule 8's oracle, run once
         best: tuple | None = None
         tried = []
-        for m in methods:  # rule 6: the first method whose file the gate keeps, else the best
-            ranges = {**candidates[m], **own}
-            h = copy.deepcopy(base)
-            fallback = quant.to_int8(h, ranges, io_dtype)
-            written = _finish(h, precision, [], palettes)
-            records = gate.judge(_outputs_of(written.data, samples), reference)
-            softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
-            if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
+        front = _log_front_end(base)
+        for extra in (frozenset(), front) if front else (frozenset(),):  # rule 7: then a float front end
+            for m in methods:  # rule 6: the first method whose file the gate keeps, else the best
+                ranges = {**candidates[m], **own}
                 h = copy.deepcopy(base)
-                fallback = quant.to_int8(h, ranges, io_dtype, softmaxes)
+                fallback = quant.to_int8(h, ranges, io_dtype, extra)
                 written = _finish(h, precision, [], palettes)
                 records = gate.judge(_outputs_of(written.data, samples), reference)
-            score = gate.score(records)
-            tried.append(f"{m} {gate.summary(records)}")
-            if best is None or score > best[0]:
-                best = (score, m, written, records, fallback, softmaxes)
-            if all(r["ok"] for r in records):
+                softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
+                if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
+                    h = copy.deepcopy(base)
+                    fallback = quant.to_int8(h, ranges, io_dtype, extra | softmaxes)
+                    written = _finish(h, precision, [], palettes)
+                    records = gate.judge(_outputs_of(written.data, samples), reference)
+                score = gate.score(records)
+                tried.append(
+                    f"{m}{' with the LOG front end in float' if extra else ''} {gate.summary(records)}"
+                )
+                if best is None or score > best[0]:
+                    best = (score, m, written, records, fallback, softmaxes, extra)
+                if all(r["ok"] for r in records):
+                    break
+            if best is not None and all(r["ok"] for r in best[3]):
                 break
         assert best is not None
-        _, method, written, records, fallback, softmaxes = best
+        _, method, written, records, fallback, softmaxes, extra = best
         notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
         if len(tried) > 1:
             notes.append(
                 f"calibrations tried (rule: the first the int8 gate keeps, else the best): {'; '.join(tried)}"
             )
         if fallback:
-            why = [f"{len(fallback) - len(softmaxes)} without an int8 kernel"]
+            why = [f"{len(fallback) - len(softmaxes) - len(extra)} without an int8 kernel"]
             if softmaxes:
                 why.append(f"{len(softmaxes)} whose int8 output could not resolve the float one")
+            if extra:
+                why.append(f"{len(extra)} computing a LOG's input (a float front end)")
             notes.append(f"{len(fallback)} op(s) run in float ({', '.join(why)}): {', '.join(fallback)}")
         verdict = "kept" if all(r["ok"] for r in records) else "NOT kept"
         notes.append(
@@ -313,6 +326,20 @@ def _unresolved_outputs(g: Graph, records: list[dict]) -> frozenset[int]:
                 break
             k = producer.get(op.inputs[0])
     return frozenset(found)
+
+
+def _log_front_end(g: Graph) -> frozenset[int]:
+    """Rule 7: the ops with an int8 kernel (indices into ``g.ops``) that compute the input of a
+    LOG, back to the graph's inputs."""
+    made = {o: k for k, op in enumerate(g.ops) for o in op.outputs}
+    stack = [made[i] for op in g.ops if op.code == "LOG" for i in op.inputs if i in made]
+    seen: set[int] = set()
+    while stack:
+        k = stack.pop()
+        if k not in seen:
+            seen.add(k)
+            stack += [made[i] for i in g.ops[k].inputs if i in made]
+    return frozenset(k for k in seen if g.ops[k].code in quant.INT8_OPS)
 
 
 def _finish(g: Graph, precision: str, notes: list[str], palettes: list[dict]) -> Written:
