@@ -886,6 +886,9 @@ INT8_DETECTIONS: dict[str, tuple[int, int, float, int, list[int], int]] = {
     "mp-palm-detection-lite": (0, 1, 0.0, 192, [8, 16, 16, 16], 2),
     "mp-pose-detection": (0, 1, 0.0, 224, [8, 16, 32, 32, 32], 2),
 }
+# Rows judged at tflite-int8 by the gate's text-region rule (rule 6): DB text detectors, (the
+# probability map's output, the binarization threshold: RapidOCR's det thresh 0.3).
+INT8_REGIONS: dict[str, tuple[int, float]] = {"rapidocr-det-v4": (0, 0.3)}
 CALIBRATION_PHOTOS = ("coffee", "chelsea", "rocket", "astronaut", "immunohistochemistry", "hubble_deep_field")
 CALIBRATION_SENTENCES = (
     "Pack my box with five dozen liquor jugs.",
@@ -2551,6 +2554,12 @@ def _run_model(
                     rec = gate.detections(got[b], got[sc], imported_outs[b], imported_outs[sc], thr, centres)
                     if rec["float"] > 0:
                         recs = [rec] + [r for k, r in enumerate(recs) if k not in (b, sc)]
+                reg = INT8_REGIONS.get(m.name)
+                if reg is not None:  # the gate's rule 6, where the float map has a text region
+                    k, thr = reg
+                    rec = gate.regions(got[k], imported_outs[k], thr)
+                    if rec["float"] > 0:
+                        recs = [rec if j == k else r for j, r in enumerate(recs)]
                 c["gate"] = [{k: v for k, v in r.items() if k != "ok"} for r in recs]
                 c["line"] = gate.summary(recs)
                 if not all(r["ok"] for r in recs):

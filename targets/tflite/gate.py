@@ -32,7 +32,14 @@ Rules:
    decoded and reduced by non-maximum suppression (IoU 0.3) first and objects are matched
    (``detections/nms``): many anchors fire for one object, and one near the threshold flipping
    does not change what the user gets.
-6. :func:`score` orders two files' records (the writer's choice among calibrations): more outputs
+6. ``regions`` for a segmentation-style text detector's probability map ``[N, 1, H, W]`` or
+   ``[N, H, W, 1]`` (DB's, as PaddleOCR/RapidOCR decode it), where the caller names the output
+   and the model's binarization threshold (:func:`regions`): the text regions are the connected
+   components (8-connected) of ``map > threshold`` whose bounding box is at least ``MIN_SIDE``
+   (3) pixels on its shorter side (DB's ``min_size``); a float region is matched by an int8 one
+   whose box has IoU >= ``IOU``. Gate: ``matched / max(float regions, int8 regions)`` >=
+   ``TOP1``, with at least one float region (none: the caller keeps rules 1-3).
+7. :func:`score` orders two files' records (the writer's choice among calibrations): more outputs
    kept first, then the smaller worst shortfall, an output's shortfall being ``1 - top1`` (rule 1)
    or the larger of ``(1 - cosine) / (1 - COSINE)`` and ``rel / REL`` (rule 2, in units of its bounds).
 """
@@ -48,6 +55,7 @@ COSINE = 0.99
 REL = 0.15
 MAX_CLASSES = 256
 IOU = 0.5
+MIN_SIDE = 3  # DB's min_size: a text box's shorter side, in map pixels
 NMS_IOU = 0.3  # MediaPipe's detectors' min_suppression_threshold
 
 
@@ -177,13 +185,55 @@ def detections(
     }
 
 
+def _region_boxes(mask: np.ndarray) -> np.ndarray:
+    """Boxes (cx, cy, w, h) of the 8-connected components of a 2-D mask, shorter side >= MIN_SIDE."""
+    from scipy import ndimage
+
+    labels, _ = ndimage.label(mask, structure=np.ones((3, 3)))
+    boxes = []
+    for sl in ndimage.find_objects(labels):
+        if sl is None:
+            continue
+        h, w = sl[0].stop - sl[0].start, sl[1].stop - sl[1].start
+        if min(h, w) >= MIN_SIDE:
+            boxes.append(((sl[1].start + sl[1].stop) / 2, (sl[0].start + sl[0].stop) / 2, w, h))
+    return np.asarray(boxes, np.float64).reshape(-1, 4)
+
+
+def regions(got: np.ndarray, oracle: np.ndarray, threshold: float) -> dict[str, Any]:
+    """Rule 6: one record for a text detector's probability map (int8, then float)."""
+    f = np.asarray(oracle, np.float64)
+    q = np.asarray(got, np.float64).reshape(f.shape)
+    f = f.reshape(f.shape[0], *[d for d in f.shape[1:] if d != 1][:2]) if f.ndim == 4 else f
+    q = q.reshape(f.shape)
+    matched = nf = nq = 0
+    for n in range(f.shape[0]):
+        fb, qb = _region_boxes(f[n] > threshold), _region_boxes(q[n] > threshold)
+        nf, nq = nf + len(fb), nq + len(qb)
+        free = list(range(len(qb)))
+        for box in fb:
+            best = max(free, key=lambda j: float(_iou(box, qb[j])), default=None)
+            if best is not None and _iou(box, qb[best]) >= IOU:
+                matched += 1
+                free.remove(best)
+    agreement = matched / max(nf, nq) if max(nf, nq) else 1.0
+    return {
+        "rule": "regions",
+        "float": nf,
+        "int8": nq,
+        "matched": matched,
+        "agreement": agreement,
+        "ok": nf > 0 and agreement >= TOP1,
+    }
+
+
 def score(records: list[dict[str, Any]]) -> tuple[int, float]:
     """Rule 4: larger is better."""
     worst = 0.0
     for r in records:
         if r["rule"] in ("top1", "top1/position"):
             worst = max(worst, (1.0 - r["top1"]) / (1.0 - TOP1))
-        elif r["rule"].startswith("detections"):
+        elif r["rule"].startswith("detections") or r["rule"] == "regions":
             worst = max(worst, (1.0 - r["agreement"]) / (1.0 - TOP1))
         else:
             worst = max(worst, (1.0 - r["cosine"]) / (1.0 - COSINE), r["rel"] / REL)
@@ -196,7 +246,7 @@ def summary(records: list[dict[str, Any]]) -> str:
     for r in records:
         if r["rule"] in ("top1", "top1/position"):
             parts.append(f"{r['rule']} {r['top1']:.3f}")
-        elif r["rule"].startswith("detections"):
+        elif r["rule"].startswith("detections") or r["rule"] == "regions":
             parts.append(
                 f"{r['rule']} {r['matched']} of {max(r['float'], r['int8'])} matched "
                 f"(float {r['float']}, int8 {r['int8']}; IoU >= {IOU})"

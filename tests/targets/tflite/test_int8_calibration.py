@@ -187,3 +187,25 @@ def test_a_log_front_end_runs_in_float_where_int8_loses_it(lenet, tmp_path):
     cos = float((got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want))
     rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
     assert cos >= 0.99 and rel <= 0.15, (cos, rel)
+
+
+def test_text_regions_are_matched_as_boxes():
+    """Gate rule 6 on a [1, 1, 20, 40] probability map, threshold 0.3: float has two text lines,
+    rows 2-5 x cols 3-30 and rows 12-15 x cols 5-35, and a 2x2 speck (shorter side 2 < 3:
+    not a region). An int8 map whose first line ends at col 28 (box IoU 26/28 = 0.93) and whose
+    second line is gone matches 1 of 2 (not kept); with the second line back (one pixel row
+    fewer: IoU 0.75), 2 of 2 (kept)."""
+    from mconv.targets.tflite import gate
+
+    f = np.zeros((1, 1, 20, 40))
+    f[0, 0, 2:6, 3:31] = 0.9
+    f[0, 0, 12:16, 5:36] = 0.8
+    f[0, 0, 18:20, 0:2] = 0.9
+    q = np.zeros_like(f)
+    q[0, 0, 2:6, 3:29] = 0.7
+    r = gate.regions(q, f, 0.3)
+    assert (r["rule"], r["float"], r["int8"], r["matched"], r["ok"]) == ("regions", 2, 1, 1, False)
+    q[0, 0, 12:15, 5:36] = 0.31
+    r = gate.regions(q, f, 0.3)
+    assert (r["matched"], r["agreement"], r["ok"]) == (2, 1.0, True)
+    assert gate.summary([r]).startswith("regions 2 of 2 matched")
