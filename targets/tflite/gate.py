@@ -228,15 +228,16 @@ def regions(got: np.ndarray, oracle: np.ndarray, threshold: float) -> dict[str, 
 
 
 def score(records: list[dict[str, Any]]) -> tuple[int, float]:
-    """Rule 4: larger is better."""
-    worst = 0.0
+    """Rule 7: larger is better; a NaN figure (a NaN in either output) is the worst shortfall."""
+    shortfalls = [0.0]
     for r in records:
         if r["rule"] in ("top1", "top1/position"):
-            worst = max(worst, (1.0 - r["top1"]) / (1.0 - TOP1))
+            shortfalls.append((1.0 - r["top1"]) / (1.0 - TOP1))
         elif r["rule"].startswith("detections") or r["rule"] == "regions":
-            worst = max(worst, (1.0 - r["agreement"]) / (1.0 - TOP1))
+            shortfalls.append((1.0 - r["agreement"]) / (1.0 - TOP1))
         else:
-            worst = max(worst, (1.0 - r["cosine"]) / (1.0 - COSINE), r["rel"] / REL)
+            shortfalls += [(1.0 - r["cosine"]) / (1.0 - COSINE), r["rel"] / REL]
+    worst = max(np.inf if np.isnan(x) else x for x in shortfalls)
     return sum(bool(r["ok"]) for r in records), -worst
 
 

@@ -182,8 +182,9 @@ def calibrate_methods(
         if not np.isfinite(lo[i]):
             continue
         values = np.concatenate(kept[i]).astype(np.float64) if keep else np.zeros(0)
+        values = values[np.isfinite(values)]  # a NaN the float graph makes (0/0) bounds nothing
         for method in methods:
-            if method == "minmax":
+            if method == "minmax" or values.size == 0:
                 out[method][i] = (lo[i], hi[i])
             elif method == "percentile":
                 out[method][i] = (

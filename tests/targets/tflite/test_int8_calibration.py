@@ -209,3 +209,14 @@ def test_text_regions_are_matched_as_boxes():
     r = gate.regions(q, f, 0.3)
     assert (r["matched"], r["agreement"], r["ok"]) == (2, 1.0, True)
     assert gate.summary([r]).startswith("regions 2 of 2 matched")
+
+
+def test_a_nan_output_scores_below_any_finite_shortfall():
+    """Gate rule 7 (the writer's choice among calibrations): an output with a NaN (cosine and rel
+    NaN) ranks below one at cosine 0.5, rel 1.0, which ranks below a kept one."""
+    from mconv.targets.tflite import gate
+
+    nan = {"rule": "cosine", "cosine": float("nan"), "rel": float("nan"), "ok": False}
+    bad = {"rule": "cosine", "cosine": 0.5, "rel": 1.0, "ok": False}
+    good = {"rule": "cosine", "cosine": 0.999, "rel": 0.05, "ok": True}
+    assert gate.score([nan]) < gate.score([bad]) < gate.score([good])
