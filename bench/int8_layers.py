@@ -24,12 +24,11 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=15)
     a = ap.parse_args()
     import onnx_ir as ir
+    from mconv.edit.input_shapes import fix_input_shapes
     from mconv.targets.gpu.plan import prepare
     from mconv.targets.tflite import lower, quant, writer
     from mconv.targets.tflite.litert import open_interpreter
     from mconv.targets.tflite.schema import serialize
-
-    from mconv.edit.input_shapes import fix_input_shapes
 
     model = ir.load(a.model)
     with np.load(a.feeds) as z:  # a symbolic input dimension takes the judged feeds' size
@@ -86,7 +85,10 @@ def main() -> None:
         before = max([err.get(base.tensors[i].name, 0.0) for i in op.inputs if i >= 0] or [0.0])
         r = ranges.get(op.outputs[0])
         rows.append((err[o] - before, err[o], k, op.code, o, r))
-    print(f"{len(base.ops)} ops; outputs:", [(base.tensors[o].name, round(err.get(base.tensors[o].name, -1), 4)) for o in base.outputs])
+    print(
+        f"{len(base.ops)} ops; outputs:",
+        [(base.tensors[o].name, round(err.get(base.tensors[o].name, -1), 4)) for o in base.outputs],
+    )
     for jump, e, k, code, name, r in sorted(rows, reverse=True)[: a.top]:
         rr = "" if r is None else f"[{r[0]:.3g}, {r[1]:.3g}]"
         print(f"{jump:+.4f} {e:.4f} op{k} {code} {name[:60]} {rr}")
