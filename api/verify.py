@@ -205,7 +205,7 @@ def _is_tflite_int8(path: Path) -> bool:
 def _verify_int8(ref_out: dict, cand_out: dict, labels: Any, samples: int) -> Any:
     """The default gates of a full-int8 tflite bundle, per output
     (:mod:`mconv.targets.tflite.gate`): top-1 agreement for class probabilities of at most 256
-    classes, cosine and relative L2 error for every other output; ``gate_rule`` says which."""
+    classes and per position for a sequence of class probabilities ``[N, T, K]``, cosine and relative L2 error for every other output; ``gate_rule`` says which."""
     import mconv.targets.tflite.gate as gate
     from mconv.metrics import Gates, VerifyReport, compare, gate_failures
 
@@ -219,7 +219,7 @@ def _verify_int8(ref_out: dict, cand_out: dict, labels: Any, samples: int) -> An
         m = compare(r, c, labels)
         rec = gate.judge([np.asarray(c)], [np.asarray(r)])[0]
         m["gate_rule"] = rec["rule"]
-        if rec["rule"] == "top1":
+        if rec["rule"] in ("top1", "top1/position"):  # per sample, or per sequence position
             m["top1_agreement"] = rec["top1"]
             g = Gates(min_top1=gate.TOP1)
         else:

@@ -873,6 +873,22 @@ def missing_tools(tools: list[str]) -> list[str]:
 # crops, other sentences spoken and rendered, other digits), so full int8 is calibrated on inputs
 # it is then not judged on. ``make_feeds`` reads the variant set by ``calibration_feeds``.
 _VARIANT = 0
+# Rows judged at tflite-int8 by the gate's detection rule (mconv.targets.tflite.gate rule 5):
+# MediaPipe's SSD anchor detectors, (boxes output, score-logit output, threshold as a logit:
+# 0.0 is a sigmoid score of 0.5, MediaPipe's min_score_thresh; input size, anchor strides and
+# anchors per layer and cell, as the models' SsdAnchorsCalculator options give them: the grid's
+# anchor count is checked against the output's). Where the float output of the judged feed has
+# no detection the rule cannot judge and the cosine rule stays.
+INT8_DETECTIONS: dict[str, tuple[int, int, float, int, list[int], int]] = {
+    "mp-face-detection-short": (0, 1, 0.0, 128, [8, 16, 16, 16], 2),
+    "mp-face-detection-full-sparse": (0, 1, 0.0, 192, [4], 1),
+    "mp-palm-detection-full": (0, 1, 0.0, 192, [8, 16, 16, 16], 2),
+    "mp-palm-detection-lite": (0, 1, 0.0, 192, [8, 16, 16, 16], 2),
+    "mp-pose-detection": (0, 1, 0.0, 224, [8, 16, 32, 32, 32], 2),
+}
+# Rows judged at tflite-int8 by the gate's text-region rule (rule 6): DB text detectors, (the
+# probability map's output, the binarization threshold: RapidOCR's det thresh 0.3).
+INT8_REGIONS: dict[str, tuple[int, float]] = {"rapidocr-det-v4": (0, 0.3)}
 CALIBRATION_PHOTOS = ("coffee", "chelsea", "rocket", "astronaut", "immunohistochemistry", "hubble_deep_field")
 CALIBRATION_SENTENCES = (
     "Pack my box with five dozen liquor jugs.",
@@ -886,11 +902,35 @@ CALIBRATION_SENTENCES = (
 )
 
 
+_FACES = False  # calibration_feeds of a face model: its variants show faces (face_variant)
+
+
+def face_variant(v: int) -> np.ndarray:
+    """Calibration variant ``v`` of a face model's photo: face ``v`` of scikit-image's LFW subset
+    (its first 100 images are real faces of other people, 25x25 grey) scaled to 30-60% of the frame and pasted at a seeded
+    place on a seeded crop of another photo, 512x512 uint8 RGB. A face detector calibrated on
+    photos without faces never sees its own score logits above zero (the range widened to hold 0
+    clips every detection to a logit of 0)."""
+    from skimage import data
+
+    SOURCES.add("scikit-image data.lfw_subset")
+    rng = np.random.default_rng(1000 + v)
+    others = [n for n in CALIBRATION_PHOTOS if n != "astronaut"]
+    img = square_crop(_photo(others[(v - 1) % len(others)]), rng, 0.6, 512, 512).copy()
+    face = (data.lfw_subset()[(v * 37) % 100] * 255).astype(np.uint8)  # the first 100 are faces
+    side = int(512 * rng.uniform(0.3, 0.6))
+    y, x = int(rng.integers(0, 512 - side + 1)), int(rng.integers(0, 512 - side + 1))
+    img[y : y + side, x : x + side] = np.stack([resize(face, side, side)] * 3, -1)
+    return img
+
+
 def photo(which: str = "astronaut") -> np.ndarray:
     """A real photo, uint8 HxWx3: scikit-image's bundled samples; without scikit-image, a scene
     drawn with PIL (sky, ground, a face-like disc with eyes and mouth, a house, text). A
     calibration variant (``_VARIANT`` > 0) gives a seeded crop (60-100% of the shorter side) of
-    another photo than ``which``."""
+    another photo than ``which`` (a face model's: :func:`face_variant`)."""
+    if _VARIANT and _FACES:
+        return face_variant(_VARIANT)
     if _VARIANT:
         others = [n for n in CALIBRATION_PHOTOS if n != which]
         img = _photo(others[(_VARIANT - 1) % len(others)])
@@ -1050,8 +1090,9 @@ def calibration_feeds(
 ) -> dict | None:
     """Variants 1..CALIBRATION_VARIANTS of the row's inputs stacked on the batch axis (``feeds``
     keys), or None where the kind has no variants or the inputs do not share a batch axis (then the
-    stage calibrates on the row's own feeds, and says so)."""
-    global _VARIANT
+    stage calibrates on the row's own feeds, and says so). A face model's (``-face-`` in its name)
+    photos show faces (:func:`face_variant`)."""
+    global _VARIANT, _FACES
     if model.feeds in ("magika",) or model.feeds.startswith(
         ("silero", "jet", "skl_", "tokens", "text_tokens")
     ):
@@ -1060,6 +1101,7 @@ def calibration_feeds(
     if len(batch) != 1 or None in batch:
         return None
     parts: list[dict[str, np.ndarray]] = []
+    _FACES = "-face-" in model.name
     try:
         for v in range(1, CALIBRATION_VARIANTS + 1):
             _VARIANT = v
@@ -1068,7 +1110,7 @@ def calibration_feeds(
                 return None
             parts.append(got)
     finally:
-        _VARIANT = 0
+        _VARIANT, _FACES = 0, False
     return {k: np.concatenate([p[k] for p in parts]) for k in feeds}
 
 
@@ -2504,6 +2546,20 @@ def _run_model(
                         else [z[k] for k in z.files]
                     )
                 recs = gate.judge(got, imported_outs)
+                det = INT8_DETECTIONS.get(m.name)
+                if det is not None:  # the gate's rule 5, where the float output has a detection
+                    b, sc, thr, size, strides, per_layer = det
+                    centres = gate.ssd_anchor_centres(size, strides, per_layer)
+                    assert len(centres) == np.shape(imported_outs[b])[1], m.name  # the model's grid
+                    rec = gate.detections(got[b], got[sc], imported_outs[b], imported_outs[sc], thr, centres)
+                    if rec["float"] > 0:
+                        recs = [rec] + [r for k, r in enumerate(recs) if k not in (b, sc)]
+                reg = INT8_REGIONS.get(m.name)
+                if reg is not None:  # the gate's rule 6, where the float map has a text region
+                    k, thr = reg
+                    rec = gate.regions(got[k], imported_outs[k], thr)
+                    if rec["float"] > 0:
+                        recs = [rec if j == k else r for j, r in enumerate(recs)]
                 c["gate"] = [{k: v for k, v in r.items() if k != "ok"} for r in recs]
                 c["line"] = gate.summary(recs)
                 if not all(r["ok"] for r in recs):

@@ -8,7 +8,7 @@ from mconv.targets.base import Options as Common
 from mconv.targets.base import option
 
 PRECISIONS = ("fp32", "fp16", "int8-weights", "int8")
-CALIBRATIONS = ("minmax", "percentile", "entropy")
+CALIBRATIONS = ("auto", "minmax", "percentile", "entropy", "mse")
 IO_DTYPES = ("float32", "int8", "uint8")
 PALETTES = ("int8", "fp16", "float32")
 
@@ -17,7 +17,9 @@ PALETTES = ("int8", "fp16", "float32")
 class Options(Common):
     precision: str | None = option(None, help="Compute precision.", metavar="fp32|fp16|int8-weights|int8")
     data: str | None = option(None, help="Calibration samples (.npz) for int8.", metavar="NPZ")
-    calibration: str | None = option(None, help="int8 range method.", metavar="minmax|percentile|entropy")
+    calibration: str | None = option(
+        None, help="int8 range method.", metavar="auto|minmax|mse|percentile|entropy"
+    )
     io_dtype: str | None = option(None, help="int8 model I/O dtype.", metavar="float32|int8|uint8")
     palette: str | None = option(None, help="How off-grid palettes are stored.", metavar="int8|fp16|float32")
     calibration_samples: int | None = None  # at most this many samples of --data (default 500)

@@ -49,6 +49,7 @@ from collections.abc import Sequence
 import numpy as np
 from mconv.quantmath import SAMPLE_VALUES, affine, symmetric
 from mconv.quantmath import entropy_range as _entropy_range
+from mconv.quantmath import mse_range as _mse_range
 from mconv.targets.tflite.schema import Graph, Op, Quant, Tensor
 
 INT8_OPS = frozenset(
@@ -133,6 +134,18 @@ def calibrate(
     percentile: float = 99.99,
 ) -> dict[int, tuple[float, float]]:
     """Rule 3: per float activation tensor of ``g`` (whose serialization is ``model``), its range."""
+    return calibrate_methods(model, g, feeds, (method,), limit, percentile)[method]
+
+
+def calibrate_methods(
+    model: bytes,
+    g: Graph,
+    feeds: dict[str, np.ndarray],
+    methods: Sequence[str],
+    limit: int = 500,
+    percentile: float = 99.99,
+) -> dict[str, dict[int, tuple[float, float]]]:
+    """Rule 3 for each of ``methods`` from one pass over the samples: method -> tensor -> range."""
     import warnings
 
     from mconv.targets.tflite.litert import open_interpreter
@@ -146,6 +159,7 @@ def calibrate(
     lo = {i: np.inf for i in watch}
     hi = {i: -np.inf for i in watch}
     kept: dict[int, list[np.ndarray]] = {i: [] for i in watch}
+    keep = any(m != "minmax" for m in methods)
     rng = np.random.default_rng(0)
     shapes = {g.tensors[i].name: g.tensors[i].shape for i in g.inputs}
     runs = _batches(feeds, shapes, limit)
@@ -161,24 +175,27 @@ def calibrate(
                 continue
             lo[i] = min(lo[i], float(a.min()))
             hi[i] = max(hi[i], float(a.max()))
-            if method != "minmax":
+            if keep:
                 kept[i].append(a if a.size <= SAMPLE_VALUES else rng.choice(a, SAMPLE_VALUES, replace=False))
-    ranges: dict[int, tuple[float, float]] = {}
+    out: dict[str, dict[int, tuple[float, float]]] = {m: {} for m in methods}
     for i in watch:
         if not np.isfinite(lo[i]):
             continue
-        if method == "minmax":
-            ranges[i] = (lo[i], hi[i])
-        else:
-            values = np.concatenate(kept[i]).astype(np.float64)
-            if method == "percentile":
-                ranges[i] = (
+        values = np.concatenate(kept[i]).astype(np.float64) if keep else np.zeros(0)
+        values = values[np.isfinite(values)]  # a NaN the float graph makes (0/0) bounds nothing
+        for method in methods:
+            if method == "minmax" or values.size == 0:
+                out[method][i] = (lo[i], hi[i])
+            elif method == "percentile":
+                out[method][i] = (
                     float(np.percentile(values, 100 - percentile)),
                     float(np.percentile(values, percentile)),
                 )
+            elif method == "mse":
+                out[method][i] = _mse_range(values, lo[i], hi[i], rng)
             else:
-                ranges[i] = _entropy_range(values, lo[i], hi[i])
-    return ranges
+                out[method][i] = _entropy_range(values, lo[i], hi[i])
+    return out
 
 
 class _Union:

@@ -22,6 +22,17 @@ Rules:
 5. The written bytes are loaded by LiteRT (tensors allocated) before they are returned: a file
    LiteRT would refuse (e.g. a bare 8-bit tensor its XNNPACK delegate cannot take) is an error,
    exit 2, and nothing is written.
+6. ``--calibration auto`` (the default) builds the int8 file with each of :data:`AUTO_METHODS`'
+   ranges in turn (``minmax``, then per-tensor ``mse``, then ``percentile``; one calibration pass
+   collects what all three need) and keeps the first whose every output the int8 gate keeps on
+   the calibration samples, else the one the gate scores best (:func:`gate.score`: most outputs
+   kept, then the smallest worst shortfall). The notes name the method kept and what each
+   method tried measured. A method named by ``--calibration`` is used alone.
+7. Where no method's file is kept and the graph takes a LOG (no int8 kernel; its output's error
+   grows without bound as its input nears 0: a log-spectrogram whose magnitudes int8 rounds to
+   zero), the ops computing the LOG's input (its front end, back to the graph's inputs) run in
+   float too and rule 6 is tried again; the best of all is kept, and the notes count the ops
+   that front end put in float.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PALETTES, PREC
 from mconv.targets.tflite.schema import Graph, serialize
 
 CALIBRATION_SAMPLES = 500
+AUTO_METHODS = ("minmax", "mse", "percentile")  # rule 6's order: ``--calibration auto``
 
 
 @dataclass
@@ -144,7 +156,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
 
     options = dict(options or {})
     precision = _choice(options, "precision", PRECISIONS, "fp32")
-    method = _choice(options, "calibration", CALIBRATIONS, "minmax")
+    method = _choice(options, "calibration", CALIBRATIONS, "auto")
     io_dtype = _choice(options, "io_dtype", IO_DTYPES, "float32")
     palette = _choice(options, "palette", PALETTES, "int8")
     data = options.get("data")
@@ -212,9 +224,10 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
                 hint="key the .npz by the model's input names",
             )
         limit = int(options.get("calibration_samples") or CALIBRATION_SAMPLES)
+        methods = AUTO_METHODS if method == "auto" else (method,)
         try:
-            ranges = quant.calibrate(
-                float_bytes, g, feeds, method, limit, float(options.get("percentile") or 99.99)
+            candidates = quant.calibrate_methods(
+                float_bytes, g, feeds, methods, limit, float(options.get("percentile") or 99.99)
             )
         except ValueError as exc:
             raise InputError(
@@ -225,26 +238,51 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
                 f"LiteRT cannot run the float model to calibrate it ({str(exc).splitlines()[0][:200]})",
                 hint="export --target cpu",
             ) from None
-        ranges.update(quant.qdq_ranges(g, qparams, complete=False))
+        own = quant.qdq_ranges(g, qparams, complete=False)
         base = copy.deepcopy(g)
-        fallback = quant.to_int8(g, ranges, io_dtype)
-        written = _finish(g, precision, [], palettes)
         samples = quant._batches(
             feeds, {base.tensors[i].name: base.tensors[i].shape for i in base.inputs}, CHECK_SAMPLES
         )
         reference = _outputs_of(float_bytes, samples)  # quant rule 8's oracle, run once
-        records = gate.judge(_outputs_of(written.data, samples), reference)
-        softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
-        if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
-            g = copy.deepcopy(base)
-            fallback = quant.to_int8(g, ranges, io_dtype, softmaxes)
-            written = _finish(g, precision, [], palettes)
-            records = gate.judge(_outputs_of(written.data, samples), reference)
+        best: tuple | None = None
+        tried = []
+        front = _log_front_end(base)
+        for extra in (frozenset(), front) if front else (frozenset(),):  # rule 7: then a float front end
+            for m in methods:  # rule 6: the first method whose file the gate keeps, else the best
+                ranges = {**candidates[m], **own}
+                h = copy.deepcopy(base)
+                fallback = quant.to_int8(h, ranges, io_dtype, extra)
+                written = _finish(h, precision, [], palettes)
+                records = gate.judge(_outputs_of(written.data, samples), reference)
+                softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
+                if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
+                    h = copy.deepcopy(base)
+                    fallback = quant.to_int8(h, ranges, io_dtype, extra | softmaxes)
+                    written = _finish(h, precision, [], palettes)
+                    records = gate.judge(_outputs_of(written.data, samples), reference)
+                score = gate.score(records)
+                tried.append(
+                    f"{m}{' with the LOG front end in float' if extra else ''} {gate.summary(records)}"
+                )
+                if best is None or score > best[0]:
+                    best = (score, m, written, records, fallback, softmaxes, extra)
+                if all(r["ok"] for r in records):
+                    break
+            if best is not None and all(r["ok"] for r in best[3]):
+                break
+        assert best is not None
+        _, method, written, records, fallback, softmaxes, extra = best
         notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
+        if len(tried) > 1:
+            notes.append(
+                f"calibrations tried (rule: the first the int8 gate keeps, else the best): {'; '.join(tried)}"
+            )
         if fallback:
-            why = [f"{len(fallback) - len(softmaxes)} without an int8 kernel"]
+            why = [f"{len(fallback) - len(softmaxes) - len(extra)} without an int8 kernel"]
             if softmaxes:
                 why.append(f"{len(softmaxes)} whose int8 output could not resolve the float one")
+            if extra:
+                why.append(f"{len(extra)} computing a LOG's input (a float front end)")
             notes.append(f"{len(fallback)} op(s) run in float ({', '.join(why)}): {', '.join(fallback)}")
         verdict = "kept" if all(r["ok"] for r in records) else "NOT kept"
         notes.append(
@@ -288,6 +326,20 @@ def _unresolved_outputs(g: Graph, records: list[dict]) -> frozenset[int]:
                 break
             k = producer.get(op.inputs[0])
     return frozenset(found)
+
+
+def _log_front_end(g: Graph) -> frozenset[int]:
+    """Rule 7: the ops with an int8 kernel (indices into ``g.ops``) that compute the input of a
+    LOG, back to the graph's inputs."""
+    made = {o: k for k, op in enumerate(g.ops) for o in op.outputs}
+    stack = [made[i] for op in g.ops if op.code == "LOG" for i in op.inputs if i in made]
+    seen: set[int] = set()
+    while stack:
+        k = stack.pop()
+        if k not in seen:
+            seen.add(k)
+            stack += [made[i] for i in g.ops[k].inputs if i in made]
+    return frozenset(k for k in seen if g.ops[k].code in quant.INT8_OPS)
 
 
 def _finish(g: Graph, precision: str, notes: list[str], palettes: list[dict]) -> Written:
