@@ -150,7 +150,7 @@ def gemm_body(
     decls = f"var<workgroup> As: array<f32, {TK * t.tm}>;\nvar<workgroup> Bs: array<f32, {TK * t.tn}>;\n"
     head, tail = _block(t, prologue, store)
     accs = [[f"c{i}{j}" for j in range(t.rn)] for i in range(t.rm)]
-    lines = []
+    lines: list[str] = []
     lines = []
     lines.append(f"for (var k0: i32 = 0; k0 < KD; k0 += {TK}) {{")
     # A slice: TM rows x TK deep, lanes along k (weights are contiguous in k)
