@@ -16,8 +16,10 @@ Rules (the conventions of :mod:`mconv.targets.webgpu.wgsl` hold, except its rule
 3. A convolution is that GEMM over rows = the group's output channels, columns = the output
    pixels of one image, depth = input channels x kernel window: the weight rows are read as
    they are stored, the input columns are gathered on the fly (padding reads as zero); no
-   im2col buffer exists. Bias and the fused activation are applied as the tile is stored.
-   Depthwise convolutions (one input channel a group) stay the direct kernel.
+   im2col buffer exists. The depth runs kernel tap first, then input channel (a tap's input
+   offsets and padding tests hold for all its channels); a 1x1 convolution without padding
+   (any stride) reads its pixels without padding tests. Bias and the fused activation are
+   applied as the tile is stored. Depthwise convolutions (one input channel a group) stay the direct kernel.
 4. The tile shape is chosen per layer (:func:`choose_tile`): the candidate that keeps at least
    :data:`MIN_WORKGROUPS` workgroups (a GPU needs many in flight at batch 1), wastes little of
    its tiles at the matrix edges, and is largest (fewer loads per multiply-add). A layer whose
@@ -25,10 +27,13 @@ Rules (the conventions of :mod:`mconv.targets.webgpu.wgsl` hold, except its rule
    (the plan's check that a grid never exceeds its output).
 6. Software adapters (a CPU running the shaders: lavapipe, SwiftShader) pay for every barrier,
    and for a shader that has one even where it is not reached, and gain nothing from workgroup
-   memory. So a tiled module has a second entry point, ``<kernel>_direct``: the same tiles and
-   register blocks computed from storage alone, each invocation looping over K (in the same
-   order: the same sums), no workgroup memory and no barrier; a matrix-vector product's is one
-   invocation per column. The runner and the page run it on such an adapter
+   memory. So a tiled module has a second entry point, ``<kernel>_direct``: the same tiles
+   computed from storage alone, each invocation looping over K (in the same order: the same
+   sums), no workgroup memory and no barrier; a matrix-vector product's is one invocation per
+   column. Its register blocks have :data:`DIRECT_FOLD` times the rows (:func:`direct_tile`)
+   and the workgroup's other invocations do nothing: a CPU runs invocations a SIMD register at
+   a time and gathers every load lane by lane, so fewer, fatter invocations load less per
+   multiply-add. The runner and the page run it on such an adapter
    (:func:`uses_shared_memory`, :func:`entry_point`); the plan and the WGSL are the same for
    every adapter.
 7. Matrix-vector (a Gemm or MatMul whose A has fewer than :data:`GEMV_ROWS` rows): each
