@@ -15,7 +15,10 @@ back to the page) and reports their median. Each page's first output is compared
 ONNX Runtime (Python, CPU) on the same ONNX file: cosine and relative L2 error. Everything is
 served from 127.0.0.1 only. Writes a markdown table (``--out``) with the ratios.
 
-    python3 bench/webgpu_vs_ortweb.py [--models lenet,mobilenet,resnet50,bert] [--runs 5]
+    python3 bench/webgpu_vs_ortweb.py [--models lenet,mobilenet,resnet50,bert] [--runs 5] [--profile]
+
+``--profile``: the mconv page also runs one inference layer by layer (each layer its own
+submit, awaited) and its slowest layers are printed: where the page's time goes.
 
 Models: the LeNet-5 and MobileNet-style test builders, light ResNet-50 (mconv.fixtures.light,
 He-normal, seed 0) and the corpus' ``hf-bert-ts`` (a 2-layer BERT, bench/zoo.py, with its real
@@ -218,6 +221,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per page")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also time the mconv page layer by layer (one extra inference, each layer its own "
+        "submit) and print its slowest layers on stderr",
+    )
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "webgpu_vs_ortweb.md"))
     args = ap.parse_args()
     import onnxruntime as ort
@@ -246,7 +255,16 @@ def main() -> None:
             ]
             subprocess.run([*cmd, "--precision", args.precision], check=True)
             cells: dict[str, tuple[float | None, str]] = {}
-            r = run_page(bundle, feeds, runs=args.runs, timeout_s=args.timeout)
+            r = run_page(bundle, feeds, runs=args.runs, timeout_s=args.timeout, profile=args.profile)
+            if args.profile and "layer_ms" in r:
+                kernels = [
+                    layer["kernel"]
+                    for layer in json.loads((bundle / "webgpu_plan.json").read_text())["layers"]
+                ]
+                slow = sorted(zip(r["layer_ms"], kernels, strict=True), reverse=True)[:10]
+                print(f"{name}: layers {sum(r['layer_ms']):,.0f} ms; slowest:", file=sys.stderr)
+                for t, k in slow:
+                    print(f"  {k:24s} {t:10.1f} ms", file=sys.stderr)
             if "error" in r:
                 cells["mconv"] = (None, r["error"][:80])
             else:

@@ -199,16 +199,21 @@ def run_page(
     timeout_s: float = 240.0,
     chromium: str | None = None,
     init_script: str | None = None,
+    profile: bool = False,
 ) -> dict:
     """Open mconv's page for the bundle in headless Chromium; the page's result (rule 3).
 
     ``init_script`` is JavaScript run in the page before its own scripts (instrumentation).
+    ``profile``: the page also runs one inference layer by layer (``?profile=1``) and returns
+    each layer's wall time as ``layer_ms`` (a diagnostic; the timed runs stay one submit each).
     The page itself retries a failed ``requestDevice``; when all its tries fail (the browser's
     GPU process lost its instance), the whole browser is started once more.
     """
     result: dict = {}
     for _ in range(BROWSER_TRIES):
-        result = _run_page_once(bundle_dir, feeds, screenshot, runs, timeout_s, chromium, init_script)
+        result = _run_page_once(
+            bundle_dir, feeds, screenshot, runs, timeout_s, chromium, init_script, profile
+        )
         if not str(result.get("error", "")).startswith(DEVICE_FAILED):
             break
     return result
@@ -222,6 +227,7 @@ def _run_page_once(
     timeout_s: float,
     chromium: str | None,
     init_script: str | None,
+    profile: bool = False,
 ) -> dict:
     bundle_dir = Path(bundle_dir)
     chromium = chromium or find_chromium()
@@ -240,6 +246,7 @@ def _run_page_once(
             )
         with serve(site, feed) as base:
             url = f"{base}/index.html?runs={int(runs)}" + (f"&feed=/{FEED}" if feed else "")
+            url += "&profile=1" if profile else ""
             cmd_r, cmd_w = os.pipe()
             res_r, res_w = os.pipe()
 

@@ -16,8 +16,10 @@ Rules (the conventions of :mod:`mconv.targets.webgpu.wgsl` hold, except its rule
 3. A convolution is that GEMM over rows = the group's output channels, columns = the output
    pixels of one image, depth = input channels x kernel window: the weight rows are read as
    they are stored, the input columns are gathered on the fly (padding reads as zero); no
-   im2col buffer exists. Bias and the fused activation are applied as the tile is stored.
-   Depthwise convolutions (one input channel a group) stay the direct kernel.
+   im2col buffer exists. The depth runs kernel tap first, then input channel (a tap's input
+   offsets and padding tests hold for all its channels); a 1x1 convolution without padding
+   (any stride) reads its pixels without padding tests. Bias and the fused activation are
+   applied as the tile is stored. Depthwise convolutions (one input channel a group) stay the direct kernel.
 4. The tile shape is chosen per layer (:func:`choose_tile`): the candidate that keeps at least
    :data:`MIN_WORKGROUPS` workgroups (a GPU needs many in flight at batch 1), wastes little of
    its tiles at the matrix edges, and is largest (fewer loads per multiply-add). A layer whose
@@ -25,10 +27,13 @@ Rules (the conventions of :mod:`mconv.targets.webgpu.wgsl` hold, except its rule
    (the plan's check that a grid never exceeds its output).
 6. Software adapters (a CPU running the shaders: lavapipe, SwiftShader) pay for every barrier,
    and for a shader that has one even where it is not reached, and gain nothing from workgroup
-   memory. So a tiled module has a second entry point, ``<kernel>_direct``: the same tiles and
-   register blocks computed from storage alone, each invocation looping over K (in the same
-   order: the same sums), no workgroup memory and no barrier; a matrix-vector product's is one
-   invocation per column. The runner and the page run it on such an adapter
+   memory. So a tiled module has a second entry point, ``<kernel>_direct``: the same tiles
+   computed from storage alone, each invocation looping over K (in the same order: the same
+   sums), no workgroup memory and no barrier; a matrix-vector product's is one invocation per
+   column. Its register blocks have :data:`DIRECT_FOLD` times the rows (:func:`direct_tile`)
+   and the workgroup's other invocations do nothing: a CPU runs invocations a SIMD register at
+   a time and gathers every load lane by lane, so fewer, fatter invocations load less per
+   multiply-add. The runner and the page run it on such an adapter
    (:func:`uses_shared_memory`, :func:`entry_point`); the plan and the WGSL are the same for
    every adapter.
 7. Matrix-vector (a Gemm or MatMul whose A has fewer than :data:`GEMV_ROWS` rows): each
@@ -46,6 +51,7 @@ LANES = 64
 MIN_WORKGROUPS = 128
 GEMV_ROWS = 8
 TK = 16
+DIRECT_FOLD = 4  # rule 6: rows of a direct register block per row of the tiled one
 TILING = True  # False: every layer keeps wgsl.py's direct kernel (tests and benches compare)
 DIRECT = "_direct"  # rule 6's entry point: the kernel's name and this
 SOFTWARE = ("llvmpipe", "lavapipe", "swiftshader")
@@ -147,14 +153,9 @@ def gemm_body(
     ``store`` is the statements writing ``v`` at ``gm, gn`` (in range). Constants ``M, N, KD``
     are the GEMM's sizes."""
     decls = f"var<workgroup> As: array<f32, {TK * t.tm}>;\nvar<workgroup> Bs: array<f32, {TK * t.tn}>;\n"
+    head, tail = _block(t, prologue, store)
     accs = [[f"c{i}{j}" for j in range(t.rn)] for i in range(t.rm)]
-    lines = [prologue.strip("\n"), f"let tx = t % {t.tx}; let ty = t / {t.tx};"]
-    lines += [f"var {c}: f32 = 0.0f;" for row in accs for c in row]
-    for i in range(t.rm):
-        lines.append(f"let gm{i} = m0 + ty + {i * t.ty};")
-    for j in range(t.rn):
-        lines.append(f"let gn{j} = n0 + tx + {j * t.tx};")
-    head = list(lines)
+    lines: list[str] = []
     lines = []
     lines.append(f"for (var k0: i32 = 0; k0 < KD; k0 += {TK}) {{")
     # A slice: TM rows x TK deep, lanes along k (weights are contiguous in k)
@@ -179,14 +180,33 @@ def gemm_body(
     lines.append("    }")
     lines.append("    workgroupBarrier();")
     lines.append("}")
-    tail = []
-    for i in range(t.rm):
-        for j in range(t.rn):
-            tail.append(
-                f"if (gm{i} < M && gn{j} < N) {{ let gm = gm{i}; let gn = gn{j}; let v = {accs[i][j]}; {store} }}"
-            )
     shared = _indent("\n".join(head + lines + tail))
-    return decls, shared, _indent("\n".join([*head, direct, *tail]))
+    dt = direct_tile(t)
+    dhead, dtail = _block(dt, prologue, store)
+    body = [*dhead, f"if (ty < {dt.ty}) {{", _indent(direct), *_indent("\n".join(dtail)).splitlines(), "}"]
+    return decls, shared, _indent("\n".join(body))
+
+
+def direct_tile(t: Tile) -> Tile:
+    """Rule 6's register block: the tile's, :data:`DIRECT_FOLD` times as many rows, so that
+    ``64 / DIRECT_FOLD`` invocations of the workgroup compute its whole tile (the others return)."""
+    fold = DIRECT_FOLD if t.ty % DIRECT_FOLD == 0 else 1
+    return Tile(t.tm, t.tn, t.rm * fold, t.rn)
+
+
+def _block(t: Tile, prologue: str, store: str) -> tuple[list[str], list[str]]:
+    """The head (origin, lane place, accumulators ``c<i><j>``, rows ``gm<i>``, columns
+    ``gn<j>``) and the tail (the stores) of an ``RM x RN`` register block of tile ``t``."""
+    head = [prologue.strip("\n"), f"let tx = t % {t.tx}; let ty = t / {t.tx};"]
+    head += [f"var c{i}{j}: f32 = 0.0f;" for i in range(t.rm) for j in range(t.rn)]
+    head += [f"let gm{i} = m0 + ty + {i * t.ty};" for i in range(t.rm)]
+    head += [f"let gn{j} = n0 + tx + {j * t.tx};" for j in range(t.rn)]
+    tail = [
+        f"if (gm{i} < M && gn{j} < N) {{ let gm = gm{i}; let gn = gn{j}; let v = c{i}{j}; {store} }}"
+        for i in range(t.rm)
+        for j in range(t.rn)
+    ]
+    return head, tail
 
 
 def gemv_body(
@@ -313,19 +333,25 @@ let m0 = mt * {tile.tm}; let n0 = pt * {tile.tn};
 let xbase = (img * IC + g * ICG) * IH * IW;
 let wbase = g * OCG * KD;
 """
-    load_a = "a = f32(W[wbase + gm * KD + gk]);"
-    if kh == kw == 1 and sh == sw == 1 and ph == pw == 0:
+    pointwise = kh == kw == 1 and ph == pw == 0
+    if pointwise and sh == sw == 1:
+        load_a = "a = f32(W[wbase + gm * KD + gk]);"
         load_b = "b = f32(X[xbase + gk * IH * IW + gn]);"
-    else:
+    elif pointwise:
+        load_a = "a = f32(W[wbase + gm * KD + gk]);"
+        load_b = "b = f32(X[xbase + gk * IH * IW + (gn / OW) * SH * IW + (gn % OW) * SW]);"
+    else:  # rule 3's depth order: kernel tap, then input channel
+        load_a = "a = f32(W[wbase + gm * KD + (gk % ICG) * KH * KW + gk / ICG]);"
         load_b = (
-            "let ic = gk / (KH * KW); let r = gk % (KH * KW); let oy = gn / OW; let ox = gn % OW; "
+            "let ic = gk % ICG; let r = gk / ICG; let oy = gn / OW; let ox = gn % OW; "
             "let iy = oy * SH - PH + (r / KW) * DH; let ix = ox * SW - PW + (r % KW) * DW; "
             "if (iy >= 0 && iy < IH && ix >= 0 && ix < IW) { b = f32(X[xbase + (ic * IH + iy) * IW + ix]); }"
         )
     bias = " + f32(B[oc])" if b is not None else ""
     store = f"let oc = g * OCG + gm; let o = v{bias}; Y[(img * OC + oc) * {p} + gn] = T({activation_expr(act, 'o')});"
-    pointwise = kh == kw == 1 and sh == sw == 1 and ph == pw == 0
-    decls, body, direct = gemm_body(tile, load_a, load_b, store, prologue, _direct_conv(tile, pointwise))
+    decls, body, direct = gemm_body(
+        tile, load_a, load_b, store, prologue, _direct_conv(direct_tile(tile), pointwise, sh == sw == 1)
+    )
     cs = dict(IC=c, IH=ih, IW=iw, OC=oc, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, DH=dh, DW=dw, PH=ph, PW=pw)
     cs.update(ICG=icg, OCG=ocg, KD=kd, M=ocg, N=p)
     grid = _grid(workgroups)
@@ -382,7 +408,9 @@ def lower_gemm_tiled(
     load_a = f"a = f32(A[{'gk * M + gm' if ta else 'gm * KD + gk'}]);"
     load_b = f"b = f32(B[{'gn * KD + gk' if tb else 'gk * N + gn'}]);"
     direct = _direct_gemm(
-        tile, "A[k * M + @r]" if ta else "A[@r * KD + k]", "B[@c * KD + k]" if tb else "B[k * N + @c]"
+        direct_tile(tile),
+        "A[k * M + @r]" if ta else "A[@r * KD + k]",
+        "B[@c * KD + k]" if tb else "B[k * N + @c]",
     )
     decls, body, direct = gemm_body(
         tile, load_a, load_b, "let row = gm; let col = gn; " + store, prologue, direct
@@ -404,35 +432,38 @@ def _direct_gemm(t: Tile, a_el: str, b_el: str) -> str:
     return "\n".join(lines)
 
 
-def _direct_conv(t: Tile, pointwise: bool) -> str:
-    """Rule 6's loop for a convolution: input channel, then kernel row and column (the
-    implicit GEMM's k order), padding read as zero."""
+def _direct_conv(t: Tile, pointwise: bool, unit_stride: bool) -> str:
+    """Rule 6's loop for a convolution, in rule 3's depth order (kernel tap, then input
+    channel): a tap's input offsets and padding tests are computed once for all its channels,
+    padding read as zero."""
     lines = [f"let wr{i} = wbase + min(gm{i}, M - 1) * KD;" for i in range(t.rm)]
     if pointwise:
-        lines += [f"let q{j} = min(gn{j}, N - 1);" for j in range(t.rn)]
+        for j in range(t.rn):
+            lines.append(f"let q{j} = min(gn{j}, N - 1);")
+            if not unit_stride:
+                lines.append(f"let s{j} = (q{j} / OW) * SH * IW + (q{j} % OW) * SW;")
         lines.append("for (var k: i32 = 0; k < KD; k++) {")
         lines.append("    let xc = xbase + k * IH * IW;")
         lines += [f"    let a{i} = f32(W[wr{i} + k]);" for i in range(t.rm)]
-        lines += [f"    let b{j} = f32(X[xc + q{j}]);" for j in range(t.rn)]
+        lines += [f"    let b{j} = f32(X[xc + {'q' if unit_stride else 's'}{j}]);" for j in range(t.rn)]
         lines += [f"    c{i}{j} += a{i} * b{j};" for i in range(t.rm) for j in range(t.rn)]
         lines.append("}")
         return "\n".join(lines)
     for j in range(t.rn):
         lines.append(f"let y{j} = (gn{j} / OW) * SH - PH; let x{j} = (gn{j} % OW) * SW - PW;")
-    lines.append("for (var ic: i32 = 0; ic < ICG; ic++) {")
-    lines.append("    let xc = xbase + ic * IH * IW;")
-    lines.append("    for (var kh: i32 = 0; kh < KH; kh++) {")
-    lines.append("        for (var kw: i32 = 0; kw < KW; kw++) {")
-    lines.append("            let k = (ic * KH + kh) * KW + kw;")
-    lines += [f"            let a{i} = f32(W[wr{i} + k]);" for i in range(t.rm)]
+    lines.append("for (var kh: i32 = 0; kh < KH; kh++) {")
+    lines.append("    for (var kw: i32 = 0; kw < KW; kw++) {")
+    lines.append("        let r = kh * KW + kw;")
     for j in range(t.rn):
         lines.append(
-            f"            let iy{j} = y{j} + kh * DH; let ix{j} = x{j} + kw * DW; "
-            f"let in{j} = iy{j} >= 0 && iy{j} < IH && ix{j} >= 0 && ix{j} < IW && gn{j} < N;"
+            f"        let iy{j} = y{j} + kh * DH; let ix{j} = x{j} + kw * DW; "
+            f"let in{j} = iy{j} >= 0 && iy{j} < IH && ix{j} >= 0 && ix{j} < IW && gn{j} < N; "
+            f"let p{j} = xbase + select(0, iy{j} * IW + ix{j}, in{j});"
         )
-        lines.append(
-            f"            let b{j} = select(0.0f, f32(X[xc + select(0, iy{j} * IW + ix{j}, in{j})]), in{j});"
-        )
+    lines.append("        for (var ic: i32 = 0; ic < ICG; ic++) {")
+    lines.append("            let xo = ic * IH * IW; let wo = ic * KH * KW + r;")
+    lines += [f"            let a{i} = f32(W[wr{i} + wo]);" for i in range(t.rm)]
+    lines += [f"            let b{j} = select(0.0f, f32(X[p{j} + xo]), in{j});" for j in range(t.rn)]
     lines += [f"            c{i}{j} += a{i} * b{j};" for i in range(t.rm) for j in range(t.rn)]
     lines.append("        }")
     lines.append("    }")

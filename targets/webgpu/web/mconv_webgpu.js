@@ -179,6 +179,28 @@ export async function infer(b, inputs) {
   return out;
 }
 
+// Diagnostic (?profile=1): one inference with every layer in its own submit, each awaited with
+// onSubmittedWorkDone; the wall time of each layer (ms, the plan's order). Not the timed path.
+export async function profileLayers(b, inputs) {
+  const { device, buffers, plan } = b;
+  for (const spec of plan.inputs) device.queue.writeBuffer(buffers[spec.buffer], 0, toStorage(inputs[spec.name], b.f16));
+  await device.queue.onSubmittedWorkDone();
+  const times = [];
+  for (const [i, layer] of plan.layers.entries()) {
+    const t = performance.now();
+    const encoder = device.createCommandEncoder();
+    const pass = encoder.beginComputePass();
+    pass.setPipeline(b.pipelines[i]);
+    pass.setBindGroup(0, b.groups[i]);
+    pass.dispatchWorkgroups(...dispatchSize(layer.grid));
+    pass.end();
+    device.queue.submit([encoder.finish()]);
+    await device.queue.onSubmittedWorkDone();
+    times.push(performance.now() - t);
+  }
+  return times;
+}
+
 const INT_RANGES = {
   int8: [-128, 127], uint8: [0, 255], int16: [-32768, 32767], uint16: [0, 65535],
   int32: [-2147483648, 2147483647], uint32: [0, 4294967295],
@@ -266,6 +288,7 @@ export async function main(params = new URLSearchParams(location.search)) {
         times.push(performance.now() - t);
       }
       times.sort((x, y) => x - y);
+      const layerMs = params.get("profile") ? await profileLayers(b, inputs) : null;
       const shapes = Object.fromEntries(b.plan.outputs.map((o) => [o.name, o.shape]));
       const dtypes = dtypesOf(b.manifest.outputs);
       result = {
@@ -281,6 +304,7 @@ export async function main(params = new URLSearchParams(location.search)) {
         runs,
         median_ms: times[Math.floor(times.length / 2)],
         min_ms: times[0],
+        ...(layerMs ? { layer_ms: layerMs } : {}),
         shapes,
         dtypes: Object.fromEntries(b.plan.outputs.map((o) => [o.name, dtypes[o.name] || "float32"])),
         outputs: Object.fromEntries(Object.entries(outputs).map(([k, v]) => [k, typedOutput(v, dtypes[k])])),

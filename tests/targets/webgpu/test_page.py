@@ -437,6 +437,27 @@ def test_page_retries_a_lost_device(tmp_path, monkeypatch):
     assert failed["error"].startswith("requestDevice failed 3 times: OperationError: A valid external")
 
 
+@needs_chromium
+def test_page_profiles_layer_by_layer(tmp_path):
+    """``profile=True`` (the page's ?profile=1): one wall time per layer of the plan, and the
+    timed runs' outputs unchanged."""
+    from mconv.irio import load_onnx
+
+    model = load_onnx(Path(__file__).parents[3] / "fixtures" / "digits_mlp.onnx")
+    bundle = get_target("webgpu").export(model, tmp_path / "mlp", {})
+    plan = json.loads((bundle.root / "webgpu_plan.json").read_text())
+    rng = np.random.default_rng(9)
+    (spec,) = plan["inputs"]
+    feeds = {spec["name"]: rng.standard_normal(spec["shape"]).astype(np.float32)}
+    result = browser.run_page(bundle.root, feeds, runs=1, profile=True)
+    if str(result.get("error", "")).startswith("no WebGPU adapter"):
+        pytest.skip(result["error"])
+    assert "error" not in result, result["error"]
+    assert len(result["layer_ms"]) == len(plan["layers"]) >= 2
+    assert all(t >= 0 for t in result["layer_ms"])
+    _compare(model, result, feeds, 0.9999)
+
+
 def test_run_page_refuses_a_folder_that_is_not_a_bundle(tmp_path):
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "index.html").write_text("<p>a page that is not mconv's</p>\n")

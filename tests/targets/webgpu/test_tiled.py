@@ -138,3 +138,57 @@ def test_software_adapters_run_the_direct_entry_point():
     assert tiled.entry_point("L1_conv", src, shared=False) == "L1_conv_direct"
     assert tiled.entry_point("L1_conv", src, shared=True) == "L1_conv"
     assert tiled.entry_point("L2_add", "fn L2_add(a: i32) {}", shared=False) == "L2_add"
+
+
+def downsample(seed: int):
+    """ResNet's projection shortcut on digits: a 1x1 convolution of stride 2 (no padding) next
+    to a padded 3x3 one of stride 2, added, then a Gemm."""
+    rng = np.random.default_rng(seed)
+
+    def he(*shape):
+        return (rng.standard_normal(shape) * np.sqrt(2 / np.prod(shape[1:]))).astype(np.float32)
+
+    w = {
+        "c0w": he(16, 1, 3, 3),
+        "pw": he(32, 16, 1, 1),
+        "pb": (0.1 * rng.standard_normal(32)).astype(np.float32),
+        "sw": he(32, 16, 3, 3),
+        "fw": he(10, 32 * 14 * 14),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "c0w"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"]),
+        helper.make_node("Conv", ["r0", "pw", "pb"], ["p"], strides=[2, 2]),
+        helper.make_node("Conv", ["r0", "sw"], ["s"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Add", ["p", "s"], ["a"]),
+        helper.make_node("Flatten", ["a"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw"], ["y"], transB=1),
+    ]
+    return make_model(nodes, [("x", ["N", 1, 28, 28])], ["y"], w, name="downsample")
+
+
+@needs_adapter
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["direct", "workgroup-memory"])
+def test_strided_pointwise_convolution_agrees_with_onnxruntime(shared, tmp_path, monkeypatch, shared_memory):
+    path = tmp_path / "down.onnx"
+    save_onnx(downsample(1), path)
+    x = digits(shared, 2)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    runner, got = _run(path, x, tmp_path, "fp32", shared_memory, monkeypatch)
+    assert_close(ref, got, "fp32", what="downsample")
+    # the strided 1x1 convolution reads its pixels without a padding test (no select of zero)
+    pointwise = [s for k, s in runner.sources.items() if k.endswith("_conv") and "const KH: i32 = 1;" in s]
+    assert len(pointwise) == 1 and "const SH: i32 = 2;" in pointwise[0]
+    direct = pointwise[0].split(f"{tiled.DIRECT}(", 1)[1]
+    assert "select(0.0f" not in direct and "* SH * IW" in direct
+
+
+def test_direct_register_blocks_cover_the_tile():
+    """Rule 6: the direct entry's fewer invocations compute exactly the tile's outputs."""
+    for t in tiled.CANDIDATES:
+        d = tiled.direct_tile(t)
+        assert (d.tm, d.tn, d.rn) == (t.tm, t.tn, t.rn)
+        assert d.rm in (t.rm, t.rm * tiled.DIRECT_FOLD)
+        rows = sorted(ty + i * d.ty for ty in range(d.ty) for i in range(d.rm))
+        assert rows == list(range(t.tm))
+        assert d.ty * d.tx <= tiled.LANES
