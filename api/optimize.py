@@ -407,6 +407,7 @@ def budget_config(
     epochs: int | None = None,
     prior: str = "l2",
     cluster: str = "kmeans",
+    gate_se: float = 1.0,
 ) -> BudgetConfig:
     """The budget search's options (the CLI's option group, or :func:`optimize`'s keywords) as
     one :class:`~mconv.drivers.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and
@@ -423,7 +424,7 @@ def budget_config(
         return BudgetConfig(
             max_drop=max_drop, target_size=target_size, target_of=target_of, seed=seed,  # type: ignore[arg-type]
             engine=engine, device=device, workers=workers,
-            ray_address=ray_address, epochs=epochs, prior=prior, cluster=cluster,
+            ray_address=ray_address, epochs=epochs, prior=prior, cluster=cluster, gate_se=gate_se,
         )  # fmt: skip
 
 

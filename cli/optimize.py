@@ -123,6 +123,16 @@ ClusterOpt = Annotated[
     ),
 ]
 
+GateSeOpt = Annotated[
+    float,
+    typer.Option(
+        "--gate-se",
+        metavar="K",
+        help="deep-compression budget: the gate passes when the held-out drop plus K of its "
+        "standard errors is within --max-drop (default 1; 0: the measured drop alone).",
+    ),
+]
+
 SaveRecipeOpt = Annotated[
     Path | None,
     typer.Option(
@@ -191,6 +201,7 @@ def optimize_cmd(
     epochs: EpochsOpt = None,
     prior: PriorOpt = "l2",
     cluster: ClusterOpt = "kmeans",
+    gate_se: GateSeOpt = 1.0,
     save_recipe: SaveRecipeOpt = None,
     engine: EngineOpt = None,
     device: DeviceOpt = None,
@@ -225,7 +236,7 @@ def optimize_cmd(
             budget = budget_config(
                 model_path, max_drop=max_drop, target_size=target_size, target_of=target_of,
                 seed=seed, engine=engine, device=device, workers=workers, ray_address=ray_address,
-                epochs=epochs, prior=prior, cluster=cluster,
+                epochs=epochs, prior=prior, cluster=cluster, gate_se=gate_se,
             )  # fmt: skip
         failed = None
         with out.progress(f"optimize {recipe or passes}") as update:

@@ -316,7 +316,9 @@ class _Attempt:
         sizes = E._attempt_sizes(work)
         drop = s.baseline - final
         lost = s.ev.losses(got, s.held)
-        ok_drop = s.max_drop is None or drop <= s.max_drop + 1e-12  # rule 7: the net drop
+        se = s.ev.drop_se(got, s.held)
+        bound = drop + s.config.gate_se * (se or 0.0)  # rule 7: the net drop, less what noise allows
+        ok_drop = s.max_drop is None or bound <= s.max_drop + 1e-12
         ok_size = s.target is None or sizes[s.config.measured] <= s.target
         return {
             "index": self.k,
@@ -327,7 +329,8 @@ class _Attempt:
             "final": final,
             "agreement": s.ev.agreement(got, s.held),
             "drop": drop,
-            "drop_se": s.ev.drop_se(got, s.held),
+            "drop_se": se,
+            "drop_bound": bound,
             "lost": lost,
             "sizes": sizes,
             "ok": ok_drop and ok_size,

@@ -79,6 +79,9 @@ class BudgetConfig:
     # rule 13: "entropy" lets the clustering stage choose, per layer and bit width, entropy-
     # constrained clustering (cluster method="entropy") with a cap and lam from the data
     cluster: str = "kmeans"
+    # rule 7: the gate passes when the held-out drop plus this many of its standard errors is
+    # within max_drop (0: the measured drop alone)
+    gate_se: float = 1.0
 
     def __post_init__(self) -> None:
         from mconv.drivers.parallel import check_workers
@@ -93,6 +96,10 @@ class BudgetConfig:
             raise InputError(f"prior {self.prior!r}", where="--prior", hint="auto, l2 or gmm")
         if self.cluster not in ("kmeans", "entropy"):
             raise InputError(f"cluster {self.cluster!r}", where="--cluster", hint="kmeans or entropy")
+        if isinstance(self.gate_se, bool) or not 0.0 <= float(self.gate_se) <= 10.0:
+            raise InputError(
+                f"gate standard errors {self.gate_se!r}", where="--gate-se", hint="0 to 10, e.g. 1"
+            )
         if self.estimator not in ("fisher", "sweep"):
             raise InputError(f"estimator {self.estimator!r}", hint="use 'fisher' or 'sweep'")
         drop = self.max_drop

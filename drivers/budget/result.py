@@ -29,6 +29,7 @@ class BudgetResult:
     held_out_drop: float | None = None
     held_out_lost: float | None = None  # fraction the original gets right and the result wrong
     held_out_drop_se: float | None = None  # the net drop's standard error (paired samples)
+    held_out_drop_bound: float | None = None  # what the gate compared: drop + gate_se * se
     agreement: float | None = None
     max_drop: float | None = None
     target_size: int | None = None
@@ -54,6 +55,7 @@ class BudgetResult:
             "held_out_drop": self.held_out_drop,
             "held_out_lost": self.held_out_lost,
             "held_out_drop_se": self.held_out_drop_se,
+            "held_out_drop_bound": self.held_out_drop_bound,
             "agreement": self.agreement,
             "max_drop": self.max_drop,
             "target_size": self.target_size,
@@ -146,6 +148,7 @@ def _result(
             "predicted_bytes": r["predicted"],
             "weights_file": r["sizes"]["weights_file"],
             "held_out_drop": r["drop"],
+            "held_out_drop_bound": r.get("drop_bound"),
             "held_out_lost": r["lost"],
             "passed": r["ok"],
             "allocation": _alloc_table(r["alloc"]),
@@ -167,6 +170,7 @@ def _result(
         held_out_drop=best["drop"],
         held_out_lost=best["lost"],
         held_out_drop_se=best.get("drop_se"),
+        held_out_drop_bound=best.get("drop_bound"),
         agreement=best["agreement"],
         max_drop=max_drop,
         target_size=target,
@@ -271,7 +275,12 @@ def summary_text(result: BudgetResult) -> str:
         lines.append(
             f"split: {sp['train']} samples for fine-tuning, {where}; "
             f"{result.metric} {result.baseline:.4f} -> {result.final:.4f} on the held-out samples "
-            f"(drop {result.held_out_drop:+.4f}{se}, lost {result.held_out_lost:.4f}, max {result.max_drop})"
+            f"(drop {result.held_out_drop:+.4f}{se}, lost {result.held_out_lost:.4f}, max {result.max_drop}"
+            + (
+                f", gated on drop + {sp['gate_se']:g} se = {result.held_out_drop_bound:+.4f})"
+                if result.held_out_drop_bound is not None and sp.get("gate_se")
+                else ")"
+            )
         )
         lines += [f"note: {n}" for n in result.notes if "cannot tell" in n]
     head = f"{'layer':<16}{'params':>9}{'sparsity':>9}{'bits':>5}{'predicted':>10}{'stored':>9}{'of f32':>8}"

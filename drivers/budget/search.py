@@ -149,6 +149,7 @@ def _prepare(
         "holdout": holdout,
         "validation": val_data is not None,
         "seed": seed,
+        "gate_se": config.gate_se if max_drop is not None else 0.0,
     }
     return search
 
@@ -341,8 +342,10 @@ def _report(s: Search, best: dict, t_start: float) -> BudgetResult:
 
     result.engine = engine_label(c.engine, c.device)
     if not result.met:
+        bound = best.get("drop_bound")
+        gated = f" + {c.gate_se:g} se = {bound:.4f}" if bound is not None and c.gate_se and max_drop else ""
         raise BudgetNotMet(
-            f"budget not met: held-out {s.ev.metric_name} drop {best['drop']:.4f} (max {max_drop}), "
+            f"budget not met: held-out {s.ev.metric_name} drop {best['drop']:.4f}{gated} (max {max_drop}), "
             f"{c.target_of} {best['sizes'][c.measured]:,} B (target {target if target else '-'})",
             result,
             hint="allow a larger --max-drop or --target-size",

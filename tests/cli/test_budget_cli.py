@@ -113,6 +113,7 @@ def test_a_bundle_target_fits_the_exported_cpu_bundle_directory(small, tmp_path)
         (["--passes", "dce", "--epochs", "3"], "--epochs"),
         (["--recipe", "deep-compression", "--max-drop", "0.01", "--epochs", "0"], "--epochs"),
         (["--recipe", "deep-compression", "--max-drop", "0.01", "--val-data", "MISSING"], "MISSING"),
+        (["--recipe", "deep-compression", "--max-drop", "0.01", "--gate-se", "-1"], "--gate-se"),
     ],
 )
 def test_bad_budget_options_are_one_line_exit_2(small, tmp_path, args, needle):

@@ -481,6 +481,12 @@ def test_validation_data_is_the_gate_and_every_calibration_sample_is_trained_on(
     d = (original.argmax(1) == val["labels"]).astype(float) - (got.argmax(1) == val["labels"])
     assert result.held_out_drop_se == pytest.approx(float(np.sqrt(np.var(d) / 120)))
     assert result.held_out_drop_se > 0  # the two disagree on some of the 120 digits
+    # rule 7: the gate compared the drop plus one standard error with max_drop
+    assert result.held_out_drop_bound == pytest.approx(result.held_out_drop + result.held_out_drop_se)
+    assert result.held_out_drop_bound <= 0.05 + 1e-12
+    assert all(
+        a["passed"] == (a["held_out_drop_bound"] <= 0.05 + 1e-12) for a in result.as_dict()["attempts"]
+    )
     # 120 samples resolve 1/120 = 0.0083 per sample, finer than 0.05: a note only if se > 0.05
     assert (result.held_out_drop_se > 0.05) == any("cannot tell" in note for note in result.notes)
     # every fine-tuning stage trained on all of data: its passes hold nothing out
