@@ -605,6 +605,26 @@ def write_npz(path: Path, d: dict[str, np.ndarray], input_name: str, labels: boo
     np.savez(path, **arrays)
 
 
+def sets_of(spec: Spec, work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
+    """The model's CAL, VAL and TEST sets, built once and kept in ``work/<model>/sets-<seed>.npz``
+    (arrays only, no pickle), so a run on another host (a GPU's, without the Python installation's
+    files, fonts or scikit-image photos these are made from) measures the very same inputs."""
+    path = work / spec.name / f"sets-{seed}.npz"
+    if path.is_file():
+        out: dict[str, dict[str, np.ndarray]] = {}
+        with np.load(path, allow_pickle=False) as z:
+            for key in z.files:
+                part, field = key.split("/", 1)
+                out.setdefault(part, {})[field] = z[key]
+        return out
+    sets = spec.build(work, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        path, **{f"{part}/{field}": np.asarray(a) for part, d in sets.items() for field, a in d.items()}
+    )
+    return sets
+
+
 def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
     import onnxruntime as ort
 
@@ -621,7 +641,7 @@ def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
                 return {"model": spec.name, "error": f"import exit {r.returncode}: {r.stderr.strip()[-300:]}"}
     onnx_bytes = onnx_in.stat().st_size
     name = ort.InferenceSession(str(onnx_in), providers=["CPUExecutionProvider"]).get_inputs()[0].name
-    sets = spec.build(work, args.seed)
+    sets = sets_of(spec, work, args.seed)
     for s in ("cal", "val"):
         write_npz(folder / f"{s}.npz", sets[s], name, spec.labels)
     out = folder / "out.onnx"
@@ -639,6 +659,8 @@ def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
     ]  # fmt: skip
     if args.engine:
         cmd += ["--engine", args.engine]
+    if args.device:
+        cmd += ["--device", args.device]
     if args.epochs:
         cmd += ["--epochs", str(args.epochs)]
     print(f"[{spec.name}] mconv {' '.join(cmd)}", flush=True)
@@ -681,6 +703,7 @@ def fmt_row(row: dict, args: argparse.Namespace, commit: str) -> str:
     cmd = (
         f"`mconv optimize {row['model']} --recipe deep-compression --data CAL --val-data VAL "
         f"--max-drop 0.005{' --engine ' + args.engine if args.engine else ''}"
+        f"{' --device ' + args.device if args.device else ''}"
         f"{' --epochs ' + str(args.epochs) if args.epochs else ''}` + `export --target cpu`"
     )
     date = datetime.date.today().isoformat()
@@ -708,6 +731,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(SPECS))
     ap.add_argument("--engine", default="")
+    ap.add_argument("--device", default="", help="mconv optimize --device (cuda: the xla engine on a GPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--epochs", type=int, default=0, help="--epochs for every stage (0: the product's choice)"
@@ -732,7 +756,7 @@ def main() -> None:
     for name in args.models.split(","):
         spec = SPECS[name]
         if args.data_only:
-            sets = spec.build(WORK, args.seed)
+            sets = sets_of(spec, WORK, args.seed)
 
             src = model_path(spec, WORK)
             if spec.needs_import:

