@@ -63,6 +63,15 @@ class Written:
     palettes: list[dict] = field(default_factory=list)  # quant.compress_palettes' records
 
 
+_INT16_VERSIONS = {
+    "CONV_2D": 4, "DEPTHWISE_CONV_2D": 5, "FULLY_CONNECTED": 7, "ADD": 3, "SUB": 5, "MUL": 4,
+    "MAX_POOL_2D": 3, "AVERAGE_POOL_2D": 3, "TRANSPOSE": 5, "SOFTMAX": 3, "MEAN": 3,
+    "REDUCE_MAX": 3, "RELU6": 3, "RELU": 3, "LOGISTIC": 3, "TANH": 3, "LEAKY_RELU": 2, "PAD": 3,
+    "PADV2": 3, "CONCATENATION": 3, "MAXIMUM": 4, "MINIMUM": 4, "SPLIT": 4, "RESIZE_BILINEAR": 4,
+    "RESIZE_NEAREST_NEIGHBOR": 4, "DEQUANTIZE": 3,
+}  # fmt: skip
+
+
 def op_version(op: Any, g: Graph) -> int:
     """Rule 2 (tensorflow/lite/tools/versioning/op_version.cc, for the types mconv writes)."""
     ins = [g.tensors[i] for i in op.inputs if i >= 0]
@@ -71,6 +80,8 @@ def op_version(op: Any, g: Graph) -> int:
     int8 = first == "int8"
     per_channel = len(ins) > 1 and ins[1].quant is not None and ins[1].quant.scale.size > 1
     code = op.code
+    if first == "int16" and code in _INT16_VERSIONS:  # 16x8 (int16 activations, int8 weights)
+        return _INT16_VERSIONS[code]
     if code == "CONV_2D":
         if int8:
             return 3
@@ -97,7 +108,8 @@ def op_version(op: Any, g: Graph) -> int:
         per_axis = ins[0].quant is not None and ins[0].quant.scale.size > 1
         return 3 if first == "float16" else (5 if per_axis else 2) if int8 else 1
     if code == "QUANTIZE":
-        return 2 if first == "uint8" else 1
+        out = g.tensors[op.outputs[0]].dtype
+        return 2 if first == "uint8" or out == "int16" else 1
     if code == "CAST":  # int8 on either side: 3; uint8 (and the rest mconv writes): 1
         out = g.tensors[op.outputs[0]].dtype
         if "float16" in (first, out):
@@ -165,20 +177,33 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     folded = sum(n.op_type == "DequantizeLinear" for n in model.graph) - sum(
         n.op_type == "DequantizeLinear" for n in prepared.graph
     )
+    if precision == "int16x8" and data is None:
+        raise InputError(
+            "--precision int16x8 needs calibration inputs",
+            where="--data",
+            hint="give --data samples.npz (real inputs keyed by input name)",
+        )
+    if precision == "int16x8" and options.get("io_dtype") not in (None, "float32"):
+        raise InputError(
+            "--precision int16x8 files take and give float32",
+            where="--io-dtype",
+            hint="drop --io-dtype, or use --precision int8",
+        )
     if precision == "int8" and data is None and not qdq:
         raise InputError(
             "--precision int8 needs calibration inputs",
             where="--data",
             hint="give --data samples.npz (real inputs keyed by input name), or --precision int8-weights",
         )
-    if precision != "int8" and (data is not None or options.get("io_dtype") or options.get("calibration")):
+    calibrated = precision in ("int8", "int16x8")
+    if not calibrated and (data is not None or options.get("io_dtype") or options.get("calibration")):
         raise InputError(
-            "--data, --calibration and --io-dtype apply to --precision int8 only",
+            "--data, --calibration and --io-dtype apply to --precision int8 and int16x8 only",
             where="--precision",
             hint="add --precision int8 or drop them",
         )
     qparams: dict[int, tuple[float, int]] = {}
-    if precision == "int8" and qdq:  # rule 4: the model's own parameters
+    if calibrated and qdq:  # rule 4: the model's own parameters
         g, qparams = lower.lower_with_params(prepared)
     else:
         g = lower.lower(prepared)
@@ -202,7 +227,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     elif precision == "int8-weights":
         n = quant.to_dynamic_range(g)
         notes.append(f"{n} weight(s) stored int8 (dynamic range: activations quantized at run time)")
-    elif precision == "int8":
+    elif calibrated:
         for op in g.ops:
             op.version = op_version(op, g)
         if data is None:  # a QDQ model without samples: its parameters only
@@ -246,47 +271,65 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
         reference = _outputs_of(float_bytes, samples)  # quant rule 8's oracle, run once
         best: tuple | None = None
         tried = []
+
+        def attempt(m: str, extra: frozenset[int], bits: int) -> tuple:
+            ranges = {**candidates[m], **own}
+            h = copy.deepcopy(base)
+            fallback = quant.to_int8(h, ranges, io_dtype, extra, bits)
+            written = _finish(h, precision, [], palettes)
+            records = gate.judge(_outputs_of(written.data, samples), reference)
+            softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
+            if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
+                h = copy.deepcopy(base)
+                fallback = quant.to_int8(h, ranges, io_dtype, extra | softmaxes, bits)
+                written = _finish(h, precision, [], palettes)
+                records = gate.judge(_outputs_of(written.data, samples), reference)
+            what = f"{m}{' with the LOG front end in float' if extra else ''}{' 16x8' if bits == 16 else ''}"
+            tried.append(f"{what} {gate.summary(records)}")
+            return (gate.score(records), m, written, records, fallback, softmaxes, extra, bits)
+
+        bits = 16 if precision == "int16x8" else 8
         front = _log_front_end(base)
         for extra in (frozenset(), front) if front else (frozenset(),):  # rule 7: then a float front end
             for m in methods:  # rule 6: the first method whose file the gate keeps, else the best
-                ranges = {**candidates[m], **own}
-                h = copy.deepcopy(base)
-                fallback = quant.to_int8(h, ranges, io_dtype, extra)
-                written = _finish(h, precision, [], palettes)
-                records = gate.judge(_outputs_of(written.data, samples), reference)
-                softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
-                if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
-                    h = copy.deepcopy(base)
-                    fallback = quant.to_int8(h, ranges, io_dtype, extra | softmaxes)
-                    written = _finish(h, precision, [], palettes)
-                    records = gate.judge(_outputs_of(written.data, samples), reference)
-                score = gate.score(records)
-                tried.append(
-                    f"{m}{' with the LOG front end in float' if extra else ''} {gate.summary(records)}"
-                )
-                if best is None or score > best[0]:
-                    best = (score, m, written, records, fallback, softmaxes, extra)
-                if all(r["ok"] for r in records):
+                got = attempt(m, extra, bits)
+                if best is None or got[0] > best[0]:
+                    best = got
+                if all(r["ok"] for r in got[3]):
                     break
             if best is not None and all(r["ok"] for r in best[3]):
                 break
         assert best is not None
-        _, method, written, records, fallback, softmaxes, extra = best
-        notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
+        if bits == 8 and io_dtype == "float32" and not all(r["ok"] for r in best[3]):
+            # rule 8: int16 activations where no int8 file is kept (min-max: 16 bits hold the extremes)
+            try:
+                got = attempt("minmax" if "minmax" in candidates else best[1], best[6], 16)
+            except InputError:  # LiteRT refused the 16x8 file: the int8 one stands
+                got = None
+            if got is not None and got[0] > best[0]:
+                best = got
+        _, method, written, records, fallback, softmaxes, extra, bits = best
+        notes.append(
+            f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}"
+            if bits == 8
+            else f"16x8: int16 activations (symmetric, ranges from {method} calibration), int8 weights, "
+            f"int64 biases, inputs/outputs float32"
+            + (" (no int8 file was kept: writer rule 8)" if precision == "int8" else "")
+        )
         if len(tried) > 1:
             notes.append(
                 f"calibrations tried (rule: the first the int8 gate keeps, else the best): {'; '.join(tried)}"
             )
         if fallback:
-            why = [f"{len(fallback) - len(softmaxes) - len(extra)} without an int8 kernel"]
+            why = [f"{len(fallback) - len(softmaxes) - len(extra)} without an int{bits} kernel"]
             if softmaxes:
-                why.append(f"{len(softmaxes)} whose int8 output could not resolve the float one")
+                why.append(f"{len(softmaxes)} whose int{bits} output could not resolve the float one")
             if extra:
                 why.append(f"{len(extra)} computing a LOG's input (a float front end)")
             notes.append(f"{len(fallback)} op(s) run in float ({', '.join(why)}): {', '.join(fallback)}")
         verdict = "kept" if all(r["ok"] for r in records) else "NOT kept"
         notes.append(
-            f"int8 against float on {len(samples)} calibration sample run(s): {gate.summary(records)} "
+            f"int{bits} against float on {len(samples)} calibration sample run(s): {gate.summary(records)} "
             f"({verdict}; rules: mconv.targets.tflite.gate; other inputs not measured)"
         )
         written.notes[:0] = notes
