@@ -1,6 +1,7 @@
 """Per-tensor error of a full-int8 LiteRT file against its float file (issue 46 item 4 diagnosis).
 
-``python3 bench/int8_layers.py imported.onnx calibration.npz feeds.npz [--calibration M] [--top N]``:
+``python3 bench/int8_layers.py imported.onnx calibration.npz feeds.npz [--calibration M] [--top N]
+[--bits 16]``:
 the writer's own lowering, calibration and int8 rules (``mconv.targets.tflite``), both files run by
 LiteRT with every tensor kept on the judged feeds; per activation tensor present in both, the
 relative L2 error of the dequantized int8 values against the float ones, and the jump over the
@@ -22,6 +23,7 @@ def main() -> None:
     ap.add_argument("feeds")
     ap.add_argument("--calibration", default="minmax")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--bits", type=int, default=8, help="activation bits: 8, or 16 (LiteRT's 16x8)")
     a = ap.parse_args()
     import onnx_ir as ir
     from mconv.edit.input_shapes import fix_input_shapes
@@ -39,7 +41,7 @@ def main() -> None:
     cal = writer._calibration_feeds(prepared, a.calib)
     ranges = quant.calibrate(fbytes, g, cal, a.calibration)
     base = copy.deepcopy(g)
-    quant.to_int8(g, ranges)
+    quant.to_int8(g, ranges, bits=a.bits)
     qg = lower.compact(g)
     for op in qg.ops:
         op.version = writer.op_version(op, qg)

@@ -40,6 +40,14 @@ Rules:
    cannot resolve (a 1,000-way distribution rounds to zeros): with float outputs, that op runs in
    float on dequantized inputs and its output leaves the graph as float, and the file is measured
    again. What still fails is said in the export's notes: the file is not silently worse.
+9. ``bits=16`` (LiteRT's 16x8 mode): activations int16, symmetric (``scale = max(|lo|, |hi|) /
+   32767``, zero point 0, as LiteRT's 16-bit kernels require); weights int8 as rule 4, fully
+   connected ones per output channel too (LiteRT's 16x8 kernel takes them); biases
+   int64 (``scale = input_scale * weight_scale``); other constants int16 per tensor; SOFTMAX,
+   LOGISTIC and TANH output ``1/32768, 0``; ADD and SUB take general scales
+   (``pot_scale_int16`` false). :data:`INT16_OPS` have 16-bit kernels, the rest run in float
+   (rule 6). Inputs and outputs are float32 (a QUANTIZE after each input, a DEQUANTIZE before
+   each output).
 """
 
 from __future__ import annotations
@@ -391,7 +399,7 @@ def to_int8(
             continue
         ins = list(op.inputs)
         if op.code in _WEIGHT_AXIS and len(ins) > 1 and g.tensors[ins[1]].data is not None:
-            axis = _WEIGHT_AXIS[op.code]
+            axis = 0 if wide and op.code == "FULLY_CONNECTED" else _WEIGHT_AXIS[op.code]
             ins[1] = qconst(ins[1], ("weight", axis))
             if len(ins) > 2 and ins[2] >= 0 and g.tensors[ins[2]].data is not None:
                 s_in = params[ins[0]][0]

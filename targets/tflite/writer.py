@@ -19,6 +19,10 @@ Rules:
    parameters (the pairs vanish) and ``--data`` is needed only for tensors no pair covers
    (calibration ranges; the pairs' parameters win); at the float precisions the pairs are
    QUANTIZE/DEQUANTIZE ops, the model's own arithmetic. The notes say which.
+   At ``int8`` and ``int16x8`` a QOperator model's integer products (QLinearConv,
+   QLinearMatMul, QGemm) are prepared in QDQ form (:mod:`mconv.targets.gpu.contrib` rule 8),
+   so their output codes' parameters are the model's as well, not a requantization of codes
+   that the float graph computed.
 5. The written bytes are loaded by LiteRT (tensors allocated) before they are returned: a file
    LiteRT would refuse (e.g. a bare 8-bit tensor its XNNPACK delegate cannot take) is an error,
    exit 2, and nothing is written.
@@ -33,6 +37,17 @@ Rules:
    zero), the ops computing the LOG's input (its front end, back to the graph's inputs) run in
    float too and rule 6 is tried again; the best of all is kept, and the notes count the ops
    that front end put in float.
+8. ``--precision int16x8`` writes LiteRT's 16x8 mode (:mod:`.quant` rule 9: int16 activations,
+   symmetric; int8 weights; int64 biases; float32 inputs and outputs), with rules 6 and 7. At
+   ``int8`` with float32 inputs and outputs, where no int8 file is kept, the 16x8 file with
+   min-max ranges (16 bits hold the extremes) is built too and written instead when the gate
+   scores it better; the notes say so (``16x8: ...``). An op without a 16-bit kernel runs in
+   float as rule 6 of :mod:`.quant` says.
+9. A QDQ model's pairs may clip (ONNX Runtime folds a ReLU6 or a hard-swish's clip into the
+   output range of the QuantizeLinear before it): with the pairs gone from the float graph, the
+   values past their range would reach the ops after them. Calibration and the gate's float
+   reference run a copy of the float graph with each pair's tensor clamped to the pair's int8
+   range (:func:`_clamped`), so both compute what the model computes.
 """
 
 from __future__ import annotations
@@ -172,7 +187,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     io_dtype = _choice(options, "io_dtype", IO_DTYPES, "float32")
     palette = _choice(options, "palette", PALETTES, "int8")
     data = options.get("data")
-    prepared = prepare(model)
+    prepared = prepare(model, qdq=precision in ("int8", "int16x8"))  # rule 4: QOperator ops as QDQ
     qdq = sum(n.op_type == "QuantizeLinear" for n in prepared.graph)
     folded = sum(n.op_type == "DequantizeLinear" for n in model.graph) - sum(
         n.op_type == "DequantizeLinear" for n in prepared.graph
@@ -239,7 +254,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
                     f"{len(fallback)} op(s) without an int8 kernel run in float: {', '.join(fallback)}"
                 )
             return _finish(g, precision, notes, [])
-        float_bytes = serialize(g)
+        float_bytes = serialize(_clamped(g, qparams) if qparams else g)  # rule 9
         feeds = _calibration_feeds(prepared, data)
         missing = [g.tensors[i].name for i in g.inputs if g.tensors[i].name not in feeds]
         if missing:
@@ -302,12 +317,13 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
         assert best is not None
         if bits == 8 and io_dtype == "float32" and not all(r["ok"] for r in best[3]):
             # rule 8: int16 activations where no int8 file is kept (min-max: 16 bits hold the extremes)
+            wide: tuple | None
             try:
-                got = attempt("minmax" if "minmax" in candidates else best[1], best[6], 16)
+                wide = attempt("minmax" if "minmax" in candidates else best[1], best[6], 16)
             except InputError:  # LiteRT refused the 16x8 file: the int8 one stands
-                got = None
-            if got is not None and got[0] > best[0]:
-                best = got
+                wide = None
+            if wide is not None and wide[0] > best[0]:
+                best = wide
         _, method, written, records, fallback, softmaxes, extra, bits = best
         notes.append(
             f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}"
@@ -369,6 +385,29 @@ def _unresolved_outputs(g: Graph, records: list[dict]) -> frozenset[int]:
                 break
             k = producer.get(op.inputs[0])
     return frozenset(found)
+
+
+def _clamped(g: Graph, qparams: dict[int, tuple[float, int]]) -> Graph:
+    """Rule 9: a copy of ``g`` whose tensors quantized by a Q->DQ pair of the model are clamped
+    to the pair's int8 range (MAXIMUM, MINIMUM after their producer), tensor indices kept."""
+    from mconv.targets.tflite.schema import Op, Tensor
+
+    c = copy.deepcopy(g)
+    made = {o: k for k, op in enumerate(c.ops) for o in op.outputs}
+    after: dict[int, list[Op]] = {}
+    for t, (scale, zp) in qparams.items():
+        k = made.get(t)
+        if k is None:  # an input: its values are the feed's
+            continue
+        name, shape = c.tensors[t].name, list(c.tensors[t].shape)
+        raw = c.add(Tensor(name + "/unclamped", shape, "float32"))
+        mid = c.add(Tensor(name + "/floor", shape, "float32"))
+        lo = c.add(Tensor(name + "/lo", [], "float32", np.array((-128 - zp) * scale, np.float32)))
+        hi = c.add(Tensor(name + "/hi", [], "float32", np.array((127 - zp) * scale, np.float32)))
+        c.ops[k].outputs = [raw if o == t else o for o in c.ops[k].outputs]
+        after.setdefault(k, []).extend([Op("MAXIMUM", [raw, lo], [mid]), Op("MINIMUM", [mid, hi], [t])])
+    c.ops = [x for k, op in enumerate(c.ops) for x in (op, *after.get(k, []))]
+    return c
 
 
 def _log_front_end(g: Graph) -> frozenset[int]:
