@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("feeds")
     ap.add_argument("--calibration", default="minmax")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--first", type=float, default=0.0, help="list ops in graph order from the first error over this")
     ap.add_argument("--bits", type=int, default=8, help="activation bits: 8, or 16 (LiteRT's 16x8)")
     a = ap.parse_args()
     import onnx_ir as ir
@@ -91,7 +92,12 @@ def main() -> None:
         f"{len(base.ops)} ops; outputs:",
         [(base.tensors[o].name, round(err.get(base.tensors[o].name, -1), 4)) for o in base.outputs],
     )
-    for jump, e, k, code, name, r in sorted(rows, reverse=True)[: a.top]:
+    if a.first:  # where the error starts: the first ops past the bound, in graph order
+        start = next((i for i, row in enumerate(rows) if row[1] > a.first), len(rows))
+        listed = rows[start : start + a.top]
+    else:
+        listed = sorted(rows, reverse=True)[: a.top]
+    for jump, e, k, code, name, r in listed:
         rr = "" if r is None else f"[{r[0]:.3g}, {r[1]:.3g}]"
         print(f"{jump:+.4f} {e:.4f} op{k} {code} {name[:60]} {rr}")
 
