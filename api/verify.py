@@ -193,13 +193,13 @@ def error_distribution(ref: Any, cand: Any, bins: int = 24) -> dict[str, Any]:
 
 
 def _is_tflite_int8(path: Path) -> bool:
-    """A full-integer tflite bundle (its manifest's target and precision option)."""
+    """A full-integer tflite bundle, int8 or 16x8 (its manifest's target and precision option)."""
     from mconv.bundle import is_bundle, load_bundle
 
     if not is_bundle(path):
         return False
     b = load_bundle(path)
-    return b.target == "tflite" and b.options.get("precision") == "int8"
+    return b.target == "tflite" and b.options.get("precision") in ("int8", "int16x8")
 
 
 def _verify_int8(ref_out: dict, cand_out: dict, labels: Any, samples: int) -> Any:

@@ -1,6 +1,7 @@
 """Per-tensor error of a full-int8 LiteRT file against its float file (issue 46 item 4 diagnosis).
 
-``python3 bench/int8_layers.py imported.onnx calibration.npz feeds.npz [--calibration M] [--top N]``:
+``python3 bench/int8_layers.py imported.onnx calibration.npz feeds.npz [--calibration M] [--top N]
+[--bits 16]``:
 the writer's own lowering, calibration and int8 rules (``mconv.targets.tflite``), both files run by
 LiteRT with every tensor kept on the judged feeds; per activation tensor present in both, the
 relative L2 error of the dequantized int8 values against the float ones, and the jump over the
@@ -22,6 +23,8 @@ def main() -> None:
     ap.add_argument("feeds")
     ap.add_argument("--calibration", default="minmax")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--first", type=float, default=0.0, help="list ops in graph order from the first error over this")
+    ap.add_argument("--bits", type=int, default=8, help="activation bits: 8, or 16 (LiteRT's 16x8)")
     a = ap.parse_args()
     import onnx_ir as ir
     from mconv.edit.input_shapes import fix_input_shapes
@@ -39,7 +42,7 @@ def main() -> None:
     cal = writer._calibration_feeds(prepared, a.calib)
     ranges = quant.calibrate(fbytes, g, cal, a.calibration)
     base = copy.deepcopy(g)
-    quant.to_int8(g, ranges)
+    quant.to_int8(g, ranges, bits=a.bits)
     qg = lower.compact(g)
     for op in qg.ops:
         op.version = writer.op_version(op, qg)
@@ -89,7 +92,12 @@ def main() -> None:
         f"{len(base.ops)} ops; outputs:",
         [(base.tensors[o].name, round(err.get(base.tensors[o].name, -1), 4)) for o in base.outputs],
     )
-    for jump, e, k, code, name, r in sorted(rows, reverse=True)[: a.top]:
+    if a.first:  # where the error starts: the first ops past the bound, in graph order
+        start = next((i for i, row in enumerate(rows) if row[1] > a.first), len(rows))
+        listed = rows[start : start + a.top]
+    else:
+        listed = sorted(rows, reverse=True)[: a.top]
+    for jump, e, k, code, name, r in listed:
         rr = "" if r is None else f"[{r[0]:.3g}, {r[1]:.3g}]"
         print(f"{jump:+.4f} {e:.4f} op{k} {code} {name[:60]} {rr}")
 

@@ -2567,6 +2567,12 @@ def _run_model(
             if doc and c["status"] == "pass":
                 c["bytes"] = doc.get("bytes_after")
             c["calibration"] = calibrated_on
+            # the writer's rule 8 may have written int16 activations (16x8) where no int8 file was kept
+            manifest = bundle / "manifest.json"
+            notes = json.loads(manifest.read_text()).get("notes", []) if manifest.is_file() else []
+            c["activations"] = "int16 (16x8)" if any(n.startswith("16x8") for n in notes) else "int8"
+            if c["activations"] != "int8":
+                c["line"] = "16x8: " + c.get("line", "")
             cells["tflite-int8"] = c
 
     if "verify" in stages:

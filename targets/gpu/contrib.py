@@ -32,6 +32,16 @@ Rules:
    key mask or 1-D lengths, ``unidirectional``). MatMulNBits and GatherBlockQuantized with
    constant weights become a MatMul / Gather of the dequantized table (float32, or the scales'
    type), computed here once.
+8. ``decompose(model, qdq=True)`` (the tflite target at int8 and int16x8) writes the integer
+   products of QLinearConv, QLinearMatMul and QGemm in QDQ form instead of rule 2's: a
+   DequantizeLinear of the input, the float Conv / MatMul / Gemm of the dequantized weights
+   (``(w - zp) * scale``, per channel where the model's are) and bias (``b * x_scale *
+   w_scale``), a QuantizeLinear with the output's scale and zero point. The element ops are in
+   that form already (rule 3), so every activation keeps the model's own (scale, zero point)
+   as a Q->DQ pair, which the tflite writer turns into its int8 tensor's parameters. A
+   MaxPool, Flatten, Reshape, Transpose, Squeeze or Unsqueeze that the QOperator form runs on a
+   QuantizeLinear's codes is put between a DequantizeLinear and a QuantizeLinear with those
+   codes' parameters (exact: they commute with a per-tensor quantization).
 6. DynamicQuantizeLSTM is not rewritten: its hidden state is quantized at every step, which no
    standard op expresses; the metal target runs it as its own kernel
    (:mod:`mconv.targets.metal.msl.recurrent`), the planner keeps its outputs' shapes
@@ -71,7 +81,8 @@ _RANGES = {
 class _Rewrite:
     """Nodes built in front of ``node``; :meth:`finish` points its outputs at the results."""
 
-    def __init__(self, model: ir.Model, node: ir.Node, taken: set[str]) -> None:
+    def __init__(self, model: ir.Model, node: ir.Node, taken: set[str], qdq: bool = False) -> None:
+        self.qdq = qdq  # rule 8: integer products in QDQ form
         self.model = model
         self.graph = model.graph
         self.node = node
@@ -253,19 +264,23 @@ def _conv_like(
         per = per + np.abs(bias.astype(np.float64))
     _refuse_inexact(node, float(per.max(initial=0)))
     xf = _centered(r, x, x_zp)
+    attrs = _conv_attrs(node)
+    inputs = [xf, r.const(wf.astype(np.float32), "w")]
+    if bias is not None:
+        inputs.append(r.const(bias.astype(np.float32), "bias"))
+    return r.op("Conv", inputs, **attrs)
+
+
+def _conv_attrs(node: ir.Node) -> dict:
     attrs = {
         k: a.value
         for k, a in node.attributes.items()
         if k in ("auto_pad", "dilations", "group", "pads", "strides")
     }
-    attrs = {
+    return {
         k: (v.decode() if isinstance(v, bytes) else list(v) if isinstance(v, tuple) else v)
         for k, v in attrs.items()
     }
-    inputs = [xf, r.const(wf.astype(np.float32), "w")]
-    if bias is not None:
-        inputs.append(r.const(bias.astype(np.float32), "bias"))
-    return r.op("Conv", inputs, **attrs)
 
 
 def _matmul_like(
@@ -343,6 +358,22 @@ def _ratio(*scales: np.ndarray, over: np.ndarray | None = None) -> np.ndarray:
     return np.asarray(v, np.float32)
 
 
+def _scaled(w: np.ndarray, zp: np.ndarray | None, scale: np.ndarray, axis: int) -> np.ndarray:
+    """Rule 8: ``(w - zp) * scale`` in float32, ``zp`` and ``scale`` per tensor or along ``axis``."""
+    s = np.asarray(scale, np.float64)
+    if s.size > 1:
+        shape = [1] * w.ndim
+        shape[axis] = s.size
+        s = s.reshape(shape)
+    return (_weights(w, zp, axis) * s.reshape(s.shape if s.size > 1 else ())).astype(np.float32)
+
+
+def _requant(r: _Rewrite, v: ir.Value, y_s: np.ndarray, y_zp: ir.Value | None) -> ir.Value:
+    """Rule 8: QuantizeLinear of ``v`` with the node's output scale and zero point."""
+    assert y_zp is not None and y_zp.dtype is not None
+    return r.quant(v, r.const(np.asarray(y_s, np.float32).reshape(()), "y_scale"), y_zp, y_zp.dtype)
+
+
 def _qlinear_conv(r: _Rewrite) -> dict | None:
     n = r.node
     got = _consts(n, [1, 2, 3, 4, 5, 6, 7])
@@ -351,6 +382,15 @@ def _qlinear_conv(r: _Rewrite) -> dict | None:
         return None
     x_s, _, w, w_s, w_zp, y_s, _ = got
     bias = _const(_in(n, 8))
+    if r.qdq:  # rule 8
+        xf = _dq_const(r, x, _in(n, 1), _in(n, 2))
+        if xf is None:
+            return None
+        inputs = [xf, r.const(_scaled(w, w_zp, w_s, 0), "w")]
+        if bias is not None:
+            ratio = np.asarray(x_s, np.float64).reshape(()) * np.asarray(w_s, np.float64).reshape(-1)
+            inputs.append(r.const((bias.astype(np.float64) * ratio).astype(np.float32), "bias"))
+        return {0: _requant(r, r.op("Conv", inputs, **_conv_attrs(n)), y_s, _in(n, 7))}
     acc = _conv_like(r, x, _in(n, 2), w, w_zp, bias)
     rank = len(w.shape)
     m = _ratio(x_s, w_s, over=y_s)
@@ -369,6 +409,12 @@ def _qlinear_matmul(r: _Rewrite) -> dict | None:
     if got is None or a is None:
         return None
     a_s, _, b, b_s, b_zp, y_s, _ = got
+    if r.qdq:  # rule 8
+        af = _dq_const(r, a, _in(n, 1), _in(n, 2))
+        if af is None:
+            return None
+        v = r.op("MatMul", [af, r.const(_scaled(b, b_zp, b_s, b.ndim - 1), "b")])
+        return {0: _requant(r, v, y_s, _in(n, 7))}
     acc = _matmul_like(r, a, _in(n, 2), b, b_zp)
     m = _ratio(a_s, b_s, over=y_s)
     v = r.op("Mul", [acc, r.const(m if m.size > 1 else m.reshape(()), "ratio")])
@@ -395,9 +441,23 @@ def _qgemm(r: _Rewrite) -> dict | None:
     trans_b = int(_attr(n, "transB", 0))
     bk = b.T if trans_b else b  # [K, N]
     zk = b_zp
+    cc = _const(c)
+    if r.qdq:  # rule 8
+        af = _dq_const(r, a, _in(n, 1), _in(n, 2))
+        if af is None:
+            return None
+        scale_by = float(_attr(n, "alpha", 1.0))
+        inputs = [af, r.const(_scaled(bk, zk, b_s, 1) * np.float32(scale_by), "b")]
+        if cc is not None:
+            ratio = (
+                np.asarray(a_s, np.float64).reshape(()) * np.asarray(b_s, np.float64).reshape(-1) * scale_by
+            )
+            inputs.append(r.const((cc.astype(np.float64) * ratio).astype(np.float32), "c"))
+        v = r.op("Gemm", inputs)
+        ys = _const(y_s)
+        return {0: v if ys is None else _requant(r, v, ys, y_zp)}
     bf = _weights(bk, zk, 1)
     span = _code_span(a, _const(_in(n, 2)))
-    cc = _const(c)
     bound = np.abs(bf).sum(axis=0) * span + (np.abs(cc.astype(np.float64)) if cc is not None else 0)
     _refuse_inexact(n, float(np.max(bound, initial=0)))
     inputs = [_centered(r, a, _in(n, 2)), r.const(bf.astype(np.float32), "b")]
@@ -801,7 +861,27 @@ def _qlinear_pool(r: _Rewrite, x: ir.Value) -> ir.Value | None:
     return _channels_last(r, x, lambda v: r.op("AveragePool", [v], **_pool_attrs(n)))
 
 
+def _on_codes(r: _Rewrite) -> dict | None:
+    """Rule 8: an op ONNX Runtime's QOperator form runs on a QuantizeLinear's codes (a max pool,
+    a reshape) between a DequantizeLinear and a QuantizeLinear with the codes' parameters
+    (exact: these ops commute with a monotone per-tensor quantization)."""
+    n = r.node
+    x = _in(n, 0)
+    q = x.producer() if r.qdq and x is not None else None
+    if x is None or q is None or q.op_type != "QuantizeLinear" or _used(n.outputs[1] if len(n.outputs) > 1 else None):
+        return None
+    sc, zp = _const(_in(q, 1)), _in(q, 2)
+    zc = _const(zp)
+    if sc is None or sc.size != 1 or zp is None or zc is None or zc.size != 1 or zp.dtype is None:
+        return None
+    xf = r.dequant(x, float(sc.reshape(())), zp)
+    attrs = {k: _attr(n, k, None) for k in n.attributes}
+    y = r.op(n.op_type, [xf, *n.inputs[1:]], **attrs)
+    return {0: r.quant(y, r.const(sc.astype(np.float32).reshape(()), "scale"), zp, zp.dtype)}
+
+
 _RULES: dict[tuple[str, str], Callable[[_Rewrite], dict | None]] = {
+    **{("", op): _on_codes for op in ("MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze")},
     ("", "DynamicQuantizeLinear"): _dynamic_quantize_linear,
     ("", "ConvInteger"): _conv_integer,
     ("", "MatMulInteger"): _matmul_integer,
@@ -838,9 +918,10 @@ def _domain(node: ir.Node) -> str:
     return "" if node.domain in ("", "ai.onnx") else node.domain
 
 
-def decompose(model: ir.Model) -> int:
+def decompose(model: ir.Model, qdq: bool = False) -> int:
     """Rewrite every node of :data:`_RULES` whose rewrite applies now (rule 1); returns how
-    many were rewritten. Call again after shape inference until it returns 0."""
+    many were rewritten. Call again after shape inference until it returns 0. ``qdq``: the
+    integer products in QDQ form (rule 8)."""
     from mconv.edit.rewrite import taken_names
 
     taken = taken_names(model.graph)
@@ -849,7 +930,7 @@ def decompose(model: ir.Model) -> int:
         rule = _RULES.get((_domain(node), node.op_type))
         if rule is None:
             continue
-        r = _Rewrite(model, node, taken)
+        r = _Rewrite(model, node, taken, qdq)
         results = rule(r)
         if results is None:  # nodes built before the rule gave up are removed again
             for extra in reversed(r.created):

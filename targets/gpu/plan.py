@@ -310,9 +310,10 @@ def _infer(model: ir.Model) -> ir.Model:
     return model
 
 
-def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
+def prepare(model: ir.Model, batch: int = 1, qdq: bool = False) -> ir.Model:
     """A copy of ``model`` with static shapes, shape arithmetic folded, BatchNorm folded and
-    shapes inferred (rule 1)."""
+    shapes inferred (rule 1). ``qdq``: ORT's integer products in QDQ form
+    (:func:`mconv.targets.gpu.contrib.decompose` rule 8)."""
     from mconv.passes import parse_spec, run_pipeline
     from mconv.passes.pipeline import snapshot_model
 
@@ -321,7 +322,7 @@ def prepare(model: ir.Model, batch: int = 1) -> ir.Model:
     model = _infer(model)
     # ORT's quantized and contrib ops become standard ops as their inputs' shapes become known
     for _ in range(MAX_FOLD_ROUNDS):
-        if not decompose(model):
+        if not decompose(model, qdq):
             break
         model = _infer(model)
     # Shape -> Gather -> Concat -> Reshape chains fold a step at a time (each round's shape

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from mconv.targets.base import Options as Common
 from mconv.targets.base import option
 
-PRECISIONS = ("fp32", "fp16", "int8-weights", "int8")
+PRECISIONS = ("fp32", "fp16", "int8-weights", "int8", "int16x8")
 CALIBRATIONS = ("auto", "minmax", "percentile", "entropy", "mse")
 IO_DTYPES = ("float32", "int8", "uint8")
 PALETTES = ("int8", "fp16", "float32")
@@ -15,7 +15,9 @@ PALETTES = ("int8", "fp16", "float32")
 
 @dataclass(frozen=True)
 class Options(Common):
-    precision: str | None = option(None, help="Compute precision.", metavar="fp32|fp16|int8-weights|int8")
+    precision: str | None = option(
+        None, help="Compute precision.", metavar="fp32|fp16|int8-weights|int8|int16x8"
+    )
     data: str | None = option(None, help="Calibration samples (.npz) for int8.", metavar="NPZ")
     calibration: str | None = option(
         None, help="int8 range method.", metavar="auto|minmax|mse|percentile|entropy"

@@ -40,6 +40,14 @@ Rules:
    cannot resolve (a 1,000-way distribution rounds to zeros): with float outputs, that op runs in
    float on dequantized inputs and its output leaves the graph as float, and the file is measured
    again. What still fails is said in the export's notes: the file is not silently worse.
+9. ``bits=16`` (LiteRT's 16x8 mode): activations int16, symmetric (``scale = max(|lo|, |hi|) /
+   32767``, zero point 0, as LiteRT's 16-bit kernels require); weights int8 as rule 4, fully
+   connected ones per output channel too (LiteRT's 16x8 kernel takes them); biases
+   int64 (``scale = input_scale * weight_scale``); other constants int16 per tensor; SOFTMAX,
+   LOGISTIC and TANH output ``1/32768, 0``; ADD and SUB take general scales
+   (``pot_scale_int16`` false). :data:`INT16_OPS` have 16-bit kernels, the rest run in float
+   (rule 6). Inputs and outputs are float32 (a QUANTIZE after each input, a DEQUANTIZE before
+   each output).
 """
 
 from __future__ import annotations
@@ -73,6 +81,22 @@ FIXED = {
     "LOG_SOFTMAX": (16 / 256, 127),
 }
 _WEIGHT_AXIS = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": None}
+# rule 9: LiteRT's 16x8 kernels (int16 activations, int8 weights); the rest run in float
+INT16_OPS = frozenset(
+    {
+        "CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "ADD", "SUB", "MUL", "MAX_POOL_2D",
+        "AVERAGE_POOL_2D", "RESHAPE", "TRANSPOSE", "CONCATENATION", "SOFTMAX", "LOGISTIC", "TANH",
+        "RELU", "RELU6", "LEAKY_RELU", "MEAN", "REDUCE_MAX", "PAD", "PADV2", "MAXIMUM", "MINIMUM",
+        "STRIDED_SLICE", "SQUEEZE", "SPLIT", "RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR",
+    }
+)  # fmt: skip
+FIXED16 = {"SOFTMAX": (1 / 32768, 0), "LOGISTIC": (1 / 32768, 0), "TANH": (1 / 32768, 0)}
+
+
+def symmetric16(lo: float, hi: float) -> tuple[float, int]:
+    """Rule 9: int16 scale (zero point 0) of the range [lo, hi]: ``max(|lo|, |hi|) / 32767``."""
+    m = max(abs(float(lo)), abs(float(hi)))
+    return (m / 32767.0 if m > 0 else 1.0), 0
 
 
 def to_fp16(g: Graph) -> int:
@@ -218,16 +242,26 @@ def to_int8(
     ranges: dict[int, tuple[float, float]],
     io_dtype: str = "float32",
     float_ops: frozenset[int] = frozenset(),
+    bits: int = 8,
 ) -> list[str]:
-    """Rules 4-8 on ``g`` in place; returns the ops that fell back to float (rules 6 and 8).
-    ``float_ops``: indices into ``g.ops`` kept float although they have an int8 kernel (rule 8)."""
+    """Rules 4-9 on ``g`` in place; returns the ops that fell back to float (rules 6 and 8).
+    ``float_ops``: indices into ``g.ops`` kept float although they have an int8 kernel (rule 8).
+    ``bits`` 16: int16 activations (rule 9, LiteRT's 16x8 mode), inputs and outputs float32."""
+    if bits not in (8, 16):
+        raise ValueError(f"activation bits {bits}: 8 or 16")
+    wide = bits == 16
+    if wide and io_dtype != "float32":
+        raise ValueError("16x8 files take and give float32")
+    kernels = INT16_OPS if wide else INT8_OPS
+    fixed_of = FIXED16 if wide else FIXED
+    act, span = ("int16", 32767) if wide else ("int8", 127)
     params: dict[int, tuple[float, int]] = {}
     union = _Union()
     fixed: dict[int, tuple[float, int]] = {}
     acts = {i for i, t in enumerate(g.tensors) if t.data is None and t.dtype == "float32"}
     # a value made by a float op and read only by float ops (or leaving as a float output) stays
     # float: no QUANTIZE/DEQUANTIZE round trip between two float ops (rules 6 and 8)
-    floats = {k for k, op in enumerate(g.ops) if op.code not in INT8_OPS or k in float_ops}
+    floats = {k for k, op in enumerate(g.ops) if op.code not in kernels or k in float_ops}
     made_by = {o: k for k, op in enumerate(g.ops) for o in op.outputs}
     readers: dict[int, set[int]] = {}
     for k, op in enumerate(g.ops):
@@ -249,7 +283,7 @@ def to_int8(
             group_fixed[union.find(a)] = fp
 
     for k, op in enumerate(g.ops):
-        if op.code not in INT8_OPS or k in float_ops:
+        if op.code not in kernels or k in float_ops:
             continue
         if op.code in ("SPLIT", "SPLIT_V"):  # inputs: axis, value / value, sizes, axis
             src = op.inputs[1] if op.code == "SPLIT" else op.inputs[0]
@@ -265,9 +299,9 @@ def to_int8(
         elif op.code in SAME_PARAMS:
             if op.inputs[0] in acts:
                 join(op.inputs[0], op.outputs[0])
-        if op.code in FIXED:
-            fixed[op.outputs[0]] = FIXED[op.code]
-            group_fixed[union.find(op.outputs[0])] = FIXED[op.code]
+        if op.code in fixed_of:
+            fixed[op.outputs[0]] = fixed_of[op.code]
+            group_fixed[union.find(op.outputs[0])] = fixed_of[op.code]
     groups: dict[int, list[int]] = {}
     for i in acts:
         groups.setdefault(union.find(i), []).append(i)
@@ -277,12 +311,12 @@ def to_int8(
             known = [ranges[m] for m in members if m in ranges]
             lo = min((r[0] for r in known), default=0.0)
             hi = max((r[1] for r in known), default=0.0)
-            fix = affine(lo, hi)
+            fix = symmetric16(lo, hi) if wide else affine(lo, hi)
         for m in members:
             params[m] = fix
     for i in acts:
         s, z = params[i]
-        g.tensors[i].dtype = "int8"
+        g.tensors[i].dtype = act
         g.tensors[i].quant = Quant(np.array([s], np.float32), np.array([z], np.int64))
     fallback: list[str] = []
     new_ops: list[Op] = []
@@ -299,14 +333,16 @@ def to_int8(
             q, scale = symmetric(a, role[1])
             quant = Quant(scale, np.zeros(scale.size, np.int64), role[1] or 0)
             new = Tensor(t.name + "/int8", t.shape, "int8", q, quant)
-        elif role[0] == "bias":
+        elif role[0] == "bias":  # int32; int64 under 16x8 (LiteRT's 16x8 kernels take int64)
             scale = np.asarray(role[1], np.float64)
-            b = np.clip(np.round(a.astype(np.float64) / scale), -(2**31), 2**31 - 1).astype(np.int32)
+            top = 2**47 if wide else 2**31
+            b = np.clip(np.round(a.astype(np.float64) / scale), -top, top - 1)
+            bias_type = "int64" if wide else "int32"
             new = Tensor(
-                t.name + "/int32",
+                t.name + "/" + bias_type,
                 t.shape,
-                "int32",
-                b,
+                bias_type,
+                b.astype(bias_type),
                 Quant(scale.astype(np.float32), np.zeros(scale.size, np.int64)),
             )
         else:  # per tensor, given or own parameters
@@ -320,12 +356,15 @@ def to_int8(
                     what="tensor",
                     hint="export at --precision fp32, fp16 or int8-weights",
                 )
-            s, z = role[1] if role[0] == "params" else affine(float(a.min()), float(a.max()))
-            q = np.clip(np.round(a.astype(np.float64) / s) + z, -128, 127).astype(np.int8)
+            if role[0] == "params":
+                s, z = role[1]
+            else:
+                s, z = (symmetric16 if wide else affine)(float(a.min()), float(a.max()))
+            q = np.clip(np.round(a.astype(np.float64) / s) + z, -span - 1, span).astype(act)
             new = Tensor(
-                t.name + "/int8",
+                t.name + "/" + act,
                 t.shape,
-                "int8",
+                act,
                 q,
                 Quant(np.array([s], np.float32), np.array([z], np.int64)),
             )
@@ -337,7 +376,7 @@ def to_int8(
         return g.add(Tensor(t.name + suffix, list(t.shape), "float32"))
 
     for k, op in enumerate(g.ops):
-        if op.code not in INT8_OPS or k in float_ops:  # rules 6 and 8
+        if op.code not in kernels or k in float_ops:  # rules 6 and 8
             fallback.append(f"{op.label or op.code} ({op.code})")
             ins = []
             for i in op.inputs:
@@ -360,7 +399,7 @@ def to_int8(
             continue
         ins = list(op.inputs)
         if op.code in _WEIGHT_AXIS and len(ins) > 1 and g.tensors[ins[1]].data is not None:
-            axis = _WEIGHT_AXIS[op.code]
+            axis = 0 if wide and op.code == "FULLY_CONNECTED" else _WEIGHT_AXIS[op.code]
             ins[1] = qconst(ins[1], ("weight", axis))
             if len(ins) > 2 and ins[2] >= 0 and g.tensors[ins[2]].data is not None:
                 s_in = params[ins[0]][0]
@@ -384,13 +423,15 @@ def to_int8(
                         Tensor(
                             given.name + "/requant",
                             list(given.shape),
-                            "int8",
+                            act,
                             None,
                             g.tensors[op.outputs[0]].quant,
                         )
                     )
                     new_ops.append(Op("QUANTIZE", [i], [r], "QuantizeOptions"))
                     ins[k] = r
+        if wide and op.code in ("ADD", "SUB"):  # general scales, not powers of two only
+            op.options["PotScaleInt16"] = False
         op.inputs = ins
         new_ops.append(op)
     g.ops = new_ops
@@ -404,6 +445,12 @@ def _io(g: Graph, io_dtype: str) -> None:
     rewire: dict[int, int] = {}
     for i in g.inputs:
         t = g.tensors[i]
+        if t.dtype == "int16" and t.quant is not None:  # rule 9: 16x8 files take float32
+            q = g.add(Tensor(t.name + "/int16", list(t.shape), "int16", None, t.quant))
+            rewire[i] = q
+            t.dtype, t.quant = "float32", None
+            heads.append(Op("QUANTIZE", [i], [q], "QuantizeOptions"))
+            continue
         if t.dtype != "int8" or io_dtype == "int8" or t.quant is None:  # None: the model's own codes
             continue
         q = g.add(Tensor(t.name + "/int8", list(t.shape), "int8", None, t.quant))
@@ -419,6 +466,14 @@ def _io(g: Graph, io_dtype: str) -> None:
         op.inputs = [rewire.get(i, i) for i in op.inputs]
     for o in g.outputs:
         t = g.tensors[o]
+        if t.dtype == "int16" and t.quant is not None:  # rule 9: 16x8 files give float32
+            q = g.add(Tensor(t.name + "/int16", list(t.shape), "int16", None, t.quant))
+            for op in g.ops:
+                op.outputs = [q if x == o else x for x in op.outputs]
+                op.inputs = [q if x == o else x for x in op.inputs]
+            t.dtype, t.quant = "float32", None
+            tails.append(Op("DEQUANTIZE", [q], [o], "DequantizeOptions"))
+            continue
         if t.dtype != "int8" or io_dtype == "int8" or t.quant is None:
             continue
         q = g.add(Tensor(t.name + "/int8", list(t.shape), "int8", None, t.quant))

@@ -19,6 +19,10 @@ Rules:
    parameters (the pairs vanish) and ``--data`` is needed only for tensors no pair covers
    (calibration ranges; the pairs' parameters win); at the float precisions the pairs are
    QUANTIZE/DEQUANTIZE ops, the model's own arithmetic. The notes say which.
+   At ``int8`` and ``int16x8`` a QOperator model's integer products (QLinearConv,
+   QLinearMatMul, QGemm) are prepared in QDQ form (:mod:`mconv.targets.gpu.contrib` rule 8),
+   so their output codes' parameters are the model's as well, not a requantization of codes
+   that the float graph computed.
 5. The written bytes are loaded by LiteRT (tensors allocated) before they are returned: a file
    LiteRT would refuse (e.g. a bare 8-bit tensor its XNNPACK delegate cannot take) is an error,
    exit 2, and nothing is written.
@@ -33,6 +37,17 @@ Rules:
    zero), the ops computing the LOG's input (its front end, back to the graph's inputs) run in
    float too and rule 6 is tried again; the best of all is kept, and the notes count the ops
    that front end put in float.
+8. ``--precision int16x8`` writes LiteRT's 16x8 mode (:mod:`.quant` rule 9: int16 activations,
+   symmetric; int8 weights; int64 biases; float32 inputs and outputs), with rules 6 and 7. At
+   ``int8`` with float32 inputs and outputs, where no int8 file is kept, the 16x8 file with
+   min-max ranges (16 bits hold the extremes) is built too and written instead when the gate
+   scores it better; the notes say so (``16x8: ...``). An op without a 16-bit kernel runs in
+   float as rule 6 of :mod:`.quant` says.
+9. A QDQ model's pairs may clip (ONNX Runtime folds a ReLU6 or a hard-swish's clip into the
+   output range of the QuantizeLinear before it): with the pairs gone from the float graph, the
+   values past their range would reach the ops after them. Calibration and the gate's float
+   reference run a copy of the float graph with each pair's tensor clamped to the pair's int8
+   range (:func:`_clamped`), so both compute what the model computes.
 """
 
 from __future__ import annotations
@@ -63,6 +78,15 @@ class Written:
     palettes: list[dict] = field(default_factory=list)  # quant.compress_palettes' records
 
 
+_INT16_VERSIONS = {
+    "CONV_2D": 4, "DEPTHWISE_CONV_2D": 5, "FULLY_CONNECTED": 7, "ADD": 3, "SUB": 5, "MUL": 4,
+    "MAX_POOL_2D": 3, "AVERAGE_POOL_2D": 3, "TRANSPOSE": 5, "SOFTMAX": 3, "MEAN": 3,
+    "REDUCE_MAX": 3, "RELU6": 3, "RELU": 3, "LOGISTIC": 3, "TANH": 3, "LEAKY_RELU": 2, "PAD": 3,
+    "PADV2": 3, "CONCATENATION": 3, "MAXIMUM": 4, "MINIMUM": 4, "SPLIT": 4, "RESIZE_BILINEAR": 4,
+    "RESIZE_NEAREST_NEIGHBOR": 4, "DEQUANTIZE": 3,
+}  # fmt: skip
+
+
 def op_version(op: Any, g: Graph) -> int:
     """Rule 2 (tensorflow/lite/tools/versioning/op_version.cc, for the types mconv writes)."""
     ins = [g.tensors[i] for i in op.inputs if i >= 0]
@@ -71,6 +95,8 @@ def op_version(op: Any, g: Graph) -> int:
     int8 = first == "int8"
     per_channel = len(ins) > 1 and ins[1].quant is not None and ins[1].quant.scale.size > 1
     code = op.code
+    if first == "int16" and code in _INT16_VERSIONS:  # 16x8 (int16 activations, int8 weights)
+        return _INT16_VERSIONS[code]
     if code == "CONV_2D":
         if int8:
             return 3
@@ -97,7 +123,8 @@ def op_version(op: Any, g: Graph) -> int:
         per_axis = ins[0].quant is not None and ins[0].quant.scale.size > 1
         return 3 if first == "float16" else (5 if per_axis else 2) if int8 else 1
     if code == "QUANTIZE":
-        return 2 if first == "uint8" else 1
+        out = g.tensors[op.outputs[0]].dtype
+        return 2 if first == "uint8" or out == "int16" else 1
     if code == "CAST":  # int8 on either side: 3; uint8 (and the rest mconv writes): 1
         out = g.tensors[op.outputs[0]].dtype
         if "float16" in (first, out):
@@ -160,25 +187,38 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     io_dtype = _choice(options, "io_dtype", IO_DTYPES, "float32")
     palette = _choice(options, "palette", PALETTES, "int8")
     data = options.get("data")
-    prepared = prepare(model)
+    prepared = prepare(model, qdq=precision in ("int8", "int16x8"))  # rule 4: QOperator ops as QDQ
     qdq = sum(n.op_type == "QuantizeLinear" for n in prepared.graph)
     folded = sum(n.op_type == "DequantizeLinear" for n in model.graph) - sum(
         n.op_type == "DequantizeLinear" for n in prepared.graph
     )
+    if precision == "int16x8" and data is None:
+        raise InputError(
+            "--precision int16x8 needs calibration inputs",
+            where="--data",
+            hint="give --data samples.npz (real inputs keyed by input name)",
+        )
+    if precision == "int16x8" and options.get("io_dtype") not in (None, "float32"):
+        raise InputError(
+            "--precision int16x8 files take and give float32",
+            where="--io-dtype",
+            hint="drop --io-dtype, or use --precision int8",
+        )
     if precision == "int8" and data is None and not qdq:
         raise InputError(
             "--precision int8 needs calibration inputs",
             where="--data",
             hint="give --data samples.npz (real inputs keyed by input name), or --precision int8-weights",
         )
-    if precision != "int8" and (data is not None or options.get("io_dtype") or options.get("calibration")):
+    calibrated = precision in ("int8", "int16x8")
+    if not calibrated and (data is not None or options.get("io_dtype") or options.get("calibration")):
         raise InputError(
-            "--data, --calibration and --io-dtype apply to --precision int8 only",
+            "--data, --calibration and --io-dtype apply to --precision int8 and int16x8 only",
             where="--precision",
             hint="add --precision int8 or drop them",
         )
     qparams: dict[int, tuple[float, int]] = {}
-    if precision == "int8" and qdq:  # rule 4: the model's own parameters
+    if calibrated and qdq:  # rule 4: the model's own parameters
         g, qparams = lower.lower_with_params(prepared)
     else:
         g = lower.lower(prepared)
@@ -202,7 +242,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     elif precision == "int8-weights":
         n = quant.to_dynamic_range(g)
         notes.append(f"{n} weight(s) stored int8 (dynamic range: activations quantized at run time)")
-    elif precision == "int8":
+    elif calibrated:
         for op in g.ops:
             op.version = op_version(op, g)
         if data is None:  # a QDQ model without samples: its parameters only
@@ -214,7 +254,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
                     f"{len(fallback)} op(s) without an int8 kernel run in float: {', '.join(fallback)}"
                 )
             return _finish(g, precision, notes, [])
-        float_bytes = serialize(g)
+        float_bytes = serialize(_clamped(g, qparams) if qparams else g)  # rule 9
         feeds = _calibration_feeds(prepared, data)
         missing = [g.tensors[i].name for i in g.inputs if g.tensors[i].name not in feeds]
         if missing:
@@ -246,47 +286,66 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
         reference = _outputs_of(float_bytes, samples)  # quant rule 8's oracle, run once
         best: tuple | None = None
         tried = []
+
+        def attempt(m: str, extra: frozenset[int], bits: int) -> tuple:
+            ranges = {**candidates[m], **own}
+            h = copy.deepcopy(base)
+            fallback = quant.to_int8(h, ranges, io_dtype, extra, bits)
+            written = _finish(h, precision, [], palettes)
+            records = gate.judge(_outputs_of(written.data, samples), reference)
+            softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
+            if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
+                h = copy.deepcopy(base)
+                fallback = quant.to_int8(h, ranges, io_dtype, extra | softmaxes, bits)
+                written = _finish(h, precision, [], palettes)
+                records = gate.judge(_outputs_of(written.data, samples), reference)
+            what = f"{m}{' with the LOG front end in float' if extra else ''}{' 16x8' if bits == 16 else ''}"
+            tried.append(f"{what} {gate.summary(records)}")
+            return (gate.score(records), m, written, records, fallback, softmaxes, extra, bits)
+
+        bits = 16 if precision == "int16x8" else 8
         front = _log_front_end(base)
         for extra in (frozenset(), front) if front else (frozenset(),):  # rule 7: then a float front end
             for m in methods:  # rule 6: the first method whose file the gate keeps, else the best
-                ranges = {**candidates[m], **own}
-                h = copy.deepcopy(base)
-                fallback = quant.to_int8(h, ranges, io_dtype, extra)
-                written = _finish(h, precision, [], palettes)
-                records = gate.judge(_outputs_of(written.data, samples), reference)
-                softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
-                if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
-                    h = copy.deepcopy(base)
-                    fallback = quant.to_int8(h, ranges, io_dtype, extra | softmaxes)
-                    written = _finish(h, precision, [], palettes)
-                    records = gate.judge(_outputs_of(written.data, samples), reference)
-                score = gate.score(records)
-                tried.append(
-                    f"{m}{' with the LOG front end in float' if extra else ''} {gate.summary(records)}"
-                )
-                if best is None or score > best[0]:
-                    best = (score, m, written, records, fallback, softmaxes, extra)
-                if all(r["ok"] for r in records):
+                got = attempt(m, extra, bits)
+                if best is None or got[0] > best[0]:
+                    best = got
+                if all(r["ok"] for r in got[3]):
                     break
             if best is not None and all(r["ok"] for r in best[3]):
                 break
         assert best is not None
-        _, method, written, records, fallback, softmaxes, extra = best
-        notes.append(f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}")
+        if bits == 8 and io_dtype == "float32" and not all(r["ok"] for r in best[3]):
+            # rule 8: int16 activations where no int8 file is kept (min-max: 16 bits hold the extremes)
+            wide: tuple | None
+            try:
+                wide = attempt("minmax" if "minmax" in candidates else best[1], best[6], 16)
+            except InputError:  # LiteRT refused the 16x8 file: the int8 one stands
+                wide = None
+            if wide is not None and wide[0] > best[0]:
+                best = wide
+        _, method, written, records, fallback, softmaxes, extra, bits = best
+        notes.append(
+            f"full int8: activation ranges from {method} calibration, inputs/outputs {io_dtype}"
+            if bits == 8
+            else f"16x8: int16 activations (symmetric, ranges from {method} calibration), int8 weights, "
+            f"int64 biases, inputs/outputs float32"
+            + (" (no int8 file was kept: writer rule 8)" if precision == "int8" else "")
+        )
         if len(tried) > 1:
             notes.append(
                 f"calibrations tried (rule: the first the int8 gate keeps, else the best): {'; '.join(tried)}"
             )
         if fallback:
-            why = [f"{len(fallback) - len(softmaxes) - len(extra)} without an int8 kernel"]
+            why = [f"{len(fallback) - len(softmaxes) - len(extra)} without an int{bits} kernel"]
             if softmaxes:
-                why.append(f"{len(softmaxes)} whose int8 output could not resolve the float one")
+                why.append(f"{len(softmaxes)} whose int{bits} output could not resolve the float one")
             if extra:
                 why.append(f"{len(extra)} computing a LOG's input (a float front end)")
             notes.append(f"{len(fallback)} op(s) run in float ({', '.join(why)}): {', '.join(fallback)}")
         verdict = "kept" if all(r["ok"] for r in records) else "NOT kept"
         notes.append(
-            f"int8 against float on {len(samples)} calibration sample run(s): {gate.summary(records)} "
+            f"int{bits} against float on {len(samples)} calibration sample run(s): {gate.summary(records)} "
             f"({verdict}; rules: mconv.targets.tflite.gate; other inputs not measured)"
         )
         written.notes[:0] = notes
@@ -326,6 +385,29 @@ def _unresolved_outputs(g: Graph, records: list[dict]) -> frozenset[int]:
                 break
             k = producer.get(op.inputs[0])
     return frozenset(found)
+
+
+def _clamped(g: Graph, qparams: dict[int, tuple[float, int]]) -> Graph:
+    """Rule 9: a copy of ``g`` whose tensors quantized by a Q->DQ pair of the model are clamped
+    to the pair's int8 range (MAXIMUM, MINIMUM after their producer), tensor indices kept."""
+    from mconv.targets.tflite.schema import Op, Tensor
+
+    c = copy.deepcopy(g)
+    made = {o: k for k, op in enumerate(c.ops) for o in op.outputs}
+    after: dict[int, list[Op]] = {}
+    for t, (scale, zp) in qparams.items():
+        k = made.get(t)
+        if k is None:  # an input: its values are the feed's
+            continue
+        name, shape = c.tensors[t].name, list(c.tensors[t].shape)
+        raw = c.add(Tensor(name + "/unclamped", shape, "float32"))
+        mid = c.add(Tensor(name + "/floor", shape, "float32"))
+        lo = c.add(Tensor(name + "/lo", [], "float32", np.array((-128 - zp) * scale, np.float32)))
+        hi = c.add(Tensor(name + "/hi", [], "float32", np.array((127 - zp) * scale, np.float32)))
+        c.ops[k].outputs = [raw if o == t else o for o in c.ops[k].outputs]
+        after.setdefault(k, []).extend([Op("MAXIMUM", [raw, lo], [mid]), Op("MINIMUM", [mid, hi], [t])])
+    c.ops = [x for k, op in enumerate(c.ops) for x in (op, *after.get(k, []))]
+    return c
 
 
 def _log_front_end(g: Graph) -> frozenset[int]:
