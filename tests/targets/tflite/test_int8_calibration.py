@@ -8,33 +8,16 @@ worked out by hand in the test.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 
-def _shared() -> Path:
-    """../shared (MCONV_SHARED): the real models and data (tests/conftest.py's rule)."""
-    env = os.environ.get("MCONV_SHARED")
-    root = Path(env) if env else Path(__file__).resolve().parents[3].parent / "shared"
-    if not (root / "models").is_dir():
-        pytest.skip("../shared (models and data) is absent; set MCONV_SHARED to its path")
-    return root
-
-
 @pytest.fixture(scope="module")
-def lenet():
-    from mconv.formats import import_model
-
-    root = _shared()
-    caffe = root / "models" / "caffe"
-    model = import_model([caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"])
-    d = np.load(root / "data" / "mnist5k.npz")  # sorted by label: strided picks mix the digits
-    return model, d["images"][:, None].astype(np.float32) / 256
+def lenet(lenet_mnist):
+    """The LeNet-5 and its digits in the file's order (sorted by label: strided picks mix them)."""
+    return lenet_mnist[:2]
 
 
 def test_auto_calibration_keeps_mse_where_minmax_fails_the_gate(lenet, tmp_path):

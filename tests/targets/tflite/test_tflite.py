@@ -23,15 +23,7 @@ from _gates import assert_close  # noqa: E402
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 
-def _shared() -> Path:
-    """../shared (MCONV_SHARED): the real models and data (tests/conftest.py's rule)."""
-    import os
-
-    env = os.environ.get("MCONV_SHARED")
-    root = Path(env) if env else Path(__file__).resolve().parents[3].parent / "shared"
-    if not (root / "models").is_dir():
-        pytest.skip("../shared (models and data) is absent; set MCONV_SHARED to its path")
-    return root
+from _shared import shared_root as _shared  # noqa: E402
 
 
 def _file_ops(data: bytes) -> list[tuple[str, list[str]]]:
@@ -53,17 +45,11 @@ def _file_ops(data: bytes) -> list[tuple[str, list[str]]]:
 
 
 @pytest.fixture(scope="module")
-def lenet():
-    from mconv.formats import import_model
-
-    root = _shared()
-    caffe = root / "models" / "caffe"
-    model = import_model([caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"])
-    d = np.load(root / "data" / "mnist5k.npz")
+def lenet(lenet_mnist):
+    model, x, labels = lenet_mnist
     # the file is sorted by label: a seeded shuffle, so that every slice below holds every class
-    order = np.random.default_rng(0).permutation(len(d["labels"]))
-    x = d["images"][order][:, None].astype(np.float32) / 256  # the net was trained on pixels / 256
-    return model, x, d["labels"][order]
+    order = np.random.default_rng(0).permutation(len(labels))
+    return model, x[order], labels[order]
 
 
 @pytest.fixture(scope="module")
