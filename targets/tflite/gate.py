@@ -168,12 +168,7 @@ def detections(
                 sides.append(box[keep][_nms(box[keep], sc[keep], NMS_IOU)] if keep.size else box[:0])
             f_obj, q_obj = sides
             nf, nq = nf + len(f_obj), nq + len(q_obj)
-            free = list(range(len(q_obj)))
-            for fbox in f_obj:
-                best = max(free, key=lambda j: float(_iou(fbox, q_obj[j])), default=None)
-                if best is not None and _iou(fbox, q_obj[best]) >= IOU:
-                    matched += 1
-                    free.remove(best)
+            matched += _matched(f_obj, q_obj)
     agreement = matched / max(nf, nq) if max(nf, nq) else 1.0
     return {
         "rule": "detections" if centres is None else "detections/nms",
@@ -183,6 +178,17 @@ def detections(
         "agreement": agreement,
         "ok": nf > 0 and agreement >= TOP1,
     }
+
+
+def _matched(float_boxes: np.ndarray, int8_boxes: np.ndarray) -> int:
+    """Float objects matched one to one, greedily, by an int8 object at IoU >= :data:`IOU`."""
+    matched, free = 0, list(range(len(int8_boxes)))
+    for box in float_boxes:
+        best = max(free, key=lambda j: float(_iou(box, int8_boxes[j])), default=None)
+        if best is not None and _iou(box, int8_boxes[best]) >= IOU:
+            matched += 1
+            free.remove(best)
+    return matched
 
 
 def _region_boxes(mask: np.ndarray) -> np.ndarray:
@@ -210,12 +216,7 @@ def regions(got: np.ndarray, oracle: np.ndarray, threshold: float) -> dict[str, 
     for n in range(f.shape[0]):
         fb, qb = _region_boxes(f[n] > threshold), _region_boxes(q[n] > threshold)
         nf, nq = nf + len(fb), nq + len(qb)
-        free = list(range(len(qb)))
-        for box in fb:
-            best = max(free, key=lambda j: float(_iou(box, qb[j])), default=None)
-            if best is not None and _iou(box, qb[best]) >= IOU:
-                matched += 1
-                free.remove(best)
+        matched += _matched(fb, qb)
     agreement = matched / max(nf, nq) if max(nf, nq) else 1.0
     return {
         "rule": "regions",

@@ -8,8 +8,14 @@ LeNet-5 (Caffe) on real MNIST digits, run by LiteRT; the QOperator model is ONNX
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from _tflite_help import file_ops, ort_quantized  # noqa: E402
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
@@ -20,22 +26,7 @@ def lenet(lenet_mnist):
     return lenet_mnist[:2]
 
 
-def _ops(data: bytes) -> list[tuple[str, int, list[str]]]:
-    """(op name, version, input tensor dtypes) of every op, read with the tflite package."""
-    import tflite
-
-    m = tflite.Model.GetRootAsModel(data, 0)
-    sg = m.Subgraphs(0)
-    code_names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if isinstance(v, int)}
-    type_names = {v: k for k, v in vars(tflite.TensorType).items() if isinstance(v, int)}
-    out = []
-    for i in range(sg.OperatorsLength()):
-        op = sg.Operators(i)
-        oc = m.OperatorCodes(op.OpcodeIndex())
-        code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
-        types = [type_names[sg.Tensors(j).Type()] for j in op.InputsAsNumpy() if j >= 0]
-        out.append((code_names[code], oc.Version(), types))
-    return out
+_ops = file_ops  # (op name, version, input dtypes), read with the tflite package
 
 
 def test_int16x8_computes_on_int16_codes_and_is_closer_to_float_than_int8(lenet, tmp_path):
@@ -115,30 +106,11 @@ def test_int16x8_refuses_8_bit_inputs_and_needs_data(lenet, tmp_path):
 def lenet_qop(lenet, tmp_path_factory):
     """LeNet-5 through ONNX Runtime's quantize_static in QOperator form (QLinearConv,
     QLinearMatMul/QGemm; uint8 activations and weights), calibrated on 100 real digits."""
-    from mconv.irio import to_proto
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType
 
     model, x = lenet
     d = tmp_path_factory.mktemp("qop")
-    (d / "f.onnx").write_bytes(to_proto(model).SerializeToString())
-    digits = x[::50]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter([{"data": digits[i : i + 1]} for i in range(len(digits))])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(
-        str(d / "f.onnx"),
-        str(d / "q.onnx"),
-        Reader(),
-        quant_format=QuantFormat.QOperator,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QUInt8,
-    )
-    return d / "q.onnx"
+    return ort_quantized(model, x[::50], d, QuantFormat.QOperator, QuantType.QUInt8)
 
 
 def test_a_qoperator_model_exports_int8_with_its_own_parameters(lenet, lenet_qop, tmp_path):

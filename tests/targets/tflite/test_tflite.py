@@ -24,24 +24,12 @@ litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 
 from _shared import shared_root as _shared  # noqa: E402
+from _tflite_help import file_ops, ort_quantized  # noqa: E402
 
 
 def _file_ops(data: bytes) -> list[tuple[str, list[str]]]:
     """(op name, input tensor dtypes) of every op, read with the tflite package (not our writer)."""
-    import tflite
-
-    m = tflite.Model.GetRootAsModel(data, 0)
-    sg = m.Subgraphs(0)
-    code_names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if isinstance(v, int)}
-    type_names = {v: k for k, v in vars(tflite.TensorType).items() if isinstance(v, int)}
-    out = []
-    for i in range(sg.OperatorsLength()):
-        op = sg.Operators(i)
-        oc = m.OperatorCodes(op.OpcodeIndex())
-        code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
-        types = [type_names[sg.Tensors(j).Type()] for j in op.InputsAsNumpy() if j >= 0]
-        out.append((code_names[code], types))
-    return out
+    return [(name, types) for name, _, types in file_ops(data)]
 
 
 @pytest.fixture(scope="module")
@@ -598,30 +586,8 @@ def test_weights_on_an_int8_grid_are_stored_as_int8_exactly(lenet, tmp_path):
 
 
 def _ort_quantized(model, x: np.ndarray, d: Path, quant_format, qtype, per_channel: bool = False) -> Path:
-    """``model`` through ONNX Runtime's quantize_static, calibrated on the first 100 digits of
-    ``x``: the path of its ``q.onnx`` in ``d``."""
-    from mconv.irio import to_proto
-    from onnxruntime.quantization import CalibrationDataReader, quantize_static
-
-    (d / "f.onnx").write_bytes(to_proto(model).SerializeToString())
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter([{"data": x[i : i + 1]} for i in range(100)])
-
-        def get_next(self):
-            return next(self.it, None)
-
-    quantize_static(
-        str(d / "f.onnx"),
-        str(d / "q.onnx"),
-        Reader(),
-        quant_format=quant_format,
-        per_channel=per_channel,
-        activation_type=qtype,
-        weight_type=qtype,
-    )
-    return d / "q.onnx"
+    """``model`` through ONNX Runtime's quantize_static, calibrated on the first 100 digits of ``x``."""
+    return ort_quantized(model, x[:100], d, quant_format, qtype, per_channel)
 
 
 @pytest.fixture(scope="module")
