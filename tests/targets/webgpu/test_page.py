@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "metal"))
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[2]))
 from _gates import assert_close  # noqa: E402
+from _system import can_install_system_packages  # noqa: E402
 from metal_models import mobilenet_style  # noqa: E402
 
 NODE = shutil.which("node")
@@ -298,11 +299,26 @@ CHROMIUM = browser.find_chromium()
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (apt-get install chromium)")
 
 
+ADAPTER_TRIES = 3
+
+
+def _run_page(bundle_dir: Path, feeds, **options) -> dict:
+    """``browser.run_page`` in a fresh browser up to :data:`ADAPTER_TRIES` times while Chromium
+    hands the page no WebGPU adapter (SwiftShader's GPU process can fail to start on a loaded
+    machine). Still none: a failure where the suite installs its system packages (there Chromium
+    has SwiftShader), a skip elsewhere."""
+    for _ in range(ADAPTER_TRIES):
+        result = browser.run_page(bundle_dir, feeds, **options)
+        if not str(result.get("error", "")).startswith("no WebGPU adapter"):
+            return result
+    if can_install_system_packages():
+        pytest.fail(f"{result['error']} in {ADAPTER_TRIES} fresh browsers")
+    pytest.skip(result["error"])  # the page's own words: Chromium has no WebGPU adapter here
+
+
 def _page(bundle_dir: Path, feeds, tmp_path: Path, tag: str) -> dict:
     shot = tmp_path / f"page_{tag}.png"
-    result = browser.run_page(bundle_dir, feeds, screenshot=shot, runs=2)
-    if "error" in result and str(result["error"]).startswith("no WebGPU adapter"):
-        pytest.skip(result["error"])  # the page's own words: Chromium has no WebGPU adapter here
+    result = _run_page(bundle_dir, feeds, screenshot=shot, runs=2)
     assert "error" not in result, result["error"]
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
@@ -416,9 +432,7 @@ def test_page_retries_a_lost_device(tmp_path, monkeypatch):
     rng = np.random.default_rng(8)
     (spec,) = json.loads((bundle.root / "webgpu_plan.json").read_text())["inputs"]
     feeds = {spec["name"]: rng.standard_normal(spec["shape"]).astype(np.float32)}
-    result = browser.run_page(bundle.root, feeds, runs=1, init_script=_FAIL_DEVICE % 2)
-    if str(result.get("error", "")).startswith("no WebGPU adapter"):
-        pytest.skip(result["error"])
+    result = _run_page(bundle.root, feeds, runs=1, init_script=_FAIL_DEVICE % 2)
     assert "error" not in result, result["error"]
     assert result["device_attempts"] == 3
     _compare(model, result, feeds, 0.9999)
@@ -449,9 +463,7 @@ def test_page_profiles_layer_by_layer(tmp_path):
     rng = np.random.default_rng(9)
     (spec,) = plan["inputs"]
     feeds = {spec["name"]: rng.standard_normal(spec["shape"]).astype(np.float32)}
-    result = browser.run_page(bundle.root, feeds, runs=1, profile=True)
-    if str(result.get("error", "")).startswith("no WebGPU adapter"):
-        pytest.skip(result["error"])
+    result = _run_page(bundle.root, feeds, runs=1, profile=True)
     assert "error" not in result, result["error"]
     assert len(result["layer_ms"]) == len(plan["layers"]) >= 2
     assert all(t >= 0 for t in result["layer_ms"])
