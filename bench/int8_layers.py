@@ -23,7 +23,9 @@ def main() -> None:
     ap.add_argument("feeds")
     ap.add_argument("--calibration", default="minmax")
     ap.add_argument("--top", type=int, default=15)
-    ap.add_argument("--first", type=float, default=0.0, help="list ops in graph order from the first error over this")
+    ap.add_argument(
+        "--first", type=float, default=0.0, help="list ops in graph order from the first error over this"
+    )
     ap.add_argument("--bits", type=int, default=8, help="activation bits: 8, or 16 (LiteRT's 16x8)")
     a = ap.parse_args()
     import onnx_ir as ir

@@ -868,7 +868,12 @@ def _on_codes(r: _Rewrite) -> dict | None:
     n = r.node
     x = _in(n, 0)
     q = x.producer() if r.qdq and x is not None else None
-    if x is None or q is None or q.op_type != "QuantizeLinear" or _used(n.outputs[1] if len(n.outputs) > 1 else None):
+    if (
+        x is None
+        or q is None
+        or q.op_type != "QuantizeLinear"
+        or _used(n.outputs[1] if len(n.outputs) > 1 else None)
+    ):
         return None
     sc, zp = _const(_in(q, 1)), _in(q, 2)
     zc = _const(zp)
