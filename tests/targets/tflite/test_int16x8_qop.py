@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import ai_edge_litert.interpreter  # noqa: E402, F401  (the test extra installs LiteRT: absent is a failure)
 from _tflite_help import file_ops, ort_quantized  # noqa: E402
-
-litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 
 @pytest.fixture(scope="module")

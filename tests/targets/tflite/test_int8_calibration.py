@@ -8,10 +8,9 @@ worked out by hand in the test.
 
 from __future__ import annotations
 
+import ai_edge_litert.interpreter  # noqa: E402, F401  (the test extra installs LiteRT: absent is a failure)
 import numpy as np
 import pytest
-
-litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 
 @pytest.fixture(scope="module")
