@@ -85,11 +85,23 @@ def main() -> None:
         help="also time the xla bundle (jax's first device: a GPU where there is one)",
     )
     ap.add_argument("--direct", action="store_true", help="direct kernels only (no workgroup tiling)")
+    ap.add_argument("--profile", action="store_true", help="each layer's GPU time (timestamp queries)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        help="NAME=INT: a constant of mconv.targets.webgpu.tiled for this run (e.g. MIN_WORKGROUPS=512)",
+    )
     args = ap.parse_args()
-    if args.direct:
-        from mconv.targets.webgpu import tiled
+    from mconv.targets.webgpu import tiled
 
+    if args.direct:
         tiled.TILING = False
+    for item in args.set:
+        key, _, value = item.partition("=")
+        if not hasattr(tiled, key):
+            raise SystemExit(f"tiled has no constant {key}")
+        setattr(tiled, key, int(value))
     webgpu, cpu = get_target("webgpu"), get_target("cpu")
     rows = []
     tmp = Path(tempfile.mkdtemp(prefix="bench-webgpu."))
@@ -108,6 +120,18 @@ def main() -> None:
             got = runner.run(feeds)
             webgpu_cmd = time.perf_counter() - t
             webgpu_warm = warm(runner.run, feeds, args.runs)
+            if args.profile:
+                prof = runner.profile(feeds, runs=max(args.runs, 3))
+                total = sum(p["ms"] for p in prof)
+                print(
+                    f"{name}: {len(prof)} layers, GPU sum {total:.2f} ms, warm {webgpu_warm * 1e3:.2f} ms "
+                    f"({runner.adapter_info})",
+                    flush=True,
+                )
+                for p in sorted(prof, key=lambda p: -p["ms"])[:25]:
+                    print(
+                        f"  {p['ms']:8.3f} ms  {p['layer']:3d} {p['kernel']:<40} grid {p['grid']}", flush=True
+                    )
 
             t = time.perf_counter()
             ort = cpu.load(tmp / f"{name}.cpu")

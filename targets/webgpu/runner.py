@@ -23,6 +23,11 @@ Rules:
    in), and an output whose model type is an integer or bool comes back as that type
    (``output_dtypes``): integers rounded and saturated to the type, bool as nonzero
    (:func:`~mconv.targets.gpu.values.typed_output`).
+6. The device also asks for ``timestamp-query`` where the adapter has it, for
+   :meth:`WebGPURunner.profile` alone.
+7. Profiling (:meth:`WebGPURunner.profile`, ``bench/webgpu.py --profile``) runs each layer in
+   a compute pass of its own with timestamps at its start and end; inference (rule 4) never
+   does, so profiling costs nothing when it is not asked for.
 """
 
 from __future__ import annotations
@@ -124,8 +129,10 @@ def request_device(label: str, want_f16: bool, max_buffer_bytes: int) -> tuple[A
             raise _no_adapter(label, "wgpu found no Vulkan, Metal or D3D12 device")
         has_f16 = "shader-f16" in adapter.features
         keys = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage")
+        # timestamp queries serve WebGPURunner.profile only; nothing else depends on them
+        wanted = [f for f in ("shader-f16", "timestamp-query") if f in adapter.features]
         device = adapter.request_device_sync(
-            required_features=["shader-f16"] if has_f16 else [],
+            required_features=wanted,
             required_limits={k: int(adapter.limits[k]) for k in keys},
             label="mconv",
         )
@@ -272,6 +279,49 @@ class WebGPURunner:
             count = self.plan.buffers[b].count
             out[b] = np.frombuffer(raw, dtype=self._dtype, count=count).astype(np.float32)
         return out
+
+    def profile(self, feeds: Mapping[str, np.ndarray], runs: int = 5) -> list[dict]:
+        """Each layer's GPU time (rule 7): ``[{"layer", "kernel", "grid", "ms"}]`` in plan order,
+        ``ms`` the median over ``runs`` inferences of the first sample, from timestamps written
+        at the start and end of a compute pass per layer (one pass a layer, so the sums include
+        each pass's own start-up). Empty where the adapter has no ``timestamp-query``."""
+        g = self._gpu
+        wgpu, device, buffers = g["wgpu"], g["device"], g["buffers"]
+        if "timestamp-query" not in device.features:
+            return []
+        samples = self._split(feeds)
+        for s in self.plan.inputs:
+            arr = np.asarray(feeds[s["name"]], dtype=np.float32).reshape(samples, -1)[0]
+            device.queue.write_buffer(buffers[s["buffer"]], 0, self._padded(arr))
+        n = len(self.plan.layers)
+        qs = device.create_query_set(type="timestamp", count=2 * n)
+        resolve = device.create_buffer(
+            size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC
+        )
+        times = []
+        for _ in range(max(runs, 1)):
+            encoder = device.create_command_encoder()
+            for i, (layer, pipe, group) in enumerate(zip(self.plan.layers, g["pipelines"], g["groups"])):
+                cpass = encoder.begin_compute_pass(
+                    timestamp_writes={
+                        "query_set": qs,
+                        "beginning_of_pass_write_index": 2 * i,
+                        "end_of_pass_write_index": 2 * i + 1,
+                    }
+                )
+                cpass.set_pipeline(pipe)
+                cpass.set_bind_group(0, group)
+                cpass.dispatch_workgroups(*dispatch_size(layer.grid))
+                cpass.end()
+            encoder.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+            device.queue.submit([encoder.finish()])
+            ticks = np.frombuffer(device.queue.read_buffer(resolve), dtype=np.uint64).astype(np.float64)
+            times.append((ticks[1::2] - ticks[0::2]) / 1e6)  # WebGPU timestamps are nanoseconds
+        ms = np.median(np.stack(times), axis=0)
+        return [
+            {"layer": i, "kernel": layer.kernel, "grid": list(layer.grid), "ms": float(ms[i])}
+            for i, layer in enumerate(self.plan.layers)
+        ]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         unknown = sorted(set(feeds) - {s["name"] for s in self.plan.inputs})

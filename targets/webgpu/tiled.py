@@ -41,6 +41,16 @@ Rules (the conventions of :mod:`mconv.targets.webgpu.wgsl` hold, except its rule
    lanes' partial sums meet in workgroup memory and are added in a fixed tree order (the
    result does not depend on scheduling). Lanes walk B in its storage order (along K when B is
    transposed, along N otherwise) so neighbouring invocations read neighbouring words.
+8. Split K inside the workgroup (:func:`k_groups`): a layer with few tiles and a long K (a
+   late ResNet layer at batch 1: 512 x 49 outputs, K = 4,608) leaves most of a GPU idle while
+   each workgroup walks K alone. There the workgroup has ``KS`` (2 or 4) groups of 64
+   invocations; group ``g`` takes the TK-slices ``g, g + KS, g + 2 KS, ...`` into its own
+   workgroup memory and its own register block, and at the end groups 1..KS-1 leave their
+   sums in workgroup memory for group 0, which adds them in group order and stores. The
+   dispatch is unchanged (one workgroup a tile); the loop runs the same number of times in
+   every group (slices past K read zeros), so every barrier is reached by the whole
+   workgroup. The software path (rule 6) keeps one K loop per output: there the sums are
+   ordered differently and agree to float32 rounding.
 """
 
 from __future__ import annotations
@@ -52,6 +62,10 @@ MIN_WORKGROUPS = 128
 GEMV_ROWS = 8
 TK = 16
 DIRECT_FOLD = 4  # rule 6: rows of a direct register block per row of the tiled one
+KSPLIT = 4  # rule 8: at most this many lane groups share a tile's K loop
+SPLIT_BELOW = 512  # rule 8: split K while a layer has fewer workgroups than this
+SPLIT_MIN_SLICES = 8  # rule 8: every lane group walks at least this many TK slices
+WORKGROUP_BYTES = 16384  # WebGPU's default maxComputeWorkgroupStorageSize
 TILING = True  # False: every layer keeps wgsl.py's direct kernel (tests and benches compare)
 DIRECT = "_direct"  # rule 6's entry point: the kernel's name and this
 SOFTWARE = ("llvmpipe", "lavapipe", "swiftshader")
@@ -121,20 +135,40 @@ def choose_tile(m: int, n: int, batches: int) -> Tile | None:
     return best
 
 
-def entry(kernel: str, workgroups: int, body: str, direct: str | None = None) -> str:
+def k_groups(workgroups: int, kd: int, t: Tile) -> int:
+    """Rule 8's lane groups for a tiled layer of ``workgroups`` tiles and depth ``kd``: 1, 2 or
+    4 (at most :data:`KSPLIT`), doubling while the layer has fewer than :data:`SPLIT_BELOW`
+    workgroups' worth of groups, each group keeps at least :data:`SPLIT_MIN_SLICES` slices,
+    and the workgroup memory fits."""
+    ks = 1
+    while (
+        ks < KSPLIT
+        and workgroups * ks < SPLIT_BELOW
+        and kd >= 2 * ks * TK * SPLIT_MIN_SLICES
+        and 4 * max(2 * ks * TK * (t.tm + t.tn), 2 * ks * t.tm * t.tn) <= WORKGROUP_BYTES
+    ):
+        ks *= 2
+    return ks
+
+
+def entry(kernel: str, workgroups: int, body: str, direct: str | None = None, ks: int = 1) -> str:
     """The entry point of rule 1, and rule 6's ``<kernel>_direct`` where ``direct`` is given;
-    a body sees ``wg`` (the workgroup) and ``t`` (the lane)."""
+    a body sees ``wg`` (the workgroup) and ``t`` (the lane), the workgroup-memory body with
+    ``ks`` lane groups (rule 8) also ``kg`` (its group)."""
     out = ""
-    for name, code in ((kernel, body), (f"{kernel}{DIRECT}", direct)):
+    for name, code, groups in ((kernel, body, ks), (f"{kernel}{DIRECT}", direct, 1)):
         if code is None:
             continue
+        lane = (
+            "let t = i32(li);" if groups == 1 else f"let kg = i32(li) / {LANES}; let t = i32(li) % {LANES};"
+        )
         out += f"""
-@compute @workgroup_size({LANES})
+@compute @workgroup_size({LANES * groups})
 fn {name}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {{
     let wg = i32(wid.x + wid.y * nwg.x);
     if (wg >= {workgroups}) {{ return; }}
-    let t = i32(li);
+    {lane}
 {code}}}
 """
     return out
@@ -145,13 +179,15 @@ def _indent(text: str, by: str = "    ") -> str:
 
 
 def gemm_body(
-    t: Tile, load_a: str, load_b: str, store: str, prologue: str, direct: str
+    t: Tile, load_a: str, load_b: str, store: str, prologue: str, direct: str, ks: int = 1
 ) -> tuple[str, str, str]:
     """(workgroup declarations, body, rule 6's body) of rule 2's tiled GEMM. ``prologue`` sets ``m0``, ``n0``
     (the tile's origin) and whatever the loads and the store use; ``load_a`` is a statement
     setting ``a`` from ``gm, gk`` (in range), ``load_b`` one setting ``b`` from ``gk, gn``;
     ``store`` is the statements writing ``v`` at ``gm, gn`` (in range). Constants ``M, N, KD``
-    are the GEMM's sizes."""
+    are the GEMM's sizes. ``ks > 1``: rule 8's lane groups."""
+    if ks > 1:
+        return _split_gemm_body(t, load_a, load_b, store, prologue, direct, ks)
     decls = f"var<workgroup> As: array<f32, {TK * t.tm}>;\nvar<workgroup> Bs: array<f32, {TK * t.tn}>;\n"
     head, tail = _block(t, prologue, store)
     accs = [[f"c{i}{j}" for j in range(t.rn)] for i in range(t.rm)]
@@ -185,6 +221,64 @@ def gemm_body(
     dhead, dtail = _block(dt, prologue, store)
     body = [*dhead, f"if (ty < {dt.ty}) {{", _indent(direct), *_indent("\n".join(dtail)).splitlines(), "}"]
     return decls, shared, _indent("\n".join(body))
+
+
+def _split_gemm_body(
+    t: Tile, load_a: str, load_b: str, store: str, prologue: str, direct: str, ks: int
+) -> tuple[str, str, str]:
+    """Rule 8: :func:`gemm_body` with ``ks`` lane groups sharing the K loop of one tile."""
+    slab = TK * (t.tm + t.tn)  # one group's A and B slices
+    size = max(ks * slab, (ks - 1) * t.tm * t.tn)
+    decls = f"var<workgroup> Sh: array<f32, {size}>;\n"
+    head, tail = _block(t, prologue, store)
+    accs = [[f"c{i}{j}" for j in range(t.rn)] for i in range(t.rm)]
+    lines = [f"let sa = kg * {slab}; let sb = sa + {TK * t.tm};"]
+    lines.append(f"for (var k1: i32 = 0; k1 < KD; k1 += {ks * TK}) {{")
+    lines.append(f"    let k0 = k1 + kg * {TK};")
+    lines.append(f"    for (var e: i32 = t; e < {TK * t.tm}; e += {LANES}) {{")
+    lines.append(f"        let gm = m0 + e / {TK}; let gk = k0 + e % {TK};")
+    lines.append("        var a: f32 = 0.0f;")
+    lines.append(f"        if (gm < M && gk < KD) {{ {load_a} }}")
+    lines.append(f"        Sh[sa + (e % {TK}) * {t.tm} + e / {TK}] = a;")
+    lines.append("    }")
+    lines.append(f"    for (var e: i32 = t; e < {TK * t.tn}; e += {LANES}) {{")
+    lines.append(f"        let gk = k0 + e / {t.tn}; let gn = n0 + e % {t.tn};")
+    lines.append("        var b: f32 = 0.0f;")
+    lines.append(f"        if (gk < KD && gn < N) {{ {load_b} }}")
+    lines.append("        Sh[sb + e] = b;")
+    lines.append("    }")
+    lines.append("    workgroupBarrier();")
+    lines.append(f"    for (var kk: i32 = 0; kk < {TK}; kk++) {{")
+    lines += [f"        let a{i} = Sh[sa + kk * {t.tm} + ty + {i * t.ty}];" for i in range(t.rm)]
+    lines += [f"        let b{j} = Sh[sb + kk * {t.tn} + tx + {j * t.tx}];" for j in range(t.rn)]
+    lines += [f"        {accs[i][j]} += a{i} * b{j};" for i in range(t.rm) for j in range(t.rn)]
+    lines.append("    }")
+    lines.append("    workgroupBarrier();")
+    lines.append("}")
+    # groups 1..ks-1 leave their sums for group 0 (the loop's last barrier ended every read)
+    place = [f"(ty + {i * t.ty}) * {t.tn} + tx + {j * t.tx}" for i in range(t.rm) for j in range(t.rn)]
+    lines.append("if (kg > 0) {")
+    lines.append(f"    let so = (kg - 1) * {t.tm * t.tn};")
+    lines += [f"    Sh[so + {q}] = {accs[i][j]};" for (i, j), q in zip(_pairs(t), place)]
+    lines.append("}")
+    lines.append("workgroupBarrier();")
+    lines.append("if (kg == 0) {")
+    for g in range(1, ks):
+        lines += [
+            f"    {accs[i][j]} = {accs[i][j]} + Sh[{(g - 1) * t.tm * t.tn} + {q}];"
+            for (i, j), q in zip(_pairs(t), place)
+        ]
+    lines += [f"    {ln}" for ln in tail]
+    lines.append("}")
+    shared = _indent("\n".join(head + lines))
+    dt = direct_tile(t)
+    dhead, dtail = _block(dt, prologue, store)
+    body = [*dhead, f"if (ty < {dt.ty}) {{", _indent(direct), *_indent("\n".join(dtail)).splitlines(), "}"]
+    return decls, shared, _indent("\n".join(body))
+
+
+def _pairs(t: Tile) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(t.rm) for j in range(t.rn)]
 
 
 def direct_tile(t: Tile) -> Tile:
@@ -277,6 +371,7 @@ def _module(
     workgroups: int,
     body: str,
     direct: str,
+    ks: int = 1,
 ) -> str:
     from mconv.targets.webgpu.wgsl import HEADER_F16, HEADER_F32, PRELUDE, consts
 
@@ -292,7 +387,7 @@ def _module(
         + consts(constants)
         + decls
         + "".join(binds)
-        + entry(kernel, workgroups, body, direct)
+        + entry(kernel, workgroups, body, direct, ks)
     )
 
 
@@ -349,13 +444,15 @@ let wbase = g * OCG * KD;
         )
     bias = " + f32(B[oc])" if b is not None else ""
     store = f"let oc = g * OCG + gm; let o = v{bias}; Y[(img * OC + oc) * {p} + gn] = T({activation_expr(act, 'o')});"
+    ks = k_groups(workgroups, kd, tile)
     decls, body, direct = gemm_body(
-        tile, load_a, load_b, store, prologue, _direct_conv(direct_tile(tile), pointwise, sh == sw == 1)
+        tile, load_a, load_b, store, prologue, _direct_conv(direct_tile(tile), pointwise, sh == sw == 1), ks
     )
     cs = dict(IC=c, IH=ih, IW=iw, OC=oc, OW=ow, KH=kh, KW=kw, SH=sh, SW=sw, DH=dh, DW=dw, PH=ph, PW=pw)
     cs.update(ICG=icg, OCG=ocg, KD=kd, M=ocg, N=p)
     grid = _grid(workgroups)
-    return KernelSource(kernel, _module(ctx, kernel, names, decls, cs, workgroups, body, direct), reads, grid)
+    module = _module(ctx, kernel, names, decls, cs, workgroups, body, direct, ks)
+    return KernelSource(kernel, module, reads, grid)
 
 
 def lower_gemm_tiled(
@@ -412,10 +509,11 @@ def lower_gemm_tiled(
         "A[k * M + @r]" if ta else "A[@r * KD + k]",
         "B[@c * KD + k]" if tb else "B[k * N + @c]",
     )
+    ks = k_groups(workgroups, k, tile)
     decls, body, direct = gemm_body(
-        tile, load_a, load_b, "let row = gm; let col = gn; " + store, prologue, direct
+        tile, load_a, load_b, "let row = gm; let col = gn; " + store, prologue, direct, ks
     )
-    module = _module(ctx, kernel, names, decls, cs, workgroups, body, direct)
+    module = _module(ctx, kernel, names, decls, cs, workgroups, body, direct, ks)
     return KernelSource(kernel, module, reads, _grid(workgroups))
 
 

@@ -192,3 +192,54 @@ def test_direct_register_blocks_cover_the_tile():
         rows = sorted(ty + i * d.ty for ty in range(d.ty) for i in range(d.rm))
         assert rows == list(range(t.tm))
         assert d.ty * d.tx <= tiled.LANES
+
+
+def deep(seed: int):
+    """Rule 8's layers: a 3x3 convolution of 64 channels on a 7x7 map (K = 576, a handful of
+    tiles) and a Gemm of K = 6,272, both with lane groups sharing K."""
+    rng = np.random.default_rng(seed)
+
+    def he(*shape):
+        return (rng.standard_normal(shape) * np.sqrt(2 / np.prod(shape[1:]))).astype(np.float32)
+
+    w = {
+        "c1w": he(64, 1, 4, 4),
+        "c2w": he(128, 64, 3, 3),
+        "c2b": (0.1 * rng.standard_normal(128)).astype(np.float32),
+        "fw": he(10, 128 * 7 * 7),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "c1w"], ["c1"], strides=[4, 4]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "c2w", "c2b"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("Flatten", ["r2"], ["f"]),
+        helper.make_node("Gemm", ["f", "fw"], ["y"], transB=1),
+    ]
+    return make_model(nodes, [("x", ["N", 1, 28, 28])], ["y"], w, name="split_k")
+
+
+@needs_adapter
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["direct", "workgroup-memory"])
+def test_lane_groups_share_long_k_loops(shared, tmp_path, monkeypatch, shared_memory):
+    path = tmp_path / "deep.onnx"
+    save_onnx(deep(1), path)
+    x = digits(shared, 8)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    runner, got = _run(path, x, tmp_path, "fp32", shared_memory, monkeypatch)
+    assert_close(ref, got, "fp32", what="lane groups")
+    grouped = [k for k, src in runner.sources.items() if f"@workgroup_size({4 * tiled.LANES})" in src]
+    assert any(k.endswith("_conv") for k in grouped) and any(k.endswith("_gemm") for k in grouped), grouped
+    # a digit's class scores agree with ONNX Runtime's
+    assert (got.argmax(1) == ref.argmax(1)).all()
+
+
+def test_lane_groups_follow_the_layer():
+    t = tiled.Tile(32, 32, 4, 4)
+    assert tiled.k_groups(8, 4608, t) == 4  # few tiles, long K
+    assert tiled.k_groups(8, 200, t) == 1  # too short to split
+    assert tiled.k_groups(1024, 4608, t) == 1  # enough tiles already
+    assert tiled.k_groups(300, 4608, t) == 2  # 2 groups reach SPLIT_BELOW
+    for ks in (2, 4):
+        slab = ks * tiled.TK * (t.tm + t.tn)
+        assert 4 * max(slab, (ks - 1) * t.tm * t.tn) <= tiled.WORKGROUP_BYTES
