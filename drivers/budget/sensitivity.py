@@ -333,10 +333,10 @@ def _structured_options(
             for value, axis, kept_idx in plan.slices.values():
                 if value.name == layer.tensor or value.const_value is None:
                     continue
-                shape = tuple(int(d) for d in value.const_value.shape)
+                shape = tuple(int(d) for d in value.const_value.shape.numpy())
                 size = int(np.prod(shape))
                 lost = size - size // max(shape[axis], 1) * len(kept_idx)
-                downstream.append((by_tensor.get(value.name), lost, size))
+                downstream.append((by_tensor.get(value.name or ""), lost, size))
             for s in sparsities:
                 pruned = _compressed(kept, s, None)
                 cut_mask = (pruned == 0) & (kept != 0)
