@@ -408,6 +408,7 @@ def budget_config(
     prior: str = "l2",
     cluster: str = "kmeans",
     gate_se: float = 1.0,
+    structured: str = "off",
 ) -> BudgetConfig:
     """The budget search's options (the CLI's option group, or :func:`optimize`'s keywords) as
     one :class:`~mconv.drivers.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and
@@ -425,6 +426,7 @@ def budget_config(
             max_drop=max_drop, target_size=target_size, target_of=target_of, seed=seed,  # type: ignore[arg-type]
             engine=engine, device=device, workers=workers,
             ray_address=ray_address, epochs=epochs, prior=prior, cluster=cluster, gate_se=gate_se,
+            structured=structured,
         )  # fmt: skip
 
 

@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("--prior", default=None, help="auto, l2 or gmm (the budget's pre-training)")
     ap.add_argument("--cluster", default="kmeans", help="kmeans or entropy, as mconv optimize --cluster")
     ap.add_argument("--epochs", default=None)
+    ap.add_argument("--structured", default="off", help="auto or off, as mconv optimize --structured")
     ap.add_argument("--split-seed", type=int, default=45)
     ap.add_argument(
         "--shared", type=Path, default=Path(os.environ.get("MCONV_SHARED", ROOT.parent / "shared"))
@@ -103,6 +104,8 @@ def main() -> int:
         cmd += ["--prior", args.prior]
     if args.cluster != "kmeans":
         cmd += ["--cluster", args.cluster]
+    if args.structured != "off":
+        cmd += ["--structured", args.structured]
     t0 = time.perf_counter()
     r = subprocess.run([*run, *cmd], capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0
@@ -126,7 +129,14 @@ def main() -> int:
     print(figure)
     print(
         json.dumps(
-            {"ratios": ratios, "baseline": base, "final": got, "stages": report.get("stages")}, indent=1
+            {
+                "ratios": ratios,
+                "baseline": base,
+                "final": got,
+                "stages": report.get("stages"),
+                "layers": report.get("layers"),
+            },
+            indent=1,
         )
     )
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)

@@ -123,6 +123,16 @@ ClusterOpt = Annotated[
     ),
 ]
 
+StructuredOpt = Annotated[
+    str,
+    typer.Option(
+        "--structured",
+        metavar="MODE",
+        help="deep-compression budget: auto (the search may remove whole output channels of a "
+        "Conv/Gemm layer, rewiring its consumers) or off (default: unstructured sparsity only).",
+    ),
+]
+
 GateSeOpt = Annotated[
     float,
     typer.Option(
@@ -202,6 +212,7 @@ def optimize_cmd(
     prior: PriorOpt = "l2",
     cluster: ClusterOpt = "kmeans",
     gate_se: GateSeOpt = 1.0,
+    structured: StructuredOpt = "off",
     save_recipe: SaveRecipeOpt = None,
     engine: EngineOpt = None,
     device: DeviceOpt = None,
@@ -236,7 +247,7 @@ def optimize_cmd(
             budget = budget_config(
                 model_path, max_drop=max_drop, target_size=target_size, target_of=target_of,
                 seed=seed, engine=engine, device=device, workers=workers, ray_address=ray_address,
-                epochs=epochs, prior=prior, cluster=cluster, gate_se=gate_se,
+                epochs=epochs, prior=prior, cluster=cluster, gate_se=gate_se, structured=structured,
             )  # fmt: skip
         failed = None
         with out.progress(f"optimize {recipe or passes}") as update:

@@ -167,6 +167,20 @@ Rules
     export makes. The allocation (the knapsack of rule 5) then picks among the improved options
     and the schedule's cluster stages run each layer's choice (the saved recipe names
     ``method``/``lam``). The first estimate (rule 3) stays k-means'.
+14. **Structured sparsity** (``structured="auto"``, ``--structured auto``; default ``off``).
+    Each Conv/Gemm layer whose output channels :mod:`mconv.edit.channels` can remove safely
+    (its plan made on a copy, never applied) also has options ``(s, b, f)``: the fraction ``f``
+    of :data:`~mconv.drivers.budget.config.STRUCTURED` of its channels with the smallest L2
+    norms removed, then ``(s, b)`` on the kept weights. Bytes: the kept tensor's (rule 4) less
+    what the cut saves downstream, the consumers' rows at their own ``(s, b)`` and the sliced
+    biases at :data:`BIAS_BITS` (at least 1 B: the knapsack takes no negative bytes). Cost: the
+    removed channels' Fisher-weighted loss counted :data:`PRUNE_RECOVERY` times, as a pruning
+    that masked retraining follows, plus ``(s, b)``'s cost on the kept weights; with the
+    ``sweep`` estimator or no data there are no structured options. An attempt that cuts runs
+    the ``prune(structured="l2")`` stage and a masked retraining before the prune steps; the
+    layers and allocation then follow the cut graph (:func:`~mconv.drivers.budget.sensitivity.after_cut`)
+    and every re-estimate of rule 6 measures the smaller tensors. Rule 7's start estimate
+    zeroes a cut's channels. The report names each layer's channels removed.
 
 Layout
 ------

@@ -59,7 +59,7 @@ def _within(
     for layer in layers:
         new = np.full(cap + 1, inf)
         pick = np.full(cap + 1, -1, np.int64)
-        keys = sorted(layer.options, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+        keys = sorted(layer.options, key=lambda k: (k[0], -1 if k[1] is None else k[1], *k[2:]))
         for i, key in enumerate(keys):
             nbytes, cost = layer.options[key]
             u = -(-int(nbytes) // q)
@@ -91,8 +91,9 @@ def _widest(layers: list[_Layer]) -> dict[str, tuple[float, int | None]]:
     """Every layer pruned and clustered: its schedule has every stage's slot (rule 6)."""
     out: dict[str, tuple[float, int | None]] = {}
     for layer in layers:
-        s = max(k[0] for k in layer.options)
-        b = min((k[1] for k in layer.options if k[1] is not None), default=None)
+        plain = [k for k in layer.options if len(k) == 2]  # rule 14's cuts have stages of their own
+        s = max(k[0] for k in plain)
+        b = min((k[1] for k in plain if k[1] is not None), default=None)
         out[layer.name] = (s, b)
     return out
 
@@ -130,8 +131,14 @@ def _reallocate(
 
 
 def _alloc_table(alloc: Mapping) -> dict[str, dict]:
-    """An allocation as the report lists it: per layer its sparsity and bits."""
-    return {n: {"sparsity": s, "bits": b} for n, (s, b) in sorted(alloc.items())}
+    """An allocation as the report lists it: per layer its sparsity and bits (and the fraction
+    of output channels a structured option removes, rule 14)."""
+    out: dict[str, dict] = {}
+    for n, key in sorted(alloc.items()):
+        out[n] = {"sparsity": key[0], "bits": key[1]}
+        if len(key) > 2 and key[2]:
+            out[n]["structured"] = key[2]
+    return out
 
 
 def _alloc_cost(layers: list[_Layer], alloc: Mapping) -> float:
@@ -156,12 +163,12 @@ def _recosted(
         assert value is not None  # a layer's weight is an initializer with a value
         w = np.asarray(value.numpy())
         zeros = 1.0 - np.count_nonzero(w) / max(w.size, 1)
-        floor = max((s for s, _ in layer.options if s <= zeros + 1e-6), default=0.0)
+        floor = max((k[0] for k in layer.options if len(k) == 2 and k[0] <= zeros + 1e-6), default=0.0)
         f = fisher[layer.tensor]
         pruned: dict[float, tuple[np.ndarray, float]] = {}
         new = _Layer(layer.name, layer.op_type, layer.tensor, layer.params, w)
         scale = {} if bits_only else _byte_scale(layer, w, zeros)
-        for s, b in list(layer.options):
+        for s, b in [k for k in layer.options if len(k) == 2]:  # rule 14: the graph is cut by now
             se = max(s, floor)
             if (bits_only and s != floor) or (se, b) not in layer.options:
                 continue
@@ -223,8 +230,9 @@ def _byte_scale(layer: _Layer, w: np.ndarray, zeros: float) -> dict[int | None, 
     retrained weights code to fewer bytes than the first estimate's, and a reallocation of
     the sparsities spends the difference."""
     out: dict[int | None, float] = {}
-    for b in sorted({k[1] for k in layer.options}, key=lambda x: -1 if x is None else x):
-        levels = sorted(s for s, bb in layer.options if bb == b)
+    plain = [k for k in layer.options if len(k) == 2]
+    for b in sorted({k[1] for k in plain}, key=lambda x: -1 if x is None else x):
+        levels = sorted(s for s, bb in plain if bb == b)
         lo = max((s for s in levels if s <= zeros + 1e-9), default=levels[0])
         hi = min((s for s in levels if s >= zeros - 1e-9), default=levels[-1])
         first_lo, first_hi = layer.options[(lo, b)][0], layer.options[(hi, b)][0]

@@ -23,7 +23,7 @@ from mconv.drivers.budget.schedule import (
     cluster_entries,
     cluster_groups,
 )
-from mconv.drivers.budget.sensitivity import _Layer
+from mconv.drivers.budget.sensitivity import _Layer, after_cut, cut_of
 from mconv.passes.base import PassContext, PassSpec
 from mconv.passes.pipeline import _record_provenance, snapshot_model
 
@@ -128,6 +128,12 @@ class _Attempt:
         self.s, self.k, self.label = search, k, label
         self.work = snapshot_model(search.base)
         self.alloc: Any = search.fitting[k]
+        # rule 14: the allocation's structured cuts run first; the layers and allocation after
+        # them (keys (s, b)) are what every later stage re-estimates
+        self.cut_alloc: Any = self.alloc
+        self.layers: list[_Layer] = search.layers
+        self.cuts: dict[str, dict] = {}
+        cutting = any(cut_of(layer, self.alloc[layer.name]) for layer in search.layers)
         self.kept: list[PassSpec] = list(search.pre)
         self.stages = list(search.pre_stages)
         self.held_metric = search.start_metric
@@ -138,6 +144,11 @@ class _Attempt:
         self.stage_budget: Any = None
         # rule 6: with re-estimation every stage's slot; its settings are decided when it comes
         self.plan = search.plan_for(_widest(search.layers) if search.config.reestimate else self.alloc)
+        if cutting and search.config.reestimate:
+            first = [st for st in search.plan_for(self.alloc) if st[0].startswith("structured")]
+            self.plan = first + self.plan
+        elif not cutting:
+            self.layers, self.alloc = after_cut(search.layers, self.alloc, self.work)
         self.ctx = PassContext(
             data=search.data, reference_model=search.reference, seed=search.config.seed, memo=search.memo
         )
@@ -150,17 +161,33 @@ class _Attempt:
             if specs is None:
                 continue  # the allocation has nothing for this stage (e.g. nothing clustered)
             self._stage(si, name, specs)
+            if name == "structured pruning":
+                self._cut()
         return self._finish()
+
+    def _cut(self) -> None:
+        """Rule 14: the graph is cut; the layers and the allocation follow it."""
+        for layer in self.layers:
+            cut = cut_of(layer, self.cut_alloc[layer.name])
+            if cut is not None:
+                self.cuts[layer.name] = {
+                    "fraction": cut.fraction,
+                    "channels": cut.channels,
+                    "removed": len(cut.removed),
+                }
+        self.layers, self.alloc = after_cut(self.layers, self.cut_alloc, self.work)
 
     def _reestimate(self, si: int, name: str) -> list[PassSpec] | None:
         s = self.s
+        if name.startswith("structured"):
+            return dict(s.plan_for(self.cut_alloc)).get(name)
         if (name.startswith("prune step") and si > 0) or name == "cluster":
             s.say(f"{self.label} [{si + 1}/{len(self.plan)}] re-estimating the allocation", 0, None)
             self.stage_budget = self.budget
             if name == "cluster" and s.target is not None:  # rule 7: the bytes left, measured
                 self.stage_budget = s.target - s.nonlayer_now(self.work, self.kept, self.plan[si:])
             self.alloc, self.predicted = _reallocate(
-                self.work, s.ev, s.train, s.layers, self.stage_budget, bits_only=name == "cluster",
+                self.work, s.ev, s.train, self.layers, self.stage_budget, bits_only=name == "cluster",
                 plans=s.entropy_plans if name == "cluster" else None,
             )  # fmt: skip
             self.reallocated.append(
@@ -243,7 +270,7 @@ class _Attempt:
             stage_budget = (min(stage_budget, predicted) if size > target else stage_budget) + target - size
             _restore(work, before_state)
             alloc, predicted = _reallocate(
-                work, s.ev, s.train, s.layers, stage_budget, bits_only=True, plans=s.entropy_plans
+                work, s.ev, s.train, self.layers, stage_budget, bits_only=True, plans=s.entropy_plans
             )
             if any(alloc == r["alloc"] for r in runs):
                 break
@@ -274,7 +301,7 @@ class _Attempt:
         group's bits are chosen again for the bytes it went over by."""
         s, work, target = self.s, self.work, self.s.target
         assert target is not None
-        last = [layer for layer in s.layers if layer.name in group]
+        last = [layer for layer in self.layers if layer.name in group]
         for _ in range(4):
             sizes = E._rounded_sizes(work)  # one export: the size and each layer's blob
             over = sizes[s.config.measured] + s.history_bytes(self.kept + specs, self.plan[si + 1 :]) - target
@@ -297,7 +324,7 @@ class _Attempt:
                     "stage": name,
                     "budget_bytes": room,
                     "predicted_bytes": part_bytes
-                    + sum(stored.get(layer.tensor, 0) for layer in s.layers if layer not in last),
+                    + sum(stored.get(layer.tensor, 0) for layer in self.layers if layer not in last),
                     "overshoot": over,
                     "allocation": _alloc_table(self.alloc),
                 }
@@ -336,7 +363,9 @@ class _Attempt:
             "ok": ok_drop and ok_size,
             "ok_drop": ok_drop,
             "ok_size": ok_size,
-            "predicted": _alloc_bytes(s.layers, self.alloc),
+            "predicted": _alloc_bytes(self.layers, self.alloc),
             "budget": self.budget,
+            "layers": self.layers,
+            "cuts": self.cuts,
             "reallocated": self.reallocated,
         }

@@ -15,6 +15,10 @@ SPARSITIES = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.93, 0.95, 0.97)
 BITS = (8, 6, 5, 4, 3)
 
 
+# rule 14: the fractions of a layer's output channels a structured option removes
+STRUCTURED = (0.25, 0.5, 0.75)
+
+
 PRUNE_RECOVERY = 0.1  # rule 3: weight of an option's pruning cost against its clustering cost
 
 
@@ -82,6 +86,8 @@ class BudgetConfig:
     # rule 7: the gate passes when the held-out drop plus this many of its standard errors is
     # within max_drop (0: the measured drop alone)
     gate_se: float = 1.0
+    # rule 14: "auto" offers the search structured options (output channels removed), "off" not
+    structured: str = "off"
 
     def __post_init__(self) -> None:
         from mconv.drivers.parallel import check_workers
@@ -94,6 +100,8 @@ class BudgetConfig:
         check_workers(self.workers, self.ray_address)
         if self.prior not in ("auto", "l2", "gmm"):
             raise InputError(f"prior {self.prior!r}", where="--prior", hint="auto, l2 or gmm")
+        if self.structured not in ("auto", "off"):
+            raise InputError(f"structured {self.structured!r}", where="--structured", hint="auto or off")
         if self.cluster not in ("kmeans", "entropy"):
             raise InputError(f"cluster {self.cluster!r}", where="--cluster", hint="kmeans or entropy")
         if isinstance(self.gate_se, bool) or not 0.0 <= float(self.gate_se) <= 10.0:

@@ -125,8 +125,10 @@ def _result(
     best, layers, *, model_metric, baseline, max_drop, target, split, est, seed, tried
 ) -> BudgetResult:
     rows = []
-    for layer in layers:
-        s, b = best["alloc"][layer.name]
+    cuts = best.get("cuts", {})
+    for layer, cur in zip(layers, best.get("layers", layers)):
+        s, b = best["alloc"][layer.name][:2]
+        cut = cuts.get(layer.name)
         rows.append(
             {
                 "name": layer.name,
@@ -135,10 +137,13 @@ def _result(
                 "params": layer.params,
                 "sparsity": s,
                 "bits": b,
-                "estimated_cost": layer.options[(s, b)][1],
-                "predicted_bytes": layer.options[(s, b)][0],
+                "estimated_cost": cur.options[(s, b)][1],
+                "predicted_bytes": cur.options[(s, b)][0],
                 "stored_bytes": best["sizes"]["stored"].get(layer.tensor),
                 "original_bytes": 4 * layer.params,
+                # rule 14: output channels removed by the structured cut, of how many
+                "channels_removed": cut["removed"] if cut else 0,
+                "channels": cut["channels"] if cut else None,
             }
         )
     original = sum(4 * layer.params for layer in layers)
@@ -152,6 +157,7 @@ def _result(
             "held_out_lost": r["lost"],
             "passed": r["ok"],
             "allocation": _alloc_table(r["alloc"]),
+            "structured": r.get("cuts", {}),
             "budget_bytes": r.get("budget"),
             "reallocated": r.get("reallocated", []),
             # the allocation's summed estimated cost (the frontier's y) and whether it was chosen
@@ -183,12 +189,24 @@ def _result(
             "bundle": best["sizes"]["bundle"],
             "predicted_layers": best["predicted"],
             "original_layers": original,
+            # rule 14: nonzero weights of the layers left (a cut's removed channels count as zeros)
+            "nonzero_layers": _nonzero(best["model"], layers),
             "ratio_weights_file": round(original / max(best["sizes"]["weights_file"], 1), 2),
         },
         estimator=est,
         specs=best["specs"],
         seed=seed,
     )
+
+
+def _nonzero(model: ir.Model, layers) -> int:
+    inits = model.graph.initializers
+    count = 0
+    for layer in layers:
+        value = inits[layer.tensor].const_value if layer.tensor in inits else None
+        if value is not None:
+            count += int(np.count_nonzero(value.numpy()))
+    return count
 
 
 def _cost_or_none(layers, alloc) -> float | None:
@@ -291,6 +309,12 @@ def summary_text(result: BudgetResult) -> str:
             f"{r['name'][:15]:<16}{r['params']:>9,}{r['sparsity']:>9.2f}{r['bits'] or '-'!s:>5}"
             f"{r['predicted_bytes']:>10,}{stored if stored is not None else '-'!s:>9}"
             f"{100 * (stored or 0) / max(r['original_bytes'], 1):>7.2f}%"
+        )
+    cut = [r for r in result.layers if r.get("channels_removed")]
+    if cut:  # rule 14
+        lines.append(
+            "structured: "
+            + ", ".join(f"{r['name']} lost {r['channels_removed']} of {r['channels']} channels" for r in cut)
         )
     s = result.size
     lines.append(

@@ -122,9 +122,15 @@ def _schedule(
             )
         ]
 
+    cuts = {n: key[2] for n, key in sorted(alloc.items()) if len(key) > 2 and key[2]}
+    if cuts:  # rule 14: the output channels removed (the graph rewired), then masked retraining
+        stages.append(("structured pruning", [structured_spec(cuts)]))
+        stages.append(("structured retraining", tune(epochs, 2e-3)))
     for i, f in enumerate(PRUNE_STEPS):
         table = {
-            n: {"sparsity": round(1.0 - (1.0 - s) ** f, 4)} for n, (s, _) in sorted(alloc.items()) if s > 0
+            n: {"sparsity": round(1.0 - (1.0 - key[0]) ** f, 4)}
+            for n, key in sorted(alloc.items())
+            if key[0] > 0
         }
         if not table:
             break
@@ -161,14 +167,22 @@ def cluster_entries(alloc: Mapping, plans: Mapping | None = None) -> dict[str, d
     """The cluster pass's settings per clustered layer of ``alloc``: its bits, or what rule 13
     chose for the option (``plans[(name, sparsity, bits)]``: entropy-constrained clustering)."""
     out = {}
-    for n, (s, b) in sorted(alloc.items()):
+    for n, (s, b, *_) in sorted(alloc.items()):
         if b is not None:
             out[n] = {"skip": False, **((plans or {}).get((n, s, b)) or {"bits": b})}
     return out
 
 
 def _clustered_names(alloc: Mapping) -> list[str]:
-    return [n for n, (_, b) in sorted(alloc.items()) if b is not None]
+    return [n for n, key in sorted(alloc.items()) if key[1] is not None]
+
+
+def structured_spec(cuts: Mapping[str, float]) -> PassSpec:
+    """Rule 14's stage: per layer the fraction of its output channels removed (L2 norm), the
+    consumers rewired (prune rule 4)."""
+    return make_spec(
+        "prune", {"op_name": {n: {"sparsity": f, "structured": "l2"} for n, f in sorted(cuts.items())}}
+    )
 
 
 def _cluster_spec(clustered: Mapping[str, dict]) -> PassSpec:

@@ -13,7 +13,7 @@ from mconv.drivers.budget import schedule as S
 from mconv.drivers.budget import softshare as _softshare
 from mconv.drivers.budget.allocation import _alloc_bytes, _alloc_cost, _frontier, _widest, _within
 from mconv.drivers.budget.attempt import Search
-from mconv.drivers.budget.config import PRE_PASSES, BudgetConfig, Progress
+from mconv.drivers.budget.config import PRE_PASSES, STRUCTURED, BudgetConfig, Progress
 from mconv.drivers.budget.datafree import _data_free
 from mconv.drivers.budget.evaluation import (
     _check_data,
@@ -26,7 +26,7 @@ from mconv.drivers.budget.evaluation import (
 )
 from mconv.drivers.budget.result import BudgetNotMet, BudgetResult, _result
 from mconv.drivers.budget.schedule import _bias_spec, _prefix, auto_shift, default_epochs
-from mconv.drivers.budget.sensitivity import _candidates, _compressed
+from mconv.drivers.budget.sensitivity import _candidates, simulated
 from mconv.errors import InputError
 from mconv.passes.base import PassContext, PassSpec
 from mconv.passes.pipeline import make_spec, snapshot_model
@@ -197,6 +197,7 @@ def _allocations(s: Search, model: ir.Model) -> None:
     s.layers, s.est = _candidates(
         model, s.ev, s.train, c.estimator, s.say, _softshare.sparsities_for(s), _softshare.bits_for(s),
         workers=c.workers, ray_address=c.ray_address,
+        structured=STRUCTURED if c.structured == "auto" else (),
     )  # fmt: skip
     if not s.layers:
         raise InputError(
@@ -366,19 +367,15 @@ def _start_index(fitting, layers, base, ev: _Evaluator, train, max_drop: float) 
 
         ex = xla_engine(base, [ev.output], ev.device, ev.memo, role="start")
         set_weight = ex.set_weight
-    originals = {layer.tensor: layer.weights for layer in layers}
     base_metric = ev.metric(ev.reference[sample], sample)
     limit = max(10 * max_drop, 0.05)
     cache: dict = {}
 
     def drop(k: int) -> float:
         for layer in layers:
-            s, b = fitting[k][layer.name]
-            key = (layer.name, s, b)
-            if key not in cache:
-                cache[key] = (
-                    _compressed(originals[layer.tensor], s, b) if (s or b) else originals[layer.tensor]
-                )
+            key = (layer.name, *fitting[k][layer.name])
+            if key not in cache:  # rule 14: a cut channel zeroed (its bias stays: an estimate)
+                cache[key] = simulated(layer, key[1:])
             set_weight(layer.tensor, cache[key])
         return base_metric - ev.metric(ev.outputs(ex, sample), sample)
 

@@ -15,6 +15,21 @@ from mconv.irio import self_contained_bytes
 
 
 @dataclass
+class _Cut:
+    """Rule 14: one structured option of a layer, ``fraction`` of its output channels removed
+    (the smallest L2 norms, as ``prune(structured="l2")`` removes them)."""
+
+    fraction: float
+    out_axis: int
+    channels: int
+    keep: list[int]
+    removed: list[int]
+    removed_cost: float = 0.0  # Fisher-weighted cost of the removed channels (PRUNE_RECOVERY counted)
+    own: dict[tuple[float, int | None], int] = field(default_factory=dict)  # the kept tensor's bytes
+    credit: dict[tuple[float, int | None], int] = field(default_factory=dict)  # the consumers' saving
+
+
+@dataclass
 class _Layer:
     name: str  # node name (recipe op_name key)
     op_type: str
@@ -22,8 +37,11 @@ class _Layer:
     params: int
     weights: np.ndarray
     # (sparsity, bits) -> (bytes, cost); bits None: not clustered
-    options: dict[tuple[float, int | None], tuple[int, float]] = field(default_factory=dict)
-    snr: dict[tuple[float, int | None], float] = field(default_factory=dict)
+    # (sparsity, bits, fraction): structured, rule 14 (sparsity of the kept weights)
+    options: dict[tuple, tuple[int, float]] = field(default_factory=dict)
+    snr: dict[tuple, float] = field(default_factory=dict)
+    cuts: dict[float, _Cut] = field(default_factory=dict)  # rule 14: fraction -> its cut
+    unsafe: str | None = None  # rule 14: why its channels cannot be removed, when they cannot
 
 
 def _compressed(w: np.ndarray, sparsity: float, bits: int | None) -> np.ndarray:
@@ -109,6 +127,7 @@ def _candidates(
     *,
     workers: int = 0,
     ray_address: str | None = None,
+    structured: tuple[float, ...] = (),
 ) -> tuple[list[_Layer], dict]:
     """Every layer's options with bytes and estimated cost (rules 3, 4); and timing facts.
 
@@ -177,6 +196,10 @@ def _candidates(
     for layer, (options, snr) in zip(layers, results):
         layer.options.update(options)
         layer.snr.update(snr)
+    if structured and fisher is not None:  # rule 14: with the Fisher estimate only
+        if progress is not None:
+            progress("sensitivity: structured options", total, total)
+        _structured_options(model, layers, fisher, tuple(sparsities), tuple(bits), structured)
     facts = {"estimator": estimator if ev is not None else "weight-snr", "seconds": time.perf_counter() - t0}
     return layers, facts
 
@@ -253,3 +276,125 @@ def _options_trial(shared: Mapping, tensor: str) -> tuple[dict, dict]:
     from mconv.drivers.parallel import worker_state
 
     return worker_state(shared, _OptionsState).options(tensor)
+
+
+def _structured_options(
+    model: ir.Model,
+    layers: list[_Layer],
+    fisher: Mapping[str, np.ndarray],
+    sparsities: tuple[float, ...],
+    bits: tuple[int, ...],
+    fractions: tuple[float, ...],
+) -> None:
+    """Rule 14: each Conv/Gemm layer whose output channels can be removed safely (the rewiring
+    plan of :mod:`mconv.edit.channels`, made on a copy and never applied) gets, per fraction
+    ``f`` of ``fractions``, the options ``(s, b, f)``: ``f`` of its channels removed (L2 norm),
+    then the kept weights pruned to ``s`` and clustered to ``b`` bits. Bytes: the kept tensor's
+    as export codes it (rule 4) less what the cut saves downstream (the consumers' weight rows,
+    counted at the consumer's own option ``(s, b)`` in proportion to the weights removed, and
+    the sliced biases and constants at :data:`~mconv.drivers.budget.schedule.BIAS_BITS`).
+    Cost: the Fisher-weighted loss of the removed channels counted :data:`PRUNE_RECOVERY`
+    times (a masked retraining follows the cut as it follows a prune step) plus the option
+    ``(s, b)``'s cost on the kept weights, as rule 3 counts it."""
+    from mconv.edit.channels import Unsafe, channel_norms, plan_removal
+    from mconv.edit.shapes import infer_on_stripped_copy, merge_inferred
+    from mconv.passes.pipeline import snapshot_model
+
+    copy = snapshot_model(model)
+    inferred = infer_on_stripped_copy(copy, keep_bytes=1024, strict=False, data_prop=True)
+    if inferred is not None:
+        merge_inferred(copy, inferred)
+    refs = {ref.node.name: ref for ref in weight_refs(copy) if ref.node.name}
+    by_tensor = {layer.tensor: layer for layer in layers}
+    for layer in layers:
+        ref = refs.get(layer.name)
+        if ref is None or layer.op_type not in ("Conv", "Gemm"):
+            continue
+        w, f2 = layer.weights.astype(np.float64), fisher[layer.tensor]
+        count = ref.shape[ref.out_axis]
+        order = np.argsort(channel_norms(ref, "l2"), kind="stable")
+        for fraction in fractions:
+            n_remove = min(int(round(fraction * count)), count - 1)
+            if n_remove <= 0:
+                continue
+            removed = sorted(int(c) for c in order[:n_remove])
+            keep = sorted(int(c) for c in order[n_remove:])
+            try:
+                plan = plan_removal(ref, keep)
+            except Unsafe as exc:
+                layer.unsafe = exc.reason
+                break
+            cut = _Cut(fraction, ref.out_axis, count, keep, removed)
+            gone = np.take(f2 * w * w, removed, axis=ref.out_axis)
+            cut.removed_cost = 0.5 * PRUNE_RECOVERY * float(np.sum(gone))
+            kept = np.take(layer.weights, keep, axis=ref.out_axis)
+            kept_f = np.take(f2, keep, axis=ref.out_axis)
+            downstream = []  # (consumer layer or None, weights removed there)
+            for value, axis, kept_idx in plan.slices.values():
+                if value.name == layer.tensor or value.const_value is None:
+                    continue
+                shape = tuple(int(d) for d in value.const_value.shape.numpy())
+                size = int(np.prod(shape))
+                lost = size - size // max(shape[axis], 1) * len(kept_idx)
+                downstream.append((by_tensor.get(value.name or ""), lost, size))
+            for s in sparsities:
+                pruned = _compressed(kept, s, None)
+                cut_mask = (pruned == 0) & (kept != 0)
+                for b in (None, *bits):
+                    a = pruned if b is None else _compressed(pruned, 0.0, b)
+                    own = _stored_bytes(a, s, b) if (s > 0 or b is not None) else a.size * 2
+                    e2 = kept_f * np.square(a.astype(np.float64) - kept)
+                    cost = 0.5 * float(PRUNE_RECOVERY * np.sum(e2[cut_mask]) + np.sum(e2[~cut_mask]))
+                    credit = 0
+                    for consumer, lost, size in downstream:
+                        if consumer is None:  # a bias or constant: clustered to BIAS_BITS
+                            credit += lost // 2
+                        elif (s, b) in consumer.options:
+                            credit += int(round(consumer.options[(s, b)][0] * lost / max(size, 1)))
+                    cut.own[(s, b)], cut.credit[(s, b)] = own, credit
+                    layer.options[(s, b, fraction)] = (max(own - credit, 1), cut.removed_cost + cost)
+            layer.cuts[fraction] = cut
+
+
+def cut_of(layer: _Layer, key: tuple) -> _Cut | None:
+    """Rule 14: the structured cut an option ``key`` makes, None for an unstructured one."""
+    return layer.cuts.get(key[2]) if len(key) > 2 and key[2] else None
+
+
+def simulated(layer: _Layer, key: tuple) -> np.ndarray:
+    """The layer's weights as option ``key`` leaves them, at their original shape (a cut
+    channel zeroed rather than removed): rule 7's start estimate."""
+    cut = cut_of(layer, key)
+    s, b = key[0], key[1]
+    if cut is None:
+        return _compressed(layer.weights, s, b) if (s or b) else layer.weights
+    kept = np.take(layer.weights, cut.keep, axis=cut.out_axis)
+    out = np.zeros_like(layer.weights)
+    index = [slice(None)] * out.ndim
+    index[cut.out_axis] = cut.keep  # type: ignore[call-overload]
+    out[tuple(index)] = _compressed(kept, s, b) if (s or b) else kept
+    return out
+
+
+def after_cut(layers: list[_Layer], alloc: Mapping, model: ir.Model) -> tuple[list[_Layer], dict]:
+    """Rule 14: the layers and allocation once the cuts of ``alloc`` are made (the model's
+    graph rewired): a cut layer's options are its cut's (its kept weights' own bytes, the cost
+    less the removed channels', paid), every other layer keeps its unstructured options (the
+    re-estimates of rule 6 then measure the consumers' smaller tensors); keys ``(s, b)``."""
+    inits = model.graph.initializers
+    out, new_alloc = [], {}
+    for layer in layers:
+        key = alloc[layer.name]
+        cut = cut_of(layer, key)
+        value = inits[layer.tensor].const_value
+        w = np.asarray(value.numpy()) if value is not None else layer.weights
+        new = _Layer(layer.name, layer.op_type, layer.tensor, int(w.size), w)
+        if cut is None:
+            new.options = {k: v for k, v in layer.options.items() if len(k) == 2}
+        else:
+            for k, (_, cost) in layer.options.items():
+                if len(k) > 2 and k[2] == cut.fraction:
+                    new.options[k[:2]] = (cut.own[k[:2]], max(cost - cut.removed_cost, 0.0))
+        out.append(new)
+        new_alloc[layer.name] = (key[0], key[1])
+    return out, new_alloc
