@@ -39,7 +39,9 @@ Rules (the conventions of :mod:`mconv.targets.webgpu.wgsl` hold, except its rule
 7. Matrix-vector (a Gemm or MatMul whose A has fewer than :data:`GEMV_ROWS` rows): each
    workgroup owns ``CW`` output columns and splits their K loop over ``64 / CW`` lanes; the
    lanes' partial sums meet in workgroup memory and are added in a fixed tree order (the
-   result does not depend on scheduling). Lanes walk B in its storage order (along K when B is
+   result does not depend on scheduling). A lane keeps :data:`GEMV_UNROLL` independent
+   sums over its K positions, added in order at the end, so that many loads are in flight:
+   a matrix-vector product streams its weights once and is bound by memory, not arithmetic. Lanes walk B in its storage order (along K when B is
    transposed, along N otherwise) so neighbouring invocations read neighbouring words.
 8. Split K inside the workgroup (:func:`k_groups`): a layer with few tiles and a long K (a
    late ResNet layer at batch 1: 512 x 49 outputs, K = 4,608) leaves most of a GPU idle while
@@ -51,6 +53,11 @@ Rules (the conventions of :mod:`mconv.targets.webgpu.wgsl` hold, except its rule
    every group (slices past K read zeros), so every barrier is reached by the whole
    workgroup. The software path (rule 6) keeps one K loop per output: there the sums are
    ordered differently and agree to float32 rounding.
+9. Softmax and LogSoftmax over rows of at least :data:`SOFTMAX_ROW` values (a classifier's
+   1,000 classes at batch 1: one invocation walking the row three times left a GPU idle for
+   a quarter of a millisecond) take a workgroup a row: each lane takes every 64th value, the
+   maximum and the sum of exponentials meet in workgroup memory in a fixed tree order, and
+   every lane writes its values. The software path (rule 6) walks the row in one invocation.
 """
 
 from __future__ import annotations
@@ -66,6 +73,10 @@ KSPLIT = 4  # rule 8: at most this many lane groups share a tile's K loop
 SPLIT_BELOW = 512  # rule 8: split K while a layer has fewer workgroups than this
 SPLIT_MIN_SLICES = 8  # rule 8: every lane group walks at least this many TK slices
 WORKGROUP_BYTES = 16384  # WebGPU's default maxComputeWorkgroupStorageSize
+SOFTMAX_ROW = 256  # rule 9: a Softmax row at least this long gets a workgroup
+GEMV_UNROLL = 4  # rule 7: independent partial sums a lane keeps (loads in flight)
+GEMV_COLS_T = 4  # rule 7: columns a workgroup when B is transposed (lanes along K)
+GEMV_COLS_N = 16  # rule 7: columns a workgroup otherwise (lanes along N)
 TILING = True  # False: every layer keeps wgsl.py's direct kernel (tests and benches compare)
 DIRECT = "_direct"  # rule 6's entry point: the kernel's name and this
 SOFTWARE = ("llvmpipe", "lavapipe", "swiftshader")
@@ -316,13 +327,19 @@ def gemv_body(
     else:
         place = f"let c = t % {cw}; let l = t / {cw};"
     lines = [place, f"let col = wg * {cw} + c;"]
-    lines += [f"var s{r}: f32 = 0.0f;" for r in range(rows)]
+    u = max(1, GEMV_UNROLL)  # independent sums a lane keeps: loads in flight (rule 7)
+    lines += [f"var s{r}_{q}: f32 = 0.0f;" for r in range(rows) for q in range(u)]
     lines.append("if (col < N) {")
-    lines.append(f"    for (var kk: i32 = l; kk < KD; kk += {kl}) {{")
-    lines.append(f"        let bv = f32({load_b});")
-    lines += [f"        s{r} += f32({load_a.replace('{r}', str(r))}) * bv;" for r in range(rows)]
+    lines.append(f"    for (var k0: i32 = l; k0 < KD; k0 += {kl * u}) {{")
+    for q in range(u):
+        lines.append(f"        {{ let kk = k0 + {q * kl}; if (kk < KD) {{")
+        lines.append(f"            let bv = f32({load_b});")
+        lines += [f"            s{r}_{q} += f32({load_a.replace('{r}', str(r))}) * bv;" for r in range(rows)]
+        lines.append("        } }")
     lines.append("    }")
     lines.append("}")
+    for r in range(rows):
+        lines.append(f"let s{r} = {' + '.join(f's{r}_{q}' for q in range(u))};")
     lines += [f"Red[{r * LANES} + c * {kl} + l] = s{r};" for r in range(rows)]
     lines.append("workgroupBarrier();")
     s = kl // 2
@@ -353,7 +370,7 @@ def gemv_body(
 def gemv_columns(n: int, trans_b: bool) -> int:
     """Rule 7's columns a workgroup: along-K lanes (B transposed) favour few columns, along-N
     lanes many; fewer when that leaves too few workgroups."""
-    cw = 4 if trans_b else 16
+    cw = GEMV_COLS_T if trans_b else GEMV_COLS_N
     while cw > 1 and -(-n // cw) < MIN_WORKGROUPS:
         cw //= 2
     return cw
@@ -453,6 +470,76 @@ let wbase = g * OCG * KD;
     grid = _grid(workgroups)
     module = _module(ctx, kernel, names, decls, cs, workgroups, body, direct, ks)
     return KernelSource(kernel, module, reads, grid)
+
+
+def lower_softmax_rows(ctx, node, kernel: str, outer: int, size: int, inner: int):
+    """Rule 9: Softmax / LogSoftmax with a workgroup a row; None where the row is short."""
+    from mconv.targets.webgpu.wgsl import LOWEST, KernelSource, inp
+
+    if not TILING or size < SOFTMAX_ROW:
+        return None
+    rows = outer * inner
+    out = "tv - m - log(total)" if node.op_type == "LogSoftmax" else "exp(tv - m) / total"
+
+    def tree(op: str) -> list[str]:  # rule 9's fixed-order reduction of Red[0..LANES)
+        lines, s = [], LANES // 2
+        while s >= 1:
+            lines += [
+                f"if (t < {s}) {{ Red[t] = {op.format(a='Red[t]', b=f'Red[t + {s}]')}; }}",
+                "workgroupBarrier();",
+            ]
+            s //= 2
+        return lines
+
+    x = "f32(X[base + j * INNER])"
+    lines = ["let o = wg / INNER; let ii = wg % INNER; let base = o * SIZE * INNER + ii;"]
+    lines += [
+        f"var mx: f32 = {LOWEST};",
+        f"for (var j: i32 = t; j < SIZE; j += {LANES}) {{ mx = max(mx, {x}); }}",
+    ]
+    lines += [
+        "Red[t] = mx;",
+        "workgroupBarrier();",
+        *tree("max({a}, {b})"),
+        "let m = Red[0];",
+        "workgroupBarrier();",
+    ]
+    lines += [
+        "var sum: f32 = 0.0f;",
+        f"for (var j: i32 = t; j < SIZE; j += {LANES}) {{ sum += exp({x} - m); }}",
+    ]
+    lines += ["Red[t] = sum;", "workgroupBarrier();", *tree("{a} + {b}"), "let total = Red[0];"]
+    lines += [
+        f"for (var j: i32 = t; j < SIZE; j += {LANES}) {{ let tv = {x}; Y[base + j * INNER] = T({out}); }}"
+    ]
+    direct = [
+        "if (t == 0) {",
+        "    let o = wg / INNER; let ii = wg % INNER; let base = o * SIZE * INNER + ii;",
+    ]
+    direct += [
+        f"    var m: f32 = {LOWEST};",
+        f"    for (var j: i32 = 0; j < SIZE; j++) {{ m = max(m, {x}); }}",
+    ]
+    direct += [
+        "    var total: f32 = 0.0f;",
+        f"    for (var j: i32 = 0; j < SIZE; j++) {{ total += exp({x} - m); }}",
+    ]
+    direct += [
+        f"    for (var j: i32 = 0; j < SIZE; j++) {{ let tv = {x}; Y[base + j * INNER] = T({out}); }}",
+        "}",
+    ]
+    decls = f"var<workgroup> Red: array<f32, {LANES}>;\n"
+    module = _module(
+        ctx,
+        kernel,
+        ["X"],
+        decls,
+        dict(SIZE=size, INNER=inner),
+        rows,
+        _indent("\n".join(lines)),
+        _indent("\n".join(direct)),
+    )
+    return KernelSource(kernel, module, [inp(node, 0)], _grid(rows))
 
 
 def lower_gemm_tiled(

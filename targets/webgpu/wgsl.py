@@ -30,8 +30,10 @@ Kernel conventions (the runner and the web page rely on them):
    as slow).
 7. Convolutions (but depthwise ones) and 2-D Gemm/MatMul are workgroup-tiled where their shape
    allows (:mod:`mconv.targets.webgpu.tiled`: implicit-GEMM tiles in workgroup memory, split-K
-   matrix-vector products at batch 1); rules 3, 4 and 6 are then that module's. The rules
-   above describe the direct kernels, kept for the shapes tiling does not suit.
+   matrix-vector products at batch 1), and so are Softmax rows of at least
+   :data:`~mconv.targets.webgpu.tiled.SOFTMAX_ROW` values (a workgroup a row); rules 3, 4 and
+   6 are then that module's. The rules above describe the direct kernels, kept for the shapes
+   tiling does not suit.
 """
 
 from __future__ import annotations
@@ -700,6 +702,11 @@ def lower_softmax(ctx: LowerContext, node: ir.Node, kernel: str, act: Activation
     axis = axes[0]
     outer = int(np.prod(xs[:axis]))
     size, inner = int(np.prod([xs[a] for a in axes])), int(np.prod(xs[axes[-1] + 1 :]))
+    from mconv.targets.webgpu.tiled import lower_softmax_rows
+
+    rows = lower_softmax_rows(ctx, node, kernel, outer, size, inner)  # rule 7
+    if rows is not None:
+        return rows
     store = "t - mx - log(sum)" if node.op_type == "LogSoftmax" else "exp(t - mx) / sum"
     body = f"""
 let o = gx / INNER; let ii = gx % INNER;

@@ -243,3 +243,25 @@ def test_lane_groups_follow_the_layer():
     for ks in (2, 4):
         slab = ks * tiled.TK * (t.tm + t.tn)
         assert 4 * max(slab, (ks - 1) * t.tm * t.tn) <= tiled.WORKGROUP_BYTES
+
+
+@needs_adapter
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("shared_memory", [False, True], ids=["direct", "workgroup-memory"])
+def test_long_softmax_rows_take_a_workgroup(shared, tmp_path, monkeypatch, op, shared_memory):
+    """Rule 9: a 1,000-way (Log)Softmax of a digit's features, a workgroup a row, against ORT."""
+    rng = np.random.default_rng(3)
+    w = {"fw": (rng.standard_normal((784, 1000)) * 0.2).astype(np.float32)}
+    nodes = [
+        helper.make_node("Flatten", ["x"], ["f"]),
+        helper.make_node("MatMul", ["f", "fw"], ["z"]),
+        helper.make_node(op, ["z"], ["y"], axis=1),
+    ]
+    path = tmp_path / "softmax.onnx"
+    save_onnx(make_model(nodes, [("x", ["N", 1, 28, 28])], ["y"], w, name="softmax_rows"), path)
+    x = digits(shared, 4)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    runner, got = _run(path, x, tmp_path, "fp32", shared_memory, monkeypatch)
+    assert_close(ref, got, "fp32", what=op)
+    kernel = next(k for k in runner.sources if k.endswith("softmax"))
+    assert "var<workgroup> Red" in runner.sources[kernel]
