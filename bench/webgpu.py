@@ -138,7 +138,7 @@ def main() -> None:
             ort.run(feeds)
             ort_cmd = time.perf_counter() - t
             ort_warm = warm(ort.run, feeds, args.runs)
-            xla_warm = ""
+            xla_warm, xla_s = "", 0.0
             if args.xla:
                 import jax
 
@@ -146,7 +146,8 @@ def main() -> None:
                 xb = get_target("xla").export(build(name), tmp / f"{name}.xla", {"platforms": [platform]})
                 xr = get_target("xla").load(xb.root)
                 xr.run(feeds)
-                xla_warm = f"{warm(xr.run, feeds, args.runs) * 1e3:.2f} ms ({platform})"
+                xla_s = warm(xr.run, feeds, args.runs)
+                xla_warm = f"{xla_s * 1e3:.2f} ms ({platform})"
 
             cos = min(agreement(ref[k], got[k])[2] for k in ref)
             err, scale = max((agreement(ref[k], got[k])[:2] for k in ref), key=lambda e: e[0])
@@ -171,10 +172,10 @@ def main() -> None:
                     f"{webgpu_cmd:.2f} s",
                     f"{ort_cmd:.2f} s",
                     f"{webgpu_cmd / ort_cmd:.1f}x",
-                    f"{webgpu_warm * 1e3:.0f} ms",
-                    f"{ort_warm * 1e3:.1f} ms",
-                    f"{webgpu_warm / ort_warm:.0f}x",
-                    xla_warm,
+                    f"{webgpu_warm * 1e3:.2f} ms",
+                    f"{ort_warm * 1e3:.2f} ms",
+                    f"{webgpu_warm / ort_warm:.2f}x",
+                    xla_warm + (f", webgpu / xla {webgpu_warm / xla_s:.2f}x" if xla_s else ""),
                     page,
                 )
             )

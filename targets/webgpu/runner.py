@@ -224,13 +224,24 @@ class WebGPURunner:
             )
             for o in self.plan.outputs
         }
+        # every layer's (pipeline, bind group, workgroups), so an inference only encodes (rule 4)
+        steps = [(p, g, dispatch_size(la.grid)) for p, g, la in zip(pipelines, groups, self.plan.layers)]
         self._gpu = dict(
-            wgpu=wgpu, device=device, buffers=buffers, pipelines=pipelines, groups=groups, staging=staging
+            wgpu=wgpu,
+            device=device,
+            buffers=buffers,
+            pipelines=pipelines,
+            groups=groups,
+            staging=staging,
+            steps=steps,
         )
 
-    def _padded(self, arr: np.ndarray) -> bytes:
-        data = np.ascontiguousarray(arr.astype(self._dtype)).tobytes()
-        return data + b"\0" * (-len(data) % 4)
+    def _padded(self, arr: np.ndarray) -> np.ndarray | bytes:
+        data = np.ascontiguousarray(arr, dtype=self._dtype)
+        if data.nbytes % 4 == 0:
+            return data  # written as it is: no copy beyond the dtype's
+        raw = data.tobytes()
+        return raw + b"\0" * (-len(raw) % 4)
 
     def _split(self, feeds: Mapping[str, np.ndarray]) -> int:
         samples = None
@@ -261,10 +272,10 @@ class WebGPURunner:
             device.queue.write_buffer(buffers[b], 0, self._padded(arr))
         encoder = device.create_command_encoder()
         cpass = encoder.begin_compute_pass()
-        for layer, pipe, group in zip(self.plan.layers, g["pipelines"], g["groups"]):
+        for pipe, group, size in g["steps"]:
             cpass.set_pipeline(pipe)
             cpass.set_bind_group(0, group)
-            cpass.dispatch_workgroups(*dispatch_size(layer.grid))
+            cpass.dispatch_workgroups(*size)
         cpass.end()
         for b, stage in g["staging"].items():
             encoder.copy_buffer_to_buffer(buffers[b], 0, stage, 0, stage.size)
