@@ -346,7 +346,7 @@ def _next_budget(s: Search) -> int | None:
         return None
     alloc = _within(layers, int(round((ok * max(fail, 1)) ** 0.5)))
     if alloc is None or not fail < _alloc_bytes(layers, alloc) < ok:
-        return None  # no allocation strictly between the two
+        return None if passing else top  # nothing strictly between: before any pass, the largest
     if alloc not in fitting:
         fitting.append(alloc)
     k = fitting.index(alloc)

@@ -96,8 +96,11 @@ def test_a_failing_attempt_is_never_the_met_answer(monkeypatch):
     with pytest.raises(GateFailed) as err:
         B.compress_to_budget(model, data, max_drop=0.05, seed=1, **{**FAST, "attempts": 3})
     result = err.value.result
-    assert not result.met and len(seen) == 3
+    assert not result.met and len(seen) >= 2
     assert not any(a["passed"] for a in result.attempts)
+    # each failure sends it toward larger allocations
+    budgets = [r["budget"] for r in seen]
+    assert budgets == sorted(budgets) and len(set(budgets)) == len(budgets), budgets
 
 
 def test_with_the_real_gate_the_answer_passes_it_and_is_the_smallest_that_does():
