@@ -100,9 +100,16 @@ Rules
    when it or one sample's share of the drop exceeds ``max_drop``: the gate's samples are then
    too few to tell. The
    first attempt is the smallest allocation whose uncompressed-to-compressed drop *before any
-   fine-tuning* is at most ``max(10 * max_drop, 0.05)`` on the training samples. A failed
-   gate backs off towards the original (larger ``lam``: the layers that cost most per byte get
-   their bytes back first). ``target_size`` alone: the least costly allocation whose predicted
+   fine-tuning* is at most ``max(10 * max_drop, 0.05)`` on the training samples. Then a
+   bisection in bytes (geometric mean) between the largest budget that failed and the smallest
+   that passed (before any pass: the largest allocation that fits; after a pass with no failure
+   below it: the smallest allocation, so the search goes on toward smaller), each try the least
+   costly allocation within its budget (the knapsack of rule 5, which reaches between the
+   frontier's points), until the two are within ``REFINE_CLOSE`` (10%) of each other, no
+   allocation lies between them, or ``attempts`` are spent. A failed gate so backs off towards
+   the original (the layers that cost most per byte get their bytes back first). Bisecting the
+   frontier's indices instead ended LeNet-5 at 116 KB: the hull's points are far apart in bytes
+   there, and one failure at 99 KB (a few of 1,000 digits) kept every later try above it. ``target_size`` alone: the least costly allocation whose predicted
    weight file fits. The weights' room is the target less the rest of the export, measured:
    the model before the search exported with its biases clustered as the schedule clusters
    them and rounded to float16, less the layers' blobs, plus :data:`PALETTE_RECORD` index
