@@ -64,7 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-FONTS = Path("/usr/share/fonts/truetype/dejavu")
+# MCONV_FONTS: a folder with the DejaVu fonts where the system has none (a GPU host)
+FONTS = Path(os.environ.get("MCONV_FONTS", "/usr/share/fonts/truetype/dejavu"))
 WORDS = (
     "the of and model file weight layer input output tensor bundle export import prune cluster "
     "quantize budget accuracy sample image photo text speech digit train test value index graph "
@@ -175,6 +176,9 @@ def magika_features(data: bytes, cfg: dict) -> np.ndarray:
     return np.array(b + e, np.int32)
 
 
+MAGIKA_PER_TYPE = int(os.environ.get("MCONV_MAGIKA_PER_TYPE", "45"))  # files a type, split in thirds
+
+
 def build_magika(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
     cfg = json.loads(wheel_text("magika", "1.0.3", MAGIKA_MEMBER + "config.min.json"))
     space = cfg["target_labels_space"]
@@ -195,7 +199,7 @@ def build_magika(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
         if len(files) < 6:
             continue
         used.append(f"{t}:{len(files)}")
-        pick = [files[i] for i in rng.permutation(len(files))[:45]]
+        pick = [files[i] for i in rng.permutation(len(files))[:MAGIKA_PER_TYPE]]
         k = len(pick)
         parts = {"cal": pick[: k // 3], "val": pick[k // 3 : 2 * k // 3], "test": pick[2 * k // 3 :]}
         for s, fs in parts.items():
@@ -615,14 +619,34 @@ def sets_of(spec: Spec, work: Path, seed: int) -> dict[str, dict[str, np.ndarray
         with np.load(path, allow_pickle=False) as z:
             for key in z.files:
                 part, field = key.split("/", 1)
-                out.setdefault(part, {})[field] = z[key]
+                a = z[key]
+                if field.endswith(U8):  # pixels / 255 kept as the pixels (see _packed)
+                    field, a = field[: -len(U8)], a.astype(np.float32) / np.float32(255.0)
+                out.setdefault(part, {})[field] = a
         return out
     sets = spec.build(work, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(
-        path, **{f"{part}/{field}": np.asarray(a) for part, d in sets.items() for field, a in d.items()}
+        path,
+        **{k: v for part, d in sets.items() for field, a in d.items() for k, v in _packed(part, field, a)},
     )
     return sets
+
+
+U8 = "@u8"
+
+
+def _packed(part: str, field: str, a: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """A float32 array of pixels / 255 is stored as its uint8 pixels when that is exact (the
+    load gives back the very same floats): a quarter of the bytes to carry to another host."""
+    a = np.asarray(a)
+    if a.dtype == np.float32 and a.size:
+        u = np.rint(a * 255.0)
+        if u.min() >= 0 and u.max() <= 255:
+            u8 = u.astype(np.uint8)
+            if np.array_equal(u8.astype(np.float32) / np.float32(255.0), a):
+                return [(f"{part}/{field}{U8}", u8)]
+    return [(f"{part}/{field}", a)]
 
 
 def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
