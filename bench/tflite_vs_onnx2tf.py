@@ -217,7 +217,7 @@ def one(name: str, work: Path, timeout: float) -> dict:
     if rc != 0:
         return {"row": name, "error": f"import: {line}"}
     if m.fmt == "onnx":  # an ONNX row: both converters get the source file, as a user gives it
-        imp = w / "source.onnx"  # a copy: onnx2tf writes its onnxsim result over its input file
+        imp = w / "source.onnx"
         shutil.copyfile(meta["files"][0], imp)
     ins, _ = zoo.onnx_io(imp)
     vals = list(src.values())
@@ -244,10 +244,12 @@ def one(name: str, work: Path, timeout: float) -> dict:
     ois = [f"{n}:{','.join(str(s) for s in feeds[n].shape)}" for n, _ in ins]
     env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}"}  # its onnxsim
     sample_data(w)  # onnx2tf's own sample images, which it would download: real photos instead
+    given = w / f"onnx2tf_{imp.name}"  # a copy: onnx2tf writes its onnxsim result over its input
+    shutil.copyfile(imp, given)
     rc, log, row["onnx2tf_s"] = command(
-        [str(VENV / "bin" / "onnx2tf"), "-i", str(imp), "-o", str(o2), "-n", "-ois", *ois], env, w, timeout
+        [str(VENV / "bin" / "onnx2tf"), "-i", str(given), "-o", str(o2), "-n", "-ois", *ois], env, w, timeout
     )
-    files = sorted(o2.glob("*_float32.tflite"))
+    files = sorted(o2.glob("*_float32.tflite"))  # its float16 file beside it is not compared
     if rc != 0 or not files:
         row["onnx2tf"] = "no: " + why_failed(rc, log, timeout)
     else:

@@ -1,0 +1,71 @@
+"""Constants with equal bytes are stored once in a written .tflite (targets/tflite/schema.py rule 1):
+a siamese pair of LeNet-5's real first convolution on real MNIST digits, its tied weight written
+once per branch under two names (as mconv's TFLite reader writes a buffer several tensors share,
+basic-pitch's CQT kernels: a 4x larger file before)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mconv.irio import from_proto, to_proto
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from _gates import assert_close  # noqa: E402
+
+pytest.importorskip("ai_edge_litert.interpreter")
+
+
+def _siamese(lenet_model) -> tuple:
+    """Both digits through LeNet's trained conv1: two Conv nodes, each with its own copy of the
+    weight and bias (equal bytes, different names)."""
+    proto = to_proto(lenet_model)
+    conv = next(n for n in proto.graph.node if n.op_type == "Conv")
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    w, b = inits[conv.input[1]], inits[conv.input[2]]
+    nodes = [
+        helper.make_node("Conv", ["a", "w", "b"], ["ca"]),
+        helper.make_node("Conv", ["b_in", "w_copy", "b_copy"], ["cb"]),
+        helper.make_node("Relu", ["ca"], ["ya"]),
+        helper.make_node("Relu", ["cb"], ["yb"]),
+    ]
+    oh = 28 - w.shape[2] + 1
+    g = helper.make_graph(
+        nodes,
+        "siamese",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 28, 28]) for n in ("a", "b_in")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, w.shape[0], oh, oh]) for n in ("ya", "yb")],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (w, "w_copy"), (b, "b_copy"))],
+    )
+    return from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])), w
+
+
+def test_a_weight_copied_for_two_convolutions_is_one_buffer(lenet_mnist, tmp_path):
+    import tflite
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    siamese, w = _siamese(model)
+    t = get_target("tflite")
+    bundle = t.export(siamese, tmp_path / "siamese", {})
+    data = (bundle.root / "model.tflite").read_bytes()
+    m = tflite.Model.GetRootAsModel(data, 0)
+    sg = m.Subgraphs(0)
+    filters = []
+    for i in range(sg.OperatorsLength()):
+        op = sg.Operators(i)
+        oc = m.OperatorCodes(op.OpcodeIndex())
+        if max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode()) == tflite.BuiltinOperator.CONV_2D:
+            filters.append(sg.Tensors(int(op.InputsAsNumpy()[1])).Buffer())
+    assert len(filters) == 2 and filters[0] == filters[1] != 0, filters
+    # the kernel's bytes (OHWI, as LiteRT lays a CONV_2D filter out) are in the file once
+    assert data.count(np.ascontiguousarray(w.transpose(0, 2, 3, 1)).astype("<f4").tobytes()) == 1
+    ref, run = get_target("reference").load_model(siamese), t.load(bundle)
+    for i in (7, 2024, 4100):  # digits of three classes (the file is sorted by label)
+        feeds = {"a": digits[i : i + 1], "b_in": digits[i + 500 : i + 501]}
+        want, got = ref.run(feeds), run.run(feeds)
+        for name in ("ya", "yb"):
+            assert_close(want[name], got[name], what=name)
