@@ -361,9 +361,14 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per converter per row")
     ap.add_argument("--until", type=float, help="start no row after this Unix time")
     a = ap.parse_args()
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    # a run from a ``git archive`` tree (so that edits to the checkout do not reach it) names its
+    # commit in $MCONV_ZOO_COMMIT, as bench/zoo.py's runs do
+    commit = (
+        os.environ.get("MCONV_ZOO_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    )
     dirty = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
     ).stdout.strip()
