@@ -202,7 +202,7 @@ def why_failed(rc: int, log: str, timeout: float) -> str:
     return (why[:140] + (f" at {at[0]}" if at else "")).replace("|", "/")
 
 
-def one(name: str, work: Path, timeout: float) -> dict:
+def one(name: str, work: Path, timeout: float, sides: tuple[str, ...] = ("mconv", "onnx2tf")) -> dict:
     import onnxruntime as ort
 
     m = next(r for r in zoo.CORPUS if r.name == name)
@@ -228,6 +228,7 @@ def one(name: str, work: Path, timeout: float) -> dict:
 
     out = w / "mconv.tflite"
     out.unlink(missing_ok=True)
+    assert "mconv" in sides
     argv = [sys.executable, "-m", "mconv", "export", str(imp), "--format", "tflite", "-o", str(out)]
     rc, log, row["mconv_s"] = command(
         [*argv, *zoo._shape_args(imp, feeds)], {**os.environ, **zoo._CLI_ENV}, w, timeout
@@ -238,6 +239,8 @@ def one(name: str, work: Path, timeout: float) -> dict:
     else:
         row["mconv_bytes"] = out.stat().st_size
         row["mconv_cos"], row["mconv"] = checked(out, feeds, want)
+    if "onnx2tf" not in sides:
+        return row
 
     o2 = w / "onnx2tf"
     shutil.rmtree(o2, ignore_errors=True)  # no file of an earlier run counts
@@ -333,6 +336,9 @@ def summary(rows: list[dict]) -> str:
         f"| rows tried | {len(ok)} (+{len(rows) - len(ok)} not imported) |",
         f"| mconv converts and LiteRT runs | **{len(m_yes)} of {len(ok)}** |",
         f"| onnx2tf converts and LiteRT runs | **{len(o_yes)} of {len(ok)}** |",
+        f"| ... and agrees with ORT (cosine >= {zoo.TFLITE_COSINE}): mconv / onnx2tf | "
+        f"**{sum(r.get('mconv_cos', 0) >= zoo.TFLITE_COSINE for r in ok if r.get('mconv') == 'yes')}** / "
+        f"**{sum(r.get('onnx2tf_cos', 0) >= zoo.TFLITE_COSINE for r in ok if r.get('onnx2tf') == 'yes')}** |",
         f"| only mconv | {len(set(m_yes) - set(o_yes))}: {', '.join(sorted(set(m_yes) - set(o_yes))) or '-'} |",
         f"| only onnx2tf | {len(set(o_yes) - set(m_yes))}: {', '.join(sorted(set(o_yes) - set(m_yes))) or '-'} |",
         f"| both | {len(both)} |",
@@ -359,6 +365,11 @@ def main() -> None:
     )
     ap.add_argument("--work", default="/tmp/tflite_vs_onnx2tf")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per converter per row")
+    ap.add_argument(
+        "--sides",
+        default="mconv,onnx2tf",
+        help="mconv: run mconv's side again on the rows, keeping onnx2tf's columns from --jsonl",
+    )
     ap.add_argument("--until", type=float, help="start no row after this Unix time")
     a = ap.parse_args()
     # a run from a ``git archive`` tree (so that edits to the checkout do not reach it) names its
@@ -384,7 +395,7 @@ def main() -> None:
             continue
         at = f"{commit}{' dirty' if dirty else ''}, {time.strftime('%Y-%m-%d %H:%M')}, {os.getloadavg()[0]:.1f}"
         try:
-            r = one(name, Path(a.work), a.timeout)
+            r = one(name, Path(a.work), a.timeout, tuple(a.sides.split(",")))
         except Exception as exc:  # noqa: BLE001 - one row's failure is that row's result
             r = {"row": name, "error": f"bench: {type(exc).__name__}: {str(exc)[:120]}"}
         m = zoo.by_name()[name]
@@ -394,6 +405,10 @@ def main() -> None:
             kind = f"{KINDS.get(base, '')}, ORT {mode} int8"
         r["kind"], r["at"] = f"{m.fmt} / {kind}", at
         print(r, flush=True)
+        before = next((x for x in rows if x["row"] == name), None)
+        if a.sides == "mconv" and before is not None:  # onnx2tf's columns stay those of its run
+            keep = {k: v for k, v in before.items() if k.startswith("onnx2tf")}
+            r = {**r, **keep, "at": f"mconv {at}; onnx2tf {before.get('at', '')}"}
         rows = [x for x in rows if x["row"] != name] + [r]
         if jsonl:
             jsonl.write_text("".join(json.dumps(x) + "\n" for x in rows))

@@ -1,7 +1,8 @@
-"""Constants with equal bytes are stored once in a written .tflite (targets/tflite/schema.py rule 1):
-a siamese pair of LeNet-5's real first convolution on real MNIST digits, its tied weight written
+"""Files no larger than they need be. Constants with equal bytes are stored once in a written
+.tflite (targets/tflite/schema.py rule 1): a siamese pair of LeNet-5's real first convolution on real MNIST digits, its tied weight written
 once per branch under two names (as mconv's TFLite reader writes a buffer several tensors share,
-basic-pitch's CQT kernels: a 4x larger file before)."""
+basic-pitch's CQT kernels: a 4x larger file before). Keras's ReLU6 (Relu then Min) is the conv's
+fused RELU6 (targets/tflite/lower.py rule 4)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from _gates import assert_close  # noqa: E402
+from _tflite_help import file_ops  # noqa: E402
 
 pytest.importorskip("ai_edge_litert.interpreter")
 
@@ -69,3 +71,47 @@ def test_a_weight_copied_for_two_convolutions_is_one_buffer(lenet_mnist, tmp_pat
         want, got = ref.run(feeds), run.run(feeds)
         for name in ("ya", "yb"):
             assert_close(want[name], got[name], what=name)
+
+
+def test_keras_relu6_written_as_relu_then_min_is_one_fused_conv(lenet_mnist, tmp_path):
+    """Keras's ReLU6 arrives from the Keras reader as Relu then Min(6) (keras MobileNetV2: 35 of
+    each); in the file it is the conv's fused RELU6, and the clipped values are LiteRT's."""
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    proto = to_proto(model)
+    conv = next(n for n in proto.graph.node if n.op_type == "Conv")
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    w, b = inits[conv.input[1]], inits[conv.input[2]]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xc"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["xc", "w", "b"], ["c"]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Min", ["r", "six"], ["m"]),
+        helper.make_node("Transpose", ["m"], ["y"], perm=[0, 2, 3, 1]),
+    ]
+    oh = 28 - w.shape[2] + 1
+    g = helper.make_graph(
+        nodes,
+        "relu6",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 28, 28, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, oh, oh, w.shape[0]])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(b, "b"),
+            numpy_helper.from_array(np.array(6.0, np.float32), "six"),
+        ],
+    )
+    m = from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    t = get_target("tflite")
+    bundle = t.export(m, tmp_path / "relu6", {})
+    ops = [name for name, _, _ in file_ops((bundle.root / "model.tflite").read_bytes())]
+    assert ops == ["CONV_2D"], ops
+    ref, run = get_target("reference").load_model(m), t.load(bundle)
+    clipped = 0
+    for i in (7, 2024, 4100):
+        x = {"x": digits[i : i + 1].transpose(0, 2, 3, 1) * 8}  # bright strokes: some values reach 6
+        want = ref.run(x)["y"]
+        clipped += int((want == 6.0).sum())
+        assert_close(want, run.run(x)["y"], what="y")
+    assert clipped > 0, "no value reached 6: the test would not see a missing clip"
