@@ -115,3 +115,33 @@ def test_keras_relu6_written_as_relu_then_min_is_one_fused_conv(lenet_mnist, tmp
         clipped += int((want == 6.0).sum())
         assert_close(want, run.run(x)["y"], what="y")
     assert clipped > 0, "no value reached 6: the test would not see a missing clip"
+
+
+def test_a_tflite_weight_read_by_two_convolutions_imports_as_one_initializer(lenet_mnist, tmp_path):
+    """The reader's side (formats/tflite/reader.py rule 2c): a file tensor two CONV_2D ops read
+    (written here from LeNet's conv1 shared by a siamese pair) is one ONNX initializer, not one
+    copy per convolution (basic-pitch's CQT kernel: 9 copies, a 766 KB import of a 204 KB file)."""
+    from mconv.formats import import_model
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    siamese, w = _siamese(model)
+    shared = from_proto(to_proto(siamese))
+    for node in shared.graph:  # both branches read the one weight and bias
+        if node.op_type == "Conv":
+            node.replace_input_with(1, shared.graph.initializers["w"])
+            node.replace_input_with(2, shared.graph.initializers["b"])
+    bundle = get_target("tflite").export(shared, tmp_path / "shared", {})
+    back = import_model([bundle.root / "model.tflite"])
+    weights = [
+        v
+        for v in back.graph.initializers.values()
+        if v.const_value is not None and v.const_value.size == w.size
+    ]
+    assert len(weights) == 1, [v.name for v in weights]
+    ref, got = get_target("reference").load_model(siamese), get_target("reference").load_model(back)
+    a, b = digits[7:8], digits[2024:2025]
+    want = ref.run({"a": a, "b_in": b})
+    out = got.run({"a": a, "b_in": b})  # the file keeps the model's NCHW inputs and outputs
+    for name in ("ya", "yb"):
+        assert_close(want[name], out[name], what=name)
