@@ -2,6 +2,12 @@
 
 Usage:
     python3 bench/tflite_vs_onnx2tf.py [--rows a,b,...] [--out bench/results/tflite_vs_onnx2tf.md]
+        [--jsonl rows.jsonl] [--timeout 900] [--until UNIX_TIME] [--sides mconv]
+
+``--jsonl``: each row is appended as it finishes and the table (with the summary counts) rendered
+again, so a stop keeps what ran; ``--timeout``: seconds per converter per row (its whole process
+group is killed); ``--until``: start no row after then. Run it from a ``git archive`` tree with
+``MCONV_ZOO_COMMIT`` set, so that edits to the checkout do not reach a running bench.
 
 For each row (bench/zoo.py's corpus, prepared inputs): ``mconv import`` the source model to ONNX
 (ONNX rows: the source file itself, as a user gives it; the same file for both converters), then
