@@ -28,7 +28,9 @@ Rules
    names, ``op<k>/t``, ``op<k>/t/1``, ...
 2c. Helper constants (scales, zero points, axes, bounds the lowerings add; up to 1 KB) are one
    initializer per distinct value, shared by every node that reads it (also a small constant of
-   the file read twice); constant tensors of the file keep their own names. Quantization
+   the file read twice); constant tensors of the file keep their own names. A larger tensor
+   read by several nodes (one kernel of several convolutions: basic-pitch's CQT) is one
+   initializer too, not one copy per reader. Quantization
    parameters of tensor k are named ``t<k>/scale`` and ``t<k>/zero_point`` (k: its index).
 3. Layout. Values keep TFLite's layout (NHWC): the graph's inputs and outputs are exactly the
    arrays TFLite takes and gives. Convolutions and pools run in NCHW between two Transposes;
@@ -663,6 +665,9 @@ class _Converter:
         self.node_count = 0
         # helper constants by content (dtype, shape, bytes) -> name: one initializer for all
         self.shared_inits: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+        # larger arrays made from one file tensor (a weight laid out for a convolution), by tensor
+        # name, dtype and shape: a tensor read by several nodes is one initializer (rule 2c)
+        self.derived_inits: dict[tuple[str, str, tuple[int, ...]], list[tuple[str, np.ndarray]]] = {}
         names: dict[str, int] = {}
         for t in m.tensors:
             names[t.name] = names.get(t.name, 0) + 1
@@ -786,9 +791,16 @@ class _Converter:
             key = (a.dtype.str, a.shape, a.tobytes())
             if key in self.shared_inits:
                 return self.shared_inits[key]
+        derived = (base, a.dtype.str, a.shape)
+        if key is None and a.nbytes > _SHARED_INIT_BYTES:
+            for seen, prior in self.derived_inits.get(derived, []):
+                if np.array_equal(prior, a):  # the same tensor laid out the same way again
+                    return seen
         name = base if tensor_name else self.fresh(base)
         self.bound.add(name)
         self.inits[name] = onnx.numpy_helper.from_array(a, name)
+        if a.nbytes > _SHARED_INIT_BYTES:
+            self.derived_inits.setdefault(derived, []).append((name, a))
         if key is not None or a.nbytes <= _SHARED_INIT_BYTES:
             # a small constant of the file read again (a bias shared by two convolutions)
             self.shared_inits.setdefault(key or (a.dtype.str, a.shape, a.tobytes()), name)

@@ -17,7 +17,8 @@ Rules:
    the float minimum before a max pool); Gemm's alpha/beta and transB fold into the weights.
 3. Every node no rule maps is collected; one :class:`~mconv.errors.UnsupportedError` names all.
 4. Fused activations: a RELU/RELU6/RELU_N1_TO_1 whose input only it reads, made by a conv, fully
-   connected, pool, add, sub, mul or concatenation, becomes that op's fused activation.
+   connected, pool, add, sub, mul or concatenation, becomes that op's fused activation. A RELU
+   then MINIMUM with the scalar 6 (Keras's ReLU6) is a RELU6 first (:func:`relu_then_min_six`).
 5. QuantizeLinear/DequantizeLinear (QDQ models, per-tensor int8/uint8 on activations; the
    constant weights' DequantizeLinear are folded to float by the preparation) become QUANTIZE and
    DEQUANTIZE (``qdq="ops"``: the model's own fake-quantized float arithmetic), or with
@@ -1679,8 +1680,42 @@ def carry_quant(g: Graph) -> None:
                 t.quant = q
 
 
+def relu_then_min_six(g: Graph) -> None:
+    """Rule 4's first step: RELU followed by MINIMUM with the scalar 6 (Keras writes ReLU6,
+    ``ReLU(max_value=6)``, as Relu then Min) is one RELU6, min(max(x, 0), 6) the same numbers,
+    when nothing else reads the RELU's output and neither tensor is 8-bit."""
+    producer = g.producer()
+    consumers = g.consumers()
+    dropped: set[int] = set()
+    for k, op in enumerate(g.ops):
+        if op.code != "MINIMUM" or len(op.inputs) != 2:
+            continue
+        const = [i for i in op.inputs if g.tensors[i].data is not None]
+        rest = [i for i in op.inputs if g.tensors[i].data is None]
+        if len(const) != 1 or len(rest) != 1 or rest[0] not in producer:
+            continue
+        c, t, y = g.tensors[const[0]], rest[0], op.outputs[0]
+        relu = g.ops[producer[t]]
+        assert c.data is not None
+        if (
+            relu.code == "RELU"
+            and c.data.size == 1
+            and c.dtype == "float32"
+            and float(c.data.reshape(())) == 6.0
+            and len(consumers.get(t, [])) == 1
+            and t not in g.outputs
+            and list(g.tensors[t].shape) == list(g.tensors[y].shape)
+            and g.tensors[t].quant is None
+            and g.tensors[y].quant is None
+        ):
+            relu.code, relu.outputs = "RELU6", [y]
+            dropped.add(k)
+    g.ops = [op for k, op in enumerate(g.ops) if k not in dropped]
+
+
 def fuse_activations(g: Graph) -> None:
     """Rule 4."""
+    relu_then_min_six(g)
     producer = g.producer()
     consumers = g.consumers()
     keep: list[Op] = []

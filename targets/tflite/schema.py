@@ -5,8 +5,11 @@ quantizer edit; :func:`serialize` writes them with the ``flatbuffers`` builder a
 classes the ``tflite`` package generates from LiteRT's ``schema.fbs`` (the same classes
 :mod:`mconv.formats.tflite` reads with). Rules:
 
-1. Buffer 0 is the empty buffer (LiteRT's convention); each constant tensor has its own buffer,
-   whose bytes start 16-byte aligned (LiteRT maps them in place).
+1. Buffer 0 is the empty buffer (LiteRT's convention); each distinct constant byte string has one
+   buffer, whose bytes start 16-byte aligned (LiteRT maps them in place). Constant tensors with
+   equal bytes share it (a weight the lowering gave each consumer its own copy of, e.g. one kernel
+   laid out for several convolutions, is stored once, as TensorFlow's converter does): constants
+   are read-only in LiteRT, and a tensor's type, shape and quantization stay its own.
 2. Options go in through the generated ``Add<Field>`` functions by name: an option the schema
    does not know is a programming error (``AttributeError``), not a silently dropped field.
 3. Each opcode is written with ``builtin_code`` and ``deprecated_builtin_code`` (the latter
@@ -146,13 +149,17 @@ def _quant(b: flatbuffers.Builder, q: Quant) -> int:
 def serialize(graph: Graph, description: str = "mconv") -> bytes:
     """The ``TFL3`` flatbuffer of ``graph``."""
     b = flatbuffers.Builder(1024)
-    # buffers: 0 empty (rule 1), then one per constant
+    # buffers: 0 empty, then one per distinct constant byte string (rule 1)
     buffer_of: dict[int, int] = {}
     blobs: list[bytes] = [b""]
+    index_of: dict[bytes, int] = {}
     for i, t in enumerate(graph.tensors):
         if t.data is not None:
-            buffer_of[i] = len(blobs)
-            blobs.append(np.ascontiguousarray(t.data).astype(t.data.dtype.newbyteorder("<")).tobytes())
+            blob = np.ascontiguousarray(t.data).astype(t.data.dtype.newbyteorder("<")).tobytes()
+            if blob not in index_of:
+                index_of[blob] = len(blobs)
+                blobs.append(blob)
+            buffer_of[i] = index_of[blob]
     Buf = _module("Buffer")
     buffer_offsets = []
     for blob in blobs:

@@ -1,0 +1,147 @@
+"""Files no larger than they need be. Constants with equal bytes are stored once in a written
+.tflite (targets/tflite/schema.py rule 1): a siamese pair of LeNet-5's real first convolution on real MNIST digits, its tied weight written
+once per branch under two names (as mconv's TFLite reader writes a buffer several tensors share,
+basic-pitch's CQT kernels: a 4x larger file before). Keras's ReLU6 (Relu then Min) is the conv's
+fused RELU6 (targets/tflite/lower.py rule 4)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mconv.irio import from_proto, to_proto
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from _gates import assert_close  # noqa: E402
+from _tflite_help import file_ops  # noqa: E402
+
+pytest.importorskip("ai_edge_litert.interpreter")
+
+
+def _siamese(lenet_model) -> tuple:
+    """Both digits through LeNet's trained conv1: two Conv nodes, each with its own copy of the
+    weight and bias (equal bytes, different names)."""
+    proto = to_proto(lenet_model)
+    conv = next(n for n in proto.graph.node if n.op_type == "Conv")
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    w, b = inits[conv.input[1]], inits[conv.input[2]]
+    nodes = [
+        helper.make_node("Conv", ["a", "w", "b"], ["ca"]),
+        helper.make_node("Conv", ["b_in", "w_copy", "b_copy"], ["cb"]),
+        helper.make_node("Relu", ["ca"], ["ya"]),
+        helper.make_node("Relu", ["cb"], ["yb"]),
+    ]
+    oh = 28 - w.shape[2] + 1
+    g = helper.make_graph(
+        nodes,
+        "siamese",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 1, 28, 28]) for n in ("a", "b_in")],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, w.shape[0], oh, oh]) for n in ("ya", "yb")],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (w, "w_copy"), (b, "b_copy"))],
+    )
+    return from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])), w
+
+
+def test_a_weight_copied_for_two_convolutions_is_one_buffer(lenet_mnist, tmp_path):
+    import tflite
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    siamese, w = _siamese(model)
+    t = get_target("tflite")
+    bundle = t.export(siamese, tmp_path / "siamese", {})
+    data = (bundle.root / "model.tflite").read_bytes()
+    m = tflite.Model.GetRootAsModel(data, 0)
+    sg = m.Subgraphs(0)
+    filters = []
+    for i in range(sg.OperatorsLength()):
+        op = sg.Operators(i)
+        oc = m.OperatorCodes(op.OpcodeIndex())
+        if max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode()) == tflite.BuiltinOperator.CONV_2D:
+            filters.append(sg.Tensors(int(op.InputsAsNumpy()[1])).Buffer())
+    assert len(filters) == 2 and filters[0] == filters[1] != 0, filters
+    # the kernel's bytes (OHWI, as LiteRT lays a CONV_2D filter out) are in the file once
+    assert data.count(np.ascontiguousarray(w.transpose(0, 2, 3, 1)).astype("<f4").tobytes()) == 1
+    ref, run = get_target("reference").load_model(siamese), t.load(bundle)
+    for i in (7, 2024, 4100):  # digits of three classes (the file is sorted by label)
+        feeds = {"a": digits[i : i + 1], "b_in": digits[i + 500 : i + 501]}
+        want, got = ref.run(feeds), run.run(feeds)
+        for name in ("ya", "yb"):
+            assert_close(want[name], got[name], what=name)
+
+
+def test_keras_relu6_written_as_relu_then_min_is_one_fused_conv(lenet_mnist, tmp_path):
+    """Keras's ReLU6 arrives from the Keras reader as Relu then Min(6) (keras MobileNetV2: 35 of
+    each); in the file it is the conv's fused RELU6, and the clipped values are LiteRT's."""
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    proto = to_proto(model)
+    conv = next(n for n in proto.graph.node if n.op_type == "Conv")
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    w, b = inits[conv.input[1]], inits[conv.input[2]]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xc"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["xc", "w", "b"], ["c"]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Min", ["r", "six"], ["m"]),
+        helper.make_node("Transpose", ["m"], ["y"], perm=[0, 2, 3, 1]),
+    ]
+    oh = 28 - w.shape[2] + 1
+    g = helper.make_graph(
+        nodes,
+        "relu6",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 28, 28, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, oh, oh, w.shape[0]])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(b, "b"),
+            numpy_helper.from_array(np.array(6.0, np.float32), "six"),
+        ],
+    )
+    m = from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    t = get_target("tflite")
+    bundle = t.export(m, tmp_path / "relu6", {})
+    ops = [name for name, _, _ in file_ops((bundle.root / "model.tflite").read_bytes())]
+    assert ops == ["CONV_2D"], ops
+    ref, run = get_target("reference").load_model(m), t.load(bundle)
+    clipped = 0
+    for i in (7, 2024, 4100):
+        x = {"x": digits[i : i + 1].transpose(0, 2, 3, 1) * 8}  # bright strokes: some values reach 6
+        want = ref.run(x)["y"]
+        clipped += int((want == 6.0).sum())
+        assert_close(want, run.run(x)["y"], what="y")
+    assert clipped > 0, "no value reached 6: the test would not see a missing clip"
+
+
+def test_a_tflite_weight_read_by_two_convolutions_imports_as_one_initializer(lenet_mnist, tmp_path):
+    """The reader's side (formats/tflite/reader.py rule 2c): a file tensor two CONV_2D ops read
+    (written here from LeNet's conv1 shared by a siamese pair) is one ONNX initializer, not one
+    copy per convolution (basic-pitch's CQT kernel: 9 copies, a 766 KB import of a 204 KB file)."""
+    from mconv.formats import import_model
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    siamese, w = _siamese(model)
+    shared = from_proto(to_proto(siamese))
+    for node in shared.graph:  # both branches read the one weight and bias
+        if node.op_type == "Conv":
+            node.replace_input_with(1, shared.graph.initializers["w"])
+            node.replace_input_with(2, shared.graph.initializers["b"])
+    bundle = get_target("tflite").export(shared, tmp_path / "shared", {})
+    back = import_model([bundle.root / "model.tflite"])
+    weights = [
+        v
+        for v in back.graph.initializers.values()
+        if v.const_value is not None and v.const_value.size == w.size
+    ]
+    assert len(weights) == 1, [v.name for v in weights]
+    ref, got = get_target("reference").load_model(siamese), get_target("reference").load_model(back)
+    a, b = digits[7:8], digits[2024:2025]
+    want = ref.run({"a": a, "b_in": b})
+    out = got.run({"a": a, "b_in": b})  # the file keeps the model's NCHW inputs and outputs
+    for name in ("ya", "yb"):
+        assert_close(want[name], out[name], what=name)
