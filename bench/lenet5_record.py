@@ -75,7 +75,7 @@ def accuracy(model_path: Path, data: Path) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target-size", default="10648")
+    ap.add_argument("--target-size", default="10648", help="bytes of the cpu bundle, or none")
     ap.add_argument("--max-drop", default="0.002")
     ap.add_argument("--engine", default="xla")
     ap.add_argument("--device", default="cpu")
@@ -110,9 +110,10 @@ def main() -> int:
     out = work / "lenet_record.onnx"
     cmd = [
         "optimize", str(lenet), "--recipe", "deep-compression", "--data", str(tune), "--val-data", str(held),
-        "--target-size", args.target_size, "--target-of", "bundle", "--max-drop", args.max_drop,
-        "--engine", args.engine, "--device", args.device, "-o", str(out), "--json",
+        "--max-drop", args.max_drop, "--engine", args.engine, "--device", args.device, "-o", str(out), "--json",
     ]  # fmt: skip
+    if args.target_size != "none":  # "none": the smallest bundle within --max-drop
+        cmd[8:8] = ["--target-size", args.target_size, "--target-of", "bundle"]
     if args.epochs:
         cmd += ["--epochs", args.epochs]
     env = dict(os.environ)
