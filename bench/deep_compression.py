@@ -185,7 +185,14 @@ def run_one(name: str, seed: int, args) -> dict:
         "search_drop_se": result.held_out_drop_se,
         "search_met": result.met,
         "split": result.split,
-        "layers": {r["name"]: (r["sparsity"], r["bits"]) for r in result.layers},
+        "layers": {
+            r["name"]: (
+                r["sparsity"],
+                r["bits"],
+                *([f"-{r['channels_removed']} ch"] if r.get("channels_removed") else []),
+            )
+            for r in result.layers
+        },
         "attempts": len(result.attempts),
         "shift": next((s.config.get("shift", 0) for s in result.specs if s.name == "finetune"), 0),
         "tried": [
