@@ -216,7 +216,7 @@ def main() -> int:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--cluster", default="kmeans", help="kmeans or entropy, as mconv optimize --cluster")
     ap.add_argument("--max-drop", type=float, default=0.005)
-    ap.add_argument("--structured", default="off", help="auto or off, as mconv optimize --structured")
+    ap.add_argument("--structured", default="auto", help="auto or off, as mconv optimize --structured")
     ap.add_argument("--prior", default="l2", help="auto, l2 or gmm, as mconv optimize --prior")
     ap.add_argument(
         "--target-size",

@@ -82,7 +82,7 @@ def main() -> int:
     ap.add_argument("--prior", default=None, help="auto, l2 or gmm (the budget's pre-training)")
     ap.add_argument("--cluster", default="kmeans", help="kmeans or entropy, as mconv optimize --cluster")
     ap.add_argument("--epochs", default=None)
-    ap.add_argument("--structured", default="off", help="auto or off, as mconv optimize --structured")
+    ap.add_argument("--structured", default="auto", help="auto or off, as mconv optimize --structured")
     ap.add_argument("--split-seed", type=int, default=45)
     ap.add_argument(
         "--test",
@@ -121,8 +121,7 @@ def main() -> int:
         cmd += ["--prior", args.prior]
     if args.cluster != "kmeans":
         cmd += ["--cluster", args.cluster]
-    if args.structured != "off":
-        cmd += ["--structured", args.structured]
+    cmd += ["--structured", args.structured]  # explicit: the product's default is auto
     t0 = time.perf_counter()
     r = subprocess.run([*run, *cmd], capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0

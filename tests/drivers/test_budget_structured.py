@@ -169,9 +169,8 @@ def test_the_knapsack_fits_options_of_negative_bytes():
 def test_structured_off_changes_nothing(monkeypatch, tmp_path):
     data = _subset(240, seed=4)
     off = B.compress_to_budget(
-        load_onnx(fixture_path("digits_mlp.onnx")), data, target_size=6_000, seed=2, **ONE
+        load_onnx(fixture_path("digits_mlp.onnx")), data, target_size=6_000, seed=2, structured="off", **ONE
     )
-    assert B.BudgetConfig().structured == "off"
     assert all(not r["channels_removed"] for r in off.layers)
     assert not any(s["stage"].startswith("structured") for s in off.stages)
     # auto with no fraction to offer runs the same search to the same bytes
@@ -186,6 +185,18 @@ def test_structured_off_changes_nothing(monkeypatch, tmp_path):
     save_onnx(off.model, a)
     save_onnx(auto.model, b)
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_structured_auto_is_the_default_of_the_config_the_api_and_the_cli():
+    import importlib
+    import inspect
+
+    api = importlib.import_module("mconv.api.optimize")
+    cli = importlib.import_module("mconv.cli.optimize")
+
+    assert B.BudgetConfig().structured == "auto"
+    assert inspect.signature(api.budget_config).parameters["structured"].default == "auto"
+    assert inspect.signature(cli.optimize_cmd).parameters["structured"].default == "auto"
 
 
 def test_an_unknown_structured_mode_is_an_input_error_naming_the_option():
