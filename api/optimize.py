@@ -408,7 +408,7 @@ def budget_config(
     prior: str = "l2",
     cluster: str = "kmeans",
     gate_se: float = 1.0,
-    structured: str = "off",
+    structured: str = "auto",
 ) -> BudgetConfig:
     """The budget search's options (the CLI's option group, or :func:`optimize`'s keywords) as
     one :class:`~mconv.drivers.budget.BudgetConfig`, checked once: ``--workers``/``--ray`` and

@@ -161,6 +161,8 @@ def run_one(name: str, seed: int, args) -> dict:
             val_data=val,
             shift=getattr(args, "shift", None),
             cluster=getattr(args, "cluster", "kmeans"),
+            structured=getattr(args, "structured", "off"),
+            prior=getattr(args, "prior", "l2"),
         )
     except GateFailed as exc:
         result = exc.result
@@ -183,7 +185,14 @@ def run_one(name: str, seed: int, args) -> dict:
         "search_drop_se": result.held_out_drop_se,
         "search_met": result.met,
         "split": result.split,
-        "layers": {r["name"]: (r["sparsity"], r["bits"]) for r in result.layers},
+        "layers": {
+            r["name"]: (
+                r["sparsity"],
+                r["bits"],
+                *([f"-{r['channels_removed']} ch"] if r.get("channels_removed") else []),
+            )
+            for r in result.layers
+        },
         "attempts": len(result.attempts),
         "shift": next((s.config.get("shift", 0) for s in result.specs if s.name == "finetune"), 0),
         "tried": [
@@ -207,6 +216,8 @@ def main() -> int:
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--cluster", default="kmeans", help="kmeans or entropy, as mconv optimize --cluster")
     ap.add_argument("--max-drop", type=float, default=0.005)
+    ap.add_argument("--structured", default="auto", help="auto or off, as mconv optimize --structured")
+    ap.add_argument("--prior", default="l2", help="auto, l2 or gmm, as mconv optimize --prior")
     ap.add_argument(
         "--target-size",
         default=None,

@@ -128,8 +128,8 @@ StructuredOpt = Annotated[
     typer.Option(
         "--structured",
         metavar="MODE",
-        help="deep-compression budget: auto (the search may remove whole output channels of a "
-        "Conv/Gemm layer, rewiring its consumers) or off (default: unstructured sparsity only).",
+        help="deep-compression budget: auto (default: the search may remove whole output channels "
+        "of a Conv/Gemm layer, rewiring its consumers) or off (unstructured sparsity only).",
     ),
 ]
 
@@ -212,7 +212,7 @@ def optimize_cmd(
     prior: PriorOpt = "l2",
     cluster: ClusterOpt = "kmeans",
     gate_se: GateSeOpt = 1.0,
-    structured: StructuredOpt = "off",
+    structured: StructuredOpt = "auto",
     save_recipe: SaveRecipeOpt = None,
     engine: EngineOpt = None,
     device: DeviceOpt = None,

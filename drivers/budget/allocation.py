@@ -47,22 +47,29 @@ def _within(
     programming over the layers (a multiple-choice knapsack) with bytes counted in quanta of
     ``ceil(budget / quanta)`` rounded up, so the answer always fits; between the frontier's
     points (the convex hull of each layer's options) this finds the allocations a Lagrangian
-    sweep cannot reach. None when nothing fits."""
-    if budget <= 0 or not layers:
+    sweep cannot reach. None when nothing fits.
+
+    An option's bytes may be negative (a structured option of rule 14 counted as its own less
+    what the cut saves downstream): each layer's bytes are counted from its smallest option (an
+    offset, at most 0) and the budget raised by the offsets' total, so the table indexes no
+    negative bytes and an allocation that fits the raised budget fits ``budget``."""
+    offsets = [min(0, *(int(nbytes) for nbytes, _ in layer.options.values())) for layer in layers]
+    room = budget - sum(offsets)
+    if budget <= 0 or room <= 0 or not layers:
         return None
-    q = -(-budget // quanta)
-    cap = budget // q
+    q = -(-room // quanta)
+    cap = room // q
     inf = np.inf
     best = np.full(cap + 1, inf)
     best[0] = 0.0
     picks = []
-    for layer in layers:
+    for layer, offset in zip(layers, offsets):
         new = np.full(cap + 1, inf)
         pick = np.full(cap + 1, -1, np.int64)
         keys = sorted(layer.options, key=lambda k: (k[0], -1 if k[1] is None else k[1], *k[2:]))
         for i, key in enumerate(keys):
             nbytes, cost = layer.options[key]
-            u = -(-int(nbytes) // q)
+            u = -(-(int(nbytes) - offset) // q)
             if u > cap:
                 continue
             cand = np.full(cap + 1, inf)
@@ -76,10 +83,10 @@ def _within(
         return None
     at = int(np.argmin(best))  # the least cost; on a tie the fewest quanta
     alloc: dict[str, tuple[float, int | None]] = {}
-    for layer, (keys, pick) in zip(reversed(layers), reversed(picks)):
+    for layer, offset, (keys, pick) in zip(reversed(layers), reversed(offsets), reversed(picks)):
         key = keys[int(pick[at])]
         alloc[layer.name] = key
-        at -= -(-int(layer.options[key][0]) // q)
+        at -= -(-(int(layer.options[key][0]) - offset) // q)
     return {layer.name: alloc[layer.name] for layer in layers}
 
 

@@ -87,7 +87,7 @@ class BudgetConfig:
     # within max_drop (0: the measured drop alone)
     gate_se: float = 1.0
     # rule 14: "auto" offers the search structured options (output channels removed), "off" not
-    structured: str = "off"
+    structured: str = "auto"
 
     def __post_init__(self) -> None:
         from mconv.drivers.parallel import check_workers

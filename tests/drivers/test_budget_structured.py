@@ -125,12 +125,52 @@ def test_a_structured_option_counts_the_bytes_export_stores_for_both_layers():
     assert fc1.options[(0.9, 4, 0.5)][1] > cut.removed_cost > 0.0
 
 
+def _toy(name: str, options: dict) -> B._Layer:
+    return B._Layer(name, "Gemm", name + ".w", 1, np.zeros(1, np.float32), options=options)
+
+
+def test_the_knapsack_fits_options_of_negative_bytes():
+    # fc1 cut in half keeps 19,200 B and saves 30,000 B of fc2's rows: -10,800 B in all. With
+    # fc2 dense (60,000 B) that is 49,200 B, within 50,000 B at cost 3; the other allocation
+    # within it (fc1 dense, fc2 pruned: 25,200 B) costs 4. A cut counted as 1 B (60,001 B) misses.
+    fc1 = _toy("fc1", {(0.0, None): (19_200, 0.0), (0.9, 4): (2_000, 5.0), (0.0, None, 0.5): (-10_800, 3.0)})
+    fc2 = _toy("fc2", {(0.0, None): (60_000, 0.0), (0.9, 4): (6_000, 4.0)})
+    alloc = B._within([fc1, fc2], 50_000)
+    assert alloc == {"fc1": (0.0, None, 0.5), "fc2": (0.0, None)}
+    assert B._alloc_bytes([fc1, fc2], alloc) == 49_200
+    assert B._within([fc1, fc2], 49_199) == {"fc1": (0.0, None), "fc2": (0.9, 4)}
+    # random small problems with negative options: the least costly allocation that fits, as
+    # every allocation enumerated finds it (bytes under 4,096 quanta: counted exactly)
+    rng = np.random.default_rng(45)
+    for _ in range(40):
+        layers = []
+        for i in range(3):
+            opts = {
+                (float(k), None): (int(rng.integers(-60, 200)), float(rng.uniform(0, 10))) for k in range(4)
+            }
+            layers.append(_toy(f"l{i}", opts))
+        budget = int(rng.integers(1, 400))
+        best = None
+        for a in layers[0].options:
+            for b in layers[1].options:
+                for c in layers[2].options:
+                    pick = dict(zip(["l0", "l1", "l2"], [a, b, c]))
+                    if B._alloc_bytes(layers, pick) <= budget:
+                        cost = B._alloc_cost(layers, pick)
+                        best = cost if best is None else min(best, cost)
+        got = B._within(layers, budget)
+        if best is None:
+            assert got is None
+        else:
+            assert got is not None and B._alloc_bytes(layers, got) <= budget
+            assert B._alloc_cost(layers, got) == pytest.approx(best)
+
+
 def test_structured_off_changes_nothing(monkeypatch, tmp_path):
     data = _subset(240, seed=4)
     off = B.compress_to_budget(
-        load_onnx(fixture_path("digits_mlp.onnx")), data, target_size=6_000, seed=2, **ONE
+        load_onnx(fixture_path("digits_mlp.onnx")), data, target_size=6_000, seed=2, structured="off", **ONE
     )
-    assert B.BudgetConfig().structured == "off"
     assert all(not r["channels_removed"] for r in off.layers)
     assert not any(s["stage"].startswith("structured") for s in off.stages)
     # auto with no fraction to offer runs the same search to the same bytes
@@ -145,6 +185,18 @@ def test_structured_off_changes_nothing(monkeypatch, tmp_path):
     save_onnx(off.model, a)
     save_onnx(auto.model, b)
     assert a.read_bytes() == b.read_bytes()
+
+
+def test_structured_auto_is_the_default_of_the_config_the_api_and_the_cli():
+    import importlib
+    import inspect
+
+    api = importlib.import_module("mconv.api.optimize")
+    cli = importlib.import_module("mconv.cli.optimize")
+
+    assert B.BudgetConfig().structured == "auto"
+    assert inspect.signature(api.budget_config).parameters["structured"].default == "auto"
+    assert inspect.signature(cli.optimize_cmd).parameters["structured"].default == "auto"
 
 
 def test_an_unknown_structured_mode_is_an_input_error_naming_the_option():
