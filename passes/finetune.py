@@ -13,7 +13,14 @@ from typing import Any, Literal
 import numpy as np
 import onnx_ir as ir
 from mconv.edit.rewrite import name_of, tensor_of
-from mconv.edit.weights import CLUSTER_KEY, PRUNED_KEY, compression_info
+from mconv.edit.weights import (
+    CLUSTER_KEY,
+    PRUNED_KEY,
+    compression_info,
+    lift_constant_weights,
+    weight_refs,
+    weights_hint,
+)
 from mconv.errors import InputError, show
 from mconv.irio import real_inputs
 from mconv.metrics import check_finite, check_labels
@@ -485,6 +492,16 @@ def finetune_model(
     for the run's next fine-tuning passes with the same reference model and data."""
     result = FinetuneResult()
     feeds, labels, out_name, loss_value = _training_data(model, data)
+    lifted = lift_constant_weights(model, sorted(WEIGHT_OPS))  # rule 10
+    if lifted:
+        result.notes.append(f"{len(lifted)} weights stored as Constant nodes became initializers")
+    hint = None if weight_refs(model) else weights_hint(model, "finetune", sorted(WEIGHT_OPS))
+    if hint is not None:  # rule 10: no layer's weight would train (at most its biases)
+        raise InputError(
+            f"finetune found no weight stored as an initializer: {hint[0]}",
+            where="pass finetune",
+            hint=hint[1],
+        )
     params = _parameters(model, config, frozen, seed)
     if not params:
         result.notes.append("no trainable weights (Conv/Gemm/MatMul initializers) found")
@@ -1037,6 +1054,11 @@ class Finetune(Pass):
        each released weight takes its nearest centroid of the codebook the tensor came with.
        The tensor then has no more distinct values than before and its zeros stay zero; weights
        may change cluster. Without ``release`` clustered tensors train their centroids (rule 3).
+    10. Weights stored as ``Constant`` nodes (paddle2onnx stores every weight so) become
+        initializers of the same name before training (``prune`` rule 7); when no layer's
+        weight is an initializer but some are computed from constants (a Transpose, Reshape or
+        DequantizeLinear of one), the pass refuses with one line naming them and what to run
+        first (``fold``), rather than training nothing.
     """
 
     lossless = False
