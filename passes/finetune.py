@@ -785,7 +785,10 @@ def _loss_fn(loss_kind: str, loss_value: str, config: FinetuneConfig) -> Callabl
                 value, g = distillation_kl(s, target, config.temperature)
             else:
                 value, g = mean_squared_error(s, target)
-            if config.margin and loss_kind != "xent" and s.ndim == 2:
+            if config.margin and loss_kind == "kl" and s.ndim > 2:  # per position (rule 4)
+                hinge, gh = top1_margin_hinge(s.reshape(-1, s.shape[-1]), target.reshape(-1, s.shape[-1]))
+                value, g = value + config.margin * hinge, g + config.margin * gh.reshape(s.shape)
+            elif config.margin and loss_kind != "xent" and s.ndim == 2:
                 hinge, gh = top1_margin_hinge(s, target)  # the teacher
                 value, g = value + config.margin * hinge, g + config.margin * gh
             return value, {loss_value: g}
@@ -1009,8 +1012,9 @@ class Finetune(Pass):
        own margin) costs in proportion, so near-ties are kept on the teacher's side, which
        top-1 agreement counts and KL alone does not. ``loss = "kl"`` asked for on an output of
        more than two dimensions distils per position over its last axis (a language model's
-       ``[N, T, vocab]`` logits: the KL averaged over the N x T positions), and the held-out
-       metric is the top-1 agreement per position; ``auto`` keeps MSE there (a segmentation
+       ``[N, T, vocab]`` logits: the KL averaged over the N x T positions, and ``margin``'s
+       hinge too, so a CTC recognizer's positions near a tie between the blank and a character
+       stay on the teacher's side), and the held-out metric is the top-1 agreement per position; ``auto`` keeps MSE there (a segmentation
        map's classes are not on its last axis).
     5. Optimizer ``sgd`` (with ``momentum``) or ``adam``; ``schedule = "cosine"`` decays the
        rate from ``lr`` to 0 over the pass's steps (``"constant"``, the default, keeps it);

@@ -273,6 +273,8 @@ def loss_value(s: Any, target: Any, kind: str, temperature: float = 2.0, margin:
         value = jnp.mean(d * d)
     if margin and s.ndim == 2:
         value = value + margin * margin_hinge(s, teacher)
+    elif margin and kind == "kl" and s.ndim > 2:  # per position, as finetune rule 4
+        value = value + margin * margin_hinge(s.reshape(-1, s.shape[-1]), teacher.reshape(-1, s.shape[-1]))
     return value
 
 

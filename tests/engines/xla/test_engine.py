@@ -228,7 +228,8 @@ def tagger(rng, scale=0.5):
     return _build(nodes, [("x", F, ["N", 6, 4])], [("probs", F, ["N", 6, 3])], inits)
 
 
-def test_per_position_distillation_steps_equal_the_reference_steps_and_restore_agreement():
+@pytest.mark.parametrize("margin", [0.0, 0.3])
+def test_per_position_distillation_steps_equal_the_reference_steps_and_restore_agreement(margin):
     """finetune rule 4 on [N, T, classes] outputs: the KL is over the classes (the last axis) at
     every position on both engines. The xla loss once took its softmax over axis 1 (the
     positions): its steps then left the reference's, and the per-position top-1 agreement
@@ -245,7 +246,9 @@ def test_per_position_distillation_steps_equal_the_reference_steps_and_restore_a
             a = v.const_value.numpy()
             noise = 0.6 * np.random.default_rng(8).standard_normal(a.shape) * np.abs(a).mean()
             v.const_value = ir.Tensor((a + noise).astype(np.float32), name=name)
-        config = FinetuneConfig(lr=0.02, epochs=8, batch_size=16, holdout=0.25, loss="kl", engine=engine)
+        config = FinetuneConfig(
+            lr=0.02, epochs=8, batch_size=16, holdout=0.25, loss="kl", margin=margin, engine=engine
+        )
         res = finetune_model(student, {"x": x}, config, reference_model=teacher, seed=1)
         assert res.loss == "kl" and res.epochs[-1].metric_name == "top1_agreement"
         results[engine] = (_weights(student), [e.metric for e in res.epochs], [e.loss for e in res.epochs])
