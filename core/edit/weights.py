@@ -328,6 +328,6 @@ def weights_hint(
         f"{len(found)} weight input(s) are computed from constants through {', '.join(kinds)} "
         f"(first: node {node.name or node.op_type!r})"
     )
-    if "DequantizeLinear" in kinds:
-        return what, "the weights are stored quantized: start from the float model"
+    if "DequantizeLinear" in kinds or "Cast" in kinds:  # stored compression fold keeps (fold rule 3)
+        return what, f"the weights are stored quantized or as float16: run {where} on the float32 model"
     return what, f"fold them into initializers first: --passes fold,eliminate-identity,dce,{where}"

@@ -140,3 +140,14 @@ def test_the_cli_refuses_in_one_line_and_runs_after_fold(tmp_path):
         ],
     )
     assert r.exit_code == 0, r.output
+
+
+def test_weights_stored_as_float16_behind_a_cast_say_to_start_from_the_float_model():
+    from mconv.passes import run_pipeline
+
+    model, _ = run_pipeline(
+        from_proto(onnx.load(FIXTURES / "digits_mlp.onnx")), P.parse_spec("fp16"), P.PassContext()
+    )
+    with pytest.raises(InputError) as err:
+        P.run_pipeline(model, P.parse_spec("prune(sparsity=0.5)"), P.PassContext())
+    assert "Cast" in str(err.value) and "float32 model" in (err.value.hint or "")
