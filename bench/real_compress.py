@@ -666,8 +666,9 @@ def run_model(spec: Spec, args: argparse.Namespace, work: Path) -> dict:
     onnx_bytes = onnx_in.stat().st_size
     name = ort.InferenceSession(str(onnx_in), providers=["CPUExecutionProvider"]).get_inputs()[0].name
     sets = sets_of(spec, work, args.seed)
-    for s in ("cal", "val"):
-        write_npz(folder / f"{s}.npz", sets[s], name, spec.labels)
+    for s in ("cal", "val"):  # --samples: the first N of CAL (the gate's VAL and TEST stay whole)
+        part = {k: v[: args.samples] for k, v in sets[s].items()} if args.samples and s == "cal" else sets[s]
+        write_npz(folder / f"{s}.npz", part, name, spec.labels)
     out = folder / "out.onnx"
     bundle = folder / "bundle"
     for p in (out, bundle):
@@ -729,6 +730,7 @@ def fmt_row(row: dict, args: argparse.Namespace, commit: str) -> str:
         f"--max-drop 0.005{' --engine ' + args.engine if args.engine else ''}"
         f"{' --device ' + args.device if args.device else ''}"
         f"{' --epochs ' + str(args.epochs) if args.epochs else ''}` + `export --target cpu`"
+        f"{f' (CAL: first {args.samples})' if args.samples else ''}"
     )
     date = datetime.date.today().isoformat()
     if "test" not in row:
@@ -760,6 +762,7 @@ def main() -> None:
     ap.add_argument(
         "--epochs", type=int, default=0, help="--epochs for every stage (0: the product's choice)"
     )
+    ap.add_argument("--samples", type=int, default=0, help="fine-tune on the first N of CAL (0: all)")
     ap.add_argument("--machine", default="2-core shared CPU")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "real_compress.md"))
     ap.add_argument("--work", default="/tmp/real_compress")

@@ -188,7 +188,8 @@ def squared_gradients(
 ) -> dict[str, np.ndarray] | None:
     """``sum over batches of len(batch) * grad**2`` (float64) of ``tensors`` for the mean loss
     of ``loss_value`` per batch: ``kind`` ``xent`` (softmax cross-entropy against integer
-    targets) or ``mse`` (against float targets), one jitted gradient program for the run (the
+    targets: ``[N]`` for ``[N, classes]``, ``[N, T]`` for per-position ``[N, T, classes]``) or
+    ``mse`` (against float targets), one jitted gradient program for the run (the
     budget search's Fisher, rule 3). None when a tensor is not a weight argument of the lowered
     program (the caller's reference path then)."""
     import jax
@@ -204,9 +205,9 @@ def squared_gradients(
 
         def loss(trained: dict, rest: dict, inputs: tuple, target: Any) -> Any:
             z = engine._call(inputs, {**rest, **trained})[0].astype(jnp.float32)
-            if kind == "xent":
-                logp = jax.nn.log_softmax(z, axis=1)
-                return -jnp.mean(jnp.take_along_axis(logp, target[:, None], axis=1))
+            if kind == "xent":  # classes on the last axis: [N, C] per sample, [N, T, C] per position
+                logp = jax.nn.log_softmax(z, axis=-1)
+                return -jnp.mean(jnp.take_along_axis(logp, target[..., None], axis=-1))
             d = z - target
             return jnp.mean(d * d)
 

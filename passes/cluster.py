@@ -78,6 +78,9 @@ Rules:
     resolution, exact otherwise). Zeros stay zero (rule 1); groups cluster each on their own
     (rule 2); not with ``block``. The metadata records ``bits``/``init``/``groups`` as before:
     export needs nothing else.
+11. Weights stored as ``Constant`` nodes become initializers of the same name first, and a
+    model whose weights are all computed from constants (Transpose, DequantizeLinear, ...) is
+    refused with one line naming them and what to run first, as ``prune`` rule 7 says.
 """
 
 from __future__ import annotations
@@ -100,10 +103,12 @@ from mconv.edit.weights import (
     WEIGHT_OPS,
     WeightRef,
     gather_tables,
+    lift_constant_weights,
     record_compression,
     snr_db,
     squared_error,
     weight_refs,
+    weights_hint,
 )
 from mconv.errors import InputError
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
@@ -897,7 +902,16 @@ class Cluster(Pass):
         tensors: Literal["weights", "all"] = "weights"
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
+        lifted = lift_constant_weights(model)  # rule 11: Constant-node weights
         refs = weight_refs(model)
+        if not refs and config.tensors != "all":
+            hint = weights_hint(model, "cluster")
+            if hint is not None:
+                raise InputError(
+                    f"cluster found no weight stored as an initializer: {hint[0]}",
+                    where="pass cluster",
+                    hint=hint[1],
+                )
         refs = refs + gather_tables(model, refs)  # rule 9
         if config.tensors == "all" or len(model.graph) == 0:
             refs = refs + _free_tensor_refs(model, refs)
@@ -984,4 +998,6 @@ class Cluster(Pass):
             )
             del w, clustered  # before the next tensor is read: one large weight in memory at a time
         notes.append(f"{len(tensors)} tensors clustered")
+        if lifted:
+            notes.append(f"{len(lifted)} weights stored as Constant nodes became initializers (rule 11)")
         return self.report(bool(tensors), notes=notes, tensors=tensors)

@@ -13,7 +13,14 @@ from typing import Any, Literal
 import numpy as np
 import onnx_ir as ir
 from mconv.edit.rewrite import name_of, tensor_of
-from mconv.edit.weights import CLUSTER_KEY, PRUNED_KEY, compression_info
+from mconv.edit.weights import (
+    CLUSTER_KEY,
+    PRUNED_KEY,
+    compression_info,
+    lift_constant_weights,
+    weight_refs,
+    weights_hint,
+)
 from mconv.errors import InputError, show
 from mconv.irio import real_inputs
 from mconv.metrics import check_finite, check_labels
@@ -485,6 +492,16 @@ def finetune_model(
     for the run's next fine-tuning passes with the same reference model and data."""
     result = FinetuneResult()
     feeds, labels, out_name, loss_value = _training_data(model, data)
+    lifted = lift_constant_weights(model, sorted(WEIGHT_OPS))  # rule 10
+    if lifted:
+        result.notes.append(f"{len(lifted)} weights stored as Constant nodes became initializers")
+    hint = None if weight_refs(model) else weights_hint(model, "finetune", sorted(WEIGHT_OPS))
+    if hint is not None:  # rule 10: no layer's weight would train (at most its biases)
+        raise InputError(
+            f"finetune found no weight stored as an initializer: {hint[0]}",
+            where="pass finetune",
+            hint=hint[1],
+        )
     params = _parameters(model, config, frozen, seed)
     if not params:
         result.notes.append("no trainable weights (Conv/Gemm/MatMul initializers) found")
@@ -768,7 +785,10 @@ def _loss_fn(loss_kind: str, loss_value: str, config: FinetuneConfig) -> Callabl
                 value, g = distillation_kl(s, target, config.temperature)
             else:
                 value, g = mean_squared_error(s, target)
-            if config.margin and loss_kind != "xent" and s.ndim == 2:
+            if config.margin and loss_kind == "kl" and s.ndim > 2:  # per position (rule 4)
+                hinge, gh = top1_margin_hinge(s.reshape(-1, s.shape[-1]), target.reshape(-1, s.shape[-1]))
+                value, g = value + config.margin * hinge, g + config.margin * gh.reshape(s.shape)
+            elif config.margin and loss_kind != "xent" and s.ndim == 2:
                 hinge, gh = top1_margin_hinge(s, target)  # the teacher
                 value, g = value + config.margin * hinge, g + config.margin * gh
             return value, {loss_value: g}
@@ -992,8 +1012,9 @@ class Finetune(Pass):
        own margin) costs in proportion, so near-ties are kept on the teacher's side, which
        top-1 agreement counts and KL alone does not. ``loss = "kl"`` asked for on an output of
        more than two dimensions distils per position over its last axis (a language model's
-       ``[N, T, vocab]`` logits: the KL averaged over the N x T positions), and the held-out
-       metric is the top-1 agreement per position; ``auto`` keeps MSE there (a segmentation
+       ``[N, T, vocab]`` logits: the KL averaged over the N x T positions, and ``margin``'s
+       hinge too, so a CTC recognizer's positions near a tie between the blank and a character
+       stay on the teacher's side), and the held-out metric is the top-1 agreement per position; ``auto`` keeps MSE there (a segmentation
        map's classes are not on its last axis).
     5. Optimizer ``sgd`` (with ``momentum``) or ``adam``; ``schedule = "cosine"`` decays the
        rate from ``lr`` to 0 over the pass's steps (``"constant"``, the default, keeps it);
@@ -1037,6 +1058,11 @@ class Finetune(Pass):
        each released weight takes its nearest centroid of the codebook the tensor came with.
        The tensor then has no more distinct values than before and its zeros stay zero; weights
        may change cluster. Without ``release`` clustered tensors train their centroids (rule 3).
+    10. Weights stored as ``Constant`` nodes (paddle2onnx stores every weight so) become
+        initializers of the same name before training (``prune`` rule 7); when no layer's
+        weight is an initializer but some are computed from constants (a Transpose, Reshape or
+        DequantizeLinear of one), the pass refuses with one line naming them and what to run
+        first (``fold``), rather than training nothing.
     """
 
     lossless = False

@@ -30,6 +30,11 @@ Rules:
    Later passes keep flagged zeros at exactly zero: ``cluster`` leaves zeros out, ``quantize``
    maps 0 to 0, ``fp16`` keeps 0, ``finetune`` masks gradients with ``w != 0``.
 6. Report per tensor: name, node, op, shape, kept fraction, threshold.
+7. Weights stored as ``Constant`` nodes (paddle2onnx stores every weight so) become initializers
+   of the same name first (:func:`mconv.edit.weights.lift_constant_weights`: the model computes
+   what it computed); weights computed from constants (a Transpose, Reshape or
+   DequantizeLinear of one) are not weights the pass can change: when the model has no other,
+   the pass refuses with one line naming them and what to run first (``fold``).
 """
 
 from __future__ import annotations
@@ -39,7 +44,14 @@ from typing import Literal
 
 import numpy as np
 import onnx_ir as ir
-from mconv.edit.weights import WEIGHT_OPS, WeightRef, record_compression, weight_refs
+from mconv.edit.weights import (
+    WEIGHT_OPS,
+    WeightRef,
+    lift_constant_weights,
+    record_compression,
+    weight_refs,
+    weights_hint,
+)
 from mconv.errors import InputError
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
 
@@ -142,7 +154,17 @@ class Prune(Pass):
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         selected: list[tuple[WeightRef, Prune.Config]] = []
-        for ref in weight_refs(model):
+        lifted = lift_constant_weights(model)  # rule 7: weights stored as Constant nodes
+        refs = weight_refs(model)
+        if not refs:
+            hint = weights_hint(model, "prune")
+            if hint is not None:
+                raise InputError(
+                    f"prune found no weight stored as an initializer: {hint[0]}",
+                    where="pass prune",
+                    hint=hint[1],
+                )
+        for ref in refs:
             cfg = ctx.config_for(ref.node) if ctx.spec is not None else config
             if ref.node.op_type in cfg.op_types:
                 _check(cfg, ref.node)
@@ -206,6 +228,8 @@ class Prune(Pass):
         total = sum(int(np.prod(t["shape"])) for t in tensors) or 1
         kept_all = sum(t["kept"] * int(np.prod(t["shape"])) for t in tensors) / total
         notes.insert(0, f"{len(tensors)} tensors pruned, {100 * kept_all:.1f}% of their weights kept")
+        if lifted:
+            notes.append(f"{len(lifted)} weights stored as Constant nodes became initializers (rule 7)")
         return self.report(bool(tensors), notes=notes, tensors=tensors)
 
 

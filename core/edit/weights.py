@@ -223,3 +223,111 @@ def gather_tables(model: ir.Model, taken: list[WeightRef]) -> list[WeightRef]:
         seen.add(id(value))
         refs.append(WeightRef(node, value, 0, 1))
     return refs
+
+
+# Ops that only move or convert a constant: a weight behind one of them is a constant, but not an
+# initializer the weight passes can change in place (``fold`` makes it one; DequantizeLinear and
+# a widening Cast are stored compression that ``fold`` keeps, rule 3 of the fold pass).
+CONSTANT_CARRIERS = frozenset(
+    {"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Cast", "DequantizeLinear"}
+)
+_FLOATS = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.DOUBLE)
+
+
+def _weight_inputs(model: ir.Model, op_types: tuple[str, ...] | list[str]) -> list[tuple[ir.Node, ir.Value]]:
+    """(node, value) for every weight and bias input of the ``op_types`` nodes (inputs 1..) and
+    the other operand of an Add right after one (a bias, as finetune reads it), in node order."""
+    out = []
+    for node in model.graph:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type in op_types:
+            out += [(node, v) for v in node.inputs[1:] if v is not None]
+        elif node.op_type == "Add" and len(node.inputs) == 2:
+            a, b = node.inputs
+            for this, other in ((a, b), (b, a)):
+                producer = other.producer() if other is not None else None
+                if this is not None and producer is not None and producer.op_type in op_types:
+                    out.append((node, this))
+    return out
+
+
+def lift_constant_weights(model: ir.Model, op_types: tuple[str, ...] | list[str] = WEIGHT_OPS) -> list[str]:
+    """Every float ``Constant`` node that feeds a weight or bias of an ``op_types`` node (see
+    :func:`_weight_inputs`) becomes an initializer of the same name holding the same tensor, as
+    ``fold`` rule 1 does, for those nodes alone: the model computes exactly what it computed,
+    and ``prune``, ``cluster`` and ``finetune`` then find the weights where they look (an
+    exporter such as paddle2onnx stores every weight as a Constant node). A Constant whose
+    output is a graph output stays. Returns the names lifted."""
+    from mconv.edit.rewrite import constant_node_array
+
+    graph, lifted = model.graph, []
+    for _, value in _weight_inputs(model, op_types):
+        node = value.producer()
+        if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            continue
+        if value.is_graph_output() or not value.name or value.name in graph.initializers:
+            continue
+        array = constant_node_array(node)
+        if array is None or array.dtype == object or ir.DataType.from_numpy(array.dtype) not in _FLOATS:
+            continue
+        name = value.name
+        value.name = None  # free the name for the initializer that replaces it
+        tensor = ir.tensor(np.asarray(array, order="C"), name=name)
+        init = ir.Value(
+            name=name, shape=ir.Shape(array.shape), type=ir.TensorType(tensor.dtype), const_value=tensor
+        )
+        init.metadata_props.update(value.metadata_props)
+        graph.register_initializer(init)
+        ir.convenience.replace_all_uses_with(value, init)
+        graph.remove(node, safe=True)
+        lifted.append(name)
+    return lifted
+
+
+def computed_weights(
+    model: ir.Model, op_types: tuple[str, ...] | list[str] = WEIGHT_OPS
+) -> list[tuple[ir.Node, str]]:
+    """The weight and bias inputs of ``op_types`` nodes that are constants computed at run time
+    (a chain of :data:`CONSTANT_CARRIERS` ops from an initializer or a Constant node): (the
+    consuming node, the first carrier op's type), in node order. The weight passes see none of
+    them as a weight; ``fold`` turns the movable ones into initializers."""
+    out = []
+    for node, value in _weight_inputs(model, op_types):
+        first, v = None, value
+        for _ in range(8):  # a few carriers deep at most
+            producer = v.producer()
+            if producer is None or producer.op_type not in CONSTANT_CARRIERS or not producer.inputs:
+                break
+            first = first or producer.op_type
+            nxt = producer.inputs[0]
+            if nxt is None:
+                break
+            v = nxt
+        if first is None:
+            continue
+        root = v.producer()
+        if (v.is_initializer() and not v.is_graph_input()) or (
+            root is not None and root.op_type == "Constant"
+        ):
+            out.append((node, first))
+    return out
+
+
+def weights_hint(
+    model: ir.Model, where: str, op_types: tuple[str, ...] | list[str] = WEIGHT_OPS
+) -> tuple[str, str] | None:
+    """For a weight pass that found no layer weight it can change: (what the weights are fed
+    through, what to run first); None when no weight input is a computed constant."""
+    found = computed_weights(model, op_types)
+    if not found:
+        return None
+    kinds = sorted({k for _, k in found})
+    node = found[0][0]
+    what = (
+        f"{len(found)} weight input(s) are computed from constants through {', '.join(kinds)} "
+        f"(first: node {node.name or node.op_type!r})"
+    )
+    if "DequantizeLinear" in kinds or "Cast" in kinds:  # stored compression fold keeps (fold rule 3)
+        return what, f"the weights are stored quantized or as float16: run {where} on the float32 model"
+    return what, f"fold them into initializers first: --passes fold,eliminate-identity,dce,{where}"

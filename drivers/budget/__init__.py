@@ -24,7 +24,8 @@ Rules
    per candidate setting (sparsity in :data:`SPARSITIES`, bits in :data:`BITS`), the cost of
    the setting is estimated in nats of loss:
    - ``fisher`` (default): the diagonal empirical Fisher ``F`` of the cross-entropy (labels, or
-     the original's top-1 class), from batch gradients of the reference executor over at most
+     the original's top-1 class; for per-position probabilities ``[N, T, C]``, rule 2, at every
+     position against the original's top-1 class there), from batch gradients of the reference executor over at most
      256 training samples, and ``cost = 0.5 * sum(F * (w - w')**2)`` (an OBD / Taylor estimate);
    - ``sweep``: the measured mean KL divergence between the original's outputs and the outputs
      with that one layer compressed (``analyze``'s one-layer-at-a-time sweep, continuous).

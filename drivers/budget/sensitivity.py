@@ -78,7 +78,14 @@ def _fisher(model: ir.Model, ev: _Evaluator, idx: np.ndarray, tensors: list[str]
     from mconv.passes.finetune import _score_output, softmax_cross_entropy
 
     _, loss_value = _score_output(model)
-    target = ev.labels if ev.labels is not None else (ev.reference.argmax(1) if ev.is_scores else None)
+    # per-position probabilities [N, T, C] (a CTC recognizer): the cross-entropy at every position
+    # against the original's top-1 class there, on the logits the loss reads; a squared error of
+    # those logits against the original's probabilities is far from zero at the original itself
+    target = (
+        ev.labels
+        if ev.labels is not None
+        else (ev.reference.argmax(-1) if ev.is_scores or ev.is_sequence else None)
+    )
     if ev.engine == "xla":  # rule 11: one compiled gradient program for the search
         from mconv.engines.fast import squared_gradients
 
@@ -104,6 +111,9 @@ def _fisher(model: ir.Model, ev: _Evaluator, idx: np.ndarray, tensors: list[str]
             z = outputs[loss_value]
             if target is not None and z.ndim == 2:
                 value, g = softmax_cross_entropy(z, target[sel])
+            elif target is not None and z.ndim == 3 and target.ndim == 2:  # per position
+                value, g = softmax_cross_entropy(z.reshape(-1, z.shape[-1]), target[sel].ravel())
+                g = g.reshape(z.shape)
             else:  # not class scores: squared error against the original
                 d = z.astype(np.float64) - ev.reference[sel]
                 value, g = float(np.mean(d * d)), (2 * d / d.size).astype(z.dtype)

@@ -249,7 +249,11 @@ class XlaEngine:
 def loss_value(s: Any, target: Any, kind: str, temperature: float = 2.0, margin: float = 0.0) -> Any:
     """The fine-tuning losses of :mod:`mconv.passes.finetune` in jnp (same definitions).
 
-    ``target``: integer labels (``xent``) or the teacher's values (``kl``, ``mse``)."""
+    ``target``: integer labels (``xent``) or the teacher's values (``kl``, ``mse``). ``kl`` is
+    over the last axis, averaged over every other: on ``[N, classes]`` per sample, on
+    ``[N, T, classes]`` (a CTC recognizer's, a language model's logits) per position, as
+    finetune rule 4 reshapes it; a softmax over axis 1 there would be over the positions, a
+    distribution the model never states, and distilling it collapsed PP-OCRv4's recognizer."""
     import jax
     import jax.numpy as jnp
 
@@ -261,14 +265,16 @@ def loss_value(s: Any, target: Any, kind: str, temperature: float = 2.0, margin:
     teacher = target.astype(jnp.float32)
     if kind == "kl":
         t = temperature
-        pt = jax.nn.softmax(teacher / t, axis=1)
-        ps = jax.nn.softmax(s / t, axis=1)
-        value = t * t * jnp.mean(jnp.sum(pt * (jnp.log(pt + 1e-12) - jnp.log(ps + 1e-12)), axis=1))
+        pt = jax.nn.softmax(teacher / t, axis=-1)
+        ps = jax.nn.softmax(s / t, axis=-1)
+        value = t * t * jnp.mean(jnp.sum(pt * (jnp.log(pt + 1e-12) - jnp.log(ps + 1e-12)), axis=-1))
     else:
         d = s - teacher
         value = jnp.mean(d * d)
     if margin and s.ndim == 2:
         value = value + margin * margin_hinge(s, teacher)
+    elif margin and kind == "kl" and s.ndim > 2:  # per position, as finetune rule 4
+        value = value + margin * margin_hinge(s.reshape(-1, s.shape[-1]), teacher.reshape(-1, s.shape[-1]))
     return value
 
 
