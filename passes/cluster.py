@@ -103,12 +103,10 @@ from mconv.edit.weights import (
     WEIGHT_OPS,
     WeightRef,
     gather_tables,
-    lift_constant_weights,
+    layer_weights,
     record_compression,
     snr_db,
     squared_error,
-    weight_refs,
-    weights_hint,
 )
 from mconv.errors import InputError
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
@@ -902,16 +900,7 @@ class Cluster(Pass):
         tensors: Literal["weights", "all"] = "weights"
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
-        lifted = lift_constant_weights(model)  # rule 11: Constant-node weights
-        refs = weight_refs(model)
-        if not refs and config.tensors != "all":
-            hint = weights_hint(model, "cluster")
-            if hint is not None:
-                raise InputError(
-                    f"cluster found no weight stored as an initializer: {hint[0]}",
-                    where="pass cluster",
-                    hint=hint[1],
-                )
+        lifted, refs = layer_weights(model, "cluster", required=config.tensors != "all")  # rule 11
         refs = refs + gather_tables(model, refs)  # rule 9
         if config.tensors == "all" or len(model.graph) == 0:
             refs = refs + _free_tensor_refs(model, refs)

@@ -17,9 +17,7 @@ from mconv.edit.weights import (
     CLUSTER_KEY,
     PRUNED_KEY,
     compression_info,
-    lift_constant_weights,
-    weight_refs,
-    weights_hint,
+    layer_weights,
 )
 from mconv.errors import InputError, show
 from mconv.irio import real_inputs
@@ -492,16 +490,9 @@ def finetune_model(
     for the run's next fine-tuning passes with the same reference model and data."""
     result = FinetuneResult()
     feeds, labels, out_name, loss_value = _training_data(model, data)
-    lifted = lift_constant_weights(model, sorted(WEIGHT_OPS))  # rule 10
+    lifted, _ = layer_weights(model, "finetune", sorted(WEIGHT_OPS))  # rule 10
     if lifted:
         result.notes.append(f"{len(lifted)} weights stored as Constant nodes became initializers")
-    hint = None if weight_refs(model) else weights_hint(model, "finetune", sorted(WEIGHT_OPS))
-    if hint is not None:  # rule 10: no layer's weight would train (at most its biases)
-        raise InputError(
-            f"finetune found no weight stored as an initializer: {hint[0]}",
-            where="pass finetune",
-            hint=hint[1],
-        )
     params = _parameters(model, config, frozen, seed)
     if not params:
         result.notes.append("no trainable weights (Conv/Gemm/MatMul initializers) found")

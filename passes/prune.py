@@ -47,10 +47,8 @@ import onnx_ir as ir
 from mconv.edit.weights import (
     WEIGHT_OPS,
     WeightRef,
-    lift_constant_weights,
+    layer_weights,
     record_compression,
-    weight_refs,
-    weights_hint,
 )
 from mconv.errors import InputError
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
@@ -154,16 +152,7 @@ class Prune(Pass):
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         selected: list[tuple[WeightRef, Prune.Config]] = []
-        lifted = lift_constant_weights(model)  # rule 7: weights stored as Constant nodes
-        refs = weight_refs(model)
-        if not refs:
-            hint = weights_hint(model, "prune")
-            if hint is not None:
-                raise InputError(
-                    f"prune found no weight stored as an initializer: {hint[0]}",
-                    where="pass prune",
-                    hint=hint[1],
-                )
+        lifted, refs = layer_weights(model, "prune")  # rule 7: weights stored as Constant nodes
         for ref in refs:
             cfg = ctx.config_for(ref.node) if ctx.spec is not None else config
             if ref.node.op_type in cfg.op_types:

@@ -331,3 +331,25 @@ def weights_hint(
     if "DequantizeLinear" in kinds or "Cast" in kinds:  # stored compression fold keeps (fold rule 3)
         return what, f"the weights are stored quantized or as float16: run {where} on the float32 model"
     return what, f"fold them into initializers first: --passes fold,eliminate-identity,dce,{where}"
+
+
+def layer_weights(
+    model: ir.Model, where: str, op_types: tuple[str, ...] | list[str] = WEIGHT_OPS, required: bool = True
+) -> tuple[list[str], list[WeightRef]]:
+    """A weight pass's start: Constant-node weights lifted into initializers
+    (:func:`lift_constant_weights`), then the layer weights (:func:`weight_refs`). With
+    ``required`` and none found while some are computed from constants, one InputError line
+    naming what they go through and what to run first (:func:`weights_hint`)."""
+    from mconv.errors import InputError
+
+    lifted = lift_constant_weights(model, op_types)
+    refs = weight_refs(model)
+    if required and not refs:
+        hint = weights_hint(model, where, op_types)
+        if hint is not None:
+            raise InputError(
+                f"{where} found no weight stored as an initializer: {hint[0]}",
+                where=f"pass {where}",
+                hint=hint[1],
+            )
+    return lifted, refs

@@ -197,75 +197,61 @@ def gemm_body(
     setting ``a`` from ``gm, gk`` (in range), ``load_b`` one setting ``b`` from ``gk, gn``;
     ``store`` is the statements writing ``v`` at ``gm, gn`` (in range). Constants ``M, N, KD``
     are the GEMM's sizes. ``ks > 1``: rule 8's lane groups."""
-    if ks > 1:
-        return _split_gemm_body(t, load_a, load_b, store, prologue, direct, ks)
-    decls = f"var<workgroup> As: array<f32, {TK * t.tm}>;\nvar<workgroup> Bs: array<f32, {TK * t.tn}>;\n"
     head, tail = _block(t, prologue, store)
     accs = [[f"c{i}{j}" for j in range(t.rn)] for i in range(t.rm)]
-    lines: list[str] = []
-    lines = []
-    lines.append(f"for (var k0: i32 = 0; k0 < KD; k0 += {TK}) {{")
-    # A slice: TM rows x TK deep, lanes along k (weights are contiguous in k)
-    lines.append(f"    for (var e: i32 = t; e < {TK * t.tm}; e += {LANES}) {{")
-    lines.append(f"        let gm = m0 + e / {TK}; let gk = k0 + e % {TK};")
-    lines.append("        var a: f32 = 0.0f;")
-    lines.append(f"        if (gm < M && gk < KD) {{ {load_a} }}")
-    lines.append(f"        As[(e % {TK}) * {t.tm} + e / {TK}] = a;")
-    lines.append("    }")
-    # B slice: TK deep x TN columns, lanes along n
-    lines.append(f"    for (var e: i32 = t; e < {TK * t.tn}; e += {LANES}) {{")
-    lines.append(f"        let gk = k0 + e / {t.tn}; let gn = n0 + e % {t.tn};")
-    lines.append("        var b: f32 = 0.0f;")
-    lines.append(f"        if (gk < KD && gn < N) {{ {load_b} }}")
-    lines.append("        Bs[e] = b;")
-    lines.append("    }")
-    lines.append("    workgroupBarrier();")
-    lines.append(f"    for (var kk: i32 = 0; kk < {TK}; kk++) {{")
-    lines += [f"        let a{i} = As[kk * {t.tm} + ty + {i * t.ty}];" for i in range(t.rm)]
-    lines += [f"        let b{j} = Bs[kk * {t.tn} + tx + {j * t.tx}];" for j in range(t.rn)]
-    lines += [f"        {accs[i][j]} += a{i} * b{j};" for i in range(t.rm) for j in range(t.rn)]
-    lines.append("    }")
-    lines.append("    workgroupBarrier();")
-    lines.append("}")
-    shared = _indent("\n".join(head + lines + tail))
+    if ks > 1:
+        decls, lines = _lane_groups(t, load_a, load_b, accs, tail, ks)
+    else:
+        decls = f"var<workgroup> As: array<f32, {TK * t.tm}>;\nvar<workgroup> Bs: array<f32, {TK * t.tn}>;\n"
+        lines = _k_loop(t, load_a, load_b, accs, lambda i: f"As[{i}]", lambda i: f"Bs[{i}]", 1) + tail
+    shared = _indent("\n".join(head + lines))
     dt = direct_tile(t)
     dhead, dtail = _block(dt, prologue, store)
     body = [*dhead, f"if (ty < {dt.ty}) {{", _indent(direct), *_indent("\n".join(dtail)).splitlines(), "}"]
     return decls, shared, _indent("\n".join(body))
 
 
-def _split_gemm_body(
-    t: Tile, load_a: str, load_b: str, store: str, prologue: str, direct: str, ks: int
-) -> tuple[str, str, str]:
-    """Rule 8: :func:`gemm_body` with ``ks`` lane groups sharing the K loop of one tile."""
-    slab = TK * (t.tm + t.tn)  # one group's A and B slices
-    size = max(ks * slab, (ks - 1) * t.tm * t.tn)
-    decls = f"var<workgroup> Sh: array<f32, {size}>;\n"
-    head, tail = _block(t, prologue, store)
-    accs = [[f"c{i}{j}" for j in range(t.rn)] for i in range(t.rm)]
-    lines = [f"let sa = kg * {slab}; let sb = sa + {TK * t.tm};"]
-    lines.append(f"for (var k1: i32 = 0; k1 < KD; k1 += {ks * TK}) {{")
-    lines.append(f"    let k0 = k1 + kg * {TK};")
+def _k_loop(t: Tile, load_a: str, load_b: str, accs: list[list[str]], a_at, b_at, ks: int) -> list[str]:
+    """Rule 2's K loop: TK-deep slices of A and B staged in workgroup memory (``a_at(i)``,
+    ``b_at(i)``: the element at index expression ``i``), a barrier before and after their use;
+    with ``ks`` lane groups (rule 8) group ``kg`` takes slices ``kg, kg + ks, ...``, every group
+    running the loop the same number of times."""
+    lines = [f"for (var k1: i32 = 0; k1 < KD; k1 += {ks * TK}) {{"]
+    lines.append(f"    let k0 = k1 + kg * {TK};" if ks > 1 else "    let k0 = k1;")
+    # A slice: TM rows x TK deep, lanes along k (weights are contiguous in k)
     lines.append(f"    for (var e: i32 = t; e < {TK * t.tm}; e += {LANES}) {{")
     lines.append(f"        let gm = m0 + e / {TK}; let gk = k0 + e % {TK};")
     lines.append("        var a: f32 = 0.0f;")
     lines.append(f"        if (gm < M && gk < KD) {{ {load_a} }}")
-    lines.append(f"        Sh[sa + (e % {TK}) * {t.tm} + e / {TK}] = a;")
+    lines.append(f"        {a_at(f'(e % {TK}) * {t.tm} + e / {TK}')} = a;")
     lines.append("    }")
+    # B slice: TK deep x TN columns, lanes along n
     lines.append(f"    for (var e: i32 = t; e < {TK * t.tn}; e += {LANES}) {{")
     lines.append(f"        let gk = k0 + e / {t.tn}; let gn = n0 + e % {t.tn};")
     lines.append("        var b: f32 = 0.0f;")
     lines.append(f"        if (gk < KD && gn < N) {{ {load_b} }}")
-    lines.append("        Sh[sb + e] = b;")
+    lines.append(f"        {b_at('e')} = b;")
     lines.append("    }")
     lines.append("    workgroupBarrier();")
     lines.append(f"    for (var kk: i32 = 0; kk < {TK}; kk++) {{")
-    lines += [f"        let a{i} = Sh[sa + kk * {t.tm} + ty + {i * t.ty}];" for i in range(t.rm)]
-    lines += [f"        let b{j} = Sh[sb + kk * {t.tn} + tx + {j * t.tx}];" for j in range(t.rn)]
+    lines += [f"        let a{i} = {a_at(f'kk * {t.tm} + ty + {i * t.ty}')};" for i in range(t.rm)]
+    lines += [f"        let b{j} = {b_at(f'kk * {t.tn} + tx + {j * t.tx}')};" for j in range(t.rn)]
     lines += [f"        {accs[i][j]} += a{i} * b{j};" for i in range(t.rm) for j in range(t.rn)]
     lines.append("    }")
     lines.append("    workgroupBarrier();")
     lines.append("}")
+    return lines
+
+
+def _lane_groups(
+    t: Tile, load_a: str, load_b: str, accs: list[list[str]], tail: list[str], ks: int
+) -> tuple[str, list[str]]:
+    """Rule 8: the workgroup memory and the body of ``ks`` lane groups sharing one tile's K
+    loop; group 0 adds the others' sums in group order and stores (``tail``)."""
+    slab = TK * (t.tm + t.tn)  # one group's A and B slices
+    decls = f"var<workgroup> Sh: array<f32, {max(ks * slab, (ks - 1) * t.tm * t.tn)}>;\n"
+    lines = [f"let sa = kg * {slab}; let sb = sa + {TK * t.tm};"]
+    lines += _k_loop(t, load_a, load_b, accs, lambda i: f"Sh[sa + {i}]", lambda i: f"Sh[sb + {i}]", ks)
     # groups 1..ks-1 leave their sums for group 0 (the loop's last barrier ended every read)
     place = [f"(ty + {i * t.ty}) * {t.tn} + tx + {j * t.tx}" for i in range(t.rm) for j in range(t.rn)]
     lines.append("if (kg > 0) {")
@@ -281,11 +267,7 @@ def _split_gemm_body(
         ]
     lines += [f"    {ln}" for ln in tail]
     lines.append("}")
-    shared = _indent("\n".join(head + lines))
-    dt = direct_tile(t)
-    dhead, dtail = _block(dt, prologue, store)
-    body = [*dhead, f"if (ty < {dt.ty}) {{", _indent(direct), *_indent("\n".join(dtail)).splitlines(), "}"]
-    return decls, shared, _indent("\n".join(body))
+    return decls, lines
 
 
 def _pairs(t: Tile) -> list[tuple[int, int]]:

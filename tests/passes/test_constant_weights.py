@@ -109,36 +109,16 @@ def test_the_cli_refuses_in_one_line_and_runs_after_fold(tmp_path):
     src, npz = tmp_path / "t.onnx", tmp_path / "d.npz"
     onnx.save(as_constants(transpose=True), src)
     np.savez(npz, **digits(96))
-    runner = CliRunner()
-    r = runner.invoke(
-        app,
-        [
-            "optimize",
-            str(src),
-            "-o",
-            str(tmp_path / "o.onnx"),
-            "--data",
-            str(npz),
-            "--passes",
-            "finetune(epochs=1)",
-        ],
-    )
+
+    def optimize(passes: str):
+        args = ["optimize", str(src), "-o", str(tmp_path / "o.onnx"), "--data", str(npz), "--passes", passes]
+        return CliRunner().invoke(app, args)
+
+    r = optimize("finetune(epochs=1)")
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip() and not ln.startswith("progress")]
     assert len(lines) == 1 and "fold" in lines[0], r.output
-    r = runner.invoke(
-        app,
-        [
-            "optimize",
-            str(src),
-            "-o",
-            str(tmp_path / "o.onnx"),
-            "--data",
-            str(npz),
-            "--passes",
-            "fold,eliminate-identity,dce,finetune(epochs=1)",
-        ],
-    )
+    r = optimize("fold,eliminate-identity,dce,finetune(epochs=1)")
     assert r.exit_code == 0, r.output
 
 

@@ -91,6 +91,17 @@ def _run(path: Path, x: np.ndarray, tmp: Path, precision: str, shared_memory: bo
         runner.close()
 
 
+def _agrees_with_ort(model, x: np.ndarray, tmp: Path, monkeypatch, shared_memory: bool, what: str):
+    """The model saved, run by ONNX Runtime and by the webgpu bundle on ``x``; the outputs
+    agree at fp32's bound; the runner (its kernel sources) and its output."""
+    path = tmp / f"{what.replace(' ', '_')}.onnx"
+    save_onnx(model, path)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    runner, got = _run(path, x, tmp, "fp32", shared_memory, monkeypatch)
+    assert_close(ref, got, "fp32", what=what)
+    return runner, got, ref
+
+
 @needs_adapter
 @pytest.mark.parametrize("batch", [1, 8])
 @pytest.mark.parametrize("shared_memory", [False, True], ids=["direct", "workgroup-memory"])
@@ -170,12 +181,9 @@ def downsample(seed: int):
 @needs_adapter
 @pytest.mark.parametrize("shared_memory", [False, True], ids=["direct", "workgroup-memory"])
 def test_strided_pointwise_convolution_agrees_with_onnxruntime(shared, tmp_path, monkeypatch, shared_memory):
-    path = tmp_path / "down.onnx"
-    save_onnx(downsample(1), path)
-    x = digits(shared, 2)
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    runner, got = _run(path, x, tmp_path, "fp32", shared_memory, monkeypatch)
-    assert_close(ref, got, "fp32", what="downsample")
+    runner, _, _ = _agrees_with_ort(
+        downsample(1), digits(shared, 2), tmp_path, monkeypatch, shared_memory, "downsample"
+    )
     # the strided 1x1 convolution reads its pixels without a padding test (no select of zero)
     pointwise = [s for k, s in runner.sources.items() if k.endswith("_conv") and "const KH: i32 = 1;" in s]
     assert len(pointwise) == 1 and "const SH: i32 = 2;" in pointwise[0]
@@ -222,12 +230,9 @@ def deep(seed: int):
 @needs_adapter
 @pytest.mark.parametrize("shared_memory", [False, True], ids=["direct", "workgroup-memory"])
 def test_lane_groups_share_long_k_loops(shared, tmp_path, monkeypatch, shared_memory):
-    path = tmp_path / "deep.onnx"
-    save_onnx(deep(1), path)
-    x = digits(shared, 8)
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    runner, got = _run(path, x, tmp_path, "fp32", shared_memory, monkeypatch)
-    assert_close(ref, got, "fp32", what="lane groups")
+    runner, got, ref = _agrees_with_ort(
+        deep(1), digits(shared, 8), tmp_path, monkeypatch, shared_memory, "lane groups"
+    )
     grouped = [k for k, src in runner.sources.items() if f"@workgroup_size({4 * tiled.LANES})" in src]
     assert any(k.endswith("_conv") for k in grouped) and any(k.endswith("_gemm") for k in grouped), grouped
     # a digit's class scores agree with ONNX Runtime's
@@ -257,11 +262,7 @@ def test_long_softmax_rows_take_a_workgroup(shared, tmp_path, monkeypatch, op, s
         helper.make_node("MatMul", ["f", "fw"], ["z"]),
         helper.make_node(op, ["z"], ["y"], axis=1),
     ]
-    path = tmp_path / "softmax.onnx"
-    save_onnx(make_model(nodes, [("x", ["N", 1, 28, 28])], ["y"], w, name="softmax_rows"), path)
-    x = digits(shared, 4)
-    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    runner, got = _run(path, x, tmp_path, "fp32", shared_memory, monkeypatch)
-    assert_close(ref, got, "fp32", what=op)
+    model = make_model(nodes, [("x", ["N", 1, 28, 28])], ["y"], w, name="softmax_rows")
+    runner, _, _ = _agrees_with_ort(model, digits(shared, 4), tmp_path, monkeypatch, shared_memory, op)
     kernel = next(k for k in runner.sources if k.endswith("softmax"))
     assert "var<workgroup> Red" in runner.sources[kernel]
