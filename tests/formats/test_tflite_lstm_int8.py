@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import ai_edge_litert.interpreter as litert  # the test extra installs it: absent is a failure
 import mconv.api as api
 import numpy as np
 import onnx
@@ -15,8 +16,6 @@ import pytest
 from mconv.formats.tflite import lstm_int as L
 
 from .tflite_builder import TflBuilder
-
-litert = pytest.importorskip("ai_edge_litert.interpreter")
 
 DTLN = Path(__file__).resolve().parents[2] / "shared/models/tflite/dtln_noise_suppression.tflite"
 if not DTLN.exists():

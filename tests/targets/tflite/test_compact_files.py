@@ -10,15 +10,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 from mconv.irio import from_proto, to_proto
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import ai_edge_litert.interpreter  # noqa: E402, F401  (t.load runs the files in LiteRT; the test extra installs it)
 from _gates import assert_close  # noqa: E402
 from _tflite_help import file_ops  # noqa: E402
-
-pytest.importorskip("ai_edge_litert.interpreter")
 
 
 def _siamese(lenet_model) -> tuple:

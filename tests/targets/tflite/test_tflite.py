@@ -18,11 +18,8 @@ from mconv.irio import from_proto
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import ai_edge_litert.interpreter as litert  # noqa: E402  (the test extra installs it)
 from _gates import assert_close  # noqa: E402
-
-litert = pytest.importorskip("ai_edge_litert.interpreter")
-
-
 from _shared import shared_root as _shared  # noqa: E402
 from _tflite_help import file_ops, ort_quantized  # noqa: E402
 
