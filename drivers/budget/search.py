@@ -322,23 +322,23 @@ def _next_budget(s: Search) -> int | None:
     Bisecting the frontier's indices instead spent LeNet-5's attempts above 99 KB: one failure
     there (the gate's noise: a few of 1,000 digits) stopped it at 116 KB."""
     layers, fitting = s.layers, s.fitting
-    size = {k: _alloc_bytes(layers, fitting[k]) for k in range(len(fitting))}
     passing = [r["budget"] for r in s.tried.values() if r["ok"]]
     top = len(fitting) - 1
     if passing:
         ok = min(passing)
         below = [r["budget"] for r in s.tried.values() if not r["ok"] and r["budget"] < ok]
         if not below:  # nothing smaller failed yet: toward the smallest allocation
-            if 0 in s.tried or size[0] >= ok:
+            smallest = _alloc_bytes(layers, fitting[0])
+            if 0 in s.tried or smallest >= ok:
                 return None
-            fail = size[0]
+            fail = smallest
             if fail >= ok * (1 - REFINE_CLOSE):
                 return 0
         else:
             fail = max(below)
     else:
         fail = max(r["budget"] for r in s.tried.values())
-        ok = size[top]
+        ok = _alloc_bytes(layers, fitting[top])
         if top in s.tried or fail >= ok:
             return None
         if fail >= ok * (1 - REFINE_CLOSE):

@@ -264,12 +264,24 @@ class WebGPURunner:
             samples = n
         return samples or 1
 
+    def _samples(self, feeds: Mapping[str, np.ndarray]) -> dict[int, np.ndarray]:
+        """Each input buffer's feed as ``[samples, exported size]`` float32 (rule 4)."""
+        samples = self._split(feeds)
+        return {
+            s["buffer"]: np.asarray(feeds[s["name"]], dtype=np.float32).reshape(samples, -1)
+            for s in self.plan.inputs
+        }
+
+    def _write(self, chunks: Mapping[int, np.ndarray]) -> None:
+        g = self._gpu
+        for b, arr in chunks.items():
+            g["device"].queue.write_buffer(g["buffers"][b], 0, self._padded(arr))
+
     def _infer(self, chunks: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         """One inference: one command buffer (rule 4)."""
         g = self._gpu
         device, buffers = g["device"], g["buffers"]
-        for b, arr in chunks.items():
-            device.queue.write_buffer(buffers[b], 0, self._padded(arr))
+        self._write(chunks)
         encoder = device.create_command_encoder()
         cpass = encoder.begin_compute_pass()
         for pipe, group, size in g["steps"]:
@@ -297,13 +309,10 @@ class WebGPURunner:
         at the start and end of a compute pass per layer (one pass a layer, so the sums include
         each pass's own start-up). Empty where the adapter has no ``timestamp-query``."""
         g = self._gpu
-        wgpu, device, buffers = g["wgpu"], g["device"], g["buffers"]
+        wgpu, device = g["wgpu"], g["device"]
         if "timestamp-query" not in device.features:
             return []
-        samples = self._split(feeds)
-        for s in self.plan.inputs:
-            arr = np.asarray(feeds[s["name"]], dtype=np.float32).reshape(samples, -1)[0]
-            device.queue.write_buffer(buffers[s["buffer"]], 0, self._padded(arr))
+        self._write({b: a[0] for b, a in self._samples(feeds).items()})
         n = len(self.plan.layers)
         qs = device.create_query_set(type="timestamp", count=2 * n)
         resolve = device.create_buffer(
@@ -340,12 +349,9 @@ class WebGPURunner:
             raise InputError(
                 f"unknown input(s) {', '.join(unknown)}", path=self.label, hint="check input names"
             )
-        samples = self._split(feeds)
+        arrays = self._samples(feeds)
+        samples = next(iter(arrays.values())).shape[0] if arrays else 1
         parts: dict[str, list[np.ndarray]] = {o["name"]: [] for o in self.plan.outputs}
-        arrays = {
-            s["buffer"]: np.asarray(feeds[s["name"]], dtype=np.float32).reshape(samples, -1)
-            for s in self.plan.inputs
-        }
         start = time.perf_counter()
         for s in range(samples):
             got = self._infer({b: a[s] for b, a in arrays.items()})
