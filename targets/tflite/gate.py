@@ -12,6 +12,13 @@ Rules:
    position by position). Gate: argmax agreement >= ``TOP1`` over the N x T positions (with 40
    positions, every one). Wide K is fine here: the writer's rule 8 sends a softmax whose int8
    output cannot resolve the float one to float, and a file whose argmaxes differ fails.
+2b. ``probability`` for a single probability per sample: a 2-D ``[N, 1]`` float output whose
+   oracle values all lie in [0, 1] (a sigmoid's presence, handedness or "is it X" score). Its
+   users threshold it, and a relative error means nothing on a probability near 0 (LiteRT's int8
+   LOGISTIC output steps by 1/256, a quarter of a probability of 0.016). Gate: the decisions at
+   0.5 agree on >= ``TOP1`` of the samples, and the error is within rule 3's relative bound
+   (``rel`` <= ``REL``) or, where the probabilities are too near 0 for that to mean anything,
+   the largest absolute error is <= ``PROB_ABS`` (0.02, five of those steps).
 3. ``cosine`` for every other output (regressions, landmarks, box offsets, embeddings, logits,
    and softmaxes wider than 256 classes: LiteRT's int8 softmax output has a fixed step of 1/256,
    so a 1,000-way distribution's probabilities mostly round to zero and its argmax is not
@@ -41,7 +48,9 @@ Rules:
    ``TOP1``, with at least one float region (none: the caller keeps rules 1-3).
 7. :func:`score` orders two files' records (the writer's choice among calibrations): more outputs
    kept first, then the smaller worst shortfall, an output's shortfall being ``1 - top1`` (rule 1)
-   or the larger of ``(1 - cosine) / (1 - COSINE)`` and ``rel / REL`` (rule 2, in units of its bounds).
+   or the larger of ``(1 - cosine) / (1 - COSINE)`` and ``rel / REL`` (rule 2, in units of its bounds);
+   under rule 2b the larger of ``(1 - top1) / (1 - TOP1)`` and the smaller of ``rel / REL`` and
+   ``abs / PROB_ABS``.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ TOP1 = 0.99
 COSINE = 0.99
 REL = 0.15
 MAX_CLASSES = 256
+PROB_ABS = 0.02  # rule 2b: a probability's largest absolute error
 IOU = 0.5
 MIN_SIDE = 3  # DB's min_size: a text box's shorter side, in map pixels
 NMS_IOU = 0.3  # MediaPipe's detectors' min_suppression_threshold
@@ -67,6 +77,8 @@ def rule_of(oracle: np.ndarray) -> str:
         return "top1"
     if a.ndim == 3 and a.shape[2] >= 2 and probs:
         return "top1/position"
+    if a.ndim == 2 and a.shape[1] == 1 and a.size and a.min() >= 0 and a.max() <= 1:
+        return "probability"
     return "cosine"
 
 
@@ -86,6 +98,10 @@ def judge(got: list[np.ndarray], oracle: list[np.ndarray]) -> list[dict[str, Any
         if rule in ("top1", "top1/position"):
             top1 = float((q64.argmax(-1) == f64.argmax(-1)).mean())
             rec.update(top1=top1, ok=top1 >= TOP1)
+        elif rule == "probability":
+            top1 = float(((q64 > 0.5) == (f64 > 0.5)).mean())
+            err = float(np.abs(q64 - f64).max()) if np.isfinite(q64).all() else float("nan")
+            rec.update(top1=top1, abs=err, ok=top1 >= TOP1 and (rel <= REL or err <= PROB_ABS))
         else:
             rec["ok"] = cos >= COSINE and rel <= REL
         out.append(rec)
@@ -234,6 +250,8 @@ def score(records: list[dict[str, Any]]) -> tuple[int, float]:
     for r in records:
         if r["rule"] in ("top1", "top1/position"):
             shortfalls.append((1.0 - r["top1"]) / (1.0 - TOP1))
+        elif r["rule"] == "probability":
+            shortfalls += [(1.0 - r["top1"]) / (1.0 - TOP1), min(r["rel"] / REL, r["abs"] / PROB_ABS)]
         elif r["rule"].startswith("detections") or r["rule"] == "regions":
             shortfalls.append((1.0 - r["agreement"]) / (1.0 - TOP1))
         else:
@@ -248,6 +266,8 @@ def summary(records: list[dict[str, Any]]) -> str:
     for r in records:
         if r["rule"] in ("top1", "top1/position"):
             parts.append(f"{r['rule']} {r['top1']:.3f}")
+        elif r["rule"] == "probability":
+            parts.append(f"probability {r['top1']:.3f} rel {r['rel']:.3f} abs {r['abs']:.4f}")
         elif r["rule"].startswith("detections") or r["rule"] == "regions":
             parts.append(
                 f"{r['rule']} {r['matched']} of {max(r['float'], r['int8'])} matched "

@@ -11,6 +11,7 @@ PRECISIONS = ("fp32", "fp16", "int8-weights", "int8", "int16x8")
 CALIBRATIONS = ("auto", "minmax", "percentile", "entropy", "mse")
 IO_DTYPES = ("float32", "int8", "uint8")
 PALETTES = ("int8", "fp16", "float32")
+ROUNDINGS = ("gptq", "nearest")
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,9 @@ class Options(Common):
         None, help="int8 range method.", metavar="auto|minmax|mse|percentile|entropy"
     )
     io_dtype: str | None = option(None, help="int8 model I/O dtype.", metavar="float32|int8|uint8")
+    rounding: str | None = option(
+        None, help="int8 weight codes: fitted on --data, or nearest.", metavar="gptq|nearest"
+    )
     palette: str | None = option(None, help="How off-grid palettes are stored.", metavar="int8|fp16|float32")
     calibration_samples: int | None = None  # at most this many samples of --data (default 500)
     percentile: float | None = None  # the percentile calibration's bound (default 99.99)

@@ -52,7 +52,8 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 from mconv.quantmath import SAMPLE_VALUES, affine, symmetric
@@ -168,8 +169,10 @@ def calibrate_methods(
     methods: Sequence[str],
     limit: int = 500,
     percentile: float = 99.99,
+    hessians: Any = None,
 ) -> dict[str, dict[int, tuple[float, float]]]:
-    """Rule 3 for each of ``methods`` from one pass over the samples: method -> tensor -> range."""
+    """Rule 3 for each of ``methods`` from one pass over the samples: method -> tensor -> range.
+    ``hessians`` (:class:`mconv.targets.tflite.gptq.Hessians`) gathers its sums on the same runs."""
     import warnings
 
     from mconv.targets.tflite.litert import open_interpreter
@@ -189,10 +192,12 @@ def calibrate_methods(
     runs = _batches(feeds, shapes, limit)
     if not runs:
         raise ValueError("no calibration sample")
-    for feed in runs:
+    for k, feed in enumerate(runs):
         for name, arr in feed.items():
             interp.set_tensor(by_name[name], np.ascontiguousarray(arr, dtypes[name]))
         interp.invoke()
+        if hessians is not None:
+            hessians.add(interp.get_tensor, k, len(runs))
         for i in watch:
             a = interp.get_tensor(i).ravel()
             if a.size == 0:
@@ -243,10 +248,13 @@ def to_int8(
     io_dtype: str = "float32",
     float_ops: frozenset[int] = frozenset(),
     bits: int = 8,
+    rounding: Callable[[int, np.ndarray, int | None], tuple[np.ndarray, np.ndarray] | None] | None = None,
 ) -> list[str]:
     """Rules 4-9 on ``g`` in place; returns the ops that fell back to float (rules 6 and 8).
     ``float_ops``: indices into ``g.ops`` kept float although they have an int8 kernel (rule 8).
-    ``bits`` 16: int16 activations (rule 9, LiteRT's 16x8 mode), inputs and outputs float32."""
+    ``bits`` 16: int16 activations (rule 9, LiteRT's 16x8 mode), inputs and outputs float32.
+    ``rounding(tensor, weights, axis)``: a weight's int8 codes and scales chosen another way
+    (:class:`mconv.targets.tflite.gptq.Rounder`), or None for the nearest codes."""
     if bits not in (8, 16):
         raise ValueError(f"activation bits {bits}: 8 or 16")
     wide = bits == 16
@@ -330,7 +338,8 @@ def to_int8(
         a = t.data
         assert a is not None
         if role[0] == "weight":
-            q, scale = symmetric(a, role[1])
+            got = rounding(t_idx, a, role[1]) if rounding is not None else None
+            q, scale = got if got is not None else symmetric(a, role[1])
             quant = Quant(scale, np.zeros(scale.size, np.int64), role[1] or 0)
             new = Tensor(t.name + "/int8", t.shape, "int8", q, quant)
         elif role[0] == "bias":  # int32; int64 under 16x8 (LiteRT's 16x8 kernels take int64)

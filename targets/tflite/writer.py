@@ -48,6 +48,13 @@ Rules:
    values past their range would reach the ops after them. Calibration and the gate's float
    reference run a copy of the float graph with each pair's tensor clamped to the pair's int8
    range (:func:`_clamped`), so both compute what the model computes.
+10. At ``int8`` and ``int16x8`` the int8 codes of conv, depthwise and fully connected weights are
+   fitted on the calibration samples (``--rounding gptq``, the default:
+   :mod:`mconv.targets.tflite.gptq`; ``nearest`` rounds each weight alone). The same calibration
+   pass gathers what GPTQ needs; the scales are those of plain rounding. With four or more
+   calibration runs every fourth is left out of the fit, and each file the gate measures is
+   measured on those runs apart too, the worse figure per output counting: a fit is not judged
+   only on what it was fitted to.
 """
 
 from __future__ import annotations
@@ -61,8 +68,8 @@ import numpy as np
 import onnx_ir as ir
 from mconv.codecs.choose import COMPRESSION_KEY
 from mconv.errors import InputError
-from mconv.targets.tflite import gate, lower, quant
-from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PALETTES, PRECISIONS
+from mconv.targets.tflite import gate, gptq, lower, quant
+from mconv.targets.tflite.options import CALIBRATIONS, IO_DTYPES, PALETTES, PRECISIONS, ROUNDINGS
 from mconv.targets.tflite.schema import Graph, serialize
 
 CALIBRATION_SAMPLES = 500
@@ -186,6 +193,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
     method = _choice(options, "calibration", CALIBRATIONS, "auto")
     io_dtype = _choice(options, "io_dtype", IO_DTYPES, "float32")
     palette = _choice(options, "palette", PALETTES, "int8")
+    rounding = _choice(options, "rounding", ROUNDINGS, "gptq")
     data = options.get("data")
     prepared = prepare(model, qdq=precision in ("int8", "int16x8"))  # rule 4: QOperator ops as QDQ
     qdq = sum(n.op_type == "QuantizeLinear" for n in prepared.graph)
@@ -211,9 +219,11 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             hint="give --data samples.npz (real inputs keyed by input name), or --precision int8-weights",
         )
     calibrated = precision in ("int8", "int16x8")
-    if not calibrated and (data is not None or options.get("io_dtype") or options.get("calibration")):
+    if not calibrated and (
+        data is not None or options.get("io_dtype") or options.get("calibration") or options.get("rounding")
+    ):
         raise InputError(
-            "--data, --calibration and --io-dtype apply to --precision int8 and int16x8 only",
+            "--data, --calibration, --rounding and --io-dtype apply to --precision int8 and int16x8 only",
             where="--precision",
             hint="add --precision int8 or drop them",
         )
@@ -265,9 +275,10 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             )
         limit = int(options.get("calibration_samples") or CALIBRATION_SAMPLES)
         methods = AUTO_METHODS if method == "auto" else (method,)
+        hessians = gptq.Hessians(g) if rounding == "gptq" else None  # rule 10
         try:
             candidates = quant.calibrate_methods(
-                float_bytes, g, feeds, methods, limit, float(options.get("percentile") or 99.99)
+                float_bytes, g, feeds, methods, limit, float(options.get("percentile") or 99.99), hessians
             )
         except ValueError as exc:
             raise InputError(
@@ -280,25 +291,35 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             ) from None
         own = quant.qdq_ranges(g, qparams, complete=False)
         base = copy.deepcopy(g)
-        samples = quant._batches(
-            feeds, {base.tensors[i].name: base.tensors[i].shape for i in base.inputs}, CHECK_SAMPLES
-        )
-        reference = _outputs_of(float_bytes, samples)  # quant rule 8's oracle, run once
+        rounder = gptq.Rounder(base, hessians) if hessians is not None else None
+        shapes = {base.tensors[i].name: base.tensors[i].shape for i in base.inputs}
+        runs = quant._batches(feeds, shapes, limit)
+        held = sorted(gptq.held_out(len(runs))) if rounder is not None else []
+        # rule 10: where GPTQ fitted the weights, the gate also measures the runs it did not see
+        checks = [runs[:CHECK_SAMPLES]] + ([[runs[k] for k in held][:CHECK_SAMPLES]] if held else [])
+        samples = checks[0]
+        references = [_outputs_of(float_bytes, c) for c in checks]  # quant rule 8's oracle, run once
+
+        def measured(data: bytes) -> list[dict]:
+            """Per output, the worse record of the check sets (gate rule 7's order)."""
+            sets = [gate.judge(_outputs_of(data, c), ref) for c, ref in zip(checks, references)]
+            return [min(recs, key=lambda r: gate.score([r])) for recs in zip(*sets)]
+
         best: tuple | None = None
         tried = []
 
         def attempt(m: str, extra: frozenset[int], bits: int) -> tuple:
             ranges = {**candidates[m], **own}
             h = copy.deepcopy(base)
-            fallback = quant.to_int8(h, ranges, io_dtype, extra, bits)
+            fallback = quant.to_int8(h, ranges, io_dtype, extra, bits, rounder)
             written = _finish(h, precision, [], palettes)
-            records = gate.judge(_outputs_of(written.data, samples), reference)
+            records = measured(written.data)
             softmaxes = _unresolved_outputs(base, records) if io_dtype == "float32" else frozenset()
             if softmaxes:  # quant rule 8: those outputs' softmax / logistic in float, measured again
                 h = copy.deepcopy(base)
-                fallback = quant.to_int8(h, ranges, io_dtype, extra | softmaxes, bits)
+                fallback = quant.to_int8(h, ranges, io_dtype, extra | softmaxes, bits, rounder)
                 written = _finish(h, precision, [], palettes)
-                records = gate.judge(_outputs_of(written.data, samples), reference)
+                records = measured(written.data)
             what = f"{m}{' with the LOG front end in float' if extra else ''}{' 16x8' if bits == 16 else ''}"
             tried.append(f"{what} {gate.summary(records)}")
             return (gate.score(records), m, written, records, fallback, softmaxes, extra, bits)
@@ -332,6 +353,17 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             f"int64 biases, inputs/outputs float32"
             + (" (no int8 file was kept: writer rule 8)" if precision == "int8" else "")
         )
+        if rounder is not None and hessians is not None:
+            notes.append(
+                f"int8 weight codes fitted on the calibration samples (GPTQ) for {len(hessians.h)} "
+                f"weight tensor(s), "
+                + (
+                    f"{len(held)} of {len(runs)} run(s) held out for the gate"
+                    if held
+                    else f"all {len(runs)} run(s) fitted (the gate's verdict is in-sample)"
+                )
+                + (f"; {hessians.skipped} too large or shared kept the nearest codes" if hessians.skipped else "")
+            )
         if len(tried) > 1:
             notes.append(
                 f"calibrations tried (rule: the first the int8 gate keeps, else the best): {'; '.join(tried)}"
@@ -345,7 +377,9 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             notes.append(f"{len(fallback)} op(s) run in float ({', '.join(why)}): {', '.join(fallback)}")
         verdict = "kept" if all(r["ok"] for r in records) else "NOT kept"
         notes.append(
-            f"int{bits} against float on {len(samples)} calibration sample run(s): {gate.summary(records)} "
+            f"int{bits} against float on {len(samples)} calibration sample run(s)"
+            + (f" and apart on the {len(checks[1])} GPTQ did not fit (the worse kept)" if len(checks) > 1 else "")
+            + f": {gate.summary(records)} "
             f"({verdict}; rules: mconv.targets.tflite.gate; other inputs not measured)"
         )
         written.notes[:0] = notes

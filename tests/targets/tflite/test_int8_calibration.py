@@ -36,7 +36,12 @@ def test_auto_calibration_keeps_mse_where_minmax_fails_the_gate(lenet, tmp_path)
     want = t.load(t.export(model, tmp_path / "f32", {})).run({"data": held})["prob"].argmax(1)
 
     def agreement(name: str, **opts) -> tuple[float, str]:
-        b = t.export(model, tmp_path / name, {"precision": "int8", "data": {"data": calib}, **opts})
+        # the calibration methods alone: the weights' codes the nearest ones (GPTQ: test_gptq.py)
+        b = t.export(
+            model,
+            tmp_path / name,
+            {"precision": "int8", "data": {"data": calib}, "rounding": "nearest", **opts},
+        )
         got = t.load(b).run({"data": held})["prob"].argmax(1)
         return float((got == want).mean()), " ".join(b.manifest["notes"])
 
@@ -205,3 +210,24 @@ def test_a_nan_output_scores_below_any_finite_shortfall():
     bad = {"rule": "cosine", "cosine": 0.5, "rel": 1.0, "ok": False}
     good = {"rule": "cosine", "cosine": 0.999, "rel": 0.05, "ok": True}
     assert gate.score([nan]) < gate.score([bad]) < gate.score([good])
+
+
+def test_a_single_probability_is_judged_by_its_decision_and_absolute_error():
+    """Gate rule 2b on ``[N, 1]`` probabilities, figures worked by hand: a handedness score of
+    0.016 read as 0.019 is 19% off relatively (rule 3 would fail it) but 0.003 absolutely, and
+    both say "below 0.5": kept. 0.49 read as 0.51 flips the decision: not kept. 0.10 read as
+    0.16: 60% and 0.06 off: not kept. A ``[N, 1]`` output with a value past 1 (a logit) stays
+    under rule 3."""
+    from mconv.targets.tflite import gate
+
+    def judged(q: float, f: float) -> dict:
+        return gate.judge([np.array([[q]])], [np.array([[f]])])[0]
+
+    near_zero = judged(0.019, 0.016)
+    assert near_zero["rule"] == "probability" and near_zero["ok"]
+    assert abs(near_zero["rel"] - 0.1875) < 1e-9 and abs(near_zero["abs"] - 0.003) < 1e-9
+    assert not judged(0.51, 0.49)["ok"] and judged(0.51, 0.49)["top1"] == 0.0
+    assert not judged(0.16, 0.10)["ok"]
+    assert gate.judge([np.array([[1.9]])], [np.array([[2.0]])])[0]["rule"] == "cosine"
+    # rule 7: a kept probability scores above a failing one
+    assert gate.score([near_zero]) > gate.score([judged(0.16, 0.10)])
