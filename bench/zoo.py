@@ -83,6 +83,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import wave
 from dataclasses import dataclass, field
@@ -487,14 +488,14 @@ _MEDIAPIPE = [
         "mp-hand-landmark-lite",
         "hand_landmark/hand_landmark_lite.tflite",
         "048edd3645c9bf7397d19a9f6e3a42957d6e414c9bea6598030a2e9b624156e6",
-        "nhwc_01",
+        "hand_nhwc_01",
         False,
     ),
     (
         "mp-hand-landmark-full",
         "hand_landmark/hand_landmark_full.tflite",
         "11c272b891e1a99ab034208e23937a8008388cf11ed2a9d776ed3d01d0ba00e3",
-        "nhwc_01",
+        "hand_nhwc_01",
         False,
     ),
     (
@@ -806,6 +807,7 @@ WEBGPU_FEEDS = frozenset(
         "face64_gray",
         "nhwc_pm1",
         "nhwc_01",
+        "hand_nhwc_01",
         "digits28_caffe",
         "digits_keras2",
         "jet_images",
@@ -839,6 +841,7 @@ SOURCES: set[str] = set()  # what the inputs were made from (recorded in meta.js
 # them the builders fall back to a drawn scene or synthetic vowels (said in meta's inputs_from).
 PHOTO_FEEDS = {
     "nchw320_01",
+    "hand_nhwc_01",
     "face64_gray",
     "nhwc_01",
     "nhwc_pm1",
@@ -852,9 +855,12 @@ FALLBACK = "absent)"  # the tail of a fallback's inputs_from entry
 
 
 def real_input_tools(m: Model) -> list[str]:
-    """What ``m``'s real inputs need: ``scikit-image`` (photos), ``espeak-ng`` (speech)."""
-    return (["scikit-image"] if m.feeds in PHOTO_FEEDS else []) + (
-        ["espeak-ng"] if m.feeds in SPEECH_FEEDS else []
+    """What ``m``'s real inputs need: ``scikit-image`` (photos), ``espeak-ng`` (speech), ``hand
+    photos`` ($MCONV_HAND_PHOTOS, the hand landmark rows)."""
+    return (
+        (["scikit-image"] if m.feeds in PHOTO_FEEDS else [])
+        + (["espeak-ng"] if m.feeds in SPEECH_FEEDS else [])
+        + (["hand photos"] if m.feeds == "hand_nhwc_01" else [])
     )
 
 
@@ -864,6 +870,7 @@ def missing_tools(tools: list[str]) -> list[str]:
     have = {
         "scikit-image": importlib.util.find_spec("skimage") is not None,
         "espeak-ng": shutil.which("espeak-ng") is not None or (cache() / "zoo" / "_speech.wav").is_file(),
+        "hand photos": bool(os.environ.get(HAND_PHOTOS)),
     }
     return [t for t in tools if not have[t]]
 
@@ -873,6 +880,7 @@ def missing_tools(tools: list[str]) -> list[str]:
 # crops, other sentences spoken and rendered, other digits), so full int8 is calibrated on inputs
 # it is then not judged on. ``make_feeds`` reads the variant set by ``calibration_feeds``.
 _VARIANT = 0
+_VARIANT_LOCK = threading.Lock()
 # Rows judged at tflite-int8 by the gate's detection rule (mconv.targets.tflite.gate rule 5):
 # MediaPipe's SSD anchor detectors, (boxes output, score-logit output, threshold as a logit:
 # 0.0 is a sigmoid score of 0.5, MediaPipe's min_score_thresh; input size, anchor strides and
@@ -1065,6 +1073,69 @@ def digits(n: int = 4, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
     return out, d["labels"][lo : lo + n]
 
 
+# Hand photos (the hand landmark rows): a folder of real photos of people showing a hand, named by
+# $MCONV_HAND_PHOTOS and read in name order, e.g. MediaPipe's own gesture-recognizer samples
+# (``mediapipe/model_maker/python/vision/gesture_recognizer/testdata/raw_data/*/*.jpg`` in a clone
+# of github.com/google-ai-edge/mediapipe: 40 HaGRID photos). Each is cropped as MediaPipe's hand
+# pipeline crops it for the landmark model: the corpus's palm detector (float, in LiteRT) finds the
+# palm, and the crop is the palm box's rect turned upright by the wrist -> middle-finger keypoints,
+# shifted half a side towards the fingers, 2.6x its size (palm_detection_cpu / hand_landmark's
+# DetectionsToRects and RectTransformation options). Without the folder the rows take the
+# astronaut photo, which shows no hand (said in meta's inputs_from).
+HAND_PHOTOS = "MCONV_HAND_PHOTOS"
+HAND_MIN_SCORE = 0.5  # MediaPipe's palm min_score_thresh: a photo whose palm scores lower is skipped
+
+
+def hand_crops(n: int, side: int = 224) -> list[np.ndarray] | None:
+    """The first ``n`` hand crops (uint8 side x side RGB) of $MCONV_HAND_PHOTOS, in name order, or
+    None where the folder is not given or has fewer usable photos."""
+    import glob
+
+    from PIL import Image
+
+    folder = os.environ.get(HAND_PHOTOS)
+    if not folder:
+        return None
+    files = sorted(glob.glob(os.path.join(folder, "**", "*.jp*g"), recursive=True))
+    from ai_edge_litert.interpreter import Interpreter
+    from mconv.targets.tflite.gate import ssd_anchor_centres
+
+    palm = _wheels.fetch_member(*MEDIAPIPE, MP + "palm_detection/palm_detection_full.tflite")
+    it = Interpreter(model_path=str(palm))
+    it.allocate_tensors()
+    anchors = ssd_anchor_centres(192, [8, 16, 16, 16], 2) / 192.0
+    crops: list[np.ndarray] = []
+    for f in files:
+        img = np.asarray(Image.open(f).convert("RGB"))
+        h, w = img.shape[:2]
+        s = max(h, w)  # letterboxed to a square, as MediaPipe's ImageToTensor keeps the aspect
+        sq = np.zeros((s, s, 3), np.uint8)
+        sq[(s - h) // 2 : (s - h) // 2 + h, (s - w) // 2 : (s - w) // 2 + w] = img
+        x = resize(sq, 192, 192).astype(np.float32)[None] / 255.0
+        it.set_tensor(it.get_input_details()[0]["index"], x)
+        it.invoke()
+        outs = sorted((it.get_tensor(d["index"]) for d in it.get_output_details()), key=lambda a: a.shape[-1])
+        scores, boxes = outs[0][0, :, 0], outs[1][0]
+        i = int(np.argmax(scores))
+        if 1.0 / (1.0 + np.exp(-float(scores[i]))) < HAND_MIN_SCORE:
+            continue
+        b = boxes[i].astype(np.float64) / 192.0
+        cx, cy, size = b[0] + anchors[i, 0], b[1] + anchors[i, 1], max(b[2], b[3])
+        kp = b[4:].reshape(7, 2) + anchors[i]
+        ang = np.pi / 2 - np.arctan2(-(kp[2, 1] - kp[0, 1]), kp[2, 0] - kp[0, 0])
+        c, sn = np.cos(ang), np.sin(ang)
+        cx, cy = cx + 0.5 * size * sn, cy - 0.5 * size * c  # shift_y -0.5 in the rect's frame
+        k = 2.6 * size * s / side
+        a, bb, d, e = c * k, -sn * k, sn * k, c * k
+        coeffs = (a, bb, cx * s - side / 2 * (a + bb), d, e, cy * s - side / 2 * (d + e))
+        crop = Image.fromarray(sq).transform((side, side), Image.AFFINE, coeffs, Image.BILINEAR)
+        crops.append(np.asarray(crop))
+        SOURCES.add(f"hand photo {os.path.basename(f)} ({HAND_PHOTOS}), cropped at its palm")
+        if len(crops) == n:
+            return crops
+    return None
+
+
 def _nhwc(img: np.ndarray, h: int, w: int, lo: float, hi: float) -> np.ndarray:
     x = resize(img, h, w).astype(np.float32) / 255.0
     return (lo + (hi - lo) * x)[None]
@@ -1101,16 +1172,19 @@ def calibration_feeds(
     if len(batch) != 1 or None in batch:
         return None
     parts: list[dict[str, np.ndarray]] = []
-    _FACES = "-face-" in model.name
-    try:
-        for v in range(1, CALIBRATION_VARIANTS + 1):
-            _VARIANT = v
-            got = make_feeds(model, specs)
-            if set(got) != set(feeds) or any(np.shape(got[k])[1:] != np.shape(feeds[k])[1:] for k in feeds):
-                return None
-            parts.append(got)
-    finally:
-        _VARIANT, _FACES = 0, False
+    with _VARIANT_LOCK:  # the variant is module state: one row's calibration set at a time (--jobs 2)
+        _FACES = "-face-" in model.name
+        try:
+            for v in range(1, CALIBRATION_VARIANTS + 1):
+                _VARIANT = v
+                got = make_feeds(model, specs)
+                if set(got) != set(feeds) or any(
+                    np.shape(got[k])[1:] != np.shape(feeds[k])[1:] for k in feeds
+                ):
+                    return None
+                parts.append(got)
+        finally:
+            _VARIANT, _FACES = 0, False
     return {k: np.concatenate([p[k] for p in parts]) for k in feeds}
 
 
@@ -1166,6 +1240,14 @@ def make_feeds(model: Model, specs: list[tuple[str, str, list]]) -> dict[str, np
         x = resize(face, 64, 64).astype(np.float32) / 255.0
         x = (x - 0.5) * 2.0
         return {names[0]: x[None, :, :, None]}
+    if f == "hand_nhwc_01":
+        _, h, w, _ = img_shape()
+        v = _VARIANT
+        crops = hand_crops(v + 1, h)
+        if crops is None:
+            SOURCES.add(f"scikit-image data.astronaut: no hand ({HAND_PHOTOS} {FALLBACK}")
+            return {names[0]: _nhwc(photo("astronaut"), h, w, 0.0, 1.0)}
+        return {names[0]: _nhwc(crops[v], h, w, 0.0, 1.0)}
     if f in ("nhwc_01", "nhwc_pm1"):
         _, h, w, _ = img_shape()
         lo, hi = (0.0, 1.0) if f == "nhwc_01" else (-1.0, 1.0)
