@@ -25,7 +25,7 @@ P2 as a user asks for it: ``--models p2 --target-size 44KB --target-of bundle --
 bundle directory within 44 KB, the least costly allocation that fits).
 
 Run: python bench/deep_compression.py [--models p2,p3,dwcnn] [--seeds 0,1,2,3,4] [--max-drop 0.005]
-     [--estimators] [--engine reference|xla] [--json FILE] [--shared ../shared] [--lenet lenet.onnx] [--digits digits.npz]
+     [--estimators] [--engine reference|xla] [--device cpu|cuda] [--json FILE] [--shared ../shared] [--lenet lenet.onnx] [--digits digits.npz]
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ def run_one(name: str, seed: int, args) -> dict:
             progress=progress,
             attempts=args.attempts,
             engine=args.engine,
+            device=getattr(args, "device", "cpu"),
             val_data=val,
             shift=getattr(args, "shift", None),
             cluster=getattr(args, "cluster", "kmeans"),
@@ -234,6 +235,7 @@ def main() -> int:
     ap.add_argument(
         "--engine", default="reference", choices=["reference", "xla"], help="where fine-tuning runs"
     )
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="the xla engine's device")
     ap.add_argument("--attempts", type=int, default=8, help="full schedules the search may run")
     ap.add_argument(
         "--shift",
