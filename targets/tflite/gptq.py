@@ -25,8 +25,10 @@ Rules:
    rows of a fully connected layer's ``H`` (one a sample) can ask of directions no sample
    spans. An input no sample ever made nonzero (``H_ii = 0``) keeps its nearest code and passes no
    error on.
-4. Columns are taken in order in blocks of :data:`BLOCK`, the error of a block applied to the
-   columns after it at once (the paper's lazy batch update); codes are clipped to [-127, 127].
+4. Columns are taken largest ``H_ii`` first (the paper's activation order: the inputs that carry
+   the most signal are rounded while the most columns remain to absorb their error), in blocks
+   of :data:`BLOCK`, the error of a block applied to the columns after it at once (the paper's
+   lazy batch update); codes are clipped to [-127, 127].
 5. The codes are fitted to the calibration samples, so a file measured on those samples looks
    better than it is: with at least :data:`HOLD` runs, every ``HOLD``-th run is left out of ``H``
    (:func:`held_out`), and the writer's gate measures the file on those runs apart as well as on
@@ -145,7 +147,6 @@ class Hessians:
             self.h[wi] = self.h[wi] + h if wi in self.h else h
 
 
-
 def _solve(w: np.ndarray, h: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """Rules 3-4 for one layer: ``w`` ``[O, K]``, ``h`` ``[K, K]`` (or ``[O, K, K]``, one per
     row), ``scale`` ``[O]``: the int8 codes ``[O, K]``."""
@@ -153,6 +154,10 @@ def _solve(w: np.ndarray, h: np.ndarray, scale: np.ndarray) -> np.ndarray:
     o, k = w.shape
     hs = h if h.ndim == 3 else h[None]
     hs = hs.astype(np.float64).copy()
+    # rule 4: the columns of largest H_ii first (each row its own order where H is per row)
+    perm = np.argsort(-np.einsum("bkk->bk", hs), axis=1, kind="stable")
+    hs = np.take_along_axis(np.take_along_axis(hs, perm[:, :, None], 1), perm[:, None, :], 2)
+    w = np.take_along_axis(w, np.broadcast_to(perm, (o, k)) if perm.shape[0] == 1 else perm, 1)
     diag = np.einsum("bkk->bk", hs)
     dead = diag == 0
     idx = np.arange(k)
@@ -162,7 +167,16 @@ def _solve(w: np.ndarray, h: np.ndarray, scale: np.ndarray) -> np.ndarray:
     try:
         u = np.linalg.cholesky(np.linalg.inv(hs)).transpose(0, 2, 1)  # upper: H^-1 = U^T U
     except np.linalg.LinAlgError:
-        return np.clip(np.round(w / scale[:, None]), -127, 127)
+        u = None
+    q = _columns(w, u, scale) if u is not None else np.clip(np.round(w / scale[:, None]), -127, 127)
+    out = np.empty_like(q)
+    np.put_along_axis(out, np.broadcast_to(perm, (o, k)) if perm.shape[0] == 1 else perm, q, 1)
+    return out
+
+
+def _columns(w: np.ndarray, u: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Rule 4's loop over the (ordered) columns of ``w`` with the upper factor ``u``."""
+    o, k = w.shape
     shared = u.shape[0] == 1
     s = scale
     q = np.zeros_like(w)
@@ -176,7 +190,9 @@ def _solve(w: np.ndarray, h: np.ndarray, scale: np.ndarray) -> np.ndarray:
             e = (col - code * s) / (u[0, i, i] if shared else u[:, i, i])
             err[:, i - start] = e
             if i + 1 < end:
-                w[:, i + 1 : end] -= e[:, None] * (u[0, i, i + 1 : end][None] if shared else u[:, i, i + 1 : end])
+                w[:, i + 1 : end] -= e[:, None] * (
+                    u[0, i, i + 1 : end][None] if shared else u[:, i, i + 1 : end]
+                )
         if end < k:
             if shared:
                 w[:, end:] -= err @ u[0, start:end, end:]

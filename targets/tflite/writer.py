@@ -362,7 +362,11 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
                     if held
                     else f"all {len(runs)} run(s) fitted (the gate's verdict is in-sample)"
                 )
-                + (f"; {hessians.skipped} too large or shared kept the nearest codes" if hessians.skipped else "")
+                + (
+                    f"; {hessians.skipped} too large or shared kept the nearest codes"
+                    if hessians.skipped
+                    else ""
+                )
             )
         if len(tried) > 1:
             notes.append(
@@ -378,7 +382,11 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
         verdict = "kept" if all(r["ok"] for r in records) else "NOT kept"
         notes.append(
             f"int{bits} against float on {len(samples)} calibration sample run(s)"
-            + (f" and apart on the {len(checks[1])} GPTQ did not fit (the worse kept)" if len(checks) > 1 else "")
+            + (
+                f" and apart on the {len(checks[1])} GPTQ did not fit (the worse kept)"
+                if len(checks) > 1
+                else ""
+            )
             + f": {gate.summary(records)} "
             f"({verdict}; rules: mconv.targets.tflite.gate; other inputs not measured)"
         )
