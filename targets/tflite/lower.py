@@ -55,6 +55,13 @@ Rules:
    the other side of it), MAXIMUM and MINIMUM at
    the type's range less the zero point; each DequantizeLinear is then a MUL by the scale. The
    result is ONNX's ``(saturate(round(x / s) + zp) - zp) * s`` exactly, as ONNX Runtime computes it.
+13. Data movement that moves nothing goes (:func:`tidy`): a TRANSPOSE that only moves axes of
+   length 1 is a RESHAPE, a chain of RESHAPEs is one, and a RESHAPE to its input's own shape is
+   dropped; 8-bit tensors and the graph's inputs and outputs stay as they are.
+14. Per-channel constant MUL / ADD / SUB next to a linear layer fold into its weights and bias
+   (:func:`fold_affine`): after a FULLY_CONNECTED or convolution without a fused activation, and
+   before a FULLY_CONNECTED (LayerNorm's gamma and beta, a layer scale); not before a
+   convolution, whose zero padding would see a shift.
 """
 
 from __future__ import annotations
@@ -468,6 +475,8 @@ class Lowering:
             self.g.outputs.append(idx)
         carry_quant(self.g)
         fuse_activations(self.g)
+        tidy(self.g)
+        fold_affine(self.g)
         return compact(self.g) if compacted else self.g
 
     def reshape_to(self, src: int, out: int) -> None:
@@ -1739,6 +1748,216 @@ def fuse_activations(g: Graph) -> None:
                 continue
         keep.append(op)
     g.ops = keep
+
+
+def _moves_in_order(shape: list[int], perm: list[int]) -> bool:
+    """A TRANSPOSE by ``perm`` of a value of ``shape`` keeps its elements' memory order: the
+    axes longer than 1 stay in the same relative order."""
+    kept = [a for a in perm if shape[a] != 1]
+    return kept == sorted(kept)
+
+
+def tidy(g: Graph) -> None:
+    """Rule 13: data movement that moves nothing goes. A TRANSPOSE that keeps the memory order
+    (only axes of length 1 move) is a RESHAPE; a RESHAPE of a RESHAPE that nothing else reads
+    reads the first one's input; a RESHAPE to its input's own shape is dropped (its readers read
+    the input). An 8-bit tensor, a graph input or output stays as it is. Squeeze-excite blocks
+    lowered from NHWC Keras models (a MEAN, then TRANSPOSE, RESHAPE, RESHAPE back to [1, 1, 1, C])
+    keep only the MEAN."""
+    protected = set(g.inputs) | set(g.outputs)
+
+    def plain(i: int) -> bool:
+        return g.tensors[i].quant is None and i not in protected
+
+    for op in g.ops:  # TRANSPOSE -> RESHAPE
+        if op.code != "TRANSPOSE" or len(op.inputs) != 2 or g.tensors[op.inputs[1]].data is None:
+            continue
+        x, y = op.inputs[0], op.outputs[0]
+        perm = [int(a) for a in np.asarray(g.tensors[op.inputs[1]].data).ravel()]
+        shape = list(g.tensors[x].shape)
+        if len(perm) != len(shape) or g.tensors[x].quant is not None or g.tensors[y].quant is not None:
+            continue
+        if _moves_in_order(shape, perm):
+            out = list(g.tensors[y].shape)
+            op.code, op.options_type, op.options = "RESHAPE", "ReshapeOptions", {}
+            op.inputs = [x, g.const(g.tensors[y].name + "/shape", np.array(out, np.int32))]
+    changed = True
+    while changed:
+        changed = False
+        producer = g.producer()
+        consumers = g.consumers()
+        drop: set[int] = set()
+        for k, op in enumerate(g.ops):
+            if op.code != "RESHAPE" or k in drop:
+                continue
+            x, y = op.inputs[0], op.outputs[0]
+            p = producer.get(x)
+            if (
+                p is not None
+                and p not in drop
+                and g.ops[p].code == "RESHAPE"
+                and plain(x)
+                and len(consumers.get(x, [])) == 1
+                and g.tensors[g.ops[p].inputs[0]].quant is None
+            ):
+                op.inputs = [g.ops[p].inputs[0], *op.inputs[1:]]
+                drop.add(p)
+                changed = True
+                continue
+            src = op.inputs[0]
+            if (
+                list(g.tensors[src].shape) == list(g.tensors[y].shape)
+                and plain(y)
+                and g.tensors[src].quant is None
+                and g.tensors[src].dtype == g.tensors[y].dtype
+            ):
+                for c in consumers.get(y, []):
+                    g.ops[c].inputs = [src if i == y else i for i in g.ops[c].inputs]
+                drop.add(k)
+                changed = True
+        g.ops = [op for k, op in enumerate(g.ops) if k not in drop]
+
+
+_AFFINE_INTO = {"FULLY_CONNECTED": 0, "CONV_2D": 0, "DEPTHWISE_CONV_2D": 3}  # output channel axis
+
+
+def _channel_const(g: Graph, i: int, channels: int) -> np.ndarray | None:
+    """A float constant that broadcasts along the last axis only (one value, or one a channel):
+    its ``channels`` values, else None."""
+    t = g.tensors[i]
+    if t.data is None or t.dtype != "float32" or t.quant is not None:
+        return None
+    a = np.asarray(t.data, np.float32)
+    if a.size == 1:
+        return np.full(channels, float(a.reshape(())), np.float32)
+    if a.shape[-1] == channels and a.size == channels:
+        return a.reshape(channels)
+    return None
+
+
+def _palette_like(w: np.ndarray, axis: int) -> bool:
+    """A weight the writer stores as int8 codes (writer rule 3): on an int8 grid per channel (a
+    quantized model's, dequantized) or of at most 256 distinct values (a clustered palette). A
+    fold would spread it over other values, and the file would grow fourfold there."""
+    from mconv.targets.tflite.quant import grid_codes
+
+    return np.unique(w).size <= 256 or grid_codes(w, axis) is not None
+
+
+def fold_affine(g: Graph) -> None:
+    """Rule 14: per-channel constant MUL / ADD / SUB next to a linear layer become its weights and
+    bias. After a FULLY_CONNECTED, CONV_2D or DEPTHWISE_CONV_2D without a fused activation whose
+    output only it reads: ``y * c`` scales each output channel's weights and bias, ``y + c`` (or
+    ``- c``) adds to the bias (the op takes over the MUL's or ADD's fused activation). Before a
+    FULLY_CONNECTED whose input only it reads (LayerNorm's gamma and beta): ``W (x * g)`` is
+    ``(W * g) x`` and ``W (x + b)`` adds ``W b`` to the bias. Not before a convolution: its zero
+    padding would see the shift. Weights and biases are new constants (others may share the old
+    ones); 8-bit tensors, the graph's outputs and weights the writer stores as int8 codes
+    (:func:`_palette_like`) stay as they are."""
+    import tflite
+
+    none = tflite.ActivationFunctionType.NONE
+    outputs = set(g.outputs) | set(g.inputs)
+    changed = True
+    while changed:
+        changed = False
+        producer, consumers = g.producer(), g.consumers()
+        for k, op in enumerate(g.ops):
+            if op.code not in ("MUL", "ADD", "SUB") or len(op.inputs) != 2:
+                continue
+            x = next((i for i in op.inputs if g.tensors[i].data is None), None)
+            if x is None or x in outputs or len(consumers.get(x, [])) != 1 or x not in producer:
+                continue
+            c_idx = op.inputs[1] if op.inputs[0] == x else op.inputs[0]
+            if op.code == "SUB" and op.inputs[0] != x:
+                continue
+            lin = g.ops[producer[x]]
+            if (
+                lin.code not in _AFFINE_INTO
+                or lin.options.get("FusedActivationFunction", none) != none
+                or g.tensors[x].quant is not None
+                or g.tensors[lin.inputs[1]].data is None
+                or g.tensors[lin.inputs[1]].dtype != "float32"
+                or g.tensors[op.outputs[0]].quant is not None
+            ):
+                continue
+            w = np.asarray(g.tensors[lin.inputs[1]].data, np.float32)
+            axis = _AFFINE_INTO[lin.code]
+            if _palette_like(w, axis):
+                continue
+            n = w.shape[axis]
+            c = _channel_const(g, c_idx, n)
+            if c is None or list(g.tensors[op.outputs[0]].shape) != list(g.tensors[x].shape):
+                continue
+            has_bias = len(lin.inputs) > 2 and lin.inputs[2] >= 0
+            b = np.asarray(g.tensors[lin.inputs[2]].data, np.float32) if has_bias else np.zeros(n, np.float32)
+            if has_bias and (g.tensors[lin.inputs[2]].data is None or b.size != n):
+                continue
+            b = b.reshape(n)
+            view = [-1 if a == axis else 1 for a in range(w.ndim)]
+            if op.code == "MUL":
+                w, b = w * c.reshape(view), b * c
+            else:
+                b = b + (c if op.code == "ADD" else -c)
+            name = g.tensors[lin.inputs[1]].name
+            ins = list(lin.inputs) + [-1] * (3 - len(lin.inputs))
+            ins[1] = g.const(name + "/folded", w)
+            ins[2] = g.const(name + "/bias_folded", b)
+            lin.inputs = ins
+            lin.outputs = list(op.outputs)
+            act = op.options.get("FusedActivationFunction", none)
+            if act != none:
+                lin.options["FusedActivationFunction"] = act
+            g.ops.pop(k)
+            changed = True
+            break
+        if changed:
+            continue
+        for op in g.ops:  # before a FULLY_CONNECTED
+            if op.code != "FULLY_CONNECTED" or g.tensors[op.inputs[1]].data is None:
+                continue
+            x = op.inputs[0]
+            if x in outputs or len(consumers.get(x, [])) != 1 or x not in producer:
+                continue
+            k = producer[x]
+            pre = g.ops[k]
+            if pre.code not in ("MUL", "ADD", "SUB") or len(pre.inputs) != 2:
+                continue
+            if pre.options.get("FusedActivationFunction", none) != none:
+                continue
+            u = next((i for i in pre.inputs if g.tensors[i].data is None), None)
+            if u is None or g.tensors[u].quant is not None or g.tensors[x].quant is not None:
+                continue
+            c_idx = pre.inputs[1] if pre.inputs[0] == u else pre.inputs[0]
+            if pre.code == "SUB" and pre.inputs[0] != u:
+                continue
+            w = np.asarray(g.tensors[op.inputs[1]].data, np.float32)
+            if g.tensors[op.inputs[1]].dtype != "float32" or w.ndim != 2 or _palette_like(w, 0):
+                continue
+            c = _channel_const(g, c_idx, w.shape[1])
+            if c is None or list(g.tensors[u].shape) != list(g.tensors[x].shape):
+                continue
+            has_bias = len(op.inputs) > 2 and op.inputs[2] >= 0
+            if has_bias and g.tensors[op.inputs[2]].data is None:
+                continue
+            b = (
+                np.asarray(g.tensors[op.inputs[2]].data, np.float32).reshape(-1)
+                if has_bias
+                else np.zeros(w.shape[0], np.float32)
+            )
+            if pre.code == "MUL":
+                w = w * c[None, :]
+            else:
+                b = b + w @ (c if pre.code == "ADD" else -c)
+            name = g.tensors[op.inputs[1]].name
+            ins = list(op.inputs) + [-1] * (3 - len(op.inputs))
+            ins[0] = u
+            ins[1] = g.const(name + "/folded", w.astype(np.float32))
+            ins[2] = g.const(name + "/bias_folded", b.astype(np.float32))
+            op.inputs = ins
+            g.ops.pop(k)
+            changed = True
+            break
 
 
 def compact(g: Graph) -> Graph:

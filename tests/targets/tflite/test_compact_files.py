@@ -143,3 +143,141 @@ def test_a_tflite_weight_read_by_two_convolutions_imports_as_one_initializer(len
     out = got.run({"a": a, "b_in": b})  # the file keeps the model's NCHW inputs and outputs
     for name in ("ya", "yb"):
         assert_close(want[name], out[name], what=name)
+
+
+def _conv1(lenet_model) -> tuple[np.ndarray, np.ndarray]:
+    proto = to_proto(lenet_model)
+    conv = next(n for n in proto.graph.node if n.op_type == "Conv")
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    return inits[conv.input[1]], inits[conv.input[2]]
+
+
+def _check(m, t, bundle, digits, name: str) -> None:
+    from mconv.targets import get_target
+
+    ref, run = get_target("reference").load_model(m), t.load(bundle)
+    for i in (7, 2024, 4100):
+        x = {"x": digits[i : i + 1]}
+        assert_close(ref.run(x)[name], run.run(x)[name], what=name)
+
+
+def test_a_squeeze_excite_block_keeps_only_its_mean(lenet_mnist, tmp_path):
+    """Lower rule 13 on a squeeze-excite block as the Keras reader writes one (global mean, then
+    Reshape to [1, C] and back to [1, C, 1, 1], a 1x1 conv, a sigmoid scaling the features), over
+    LeNet-5's real first convolution on real digits: the file's ops are CONV_2D, MEAN, CONV_2D,
+    LOGISTIC, MUL between the layout's first and last moves (the NCHW input of one channel to
+    NHWC is a RESHAPE: only a unit axis moves); no RESHAPE in the block (Keras EfficientNets: 16
+    TRANSPOSE and 33 RESHAPE before, with their shape constants), and the outputs are the
+    reference's."""
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    w, b = _conv1(model)
+    c = w.shape[0]
+    se = (np.random.default_rng(0).normal(size=(c, c, 1, 1)) * 0.1).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["f"]),
+        helper.make_node("ReduceMean", ["f", "axes"], ["m"], keepdims=1),
+        helper.make_node("Reshape", ["m", "flat"], ["m2"]),
+        helper.make_node("Reshape", ["m2", "back"], ["m4"]),
+        helper.make_node("Conv", ["m4", "se"], ["s"]),
+        helper.make_node("Sigmoid", ["s"], ["g"]),
+        helper.make_node("Mul", ["f", "g"], ["y"]),
+    ]
+    oh = 28 - w.shape[2] + 1
+    graph = helper.make_graph(
+        nodes,
+        "se",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, oh, oh])],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(b, "b"),
+            numpy_helper.from_array(se, "se"),
+            numpy_helper.from_array(np.array([2, 3], np.int64), "axes"),
+            numpy_helper.from_array(np.array([1, c], np.int64), "flat"),
+            numpy_helper.from_array(np.array([1, c, 1, 1], np.int64), "back"),
+        ],
+    )
+    m = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    t = get_target("tflite")
+    bundle = t.export(m, tmp_path / "se", {})
+    ops = [name for name, _, _ in file_ops((bundle.root / "model.tflite").read_bytes())]
+    # the NCHW input to NHWC moves only a unit axis: a RESHAPE; the output goes back to NCHW
+    assert ops == ["RESHAPE", "CONV_2D", "MEAN", "CONV_2D", "LOGISTIC", "MUL", "TRANSPOSE"], ops
+    _check(m, t, bundle, digits, "y")
+
+
+def test_per_channel_affines_fold_into_the_fully_connected_layer(lenet_mnist, tmp_path):
+    """Lower rule 14 on LeNet-5's real ip1 weights (the first 784 of its 800 inputs, so a digit's
+    pixels feed it) with a LayerNorm's
+    gamma and beta before it, and its bias add and a layer scale after it (ConvNeXt's block): one
+    FULLY_CONNECTED in the file, nothing else, and the same outputs on real digits."""
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    proto = to_proto(model)
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    ip1 = next(n for n in proto.graph.node if n.op_type in ("Gemm", "MatMul"))
+    wt = inits[ip1.input[1]]
+    w = wt.T if ip1.op_type == "Gemm" and any(a.name == "transB" and a.i for a in ip1.attribute) else wt
+    w = w[:784]
+    k, n = w.shape  # [in, out] as MatMul takes it
+    rng = np.random.default_rng(1)
+    gamma, beta = rng.uniform(0.5, 1.5, k).astype(np.float32), rng.normal(0, 0.1, k).astype(np.float32)
+    bias, scale = rng.normal(0, 0.1, n).astype(np.float32), rng.uniform(0.1, 1.0, n).astype(np.float32)
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["v"]),
+        helper.make_node("Mul", ["v", "gamma"], ["v1"]),
+        helper.make_node("Add", ["v1", "beta"], ["v2"]),
+        helper.make_node("MatMul", ["v2", "w"], ["h"]),
+        helper.make_node("Add", ["h", "bias"], ["h1"]),
+        helper.make_node("Mul", ["h1", "scale"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "affine",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n])],
+        [
+            numpy_helper.from_array(np.array([1, k], np.int64), "shape"),
+            numpy_helper.from_array(np.ascontiguousarray(w, np.float32), "w"),
+            *(numpy_helper.from_array(a, nm) for a, nm in ((gamma, "gamma"), (beta, "beta"), (bias, "bias"), (scale, "scale"))),
+        ],
+    )  # fmt: skip
+    m = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    t = get_target("tflite")
+    bundle = t.export(m, tmp_path / "affine", {})
+    ops = [name for name, _, _ in file_ops((bundle.root / "model.tflite").read_bytes())]
+    assert [o for o in ops if o != "RESHAPE"] == ["FULLY_CONNECTED"], ops
+    _check(m, t, bundle, digits, "y")
+
+
+def test_a_shift_before_a_padded_convolution_is_not_folded(lenet_mnist, tmp_path):
+    """Lower rule 14 leaves an ADD before a convolution with zero padding (the padding would see
+    the shift): the ADD stays, and the outputs on real digits are the reference's."""
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    w, b = _conv1(model)
+    nodes = [
+        helper.make_node("Add", ["x", "shift"], ["xs"]),
+        helper.make_node("Conv", ["xs", "w", "b"], ["y"], pads=[2, 2, 2, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "shift",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, w.shape[0], 28, 28])],
+        [
+            numpy_helper.from_array(np.array([0.5], np.float32).reshape(1, 1, 1, 1), "shift"),
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(b, "b"),
+        ],
+    )
+    m = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    t = get_target("tflite")
+    bundle = t.export(m, tmp_path / "shift", {})
+    ops = [name for name, _, _ in file_ops((bundle.root / "model.tflite").read_bytes())]
+    assert "ADD" in ops, ops
+    _check(m, t, bundle, digits, "y")
