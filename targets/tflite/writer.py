@@ -51,9 +51,10 @@ Rules:
 10. At ``int8`` and ``int16x8`` the int8 codes of conv, depthwise and fully connected weights are
    fitted on the calibration samples (``--rounding gptq``, the default:
    :mod:`mconv.targets.tflite.gptq`; ``nearest`` rounds each weight alone). The same calibration
-   pass gathers what GPTQ needs; the scales are those of plain rounding. With two or more
-   calibration runs every second one is left out of the fit, and the gate measures each file on
-   those runs only: a file whose codes were fitted to a sample is not judged on it.
+   pass gathers what GPTQ needs; the scales are those of plain rounding. With four or more
+   calibration runs every fourth is left out of the fit, and the gate measures each file on
+   those runs apart as well as on all of them, the worse figure per output counting: a file
+   whose codes were fitted to a sample is not judged only on it.
 """
 
 from __future__ import annotations
@@ -294,8 +295,9 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
         shapes = {base.tensors[i].name: base.tensors[i].shape for i in base.inputs}
         runs = quant._batches(feeds, shapes, limit)
         held = sorted(gptq.held_out(len(runs))) if rounder is not None else []
-        # rule 10: where GPTQ fitted the weights, the gate measures only the runs it did not see
-        checks = [[runs[k] for k in held][:CHECK_SAMPLES] if held else runs[:CHECK_SAMPLES]]
+        # rule 10: where GPTQ fitted the weights, the gate also measures the runs it did not see
+        # apart, the worse figure per output counting
+        checks = [runs[:CHECK_SAMPLES]] + ([[runs[k] for k in held][:CHECK_SAMPLES]] if held else [])
         samples = checks[0]
         references = [_outputs_of(float_bytes, c) for c in checks]  # quant rule 8's oracle, run once
 
@@ -354,8 +356,8 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
         )
         if rounder is not None and hessians is not None:
             notes.append(
-                f"int8 weight codes fitted on the calibration samples (GPTQ) for {len(hessians.h)} "
-                f"weight tensor(s), "
+                f"int8 weight codes fitted on the calibration samples (GPTQ) for "
+                f"{len({k for k, _ in rounder.cache})} weight tensor(s), "
                 + (
                     f"{len(held)} of {len(runs)} run(s) held out for the gate"
                     if held
@@ -381,7 +383,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
         verdict = "kept" if all(r["ok"] for r in records) else "NOT kept"
         notes.append(
             f"int{bits} against float on {len(samples)} calibration sample run(s)"
-            + (" GPTQ did not fit" if held else "")
+            + (f" and apart on the {len(checks[1])} GPTQ did not fit (the worse counts)" if held else "")
             + f": {gate.summary(records)} "
             f"({verdict}; rules: mconv.targets.tflite.gate; other inputs not measured)"
         )
