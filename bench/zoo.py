@@ -29,7 +29,9 @@ Models (``CORPUS``), in three groups:
   fed held-out rows.
 
 Inputs are what each model was made for (scikit-image's sample photos, espeak-ng speech at the
-model's rate, rendered text for OCR, the UCI digits, bytes of a real file for magika) and are
+model's rate, rendered text for OCR, the UCI digits, bytes of a real file for magika, hand photos
+cropped at the palm for the hand landmark models where ``$MCONV_HAND_PHOTOS`` names a folder of
+them) and are
 written to ``<cache>/zoo/<name>/inputs.npz`` with the source runtime's outputs
 (``expected.npz``: ONNX Runtime for ONNX, LiteRT for TFLite, Keras for Keras, torch for
 TorchScript) computed in a child process.
