@@ -57,7 +57,8 @@ Rules:
    result is ONNX's ``(saturate(round(x / s) + zp) - zp) * s`` exactly, as ONNX Runtime computes it.
 13. Data movement that moves nothing goes (:func:`tidy`): a TRANSPOSE that only moves axes of
    length 1 is a RESHAPE, a chain of RESHAPEs is one, and a RESHAPE to its input's own shape is
-   dropped; 8-bit tensors and the graph's inputs and outputs stay as they are.
+   dropped; a PAD whose pads are TF's SAME pads for the VALID conv (or max pool) reading it is
+   that op's SAME padding; 8-bit tensors and the graph's inputs and outputs stay as they are.
 14. Per-channel constant MUL / ADD / SUB next to a linear layer fold into its weights and bias
    (:func:`fold_affine`): after a FULLY_CONNECTED or convolution without a fused activation, and
    before a FULLY_CONNECTED (LayerNorm's gamma and beta, a layer scale); not before a
@@ -1816,6 +1817,60 @@ def tidy(g: Graph) -> None:
                 drop.add(k)
                 changed = True
         g.ops = [op for k, op in enumerate(g.ops) if k not in drop]
+    _pads_into_same(g, protected)
+
+
+def _same(size: int, k: int, stride: int, dil: int) -> tuple[int, int]:
+    """TF's SAME padding (before, after) of one spatial axis."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + (k - 1) * dil + 1 - size, 0)
+    return total // 2, total - total // 2
+
+
+def _pads_into_same(g: Graph, protected: set[int]) -> None:
+    """Rule 13's last step: a zero PAD read only by a VALID convolution, or a PADV2 with float32's
+    lowest read only by a VALID max pool, whose pads are exactly TF's SAME pads for that op's
+    kernel, stride and dilation, is the op's own SAME padding (Keras's ZeroPadding2D before a
+    stride-1 3x3 conv: ResNetV2)."""
+    producer, consumers = g.producer(), g.consumers()
+    drop: set[int] = set()
+    for op in g.ops:
+        if (
+            op.code not in ("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D")
+            or op.options.get("Padding", 0) != 1
+        ):
+            continue
+        x = op.inputs[0]
+        k = producer.get(x)
+        if k is None or x in protected or len(consumers.get(x, [])) != 1 or g.tensors[x].quant is not None:
+            continue
+        pad = g.ops[k]
+        want = "PADV2" if op.code == "MAX_POOL_2D" else "PAD"
+        if pad.code != want or g.tensors[pad.inputs[1]].data is None:
+            continue
+        if want == "PADV2":
+            v = g.tensors[pad.inputs[2]].data if len(pad.inputs) > 2 else None
+            if v is None or float(np.asarray(v).reshape(-1)[0]) > float(np.finfo(np.float32).min):
+                continue
+        pads = np.asarray(g.tensors[pad.inputs[1]].data).reshape(-1, 2)
+        src = g.tensors[pad.inputs[0]]
+        if pads.shape[0] != 4 or pads[0].any() or pads[3].any() or len(src.shape) != 4:
+            continue
+        if op.code == "MAX_POOL_2D":
+            kh, kw = int(op.options.get("FilterHeight", 1)), int(op.options.get("FilterWidth", 1))
+            dh = dw = 1
+        else:
+            wshape = g.tensors[op.inputs[1]].shape
+            kh, kw = int(wshape[1]), int(wshape[2])
+            dh, dw = int(op.options.get("DilationHFactor", 1)), int(op.options.get("DilationWFactor", 1))
+        sh, sw = int(op.options.get("StrideH", 1)), int(op.options.get("StrideW", 1))
+        if tuple(pads[1]) == _same(src.shape[1], kh, sh, dh) and tuple(pads[2]) == _same(
+            src.shape[2], kw, sw, dw
+        ):
+            op.inputs = [pad.inputs[0], *op.inputs[1:]]
+            op.options["Padding"] = 0
+            drop.add(k)
+    g.ops = [op for k, op in enumerate(g.ops) if k not in drop]
 
 
 _AFFINE_INTO = {"FULLY_CONNECTED": 0, "CONV_2D": 0, "DEPTHWISE_CONV_2D": 3}  # output channel axis

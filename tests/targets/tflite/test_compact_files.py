@@ -281,3 +281,44 @@ def test_a_shift_before_a_padded_convolution_is_not_folded(lenet_mnist, tmp_path
     ops = [name for name, _, _ in file_ops((bundle.root / "model.tflite").read_bytes())]
     assert "ADD" in ops, ops
     _check(m, t, bundle, digits, "y")
+
+
+def test_a_zero_pad_of_same_size_before_a_valid_convolution_is_its_same_padding(lenet_mnist, tmp_path):
+    """Lower rule 13's last step on LeNet-5's real 5x5 conv1 in an NHWC model (as the Keras reader
+    writes one: Transpose in, Conv, Transpose out) after an explicit zero Pad of 2 on each side
+    (Keras's ZeroPadding2D before a stride-1 conv: ResNetV2 has 14): TF's SAME pads for a 5x5
+    stride-1 kernel, so the file has one CONV_2D with SAME padding and no PAD; the same Pad before
+    a stride-2 conv (SAME would pad 1 and 2) stays a PAD. Outputs on real digits are the
+    reference's."""
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    w, b = _conv1(model)
+    for stride, folded in ((1, True), (2, False)):
+        oh = (28 + 4 - 5) // stride + 1
+        nodes = [
+            helper.make_node("Pad", ["x", "pads"], ["xp"]),
+            helper.make_node("Transpose", ["xp"], ["xc"], perm=[0, 3, 1, 2]),
+            helper.make_node("Conv", ["xc", "w", "b"], ["c"], strides=[stride, stride]),
+            helper.make_node("Transpose", ["c"], ["y"], perm=[0, 2, 3, 1]),
+        ]
+        graph = helper.make_graph(
+            nodes,
+            "pad",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 28, 28, 1])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, oh, oh, w.shape[0]])],
+            [
+                numpy_helper.from_array(np.array([0, 2, 2, 0, 0, 2, 2, 0], np.int64), "pads"),
+                numpy_helper.from_array(w, "w"),
+                numpy_helper.from_array(b, "b"),
+            ],
+        )
+        m = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+        t = get_target("tflite")
+        bundle = t.export(m, tmp_path / f"pad{stride}", {})
+        ops = [name for name, _, _ in file_ops((bundle.root / "model.tflite").read_bytes())]
+        assert ("PAD" not in ops) == folded and "CONV_2D" in ops, (stride, ops)
+        ref, run = get_target("reference").load_model(m), t.load(bundle)
+        for i in (7, 2024, 4100):
+            x = {"x": digits[i : i + 1].transpose(0, 2, 3, 1)}
+            assert_close(ref.run(x)["y"], run.run(x)["y"], what="y")
