@@ -25,7 +25,7 @@ class Options(Common):
     )
     io_dtype: str | None = option(None, help="int8 model I/O dtype.", metavar="float32|int8|uint8")
     rounding: str | None = option(
-        None, help="int8 weight codes: fitted on --data, or nearest.", metavar="gptq|nearest"
+        None, help="int8 weight codes: fitted (GPTQ) or nearest.", metavar="gptq|nearest"
     )
     palette: str | None = option(None, help="How off-grid palettes are stored.", metavar="int8|fp16|float32")
     calibration_samples: int | None = None  # at most this many samples of --data (default 500)
