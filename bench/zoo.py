@@ -78,6 +78,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import fcntl
+import functools
 import json
 import math
 import os
@@ -1091,22 +1092,32 @@ HAND_MIN_SCORE = 0.5  # MediaPipe's palm min_score_thresh: a photo whose palm sc
 def hand_crops(n: int, side: int = 224) -> list[np.ndarray] | None:
     """The first ``n`` hand crops (uint8 side x side RGB) of $MCONV_HAND_PHOTOS, in name order, or
     None where the folder is not given or has fewer usable photos."""
-    import glob
-
-    from PIL import Image
-
     folder = os.environ.get(HAND_PHOTOS)
     if not folder:
         return None
-    files = sorted(glob.glob(os.path.join(folder, "**", "*.jp*g"), recursive=True))
-    from ai_edge_litert.interpreter import Interpreter
-    from mconv.targets.tflite.gate import ssd_anchor_centres
+    found = _palm_crops(folder, side)
+    if len(found) < n:
+        return None
+    for name, _ in found[:n]:
+        SOURCES.add(f"hand photo {name} ({HAND_PHOTOS}), cropped at its palm")
+    return [crop for _, crop in found[:n]]
 
+
+@functools.lru_cache(maxsize=4)
+def _palm_crops(folder: str, side: int) -> list[tuple[str, np.ndarray]]:
+    """(file name, crop) for each photo of ``folder`` whose palm scores at least HAND_MIN_SCORE,
+    in name order: the palm detector runs once a photo, however many variants read them."""
+    import glob
+
+    from mconv.targets.tflite.gate import ssd_anchor_centres
+    from mconv.targets.tflite.litert import open_interpreter
+    from PIL import Image
+
+    files = sorted(glob.glob(os.path.join(folder, "**", "*.jp*g"), recursive=True))
     palm = _wheels.fetch_member(*MEDIAPIPE, MP + "palm_detection/palm_detection_full.tflite")
-    it = Interpreter(model_path=str(palm))
-    it.allocate_tensors()
+    it = open_interpreter(palm.read_bytes())
     anchors = ssd_anchor_centres(192, [8, 16, 16, 16], 2) / 192.0
-    crops: list[np.ndarray] = []
+    crops: list[tuple[str, np.ndarray]] = []
     for f in files:
         img = np.asarray(Image.open(f).convert("RGB"))
         h, w = img.shape[:2]
@@ -1131,11 +1142,8 @@ def hand_crops(n: int, side: int = 224) -> list[np.ndarray] | None:
         a, bb, d, e = c * k, -sn * k, sn * k, c * k
         coeffs = (a, bb, cx * s - side / 2 * (a + bb), d, e, cy * s - side / 2 * (d + e))
         crop = Image.fromarray(sq).transform((side, side), Image.AFFINE, coeffs, Image.BILINEAR)
-        crops.append(np.asarray(crop))
-        SOURCES.add(f"hand photo {os.path.basename(f)} ({HAND_PHOTOS}), cropped at its palm")
-        if len(crops) == n:
-            return crops
-    return None
+        crops.append((os.path.basename(f), np.asarray(crop)))
+    return crops
 
 
 def _nhwc(img: np.ndarray, h: int, w: int, lo: float, hi: float) -> np.ndarray:

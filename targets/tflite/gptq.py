@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 from mconv.quantmath import symmetric
+from mconv.targets.tflite.lower import same_pads
 from mconv.targets.tflite.schema import Graph
 
 ROWS = 4096  # input patches per calibration run and op (rule 2)
@@ -54,12 +55,6 @@ BLOCK = 128
 HOLD = 4  # every HOLD-th calibration run is held out of H (rule 5)
 
 
-def _same_pads(size: int, k: int, stride: int, dil: int) -> tuple[int, int]:
-    out = -(-size // stride)
-    total = max((out - 1) * stride + (k - 1) * dil + 1 - size, 0)
-    return total // 2, total - total // 2
-
-
 def _patches(op: Any, x: np.ndarray, kh: int, kw: int, rng: np.random.Generator) -> np.ndarray:
     """``[P, KH*KW, C]``: the input patches of up to ``ROWS`` sampled output positions of a
     (depthwise) convolution on the NHWC activation ``x``."""
@@ -68,7 +63,7 @@ def _patches(op: Any, x: np.ndarray, kh: int, kw: int, rng: np.random.Generator)
     dh, dw = int(o.get("DilationHFactor", 1)), int(o.get("DilationWFactor", 1))
     n, h, w, c = x.shape
     if int(o.get("Padding", 0)) == 0:  # SAME
-        (pt, pb), (pl, pr) = _same_pads(h, kh, sh, dh), _same_pads(w, kw, sw, dw)
+        (pt, pb), (pl, pr) = same_pads(h, kh, sh, dh), same_pads(w, kw, sw, dw)
         x = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
     oh = (x.shape[1] - dh * (kh - 1) - 1) // sh + 1
     ow = (x.shape[2] - dw * (kw - 1) - 1) // sw + 1
@@ -91,10 +86,7 @@ class Hessians:
     """Rule 2: ``H`` per weight tensor index, summed over :meth:`add` calls (one per run)."""
 
     def __init__(self, g: Graph) -> None:
-        readers: dict[int, int] = {}
-        for op in g.ops:
-            for i in op.inputs:
-                readers[i] = readers.get(i, 0) + 1
+        readers = g.consumers()
         self.ops: dict[int, Any] = {}  # weight tensor -> its op
         self.skipped = 0
         used = 0
@@ -102,7 +94,7 @@ class Hessians:
             if op.code not in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") or len(op.inputs) < 2:
                 continue
             x, w = g.tensors[op.inputs[0]], g.tensors[op.inputs[1]]
-            if w.data is None or x.data is not None or readers.get(op.inputs[1], 0) != 1:
+            if w.data is None or x.data is not None or len(readers.get(op.inputs[1], [])) != 1:
                 continue
             shape = w.data.shape
             if op.code == "DEPTHWISE_CONV_2D":
@@ -200,11 +192,9 @@ class Rounder:
     """Int8 codes for ``quant.to_int8``: GPTQ where :class:`Hessians` has ``H``, else None
     (plain rounding); cached per (tensor, axis), so each attempt of the writer reuses them."""
 
-    def __init__(self, g: Graph, hessians: Hessians) -> None:
-        self.g = g
+    def __init__(self, hessians: Hessians) -> None:
         self.hs = hessians
         self.cache: dict[tuple[int, int | None], tuple[np.ndarray, np.ndarray]] = {}
-        self.rounded = 0
 
     def __call__(self, wi: int, a: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray] | None:
         if wi not in self.hs.h:
@@ -226,5 +216,4 @@ class Rounder:
                 sc = scale if axis is not None else np.full(a.shape[0], float(scale[0]))
                 q = _solve(rows, h, sc.astype(np.float64)).reshape(a.shape)
             self.cache[key] = (q.astype(np.int8), scale)
-            self.rounded += 1
         return self.cache[key]

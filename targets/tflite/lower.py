@@ -134,6 +134,13 @@ def _perm_inverse(p: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
+def same_pads(size: int, k: int, stride: int, dil: int) -> tuple[int, int]:
+    """TF's SAME padding (before, after) of one spatial axis: the output is ``ceil(size /
+    stride)`` long and the extra row or column goes after."""
+    total = max((-(-size // stride) - 1) * stride + (k - 1) * dil + 1 - size, 0)
+    return total // 2, total - total // 2
+
+
 def _static(value: Any) -> list[int]:
     if value.shape is None or not all(isinstance(d, int) for d in value.shape):
         raise UnsupportedError(
@@ -507,10 +514,7 @@ class Lowering:
         if isinstance(auto, bytes):
             auto = auto.decode()
         h, w = x_shape[2], x_shape[3]
-        same = []
-        for size, kk, ss, dd in ((h, k[0], s[0], d[0]), (w, k[1], s[1], d[1])):
-            total = max((-(-size // ss) - 1) * ss + (kk - 1) * dd + 1 - size, 0)
-            same.append((total // 2, total - total // 2))
+        same = [same_pads(h, k[0], s[0], d[0]), same_pads(w, k[1], s[1], d[1])]
         if auto == "VALID":
             return "VALID", [0, 0, 0, 0]
         if auto == "SAME_UPPER":
@@ -1820,13 +1824,6 @@ def tidy(g: Graph) -> None:
     _pads_into_same(g, protected)
 
 
-def _same(size: int, k: int, stride: int, dil: int) -> tuple[int, int]:
-    """TF's SAME padding (before, after) of one spatial axis."""
-    out = -(-size // stride)
-    total = max((out - 1) * stride + (k - 1) * dil + 1 - size, 0)
-    return total // 2, total - total // 2
-
-
 def _pads_into_same(g: Graph, protected: set[int]) -> None:
     """Rule 13's last step: a zero PAD read only by a VALID convolution, or a PADV2 with float32's
     lowest read only by a VALID max pool, whose pads are exactly TF's SAME pads for that op's
@@ -1864,7 +1861,7 @@ def _pads_into_same(g: Graph, protected: set[int]) -> None:
             kh, kw = int(wshape[1]), int(wshape[2])
             dh, dw = int(op.options.get("DilationHFactor", 1)), int(op.options.get("DilationWFactor", 1))
         sh, sw = int(op.options.get("StrideH", 1)), int(op.options.get("StrideW", 1))
-        if tuple(pads[1]) == _same(src.shape[1], kh, sh, dh) and tuple(pads[2]) == _same(
+        if tuple(pads[1]) == same_pads(src.shape[1], kh, sh, dh) and tuple(pads[2]) == same_pads(
             src.shape[2], kw, sw, dw
         ):
             op.inputs = [pad.inputs[0], *op.inputs[1:]]

@@ -291,7 +291,7 @@ def build(model: ir.Model, options: Mapping[str, Any] | None = None) -> Written:
             ) from None
         own = quant.qdq_ranges(g, qparams, complete=False)
         base = copy.deepcopy(g)
-        rounder = gptq.Rounder(base, hessians) if hessians is not None else None
+        rounder = gptq.Rounder(hessians) if hessians is not None else None
         shapes = {base.tensors[i].name: base.tensors[i].shape for i in base.inputs}
         runs = quant._batches(feeds, shapes, limit)
         held = sorted(gptq.held_out(len(runs))) if rounder is not None else []
