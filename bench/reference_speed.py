@@ -16,7 +16,9 @@ thread count and limited to 1 thread (threadpoolctl), ONNX Runtime's CPU provide
 ``ReferenceEvaluator`` (AlexNet only: it takes seconds per run). Each runner gets one warm-up
 call, then the median of ``--repeat`` calls is reported with ratios of like against like: mconv
 at BLAS default threads against ORT at its default, mconv at 1 BLAS thread against ORT at 1
-thread. Before timing, each case checks that mconv and ORT agree.
+thread. Before timing, each case checks that mconv and ORT agree. A last runner, the float64 GEMM
+floor (:func:`gemm_floor`), does only the GEMMs any float64-accumulating oracle must do: its ratio
+to ORT is the nearest such an oracle can come on this machine.
 
     python bench/reference_speed.py [--repeat 7] [--cases alexnet,lenet,resnet50] [--profile CASE]
 
@@ -141,7 +143,55 @@ def build_runners(case: Case) -> None:
 
         reference = ReferenceEvaluator(case.proto)
         case.runners["onnx.reference"] = lambda: reference.run(None, feeds)
+    floor = gemm_floor(case)
+    case.runners["float64 GEMM floor"] = floor
+    case.runners["float64 GEMM floor 1t"] = floor
     case.executor = executor  # type: ignore[attr-defined]
+
+
+def gemm_floor(case: Case) -> Callable[[], object]:
+    """The arithmetic an oracle that accumulates in float64 cannot avoid: every Conv, Gemm and
+    MatMul of the model as the float64 GEMMs of its shapes (a Conv of group g: g products of
+    ``[M/g, C/g*kh*kw] @ [C/g*kh*kw, N*Ho*Wo]``), on operands made beforehand, with nothing
+    else (no patch copies, no casts, no other op). Timed beside ORT's whole pass, it bounds how
+    near ORT such an oracle can come on this machine."""
+    import onnx
+    from onnx import numpy_helper, shape_inference
+
+    proto = onnx.ModelProto()
+    proto.CopyFrom(case.proto)  # type: ignore[arg-type]
+    for i in proto.graph.input:
+        if i.name in case.feeds:
+            for d, n in zip(i.type.tensor_type.shape.dim, case.feeds[i.name].shape, strict=True):
+                d.Clear()
+                d.dim_value = int(n)
+    proto = shape_inference.infer_shapes(proto)
+    shapes = {
+        v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+        for v in [*proto.graph.input, *proto.graph.value_info, *proto.graph.output]
+    }
+    inits = {t.name: numpy_helper.to_array(t).shape for t in proto.graph.initializer}
+    shapes.update({k: list(v) for k, v in inits.items()})
+    rng = np.random.default_rng(0)
+    operands: list[tuple[np.ndarray, np.ndarray]] = []
+    for node in proto.graph.node:
+        if node.op_type == "Conv":
+            w, y = shapes[node.input[1]], shapes[node.output[0]]
+            g = next((a.i for a in node.attribute if a.name == "group"), 1)
+            m, k = w[0] // g, int(np.prod(w[1:]))
+            n = y[0] * int(np.prod(y[2:]))
+            operands += [(rng.standard_normal((m, k)), rng.standard_normal((k, n))) for _ in range(g)]
+        elif node.op_type in ("Gemm", "MatMul"):
+            a, b = shapes[node.input[0]], shapes[node.input[1]]
+            trans_b = any(x.name == "transB" and x.i for x in node.attribute)
+            rows, k = int(np.prod(a[:-1])), a[-1]
+            cols = b[0] if trans_b else b[-1]
+            operands.append((rng.standard_normal((rows, k)), rng.standard_normal((k, cols))))
+
+    def run() -> object:
+        return [a @ b for a, b in operands]
+
+    return run
 
 
 def time_interleaved(
@@ -269,18 +319,25 @@ def main() -> None:
     )
     print(
         "| case | threads | mconv exact | mconv fast_math | ORT | onnx.reference "
-        "| exact / ORT | fast_math / ORT | onnx.reference / exact |"
+        "| exact / ORT | fast_math / ORT | onnx.reference / exact | float64 GEMM floor / ORT |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for case, med in rows:
         ref = med.get("onnx.reference")
         for label, suffix, ort_key in (("default", "", "ORT default"), ("1", " 1t", "ORT 1 thread")):
             ex, fm, on = med["mconv exact" + suffix], med["mconv fast_math" + suffix], med[ort_key]
+            fl = med["float64 GEMM floor" + suffix]
             r = ref if suffix == "" else None
             print(
                 f"| {case.name} | {label} | {ex * 1e3:.1f} | {fm * 1e3:.1f} | {on * 1e3:.1f} | "
                 f"{'-' if r is None else f'{r * 1e3:.0f}'} | {ex / on:.2f}x | {fm / on:.2f}x | "
-                f"{'-' if r is None else f'{r / ex:.1f}x'} |"
+                f"{'-' if r is None else f'{r / ex:.1f}x'} | {fl / on:.2f}x |"
+            )
+    for case, med in rows:
+        if "onnx.reference" in med:
+            print(
+                f"{case.name}: onnx.reference / float64 GEMM floor = "
+                f"{med['onnx.reference'] / med['float64 GEMM floor']:.1f}x (the most any float64 oracle can gain)"
             )
     print(
         "\ntargets: exact <= 2x ORT (AlexNet, LeNet-5), <= 3x (ResNet-50); onnx.reference >= 10x slower "

