@@ -8,8 +8,10 @@ Rules:
    rank-4 value stored ``transpose(x, (0, 2, 3, 1))``) or ``flat`` (a ``Flatten`` of an ``nhwc``
    value, read only by fully connected layers, whose weight columns are permuted to match).
    Convolutions, pools, LRN and global pools read ``nhwc``; elementwise ops, Concat (axis
-   remapped), Softmax over channels, reductions with ``keepdims``, Pad and BatchNorm keep their
-   input's layout, their constants transposed to it; a Transpose is composed with the layout
+   remapped), Softmax over channels, reductions with ``keepdims`` (and any reduction over every
+   axis to a scalar), Pad and BatchNorm keep their input's layout, their constants transposed to
+   it; a computed one-element operand (a dynamic quantization's scale or zero point) broadcasts
+   alike in every layout and takes no part in the choice; a Transpose is composed with the layout
    (and vanishes when the composition is the identity, as for an NHWC model's own
    NHWC-to-NCHW Transpose); Reshape and ops not listed read ``orig``. A value is converted at
    most once per layout (one TRANSPOSE, cached), so a conv chain carries no transposes.
@@ -1003,32 +1005,38 @@ class Lowering:
     def _binary(self, node: Any) -> None:
         code, opt = _BINARY[node.op_type]
         yv = node.outputs[0]
-        rank = len(_static(yv))
-        acts = [v for v in node.inputs if not self.is_const(v)]
+        layout = self._shared_layout(node)
+        ins = [self._operand(v, layout) for v in node.inputs]
+        y = self.out(yv, layout)
+        self.op(code, ins, [y], opt, label=node.name)
+
+    def _shared_layout(self, node: Any) -> str:
+        """The layout of a broadcasting op of a rank-4 output: NHWC where every computed input
+        of more than one element is rank 4 and one of them is NHWC already. A computed input of
+        one element (a dynamic quantization's scale or zero point) takes no part: it broadcasts
+        the same in every layout."""
+        rank = len(_static(node.outputs[0]))
+        acts = [v for v in node.inputs if not self.is_const(v) and int(np.prod(_static(v))) != 1]
         nhwc = (
             rank == 4
             and all(len(_static(v)) == 4 for v in acts)
             and any(self.layout_of(v.name) == "nhwc" for v in acts)
         )
-        layout = "nhwc" if nhwc else "orig"
-        ins = [self.get(v, layout) for v in node.inputs]
-        y = self.out(yv, layout)
-        self.op(code, ins, [y], opt, label=node.name)
+        return "nhwc" if nhwc else "orig"
+
+    def _operand(self, v: Any, layout: str) -> int:
+        """A broadcasting op's input in ``layout``; a computed one-element input as it is."""
+        if not self.is_const(v) and int(np.prod(_static(v))) == 1:
+            return self.get(v, self._keep_layout(v))
+        return self.get(v, layout)
 
     _Add = _Sub = _Mul = _Div = _Max = _Min = _Pow = _binary
     _Equal = _Greater = _Less = _GreaterOrEqual = _LessOrEqual = _PRelu = _And = _Or = _binary
 
     def _Where(self, node: Any) -> None:
         yv = node.outputs[0]
-        rank = len(_static(yv))
-        acts = [v for v in node.inputs if not self.is_const(v)]
-        nhwc = (
-            rank == 4
-            and all(len(_static(v)) == 4 for v in acts)
-            and any(self.layout_of(v.name) == "nhwc" for v in acts)
-        )
-        layout = "nhwc" if nhwc else "orig"
-        ins = [self.get(v, layout) for v in node.inputs]
+        layout = self._shared_layout(node)
+        ins = [self._operand(v, layout) for v in node.inputs]
         y = self.out(yv, layout)
         self.op("SELECT_V2", ins, [y], label=node.name)
 
@@ -1464,11 +1472,13 @@ class Lowering:
         keep = bool(self.attr(node, "keepdims", 1))
         if source >= 0 and layout == "nhwc" and not keep:  # a squared nhwc value, read as orig
             source, layout = self.transposed(source, TO_NCHW, node.outputs[0].name + "/sq_nchw"), "orig"
-        layout = layout or (self._keep_layout(xv) if keep else "orig")
+        whole = not keep and source < 0 and not layout and sorted(axes) == list(range(rank))
+        layout = layout or (self._keep_layout(xv) if keep or whole else "orig")
         if layout == "nhwc":
             axes = [TO_NHWC.index(a) for a in axes]
         x = source if source >= 0 else self.get(xv, layout)
-        y = self.out(node.outputs[0], layout)
+        # a reduction over every axis to a scalar reads its input in the layout it has
+        y = self.out(node.outputs[0], "orig" if whole else layout)
         self.op(
             code,
             [x, self.const("axes", np.array(sorted(axes), np.int32))],

@@ -372,3 +372,37 @@ def test_an_all_zero_fully_connected_bias_is_left_out(lenet_mnist, tmp_path):
     ]
     assert fcs == [["FLOAT32", "FLOAT32"], ["FLOAT32", "FLOAT32", "FLOAT32"]], fcs
     _check(m, t, bundle, digits, "y")
+
+
+def test_a_dynamic_quantized_convolution_net_keeps_nhwc_between_its_layers(lenet_mnist, tmp_path):
+    """Lower rules 1 and 2 on ONNX Runtime's dynamic quantization of LeNet-5 (quantize_dynamic:
+    a DynamicQuantizeLinear before each ConvInteger / MatMulInteger, the product scaled by a
+    computed one-element scale): a one-element computed operand and a reduction over every axis
+    (the range of DynamicQuantizeLinear) take no part in the layout, so the activations stay NHWC
+    from the first convolution to the flatten: one TRANSPOSE in the file (before the flatten,
+    ONNX's channel-first order), not one on each side of each convolution; the outputs on real
+    digits are ONNX Runtime's."""
+    import onnx
+    import onnxruntime as ort
+    from mconv.targets import get_target
+    from onnxruntime import quantization
+
+    model, digits, _ = lenet_mnist
+    src, q = tmp_path / "lenet.onnx", tmp_path / "lenet_dyn.onnx"
+    src.write_bytes(to_proto(model).SerializeToString())
+    quantization.quantize_dynamic(src, q, weight_type=quantization.QuantType.QInt8)
+    qm = from_proto(onnx.load(q))
+    assert any(n.op_type == "ConvInteger" for n in qm.graph)
+    t = get_target("tflite")
+    bundle = t.export(qm, tmp_path / "dyn", {})
+    ops = [name for name, _, _ in file_ops((bundle.root / "model.tflite").read_bytes())]
+    assert ops.count("CONV_2D") == 2 and ops.count("TRANSPOSE") == 1, ops
+    sess = ort.InferenceSession(str(q), providers=["CPUExecutionProvider"])
+    run = t.load(bundle)
+    name = sess.get_inputs()[0].name
+    out_name = sess.get_outputs()[0].name
+    for i in (7, 2024, 4100):
+        x = digits[i : i + 1]
+        want = sess.run(None, {name: x})[0]
+        got = run.run({name: x})[out_name]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
