@@ -68,6 +68,9 @@ Rules:
 15. A FULLY_CONNECTED's float bias that is all zeros is left out (input ``-1``, which LiteRT's
    kernel reads as no bias), as TensorFlow's converter does: randomly initialized Keras models
    and folds that cancel leave such biases, each a tensor and a buffer of its own shape.
+16. A small parameter constant the lowering makes (rank <= 1, at most 8 elements: a scalar, axes,
+   a shape, a permutation, a clip bound) is one tensor for all the ops that read its value, as
+   TensorFlow's converter shares them: each tensor costs its name, shape and table in the file.
 """
 
 from __future__ import annotations
@@ -347,7 +350,10 @@ class Lowering:
 
     def const(self, name: str, array: np.ndarray, dtype: Any = None) -> int:
         a = np.ascontiguousarray(np.asarray(array, dtype=dtype or array.dtype))
-        key = (name, a.dtype.str, a.shape, a.tobytes())
+        # rule 16: a parameter (a scalar, axes, a shape, a permutation: rank <= 1, at most 8
+        # elements) is one tensor for every op that reads its value, named after its first use
+        shared = a.ndim <= 1 and a.size <= 8
+        key = ("" if shared else name, a.dtype.str, a.shape, a.tobytes())
         if key not in self.const_cache:
             label = (
                 name if not any(t.name == name for t in self.g.tensors) else f"{name}_{len(self.g.tensors)}"

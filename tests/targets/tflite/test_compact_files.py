@@ -406,3 +406,45 @@ def test_a_dynamic_quantized_convolution_net_keeps_nhwc_between_its_layers(lenet
         want = sess.run(None, {name: x})[0]
         got = run.run({name: x})[out_name]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_small_parameter_read_by_several_ops_is_one_tensor(lenet_mnist, tmp_path):
+    """Lower rule 16: HardSigmoid written out (MUL, ADD, MAXIMUM, MINIMUM by scalars) three
+    times after LeNet-5's real first convolution reads each scalar from one tensor, as the three
+    Clip bounds and scale initializers of equal value are one; the outputs on real digits are the
+    reference's."""
+    import tflite
+    from mconv.targets import get_target
+
+    model, digits, _ = lenet_mnist
+    w, b = _conv1(model)
+    c, oh = w.shape[0], 28 - w.shape[2] + 1
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["f"])]
+    last = "f"
+    for k in range(3):
+        nodes.append(helper.make_node("HardSigmoid", [last], [f"h{k}"], alpha=0.25, beta=0.5))
+        last = f"h{k}"
+    nodes.append(helper.make_node("Identity", [last], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "params",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, oh, oh])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    m = from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    t = get_target("tflite")
+    bundle = t.export(m, tmp_path / "params", {})
+    fm = tflite.Model.GetRootAsModel((bundle.root / "model.tflite").read_bytes(), 0)
+    sg = fm.Subgraphs(0)
+    code = {v: k for k, v in vars(tflite.BuiltinOperator).items() if isinstance(v, int)}
+    readers: dict[str, set[int]] = {}
+    for i in range(sg.OperatorsLength()):
+        op = sg.Operators(i)
+        oc = fm.OperatorCodes(op.OpcodeIndex())
+        name = code[max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())]
+        if name in ("MUL", "ADD", "MAXIMUM", "MINIMUM"):
+            readers.setdefault(name, set()).add(int(op.InputsAsNumpy()[1]))
+    assert set(readers) == {"MUL", "ADD", "MAXIMUM", "MINIMUM"}, readers
+    assert all(len(v) == 1 for v in readers.values()), readers  # three ops, one scalar tensor
+    _check(m, t, bundle, digits, "y")
