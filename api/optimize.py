@@ -224,6 +224,9 @@ def optimize(
         raise InputError(
             "give exactly one of --passes or --recipe", hint=f"recipes: {', '.join(P.recipe_names())}"
         )
+    static = _static_budget(passes, budget, max_drop, target_size, save_recipe)
+    if static is not None:  # --max-drop with quantize(mode=static): the pass's own fallback
+        budget, max_drop = None, None
     budgeted = (
         budget is not None or max_drop is not None or target_size is not None or save_recipe is not None
     )
@@ -249,7 +252,7 @@ def optimize(
         scheme = stream_scheme(Path(model), passes, Path(output), format)
         if scheme is not None:  # a safetensors checkpoint streamed tensor by tensor (README)
             return _optimize_streamed(Path(model), passes, scheme, Path(output), progress)
-    specs = P.parse_spec(passes) if passes else P.load_recipe(str(recipe))
+    specs = static or (P.parse_spec(passes) if passes else P.load_recipe(str(recipe)))
     return _optimize_pipeline(
         model, specs, recipe, passes, data, seed, output, format, progress, engine, device, force
     )
@@ -374,6 +377,28 @@ def _refuse_too_few(m: ir.Model, feeds: Mapping[str, np.ndarray], specs: list, d
             path=str(data) if not isinstance(data, Mapping) else None,
             hint="give more samples, or --force to go on without a measure that means anything",
         )
+
+
+def _static_budget(
+    passes: str | None, budget: Any, max_drop: float | None, target_size: Any, save_recipe: Any
+) -> list | None:
+    """``--max-drop`` given with a pass spec holding ``quantize(mode=static)`` and no other
+    budget option: the parsed spec with ``max_drop`` set on that pass (the layers it keeps float
+    until the held-out drop is within it, passes/quantize_static.py rule 6), else None."""
+    from mconv import passes as P
+
+    drop = max_drop if max_drop is not None else getattr(budget, "max_drop", None)
+    size = target_size if target_size is not None else getattr(budget, "target_size", None)
+    if not passes or drop is None or size is not None or save_recipe is not None:
+        return None
+    specs = P.parse_spec(passes)
+    hits = [s for s in specs if s.name == "quantize" and s.config.get("mode") == "static"]
+    if not hits:
+        return None
+    for spec in hits:
+        if spec.config.get("max_drop") is None:
+            spec.config["max_drop"] = float(drop)
+    return specs
 
 
 def _refuse_budget_options(budgeted: bool, val_data: Any, epochs: int | None) -> None:

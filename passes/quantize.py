@@ -71,6 +71,7 @@ class Quantize(Pass):
         method: Literal["minmax", "percentile", "entropy"] = "minmax"
         percentile: float = 99.99
         samples: int = 500
+        max_drop: float | None = None  # mode static: keep layers float until within it
 
     def run(self, model: ir.Model, config: Config, ctx: PassContext) -> PassReport:
         if config.mode == "static":

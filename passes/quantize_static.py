@@ -24,6 +24,16 @@ Rules:
    finite range.
 5. An output of the graph keeps its name and float value: its Q/DQ pair goes on the other
    consumers only.
+6. Budgeted fallback (``max_drop``, a fraction; the CLI's ``--max-drop`` with a static quantize
+   pass): the last quarter of ``--data`` (at least :data:`MIN_HELD`, at most ``samples``) is held
+   out of calibration and measures the quantized model against the float one: accuracy with
+   ``labels`` and a scores output, else top-1 agreement over the first output's last axis. When
+   the drop exceeds ``max_drop``, each layer is measured quantized alone; the layers are kept
+   float from the most harmful down, the count found by bisection (the all-float end always
+   holds), the smallest set whose model is within the budget. The report gives the drop, the
+   held-out count and the layers kept float. A budget the held-out samples cannot resolve (one
+   sample is more than ``max_drop``, except 0) is refused before any work.
+7. Too few samples to hold any out (fewer than ``2 * MIN_HELD``) with ``max_drop``: exit 2.
 """
 
 from __future__ import annotations
@@ -141,10 +151,11 @@ def _weights_int8(model: ir.Model, refs: list, taken: set[str], input_scale: dic
         graph.insert_before(next(iter(graph)), new_nodes)
 
 
+MIN_HELD = 20  # the fewest held-out samples a budgeted fallback measures on
+
+
 def quantize_static(owner: Pass, model: ir.Model, config: Any, ctx: PassContext) -> PassReport:
     """The pass in mode ``static`` (``config``: the quantize pass's Config; rules in the module doc)."""
-    from mconv.quantmath import affine
-
     if not ctx.data:
         raise InputError(
             "quantize(mode=static) needs calibration inputs",
@@ -152,24 +163,141 @@ def quantize_static(owner: Pass, model: ir.Model, config: Any, ctx: PassContext)
             hint="give --data FILE.npz",
         )
     op_types = tuple(t for t in config.op_types if t in STATIC_OPS)
-    graph = model.graph
-    chosen = []
     refs = weight_refs(model, op_types)
     total = len(refs)
+    chosen = []
     for ref in refs:
         cfg = ctx.config_for(ref.node) if ctx.spec is not None else config
         x = ref.node.inputs[0]
         if cfg.skip or x is None or x.const_value is not None or ref.array().dtype != np.float32:
             continue
-        chosen.append(ref)
+        chosen.append(str(ref.node.name))
     if not chosen:
         return owner.report(False, notes=["no layer to quantize"])
-    values = {}
-    for ref in chosen:
-        for v in (ref.node.inputs[0], ref.node.outputs[0]):
-            if v is not None and v.name:
-                values[v.name] = v
-    ranges = _calibrate(model, list(values), ctx.data, config.method, config.samples, config.percentile)
+    max_drop: float | None = getattr(config, "max_drop", None)
+    data, held = _split(ctx.data, max_drop)
+    values = set()
+    for ref in refs:
+        if str(ref.node.name) in chosen:
+            values |= {v.name for v in (ref.node.inputs[0], ref.node.outputs[0]) if v is not None and v.name}
+    ranges = _calibrate(model, sorted(values), data, config.method, config.samples, config.percentile)
+    notes: list[str] = []
+    floats: list[str] = []
+    if held is not None and max_drop is not None:
+        floats, drop, n = _fallback(model, chosen, ranges, held, max_drop, ctx)
+        notes.append(
+            f"held-out drop {100 * drop:.2f} pt on {n} samples (budget {100 * max_drop:.2f} pt)"
+            + (f"; kept float for it: {', '.join(floats)}" if floats else "")
+        )
+    layers = _apply(model, [c for c in chosen if c not in floats], ranges)
+    notes.insert(
+        0, f"{len(layers)} layer(s) with int8 activations ({config.method} calibration) and int8 weights"
+    )
+    skipped = total - len(layers)
+    if skipped > 0:
+        notes.append(f"{skipped} layer(s) kept float")
+    tensors = [{"name": k, "min": v[0], "max": v[1]} for k, v in ranges.items()]
+    return owner.report(True, notes=notes, tensors=tensors)
+
+
+def _split(data: dict, max_drop: float | None) -> tuple[dict, dict | None]:
+    """Rule 6/7: (calibration feeds, held-out feeds or None without a budget)."""
+    if max_drop is None:
+        return data, None
+    n = int(next(iter(v for k, v in data.items() if k != "labels")).shape[0])
+    held = max(n // 4, MIN_HELD)
+    if n < 2 * MIN_HELD:
+        raise InputError(
+            f"{n} samples: a budgeted quantize holds out at least {MIN_HELD} and calibrates on the rest",
+            where="pass quantize",
+            hint=f"give {2 * MIN_HELD} or more samples in --data, or drop max_drop",
+        )
+    if max_drop > 0 and 1.0 / held > max_drop:
+        raise InputError(
+            f"one of the {held} held-out samples is {100 / held:.2f} pt, more than max_drop "
+            f"{100 * max_drop:.2f} pt: the drop cannot be measured that finely",
+            where="pass quantize",
+            hint=f"give at least {int(np.ceil(4 / max_drop))} samples, or a larger max_drop",
+        )
+    cut = n - held
+    return {k: v[:cut] for k, v in data.items()}, {k: v[cut:] for k, v in data.items()}
+
+
+def _metric(outs: list[np.ndarray], ref: list[np.ndarray], labels: np.ndarray | None) -> float:
+    """Accuracy against ``labels`` where the first output holds class scores, else top-1
+    agreement with ``ref`` over the first output's last axis."""
+    from mconv.metrics import looks_like_scores
+
+    y = outs[0]
+    if labels is not None and looks_like_scores(y) and len(labels) == len(y):
+        return float(np.mean(y.argmax(-1) == np.asarray(labels).reshape(-1)))
+    return float(np.mean(y.argmax(-1) == ref[0].argmax(-1)))
+
+
+def _fallback(
+    model: ir.Model, chosen: list[str], ranges: dict, held: dict, max_drop: float, ctx: PassContext
+) -> tuple[list[str], float, int]:
+    """Rule 6: the layers kept float, the held-out drop of the result, the held-out count."""
+    import onnx
+    from mconv.engines.reference.executor import Executor
+    from mconv.irio import from_proto, to_proto
+
+    blob = to_proto(model).SerializeToString()  # a fresh proto a trial: the IR edits what it wraps
+    labels = held.get("labels")
+    feeds = {k: np.asarray(v) for k, v in held.items() if k != "labels"}
+
+    def outputs(m: ir.Model) -> list[np.ndarray]:
+        first = m.graph.inputs[0]
+        batch = first.shape[0] if first.shape is not None and isinstance(first.shape[0], int) else None
+        n = int(next(iter(feeds.values())).shape[0])
+        step = batch or n
+        ex = Executor(m)
+        parts = [ex.run({k: v[i : i + step] for k, v in feeds.items()}) for i in range(0, n - step + 1, step)]
+        names = [str(o.name) for o in m.graph.outputs]
+        return [np.concatenate([p[k] for p in parts]) for k in names]
+
+    ref = outputs(model)
+    base = _metric(ref, ref, labels)
+    count = int(ref[0].shape[0])
+    cache: dict[frozenset, float] = {}
+
+    def drop(quantized: list[str]) -> float:
+        key = frozenset(quantized)
+        if key not in cache:
+            m = from_proto(onnx.load_from_string(blob))
+            _apply(m, quantized, ranges)
+            cache[key] = base - _metric(outputs(m), ref, labels)
+        return cache[key]
+
+    ctx.tick("budgeted fallback: all layers int8", 0, len(chosen) + 1)
+    whole = drop(chosen)
+    if whole <= max_drop + 1e-12:
+        return [], whole, count
+    harm = {}
+    for i, name in enumerate(chosen):  # each layer quantized alone
+        ctx.tick(f"budgeted fallback: {name} alone", i + 1, len(chosen) + 1)
+        harm[name] = drop([name])
+    order = sorted(chosen, key=lambda n: (-harm[n], chosen.index(n)))
+    lo, hi = 0, len(order)  # float count: lo fails, hi (all float) holds
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if drop([n for n in chosen if n not in order[:mid]]) <= max_drop + 1e-12:
+            hi = mid
+        else:
+            lo = mid
+    floats = order[:hi]
+    rest = [n for n in chosen if n not in floats]
+    return floats, drop(rest) if rest else 0.0, count
+
+
+def _apply(model: ir.Model, names: list[str], ranges: dict) -> list[str]:
+    """Rules 2-5 for the layers named: QDQ around each one's activations, int8 weights. Returns
+    the layers quantized (a layer whose input has no finite range stays float)."""
+    from mconv.quantmath import affine
+
+    graph = model.graph
+    wanted = set(names)
+    chosen = [r for r in weight_refs(model, STATIC_OPS) if str(r.node.name) in wanted]
     taken = taken_names(graph)
     new: list[tuple[ir.Node, list[ir.Node]]] = []
     done: dict[str, ir.Value] = {}
@@ -177,11 +305,12 @@ def quantize_static(owner: Pass, model: ir.Model, config: Any, ctx: PassContext)
     layers = []
 
     def qdq(v: ir.Value) -> ir.Value | None:
-        if v.name in done:
-            return done[v.name]
-        if v.name not in ranges:
+        key = str(v.name)
+        if key in done:
+            return done[key]
+        if key not in ranges:
             return None
-        s, z = affine(*ranges[v.name])
+        s, z = affine(*ranges[key])
         scale = ir.Value(
             name=fresh_name(f"{v.name}_scale", taken), const_value=ir.tensor(np.array(s, np.float32))
         )
@@ -194,7 +323,7 @@ def quantize_static(owner: Pass, model: ir.Model, config: Any, ctx: PassContext)
         out = dq.outputs[0]
         out.name = fresh_name(f"{v.name}_qdq", taken)
         out.dtype, out.shape = v.dtype or ir.DataType.FLOAT, v.shape
-        done[v.name] = out
+        done[key] = out
         qscale[str(out.name)] = s
         new.append((q, [q, dq]))
         return out
@@ -212,7 +341,7 @@ def quantize_static(owner: Pass, model: ir.Model, config: Any, ctx: PassContext)
         if yq is not None:
             for n, i in users:  # rule 5: a graph output keeps its float value
                 n.replace_input_with(i, yq)
-        layers.append(ref.node.name)
+        layers.append(str(ref.node.name))
     # the QDQ nodes go right after each value's producer (or first, for a graph input)
     for q, nodes in new:
         src = q.inputs[0]
@@ -223,13 +352,5 @@ def quantize_static(owner: Pass, model: ir.Model, config: Any, ctx: PassContext)
             graph.insert_before(first, nodes)
         else:
             graph.insert_after(producer, nodes)
-    _weights_int8(model, [r for r in chosen if r.node.name in set(layers)], taken, qscale)
-    notes = [f"{len(layers)} layer(s) with int8 activations ({config.method} calibration) and int8 weights"]
-    skipped = total - len(layers)
-    if skipped > 0:
-        notes.append(f"{skipped} layer(s) kept float")
-    tensors = [
-        {"name": ranges_name, "min": ranges[ranges_name][0], "max": ranges[ranges_name][1]}
-        for ranges_name in ranges
-    ]
-    return owner.report(True, notes=notes, tensors=tensors)
+    _weights_int8(model, [r for r in chosen if str(r.node.name) in set(layers)], taken, qscale)
+    return layers
