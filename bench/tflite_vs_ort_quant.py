@@ -1,10 +1,14 @@
 """Full-integer int8 side by side: mconv's LiteRT export vs ``onnxruntime.quantization.quantize_static``.
 
-    python3 bench/tflite_vs_ort_quant.py [--calib 300] [--test 1000] [--reps 3]
+    python3 bench/tflite_vs_ort_quant.py [--model lenet|rapidocr-cls] [--calib 300] [--test 1000]
+        [--reps 3] [--sets DIR]
 
-The Caffe LeNet-5 (../shared/models/caffe) on real MNIST digits (../shared/data/mnist5k.npz,
-pixels / 256 as the net was trained): both quantizers calibrate on the same first ``--calib``
-digits (min-max, per-channel weights), both are scored on the same ``--test`` held-out digits
+``lenet``: the Caffe LeNet-5 (../shared/models/caffe) on real MNIST digits
+(../shared/data/mnist5k.npz, pixels / 256 as the net was trained). ``rapidocr-cls``: PP-OCR's
+text-direction classifier on bench/real_compress.py's rendered text lines (upright and turned 180
+degrees, labels free; ``--sets`` is its ``--work`` folder, CAL calibrates and TEST scores). Both
+quantizers calibrate on the same first ``--calib`` samples (min-max, per-channel weights), both
+are scored on the same ``--test`` held-out samples
 (accuracy, top-1 agreement with the float model), and both run one digit per forward pass in
 their own runtime (LiteRT for the .tflite, ONNX Runtime for the QDQ model), timed whole, in one
 process, as ratios to the float model in the same runtime. mconv goes through its public API
@@ -44,6 +48,8 @@ def main() -> None:
     ap.add_argument("--calib", type=int, default=300)
     ap.add_argument("--test", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--model", default="lenet", choices=["lenet", "rapidocr-cls"])
+    ap.add_argument("--sets", type=Path, default=Path("/tmp/real_compress"))
     a = ap.parse_args()
 
     import onnx
@@ -54,30 +60,47 @@ def main() -> None:
     from mconv.irio import to_proto
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    caffe = SHARED / "models" / "caffe"
-    model = import_model([caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"])
-    d = np.load(SHARED / "data" / "mnist5k.npz")
-    x = d["images"][:, None].astype(np.float32) / 256
-    y = d["labels"]
-    calib, test = x[: a.calib], x[2000 : 2000 + a.test]
-    labels = y[2000 : 2000 + a.test]
     work = Path(tempfile.mkdtemp(prefix="tflite_vs_ort_"))
-    src = work / "lenet.onnx"
-    onnx.save(to_proto(model), src)
-    np.savez(work / "calib.npz", data=calib)
+    src = work / "model.onnx"
+    if a.model == "lenet":
+        caffe = SHARED / "models" / "caffe"
+        model = import_model([caffe / "lenet.prototxt", caffe / "lenet_iter_10000.caffemodel"])
+        d = np.load(SHARED / "data" / "mnist5k.npz")
+        x = d["images"][:, None].astype(np.float32) / 256
+        y = d["labels"]
+        calib, test = x[: a.calib], x[2000 : 2000 + a.test]
+        labels = y[2000 : 2000 + a.test]
+        onnx.save(to_proto(model), src)
+    else:
+        sys.path.insert(0, str(ROOT / "bench"))
+        import real_compress as rc
+
+        spec = rc.SPECS[a.model]
+        src.write_bytes(rc.model_path(spec, a.sets).read_bytes())
+        sets = rc.sets_of(spec, a.sets, 0)
+        calib, test, labels = (
+            sets["cal"]["x"][: a.calib],
+            sets["test"]["x"][: a.test],
+            sets["test"]["labels"][: a.test],
+        )
+    name = onnx.load(src).graph.input[0].name
+    np.savez(work / "calib.npz", **{name: calib})
+    shapes = {name: [1, *calib.shape[1:]]}  # one sample a forward pass, as timed
 
     rows = []
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     float_ort = ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
-    ref, t_ort = _time(lambda b: float_ort.run(None, {"data": b})[0], test, a.reps)
+    ref, t_ort = _time(lambda b: float_ort.run(None, {name: b})[0], test, a.reps)
 
     # mconv: export through the public API, run in LiteRT
     t0 = time.perf_counter()
-    api.export(src, "tflite", work / "f32", precision="fp32")
+    api.export(src, "tflite", work / "f32", precision="fp32", input_shapes=shapes)
     t_f32_export = time.perf_counter() - t0
     t0 = time.perf_counter()
-    api.export(src, "tflite", work / "int8", precision="int8", data=str(work / "calib.npz"))
+    api.export(
+        src, "tflite", work / "int8", precision="int8", data=str(work / "calib.npz"), input_shapes=shapes
+    )
     t_int8_export = time.perf_counter() - t0
 
     def litert(path: Path):
@@ -98,12 +121,12 @@ def main() -> None:
     # ONNX Runtime's static quantizer on the same model and digits
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.it = iter([{"data": calib[i : i + 1]} for i in range(len(calib))])
+            self.it = iter([{name: calib[i : i + 1]} for i in range(len(calib))])
 
         def get_next(self):
             return next(self.it, None)
 
-    qdq = work / "lenet.qdq.onnx"
+    qdq = work / "model.qdq.onnx"
     t0 = time.perf_counter()
     quantize_static(
         str(src), str(qdq), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
@@ -111,15 +134,15 @@ def main() -> None:
     )  # fmt: skip
     t_ortq_export = time.perf_counter() - t0
     q_ort = ort.InferenceSession(str(qdq), so, providers=["CPUExecutionProvider"])
-    oq, t_oq = _time(lambda b: q_ort.run(None, {"data": b})[0], test, a.reps)
+    oq, t_oq = _time(lambda b: q_ort.run(None, {name: b})[0], test, a.reps)
 
     # mconv's own static pass (QDQ for the cpu target), same digits, run by ONNX Runtime
-    mq = work / "lenet.mconv-qdq.onnx"
+    mq = work / "model.mconv-qdq.onnx"
     t0 = time.perf_counter()
     api.optimize(src, passes="quantize(mode=static)", data=str(work / "calib.npz"), output=mq)
     t_mq_export = time.perf_counter() - t0
     m_ort = ort.InferenceSession(str(mq), so, providers=["CPUExecutionProvider"])
-    om, t_om = _time(lambda b: m_ort.run(None, {"data": b})[0], test, a.reps)
+    om, t_om = _time(lambda b: m_ort.run(None, {name: b})[0], test, a.reps)
 
     def acc(p):
         return float((p.argmax(1) == labels).mean())
@@ -157,16 +180,18 @@ def main() -> None:
             t_mq_export,
         ),
     ]
-    print(f"LeNet-5, calibration {a.calib} digits, test {a.test} held-out digits, 1 thread, batch 1")
     print(
-        "| model, runtime | accuracy | top-1 agreement with float | file bytes | time / digit | vs float ORT | conversion s |"
+        f"{a.model}, calibration {len(calib)} samples, test {len(test)} held-out samples, 1 thread, batch 1"
+    )
+    print(
+        "| model, runtime | accuracy | top-1 agreement with float | file bytes | time / sample | vs float ORT | conversion s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, ac, ag, nbytes, t, ratio, conv in rows:
         conv_s = f"{conv:.2f}" if conv is not None else "-"
         print(f"| {name} | {ac:.4f} | {ag:.4f} | {nbytes:,} | {t * 1e6:.1f} us | {ratio:.2f}x | {conv_s} |")
     print(
-        f"int8 LiteRT vs ORT QDQ: {t_li / t_oq:.2f}x the time per digit, {size['int8'] / size['qdq']:.2f}x the bytes"
+        f"int8 LiteRT vs ORT QDQ: {t_li / t_oq:.2f}x the time per sample, {size['int8'] / size['qdq']:.2f}x the bytes"
     )
 
 
