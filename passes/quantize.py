@@ -15,7 +15,9 @@ Mode ``int8`` (default)::
    DequantizeLinear: there it is ``Mul(Cast(W_int8, to=FLOAT), W_scale)`` with the scale shaped
    to broadcast along the channel axis.
 3. Only float32 constant weights (input 1 of Conv/ConvTranspose/Gemm/MatMul, at least
-   ``min_elements`` elements) are quantized; biases and activations stay float32.
+   ``min_elements`` elements) are quantized; biases and activations stay float32. A weight
+   stored as a Constant node becomes an initializer first (PaddleOCR's exports store every
+   weight so), in both modes.
 4. A pruned weight (``mconv.pruned``) keeps its flag on the int8 initializer.
 
 Mode ``fp16`` runs the ``fp16`` pass in mode ``weights`` (its rules apply). Mode ``static`` (with
@@ -32,7 +34,7 @@ from typing import Literal
 import numpy as np
 import onnx_ir as ir
 from mconv.edit.rewrite import fresh_name, taken_names, upgrade_ir3
-from mconv.edit.weights import WEIGHT_OPS, record_compression, snr_db, weight_refs
+from mconv.edit.weights import WEIGHT_OPS, layer_weights, record_compression, snr_db, weight_refs
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
 
 F32 = ir.DataType.FLOAT
@@ -86,6 +88,7 @@ class Quantize(Pass):
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
         taken = taken_names(graph)
         tensors, new_nodes = [], []
+        lifted, _ = layer_weights(model, "quantize", required=False)
         for ref in weight_refs(model):
             cfg = ctx.config_for(ref.node) if ctx.spec is not None else config
             w = ref.array()
@@ -133,6 +136,8 @@ class Quantize(Pass):
             else:
                 graph.insert_before(first, new_nodes)
         notes = [f"{len(tensors)} weights quantized to int8 per channel"]
+        if lifted:
+            notes.append(f"{len(lifted)} weights stored as Constant nodes became initializers")
         return self.report(bool(tensors), notes=notes, tensors=tensors)
 
 

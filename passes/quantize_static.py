@@ -162,7 +162,10 @@ def quantize_static(owner: Pass, model: ir.Model, config: Any, ctx: PassContext)
             where="pass quantize",
             hint="give --data FILE.npz",
         )
+    from mconv.edit.weights import layer_weights
+
     op_types = tuple(t for t in config.op_types if t in STATIC_OPS)
+    lifted, _ = layer_weights(model, "quantize", op_types, required=False)  # Constant-node weights
     refs = weight_refs(model, op_types)
     total = len(refs)
     chosen = []
@@ -181,7 +184,9 @@ def quantize_static(owner: Pass, model: ir.Model, config: Any, ctx: PassContext)
         if str(ref.node.name) in chosen:
             values |= {v.name for v in (ref.node.inputs[0], ref.node.outputs[0]) if v is not None and v.name}
     ranges = _calibrate(model, sorted(values), data, config.method, config.samples, config.percentile)
-    notes: list[str] = []
+    notes: list[str] = (
+        [f"{len(lifted)} weights stored as Constant nodes became initializers"] if lifted else []
+    )
     floats: list[str] = []
     if held is not None and max_drop is not None:
         floats, drop, n = _fallback(model, chosen, ranges, held, max_drop, ctx)

@@ -147,3 +147,32 @@ def test_the_cli_takes_max_drop_with_a_static_quantize_pass(outlier_lenet, tmp_p
         _accuracy(q, x[1000:1300], labels[1000:1300])
         >= _accuracy(model, x[1000:1300], labels[1000:1300]) - 0.01
     )
+
+
+def test_weights_stored_as_constant_nodes_are_quantized(lenet_mnist):
+    """PaddleOCR's exports store every weight as a Constant node: LeNet-5 so rewritten is
+    quantized like the original by both modes (the weights become initializers first, and the
+    report says so), and the static result keeps the float model's accuracy on 300 unseen digits."""
+    from onnx import helper
+
+    model, x, labels = lenet_mnist
+    proto = to_proto(model)
+    weights = [t for t in proto.graph.initializer if t.dims and len(t.dims) >= 2]
+    keep = [t for t in proto.graph.initializer if t not in weights]
+    consts = [helper.make_node("Constant", [], [t.name], value=t) for t in weights]
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(keep)
+    nodes = consts + list(proto.graph.node)
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+    m = from_proto(proto)
+    order = np.random.default_rng(2).permutation(len(labels))
+    cal, test, test_y = x[order[:300]], x[order[1000:1300]], labels[order[1000:1300]]
+    q, reports = _quantized(m, "quantize(mode=static)", cal, labels[order[:300]])
+    notes = " ".join(reports[-1].notes)
+    assert "4 layer(s) with int8 activations" in notes and "4 weights stored as Constant nodes" in notes, (
+        notes
+    )
+    assert _accuracy(q, test, test_y) >= _accuracy(model, test, test_y) - 0.01
+    w, reports = _quantized(m, "quantize", cal, labels[order[:300]])
+    assert "4 weights quantized to int8" in " ".join(reports[-1].notes), reports[-1].notes
