@@ -2,11 +2,13 @@
 
 Usage:
     python3 bench/tflite_vs_onnx2tf.py [--rows a,b,...] [--out bench/results/tflite_vs_onnx2tf.md]
-        [--jsonl rows.jsonl] [--timeout 900] [--until UNIX_TIME] [--sides mconv]
+        [--jsonl rows.jsonl] [--timeout 900] [--until UNIX_TIME] [--sides mconv] [--keep]
 
 ``--jsonl``: each row is appended as it finishes and the table (with the summary counts) rendered
 again, so a stop keeps what ran; ``--timeout``: seconds per converter per row (its whole process
-group is killed); ``--until``: start no row after then. Run it from a ``git archive`` tree with
+group is killed); ``--until``: start no row after then; ``--keep``: keep each row's files
+(deleted as the row ends otherwise: the large Keras rows leave gigabytes, which filled this
+machine's disk once). Run it from a ``git archive`` tree with
 ``MCONV_ZOO_COMMIT`` set, so that edits to the checkout do not reach a running bench.
 
 For each row (bench/zoo.py's corpus, prepared inputs): ``mconv import`` the source model to ONNX
@@ -377,6 +379,7 @@ def main() -> None:
         help="mconv: run mconv's side again on the rows, keeping onnx2tf's columns from --jsonl",
     )
     ap.add_argument("--until", type=float, help="start no row after this Unix time")
+    ap.add_argument("--keep", action="store_true", help="keep each row's files in --work")
     a = ap.parse_args()
     # a run from a ``git archive`` tree (so that edits to the checkout do not reach it) names its
     # commit in $MCONV_ZOO_COMMIT, as bench/zoo.py's runs do
@@ -404,6 +407,8 @@ def main() -> None:
             r = one(name, Path(a.work), a.timeout, tuple(a.sides.split(",")))
         except Exception as exc:  # noqa: BLE001 - one row's failure is that row's result
             r = {"row": name, "error": f"bench: {type(exc).__name__}: {str(exc)[:120]}"}
+        if not a.keep:  # a large Keras row leaves GBs (two saved models and their files)
+            shutil.rmtree(Path(a.work) / name, ignore_errors=True)
         m = zoo.by_name()[name]
         kind = KINDS.get(name) or ("image classifier" if name.startswith("keras-") else "")
         if name.startswith("ortq-"):  # ORT-quantized copies of ONNX rows: ortq-<row>-<mode>
