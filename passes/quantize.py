@@ -34,7 +34,7 @@ from typing import Literal
 import numpy as np
 import onnx_ir as ir
 from mconv.edit.rewrite import fresh_name, taken_names, upgrade_ir3
-from mconv.edit.weights import WEIGHT_OPS, layer_weights, record_compression, snr_db, weight_refs
+from mconv.edit.weights import WEIGHT_OPS, layer_weights, record_compression, snr_db
 from mconv.passes.base import Pass, PassContext, PassReport, register_pass
 
 F32 = ir.DataType.FLOAT
@@ -88,8 +88,8 @@ class Quantize(Pass):
         opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
         taken = taken_names(graph)
         tensors, new_nodes = [], []
-        lifted, _ = layer_weights(model, "quantize", required=False)
-        for ref in weight_refs(model):
+        lifted, refs = layer_weights(model, "quantize", required=False)
+        for ref in refs:
             cfg = ctx.config_for(ref.node) if ctx.spec is not None else config
             w = ref.array()
             if cfg.skip or ref.node.op_type not in cfg.op_types or w.dtype != np.float32:

@@ -50,6 +50,18 @@ from mconv.passes.base import Pass, PassContext, PassReport
 STATIC_OPS = ("Conv", "Gemm", "MatMul")
 
 
+def _batches(model: ir.Model, data: dict, samples: int | None = None) -> list[dict[str, np.ndarray]]:
+    """The feeds of ``data`` (labels left out), at most ``samples`` of them, cut into the model's
+    static batch (one batch of all where the batch is free); a last partial batch is left out."""
+    feeds = {k: np.asarray(v) for k, v in data.items() if k != "labels"}
+    first = model.graph.inputs[0]
+    batch = first.shape[0] if first.shape is not None and isinstance(first.shape[0], int) else None
+    total = int(next(iter(feeds.values())).shape[0])
+    total = min(total, samples) if samples is not None else total
+    step = batch or total
+    return [{k: v[i : i + step] for k, v in feeds.items()} for i in range(0, total - step + 1, step)]
+
+
 def _calibrate(
     model: ir.Model, names: list[str], data: dict, method: str, samples: int, percentile: float
 ) -> dict[str, tuple[float, float]]:
@@ -58,18 +70,13 @@ def _calibrate(
     from mconv.quantmath import SAMPLE_VALUES
     from mconv.quantmath import entropy_range as _entropy_range
 
-    feeds = {k: np.asarray(v) for k, v in data.items() if k != "labels"}
     ex = Executor(model)
-    first = model.graph.inputs[0]
-    batch = first.shape[0] if first.shape is not None and isinstance(first.shape[0], int) else None
-    total = min(int(next(iter(feeds.values())).shape[0]), samples)
-    step = batch or total
     lo = dict.fromkeys(names, np.inf)
     hi = dict.fromkeys(names, -np.inf)
     kept: dict[str, list[np.ndarray]] = {n: [] for n in names}
     rng = np.random.default_rng(0)
-    for start in range(0, total - step + 1, step):
-        env = ex.run({k: v[start : start + step] for k, v in feeds.items()}, intermediates=True)
+    for part in _batches(model, data, samples):
+        env = ex.run(part, intermediates=True)
         for n in names:
             a = np.asarray(env.get(n, np.zeros(0)), np.float64).ravel()
             if a.size == 0:
@@ -249,15 +256,10 @@ def _fallback(
 
     blob = to_proto(model).SerializeToString()  # a fresh proto a trial: the IR edits what it wraps
     labels = held.get("labels")
-    feeds = {k: np.asarray(v) for k, v in held.items() if k != "labels"}
 
     def outputs(m: ir.Model) -> list[np.ndarray]:
-        first = m.graph.inputs[0]
-        batch = first.shape[0] if first.shape is not None and isinstance(first.shape[0], int) else None
-        n = int(next(iter(feeds.values())).shape[0])
-        step = batch or n
         ex = Executor(m)
-        parts = [ex.run({k: v[i : i + step] for k, v in feeds.items()}) for i in range(0, n - step + 1, step)]
+        parts = [ex.run(part) for part in _batches(m, held)]
         names = [str(o.name) for o in m.graph.outputs]
         return [np.concatenate([p[k] for p in parts]) for k in names]
 
