@@ -87,6 +87,36 @@ class Gates:
         return self
 
 
+def channel_weights(ref: np.ndarray) -> np.ndarray:
+    """Per-channel weights of a raw output of three or more dimensions (channels on axis 1, a
+    detector's ``[N, 4 + classes, anchors]``, a feature map's ``[N, C, H, W]``), broadcastable
+    to ``ref``: each channel's weight is the mean over channels of the mean square of ``ref``,
+    over that channel's mean square (at least 1e-6 of the mean: a channel that is zero
+    throughout weighs 1e6, not infinity). Weighted, every channel of ``ref`` carries the same
+    energy, so a comparison is not decided by the channel with the largest unit (box
+    coordinates in pixels beside scores in [0, 1]). All ones below three dimensions."""
+    if ref.ndim < 3:
+        return np.ones((1,) * ref.ndim)
+    axes = (0, *range(2, ref.ndim))
+    ms = np.mean(np.square(ref, dtype=np.float64), axis=axes, keepdims=True)
+    mean = float(np.mean(ms))
+    if mean == 0.0:
+        return np.ones_like(ms)
+    return mean / np.maximum(ms, 1e-6 * mean)
+
+
+def balanced_cosine(got: np.ndarray, ref: np.ndarray) -> float:
+    """The cosine of ``got`` and ``ref`` with every axis-1 channel scaled by the square root of
+    :func:`channel_weights` of ``ref`` (the plain cosine below three dimensions). A plain cosine
+    of a detector's output is the cosine of its box coordinates: class scores that no longer
+    pass the detection threshold leave it at 0.99."""
+    scale = np.sqrt(channel_weights(ref))
+    a = (got.astype(np.float64) * scale).ravel()
+    b = (ref.astype(np.float64) * scale).ravel()
+    na, nb = np.linalg.norm(a), np.linalg.norm(b)
+    return 1.0 if na == nb == 0 else float(a @ b / max(na * nb, 1e-300))
+
+
 def looks_like_scores(a: np.ndarray) -> bool:
     return a.ndim == 2 and a.shape[1] >= 2 and np.issubdtype(a.dtype, np.floating)
 

@@ -21,7 +21,7 @@ from mconv.edit.weights import (
 )
 from mconv.errors import InputError, show
 from mconv.irio import real_inputs
-from mconv.metrics import check_finite, check_labels
+from mconv.metrics import channel_weights, check_finite, check_labels
 from mconv.passes.base import MAX_COUNT, Pass, PassContext, PassReport, bounded, register_pass
 from mconv.passes.cluster import assign_nearest
 
@@ -244,8 +244,12 @@ def top1_margin_hinge(student: np.ndarray, teacher: np.ndarray, cap: float = 1.0
 
 
 def mean_squared_error(student: np.ndarray, teacher: np.ndarray) -> tuple[float, np.ndarray]:
+    """The mean squared error, channel-balanced on outputs of three or more dimensions: each
+    axis-1 channel's squared errors weighted by :func:`mconv.metrics.channel_weights` of the
+    batch's targets, so that a detector's class scores train beside its box coordinates."""
     d = student.astype(np.float64) - teacher
-    return float(np.mean(d * d)), (2.0 * d / d.size).astype(student.dtype)
+    w = channel_weights(np.asarray(teacher))
+    return float(np.mean(w * d * d)), (2.0 * w * d / d.size).astype(student.dtype)
 
 
 # --------------------------------------------------------------------------- optimizers
@@ -996,7 +1000,8 @@ class Finetune(Pass):
     4. Loss (``loss="auto"``): with ``labels`` in the data, softmax cross-entropy on the class-score
        output; without, **distillation** from the uncompressed model (``ctx.reference_model``, set
        by the pipeline to the model before its first pass): Hinton's T^2 * KL(softmax(t/T) ||
-       softmax(s/T)) with ``temperature`` T on class scores, MSE on other outputs. When the
+       softmax(s/T)) with ``temperature`` T on class scores, MSE on other outputs
+       (channel-balanced on three or more dimensions, :func:`mean_squared_error`). When the
        score output is Softmax(z), the loss reads z (logits), not the probabilities.
        ``margin = w > 0`` adds w times :func:`top1_margin_hinge` to the KL: a sample whose
        top-1 class the student ranks below another (or ahead by less than half the teacher's

@@ -18,8 +18,11 @@ Rules
 2. **Metric.** With ``labels`` in the data, top-1 accuracy; without, top-1 agreement with the
    original model's class scores; for per-position class probabilities ``[N, T, C]`` (a CTC
    recognizer's softmax) the share of positions whose top-1 class agrees with the original's;
-   cosine similarity for other outputs that are not class scores (as ``mconv analyze``). ``drop = baseline - metric`` on the held-out samples (0.005 = half a
-   point).
+   for other outputs that are not class scores the cosine, channel-balanced on three or more
+   dimensions (:func:`mconv.metrics.balanced_cosine`: a detector's box coordinates in pixels
+   would otherwise outweigh its scores), and retraining distils those with the
+   channel-balanced MSE, not the KL (``Search.loss``). ``drop = baseline - metric`` on the
+   held-out samples (0.005 = half a point).
 3. **Sensitivity.** Per layer (weights of Conv/ConvTranspose/Gemm/MatMul with a node name) and
    per candidate setting (sparsity in :data:`SPARSITIES`, bits in :data:`BITS`), the cost of
    the setting is estimated in nats of loss:

@@ -78,8 +78,17 @@ class Search:
         c = self.config
         return _schedule(
             alloc, self.epochs, c.seed, self.holdout, c.batch_size, c.engine, c.device,
-            self.shift, self.shift_targets, self.sizes_of(), self.plans,
+            self.shift, self.shift_targets, self.sizes_of(), self.plans, self.loss,
         )  # fmt: skip
+
+    @property
+    def loss(self) -> str:
+        """Rule 6: retraining distils what the gate measures. Class scores and per-position
+        class probabilities: the KL (per position over the last axis); a raw output the gate
+        compares by its channel-balanced cosine (a detector's boxes and scores, a feature map):
+        the channel-balanced MSE. A KL over the last axis of a detector's ``[N, 4 + classes,
+        anchors]`` would be a softmax over its anchors, blind to the class scores."""
+        return "mse" if self.ev.metric_name == "cosine" else "kl"
 
     @property
     def entropy_plans(self) -> dict | None:

@@ -13,6 +13,7 @@ import onnx_ir as ir
 from mconv.edit.rewrite import name_of
 from mconv.errors import InputError, show
 from mconv.irio import real_inputs
+from mconv.metrics import balanced_cosine
 from mconv.passes.base import PassContext, PassReport, PassSpec
 from mconv.passes.pipeline import make_spec, snapshot_model
 
@@ -98,9 +99,7 @@ class _Evaluator:
         if self.is_scores:
             target = self.labels[idx] if self.labels is not None else ref.argmax(1)
             return float(np.mean(got.argmax(1) == target))
-        a, b = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
-        na, nb = np.linalg.norm(a), np.linalg.norm(b)
-        return 1.0 if na == nb == 0 else float(a @ b / max(na * nb, 1e-300))
+        return balanced_cosine(got, ref)  # a detector's scores count beside its boxes
 
     def losses(self, got: np.ndarray, idx: np.ndarray) -> float:
         """The gate's drop (rule 7): the fraction of samples the original gets right and the

@@ -60,6 +60,7 @@ def _finetune_spec(
     shift: int = 0,
     shift_targets: str = "auto",
     release: float = 0.0,
+    loss: str = "kl",
 ) -> PassSpec:
     config: dict[str, object] = {
         "epochs": epochs,
@@ -68,7 +69,7 @@ def _finetune_spec(
         "holdout": holdout,
         "batch_size": batch,
         "schedule": "cosine",
-        "loss": "kl",
+        "loss": loss,
         "margin": 0.3,
     }
     if weight_decay:
@@ -101,6 +102,7 @@ def _schedule(
     shift_targets: str = "auto",
     sizes: Mapping[str, int] | None = None,
     plans: Mapping | None = None,
+    loss: str = "kl",
 ) -> list[tuple[str, list[PassSpec]]]:
     """The paper's schedule for ``alloc`` (rule 6): (stage name, specs) in order; ``sizes``
     (weights per layer) orders the progressive clustering groups (:func:`cluster_groups`)."""
@@ -119,6 +121,7 @@ def _schedule(
                 shift=shift,
                 shift_targets=shift_targets,
                 release=release,
+                loss=loss,
             )
         ]
 

@@ -168,7 +168,7 @@ def _pretrain(s: Search, model: ir.Model) -> None:
         return
     spec = S._finetune_spec(
         s.epochs, 1e-3, c.seed, s.holdout, c.batch_size, weight_decay=c.decay, engine=c.engine,
-        device=c.device, shift=s.shift, shift_targets=s.shift_targets,
+        device=c.device, shift=s.shift, shift_targets=s.shift_targets, loss=s.loss,
     )  # fmt: skip
     state = _weights_state(model)
     pctx = PassContext(data=s.data, reference_model=s.reference, seed=c.seed, memo=s.memo)

@@ -268,9 +268,15 @@ def loss_value(s: Any, target: Any, kind: str, temperature: float = 2.0, margin:
         pt = jax.nn.softmax(teacher / t, axis=-1)
         ps = jax.nn.softmax(s / t, axis=-1)
         value = t * t * jnp.mean(jnp.sum(pt * (jnp.log(pt + 1e-12) - jnp.log(ps + 1e-12)), axis=-1))
-    else:
+    else:  # channel-balanced on 3-D and larger (mconv.metrics.channel_weights)
         d = s - teacher
-        value = jnp.mean(d * d)
+        w = 1.0
+        if s.ndim >= 3:
+            axes = (0, *range(2, s.ndim))
+            ms = jnp.mean(jnp.square(teacher), axis=axes, keepdims=True)
+            mean = jnp.mean(ms)
+            w = jnp.where(mean > 0, mean / jnp.maximum(ms, 1e-6 * mean), 1.0)
+        value = jnp.mean(w * d * d)
     if margin and s.ndim == 2:
         value = value + margin * margin_hinge(s, teacher)
     elif margin and kind == "kl" and s.ndim > 2:  # per position, as finetune rule 4
