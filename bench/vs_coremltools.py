@@ -284,7 +284,14 @@ def run_peer(onnx_path: Path, test: Path, work: Path, threshold: int) -> list[di
 
 
 def run_mconv(
-    onnx_path: Path, cal: Path, test: Path, work: Path, drop: float, epochs: str | None, engine: list[str]
+    onnx_path: Path,
+    cal: Path,
+    test: Path,
+    work: Path,
+    drop: float,
+    epochs: str | None,
+    engine: list[str],
+    measure: bool = True,
 ) -> dict:
     run = [sys.executable, "-m", "mconv"]
     out = work / "mconv.onnx"
@@ -309,11 +316,12 @@ def run_mconv(
     total = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
     shown = "mconv " + " ".join(c if "/" not in c else Path(c).name for c in cmd)
     return {"command": shown, "rc": r.returncode, "weights_mcw": mcw, "bundle": total,
-            "accuracy": accuracy(out, test), "seconds": round(seconds)}  # fmt: skip
+            "accuracy": accuracy(out, test) if measure else None, "seconds": round(seconds)}  # fmt: skip
 
 
 def bundle_side(bundle: Path, test: Path) -> dict:
-    """mconv's side from a cpu bundle made elsewhere (real_compress.py on a GPU host): its bytes
+    """mconv's side from a cpu bundle made elsewhere (real_compress.py, or this script's
+    ``--mconv-only``, on a GPU host; that run's exit status stays there): its bytes
     and its accuracy on ``test``, run here through the cpu target (ONNX Runtime)."""
     from mconv.targets import get_target
 
@@ -326,7 +334,7 @@ def bundle_side(bundle: Path, test: Path) -> dict:
     acc = float(np.mean(np.concatenate(first).reshape(len(x), -1).argmax(1) == y))
     mcw = (bundle / "weights.mcw").stat().st_size
     total = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
-    return {"command": f"bundle {bundle.name} (real_compress.py)", "rc": 0, "weights_mcw": mcw,
+    return {"command": f"a cpu bundle made elsewhere ({bundle})", "rc": "not recorded here", "weights_mcw": mcw,
             "bundle": total, "accuracy": acc, "seconds": 0}  # fmt: skip
 
 
@@ -386,7 +394,8 @@ def main() -> int:
         drop = args.mconv_drop if args.mconv_drop is not None else 0.005
         if (work / "val.npz").exists():
             drop = max(drop, float(np.ceil(1e4 / len(np.load(work / "val.npz")["labels"])) / 1e4))
-        mc = run_mconv(onnx_path, cal, test, work, drop, args.epochs, engine)
+        # TEST is measured where the peer runs (--mconv-bundle), not on the GPU host
+        mc = run_mconv(onnx_path, cal, test, work, drop, args.epochs, engine, measure=False)
         (work / "mconv.json").write_text(json.dumps(mc))
         print(json.dumps(mc))
         return 0
