@@ -4,6 +4,9 @@ rule, float outputs to a tight relative tolerance)."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import onnx
@@ -11,6 +14,9 @@ import onnxruntime as ort
 import pytest
 from mconv.engines.reference.ops import OpContext, lookup
 from onnx import helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import _ortq  # noqa: E402
 
 MS = "com.microsoft"
 RNG = np.random.default_rng(42)
@@ -67,6 +73,11 @@ def i8(*shape):
     return RNG.integers(-127, 128, size=shape).astype(np.int8)
 
 
+def w7(*shape):
+    """Weights of a u8 x s8 product that ORT computes exactly on every CPU (tests/_ortq.py)."""
+    return _ortq.w7(RNG, *shape)
+
+
 S = np.float32
 
 
@@ -79,7 +90,7 @@ def test_dynamic_quantize_linear_matches_ort():
 
 
 def test_matmul_and_conv_integer_match_ort():
-    check("MatMulInteger", [u8(5, 16), i8(16, 7), np.array(131, np.uint8), np.array(0, np.int8)], domain="")
+    check("MatMulInteger", [u8(5, 16), w7(16, 7), np.array(131, np.uint8), np.array(0, np.int8)], domain="")
     check(
         "ConvInteger",
         [u8(1, 3, 9, 9), u8(4, 3, 3, 3), np.array(120, np.uint8), np.array(3, np.uint8)],
@@ -89,7 +100,7 @@ def test_matmul_and_conv_integer_match_ort():
 
 
 def test_qlinear_conv_and_matmul_match_ort():
-    x, w = u8(1, 4, 8, 8), i8(6, 4, 3, 3)
+    x, w = u8(1, 4, 8, 8), w7(6, 4, 3, 3)
     bias = RNG.integers(-500, 500, 6).astype(np.int32)
     ins = [
         x,
@@ -103,7 +114,7 @@ def test_qlinear_conv_and_matmul_match_ort():
         bias,
     ]
     check("QLinearConv", [np.asarray(v) for v in ins], {"pads": [1, 1, 1, 1]}, domain="")
-    ins = [u8(3, 16), S(0.03), np.uint8(127), i8(16, 5), S(0.01), np.int8(0), S(0.1), np.uint8(128)]
+    ins = [u8(3, 16), S(0.03), np.uint8(127), w7(16, 5), S(0.01), np.int8(0), S(0.1), np.uint8(128)]
     check("QLinearMatMul", [np.asarray(v) for v in ins], domain="")
 
 
@@ -111,7 +122,7 @@ def test_qlinear_conv_and_matmul_match_ort():
 
 
 def test_dynamic_quantize_matmul_matches_ort():
-    a, b = f32(2, 5, 24), i8(24, 12)
+    a, b = f32(2, 5, 24), w7(24, 12)
     check("DynamicQuantizeMatMul", [a, b, S(0.01).reshape(1), np.zeros(1, np.int8), f32(12)], rtol=1e-5)
     check("DynamicQuantizeMatMul", [a, b, f32(12, lo=0.001, hi=0.02), np.zeros(12, np.int8)], rtol=1e-5)
 
@@ -119,7 +130,7 @@ def test_dynamic_quantize_matmul_matches_ort():
 def test_matmul_integer_to_float_matches_ort():
     ins = [
         u8(4, 16),
-        i8(16, 6),
+        w7(16, 6),
         S(0.02),
         f32(6, lo=0.001, hi=0.01),
         np.uint8(120),
@@ -132,7 +143,7 @@ def test_matmul_integer_to_float_matches_ort():
 @pytest.mark.parametrize("direction", ["forward", "bidirectional"])
 def test_dynamic_quantize_lstm_matches_ort(direction):
     nd, T, B, I, H = (2 if direction == "bidirectional" else 1), 5, 3, 10, 8
-    W, R = i8(nd, I, 4 * H), i8(nd, H, 4 * H)
+    W, R = w7(nd, I, 4 * H), w7(nd, H, 4 * H)
     ins = [
         f32(T, B, I),
         W,
@@ -208,7 +219,7 @@ def test_qlinear_concat_matches_ort():
 
 @pytest.mark.parametrize("quantized_out", [True, False])
 def test_qgemm_matches_ort(quantized_out):
-    a, b = u8(4, 16), i8(6, 16)
+    a, b = u8(4, 16), w7(6, 16)
     c = RNG.integers(-300, 300, 6).astype(np.int32)
     ins = [a, S(0.02), np.uint8(128), b, f32(6, lo=0.002, hi=0.01), np.zeros(6, np.int8), c]
     if quantized_out:

@@ -7,6 +7,7 @@ nets), exported with ``mconv export --target xla`` and checked with ``mconv veri
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import jax  # noqa: F401  (the test extra installs it)
@@ -25,6 +26,9 @@ from mconv.irio import load_onnx
 from mconv.targets.xla import load_model
 from onnx import helper, numpy_helper
 from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import _ortq  # noqa: E402
 
 MS = "com.microsoft"
 HERE = Path(__file__).resolve().parent
@@ -57,11 +61,9 @@ def i8(*shape):
 
 
 def w7(*shape):
-    """int8 weights of a u8 x s8 product in 7 bits, as ORT's quantizer writes them with
-    ``reduce_range``: ORT's u8 x s8 kernels on x86 without VNNI (AVX2's vpmaddubsw) saturate a
-    pair of products at int16, so full-range weights make ORT, not the op, the thing compared
-    on such a CPU (:func:`test_full_range_weights_against_the_reference` keeps 8 bits there)."""
-    return RNG.integers(-64, 64, size=shape).astype(np.int8)
+    """Weights of a u8 x s8 product that ORT computes exactly on every CPU (tests/_ortq.py);
+    :func:`test_full_range_weights_against_the_reference` keeps 8 bits."""
+    return _ortq.w7(RNG, *shape)
 
 
 def _model(op, inputs, attrs, n_out, domain, opset, inits):

@@ -21,6 +21,9 @@ from mconv.targets import get_target
 from onnx import helper, numpy_helper
 from typer.testing import CliRunner
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import _ortq  # noqa: E402
+
 MS = "com.microsoft"
 REFERENCE_TESTS = Path(__file__).resolve().parents[2] / "engines" / "reference"
 RNG = np.random.default_rng(7)
@@ -37,6 +40,11 @@ def u8(*shape):
 
 def i8(*shape):
     return RNG.integers(-127, 128, size=shape).astype(np.int8)
+
+
+def w7(*shape):
+    """Weights of a u8 x s8 product that ORT computes exactly on every CPU (tests/_ortq.py)."""
+    return _ortq.w7(RNG, *shape)
 
 
 def one_node(op, inputs, feeds, attrs=None, *, domain=MS, n_out=1, opset=21):
@@ -102,7 +110,7 @@ def _qconv():
         u8(1, 4, 8, 8),
         S(0.02),
         np.uint8(128),
-        i8(6, 4, 3, 3),
+        w7(6, 4, 3, 3),
         w_s,
         np.zeros(6, np.int8),
         S(0.05),
@@ -113,7 +121,7 @@ def _qconv():
 
 def _qgemm(quantized_out):
     c = RNG.integers(-300, 300, 6).astype(np.int32)
-    ins = [u8(4, 16), S(0.02), np.uint8(128), i8(6, 16), f32(6, lo=0.002, hi=0.01), np.zeros(6, np.int8), c]
+    ins = [u8(4, 16), S(0.02), np.uint8(128), w7(6, 16), f32(6, lo=0.002, hi=0.01), np.zeros(6, np.int8), c]
     return ins + ([S(0.1), np.uint8(128)] if quantized_out else [])
 
 
@@ -155,8 +163,8 @@ def _lstm(direction):
     nd, T, B, I, H = (2 if direction == "bidirectional" else 1), 5, 3, 10, 8
     ins = [
         f32(T, B, I),
-        i8(nd, I, 4 * H),
-        i8(nd, H, 4 * H),
+        w7(nd, I, 4 * H),
+        w7(nd, H, 4 * H),
         f32(nd, 8 * H, lo=-0.3, hi=0.3),
         np.array([5, 3, 4], np.int32),
         f32(nd, B, H, lo=-0.5, hi=0.5),
@@ -189,7 +197,7 @@ def _cases():
             "matmul-integer",
             "MatMulInteger",
             "",
-            [u8(5, 16), i8(16, 7), np.array(131, np.uint8), np.array(0, np.int8)],
+            [u8(5, 16), w7(16, 7), np.array(131, np.uint8), np.array(0, np.int8)],
             {0},
             {},
             1,
@@ -201,7 +209,7 @@ def _cases():
             "matmul-integer-zp-fed",
             "MatMulInteger",
             "",
-            [u8(5, 16), i8(16, 7), np.array(131, np.uint8)],
+            [u8(5, 16), w7(16, 7), np.array(131, np.uint8)],
             {0, 2},
             {},
             1,
@@ -226,7 +234,7 @@ def _cases():
             "qlinear-matmul",
             "QLinearMatMul",
             "",
-            [u8(3, 16), S(0.03), np.uint8(127), i8(16, 5), S(0.01), np.int8(0), S(0.1), np.uint8(128)],
+            [u8(3, 16), S(0.03), np.uint8(127), w7(16, 5), S(0.01), np.int8(0), S(0.1), np.uint8(128)],
             {0},
             {},
             1,
@@ -456,7 +464,10 @@ def _wide_matmul_integer(k: int):
 def test_integer_product_at_the_exact_bound_is_exact(tmp_path):
     k = 2**24 // (255 * 128)  # 514: the bound 16776960 is within 2^24
     model, a = _wide_matmul_integer(k)
-    (want,) = run_ort(model, {"in0": a})
+    (from_ort,) = run_ort(model, {"in0": a})  # also types the model's outputs
+    want = _ortq.exact_matmul_integer(a, np.full((k, 3), -128, np.int8))
+    if _ortq.ort_u8s8_is_exact():  # without VNNI ORT's sums saturate (tests/_ortq.py)
+        np.testing.assert_array_equal(from_ort, want)
     got = get_target("metal").load_model(from_proto(model)).run({"in0": a})["out0"]
     assert got.dtype == np.int32 and int(np.abs(want).max()) == k * 255 * 128
     np.testing.assert_array_equal(got, want)
