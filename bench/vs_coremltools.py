@@ -338,6 +338,14 @@ def bundle_side(bundle: Path, test: Path) -> dict:
             "bundle": total, "accuracy": acc, "seconds": 0}  # fmt: skip
 
 
+def _resolvable(drop: float, work: Path) -> float:
+    """``drop``, at least one sample of mconv's gate (``val.npz``): mconv refuses a drop its
+    data cannot resolve."""
+    if (work / "val.npz").exists():
+        drop = max(drop, float(np.ceil(1e4 / len(np.load(work / "val.npz")["labels"])) / 1e4))
+    return drop
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -383,22 +391,19 @@ def main() -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix=f"vs_cmt_{args.model}_"))
     work.mkdir(parents=True, exist_ok=True)
     onnx_path, cal, test = make_data(args.model, work, args.seed)
-    original = onnx_path.stat().st_size
-    base = accuracy(onnx_path, test)
-    print(f"{args.model}: {original:,} B, held-out accuracy {base:.4f} on {len(np.load(test)['labels'])}")
     engine = [
         *(["--engine", args.engine] if args.engine else []),
         *(["--device", args.device] if args.device else []),
     ]
-    if args.mconv_only:
-        drop = args.mconv_drop if args.mconv_drop is not None else 0.005
-        if (work / "val.npz").exists():
-            drop = max(drop, float(np.ceil(1e4 / len(np.load(work / "val.npz")["labels"])) / 1e4))
-        # TEST is measured where the peer runs (--mconv-bundle), not on the GPU host
+    if args.mconv_only:  # TEST, the original's included, is measured where the peer runs
+        drop = _resolvable(args.mconv_drop if args.mconv_drop is not None else 0.005, work)
         mc = run_mconv(onnx_path, cal, test, work, drop, args.epochs, engine, measure=False)
         (work / "mconv.json").write_text(json.dumps(mc))
         print(json.dumps(mc))
         return 0
+    original = onnx_path.stat().st_size
+    base = accuracy(onnx_path, test)
+    print(f"{args.model}: {original:,} B, held-out accuracy {base:.4f} on {len(np.load(test)['labels'])}")
     peer = run_peer(onnx_path, test, work, args.weight_threshold)
     ok = [r for r in peer if base - r["accuracy"] <= args.peer_drop + 1e-9]
     best = min(ok, key=lambda r: r["weight_bin"])
@@ -409,8 +414,7 @@ def main() -> int:
     # mconv is asked for at most 0.2 pt (less where the peer lost less), on its own gate's data
     # (and no less than one sample of that gate: mconv refuses a drop its data cannot resolve)
     drop = min(max(base - best["accuracy"], 0.001), 0.002) if args.mconv_drop is None else args.mconv_drop
-    if (work / "val.npz").exists():
-        drop = max(drop, float(np.ceil(1e4 / len(np.load(work / "val.npz")["labels"])) / 1e4))
+    drop = _resolvable(drop, work)
     mc = (
         bundle_side(args.mconv_bundle, test)
         if args.mconv_bundle

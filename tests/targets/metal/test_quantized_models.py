@@ -461,13 +461,22 @@ def _wide_matmul_integer(k: int):
     return one_node("MatMulInteger", [a, b, np.array(0, np.uint8), np.array(0, np.int8)], {0}, domain=""), a
 
 
-def test_integer_product_at_the_exact_bound_is_exact(tmp_path):
-    k = 2**24 // (255 * 128)  # 514: the bound 16776960 is within 2^24
+def bound_case() -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    """The MatMulInteger at the exact bound (k = 514: 16,776,960 is within 2^24), its input and
+    its exact int32 result. ORT types the model's outputs, and its own result is checked where
+    ORT is exact (without VNNI its sums saturate: tests/_ortq.py)."""
+    k = 2**24 // (255 * 128)
     model, a = _wide_matmul_integer(k)
-    (from_ort,) = run_ort(model, {"in0": a})  # also types the model's outputs
+    (from_ort,) = run_ort(model, {"in0": a})
     want = _ortq.exact_matmul_integer(a, np.full((k, 3), -128, np.int8))
-    if _ortq.ort_u8s8_is_exact():  # without VNNI ORT's sums saturate (tests/_ortq.py)
+    if _ortq.ort_u8s8_is_exact():
         np.testing.assert_array_equal(from_ort, want)
+    return model, a, want
+
+
+def test_integer_product_at_the_exact_bound_is_exact(tmp_path):
+    k = 2**24 // (255 * 128)
+    model, a, want = bound_case()
     got = get_target("metal").load_model(from_proto(model)).run({"in0": a})["out0"]
     assert got.dtype == np.int32 and int(np.abs(want).max()) == k * 255 * 128
     np.testing.assert_array_equal(got, want)

@@ -40,11 +40,7 @@ def test_integer_product_at_the_exact_bound_is_exact(tmp_path):
     from mconv.targets import get_target
 
     k = 2**24 // (255 * 128)
-    model, a = shared._wide_matmul_integer(k)
-    (from_ort,) = shared.run_ort(model, {"in0": a})  # also types the model's outputs
-    want = shared._ortq.exact_matmul_integer(a, np.full((k, 3), -128, np.int8))
-    if shared._ortq.ort_u8s8_is_exact():  # without VNNI ORT's sums saturate (tests/_ortq.py)
-        np.testing.assert_array_equal(from_ort, want)
+    model, a, want = shared.bound_case()
     got = get_target("webgpu").load_model(from_proto(model)).run({"in0": a})["out0"]
     assert got.dtype == np.int32 and int(np.abs(want).max()) == k * 255 * 128
     np.testing.assert_array_equal(got, want)
