@@ -218,8 +218,9 @@ def save(
     return fmt.save(model, output, {**(options or {}), **({"source": str(source)} if source else {})})
 
 
-def load_data(data, model: ir.Model) -> dict[str, np.ndarray] | None:
-    """Feeds for ``model`` from an .npz path (inputs by name, optional ``labels``) or a dict."""
+def load_data(data, model: ir.Model, *, free_leading: bool = False) -> dict[str, np.ndarray] | None:
+    """Feeds for ``model`` from an .npz path (inputs by name, optional ``labels``) or a dict
+    (``free_leading``: an input declared ``[1, ...]`` takes any number of samples)."""
     if data is None:
         return None
     if isinstance(data, Mapping):
@@ -228,10 +229,50 @@ def load_data(data, model: ir.Model) -> dict[str, np.ndarray] | None:
     from mconv.irio import real_inputs
     from mconv.metrics import load_npz_feeds
 
-    feeds, labels = load_npz_feeds(data, [value_spec(v) for v in real_inputs(model.graph)])
+    specs = [value_spec(v) for v in real_inputs(model.graph)]
+    feeds, labels = load_npz_feeds(data, specs, free_leading=free_leading)
     if labels is not None:
         feeds["labels"] = labels
     return feeds
+
+
+def load_data_batched(model: ir.Model, *data) -> tuple[list[dict[str, np.ndarray] | None], bool]:
+    """Feeds for ``model`` from each of ``data`` (see :func:`load_data`); where the model's inputs
+    fix the batch at 1 and a set holds more samples, the model's batch is freed in place
+    (:func:`mconv.edit.batch.free_batch`, checked on that set) and True is returned: the caller
+    gives the result :func:`mconv.edit.batch.fix_batch` before writing it."""
+    from mconv.api.runtime import value_spec
+    from mconv.edit.batch import batched_data, fixed_batch_inputs
+    from mconv.irio import real_inputs
+    from mconv.passes import PassContext, get_pass
+
+    fixed = fixed_batch_inputs(model)
+    sets = [load_data(d, model, free_leading=fixed) for d in data]
+    if not fixed:
+        return sets, False
+    specs = [value_spec(v) for v in real_inputs(model.graph)]
+    for d, feeds in zip(data, sets):
+        if feeds is not None and batched_data(feeds, specs) is not None:
+            try:  # rewritten in place, checked on samples at once against each alone
+                cls = get_pass("dynamic-batch")
+                cls().run(model, cls.Config(), PassContext())
+            except InputError as exc:
+                raise InputError(
+                    f"the model's inputs fix the batch at 1 and the data holds {len(next(iter(feeds.values())))} "
+                    f"samples, but its graph does not batch ({exc.message})",
+                    path=None if isinstance(d, Mapping) else str(d),
+                    hint="give data of one sample, or a model whose batch dimension is free",
+                ) from None
+            return sets, True
+    for d, feeds in zip(data, sets):  # freed nowhere: every set must be of one sample
+        counts = {int(np.shape(feeds[s.name])[0]) for s in specs if feeds is not None and s.name in feeds}
+        if counts - {1}:
+            raise InputError(
+                f"the inputs hold different numbers of samples ({', '.join(map(str, sorted(counts)))})",
+                path=None if isinstance(d, Mapping) else str(d),
+                hint="give every input the same number of samples along the first axis",
+            )
+    return sets, False
 
 
 def check_report_path(report: PathLike, *others: PathLike | None) -> None:

@@ -17,11 +17,12 @@ from mconv.api.common import (
     _as_model,
     _guards,
     _progress,
-    load_data,
+    load_data_batched,
     naming_the_file,
     open_model,
     save,
 )
+from mconv.edit.batch import fix_batch
 from mconv.errors import GateFailed, InputError
 
 if TYPE_CHECKING:
@@ -297,7 +298,8 @@ def _optimize_pipeline(
     with spilling(scratch), naming_the_file(source) if source else contextlib.nullcontext():
         m, _ = _as_model(model)
         before = model_stats(m)
-        ctx = P.PassContext(data=load_data(data, m), seed=seed)
+        (feeds,), freed = load_data_batched(m, data)
+        ctx = P.PassContext(data=feeds, seed=seed)
         lossy = recipe is not None and any(s.name in ("prune", "cluster") for s in specs)
         if lossy and ctx.data is not None and not force:
             _refuse_too_few(m, ctx.data, specs, data)
@@ -317,6 +319,8 @@ def _optimize_pipeline(
         with _progress(progress)(f"optimize {recipe or passes}", len(specs)) as update:
             ctx.progress = update
             m, reports = P.run_pipeline(m, specs, ctx, limit=limit if datafree else None)
+        if freed:
+            fix_batch(m)
         if out_path is not None:
             written = save(m, out_path, format, source=source)
         after = model_stats(m)
@@ -480,8 +484,7 @@ def _optimize_budget(
     source = None if isinstance(model, ir.Model) else Path(model)
     m, _ = _as_model(model)
     before = model_stats(m)
-    feeds = load_data(data, m)
-    val_feeds = load_data(val_data, m)
+    (feeds, val_feeds), freed = load_data_batched(m, data, val_data)
 
     def check_gate(held: int, gate: float | None) -> None:  # before the work: a gate too coarse
         from mconv.drivers.budget import too_few_samples
@@ -506,6 +509,8 @@ def _optimize_budget(
             except BudgetNotMet as exc:  # the best result found is still written and reported
                 budget, failed = exc.result, exc
     m = budget.model
+    if freed:
+        fix_batch(m)
     written: list[Path] = []
     file_bytes = None
     out_path = Path(output) if output is not None else None

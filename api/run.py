@@ -84,8 +84,16 @@ def run(
     """``mconv run``: run a bundle or model on ``feeds`` (arrays, or .npy paths by input name),
     on ``data`` (.npz), or on random inputs drawn as verify draws them (``samples``, ``seed``);
     with ``output`` the outputs go to an .npz (atomically)."""
+    from mconv.edit.batch import batched_data, per_sample
     from mconv.fileio import atomic_path, require_file
-    from mconv.metrics import check_samples, load_npz_feeds, plan_random_feeds, run_feeds, savable
+    from mconv.metrics import (
+        check_samples,
+        check_shapes,
+        load_npz_feeds,
+        plan_random_feeds,
+        run_feeds,
+        savable,
+    )
     from mconv.npzio import read_npy, write_npz
 
     check_samples(samples)
@@ -104,7 +112,7 @@ def run(
     else:
         given: dict[str, np.ndarray] = {}
         if data is not None:
-            given, _ = load_npz_feeds(data, runner.inputs)
+            given, _ = load_npz_feeds(data, runner.inputs, free_leading=True)
         names = {s.name for s in runner.inputs}
         for name, value in (feeds or {}).items():
             if name not in names:
@@ -115,8 +123,12 @@ def run(
         missing = sorted(names - set(given))
         if missing:
             raise InputError(f"no value for input(s) {', '.join(missing)}", hint="pass --input NAME=file.npy")
+        split = batched_data(given, runner.inputs) if data is not None else None
+        if split is None and data is not None:
+            check_shapes(given, runner.inputs, data)
         t0 = time.perf_counter()
-        results = runner.run(given)
+        # the batch fixed at 1 and the data of many samples: a run per sample, outputs joined
+        results = run_feeds(runner, per_sample(given, split)) if split is not None else runner.run(given)
     seconds = time.perf_counter() - t0
     if output is not None:
         with atomic_path(Path(output)) as tmp, builtins.open(tmp, "wb") as fh:

@@ -97,9 +97,11 @@ def verify(
     and gate the metrics; no gate given: the defaults (cosine >= 0.99, relative L2 error
     ``||cand - ref|| / ||ref||`` <= 0.03, top-1 agreement >= 0.99; weight files: SNR >= 10 dB per
     tensor). Returns the result; ``.check()`` raises on failure."""
+    from mconv.edit.batch import batched_data, per_sample
     from mconv.metrics import (
         Gates,
         check_samples,
+        check_shapes,
         load_npz_feeds,
         plan_random_feeds,
         run_feeds,
@@ -134,11 +136,18 @@ def verify(
                 "--samples draws random inputs; with --data every sample of the file is used",
                 hint="drop --samples or --data",
             )
-        feeds, labels = load_npz_feeds(data, ref.inputs)
-        feed_list = [feeds]
-        first = next((a for a in feeds.values() if np.ndim(a) > 0), None)
-        n_samples = int(first.shape[0]) if first is not None else 1
-        batching = {"mode": "data", "batch": n_samples, "runs": 1, "how": f"one run of {data}"}
+        feeds, labels = load_npz_feeds(data, ref.inputs, free_leading=True)
+        split = batched_data(feeds, ref.inputs)
+        if split is not None:  # the batch is fixed at 1: a run per sample
+            feed_list, n_samples = per_sample(feeds, split), split
+            how = f"{split} runs of one sample of {data} (the model's batch is fixed at 1)"
+            batching = {"mode": "data", "batch": 1, "runs": split, "how": how}
+        else:
+            check_shapes(feeds, ref.inputs, data)
+            feed_list = [feeds]
+            first = next((a for a in feeds.values() if np.ndim(a) > 0), None)
+            n_samples = int(first.shape[0]) if first is not None else 1
+            batching = {"mode": "data", "batch": n_samples, "runs": 1, "how": f"one run of {data}"}
     else:
         plan = plan_random_feeds(ref.inputs, samples=samples, seed=seed, input_shapes=shapes)
         feed_list, n_samples, batching = plan.feeds, plan.samples, plan.as_dict()

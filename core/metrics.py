@@ -9,6 +9,7 @@ with labels, ``accuracy_reference`` and ``accuracy_candidate``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -620,8 +621,34 @@ def check_labels(
     return lab.astype(np.int64)
 
 
-def load_npz_feeds(path: str | Path, inputs) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
-    """Feeds from an ``.npz`` keyed by input name (optional ``labels``), checked against the inputs."""
+def _check_shape(spec, a: np.ndarray, path, skip: int = 0) -> None:
+    """Refuse an array whose shape contradicts the input's declared one (from dimension ``skip``)."""
+    if spec.shape is None:
+        return
+    if len(spec.shape) != a.ndim or any(
+        isinstance(d, int) and d >= 0 and d != s for d, s in zip(spec.shape[skip:], a.shape[skip:])
+    ):
+        raise InputError(
+            f"array '{show(spec.name)}' has shape {list(a.shape)}, the model expects {list(spec.shape)}",
+            path=None if path is None else str(path),
+            hint="reshape the data or the model input",
+        )
+
+
+def check_shapes(feeds: Mapping[str, np.ndarray], inputs, path=None) -> None:
+    """Refuse feeds whose shapes contradict the inputs' declared ones (every dimension)."""
+    for spec in inputs:
+        if spec.name in feeds:
+            _check_shape(spec, np.asarray(feeds[spec.name]), path)
+
+
+def load_npz_feeds(
+    path: str | Path, inputs, *, free_leading: bool = False
+) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """Feeds from an ``.npz`` keyed by input name (optional ``labels``), checked against the inputs.
+
+    ``free_leading``: an input declared ``[1, ...]`` takes any number of samples (the caller runs
+    them one by one or frees the model's batch: :mod:`mconv.edit.batch`)."""
     from mconv.fileio import require_file
     from mconv.npzio import read_npz  # bounded: sizes checked before inflating
 
@@ -645,15 +672,7 @@ def load_npz_feeds(path: str | Path, inputs) -> tuple[dict[str, np.ndarray], np.
     feeds = {}
     for spec in inputs:
         a = arrays[spec.name]
-        if spec.shape is not None:
-            if len(spec.shape) != a.ndim or any(
-                isinstance(d, int) and d >= 0 and d != s for d, s in zip(spec.shape, a.shape)
-            ):
-                raise InputError(
-                    f"array '{spec.name}' has shape {list(a.shape)}, the model expects {list(spec.shape)}",
-                    path=str(p),
-                    hint="reshape the data or the model input",
-                )
+        _check_shape(spec, a, p, skip=1 if free_leading and spec.shape and spec.shape[0] == 1 else 0)
         check_finite(a, spec.name, p)
         want = _NP_DTYPES.get(str(spec.dtype))
         if want is not None and a.dtype != want:
