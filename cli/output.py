@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import typer
-from mconv.errors import EXIT_INTERNAL, InputError, MconvError, show
+from mconv.errors import EXIT_INTERNAL, InputError, MconvError, missing_optional, show
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -406,6 +406,11 @@ def run_command(out: Out, fn: Callable[[], int | None]) -> None:
                 code = fn() or 0
         except MemoryError as exc:  # anywhere: not a bug of mconv's, exit 2 with what it needs
             raise out_of_memory(exc) from None
+        except ModuleNotFoundError as exc:  # an optional package this installation lacks: exit 2
+            refusal = missing_optional(exc)
+            if refusal is None:
+                raise
+            raise refusal from None
         except OSError as exc:
             if exc.errno != errno.ENOMEM:
                 raise

@@ -161,3 +161,33 @@ class GateFailed(MconvError):
     """A verification or budget gate failed (exit 1)."""
 
     exit_code = EXIT_GATE
+
+
+# The optional packages (pyproject's extras) a command may import on demand: the module's
+# top-level name -> the package to install and the extra that brings it.
+OPTIONAL_MODULES: dict[str, tuple[str, str | None]] = {
+    "tflite": ("tflite", "tflite"),
+    "flatbuffers": ("flatbuffers", "tflite"),
+    "ai_edge_litert": ("ai-edge-litert", "tflite"),
+    "jax": ("jax", "xla"),
+    "jaxlib": ("jax", "xla"),
+    "torch": ("torch", "torch"),
+    "onnxscript": ("onnxscript", "torch"),
+    "safetensors": ("safetensors", "weights"),
+    "ray": ("ray", "ray"),
+    "matplotlib": ("matplotlib", "report"),
+    "wgpu": ("wgpu", None),
+}
+
+
+def missing_optional(exc: ModuleNotFoundError) -> InputError | None:
+    """The one-line refusal for a command that needs an optional package this installation
+    lacks (exit 2: the user's environment, not mconv's fault); None for any other module."""
+    top = (exc.name or "").split(".")[0]
+    if top not in OPTIONAL_MODULES:
+        return None
+    package, extra = OPTIONAL_MODULES[top]
+    return InputError(
+        f"this needs the optional package '{package}', which is not installed",
+        hint=f"pip install 'mconv[{extra}]'" if extra else f"pip install {package}",
+    )
