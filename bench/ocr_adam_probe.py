@@ -1,6 +1,7 @@
 """Probe (bench/results/s44-ocr.md): one L2 pre-training step of the budget (Adam, lr 1e-3, decay 1e-3,
 shift 3, KL + margin, xla) on the folded PP-OCRv4 recognizer, as is or with the convolutions whose weight
-RMS is under 0.01 frozen. Usage: python bench/ocr_adam_probe.py asis|freeze-small (paths in /tmp/s44ocr)."""
+RMS is under 0.01 frozen, at a given ``relative_step`` (default 0: Adam's rate uncapped). Usage:
+python bench/ocr_adam_probe.py asis|freeze-small [RELATIVE_STEP] (paths in /tmp/s44ocr)."""
 
 import sys
 
@@ -21,6 +22,7 @@ print("tensors with RMS < 0.01:", sorted(small), flush=True)
 frozen = (lambda n: n.name in small) if mode == "freeze-small" else None
 x = np.load("/tmp/s44ocr/cal32.npz")["x"]
 cfg = FinetuneConfig(
+    relative_step=float(sys.argv[2]) if len(sys.argv) > 2 else 0.0,
     epochs=1,
     lr=1e-3,
     weight_decay=1e-3,

@@ -48,6 +48,9 @@ STAGE_MACS = 3.4e10
 EPOCHS_RANGE = (3, 80)
 
 
+RELATIVE_STEP = 0.02  # the budget's Adam rate cap per weight tensor, times its RMS (finetune rule 5)
+
+
 def _finetune_spec(
     epochs: int,
     lr: float,
@@ -71,6 +74,9 @@ def _finetune_spec(
         "schedule": "cosine",
         "loss": loss,
         "margin": 0.3,
+        # finetune rule 5: no weight tensor moves by more than 2% of its RMS in a step (a
+        # BN-folded layer a hundred times smaller than the next keeps what it computes)
+        "relative_step": RELATIVE_STEP,
     }
     if weight_decay:
         config["weight_decay"] = weight_decay

@@ -186,6 +186,7 @@ class XlaEngine:
         weight_decay: float,
         temperature: float,
         margin: float,
+        relative_step: float = 0.0,
     ) -> Callable:
         """The jitted step ``(trained, state, aux, frozen, inputs, target, lr, t) -> (loss, trained,
         state)``: ``frozen`` holds every other weight argument (arguments, not constants, so
@@ -195,7 +196,16 @@ class XlaEngine:
         from mconv.engines.xla.jit import jit
 
         # Rule 3: the program depends on the names trained, not on their modes or codebooks.
-        key = (tuple(p.name for p in params), loss, optimizer, momentum, weight_decay, temperature, margin)
+        key = (
+            tuple(p.name for p in params),
+            loss,
+            optimizer,
+            momentum,
+            weight_decay,
+            temperature,
+            margin,
+            relative_step,
+        )
         if key in self._steps:
             return self._steps[key]
         trained_names = [p.name for p in params]
@@ -212,7 +222,7 @@ class XlaEngine:
             s = self._call(inputs, weights)[0]
             return loss_value(s, target, loss, temperature, margin)
 
-        def update(p: Any, g: Any, m: Any, v: Any, lr: Any, t: Any, keep: Any) -> tuple:
+        def update(p: Any, g: Any, m: Any, v: Any, lr: Any, t: Any, keep: Any, capped: bool) -> tuple:
             if weight_decay:
                 g = g + weight_decay * p
             if optimizer == "sgd":
@@ -223,6 +233,9 @@ class XlaEngine:
                 v1 = 0.999 * v + 0.001 * g * g
                 mh = m1 / (1 - 0.9**t)
                 vh = v1 / (1 - 0.999**t)
+                if capped and relative_step > 0:  # finetune rule 5 (capped_rate)
+                    rms = jnp.sqrt(jnp.mean(p * p))
+                    lr = jnp.where(rms > 0, jnp.minimum(lr, jnp.float32(relative_step) * rms), lr)
                 p1 = p - lr * mh / (jnp.sqrt(vh) + 1e-8)
             # elements that do not train keep their value (pruned zeros, coded or fixed ones)
             return jnp.where(keep, p1, p), jnp.where(keep, m1, m), jnp.where(keep, v1, v)
@@ -236,7 +249,9 @@ class XlaEngine:
                 new_arr, new_st = {}, {}
                 for part, keep in (("w", aux[n + ":train_w"]), ("c", aux[n + ":train_c"])):
                     m, v = state[n][part]
-                    p, m, v = update(arr[part], grads[n][part], m, v, lr, t, keep)
+                    p, m, v = update(
+                        arr[part], grads[n][part], m, v, lr, t, keep, part == "w" and arr["w"].ndim >= 2
+                    )
                     new_arr[part], new_st[part] = p, (m, v)
                 new_trained[n], new_state[n] = new_arr, new_st
             return value, new_trained, new_state

@@ -470,3 +470,38 @@ def test_one_step_program_across_codebook_sizes_and_sparsities():
     (engine,) = [e for (role, *_), e in memo[_MEMO_KEY].items() if role == "student"]
     (step,) = engine._steps.values()
     assert step._cache_size() == 1
+
+
+def test_relative_step_caps_adams_first_step_by_hand_and_on_both_engines():
+    """finetune rule 5: a weight tensor a hundred times smaller than the other moves, on Adam's
+    first step, by relative_step x its RMS (each element by that much: the first bias-corrected
+    Adam step is the gradient's sign), the larger one by lr; biases by lr; both engines alike."""
+    rng = np.random.default_rng(3)
+    model = mlp(np.random.default_rng(6))
+    w1 = next(v for v in model.graph.initializers.values() if v.name == "w1")
+    small = w1.const_value.numpy() * np.float32(0.01)
+    w1.const_value = ir.tensor(small, name="w1")
+    start = _weights(model)
+    rms = {n: float(np.sqrt(np.mean(start[n].astype(np.float32) ** 2))) for n in ("w1", "w2")}
+    lr, rel = 0.005, 0.02
+    assert rel * rms["w1"] < lr < rel * rms["w2"]  # w1 capped, w2 not
+    x, _ = blobs(rng, 32)
+    moved = {}
+    for engine in ("reference", "xla"):
+        m = mlp(np.random.default_rng(6))
+        next(v for v in m.graph.initializers.values() if v.name == "w1").const_value = ir.tensor(
+            small, name="w1"
+        )
+        config = FinetuneConfig(
+            lr=lr, epochs=1, batch_size=32, holdout=0.0, loss="mse", relative_step=rel, engine=engine
+        )
+        finetune_model(m, {"x": x}, config, reference_model=mlp(np.random.default_rng(7)), seed=1)
+        moved[engine] = {n: np.abs(a - start[n]) for n, a in _weights(m).items()}
+    for engine, d in moved.items():
+        cap = rel * rms["w1"]
+        assert np.max(d["w1"]) <= cap * (1 + 1e-3), engine
+        assert np.median(d["w1"][d["w1"] > 0]) == pytest.approx(cap, rel=1e-3), engine
+        assert np.max(d["w2"]) > 0.5 * lr and np.max(d["w2"]) <= lr * (1 + 1e-3), engine
+        assert np.max(d["b1"]) > 0.5 * lr, engine  # a bias keeps lr
+    for name in moved["reference"]:
+        np.testing.assert_allclose(moved["xla"][name], moved["reference"][name], rtol=1e-3, atol=1e-7)
