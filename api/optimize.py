@@ -49,6 +49,7 @@ class OptimizeResult:
     datafree: Any = field(default=None, repr=False)  # a passes.budget.DataFreePlan
     warnings: list[str] = field(default_factory=list)
     source: str | None = None  # the input file (None: an ir.Model was given)
+    notes: list[str] = field(default_factory=list)  # what was done that the passes do not say
 
     def write_report(self, path: PathLike) -> Path:
         """The self-contained HTML report of this optimize (:mod:`mconv.report`): the source
@@ -76,6 +77,7 @@ class OptimizeResult:
         if self.datafree is not None:
             doc["datafree"] = self.datafree.as_dict()
         doc["warnings"] = list(self.warnings)
+        doc["notes"] = list(self.notes)
         doc["source"] = self.source
         return doc
 
@@ -95,6 +97,12 @@ class OptimizeResult:
             "passes": [r.as_dict() for r in self.reports],
             "account": self.account,
         }
+
+
+BATCH_NOTE = (
+    "the inputs fix the batch at 1: freed for the data (dynamic-batch, checked on samples at once "
+    "against each alone); the written model has [1, ...] again"
+)
 
 
 def _stream_config(passes: str, scheme) -> dict:
@@ -343,6 +351,7 @@ def _optimize_pipeline(
         account=account or None,
         model=m,
         source=str(source) if source is not None else None,
+        notes=[BATCH_NOTE] if freed else [],
         **_unmeasured(lossy and not measured, plans[0] if plans else None, ctx.data is None),
     )
 
@@ -537,6 +546,8 @@ def _optimize_budget(
         budget=budget,
         source=str(source) if source is not None else None,
     )
+    if freed:
+        result.notes.append(BATCH_NOTE)
     if failed is not None:
         failed.result = result  # type: ignore[attr-defined]
         raise failed

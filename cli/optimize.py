@@ -283,6 +283,8 @@ def _render(out: Out, result, output: Path) -> None:
     render.render_pass_reports(out, result.reports)
     for warning in result.warnings:  # a lossy recipe without data: said loudly, JSON too
         out.print(f"warning: {warning}", markup=False, soft_wrap=True)
+    for note in result.notes:
+        out.print(f"note: {note}", markup=False, soft_wrap=True)
     if result.datafree is not None and result.datafree.backed_off:
         plan = result.datafree
         out.print(

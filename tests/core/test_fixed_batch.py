@@ -81,6 +81,7 @@ def test_optimize_frees_the_batch_and_gives_it_back(tmp_path):
     r = _cli("optimize", str(src), "--passes", "prune(sparsity=0.5),finetune(epochs=2)",
              "--data", str(tmp_path / "d.npz"), "-o", str(out), "--json")  # fmt: skip
     assert r.exit_code == 0, r.output
+    assert any("fix the batch at 1: freed for the data" in n for n in json.loads(r.stdout)["notes"])
     assert _dims(out) == ([1, 4, 3], [1, 5])
     onnx.checker.check_model(onnx.load(str(out)), full_check=True)
     w = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(out)).graph.initializer}["w"]
