@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mconv.api.common import ModelLike, PathLike, _as_model, _guards, _progress, load_data
+from mconv.api.common import ModelLike, PathLike, _as_model, _guards, _progress, load_data_batched
 from mconv.errors import InputError
 
 
@@ -63,7 +63,7 @@ def analyze(
     if output is not None and max_drop is None:
         raise InputError("-o needs --max-drop", hint="e.g. --max-drop 0.01 -o recipe.toml")
     m, source = _as_model(model)
-    feeds = load_data(data, m)
+    (feeds,), _ = load_data_batched(m, data)  # a batch fixed at 1: freed for the sweep's batches
     if feeds is None:
         raise InputError("analyze needs data", hint="--data calib.npz (inputs by name, optional labels)")
     with _progress(progress)("analyze", None) as update:

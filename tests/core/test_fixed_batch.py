@@ -102,6 +102,19 @@ def test_the_freed_model_is_the_model_on_each_sample(tmp_path):
     np.testing.assert_array_equal(_ort(out, x), _ort(src, x))
 
 
+def test_analyze_sweeps_a_batch_fixed_at_1(tmp_path):
+    """``analyze --data`` of 40 samples on the [1, 4, 3] model: each layer's sweep measured."""
+    src = _pinned(tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(4).standard_normal((40, 4, 3)).astype(np.float32))
+    r = _cli("analyze", str(src), "--data", str(tmp_path / "d.npz"), "--sweep", "0.5,0.9", "--json")
+    assert r.exit_code == 0, r.output
+    layers = json.loads(r.stdout)["layers"]
+    assert [(row["name"], row["tensor"]) for row in layers] == [("fc", "w")]
+    sweep = layers[0]["sweep"]
+    assert [p["sparsity"] for p in sweep] == [0.0, 0.5, 0.9]
+    assert sweep[0]["metric"] == 1.0 and sweep[2]["drop"] > sweep[1]["drop"] > 0  # measured on the 40
+
+
 def test_a_graph_that_mixes_samples_is_refused(tmp_path):
     src = _pinned(tmp_path / "m.onnx", mix=True)
     np.savez(tmp_path / "d.npz", x=np.random.default_rng(3).standard_normal((8, 4, 3)).astype(np.float32))
