@@ -238,9 +238,9 @@ def load_data(data, model: ir.Model, *, free_leading: bool = False) -> dict[str,
 
 def load_data_batched(model: ir.Model, *data) -> tuple[list[dict[str, np.ndarray] | None], bool]:
     """Feeds for ``model`` from each of ``data`` (see :func:`load_data`); where the model's inputs
-    fix the batch at 1 and a set holds more samples, the model's batch is freed in place
-    (:func:`mconv.edit.batch.free_batch`, checked on that set) and True is returned: the caller
-    gives the result :func:`mconv.edit.batch.fix_batch` before writing it."""
+    fix the batch at 1 and a set holds more samples, the model's batch is freed in place (the
+    ``dynamic-batch`` pass, which checks samples at once against each alone) and True is
+    returned: the caller gives the result :func:`mconv.edit.batch.fix_batch` before writing it."""
     from mconv.api.runtime import value_spec
     from mconv.edit.batch import batched_data, fixed_batch_inputs
     from mconv.irio import real_inputs
@@ -252,14 +252,15 @@ def load_data_batched(model: ir.Model, *data) -> tuple[list[dict[str, np.ndarray
         return sets, False
     specs = [value_spec(v) for v in real_inputs(model.graph)]
     for d, feeds in zip(data, sets):
-        if feeds is not None and batched_data(feeds, specs) is not None:
+        n = batched_data(feeds, specs) if feeds is not None else None
+        if n is not None:
             try:  # rewritten in place, checked on samples at once against each alone
                 cls = get_pass("dynamic-batch")
                 cls().run(model, cls.Config(), PassContext())
             except InputError as exc:
                 raise InputError(
-                    f"the model's inputs fix the batch at 1 and the data holds {len(next(iter(feeds.values())))} "
-                    f"samples, but its graph does not batch ({exc.message})",
+                    f"the model's inputs fix the batch at 1 and the data holds {n} samples, but its "
+                    f"graph does not batch ({exc.message})",
                     path=None if isinstance(d, Mapping) else str(d),
                     hint="give data of one sample, or a model whose batch dimension is free",
                 ) from None
