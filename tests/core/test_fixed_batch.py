@@ -5,7 +5,6 @@ at a time; a graph that mixes samples is refused in one line."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -144,14 +143,10 @@ def test_data_of_other_inner_shape_is_still_refused(tmp_path):
         _one_line_exit_2(_cli(*args), "d.npz", "[8, 3, 4]", "[1, 4, 3]")
 
 
-@pytest.fixture(scope="module")
-def lstm(tmp_path_factory) -> tuple[Path, np.ndarray, np.ndarray]:
+@pytest.fixture
+def lstm(tmp_path_factory, shared) -> tuple[Path, np.ndarray, np.ndarray]:
     """tflite-micro's MNIST LSTM (inputs [1, 28, 28], 28 unrolled steps) imported, and 300 real
     MNIST digits (pixels / 255) with their labels."""
-    env = os.environ.get("MCONV_SHARED")  # conftest's rule: MCONV_SHARED, else beside the root
-    shared = Path(env) if env else Path(__file__).resolve().parents[3] / "shared"
-    if not (shared / "models").is_dir():
-        pytest.skip("../shared (models and data) is absent; set MCONV_SHARED to its path")
     d = tmp_path_factory.mktemp("lstm")
     r = _cli("import", str(shared / "models" / "tflite" / "trained_lstm.tflite"), "-o", str(d / "lstm.onnx"))
     assert r.exit_code == 0, r.output
